@@ -1,0 +1,29 @@
+"""Errors a user can act on. Each message names the problem and the fix."""
+
+
+class DualGraphError(Exception):
+    """Base class: every error this package raises on purpose."""
+
+
+class ConfigError(DualGraphError, ValueError):
+    """A configuration value is invalid (bad K, mismatched draft/target shapes, ...)."""
+
+
+class CheckpointError(DualGraphError):
+    """A checkpoint directory cannot be read or does not describe a supported model."""
+
+
+class NoGraphForBatch(DualGraphError):
+    """A batch is larger than every captured graph and eager fallback is disabled."""
+
+
+class ContextOverflow(DualGraphError):
+    """A request would grow past the model's context length or the request table width."""
+
+
+class KVPoolExhausted(DualGraphError):
+    """The KV pool cannot hold even one plain-decode token per running request."""
+
+
+class StaleConfig(DualGraphError):
+    """A capture config was measured on another GPU or model shape."""

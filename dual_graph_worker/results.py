@@ -1,0 +1,59 @@
+"""Typed results a step hands back, and the per-step record kept for metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import Reason
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did and why: exported as metrics (mode, padded bs, reason, graph or eager)."""
+
+    step: int
+    mode: Mode
+    bs: int
+    padded_bs: int
+    reason: Reason
+    graph: bool                 # False: ran eagerly (no graph covered bs)
+    tokens: int                 # tokens emitted to requests this step
+    mean_accept_len: float      # 1.0 for decode-mode steps
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "mode": self.mode.value, "bs": self.bs,
+                "padded_bs": self.padded_bs, "reason": self.reason.value, "graph": self.graph,
+                "tokens": self.tokens, "mean_accept_len": self.mean_accept_len}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The speculative layout, whatever mode ran: request i's tokens are
+    `token_ids[i * stride : i * stride + accept_lens[i]]`, stride = K + 1 in both modes.
+    A decode-mode step reports accept length 1 (only column 0 is meaningful)."""
+
+    token_ids: torch.Tensor     # [bs * stride] int64, on the host
+    accept_lens: torch.Tensor   # [bs] int32, on the host
+    stride: int
+    rids: tuple[int, ...]
+    finished: tuple[int, ...]   # rids that finished in this step (EOS or max tokens)
+    record: StepRecord
+
+    def tokens_for(self, i: int) -> list[int]:
+        n = int(self.accept_lens[i])
+        return self.token_ids[i * self.stride: i * self.stride + n].tolist()
+
+    def per_request(self) -> dict[int, list[int]]:
+        return {rid: self.tokens_for(i) for i, rid in enumerate(self.rids)}
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    rids: tuple[int, ...]
+    first_tokens: tuple[int, ...]
+    finished: tuple[int, ...]
+    note: Optional[str] = None
