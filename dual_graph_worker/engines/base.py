@@ -1,0 +1,46 @@
+"""What the engine-agnostic worker needs from an engine (the reference engine implements it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from dual_graph_worker.buffers import StaticInputs
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.modes import Stage
+
+# One stage at a padded batch size: reads the static inputs, writes static outputs and the
+# engine's per-request state. Only device ops on static storage, so it can be captured.
+StageFn = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    num_slots: int          # KV token slots (slot 0 is padding)
+    max_requests: int       # request-table rows (row 0 is padding)
+    max_context: int        # positions per request
+    num_draft_tokens: int   # K
+
+
+class Engine(Protocol):
+    limits: EngineLimits
+    device: torch.device
+
+    def bind(self, bufs: StaticInputs, continuity: Continuity,
+             max_spec_bs: int) -> Mapping[Stage, StageFn]:
+        """Build the stage functions over `bufs` (called once, before capture)."""
+
+    def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
+                slots: Sequence[np.ndarray]) -> np.ndarray:
+        """Eager extend of whole prompts (target, then draft); returns the first token of each."""
+
+    def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 tokens: np.ndarray, slots: np.ndarray) -> None:
+        """Lazy continuity: draft extend over positions [start, end) of each row, from stashed
+        target features. tokens/slots are the host mirrors [rows, ...] of those requests."""
+
+    def describe(self) -> dict:
+        """Engine name, attention backend, dtype, model shape: for reports and capture configs."""

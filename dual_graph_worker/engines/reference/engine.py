@@ -1,0 +1,224 @@
+"""The reference engine: Llama target + EAGLE-3 draft over a paged KV cache, greedy sampling.
+
+Per-request model state lives on the device, indexed by request-table row, so graphs read and
+write it by gather/scatter and the host only uploads rows, lengths and slots each step:
+- last_token[row]:   x_L, the last emitted token (not yet in the target's KV);
+- draft_token[row]:  d_1, the draft's proposal for x_{L+1};
+- draft_hidden[row]: the draft's residual stream at position L-1, the chain's next input.
+Invariant between steps: target and draft KV hold positions [0, L) (lazy continuity aside).
+Tensors that one stage hands to the next (verify features) are engine-owned static buffers,
+never graph-pool temporaries, because the next stage's graph may reuse that pool memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from dual_graph_worker.buffers import StaticInputs
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.base import EngineLimits, StageFn
+from dual_graph_worker.engines.reference.attention import (AttentionBackend, AttnBatch,
+                                                           TorchPagedAttention)
+from dual_graph_worker.engines.reference.config import ModelPair
+from dual_graph_worker.engines.reference.kv_cache import KVPool, ReqToTokenTable
+from dual_graph_worker.engines.reference.model import DraftModel, Rope, TargetModel
+from dual_graph_worker.engines.reference.weights import DraftWeights, TargetWeights
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import Stage
+
+
+@dataclass
+class RequestState:
+    last_token: torch.Tensor     # [R] int64
+    draft_token: torch.Tensor    # [R] int64
+    draft_hidden: torch.Tensor   # [R, H_draft]
+
+
+def make_attention(name: str, device: torch.device) -> AttentionBackend:
+    if name == "torch":
+        return TorchPagedAttention()
+    if name == "triton":
+        if device.type != "cuda":
+            raise ConfigError("attention backend 'triton' needs a CUDA device; use 'torch' on CPU")
+        from dual_graph_worker.engines.reference.attention_triton import TritonPagedAttention
+        return TritonPagedAttention()
+    raise ConfigError(f"unknown attention backend '{name}'; choose 'torch' or 'triton'")
+
+
+class ReferenceEngine:
+    def __init__(self, pair: ModelPair, target_w: TargetWeights, draft_w: DraftWeights, *,
+                 num_draft_tokens: int, max_requests: int, max_context: int, num_slots: int,
+                 device: str | torch.device = "cpu", dtype=torch.float32,
+                 attention: str = "torch", weights_note: str = "dummy") -> None:
+        if num_draft_tokens < 1:
+            raise ConfigError(f"num_draft_tokens (K) must be >= 1, got {num_draft_tokens}; "
+                              "for no speculation use the plain decode worker (mode pinned to decode)")
+        if max_context > pair.target.max_position_embeddings:
+            raise ConfigError(f"max_context={max_context} exceeds the model's "
+                              f"max_position_embeddings={pair.target.max_position_embeddings}")
+        self.pair, self.device, self.dtype = pair, torch.device(device), dtype
+        self.weights_note = weights_note
+        self.limits = EngineLimits(num_slots, max_requests + 1, max_context, num_draft_tokens)
+        t, d = pair.target, pair.draft
+        dev = self.device
+        self.table = ReqToTokenTable(self.limits.max_requests, max_context, dev)
+        self.target_kv = KVPool.allocate(t.num_layers, num_slots, t.num_kv_heads, t.head_dim, dtype, dev)
+        self.draft_kv = KVPool.allocate(1, num_slots, d.num_kv_heads, d.head_dim, dtype, dev)
+        self.attention = make_attention(attention, dev)
+        rope_t = Rope(t.head_dim, t.rope_theta, t.max_position_embeddings, dev, dtype)
+        rope_d = rope_t if (d.head_dim, d.rope_theta) == (t.head_dim, t.rope_theta) else \
+            Rope(d.head_dim, d.rope_theta, d.max_position_embeddings, dev, dtype)
+        self.target = TargetModel(t, target_w, self.target_kv, self.table, self.attention, rope_t)
+        self.draft = DraftModel(d, draft_w, target_w.embed, self.draft_kv, self.table, self.attention, rope_d)
+        R = self.limits.max_requests
+        self.state = RequestState(torch.zeros(R, dtype=torch.int64, device=dev),
+                                  torch.zeros(R, dtype=torch.int64, device=dev),
+                                  torch.zeros(R, d.hidden_size, dtype=dtype, device=dev))
+        self.aux_width = len(t.capture_layers) * t.hidden_size
+        self._stash: Optional[torch.Tensor] = None      # lazy continuity: features per KV slot
+        self._verify_aux: Optional[torch.Tensor] = None
+
+    # ------------------------------------------------------------------ description
+    def describe(self) -> dict:
+        return {"engine": "reference", "attention_backend": self.attention.name,
+                "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
+                "weights": self.weights_note, "num_draft_tokens": self.limits.num_draft_tokens,
+                "model": self.pair.shape_dict()}
+
+    def _batch(self, rows: torch.Tensor, prefix: torch.Tensor, width: int) -> AttnBatch:
+        return AttnBatch(rows, prefix, width, self.limits.max_context)
+
+    # ------------------------------------------------------------------ graph stages
+    def bind(self, bufs: StaticInputs, continuity: Continuity,
+             max_spec_bs: int) -> Mapping[Stage, StageFn]:
+        K = self.limits.num_draft_tokens
+        W = K + 1
+        dev = self.device
+        self._verify_aux = torch.zeros(max(max_spec_bs, 1) * W, self.aux_width, dtype=self.dtype, device=dev)
+        if continuity is Continuity.LAZY_CATCH_UP:
+            self._stash = torch.zeros(self.limits.num_slots, self.aux_width, dtype=self.dtype, device=dev)
+        st, verify_aux = self.state, self._verify_aux
+        offsets = torch.arange(W, device=dev)
+
+        def decode(P: int) -> None:
+            rows, L, loc = bufs.req_pool_indices[:P], bufs.seq_lens[:P], bufs.out_cache_loc[:P]
+            ids, pos = bufs.input_ids[:P], bufs.positions[:P]
+            ids.copy_(st.last_token[rows])
+            pos.copy_(L)
+            self.table.write(rows, pos, loc)
+            batch = self._batch(rows, L, 1)
+            out = self.target.forward(ids, pos, loc, batch)
+            y = self.target.greedy(out.hidden)
+            bufs.out_tokens[:P, 0].copy_(y)
+            bufs.accept_lens[:P].fill_(1)
+            st.last_token.index_copy_(0, rows, y)
+            if continuity.decode_runs_draft:
+                d = self.draft.forward(y, out.aux, pos, loc, batch)
+                st.draft_token.index_copy_(0, rows, self.draft.greedy(d.hidden))
+                st.draft_hidden.index_copy_(0, rows, d.prenorm)
+            else:
+                self._stash.index_copy_(0, loc, out.aux)
+
+        def draft_chain(P: int) -> None:
+            rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
+            loc = bufs.out_cache_loc[: P * W].view(P, W)
+            ids = bufs.input_ids[: P * W].view(P, W)
+            tok, hid = st.draft_token[rows], st.draft_hidden[rows]
+            for j in range(1, K):
+                pos = L + (j - 1)
+                d = self.draft.forward(tok, hid, pos, loc[:, j - 1], self._batch(rows, pos, 1))
+                tok, hid = self.draft.greedy(d.hidden), d.prenorm
+                ids[:, j + 1].copy_(tok)
+
+        def verify(P: int) -> None:
+            rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
+            loc = bufs.out_cache_loc[: P * W]
+            ids = bufs.input_ids[: P * W].view(P, W)
+            pos = bufs.positions[: P * W].view(P, W)
+            ids[:, 0].copy_(st.last_token[rows])
+            ids[:, 1].copy_(st.draft_token[rows])
+            pos.copy_(L[:, None] + offsets)
+            self.table.write(rows.repeat_interleave(W), pos.view(-1), loc)
+            out = self.target.forward(ids.view(-1), pos.view(-1), loc, self._batch(rows, L, W))
+            y = self.target.greedy(out.hidden).view(P, W)
+            accepted = (ids[:, 1:] == y[:, :-1]).long().cumprod(1).sum(1)     # drafts accepted
+            bufs.out_tokens[:P].copy_(y)
+            bufs.accept_lens[:P].copy_(accepted + 1)
+            st.last_token.index_copy_(0, rows, y.gather(1, accepted[:, None]).squeeze(1))
+            verify_aux[: P * W].copy_(out.aux)
+
+        def draft_extend(P: int) -> None:
+            rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
+            loc, pos = bufs.out_cache_loc[: P * W], bufs.positions[: P * W]
+            ids = bufs.out_tokens[:P].reshape(-1)
+            d = self.draft.forward(ids, verify_aux[: P * W], pos, loc, self._batch(rows, L, W))
+            last = torch.arange(P, device=dev) * W + bufs.accept_lens[:P] - 1
+            st.draft_token.index_copy_(0, rows, self.draft.greedy(d.hidden[last]))
+            st.draft_hidden.index_copy_(0, rows, d.prenorm[last])
+
+        stages: dict[Stage, StageFn] = {Stage.DECODE: decode, Stage.VERIFY: verify,
+                                        Stage.DRAFT_EXTEND: draft_extend}
+        if K > 1:
+            stages[Stage.DRAFT] = draft_chain
+        return stages
+
+    # ------------------------------------------------------------------ eager extends
+    def _padded(self, seqs: Sequence[np.ndarray], fill: int = 0) -> torch.Tensor:
+        width = max(len(s) for s in seqs)
+        out = np.full((len(seqs), width), fill, dtype=np.int64)
+        for i, s in enumerate(seqs):
+            out[i, : len(s)] = s
+        return torch.from_numpy(out).to(self.device)
+
+    @torch.inference_mode()
+    def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
+                slots: Sequence[np.ndarray]) -> np.ndarray:
+        B = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], device=self.device)
+        ids = self._padded(prompts)
+        W = ids.shape[1]
+        loc = self._padded(slots)                          # padding queries write the dummy slot
+        rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        pos = torch.arange(W, device=self.device).expand(B, W)
+        valid = pos < lens[:, None]
+        self.table.write(rows_t[:, None].expand(B, W)[valid], pos[valid], loc[valid])
+        zero = torch.zeros(B, dtype=torch.int64, device=self.device)
+        batch = self._batch(rows_t, zero, W)
+        out = self.target.forward(ids.view(-1), pos.reshape(-1), loc.view(-1), batch)
+        last = torch.arange(B, device=self.device) * W + lens - 1
+        first = self.target.greedy(out.hidden[last])
+        # Draft extend over the prompt: position p reads (token p+1, target feature at p).
+        shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        shifted[torch.arange(B, device=self.device), lens - 1] = first
+        d = self.draft.forward(shifted.view(-1), out.aux, pos.reshape(-1), loc.view(-1), batch)
+        self.state.last_token.index_copy_(0, rows_t, first)
+        self.state.draft_token.index_copy_(0, rows_t, self.draft.greedy(d.hidden[last]))
+        self.state.draft_hidden.index_copy_(0, rows_t, d.prenorm[last])
+        return first.cpu().numpy()
+
+    @torch.inference_mode()
+    def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 tokens: np.ndarray, slots: np.ndarray) -> None:
+        if self._stash is None:
+            raise RuntimeError("catch_up needs the lazy continuity strategy (bind with LAZY_CATCH_UP)")
+        B = len(rows)
+        spans = [np.arange(s, e) for s, e in zip(starts, ends)]
+        pos = self._padded(spans)
+        W = pos.shape[1]
+        n = torch.from_numpy(ends - starts).to(self.device)
+        valid = torch.arange(W, device=self.device)[None, :] < n[:, None]
+        loc = self._padded([slots[i, sp] for i, sp in enumerate(spans)])      # pad: dummy slot
+        ids = self._padded([tokens[i, sp + 1] for i, sp in enumerate(spans)])  # token at p+1
+        hidden = self._stash[loc.view(-1)] * valid.view(-1, 1).to(self.dtype)
+        rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        start_t = torch.from_numpy(np.asarray(starts, dtype=np.int64)).to(self.device)
+        pos = torch.where(valid, pos, start_t[:, None])
+        d = self.draft.forward(ids.view(-1), hidden, pos.view(-1), loc.view(-1),
+                               self._batch(rows_t, start_t, W))
+        last = torch.arange(B, device=self.device) * W + n - 1
+        self.state.draft_token.index_copy_(0, rows_t, self.draft.greedy(d.hidden[last]))
+        self.state.draft_hidden.index_copy_(0, rows_t, d.prenorm[last])

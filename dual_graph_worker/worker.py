@@ -1,0 +1,252 @@
+"""The dual-graph worker: one step = choose mode -> plan slots -> fill static inputs -> run
+(graph replay, or eager where no graph exists) -> accept -> commit.
+
+Engine-agnostic: it owns the dispatch table, the static buffers, the KV slot planner, the mode
+policy, the draft-continuity bookkeeping and the host request table; the engine supplies the stage
+functions (captured once into one graph pool) and the eager prefill / catch-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from dual_graph_worker.buffers import BufferSizes, StaticInputs
+from dual_graph_worker.continuity import NO_BACKLOG, Continuity, DraftBacklog
+from dual_graph_worker.dispatch import DispatchTable, EagerDispatch
+from dual_graph_worker.engines.base import Engine
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.kv_slots import KVSlotPlanner, SlotAllocator, SlotPlan
+from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.policy import Decision, ModePolicy, PolicyInputs, Reason
+from dual_graph_worker.requests import FinishedRequest, RequestTable
+from dual_graph_worker.results import PrefillResult, StepRecord, StepResult
+from dual_graph_worker.runners import CudaGraphRunner, EagerRunner, StageRunner
+from profiling import nvtx_ranges
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    spec_bs: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_bs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+    use_cuda_graphs: bool = False       # False: the eager runner at the same padded sizes
+    allow_eager: bool = True            # batches beyond every pool run eagerly (else: error)
+    max_running: int = 0                # 0: the decode pool's top
+    continuity: Continuity = Continuity.KEEP_CURRENT
+    eos_token_id: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not self.decode_bs:
+            raise ConfigError("decode_bs is empty: the decode pool needs at least one batch size")
+
+
+@dataclass
+class WorkerStats:
+    records: list[StepRecord] = field(default_factory=list)
+    switches: int = 0
+    catch_up_tokens: int = 0
+
+
+class DualGraphWorker:
+    def __init__(self, engine: Engine, config: WorkerConfig, policy: ModePolicy) -> None:
+        lim = engine.limits
+        self.engine, self.config, self.policy = engine, config, policy
+        self.k = lim.num_draft_tokens
+        self.dispatch = DispatchTable.build(config.spec_bs, config.decode_bs, config.allow_eager)
+        max_running = config.max_running or self.dispatch.max_decode_bs
+        if max_running > lim.max_requests - 1:
+            raise ConfigError(f"max_running={max_running} exceeds the engine's request table "
+                              f"({lim.max_requests - 1} rows); raise max_requests")
+        if not config.allow_eager and max_running > self.dispatch.max_decode_bs:
+            raise ConfigError(f"max_running={max_running} > largest decode graph "
+                              f"{self.dispatch.max_decode_bs} with eager fallback disabled")
+        self.max_running = max_running
+        self.bufs = StaticInputs.allocate(
+            BufferSizes.for_pools(self.dispatch.max_spec_bs, self.dispatch.max_decode_bs, self.k,
+                                  max_running), engine.device)
+        self.planner = KVSlotPlanner(SlotAllocator(lim.num_slots), self.k)
+        self.table = RequestTable(lim.max_requests, lim.max_context, self.k)
+        self.backlog = DraftBacklog(lim.max_requests)
+        stage_fns = engine.bind(self.bufs, config.continuity, self.dispatch.max_spec_bs)
+        self.runner: StageRunner
+        if config.use_cuda_graphs:
+            self.runner = CudaGraphRunner(stage_fns, self.k, self.dispatch)
+        else:
+            self.runner = EagerRunner(stage_fns, self.k)
+        self.stats = WorkerStats()
+        self.finished: list[FinishedRequest] = []   # drained by the caller (take_finished)
+        self._step = 0
+        self._last_mode: Optional[Mode] = None
+        self._rids = itertools.count()
+
+    # ------------------------------------------------------------------ lifecycle
+    def capture(self, progress: bool = True):
+        """Capture both pools (CUDA only); returns the CaptureReport. Call once at start-up."""
+        if not isinstance(self.runner, CudaGraphRunner):
+            return None
+        report = self.runner.capture(progress=progress)
+        nvtx_ranges.mark_steady_state()
+        return report
+
+    def take_finished(self) -> list[FinishedRequest]:
+        out, self.finished = self.finished, []
+        return out
+
+    @property
+    def num_running(self) -> int:
+        return len(self.table.running)
+
+    def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
+                     ) -> PrefillResult:
+        """Admit and prefill requests (eager extend); their first token comes back here."""
+        if isinstance(max_new_tokens, int):
+            max_new_tokens = [max_new_tokens] * len(prompts)
+        if self.num_running + len(prompts) > self.max_running:
+            raise ConfigError(f"admitting {len(prompts)} requests would run "
+                              f"{self.num_running + len(prompts)} > max_running={self.max_running}")
+        vocab = self.engine.describe()["model"]["target"]["vocab_size"]
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        for a, n in zip(arrays, max_new_tokens):
+            self.table.check_fits(len(a), n)
+            if a.size and (a.min() < 0 or a.max() >= vocab):
+                raise ValueError(f"prompt token ids must be in [0, {vocab}), got "
+                                 f"min {a.min()} max {a.max()}")
+        need = sum(len(a) for a in arrays)
+        plan_slots = self.planner.allocator.alloc(need)    # raises KVPoolExhausted, nothing admitted
+        rows, slot_lists, off = [], [], 0
+        for a, n in zip(arrays, max_new_tokens):
+            row = self.table.admit(next(self._rids), a, n)
+            s = plan_slots[off: off + len(a)]
+            off += len(a)
+            self.table.slots[row, : len(a)] = s
+            rows.append(row)
+            slot_lists.append(s)
+        rows_np = np.asarray(rows, dtype=np.int64)
+        first = self.engine.prefill(rows_np, arrays, slot_lists)
+        lens = np.asarray([len(a) for a in arrays])
+        self.table.tokens[rows_np, lens] = first
+        self.table.seq_lens[rows_np] = lens
+        self.table.start_running(rows_np)
+        rids = tuple(int(r) for r in self.table.rid_of_row[rows_np])
+        ones = np.ones(len(rows_np), dtype=np.int64)
+        _, finished = self._finish_done(rows_np, first[:, None], ones, ones * 0)
+        return PrefillResult(rids, tuple(int(t) for t in first), tuple(f.rid for f in finished))
+
+    def abort(self, rid: int) -> FinishedRequest:
+        """Stop a request; what it already produced comes back in the record."""
+        row = self.table.row(rid)
+        if row is None:
+            raise KeyError(f"request {rid} is not running")
+        done, held = self.table.release(row, "abort", int(self.table.generated(np.asarray([row]))[0]))
+        self.planner.allocator.free(held)
+        self.backlog.clear(np.asarray([row]))
+        return done
+
+    # ------------------------------------------------------------------ one step
+    def decide(self, bs: int) -> Decision:
+        has_spec = self.dispatch.has_graph(Mode.SPEC, bs)
+        decision = self.policy.decide(PolicyInputs(
+            bs, self.dispatch.padded_bs(Mode.SPEC, bs) if has_spec else None,
+            self.dispatch.padded_bs(Mode.DECODE, bs)))
+        if decision.mode is Mode.SPEC and not self.planner.can_run(Mode.SPEC, bs):
+            return Decision(Mode.DECODE, Reason.KV_PRESSURE)
+        return decision
+
+    def step(self) -> StepResult:
+        rows = self.table.running.copy()
+        bs = len(rows)
+        if bs == 0:
+            raise RuntimeError("step() with no running requests: add_requests first")
+        decision = self.decide(bs)
+        mode, reason = decision.mode, decision.reason
+        where = self.dispatch.lookup(mode, bs)            # raises NoGraphForBatch if not allowed
+        use_graph = isinstance(where, GraphKey)
+        padded = where.bs
+        if self._last_mode is not None and mode is not self._last_mode:
+            nvtx_ranges.mark_switch(self._last_mode.value, mode.value)
+            self.stats.switches += 1
+        with nvtx_ranges.step_range(mode.value, padded, use_graph):
+            if mode is Mode.SPEC:
+                self._catch_up(rows)
+            plan = self.planner.plan(mode, bs)
+            seq_before = self.table.seq_lens[rows].copy()
+            try:
+                self.bufs.stage(rows, seq_before, plan.slots, padded)
+                self.bufs.upload()
+                self.runner.run(mode, padded, use_graph)
+                with nvtx_ranges.stage_range("accept"):
+                    tokens, accept = self.bufs.download()
+                    tokens = tokens[:bs, : plan.width].copy()
+                    accept = accept[:bs].copy()
+            except BaseException:
+                self.planner.cancel(plan)                  # nothing committed: no slot leaks
+                raise
+            with nvtx_ranges.stage_range("commit"):
+                result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
+                                      padded, use_graph)
+        self._last_mode = mode
+        return result
+
+    def _catch_up(self, rows: np.ndarray) -> None:
+        behind = self.backlog.rows_behind(rows)
+        if behind.size == 0:
+            return
+        starts = self.backlog.start[behind]
+        ends = self.table.seq_lens[behind]
+        self.engine.catch_up(behind, starts, ends, self.table.tokens[behind], self.table.slots[behind])
+        self.stats.catch_up_tokens += int((ends - starts).sum())
+        self.backlog.clear(behind)
+
+    def _commit(self, rows, seq_before, plan: SlotPlan, tokens, accept, mode: Mode,
+                reason: Reason, padded: int, use_graph: bool) -> StepResult:
+        bs, width = len(rows), plan.width
+        rids = tuple(int(r) for r in self.table.rid_of_row[rows])
+        keep = self.planner.commit(plan, accept)
+        # Host mirror of the slot table and the token history, for every request at once.
+        rows2d = np.repeat(rows, width).reshape(bs, width)
+        cols = seq_before[:, None] + np.arange(width)[None, :]
+        self.table.slots[rows2d[keep], cols[keep]] = plan.slots[keep]
+        self.table.tokens[rows2d[keep], cols[keep] + 1] = tokens[keep]
+        generated_before = self.table.generated(rows)
+        self.table.seq_lens[rows] = seq_before + accept
+        if mode is Mode.DECODE and not self.config.continuity.decode_runs_draft:
+            self.backlog.note_decode_step(rows, seq_before)
+        if mode is Mode.SPEC:
+            self.policy.observe_accept(float(accept.mean()))
+        self.policy.commit(mode)
+        emitted, finished = self._finish_done(rows, tokens, accept, generated_before)
+        flat = np.zeros((bs, self.k + 1), dtype=np.int64)
+        flat[:, :width] = tokens
+        record = StepRecord(self._step, mode, bs, padded, reason, use_graph, int(emitted.sum()),
+                            float(accept.mean()))
+        self.stats.records.append(record)
+        self._step += 1
+        return StepResult(torch.from_numpy(flat.reshape(-1)),
+                          torch.from_numpy(emitted.astype(np.int32)), self.k + 1, rids,
+                          tuple(f.rid for f in finished), record)
+
+    def _finish_done(self, rows: np.ndarray, tokens: np.ndarray, accept: np.ndarray,
+                     generated_before: np.ndarray) -> tuple[np.ndarray, list[FinishedRequest]]:
+        """Tokens each request receives this step (cut at max_new_tokens and at the first EOS),
+        and the requests that finished; their KV slots go back to the pool."""
+        limit = self.table.max_new[rows] - generated_before
+        emitted = np.minimum(accept, limit)
+        eos = self.config.eos_token_id
+        hit_eos = np.zeros(len(rows), dtype=bool)
+        if eos is not None:
+            hit = (tokens == eos) & (np.arange(tokens.shape[1])[None, :] < emitted[:, None])
+            hit_eos = hit.any(1)
+            emitted = np.where(hit_eos, hit.argmax(1) + 1, emitted)
+        done = hit_eos | (generated_before + emitted >= self.table.max_new[rows])
+        finished = []
+        for row, by_eos, out_len in zip(rows[done], hit_eos[done], (generated_before + emitted)[done]):
+            record, held = self.table.release(int(row), "eos" if by_eos else "length", int(out_len))
+            self.planner.allocator.free(held)
+            self.backlog.clear(np.asarray([row]))
+            finished.append(record)
+        self.finished.extend(finished)
+        return emitted, finished
