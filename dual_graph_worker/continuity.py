@@ -27,10 +27,8 @@ NO_BACKLOG = -1
 class Continuity(str, enum.Enum):
     KEEP_CURRENT = "keep-current"
     LAZY_CATCH_UP = "lazy-catch-up"
-
-    @property
-    def decode_runs_draft(self) -> bool:
-        return self is Continuity.KEEP_CURRENT
+    # A plain server: no draft state at all, so speculation must never run (the plain baseline).
+    NONE = "none"
 
 
 class DraftBacklog:

@@ -40,8 +40,11 @@ class WorkerConfig:
     eos_token_id: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if not self.decode_bs:
-            raise ConfigError("decode_bs is empty: the decode pool needs at least one batch size")
+        if not self.decode_bs and not self.spec_bs:
+            raise ConfigError("both pools are empty: give decode_bs and/or spec_bs batch sizes")
+        if self.continuity is Continuity.NONE and self.spec_bs:
+            raise ConfigError("continuity 'none' keeps no draft state, so the spec pool must be "
+                              "empty (spec_bs=()); use keep-current or lazy-catch-up to speculate")
 
 
 @dataclass
@@ -57,13 +60,14 @@ class DualGraphWorker:
         self.engine, self.config, self.policy = engine, config, policy
         self.k = lim.num_draft_tokens
         self.dispatch = DispatchTable.build(config.spec_bs, config.decode_bs, config.allow_eager)
-        max_running = config.max_running or self.dispatch.max_decode_bs
+        max_running = config.max_running or max(self.dispatch.max_decode_bs, self.dispatch.max_spec_bs)
         if max_running > lim.max_requests - 1:
             raise ConfigError(f"max_running={max_running} exceeds the engine's request table "
                               f"({lim.max_requests - 1} rows); raise max_requests")
-        if not config.allow_eager and max_running > self.dispatch.max_decode_bs:
-            raise ConfigError(f"max_running={max_running} > largest decode graph "
-                              f"{self.dispatch.max_decode_bs} with eager fallback disabled")
+        top = max(self.dispatch.max_decode_bs, self.dispatch.max_spec_bs)
+        if not config.allow_eager and max_running > top:
+            raise ConfigError(f"max_running={max_running} > largest captured batch {top} with "
+                              "eager fallback disabled; capture larger sizes or lower max_running")
         self.max_running = max_running
         self.bufs = StaticInputs.allocate(
             BufferSizes.for_pools(self.dispatch.max_spec_bs, self.dispatch.max_decode_bs, self.k,
@@ -213,7 +217,7 @@ class DualGraphWorker:
         self.table.tokens[rows2d[keep], cols[keep] + 1] = tokens[keep]
         generated_before = self.table.generated(rows)
         self.table.seq_lens[rows] = seq_before + accept
-        if mode is Mode.DECODE and not self.config.continuity.decode_runs_draft:
+        if mode is Mode.DECODE and self.config.continuity is Continuity.LAZY_CATCH_UP:
             self.backlog.note_decode_step(rows, seq_before)
         if mode is Mode.SPEC:
             self.policy.observe_accept(float(accept.mean()))

@@ -28,6 +28,7 @@ class EngineSpec:
     dtype: str = "float32"
     attention: str = "torch"
     seed: int = 0
+    forced_accept_len: Optional[int] = None   # benchmarks on dummy weights only
 
     def torch_dtype(self):
         return DTYPES[self.dtype]
@@ -53,7 +54,8 @@ def _engine(pair, tw, dw, spec: EngineSpec, note: str) -> ReferenceEngine:
     return ReferenceEngine(pair, tw, dw, num_draft_tokens=spec.num_draft_tokens,
                            max_requests=spec.max_requests, max_context=spec.max_context,
                            num_slots=spec.slots(), device=spec.device, dtype=spec.torch_dtype(),
-                           attention=spec.attention, weights_note=note)
+                           attention=spec.attention, weights_note=note,
+                           forced_accept_len=spec.forced_accept_len)
 
 
 def default_device() -> str:

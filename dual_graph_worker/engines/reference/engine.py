@@ -53,13 +53,18 @@ class ReferenceEngine:
     def __init__(self, pair: ModelPair, target_w: TargetWeights, draft_w: DraftWeights, *,
                  num_draft_tokens: int, max_requests: int, max_context: int, num_slots: int,
                  device: str | torch.device = "cpu", dtype=torch.float32,
-                 attention: str = "torch", weights_note: str = "dummy") -> None:
+                 attention: str = "torch", weights_note: str = "dummy",
+                 forced_accept_len: Optional[int] = None) -> None:
         if num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens (K) must be >= 1, got {num_draft_tokens}; "
                               "for no speculation use the plain decode worker (mode pinned to decode)")
         if max_context > pair.target.max_position_embeddings:
             raise ConfigError(f"max_context={max_context} exceeds the model's "
                               f"max_position_embeddings={pair.target.max_position_embeddings}")
+        if forced_accept_len is not None and not 1 <= forced_accept_len <= num_draft_tokens + 1:
+            raise ConfigError(f"forced accept length must be an integer in [1, K+1="
+                              f"{num_draft_tokens + 1}], got {forced_accept_len}")
+        self.forced_accept_len = forced_accept_len
         self.pair, self.device, self.dtype = pair, torch.device(device), dtype
         self.weights_note = weights_note
         self.limits = EngineLimits(num_slots, max_requests + 1, max_context, num_draft_tokens)
@@ -87,6 +92,8 @@ class ReferenceEngine:
         return {"engine": "reference", "attention_backend": self.attention.name,
                 "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
                 "weights": self.weights_note, "num_draft_tokens": self.limits.num_draft_tokens,
+                "acceptance": (f"forced accept length {self.forced_accept_len}"
+                               if self.forced_accept_len is not None else "real (draft vs target)"),
                 "model": self.pair.shape_dict()}
 
     def _batch(self, rows: torch.Tensor, prefix: torch.Tensor, width: int) -> AttnBatch:
@@ -103,6 +110,11 @@ class ReferenceEngine:
             self._stash = torch.zeros(self.limits.num_slots, self.aux_width, dtype=self.dtype, device=dev)
         st, verify_aux = self.state, self._verify_aux
         offsets = torch.arange(W, device=dev)
+        forced = None
+        if self.forced_accept_len is not None:
+            # Benchmarks on dummy weights (acceptance ~0) force an accepted length, like
+            # SGLANG_SIMULATE_ACC_LEN: tokens are then meaningless, timings are not.
+            forced = torch.full((bufs.sizes.max_bs,), self.forced_accept_len - 1, dtype=torch.int64, device=dev)
 
         def decode(P: int) -> None:
             rows, L, loc = bufs.req_pool_indices[:P], bufs.seq_lens[:P], bufs.out_cache_loc[:P]
@@ -116,11 +128,11 @@ class ReferenceEngine:
             bufs.out_tokens[:P, 0].copy_(y)
             bufs.accept_lens[:P].fill_(1)
             st.last_token.index_copy_(0, rows, y)
-            if continuity.decode_runs_draft:
+            if continuity is Continuity.KEEP_CURRENT:
                 d = self.draft.forward(y, out.aux, pos, loc, batch)
                 st.draft_token.index_copy_(0, rows, self.draft.greedy(d.hidden))
                 st.draft_hidden.index_copy_(0, rows, d.prenorm)
-            else:
+            elif continuity is Continuity.LAZY_CATCH_UP:
                 self._stash.index_copy_(0, loc, out.aux)
 
         def draft_chain(P: int) -> None:
@@ -145,7 +157,10 @@ class ReferenceEngine:
             self.table.write(rows.repeat_interleave(W), pos.view(-1), loc)
             out = self.target.forward(ids.view(-1), pos.view(-1), loc, self._batch(rows, L, W))
             y = self.target.greedy(out.hidden).view(P, W)
-            accepted = (ids[:, 1:] == y[:, :-1]).long().cumprod(1).sum(1)     # drafts accepted
+            if forced is None:
+                accepted = (ids[:, 1:] == y[:, :-1]).long().cumprod(1).sum(1)  # drafts accepted
+            else:
+                accepted = forced[:P]
             bufs.out_tokens[:P].copy_(y)
             bufs.accept_lens[:P].copy_(accepted + 1)
             st.last_token.index_copy_(0, rows, y.gather(1, accepted[:, None]).squeeze(1))
@@ -165,6 +180,13 @@ class ReferenceEngine:
         if K > 1:
             stages[Stage.DRAFT] = draft_chain
         return stages
+
+    def fill_synthetic_context(self, rows: np.ndarray, context_len: int, slots: np.ndarray) -> None:
+        """Point rows' first `context_len` positions at distinct slots, so calibration timings
+        read as much KV as real requests of that length (the slots' contents do not matter)."""
+        r = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        s = torch.from_numpy(np.asarray(slots, dtype=np.int64).reshape(len(rows), context_len)).to(self.device)
+        self.table.table[r[:, None], torch.arange(context_len, device=self.device)[None, :]] = s
 
     # ------------------------------------------------------------------ eager extends
     def _padded(self, seqs: Sequence[np.ndarray], fill: int = 0) -> torch.Tensor:

@@ -1,0 +1,114 @@
+"""Command line: `python -m capture.cli tune ...` and `python -m capture.cli report ...`.
+
+    tune    --measurements M.json --memory-budget 4GiB --time-budget 30
+            --distribution uniform:1-256 --accept-len 3.0 --out capture/config.json
+    report  --measurements M.json [--config C.json] [--distribution D] [--accept-len A]
+            --out-dir DIR
+
+Bad input (missing or malformed files, unreadable sizes, infeasible budgets, a config from another
+GPU or model) prints one `error: ...` line naming the problem and the fix, and exits with code 2;
+no tracebacks for anything a user can fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from capture.config import build_capture_config, load_capture_config, save_capture_config
+from capture.distribution import parse_distribution
+from capture.measurements import load_measurements
+from capture.report import Chosen, graph_table, write_report
+from capture.tuner import tune
+from capture.units import parse_duration, parse_size
+from dual_graph_worker.errors import DualGraphError
+from dual_graph_worker.modes import Mode
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m capture.cli",
+                                description="Choose and report CUDA graph pool batch sizes.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tune", help="choose spec/decode batch sizes and write a capture config")
+    t.add_argument("--measurements", required=True, help="recorded measurements JSON")
+    t.add_argument("--memory-budget", required=True,
+                   help="graph pool memory budget, e.g. 4GiB or 512MiB")
+    t.add_argument("--time-budget", required=True,
+                   help="start-up capture time budget in seconds, e.g. 30 or 30s")
+    t.add_argument("--distribution", default="uniform:1-256",
+                   help="expected batch sizes: uniform:LO-HI, geometric[:P], fixed:N, "
+                        "inline JSON {\"bs\": weight} or @file.json (default: %(default)s)")
+    t.add_argument("--accept-len", required=True, type=float,
+                   help="expected accepted tokens per request per spec step, 1..K+1")
+    t.add_argument("--out", default="capture/config.json",
+                   help="capture config to write (default: %(default)s)")
+    t.set_defaults(run=_run_tune)
+
+    r = sub.add_parser("report", help="table and PNG plots of measurements (and a config)")
+    r.add_argument("--measurements", required=True, help="recorded measurements JSON")
+    r.add_argument("--config", help="a capture config tuned from these measurements")
+    r.add_argument("--distribution",
+                   help="batch-size distribution (default: the config's, else uniform over 1.."
+                        "the largest measured decode bs)")
+    r.add_argument("--accept-len", type=float,
+                   help="accept length for the crossover (default: the config's)")
+    r.add_argument("--out-dir", required=True, help="folder for report.txt and the PNGs")
+    r.set_defaults(run=_run_report)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)   # usage errors: argparse prints and exits 2
+    try:
+        return args.run(args)
+    except DualGraphError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except OSError as exc:  # e.g. an output folder that cannot be created
+        print(f"error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    memory = parse_size(args.memory_budget)
+    seconds = parse_duration(args.time_budget)
+    m = load_measurements(args.measurements)
+    dist = parse_distribution(args.distribution, max_bs=m.sizes(Mode.DECODE)[-1])
+    result = tune(m, memory, seconds, dist, args.accept_len)
+    save_capture_config(build_capture_config(m, result), args.out)
+    print(result.table())
+    print(f"\nwrote capture config {args.out}")
+    if m.synthetic:
+        print("warning: tuned on SYNTHETIC measurements; re-run on real ones before deploying",
+              file=sys.stderr)
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    m = load_measurements(args.measurements)
+    config = (load_capture_config(args.config, expected_gpu=m.gpu, expected_shape=m.model.shape)
+              if args.config else None)
+    if args.distribution:
+        dist = parse_distribution(args.distribution, max_bs=m.sizes(Mode.DECODE)[-1])
+    elif config is not None:
+        dist = config.distribution
+    else:
+        dist = parse_distribution(f"uniform:1-{m.sizes(Mode.DECODE)[-1]}", 0)
+    accept_len = args.accept_len if args.accept_len is not None else (
+        config.accept_len if config is not None else None)
+    if accept_len is None:
+        print("error: report needs --accept-len (or --config, whose tuning accept length is "
+              "used) to place the crossover", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    chosen = Chosen(config.spec_bs, config.decode_bs) if config is not None else None
+    files = write_report(m, args.out_dir, dist, accept_len, chosen)
+    print(graph_table(m, chosen))
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

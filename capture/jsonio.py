@@ -1,0 +1,74 @@
+"""Reading and checking the capture JSON files: every problem becomes a ConfigError that names
+the file or field, so the CLI can print one line instead of a traceback."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from dual_graph_worker.errors import ConfigError
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid JSON (line {exc.lineno}, column "
+                          f"{exc.colno}: {exc.msg})") from exc
+
+
+def write_json(data: Any, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename, so a reader never sees a half-written file.
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(p)
+
+
+def check_schema(d: Mapping, expected: str, what: str) -> None:
+    got = d.get("schema")
+    if got != expected:
+        raise ConfigError(f"{what} has schema {got!r}, expected {expected!r}: it was written by "
+                          "another version of the tools, or is another kind of file")
+
+
+def need_mapping(data: Any, where: str) -> Mapping:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a JSON object, got "
+                          f"{'nothing' if data is None else type(data).__name__}")
+    return data
+
+
+def need_field(d: Mapping, name: str, typ: type, where: str) -> Any:
+    if name not in d:
+        raise ConfigError(f"{where}.{name} is missing")
+    v = d[name]
+    # bool is an int subclass in Python; a JSON true is never a valid count.
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise ConfigError(f"{where}.{name} must be {typ.__name__}, got {v!r}")
+    return v
+
+
+def need_number(d: Mapping, name: str, where: str, allow_zero: bool) -> float:
+    if name not in d:
+        raise ConfigError(f"{where}.{name} is missing")
+    v = d[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{where}.{name} must be a finite number, got {v!r}")
+    if v < 0 or (v == 0 and not allow_zero):
+        raise ConfigError(f"{where}.{name} must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+    return float(v)
+
+
+def need_int_list(d: Mapping, name: str, where: str) -> tuple[int, ...]:
+    v = d.get(name)
+    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+        raise ConfigError(f"{where}.{name} must be a list of integer batch sizes, got {v!r}")
+    return tuple(v)

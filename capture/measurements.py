@@ -1,0 +1,267 @@
+"""Recorded capture measurements: what the GPU run writes and the tuner reads.
+
+One JSON file per (GPU, model shape, K). Schema `dgw-capture-measurements/1`:
+
+    {
+      "schema": "dgw-capture-measurements/1",
+      "synthetic": false,            # true for generated files (tests, demos): never tune on one
+      "notes": "free text",          # optional
+      "meta": {...},                 # optional, free-form (torch/driver versions, ...), kept verbatim
+      "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+      "model": {
+        "shape": {                   # what determines graph memory and latency; extra keys allowed
+          "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_heads": 8,
+          "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
+          "dtype": "bfloat16", "draft_hidden_size": 4096, "num_draft_tokens": 3,
+          "attention_backend": "triton"
+        },
+        "fingerprint": "<model_fingerprint(shape)>"
+      },
+      "graphs": [                    # one entry per candidate key (mode, bs), no duplicates
+        {"mode": "spec", "bs": 8,
+         "capture_s": 0.41,          # wall time to capture every stage graph of this key
+         "pool_bytes": 52428800,     # graph-pool growth capturing this key ALONE into a fresh
+                                     # pool (isolated); the tuner sums these, an upper bound on
+                                     # the shared pool (smaller graphs reuse a shared pool's blocks)
+         "replay_s": 0.0081,         # median step latency replaying this key's graphs
+         "stage_replay_s": {"draft": 0.002, "verify": 0.005, "draft_extend": 0.001}  # optional
+        },
+        ...
+      ],
+      "total_pool_bytes": 2147483648 # optional: pool growth capturing every key together
+    }
+
+Loading checks the schema, types and ranges, that the fingerprint matches the shape (a hand-edited
+shape would otherwise silently keep its old fingerprint), and raises ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from capture.jsonio import (check_schema, need_field, need_mapping, need_number, read_json,
+                            write_json)
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import GraphKey, Mode, Stage
+
+SCHEMA = "dgw-capture-measurements/1"
+
+# The shape keys the fingerprint must see; a file may add more (e.g. tp_size), all are hashed.
+REQUIRED_SHAPE_KEYS = (
+    "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+    "vocab_size", "dtype", "draft_hidden_size", "num_draft_tokens", "attention_backend",
+)
+_CC = re.compile(r"^\d+\.\d+$")
+
+
+def model_fingerprint(shape: Mapping[str, Any]) -> str:
+    """16 hex digits of sha256 over canonical JSON (sorted keys, no spaces): key order and
+    formatting of the source file do not matter; any value change does."""
+    try:
+        canonical = json.dumps(dict(shape), sort_keys=True, separators=(",", ":"),
+                               ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model shape must be plain JSON values (numbers, strings), got "
+                          f"{exc}") from exc
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    compute_capability: str   # "9.0" (H100/H200), "10.0" (B200), "12.0" (RTX PRO 6000 Blackwell)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError("gpu.name must be a non-empty string such as 'NVIDIA H200'")
+        if not isinstance(self.compute_capability, str) or not _CC.match(self.compute_capability):
+            raise ConfigError(f"gpu.compute_capability must look like '9.0', got "
+                              f"{self.compute_capability!r}")
+
+    @property
+    def sm(self) -> str:
+        return "SM" + self.compute_capability.replace(".", "")
+
+    def describe(self) -> str:
+        return f"'{self.name}' ({self.sm})"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "compute_capability": self.compute_capability}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "gpu") -> "GpuInfo":
+        d = need_mapping(data, where)
+        return cls(need_field(d, "name", str, where), need_field(d, "compute_capability", str, where))
+
+    @classmethod
+    def from_torch(cls, device_index: int = 0) -> "GpuInfo":
+        """The GPU this process runs on (imports torch lazily: the tuner itself never needs it)."""
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device_index)
+        return cls(torch.cuda.get_device_name(device_index), f"{major}.{minor}")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    shape: Mapping[str, Any]
+    fingerprint: str
+
+    @classmethod
+    def from_shape(cls, shape: Mapping[str, Any]) -> "ModelInfo":
+        return cls(dict(shape), model_fingerprint(shape))
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return int(self.shape["num_draft_tokens"])
+
+    def to_json(self) -> dict:
+        return {"shape": dict(self.shape), "fingerprint": self.fingerprint}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "model") -> "ModelInfo":
+        d = need_mapping(data, where)
+        shape = dict(need_mapping(d.get("shape"), f"{where}.shape"))
+        missing = [k for k in REQUIRED_SHAPE_KEYS if k not in shape]
+        if missing:
+            raise ConfigError(f"{where}.shape lacks {missing}; it must name at least "
+                              f"{list(REQUIRED_SHAPE_KEYS)}")
+        k = shape["num_draft_tokens"]
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ConfigError(f"{where}.shape.num_draft_tokens must be an integer >= 1, got {k!r}")
+        stored = need_field(d, "fingerprint", str, where)
+        actual = model_fingerprint(shape)
+        if stored != actual:
+            raise ConfigError(f"{where}.fingerprint is {stored!r} but the shape hashes to "
+                              f"{actual!r}: the shape was edited after recording; re-record it "
+                              "(or write the new fingerprint with capture.measurements."
+                              "model_fingerprint)")
+        return cls(shape, stored)
+
+
+@dataclass(frozen=True)
+class GraphMeasurement:
+    key: GraphKey
+    capture_s: float
+    pool_bytes: int
+    replay_s: float
+    stage_replay_s: Mapping[Stage, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out: dict = {"mode": self.key.mode.value, "bs": self.key.bs, "capture_s": self.capture_s,
+                     "pool_bytes": self.pool_bytes, "replay_s": self.replay_s}
+        if self.stage_replay_s:
+            out["stage_replay_s"] = {s.value: t for s, t in self.stage_replay_s.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, num_draft_tokens: int, where: str) -> "GraphMeasurement":
+        d = need_mapping(data, where)
+        try:
+            mode = Mode(d.get("mode"))
+        except ValueError:
+            raise ConfigError(f"{where}.mode must be 'spec' or 'decode', got {d.get('mode')!r}") \
+                from None
+        bs = need_field(d, "bs", int, where)
+        if bs < 1:
+            raise ConfigError(f"{where}.bs must be >= 1, got {bs}")
+        where = f"{where} ({mode.value} bs={bs})"
+        capture_s = need_number(d, "capture_s", where, allow_zero=True)
+        pool_bytes = need_field(d, "pool_bytes", int, where)
+        if pool_bytes < 0:
+            raise ConfigError(f"{where}.pool_bytes must be >= 0, got {pool_bytes}")
+        replay_s = need_number(d, "replay_s", where, allow_zero=False)
+        stages: dict[Stage, float] = {}
+        allowed = Stage.for_mode(mode, num_draft_tokens)
+        for name, t in need_mapping(d.get("stage_replay_s", {}), f"{where}.stage_replay_s").items():
+            try:
+                stage = Stage(name)
+            except ValueError:
+                stage = None
+            if stage not in allowed:
+                raise ConfigError(f"{where}.stage_replay_s has stage {name!r}; a {mode.value} "
+                                  f"step has stages {[s.value for s in allowed]}")
+            stages[stage] = need_number({name: t}, name, f"{where}.stage_replay_s", allow_zero=True)
+        return cls(GraphKey(mode, bs), capture_s, pool_bytes, replay_s, stages)
+
+
+@dataclass(frozen=True)
+class Measurements:
+    gpu: GpuInfo
+    model: ModelInfo
+    graphs: tuple[GraphMeasurement, ...]
+    total_pool_bytes: Optional[int] = None
+    synthetic: bool = False
+    notes: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: set[GraphKey] = set()
+        for g in self.graphs:
+            if g.key in seen:
+                raise ConfigError(f"graphs lists {g.key.label()} twice; keep one measurement "
+                                  "per (mode, bs)")
+            seen.add(g.key)
+        for mode in Mode:
+            if not self.sizes(mode):
+                raise ConfigError(f"graphs has no {mode.value} entries; measure at least one "
+                                  f"{mode.value} batch size")
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.model.num_draft_tokens
+
+    def sizes(self, mode: Mode) -> tuple[int, ...]:
+        return tuple(sorted(g.key.bs for g in self.graphs if g.key.mode is mode))
+
+    def by_key(self) -> dict[GraphKey, GraphMeasurement]:
+        return {g.key: g for g in self.graphs}
+
+    def get(self, mode: Mode, bs: int) -> Optional[GraphMeasurement]:
+        return self.by_key().get(GraphKey(mode, bs))
+
+    def to_json(self) -> dict:
+        out: dict = {"schema": SCHEMA, "synthetic": self.synthetic}
+        if self.notes:
+            out["notes"] = self.notes
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        out.update(gpu=self.gpu.to_json(), model=self.model.to_json(),
+                   graphs=[g.to_json() for g in sorted(self.graphs, key=lambda g: g.key)])
+        if self.total_pool_bytes is not None:
+            out["total_pool_bytes"] = self.total_pool_bytes
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Measurements":
+        d = need_mapping(data, "measurements")
+        check_schema(d, SCHEMA, "measurements")
+        model = ModelInfo.from_json(d.get("model"))
+        graphs_raw = d.get("graphs")
+        if not isinstance(graphs_raw, list) or not graphs_raw:
+            raise ConfigError("measurements.graphs must be a non-empty list of "
+                              "{mode, bs, capture_s, pool_bytes, replay_s}")
+        graphs = tuple(GraphMeasurement.from_json(g, model.num_draft_tokens, f"graphs[{i}]")
+                       for i, g in enumerate(graphs_raw))
+        total = d.get("total_pool_bytes")
+        if total is not None and (not isinstance(total, int) or isinstance(total, bool)
+                                  or total < 0):
+            raise ConfigError(f"total_pool_bytes must be an integer >= 0 or absent, got {total!r}")
+        synthetic = d.get("synthetic", False)
+        if not isinstance(synthetic, bool):
+            raise ConfigError(f"synthetic must be true or false, got {synthetic!r}")
+        return cls(GpuInfo.from_json(d.get("gpu")), model, graphs, total, synthetic,
+                   str(d.get("notes", "")), dict(need_mapping(d.get("meta", {}), "meta")))
+
+
+def load_measurements(path: str | Path) -> Measurements:
+    return Measurements.from_json(read_json(path, "measurements file"))
+
+
+def save_measurements(measurements: Measurements, path: str | Path) -> None:
+    write_json(measurements.to_json(), path)

@@ -1,0 +1,189 @@
+"""What the measurements say and what the tuner chose: a text table and three PNG plots.
+
+- memory_capture.png: pool memory and capture time per candidate graph (chosen ones solid);
+- waste_vs_graphs.png: each pool's minimum padding waste as its number of graphs grows (the
+  unconstrained DP optimum), with the budget-constrained choice marked;
+- latency.png: replay latency per mode vs bs, and predicted tok/s with the crossover marked.
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never pyplot, so nothing
+touches matplotlib's global figure registry or the process's display settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from capture.distribution import BatchDistribution
+from capture.measurements import Measurements
+from capture.padding import expected_waste, waste_curve
+from capture.tuner import Crossover, find_crossover, plan_pools, pool_problem
+from capture.units import format_bytes
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import GraphKey, Mode
+
+_COLORS = {Mode.SPEC: "tab:orange", Mode.DECODE: "tab:blue"}
+MiB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The pools a config chose (None in a report of the measurements alone)."""
+
+    spec_bs: tuple[int, ...]
+    decode_bs: tuple[int, ...]
+
+    def keys(self) -> frozenset[GraphKey]:
+        return frozenset([GraphKey(Mode.SPEC, b) for b in self.spec_bs]
+                         + [GraphKey(Mode.DECODE, b) for b in self.decode_bs])
+
+    def sizes(self, mode: Mode) -> tuple[int, ...]:
+        return self.spec_bs if mode is Mode.SPEC else self.decode_bs
+
+
+class ReportFiles(NamedTuple):
+    table: Path
+    memory_capture_png: Path
+    waste_png: Path
+    latency_png: Path
+
+
+def graph_table(m: Measurements, chosen: Optional[Chosen] = None) -> str:
+    """One row per measured key: capture time, pool memory, replay latency, chosen or not."""
+    picked = chosen.keys() if chosen else frozenset()
+    rows = [f"{'key':>14}{'capture s':>11}{'pool':>13}{'replay ms':>11}{'chosen':>8}"]
+    for g in sorted(m.graphs, key=lambda g: g.key):
+        mark = ("yes" if g.key in picked else "") if chosen else "-"
+        rows.append(f"{g.key.label():>14}{g.capture_s:>11.3f}{format_bytes(g.pool_bytes):>13}"
+                    f"{1e3 * g.replay_s:>11.3f}{mark:>8}")
+    total_note = (f"; captured together: {format_bytes(m.total_pool_bytes)}"
+                  if m.total_pool_bytes is not None else "")
+    rows.append(f"{len(m.graphs)} graphs, {sum(g.capture_s for g in m.graphs):.2f} s capture, "
+                f"{format_bytes(sum(g.pool_bytes for g in m.graphs))} pool (isolated sum)"
+                + total_note)
+    if m.synthetic:
+        rows.append("SYNTHETIC measurements: " + (m.notes or "generated, not measured"))
+    return "\n".join(rows)
+
+
+def write_report(m: Measurements, out_dir: str | Path, distribution: BatchDistribution,
+                 accept_len: float, chosen: Optional[Chosen] = None) -> ReportFiles:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if chosen is not None:
+        unknown = chosen.keys() - set(m.by_key())
+        if unknown:
+            raise ConfigError(f"the config chose graphs that were never measured: "
+                              f"{sorted(k.label() for k in unknown)}; report with the "
+                              "measurements the config was tuned from")
+    crossover = find_crossover(m, accept_len)
+    files = ReportFiles(out / "report.txt", out / "memory_capture.png",
+                        out / "waste_vs_graphs.png", out / "latency.png")
+    files.table.write_text(graph_table(m, chosen) + "\n")
+    plot_memory_and_capture(m, chosen, files.memory_capture_png)
+    plot_waste_curves(m, distribution, accept_len, chosen, files.waste_png)
+    plot_latency(m, crossover, files.latency_png)
+    return files
+
+
+def plot_memory_and_capture(m: Measurements, chosen: Optional[Chosen], path: Path) -> None:
+    graphs = sorted(m.graphs, key=lambda g: g.key)
+    picked = chosen.keys() if chosen else frozenset()
+    x = range(len(graphs))
+    # Unchosen bars fade when a config is shown; all are solid in a measurements-only report.
+    colors = [to_rgba(_COLORS[g.key.mode], 1.0 if chosen is None or g.key in picked else 0.3)
+              for g in graphs]
+    fig = _figure(2, 1, (max(8.0, 0.22 * len(graphs)), 7.0))
+    ax_mem, ax_t = fig.axes
+    for ax, values, label in ((ax_mem, [g.pool_bytes / MiB for g in graphs], "pool MiB"),
+                              (ax_t, [g.capture_s for g in graphs], "capture s")):
+        ax.bar(list(x), values, color=colors)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    ax_t.set_xticks(list(x))
+    ax_t.set_xticklabels([g.key.label() for g in graphs], rotation=90, fontsize=6)
+    ax_mem.set_xticks([])
+    title = "graph pool memory (isolated capture) and capture time per key"
+    ax_mem.set_title(title + ("; faded: not chosen" if chosen else ""))
+    _legend(ax_mem)
+    _save(fig, path)
+
+
+def plot_waste_curves(m: Measurements, distribution: BatchDistribution, accept_len: float,
+                      chosen: Optional[Chosen], path: Path) -> None:
+    if chosen is not None:
+        tops = {Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]}
+    else:
+        plan = plan_pools(m, distribution, accept_len)
+        tops = {Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top}
+    fig = _figure(1, 2, (11.0, 4.2))
+    for ax, mode in zip(fig.axes, (Mode.SPEC, Mode.DECODE)):
+        prob = pool_problem(m, mode, tops[mode])
+        curve = waste_curve(prob, distribution.probs)
+        ax.plot([p.k for p in curve], [p.waste for p in curve], "o-", ms=3,
+                color=_COLORS[mode], label="DP optimum for k graphs")
+        if chosen is not None:
+            sizes = chosen.sizes(mode)
+            w = expected_waste(sizes, distribution.probs, prob.tokens_per_request)
+            ax.plot([len(sizes)], [w], "k*", ms=12, label=f"chosen: {len(sizes)} graphs")
+        ax.set_title(f"{mode.value} pool, bs 1..{prob.top}")
+        ax.set_xlabel("graphs in pool (k)")
+        ax.set_ylabel("expected padded tokens / step")
+        wastes = [p.waste for p in curve]
+        # Log only when the curve spans decades (and never reaches 0): else linear reads better.
+        if min(wastes) > 0 and max(wastes) / min(wastes) > 20:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"padding waste vs number of graphs ({distribution.description}, accept "
+                 f"length {accept_len:g})")
+    _save(fig, path)
+
+
+def plot_latency(m: Measurements, crossover: Crossover, path: Path) -> None:
+    fig = _figure(1, 2, (11.0, 4.2))
+    ax_lat, ax_tps = fig.axes
+    for mode in Mode:
+        sizes = m.sizes(mode)
+        ax_lat.plot(sizes, [1e3 * m.get(mode, b).replay_s for b in sizes], "o-", ms=3,
+                    color=_COLORS[mode], label=mode.value)
+    ax_lat.set_xlabel("batch size")
+    ax_lat.set_ylabel("step latency (ms, graph replay)")
+    ax_lat.set_title("replay latency per mode")
+    pts = crossover.points
+    ax_tps.plot([p.bs for p in pts], [p.spec_tok_s for p in pts], "o-", ms=3,
+                color=_COLORS[Mode.SPEC], label=f"spec (accept {crossover.accept_len:g})")
+    ax_tps.plot([p.bs for p in pts], [p.decode_tok_s for p in pts], "o-", ms=3,
+                color=_COLORS[Mode.DECODE], label="decode")
+    if crossover.bs is not None:
+        ax_tps.axvline(crossover.bs, color="k", ls="--", lw=1,
+                       label=f"crossover bs={crossover.bs}")
+    ax_tps.set_xlabel("batch size")
+    ax_tps.set_ylabel("predicted tok/s")
+    ax_tps.set_title("predicted throughput (bs measured in both modes)")
+    for ax in (ax_lat, ax_tps):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _figure(rows: int, cols: int, size: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    fig.subplots(rows, cols)
+    return fig
+
+
+def _legend(ax: Axes) -> None:
+    ax.legend(handles=[Patch(color=c, label=mode.value) for mode, c in _COLORS.items()],
+              fontsize=8)
+
+
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,52 @@
+"""Human units for the command line and tables: '4GiB' <-> bytes, '30s' <-> seconds."""
+
+from __future__ import annotations
+
+import re
+
+from dual_graph_worker.errors import ConfigError
+
+# Binary and decimal multipliers; a bare number is bytes. Kept as an immutable mapping of
+# lower-case suffix -> factor so parsing is case-insensitive ('4gib' and '4GiB' agree).
+_SIZE_FACTORS = (
+    ("", 1), ("b", 1),
+    ("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("tib", 1 << 40),
+    ("k", 1000), ("kb", 1000), ("m", 1000 ** 2), ("mb", 1000 ** 2),
+    ("g", 1000 ** 3), ("gb", 1000 ** 3), ("t", 1000 ** 4), ("tb", 1000 ** 4),
+)
+_DURATION_FACTORS = (("", 1.0), ("s", 1.0), ("ms", 1e-3), ("min", 60.0), ("m", 60.0))
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' -> 4294967296, '512MiB', '1.5GB', '1048576' (bytes). Raises ConfigError."""
+    m = _NUMBER_UNIT.match(str(text))
+    factors = dict(_SIZE_FACTORS)
+    if not m or m.group(2).lower() not in factors:
+        raise ConfigError(f"cannot read size {text!r}; write a number with an optional unit, "
+                          "e.g. 4GiB, 512MiB, 1.5GB or 1073741824 (bytes)")
+    value = float(m.group(1)) * factors[m.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be > 0")
+    return int(round(value))
+
+
+def parse_duration(text: str) -> float:
+    """'30' or '30s' -> 30.0, '500ms' -> 0.5, '2min' -> 120.0. Raises ConfigError."""
+    m = _NUMBER_UNIT.match(str(text))
+    factors = dict(_DURATION_FACTORS)
+    if not m or m.group(2).lower() not in factors:
+        raise ConfigError(f"cannot read duration {text!r}; write seconds with an optional unit, "
+                          "e.g. 30, 30s, 500ms or 2min")
+    value = float(m.group(1)) * factors[m.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"duration {text!r} must be > 0")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, 3 significant-ish digits: 1536 -> '1.50 KiB'."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return f"{int(n)} B"

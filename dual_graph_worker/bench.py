@@ -1,0 +1,240 @@
+"""`dgw bench`: tokens/s and time per output token across concurrency for every worker variant,
+side by side in one process, plus graph-pool memory, capture time and the cost of a mode switch.
+
+Default model: a Llama-3-8B-shaped target with an EAGLE-3-shaped draft, dummy weights, bf16,
+Triton attention, accepted length FORCED (dummy weights accept ~nothing; the output says so).
+`--model tiny` runs the same sweep on CPU for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+from dual_graph_worker.engines.reference.config import llama3_8b_shape, tiny_shape
+from dual_graph_worker.loadgen import Phase, run_phase
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import Decision, PinnedPolicy, Reason
+from dual_graph_worker.variants import VARIANTS, PoolSizes, build_variant
+from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.continuity import Continuity
+
+
+def _free(*objs) -> None:
+    del objs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class AlternatingPolicy(PinnedPolicy):
+    """spec, decode, spec, ... : the worst case for a mode switch."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(Mode.SPEC, k)
+        self._next = Mode.SPEC
+
+    def decide(self, inputs):
+        return Decision(self._next, Reason.PINNED)
+
+    def commit(self, mode: Mode) -> None:
+        self._next = Mode.DECODE if mode is Mode.SPEC else Mode.SPEC
+
+
+def measure_switch(worker: DualGraphWorker, bs: int, steps: int, input_len: int, vocab: int) -> dict:
+    """Host cost of choosing a mode, and step time when alternating vs holding each mode."""
+    k = worker.k
+    n = 20000
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        d = worker.decide(bs)
+        worker.dispatch.lookup(d.mode, bs)
+    select_us = (time.perf_counter_ns() - t0) / n / 1e3
+    out = {"bs": bs, "select_host_us": select_us}
+    saved = worker.policy
+    rng = np.random.default_rng(1)
+    input_len = min(input_len, worker.table.max_context // 4)
+    max_new = worker.table.max_context - input_len - k - 1
+    steps = max(2, min(steps, max_new // (k + 1) - 4))
+    for label, policy in (("spec", PinnedPolicy(Mode.SPEC, k)), ("decode", PinnedPolicy(Mode.DECODE, k)),
+                          ("alternate", AlternatingPolicy(k))):
+        worker.policy = policy
+        worker.add_requests(rng.integers(0, vocab, size=(bs, input_len)).tolist(), max_new)
+        for _ in range(3):
+            worker.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times = {Mode.SPEC: [], Mode.DECODE: []}
+        for _ in range(steps):
+            t = time.perf_counter()
+            res = worker.step()
+            times[res.record.mode].append(time.perf_counter() - t)
+        for rid in list(worker.table.row_of_rid):
+            worker.abort(rid)
+        out[label] = {m.value: float(np.median(v)) * 1e3 for m, v in times.items() if v}
+    worker.policy = saved
+    held = (out["spec"]["spec"] + out["decode"]["decode"]) / 2
+    alt = (out["alternate"]["spec"] + out["alternate"]["decode"]) / 2
+    out["alternate_over_held"] = alt / held
+    return out
+
+
+def measure_memory(engine, sizes: PoolSizes, dynamic_continuity: Continuity) -> dict:
+    """Graph-pool memory and capture time: spec pool alone, decode pool alone, both in one pool."""
+    out = {}
+    for label, spec_bs, decode_bs in (("spec_only", sizes.spec, ()), ("decode_only", (), sizes.decode),
+                                      ("both", sizes.spec, sizes.decode)):
+        w = DualGraphWorker(engine, WorkerConfig(spec_bs, decode_bs, True, continuity=dynamic_continuity),
+                            PinnedPolicy(Mode.DECODE, engine.limits.num_draft_tokens))
+        rep = w.capture(progress=False)
+        out[label] = {"pool_bytes": rep.pool_bytes, "capture_s": rep.total_seconds,
+                      "graphs": sum(len([s for s in w.runner.graphs if s[0] == kc.key]) for kc in rep.keys),
+                      "per_mode": rep.per_mode()}
+        _free(w)
+    out["both_over_spec_only"] = out["both"]["pool_bytes"] / max(out["spec_only"]["pool_bytes"], 1)
+    return out
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    conc = results["concurrency"]
+    for name, rows in results["variants"].items():
+        ax.plot(conc, [r["step_tok_s"] for r in rows], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrency (requests)")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"{results['model']} ({results['acceptance']})", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    for label, vals in results["ratios"].items():
+        ax2.plot(conc, vals, marker="o", label=label)
+    ax2.axhline(0.98, color="gray", ls="--", lw=0.8)
+    ax2.axhline(0.99, color="gray", ls=":", lw=0.8)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("concurrency (requests)")
+    ax2.set_ylabel("ratio")
+    ax2.set_title("ratios (targets: dynamic/best >= 0.98, off/plain >= 0.99)", fontsize=9)
+    ax2.grid(True, alpha=0.3)
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="dgw bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    ap.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--requests-per-level", type=float, default=1.0,
+                    help="requests per concurrency level, as a multiple of the concurrency")
+    ap.add_argument("--num-draft-tokens", type=int, default=3)
+    ap.add_argument("--accept-len", type=int, default=3, help="forced accepted length (1..K+1)")
+    ap.add_argument("--spec-max-bs", type=int, default=64, help="top of the dynamic worker's spec pool")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--dynamic-continuity", default="lazy-catch-up",
+                    choices=[c.value for c in Continuity if c is not Continuity.NONE])
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-switch", action="store_true")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+
+    cuda = torch.cuda.is_available()
+    if args.model == "llama3-8b" and not cuda:
+        ap.error("the Llama-3-8B-shaped bench needs a CUDA GPU; use --model tiny on CPU")
+    conc = [int(c) for c in args.concurrency.split(",")]
+    max_bs = max(conc)
+    pair = llama3_8b_shape() if args.model == "llama3-8b" else tiny_shape()
+    ctx = args.input_len + args.output_len + args.num_draft_tokens + 8
+    spec = EngineSpec(num_draft_tokens=args.num_draft_tokens, max_requests=max_bs, max_context=ctx,
+                      device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+                      attention="triton" if cuda else "torch", forced_accept_len=args.accept_len)
+    t0 = time.perf_counter()
+    engine = engine_from_dummy(pair, spec)
+    sizes = PoolSizes.up_to(max_bs, args.spec_max_bs)
+    acceptance = f"accept length FORCED to {args.accept_len} (dummy weights), K={args.num_draft_tokens}"
+    print(f"model: {args.model} dummy weights, {spec.dtype}, {spec.attention} attention; {acceptance}")
+    print(f"engine ready in {time.perf_counter() - t0:.1f}s; pools: spec {sizes.spec}, decode {sizes.decode}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"model": f"{args.model} (dummy weights, {spec.dtype}, {spec.attention})",
+               "acceptance": acceptance, "input_len": args.input_len, "output_len": args.output_len,
+               "concurrency": conc, "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+               "torch": torch.__version__, "pools": {"spec": sizes.spec, "decode": sizes.decode},
+               "variants": {}, "capture": {}, "command": "dgw bench " + " ".join(argv or [])}
+    vocab = pair.target.vocab_size
+    for name in args.variants.split(","):
+        print(f"\n== {name}")
+        built = build_variant(name, engine, sizes, use_cuda_graphs=cuda,
+                              calib_context=args.input_len + args.output_len // 2,
+                              dynamic_continuity=Continuity(args.dynamic_continuity), progress=False)
+        if built.capture is not None:
+            results["capture"][name] = {"seconds": built.capture.total_seconds,
+                                        "pool_bytes": built.capture.pool_bytes,
+                                        "per_mode": built.capture.per_mode()}
+            print(f"  captured {len(built.capture.keys)} keys in {built.capture.total_seconds:.1f}s, "
+                  f"pool {built.capture.pool_bytes / 2**20:.0f} MiB")
+        if built.calibration is not None:
+            results["calibration"] = built.calibration.to_json()
+        rows = []
+        for c in conc:
+            n = max(c, int(round(c * args.requests_per_level)))
+            r = run_phase(built.worker, Phase(c, n, args.input_len, args.output_len), vocab, seed=c)
+            rows.append(r.to_json())
+            print(f"  c={c:4d}  {r.step_tok_s:9.1f} tok/s (decode)  {r.tok_s:9.1f} tok/s (e2e)  "
+                  f"tpot {r.tpot_s * 1e3:7.2f} ms  modes {r.modes}  accept {r.mean_accept_len:.2f}")
+        results["variants"][name] = rows
+        if name == "dynamic" and not args.skip_switch:
+            results["switch"] = measure_switch(built.worker, bs=min(16, max_bs), steps=20,
+                                               input_len=min(args.input_len, 64), vocab=vocab)
+            print(f"  switch: select {results['switch']['select_host_us']:.2f} us host; "
+                  f"alternating/held step time {results['switch']['alternate_over_held']:.3f}")
+        built.worker.runner = None
+        _free(built)
+    if cuda and not args.skip_memory:
+        results["memory"] = measure_memory(engine, sizes, Continuity(args.dynamic_continuity))
+        m = results["memory"]
+        print(f"\nmemory: spec only {m['spec_only']['pool_bytes'] / 2**20:.0f} MiB "
+              f"({m['spec_only']['capture_s']:.1f}s), decode only {m['decode_only']['pool_bytes'] / 2**20:.0f} MiB "
+              f"({m['decode_only']['capture_s']:.1f}s), both {m['both']['pool_bytes'] / 2**20:.0f} MiB "
+              f"({m['both']['capture_s']:.1f}s): both/spec-only = {m['both_over_spec_only']:.3f}")
+    v = results["variants"]
+    tok = {name: [r["step_tok_s"] for r in rows] for name, rows in v.items()}
+    ratios = {}
+    if {"dynamic", "plain", "static-spec"} <= tok.keys():
+        ratios["dynamic / max(plain, static-spec)"] = [d / max(p, s) for d, p, s in
+                                                       zip(tok["dynamic"], tok["plain"], tok["static-spec"])]
+    if {"dual-off", "plain"} <= tok.keys():
+        ratios["dual-off / plain"] = [a / b for a, b in zip(tok["dual-off"], tok["plain"])]
+    if {"verify-off", "plain"} <= tok.keys():
+        ratios["verify-off / plain"] = [a / b for a, b in zip(tok["verify-off"], tok["plain"])]
+    results["ratios"] = ratios
+    print("\n| concurrency | " + " | ".join(tok) + " | " + " | ".join(ratios) + " |")
+    print("|---" * (1 + len(tok) + len(ratios)) + "|")
+    for i, c in enumerate(conc):
+        print(f"| {c} | " + " | ".join(f"{tok[n][i]:.0f}" for n in tok) + " | " +
+              " | ".join(f"{ratios[r][i]:.3f}" for r in ratios) + " |")
+    stem = f"bench_{args.model}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results, out / f"{stem}.png")
+    print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""Step latency per captured (mode, padded bs): the goodput policy's calibration table.
+
+Measured once at start-up, after capture, by replaying each key's stages on synthetic requests
+whose context length is representative (attention cost grows with it). On a tensor-parallel
+server rank 0's table is broadcast, so every rank decides from the same numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from dual_graph_worker.errors import DualGraphError
+from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.policy import CalibrationTable
+
+
+def _time_once(run, device: torch.device) -> float:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int = 5,
+                         use_graph: Optional[bool] = None) -> float:
+    """Median seconds of one step of `key` over synthetic requests of `context_len` tokens."""
+    if worker.num_running:
+        raise DualGraphError("calibrate before admitting requests: it borrows request rows and slots")
+    engine, alloc = worker.engine, worker.planner.allocator
+    P, width = key.bs, key.mode.tokens_per_request(worker.k)
+    rows = np.arange(1, P + 1, dtype=np.int64)
+    ctx_slots = alloc.alloc(P * context_len)
+    step_slots = alloc.alloc(P * width).reshape(P, width)
+    try:
+        engine.fill_synthetic_context(rows, context_len, ctx_slots)
+        worker.bufs.stage(rows, np.full(P, context_len, dtype=np.int64), step_slots, P)
+        worker.bufs.upload()
+        graph = worker.dispatch.has_graph(key.mode, P) if use_graph is None else use_graph
+        run = lambda: worker.runner.run(key.mode, P, graph and worker.config.use_cuda_graphs)
+        run()  # warm-up
+        times = [_time_once(run, engine.device) for _ in range(repeats)]
+    finally:
+        alloc.free(ctx_slots)
+        alloc.free(step_slots.reshape(-1))
+    return statistics.median(times)
+
+
+def calibrate(worker, context_len: int, repeats: int = 5, modes=(Mode.SPEC, Mode.DECODE)) -> CalibrationTable:
+    keys = [k for k in worker.dispatch.keys() if k.mode in modes]
+    lat = {k: measure_step_latency(worker, k, context_len, repeats) for k in keys}
+    return CalibrationTable(lat, worker.k, source=f"measured at start-up, context {context_len}, "
+                                                  f"median of {repeats} on {worker.engine.device}")

@@ -1,0 +1,81 @@
+"""The worker variants compared by `dgw demo` and `dgw bench`, built the same way everywhere.
+
+- plain:        decode pool only, no draft state: what a plain (non-speculative) server runs;
+- static-spec:  spec pool only, always speculating: a static EAGLE-3 server;
+- dynamic:      both pools in one graph pool, goodput policy (calibrated at start-up);
+- dual-off:     the dynamic worker's graphs pinned to decode mode: its "off" mode at every load;
+- verify-off:   "off" through the speculative machinery, as SGLang 0.5.x's adaptive tier runs
+                it: the target at one token per request plus a draft extend every step (here:
+                the keep-current decode graph; this engine's verify and decode share one kernel,
+                so SGLang's extra verify-path costs are not included: an upper bound for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from dual_graph_worker.calibration import calibrate
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import GoodputPolicy, PinnedPolicy, ThresholdPolicy
+from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+
+VARIANTS = ("plain", "static-spec", "dynamic", "dual-off", "verify-off")
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    spec: tuple[int, ...]           # the dynamic worker's spec pool
+    decode: tuple[int, ...]         # every decode pool
+    static_spec: tuple[int, ...]    # the static-spec worker's pool (covers every load)
+
+    @classmethod
+    def up_to(cls, max_bs: int, spec_max: int) -> "PoolSizes":
+        ladder = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+                  320, 384, 448, 512]
+        dec = tuple(b for b in ladder if b < max_bs) + (max_bs,)
+        spec = tuple(b for b in dec if b < spec_max) + (min(spec_max, max_bs),)
+        return cls(tuple(sorted(set(spec))), dec, dec)
+
+
+@dataclass(frozen=True)
+class BuiltWorker:
+    name: str
+    worker: DualGraphWorker
+    capture: Optional[object]       # CaptureReport on CUDA
+    calibration: Optional[object]   # CalibrationTable for the dynamic worker
+
+
+def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
+                  calib_context: int, threshold: Optional[int] = None,
+                  dynamic_continuity: Continuity = Continuity.LAZY_CATCH_UP,
+                  progress: bool = True, log: Callable[[str], None] = print) -> BuiltWorker:
+    k = engine.limits.num_draft_tokens
+    cfgs = {
+        "plain": (WorkerConfig((), sizes.decode, use_cuda_graphs, continuity=Continuity.NONE),
+                  PinnedPolicy(Mode.DECODE, k)),
+        "static-spec": (WorkerConfig(sizes.static_spec, (), use_cuda_graphs,
+                                     continuity=Continuity.KEEP_CURRENT), PinnedPolicy(Mode.SPEC, k)),
+        "dynamic": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
+                                 continuity=dynamic_continuity), PinnedPolicy(Mode.SPEC, k)),
+        "dual-off": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
+                                  continuity=dynamic_continuity), PinnedPolicy(Mode.DECODE, k)),
+        "verify-off": (WorkerConfig((), sizes.decode, use_cuda_graphs,
+                                    continuity=Continuity.KEEP_CURRENT), PinnedPolicy(Mode.DECODE, k)),
+    }
+    if name not in cfgs:
+        raise ValueError(f"unknown variant '{name}'; choose from {', '.join(VARIANTS)}")
+    config, policy = cfgs[name]
+    worker = DualGraphWorker(engine, config, policy)
+    report = worker.capture(progress=progress)
+    table = None
+    if name == "dynamic":
+        if threshold is not None:
+            worker.policy = ThresholdPolicy(threshold, k, band=max(1, threshold // 8), min_dwell_steps=4)
+        else:
+            table = calibrate(worker, calib_context)
+            worker.policy = GoodputPolicy(table)
+            log(f"  calibration ({table.source}): " + ", ".join(
+                f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
+    return BuiltWorker(name, worker, report, table)

@@ -1,0 +1,68 @@
+"""CUDA API names: normalization and the classes the checks care about.
+
+nsys spells runtime calls with a version suffix (`cudaGraphLaunch_v10000`,
+`cudaLaunchKernel_ptsz_v7000` for per-thread default streams) and driver calls without the
+`cuda` prefix (`cuGraphLaunch`, `cuMemAlloc_v2`); torch.profiler spells them bare. Checks
+compare `base_name`s only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+_VERSION_SUFFIX = re.compile(r"(?:_v\d+)+$")
+_STREAM_SUFFIX = re.compile(r"_(?:ptsz|ptds)$")
+
+GRAPH_LAUNCH = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+
+KERNEL_LAUNCH = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernelMultiDevice",
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
+    "cuLaunchCooperativeKernelMultiDevice",
+})
+
+# Base-name prefixes that must not occur in steady state, by what they cost.
+# Prefixes, because each family has variants (cudaGraphInstantiateWithFlags, cudaMallocAsync,
+# cuMemAllocFromPoolAsync, cudaStreamBeginCaptureToGraph, ...).
+FORBIDDEN_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("cudaStreamBeginCapture", "capture"),
+    ("cudaStreamEndCapture", "capture"),
+    ("cuStreamBeginCapture", "capture"),
+    ("cuStreamEndCapture", "capture"),
+    ("cudaGraphInstantiate", "instantiate"),
+    ("cuGraphInstantiate", "instantiate"),
+    # Updating an executable graph is re-instantiation in all but name.
+    ("cudaGraphExecUpdate", "instantiate"),
+    ("cuGraphExecUpdate", "instantiate"),
+    ("cudaMalloc", "allocation"),
+    ("cudaHostAlloc", "allocation"),
+    ("cuMemAlloc", "allocation"),
+    ("cuMemHostAlloc", "allocation"),
+    # Virtual-memory allocation (PyTorch expandable segments grow through it).
+    ("cuMemCreate", "allocation"),
+)
+
+
+def base_name(raw: str) -> str:
+    """`cudaLaunchKernel_ptsz_v7000` -> `cudaLaunchKernel`; `cuMemAlloc_v2` -> `cuMemAlloc`."""
+    name = _VERSION_SUFFIX.sub("", raw.strip())
+    return _VERSION_SUFFIX.sub("", _STREAM_SUFFIX.sub("", name))
+
+
+def is_graph_launch(raw: str) -> bool:
+    return base_name(raw) in GRAPH_LAUNCH
+
+
+def is_kernel_launch(raw: str) -> bool:
+    return base_name(raw) in KERNEL_LAUNCH
+
+
+def forbidden_category(raw: str) -> Optional[str]:
+    """'capture', 'instantiate' or 'allocation' when the call must not run in steady state."""
+    name = base_name(raw)
+    for prefix, category in FORBIDDEN_PREFIXES:
+        if name.startswith(prefix):
+            return category
+    return None

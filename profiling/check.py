@@ -1,0 +1,151 @@
+"""Check a profile of the worker for a clean steady state, and write what was found.
+
+    python -m profiling.check REPORT --out DIR [--warmup-steps N] [--max-eager-kernels N]
+                              [--num-draft-tokens K] [--expect-sm SM90] [--source auto|nsys|torch]
+
+REPORT is an Nsight Systems report (.nsys-rep, exported with `nsys export`, which must be on
+PATH), its SQLite export, or a torch.profiler Chrome trace (.json / .json.gz) when nsys is not
+available. Profile with `nsys profile --trace=cuda,nvtx --cuda-graph-trace=graph` so each
+replay is one cudaGraphLaunch. DIR receives report.md, timeline.png and check.json; the table
+goes to stdout. Exit status: 0 all checks pass, 1 a check failed, 2 the input cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from profiling import nsys_sqlite, torch_trace
+from profiling.checks import (CheckConfig, CheckOutcome, DEFAULT_MAX_EAGER_KERNELS,
+                              normalize_sm, run_checks)
+from profiling.errors import ProfileInputError
+from profiling.events import Trace
+from profiling.plot import plot_timeline
+from profiling.report import ProfileSummary, format_table, render_markdown, summarize
+from profiling.timeline import DEFAULT_WARMUP_STEPS, Timeline, build_timeline
+
+SOURCES = ("auto", "nsys", "torch")
+REPORT_MD = "report.md"
+TIMELINE_PNG = "timeline.png"
+CHECK_JSON = "check.json"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    outcomes: list[CheckOutcome]
+    summary: ProfileSummary
+    report_md: Path
+    timeline_png: Path
+    check_json: Path
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outcomes)
+
+    @property
+    def failed(self) -> list[str]:
+        return [o.name for o in self.outcomes if not o.passed]
+
+
+def _looks_like_torch_trace(path: Path) -> bool:
+    return path.name.endswith((".json", ".json.gz"))
+
+
+def load_trace(path: Path, work_dir: Path, source: str = "auto") -> Trace:
+    """Read any supported profile into the normalized model; work_dir holds an nsys export."""
+    if source not in SOURCES:
+        raise ProfileInputError(f"unknown source {source!r}; use one of {', '.join(SOURCES)}")
+    if not path.exists():
+        raise ProfileInputError(f"{path} does not exist")
+    if source == "torch" or (source == "auto" and _looks_like_torch_trace(path)):
+        return torch_trace.load_chrome_trace(path)
+    if path.name.endswith(nsys_sqlite.REPORT_SUFFIXES):
+        return nsys_sqlite.load_sqlite(nsys_sqlite.export_sqlite(path, work_dir))
+    if nsys_sqlite.is_sqlite(path):
+        return nsys_sqlite.load_sqlite(path)
+    raise ProfileInputError(
+        f"cannot tell what {path} is: pass an nsys report (.nsys-rep), its SQLite export, or a "
+        "torch.profiler Chrome trace (.json), or name the format with --source")
+
+
+def check_trace(trace: Trace, config: CheckConfig) -> tuple[Timeline, tuple[CheckOutcome, ...]]:
+    """The checks on an already-loaded trace (no files written)."""
+    timeline = build_timeline(trace, config.warmup_steps)
+    return timeline, run_checks(timeline, config)
+
+
+def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckConfig] = None,
+                 *, source: str = "auto") -> CheckResult:
+    """Load, check, and write report.md, timeline.png and check.json into out_dir."""
+    config = config or CheckConfig()
+    path, out_dir = Path(path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timeline, outcomes = check_trace(load_trace(path, out_dir, source), config)
+    summary = summarize(timeline, config)
+    verdict = "PASS" if all(o.passed for o in outcomes) else "FAIL"
+    png = plot_timeline(timeline, out_dir / TIMELINE_PNG,
+                        f"dgw steps: {verdict} ({', '.join(summary.gpus) or 'unknown GPU'})")
+    md = out_dir / REPORT_MD
+    md.write_text(render_markdown(outcomes, summary, png.name), encoding="utf-8")
+    js = out_dir / CHECK_JSON
+    js.write_text(json.dumps({
+        "passed": verdict == "PASS",
+        "outcomes": [dataclasses.asdict(o) for o in outcomes],
+        "summary": dataclasses.asdict(summary),
+        "config": dataclasses.asdict(config),
+    }, indent=2), encoding="utf-8")
+    return CheckResult(list(outcomes), summary, md, png, js)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m profiling.check",
+        description="Check an nsys report (or torch.profiler trace) of the dual-graph worker: one "
+                    "graph launch per stage, few eager kernels, no capture/instantiate/malloc "
+                    "in steady state, switches that cost only a selection, and the GPU.")
+    p.add_argument("report", type=Path, help=".nsys-rep, its .sqlite export, or a torch trace "
+                                             ".json")
+    p.add_argument("--out", type=Path, required=True, help="directory for report.md, "
+                                                           "timeline.png, check.json")
+    p.add_argument("--source", choices=SOURCES, default="auto")
+    p.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS,
+                   help="steps skipped when the trace has no steady_state_begin mark "
+                        f"(default {DEFAULT_WARMUP_STEPS})")
+    p.add_argument("--max-eager-kernels", type=int, default=DEFAULT_MAX_EAGER_KERNELS,
+                   help="eager kernel launches allowed per graph step "
+                        f"(default {DEFAULT_MAX_EAGER_KERNELS})")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="K, when the trace lacks a config:num_draft_tokens mark")
+    p.add_argument("--expect-sm", default=None, help="fail unless the GPU is this, e.g. SM90")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.expect_sm is not None:
+        try:
+            normalize_sm(args.expect_sm)
+        except ValueError:
+            print(f"error: --expect-sm {args.expect_sm!r} is not like SM90, 9.0 or 90",
+                  file=sys.stderr)
+            return 2
+    config = CheckConfig(warmup_steps=args.warmup_steps,
+                         max_eager_kernels=args.max_eager_kernels,
+                         num_draft_tokens=args.num_draft_tokens, expect_sm=args.expect_sm)
+    try:
+        result = check_report(args.report, args.out, config, source=args.source)
+    except ProfileInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(result.outcomes, result.summary))
+    print(f"report: {result.report_md}\ntimeline: {result.timeline_png}")
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

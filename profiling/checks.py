@@ -1,0 +1,362 @@
+"""The steady-state checks. Each takes a `Timeline` and a `CheckConfig` and returns one outcome.
+
+1. graph_launches_per_stage: every graph step has its mode's stages, each exactly one graph
+   launch (cudaGraphLaunch / cuGraphLaunch), and no graph launch outside them.
+2. eager_kernels_in_graph_steps: a graph step launches at most `max_eager_kernels` kernels
+   eagerly (accept/commit bookkeeping); their names are listed.
+3. no_capture_instantiate_malloc: no stream capture, graph instantiation/update or memory
+   allocation in steady state, on any thread of the process.
+4. switch_adds_no_api_calls: a step whose mode differs from the previous step's makes no API
+   call a typical non-switch step of the same key does not make (per name, more than the
+   median count), and the same holds for the calls between steps around a switch.
+5. gpu_identity: GPU name, SM{major}{minor}, engine and attention backend (fails only when an
+   expected SM is given and differs).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+
+from dual_graph_worker.modes import Mode, Stage
+from profiling import api_names, names
+from profiling.events import GpuInfo
+from profiling.timeline import DEFAULT_WARMUP_STEPS, Step, Timeline, Track
+
+GRAPH_LAUNCHES = "graph_launches_per_stage"
+EAGER_KERNELS = "eager_kernels_in_graph_steps"
+NO_CAPTURE = "no_capture_instantiate_malloc"
+SWITCH_COST = "switch_adds_no_api_calls"
+GPU_IDENTITY = "gpu_identity"
+CHECK_NAMES = (GRAPH_LAUNCHES, EAGER_KERNELS, NO_CAPTURE, SWITCH_COST, GPU_IDENTITY)
+
+DEFAULT_MAX_EAGER_KERNELS = 4
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    warmup_steps: int = DEFAULT_WARMUP_STEPS  # steady state without a steady_state_begin mark
+    max_eager_kernels: int = DEFAULT_MAX_EAGER_KERNELS  # per graph step
+    num_draft_tokens: Optional[int] = None  # overrides config:num_draft_tokens
+    expect_sm: Optional[str] = None  # "SM90", "9.0" or "90"; None: report only
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    passed: bool
+    detail: str  # one line
+    violations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # context for the report (kernel names, unverified cases, ...)
+
+
+def _where(tl: Timeline, step: Step) -> str:
+    return f"step #{step.index} {step.label} @ {tl.ms(step.start_ns):.3f} ms"
+
+
+def _track_prefix(tl: Timeline, track: Track) -> str:
+    return f"[{track.name}] " if len(tl.tracks) > 1 else ""
+
+
+def num_draft_tokens(tl: Timeline, cfg: CheckConfig) -> Optional[int]:
+    if cfg.num_draft_tokens is not None:
+        return cfg.num_draft_tokens
+    raw = tl.config.get(names.CONFIG_NUM_DRAFT_TOKENS)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _expected_stages(mode: str, k: Optional[int]) -> Optional[tuple[frozenset, frozenset]]:
+    """(required, allowed) graph stages of a mode, or None for a mode the worker lacks."""
+    try:
+        m = Mode(mode)
+    except ValueError:
+        return None
+    if k is not None:
+        stages = frozenset(s.value for s in Stage.for_mode(m, k))
+        return stages, stages
+    # K unknown: the draft stage exists for K > 1 only, so accept it either way.
+    with_draft = frozenset(s.value for s in Stage.for_mode(m, 2))
+    without = frozenset(s.value for s in Stage.for_mode(m, 1))
+    return with_draft & without, with_draft | without
+
+
+def _no_steps_outcome(name: str, tl: Timeline) -> Optional[CheckOutcome]:
+    if not tl.steps:
+        hint = "; ".join(tl.trace.warnings) or "was the worker run with NVTX ranges on?"
+        return CheckOutcome(name, False, f"no dgw step ranges in the trace ({hint})")
+    if not any(t.steady_steps for t in tl.tracks):
+        sources = "; ".join(sorted({t.steady_source for t in tl.tracks}))
+        return CheckOutcome(name, False, f"no step in steady state ({sources})")
+    return None
+
+
+def _limit(lines: Sequence[str], n: int = 20) -> str:
+    shown = "; ".join(lines[:n])
+    return shown + (f"; ... {len(lines) - n} more" if len(lines) > n else "")
+
+
+def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
+    missing = _no_steps_outcome(GRAPH_LAUNCHES, tl)
+    if missing:
+        return missing
+    k = num_draft_tokens(tl, cfg)
+    violations: list[str] = []
+    graph_steps: Counter = Counter()
+    eager_steps: Counter = Counter()
+    for track in tl.tracks:
+        pre = _track_prefix(tl, track)
+        for step in track.steady_steps:
+            if not step.graph:
+                eager_steps[step.mode] += 1
+                continue
+            graph_steps[step.mode] += 1
+            where = pre + _where(tl, step)
+            expected = _expected_stages(step.mode, k)
+            if expected is None:
+                violations.append(f"{where}: unknown mode {step.mode!r}")
+                continue
+            required, allowed = expected
+            graph_spans = [s for s in step.stages if s.name in names.GRAPH_STAGES]
+            seen = Counter(s.name for s in graph_spans)
+            for stage in sorted(required - set(seen)):
+                violations.append(f"{where}: missing stage {stage}")
+            for stage in sorted(set(seen) - allowed):
+                violations.append(f"{where}: stage {stage} does not belong to mode {step.mode}")
+            for stage, n in sorted(seen.items()):
+                if n > 1:
+                    violations.append(f"{where}: stage {stage} ran {n} times")
+            for span in graph_spans:
+                n = sum(api_names.is_graph_launch(c.name) for c in span.calls)
+                if n != 1:
+                    violations.append(f"{where}: stage {span.name} has {n} graph launches, "
+                                      "expected 1")
+            stray = sum(api_names.is_graph_launch(c.name) for c in step.calls) - sum(
+                api_names.is_graph_launch(c.name) for s in graph_spans for c in s.calls)
+            if stray:
+                violations.append(f"{where}: {stray} graph launches outside the "
+                                  f"{'/'.join(names.GRAPH_STAGES)} stages")
+    n_graph, n_eager = sum(graph_steps.values()), sum(eager_steps.values())
+    counts = ", ".join(f"{m} {n}" for m, n in sorted(graph_steps.items())) or "none"
+    detail = (f"{n_graph} graph steps checked ({counts}); {n_eager} eager steps reported"
+              + (f" ({', '.join(f'{m} {n}' for m, n in sorted(eager_steps.items()))})"
+                 if n_eager else "")
+              + f"; K={k if k is not None else 'unknown'}")
+    notes = []
+    if k is None:
+        notes.append("num_draft_tokens unknown (no config:num_draft_tokens mark): the draft "
+                     "stage was accepted as optional in spec steps")
+    if n_graph == 0:
+        violations.append("no graph step in steady state: every step ran eagerly")
+    if violations:
+        detail = f"{len(violations)} violations: {_limit(violations, 3)}"
+    return CheckOutcome(GRAPH_LAUNCHES, not violations, detail, tuple(violations), tuple(notes))
+
+
+def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
+    missing = _no_steps_outcome(EAGER_KERNELS, tl)
+    if missing:
+        return missing
+    violations: list[str] = []
+    names_by_stage: dict[str, Counter] = defaultdict(Counter)
+    per_step: list[int] = []
+    for track in tl.tracks:
+        pre = _track_prefix(tl, track)
+        for step in track.steady_steps:
+            if not step.graph:
+                continue
+            launches = [c for c in step.calls if api_names.is_kernel_launch(c.name)]
+            per_step.append(len(launches))
+            for span in step.stages:
+                for c in span.calls:
+                    if api_names.is_kernel_launch(c.name):
+                        names_by_stage[span.name][tl.trace.kernel_name(c)] += 1
+            for c in step.calls_outside_stages():
+                if api_names.is_kernel_launch(c.name):
+                    names_by_stage["(outside stages)"][tl.trace.kernel_name(c)] += 1
+            if len(launches) > cfg.max_eager_kernels:
+                kernels = Counter(tl.trace.kernel_name(c) for c in launches)
+                listed = ", ".join(f"{n} x{c}" for n, c in kernels.most_common())
+                violations.append(f"{pre}{_where(tl, step)}: {len(launches)} eager kernel "
+                                  f"launches > {cfg.max_eager_kernels} allowed ({listed})")
+    notes = tuple(
+        f"{stage}: " + ", ".join(f"{n} x{c}" for n, c in counter.most_common())
+        for stage, counter in sorted(names_by_stage.items()))
+    most = max(per_step, default=0)
+    detail = (f"max {most} eager kernel launches in a graph step (allowed "
+              f"{cfg.max_eager_kernels}) over {len(per_step)} graph steps")
+    if violations:
+        detail = f"{len(violations)} graph step(s) over the limit: {_limit(violations, 2)}"
+    return CheckOutcome(EAGER_KERNELS, not violations, detail, tuple(violations), notes)
+
+
+def check_no_capture(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
+    missing = _no_steps_outcome(NO_CAPTURE, tl)
+    if missing:
+        return missing
+    violations: list[str] = []
+    for track in tl.tracks:
+        pre = _track_prefix(tl, track)
+        found: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for c in track.steady_calls:
+            category = api_names.forbidden_category(c.name)
+            if category:
+                found[(category, api_names.base_name(c.name))].append(c.start_ns)
+        for (category, name), times in sorted(found.items()):
+            violations.append(f"{pre}{category}: {name} x{len(times)} in steady state "
+                              f"(first @ {tl.ms(min(times)):.3f} ms)")
+        for m in track.captures_in_steady:
+            violations.append(f"{pre}capture mark {m.text!r} in steady state @ "
+                              f"{tl.ms(m.t_ns):.3f} ms")
+    n_calls = sum(len(t.steady_calls) for t in tl.tracks)
+    detail = (f"none in {n_calls} steady-state API calls" if not violations
+              else f"{len(violations)} violations: {_limit(violations, 3)}")
+    return CheckOutcome(NO_CAPTURE, not violations, detail, tuple(violations))
+
+
+def _typical(counters: Sequence[Counter]) -> Counter:
+    """Per API name, the (upper) median count over the given steps or gaps."""
+    out: Counter = Counter()
+    for name in set().union(*counters):
+        values = sorted(c[name] for c in counters)
+        out[name] = values[len(values) // 2]
+    return out
+
+
+def _extra(observed: Counter, typical: Counter) -> Counter:
+    return Counter({n: c - typical[n] for n, c in observed.items() if c > typical[n]})
+
+
+def _names(calls: Iterable) -> Counter:
+    return Counter(api_names.base_name(c.name) for c in calls)
+
+
+def _fmt(extra: Counter) -> str:
+    return ", ".join(f"{n} +{c}" for n, c in sorted(extra.items()))
+
+
+def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
+    missing = _no_steps_outcome(SWITCH_COST, tl)
+    if missing:
+        return missing
+    violations: list[str] = []
+    unverified: list[str] = []
+    n_switch = 0
+    n_gaps = 0
+    for track in tl.tracks:
+        pre = _track_prefix(tl, track)
+        steady = track.steady_steps
+        base_by_key: dict[tuple, list[Counter]] = defaultdict(list)
+        base_by_mode: dict[tuple, list[Counter]] = defaultdict(list)
+        for s in steady:
+            if not s.switch:
+                base_by_key[s.key].append(_names(s.calls))
+                base_by_mode[(s.mode, s.graph)].append(_names(s.calls))
+        for s in steady:
+            if not s.switch:
+                continue
+            n_switch += 1
+            where = pre + _where(tl, s)
+            baseline = base_by_key.get(s.key) or base_by_mode.get((s.mode, s.graph))
+            if not baseline:
+                unverified.append(f"{where}: no non-switch {s.mode} step to compare with")
+                continue
+            extra = _extra(_names(s.calls), _typical(baseline))
+            if extra:
+                violations.append(f"{where} (switch into {s.mode}): API calls a typical "
+                                  f"{s.label} step does not make: {_fmt(extra)}")
+
+        # Calls between steps: a gap is around a switch when the step after it or the step
+        # before it is a switch step; every other steady gap is the baseline.
+        steps = track.steps
+        gaps = [(i, s) for i, s in enumerate(steps)
+                if s.gap_before is not None and s.steady and steps[i - 1].steady]
+        around = [(i, s) for i, s in gaps if s.switch or steps[i - 1].switch]
+        base_gaps = [_names(s.gap_before) for i, s in gaps if not (s.switch or steps[i - 1].switch)]
+        n_gaps += len(around)
+        if around and not base_gaps:
+            unverified.append(f"{pre}{len(around)} gaps around switches: no gap between two "
+                              "non-switch steps to compare with")
+        elif around:
+            typical = _typical(base_gaps)
+            for i, s in around:
+                extra = _extra(_names(s.gap_before), typical)
+                if extra:
+                    violations.append(
+                        f"{pre}between step #{i - 1} {steps[i - 1].label} and {_where(tl, s)}: "
+                        f"API calls a typical gap between steps does not make: {_fmt(extra)}")
+    if n_switch == 0:
+        detail = "no mode switch in steady state: nothing to compare"
+    else:
+        detail = (f"{n_switch} switch steps and {n_gaps} gaps around switches compared with "
+                  "typical non-switch steps and gaps")
+    if unverified:
+        detail += f"; {len(unverified)} unverified (no baseline)"
+    if violations:
+        detail = f"{len(violations)} violations: {_limit(violations, 2)}"
+    switch_marks = sum(len(t.switch_marks) for t in tl.tracks)
+    notes = tuple(unverified) + (f"{switch_marks} switch marks, {n_switch} mode changes "
+                                 "between steady steps",)
+    return CheckOutcome(SWITCH_COST, not violations, detail, tuple(violations), notes)
+
+
+def normalize_sm(text: str) -> str:
+    """'SM90', 'sm_90', '9.0', '90' -> 'SM90'; '10.0' -> 'SM100'; '12.0' -> 'SM120'."""
+    t = text.strip().upper().replace("SM_", "").replace("SM", "")
+    if "." in t:
+        major, minor = t.split(".", 1)
+        return f"SM{int(major)}{int(minor or 0)}"
+    return f"SM{int(t)}"
+
+
+def gpu_identity(tl: Timeline) -> tuple[tuple[GpuInfo, ...], str]:
+    """The GPUs from the report, else from config marks; and where they came from."""
+    gpus = tl.trace.gpus
+    if gpus and any(g.sm for g in gpus):
+        return gpus, "report"
+    name = tl.config.get(names.CONFIG_GPU_NAME)
+    cc = tl.config.get(names.CONFIG_COMPUTE_CAPABILITY)
+    if cc:
+        try:
+            sm = normalize_sm(cc)
+            digits = sm[2:]
+            fallback = GpuInfo(name or (gpus[0].name if gpus else "unknown GPU"),
+                               int(digits[:-1]), int(digits[-1]))
+            return (fallback,), "config marks"
+        except ValueError:
+            pass
+    if gpus:
+        return gpus, "report (no compute capability recorded)"
+    if name:
+        return (GpuInfo(name),), "config marks"
+    return (), "none"
+
+
+def check_gpu_identity(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
+    gpus, source = gpu_identity(tl)
+    shown = ", ".join(f"{g.name} ({g.sm or 'SM?'})" for g in gpus) or "unknown GPU"
+    engine = tl.config.get(names.CONFIG_ENGINE, "?")
+    backend = tl.config.get(names.CONFIG_ATTENTION_BACKEND, "?")
+    detail = f"{shown} from {source}; engine {engine}; attention backend {backend}"
+    violations: list[str] = []
+    if cfg.expect_sm:
+        want = normalize_sm(cfg.expect_sm)
+        found = {g.sm for g in gpus if g.sm}
+        if want not in found:
+            violations.append(f"expected {want}, profile shows {', '.join(sorted(found)) or 'no SM'}")
+            detail = f"{violations[0]}; {detail}"
+    notes = tuple(tl.config_conflicts)
+    return CheckOutcome(GPU_IDENTITY, not violations, detail, tuple(violations), notes)
+
+
+CHECKS: tuple[Callable[[Timeline, CheckConfig], CheckOutcome], ...] = (
+    check_graph_launches, check_eager_kernels, check_no_capture, check_switch_cost,
+    check_gpu_identity,
+)
+
+
+def run_checks(tl: Timeline, cfg: CheckConfig) -> tuple[CheckOutcome, ...]:
+    return tuple(check(tl, cfg) for check in CHECKS)

@@ -1,0 +1,70 @@
+"""The normalized event model both trace sources (nsys SQLite, torch.profiler JSON) produce.
+
+Every check runs on a `Trace`; no check knows where the events came from.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+
+class EventKind(str, enum.Enum):
+    NVTX_RANGE = "nvtx_range"
+    NVTX_MARK = "nvtx_mark"
+    API_CALL = "api_call"  # a CUDA runtime or driver API call on a host thread
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One interval (a mark has end_ns == start_ns) on a host thread.
+
+    `name` is the raw text: an NVTX message, or an API name as the source spells it
+    (`cudaGraphLaunch_v10000` from nsys, `cudaGraphLaunch` from torch); see `api_names`.
+    """
+
+    kind: EventKind
+    name: str
+    start_ns: int
+    end_ns: int
+    pid: Optional[int] = None
+    tid: Optional[int] = None
+    correlation_id: Optional[int] = None  # API calls: links to the kernels they launched
+    domain: Optional[str] = None  # NVTX domain name when the source records it
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    compute_major: Optional[int] = None
+    compute_minor: Optional[int] = None
+
+    @property
+    def sm(self) -> Optional[str]:
+        """SM90 (H100/H200), SM100 (B200), SM120 (RTX PRO 6000 Blackwell), ..."""
+        if self.compute_major is None or self.compute_minor is None:
+            return None
+        return f"SM{self.compute_major}{self.compute_minor}"
+
+
+KernelKey = tuple[Optional[int], int]  # (pid or None, correlation id)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Everything the checks need from one profile."""
+
+    events: tuple[TraceEvent, ...]
+    # Name of the kernel an API call launched, keyed by the call's (pid, correlation id).
+    kernel_names: Mapping[KernelKey, str] = field(default_factory=dict)
+    gpus: tuple[GpuInfo, ...] = ()
+    source: str = ""
+    warnings: tuple[str, ...] = ()
+
+    def kernel_name(self, call: TraceEvent) -> str:
+        if call.correlation_id is None:
+            return "?"
+        return (self.kernel_names.get((call.pid, call.correlation_id))
+                or self.kernel_names.get((None, call.correlation_id))
+                or "?")

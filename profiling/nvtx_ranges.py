@@ -1,0 +1,198 @@
+"""NVTX ranges and marks for the worker's hot path (domain "dgw"), free when nothing listens.
+
+    with step_range("spec", padded_bs=8, graph=True):
+        with stage_range("draft"): ...
+        with stage_range("verify"): ...
+    mark_switch("spec", "decode")
+
+Listeners, decided once at import except the last:
+- the `nvtx` package (domain "dgw"): it hands back a dummy domain when no tool (nsys) is
+  injected, so "listening" is exactly "a profiler is attached";
+- else `torch.cuda.nvtx` (default domain; it cannot report whether a tool is attached, so it
+  is used when Nsight's injection variable NVTX_INJECTION64_PATH is set);
+- a running torch.profiler (checked per call, ~0.1 us): names go out as `record_function`
+  ranges so `profiling.torch_trace` can check a Chrome trace when nsys is missing.
+When none listens, every range is one shared `nullcontext` and no name string is built.
+DGW_NVTX=0 in the environment switches all emission off.
+
+Names come from `profiling.names`, which the checker parses with the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, ContextManager, NamedTuple, Optional
+
+from profiling import names
+
+NULL_CONTEXT: ContextManager[None] = contextlib.nullcontext()
+
+
+class Backend(NamedTuple):
+    """Where NVTX events go: start a range (-> handle), end it, drop a mark."""
+
+    name: str
+    start: Callable[[str], Any]
+    end: Callable[[Any], None]
+    mark: Callable[[str], None]
+
+
+def _nvtx_package_backend() -> Optional[tuple[Backend, bool]]:
+    try:
+        import nvtx
+        from nvtx._lib import DummyDomain
+    except ImportError:
+        return None
+    domain = nvtx.get_domain(names.DOMAIN)
+
+    def start(text: str) -> Any:
+        return domain.start_range(message=text)
+
+    def mark(text: str) -> None:
+        domain.mark(message=text)
+
+    backend = Backend("nvtx", start, domain.end_range, mark)
+    return backend, not isinstance(domain, DummyDomain)
+
+
+def _torch_nvtx_backend() -> Optional[tuple[Backend, bool]]:
+    try:
+        import torch
+        if not torch.cuda.is_available():  # the CPU build's nvtx is a stub that raises
+            return None
+        from torch.cuda import nvtx as tnvtx
+    except Exception:
+        return None
+    backend = Backend("torch.cuda.nvtx", tnvtx.range_start, tnvtx.range_end, tnvtx.mark)
+    return backend, bool(os.environ.get("NVTX_INJECTION64_PATH"))
+
+
+def _torch_profiler_probe() -> Optional[Callable[[], bool]]:
+    try:
+        import torch
+        from torch.autograd.profiler import record_function  # noqa: F401  (import check only)
+        return torch._C._autograd._profiler_enabled
+    except Exception:
+        return None
+
+
+class _Range:
+    """One range on every listener that was active when it was entered."""
+
+    __slots__ = ("_text", "_backend", "_nvtx_handle", "_record")
+
+    def __init__(self, text: str, backend: Optional[Backend], torch_on: bool) -> None:
+        self._text = text
+        self._backend = backend
+        self._nvtx_handle: Any = None
+        self._record: Any = None
+        if torch_on:
+            from torch.autograd.profiler import record_function
+            self._record = record_function(text)
+
+    def __enter__(self) -> None:
+        if self._backend is not None:
+            self._nvtx_handle = self._backend.start(self._text)
+        if self._record is not None:
+            self._record.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        # Close in reverse order; never swallow the body's exception.
+        if self._record is not None:
+            self._record.__exit__(*exc)
+        if self._backend is not None:
+            self._backend.end(self._nvtx_handle)
+
+
+class Annotator:
+    """Emits the dgw convention to the listeners given at construction.
+
+    Immutable: the module builds one from the environment at import; tests build their own
+    with a recording backend.
+    """
+
+    __slots__ = ("_backend", "_torch_probe")
+
+    def __init__(self, backend: Optional[Backend],
+                 torch_probe: Optional[Callable[[], bool]] = None) -> None:
+        self._backend = backend  # None: no NVTX listener
+        self._torch_probe = torch_probe
+
+    @classmethod
+    def from_environment(cls) -> "Annotator":
+        if os.environ.get("DGW_NVTX", "1").strip() == "0":
+            return cls(None, None)
+        found = _nvtx_package_backend() or _torch_nvtx_backend()
+        backend = found[0] if found is not None and found[1] else None
+        return cls(backend, _torch_profiler_probe())
+
+    @property
+    def nvtx_listening(self) -> bool:
+        return self._backend is not None
+
+    def _torch_on(self) -> bool:
+        return self._torch_probe is not None and self._torch_probe()
+
+    def listening(self) -> bool:
+        return self._backend is not None or self._torch_on()
+
+    def _range(self, make_text: Callable[[], str]) -> ContextManager[None]:
+        torch_on = self._torch_on()
+        if self._backend is None and not torch_on:
+            return NULL_CONTEXT
+        return _Range(make_text(), self._backend, torch_on)
+
+    def _mark(self, make_text: Callable[[], str]) -> None:
+        torch_on = self._torch_on()
+        if self._backend is None and not torch_on:
+            return
+        text = make_text()
+        if self._backend is not None:
+            self._backend.mark(text)
+        if torch_on:
+            # torch.profiler has no instant events for user code; a zero-work range stands in.
+            from torch.autograd.profiler import record_function
+            with record_function(text):
+                pass
+
+    def step_range(self, mode: object, padded_bs: int, graph: bool) -> ContextManager[None]:
+        """`step:{mode}:bs{padded_bs}`, or `step:{mode}:eager-bs{bs}` when no graph ran."""
+        return self._range(lambda: names.step_name(mode, padded_bs, graph))
+
+    def stage_range(self, stage: object) -> ContextManager[None]:
+        """`stage:{stage}`; stage is one of draft, verify, draft_extend, decode, accept, commit."""
+        text = getattr(stage, "value", stage)
+        if text not in names.STAGES:
+            raise ValueError(f"unknown stage {stage!r}; use one of {', '.join(names.STAGES)}")
+        return self._range(lambda: names.stage_name(text))
+
+    def mark_switch(self, old: object, new: object) -> None:
+        self._mark(lambda: names.switch_name(old, new))
+
+    def mark_capture(self, label: object) -> None:
+        self._mark(lambda: names.capture_name(label))
+
+    def mark_steady_state(self) -> None:
+        """Once, when warm-up and capture are over: the checker starts here."""
+        self._mark(lambda: names.STEADY_STATE)
+
+    def mark_config(self, key: str, value: object) -> None:
+        """`config:{key}={value}`, e.g. engine, attention_backend, num_draft_tokens."""
+        self._mark(lambda: names.config_name(key, value))
+
+
+DEFAULT: Annotator = Annotator.from_environment()
+
+step_range = DEFAULT.step_range
+stage_range = DEFAULT.stage_range
+mark_switch = DEFAULT.mark_switch
+mark_capture = DEFAULT.mark_capture
+mark_steady_state = DEFAULT.mark_steady_state
+mark_config = DEFAULT.mark_config
+listening = DEFAULT.listening
+
+__all__ = [
+    "Annotator", "Backend", "DEFAULT", "NULL_CONTEXT", "listening", "mark_capture",
+    "mark_config", "mark_steady_state", "mark_switch", "stage_range", "step_range",
+]

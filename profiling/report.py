@@ -1,0 +1,140 @@
+"""What the checker tells a reader: a summary of the profile, the stdout table, the markdown."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from profiling import names
+from profiling.checks import CheckConfig, CheckOutcome, gpu_identity, num_draft_tokens
+from profiling.timeline import Timeline
+
+_MAX_LISTED = 50
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    mode: str
+    padded_bs: int
+    graph: bool
+    count: int
+    median_us: float
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    source: str
+    gpus: tuple[str, ...]  # "NVIDIA H200 (SM90)"
+    gpu_source: str
+    engine: str
+    attention_backend: str
+    num_draft_tokens: Optional[int]
+    steady_windows: tuple[str, ...]  # one line per track
+    steps_total: int
+    steady_steps: int
+    steady_eager_steps: int
+    switches: int
+    groups: tuple[StepGroup, ...]  # steady steps by (mode, bs, graph)
+    warnings: tuple[str, ...]
+
+
+def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
+    gpus, gpu_source = gpu_identity(tl)
+    windows = []
+    for t in tl.tracks:
+        if t.steady_start_ns is None:
+            windows.append(f"{t.name}: none ({t.steady_source})")
+        else:
+            windows.append(f"{t.name}: {tl.ms(t.steady_start_ns):.3f} ms to "
+                           f"{tl.ms(t.steady_end_ns or t.steady_start_ns):.3f} ms "
+                           f"({t.steady_source})")
+    steady = [s for t in tl.tracks for s in t.steady_steps]
+    by_key: dict[tuple, list[int]] = {}
+    for s in steady:
+        by_key.setdefault(s.key, []).append(s.duration_ns)
+    groups = tuple(StepGroup(m, bs, g, len(d), statistics.median(d) / 1e3)
+                   for (m, bs, g), d in sorted(by_key.items()))
+    return ProfileSummary(
+        source=tl.trace.source,
+        gpus=tuple(f"{g.name} ({g.sm or 'SM?'})" for g in gpus),
+        gpu_source=gpu_source,
+        engine=tl.config.get(names.CONFIG_ENGINE, "?"),
+        attention_backend=tl.config.get(names.CONFIG_ATTENTION_BACKEND, "?"),
+        num_draft_tokens=num_draft_tokens(tl, cfg),
+        steady_windows=tuple(windows),
+        steps_total=len(tl.steps),
+        steady_steps=len(steady),
+        steady_eager_steps=sum(not s.graph for s in steady),
+        switches=sum(s.switch for s in steady),
+        groups=groups,
+        warnings=tl.trace.warnings + tl.config_conflicts,
+    )
+
+
+def _verdict(passed: bool) -> str:
+    return "PASS" if passed else "FAIL"
+
+
+def _headline(summary: ProfileSummary) -> str:
+    k = summary.num_draft_tokens if summary.num_draft_tokens is not None else "?"
+    return (f"{', '.join(summary.gpus) or 'unknown GPU'}; engine {summary.engine}; attention "
+            f"{summary.attention_backend}; K={k}")
+
+
+def format_table(outcomes: Sequence[CheckOutcome], summary: ProfileSummary,
+                 width: int = 110) -> str:
+    """The pass/fail table printed to stdout."""
+    passed = all(o.passed for o in outcomes)
+    name_w = max(len(o.name) for o in outcomes) if outcomes else 10
+    lines = [f"dgw profile check: {_verdict(passed)}  ({_headline(summary)})",
+             f"steady steps: {summary.steady_steps} ({summary.steady_eager_steps} eager), "
+             f"switches: {summary.switches}",
+             f"{'check':<{name_w}}  result  detail"]
+    for o in outcomes:
+        detail = o.detail if len(o.detail) <= width else o.detail[:width - 3] + "..."
+        lines.append(f"{o.name:<{name_w}}  {_verdict(o.passed):<6}  {detail}")
+    for w in summary.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(outcomes: Sequence[CheckOutcome], summary: ProfileSummary,
+                    timeline_png: Optional[str]) -> str:
+    passed = all(o.passed for o in outcomes)
+    k = summary.num_draft_tokens if summary.num_draft_tokens is not None else "unknown"
+    out = [f"# dgw profile check: {_verdict(passed)}", "",
+           f"- Source: `{summary.source}`",
+           f"- GPU: {', '.join(summary.gpus) or 'unknown'} (from {summary.gpu_source})",
+           f"- Engine: {summary.engine}; attention backend: {summary.attention_backend}; "
+           f"num_draft_tokens (K): {k}",
+           f"- Steps: {summary.steps_total} in the trace, {summary.steady_steps} in steady state "
+           f"({summary.steady_eager_steps} eager), {summary.switches} mode switches",
+           "- Steady state: " + ("; ".join(summary.steady_windows) or "no step ranges found"),
+           "", "| check | result | detail |", "|---|---|---|"]
+    out += [f"| {o.name} | {_verdict(o.passed)} | {_cell(o.detail)} |" for o in outcomes]
+    for o in outcomes:
+        if not (o.violations or o.notes):
+            continue
+        out += ["", f"## {o.name}: {_verdict(o.passed)}", ""]
+        if o.violations:
+            out.append(f"Violations ({len(o.violations)}):")
+            out += [f"- {v}" for v in o.violations[:_MAX_LISTED]]
+            if len(o.violations) > _MAX_LISTED:
+                out.append(f"- ... {len(o.violations) - _MAX_LISTED} more")
+        if o.notes:
+            out += ([""] if o.violations else []) + ["Notes:"] + [f"- {n}" for n in o.notes]
+    if summary.groups:
+        out += ["", "## Steady-state steps", "",
+                "| mode | padded bs | graph | steps | median duration (us) |", "|---|---|---|---|---|"]
+        out += [f"| {g.mode} | {g.padded_bs} | {'yes' if g.graph else 'eager'} | {g.count} | "
+                f"{g.median_us:.1f} |" for g in summary.groups]
+    if timeline_png:
+        out += ["", "## Timeline", "", f"![timeline]({timeline_png})"]
+    if summary.warnings:
+        out += ["", "## Warnings", ""] + [f"- {w}" for w in summary.warnings]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,226 @@
+"""Shared fixtures for the CPU tests: toy checkpoints (written once per session), small engine
+and worker factories, a seeded random mode policy, and a driver that runs a request schedule
+while checking KV-slot conservation after every step.
+
+Helpers are exposed as fixtures (not imported from this module) so test files never depend on
+how pytest puts `tests/` on sys.path.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pytest
+
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_checkpoints,
+                                                       engine_from_dummy)
+from dual_graph_worker.engines.reference.config import tiny_shape
+from dual_graph_worker.engines.reference.toy import ToyPermutations, toy_permutations, write_toy_checkpoints
+from dual_graph_worker.kv_slots import DUMMY_SLOT
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import AcceptLengthEMA, Decision, PolicyInputs, Reason
+from dual_graph_worker.results import StepResult
+from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+
+TOY_VOCAB = 64          # write_toy_checkpoints default: vocab == hidden == 64
+DUMMY_VOCAB = 128       # tiny_shape default vocab
+TOY_LEVELS = ("f100", "f50", "f0")
+TOY_AGREEMENT = {"f100": 1.0, "f50": 0.5, "f0": 0.0}
+
+
+# ---------------------------------------------------------------- checkpoints and engines
+
+
+@pytest.fixture(scope="session")
+def toy_ckpts(tmp_path_factory):
+    """target + draft-f100 / draft-f50 / draft-f0, written once for the whole session."""
+    return write_toy_checkpoints(tmp_path_factory.mktemp("toy-checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def toy_perm() -> ToyPermutations:
+    """The toy target's permutation p: greedy next(t) = p[t]."""
+    return toy_permutations(TOY_VOCAB, 1.0)
+
+
+@pytest.fixture(scope="session")
+def toy_engine(toy_ckpts):
+    """Factory: a reference engine over the toy target and the draft of one agreement level."""
+
+    def make(level: str = "f100", k: int = 3, max_requests: int = 16, max_context: int = 128,
+             num_slots: int = 0):
+        spec = EngineSpec(num_draft_tokens=k, max_requests=max_requests, max_context=max_context,
+                          num_slots=num_slots)
+        return engine_from_checkpoints(toy_ckpts.target, toy_ckpts.drafts[level], spec)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def dummy_engine():
+    """Factory: a tiny float64 dummy-random engine (float64 so that rounding differences between
+    the batched verify and single-token decode cannot flip an argmax)."""
+
+    def make(k: int = 3, max_requests: int = 16, max_context: int = 128, num_slots: int = 0,
+             seed: int = 0):
+        spec = EngineSpec(num_draft_tokens=k, max_requests=max_requests, max_context=max_context,
+                          num_slots=num_slots, dtype="float64", seed=seed)
+        return engine_from_dummy(tiny_shape(), spec)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_worker():
+    """Factory: a worker with small pools; keyword arguments override WorkerConfig fields."""
+
+    def make(engine, policy, spec_bs=(1, 2, 4, 8), decode_bs=(1, 2, 4, 8, 16),
+             continuity=Continuity.LAZY_CATCH_UP, **cfg):
+        return DualGraphWorker(engine, WorkerConfig(spec_bs=tuple(spec_bs), decode_bs=tuple(decode_bs),
+                                                    continuity=continuity, **cfg), policy)
+
+    return make
+
+
+# ---------------------------------------------------------------- a random mode policy
+
+
+class RandomModePolicy:
+    """Test-only ModePolicy: a seeded random mode every step (the worst case for switching).
+
+    Honours the protocol's one hard rule: no spec graph for this batch -> decode. Records the
+    committed modes so tests can check that switches really happened."""
+
+    def __init__(self, seed: int, num_draft_tokens: int, p_spec: float = 0.5) -> None:
+        self._rng = random.Random(seed)
+        self._p_spec = p_spec
+        self._ema = AcceptLengthEMA(num_draft_tokens)
+        self.committed: list[Mode] = []
+
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        draw = self._rng.random()           # drawn every step, so the sequence depends on the seed only
+        if inputs.spec_padded_bs is None:
+            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
+        return Decision(Mode.SPEC if draw < self._p_spec else Mode.DECODE, Reason.PINNED)
+
+    def observe_accept(self, mean_accept_len: float) -> None:
+        self._ema.update(mean_accept_len)
+
+    def commit(self, mode: Mode) -> None:
+        self.committed.append(mode)
+
+    @property
+    def accept_len_ema(self) -> float:
+        return self._ema.value
+
+    @property
+    def num_switches(self) -> int:
+        c = self.committed
+        return sum(a is not b for a, b in zip(c, c[1:]))
+
+
+@pytest.fixture(scope="session")
+def random_policy():
+    """Factory: RandomModePolicy(seed, num_draft_tokens, p_spec=0.5)."""
+    return RandomModePolicy
+
+
+# ---------------------------------------------------------------- slot conservation
+
+
+def check_slots(worker: DualGraphWorker) -> None:
+    """The allocator's own invariant, plus conservation: free + held by running requests ==
+    every slot but the dummy; held slots are distinct, allocated, and never the dummy slot."""
+    alloc = worker.planner.allocator
+    alloc.check()
+    rows = worker.table.running
+    lens = worker.table.seq_lens[rows]
+    assert alloc.num_free + int(lens.sum()) == alloc.num_slots - 1, (
+        f"{alloc.num_free} free + {int(lens.sum())} held != {alloc.num_slots - 1}")
+    held = (np.concatenate([worker.table.slots[r, :n] for r, n in zip(rows, lens)])
+            if len(rows) else np.zeros(0, dtype=np.int64))
+    assert np.unique(held).size == held.size, "a slot is held by two positions"
+    assert not (held == DUMMY_SLOT).any(), "a request holds the dummy slot"
+    assert alloc.num_allocated == held.size
+
+
+@pytest.fixture(scope="session")
+def slot_check() -> Callable[[DualGraphWorker], None]:
+    return check_slots
+
+
+# ---------------------------------------------------------------- driving a schedule
+
+
+@dataclass
+class Run:
+    outputs: dict[int, tuple[int, ...]]              # request index -> FinishedRequest.output
+    reasons: dict[int, str]                          # request index -> finish reason
+    received: dict[int, list[int]]                   # request index -> tokens handed back per step
+    results: list[StepResult] = field(default_factory=list)
+    rid_of: dict[int, int] = field(default_factory=dict)
+
+
+def drive(worker: DualGraphWorker, prompts: Sequence[Sequence[int]],
+          max_new: int | Sequence[int], admit_at: Optional[Sequence[int]] = None,
+          max_steps: int = 2000, check: bool = True) -> Run:
+    """Admit request i at step admit_at[i] (continuous batching), step until all finish.
+    Checks slot conservation after every admission and step when `check`."""
+    n = len(prompts)
+    max_new = [max_new] * n if isinstance(max_new, int) else list(max_new)
+    admit_at = [0] * n if admit_at is None else list(admit_at)
+    pending = sorted(range(n), key=lambda i: (admit_at[i], i))
+    rid_of, idx_of = {}, {}
+    received: dict[int, list[int]] = {i: [] for i in range(n)}
+    finished = {}
+    results = []
+    step = 0
+    while pending or worker.num_running:
+        if pending and not worker.num_running:
+            step = max(step, admit_at[pending[0]])        # idle: jump to the next admission
+        due = [i for i in pending if admit_at[i] <= step]
+        if due:
+            pre = worker.add_requests([prompts[i] for i in due], [max_new[i] for i in due])
+            for i, rid, tok in zip(due, pre.rids, pre.first_tokens):
+                rid_of[i], idx_of[rid] = rid, i
+                received[i].append(int(tok))
+            pending = [i for i in pending if i not in due]
+            if check:
+                check_slots(worker)
+        if worker.num_running:
+            res = worker.step()
+            results.append(res)
+            for rid, toks in res.per_request().items():
+                received[idx_of[rid]].extend(toks)
+            if check:
+                check_slots(worker)
+        for f in worker.take_finished():
+            finished[f.rid] = f
+        step += 1
+        assert step < max_steps, "schedule did not finish"
+    outputs = {idx_of[rid]: f.output for rid, f in finished.items()}
+    reasons = {idx_of[rid]: f.reason for rid, f in finished.items()}
+    return Run(outputs, reasons, received, results, rid_of)
+
+
+@pytest.fixture(scope="session")
+def run_schedule():
+    """drive(worker, prompts, max_new, admit_at=None, ...) -> Run (outputs keyed by request index)."""
+    return drive
+
+
+def random_prompts(rng: np.random.Generator, n: int, vocab: int, min_len: int = 1,
+                   max_len: int = 9) -> list[list[int]]:
+    return [rng.integers(0, vocab, size=int(rng.integers(min_len, max_len + 1))).tolist()
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def make_prompts():
+    """make_prompts(seed, n, vocab, min_len=1, max_len=9) -> list of prompts of varied length."""
+    return lambda seed, n, vocab, min_len=1, max_len=9: random_prompts(
+        np.random.default_rng(seed), n, vocab, min_len, max_len)

@@ -1,0 +1,106 @@
+"""The torch.profiler fallback: the same checks on a Chrome trace JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from profiling import checks, nvtx_ranges
+from profiling.check import check_report, check_trace, main
+from profiling.checks import CheckConfig
+from profiling.events import EventKind
+from profiling.nsys_sqlite import load_sqlite
+from profiling.timeline import build_timeline
+from profiling.torch_trace import load_chrome_trace
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fixtures_profile import standard_profile  # noqa: E402
+from test_profile_checker import VIOLATIONS  # noqa: E402
+
+
+def test_passing_trace_passes(tmp_path):
+    result = check_report(standard_profile().write_chrome_trace(tmp_path / "t.json"),
+                          tmp_path / "out")
+    assert result.passed, [(o.name, o.detail) for o in result.outcomes]
+    assert result.summary.gpus == ("NVIDIA H200 (SM90)",)
+    assert result.summary.steady_steps == 20
+
+
+@pytest.mark.parametrize("violation,check,phrase", VIOLATIONS)
+def test_violations_match_the_nsys_path(tmp_path, violation, check, phrase):
+    builder = standard_profile(violation)
+    _, from_json = check_trace(load_chrome_trace(builder.write_chrome_trace(tmp_path / "t.json")),
+                               CheckConfig())
+    _, from_sqlite = check_trace(load_sqlite(builder.write_sqlite(tmp_path / "t.sqlite")),
+                                 CheckConfig())
+    failed = [o for o in from_json if not o.passed]
+    assert [o.name for o in failed] == [o.name for o in from_sqlite if not o.passed] == [check]
+    assert phrase in failed[0].violations[0]
+
+
+def test_both_sources_normalize_to_the_same_steps(tmp_path):
+    builder = standard_profile()
+    a = build_timeline(load_chrome_trace(builder.write_chrome_trace(tmp_path / "t.json")))
+    b = build_timeline(load_sqlite(builder.write_sqlite(tmp_path / "t.sqlite")))
+
+    def shape(tl):
+        return [(s.label, s.steady, s.switch, tuple(st.name for st in s.stages),
+                 len(s.calls)) for s in tl.steps]
+
+    assert shape(a) == shape(b)
+
+
+def test_gzipped_trace_and_cli(tmp_path, capsys):
+    plain = standard_profile("malloc").write_chrome_trace(tmp_path / "t.json")
+    gz = tmp_path / "t.json.gz"
+    with gzip.open(gz, "wt", encoding="utf-8") as f:
+        f.write(plain.read_text())
+    assert main([str(gz), "--out", str(tmp_path / "out")]) == 1
+    assert "no_capture_instantiate_malloc  FAIL" in capsys.readouterr().out
+
+
+def test_not_a_trace_is_an_input_error(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"traceEvents": 3}))
+    assert main([str(bad), "--out", str(tmp_path / "out")]) == 2
+
+
+def test_real_torch_profiler_run_with_the_emitter(tmp_path):
+    """The emitter under a live torch.profiler, read back by the fallback (CPU: no CUDA calls)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        nvtx_ranges.mark_config("engine", "reference")
+        nvtx_ranges.mark_config("num_draft_tokens", 1)
+        nvtx_ranges.mark_steady_state()
+        for mode in ("spec", "spec", "decode"):
+            if mode == "decode":
+                nvtx_ranges.mark_switch("spec", "decode")
+            with nvtx_ranges.step_range(mode, 4, graph=True):
+                stages = ("verify", "draft_extend") if mode == "spec" else ("decode",)
+                for stage in stages + ("accept", "commit"):
+                    with nvtx_ranges.stage_range(stage):
+                        torch.ones(8).sum()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+
+    trace = load_chrome_trace(path)
+    assert any(e.kind is EventKind.NVTX_RANGE and e.name == "step:spec:bs4" for e in trace.events)
+    timeline, outcomes = check_trace(trace, CheckConfig())
+    assert timeline.config == {"engine": "reference", "num_draft_tokens": "1"}
+    (track,) = timeline.tracks
+    assert track.steady_source == "steady_state_begin mark"
+    assert [s.label for s in track.steady_steps] == ["spec-bs4", "spec-bs4", "decode-bs4"]
+    assert [st.name for st in track.steps[0].stages] == ["verify", "draft_extend", "accept",
+                                                         "commit"]
+    assert [s.switch for s in track.steps] == [False, False, True]
+    assert len(track.switch_marks) == 1
+    # No GPU here: no graph launches, which the checker reports instead of passing silently.
+    by_name = {o.name: o for o in outcomes}
+    assert not by_name[checks.GRAPH_LAUNCHES].passed
+    assert "stage verify has 0 graph launches" in by_name[checks.GRAPH_LAUNCHES].violations[0]
+    assert by_name[checks.NO_CAPTURE].passed
