@@ -145,10 +145,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="requests per concurrency level, as a multiple of the concurrency")
     ap.add_argument("--num-draft-tokens", type=int, default=3)
     ap.add_argument("--accept-len", type=int, default=3, help="forced accepted length (1..K+1)")
-    ap.add_argument("--spec-max-bs", type=int, default=64, help="top of the dynamic worker's spec pool")
+    ap.add_argument("--spec-max-bs", type=int, default=256,
+                    help="top of the dynamic worker's spec pool (the goodput policy decides within it)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--dynamic-continuity", default="lazy-catch-up",
                     choices=[c.value for c in Continuity if c is not Continuity.NONE])
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per (variant, concurrency)")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-switch", action="store_true")
     ap.add_argument("--out", default="bench/results")
@@ -178,34 +180,58 @@ def main(argv: Optional[list[str]] = None) -> int:
                "torch": torch.__version__, "pools": {"spec": sizes.spec, "decode": sizes.decode},
                "variants": {}, "capture": {}, "command": "dgw bench " + " ".join(argv or [])}
     vocab = pair.target.vocab_size
-    for name in args.variants.split(","):
-        print(f"\n== {name}")
-        built = build_variant(name, engine, sizes, use_cuda_graphs=cuda,
-                              calib_context=args.input_len + args.output_len // 2,
-                              dynamic_continuity=Continuity(args.dynamic_continuity), progress=False)
-        if built.capture is not None:
-            results["capture"][name] = {"seconds": built.capture.total_seconds,
-                                        "pool_bytes": built.capture.pool_bytes,
-                                        "per_mode": built.capture.per_mode()}
-            print(f"  captured {len(built.capture.keys)} keys in {built.capture.total_seconds:.1f}s, "
-                  f"pool {built.capture.pool_bytes / 2**20:.0f} MiB")
-        if built.calibration is not None:
-            results["calibration"] = built.calibration.to_json()
+    names = args.variants.split(",")
+    # Build every variant first, then measure them interleaved at each concurrency (order
+    # reversed on each repeat) so slow drifts of the machine hit all of them alike.
+    built = {}
+    for name in names:
+        b = build_variant(name, engine, sizes, use_cuda_graphs=cuda,
+                          calib_context=args.input_len + args.output_len // 2,
+                          dynamic_continuity=Continuity(args.dynamic_continuity), progress=False)
+        built[name] = b
+        if b.capture is not None:
+            results["capture"][name] = {"seconds": b.capture.total_seconds,
+                                        "pool_bytes": b.capture.pool_bytes,
+                                        "per_mode": b.capture.per_mode()}
+            print(f"{name}: captured {len(b.capture.keys)} keys in {b.capture.total_seconds:.1f}s, "
+                  f"graph pool {b.capture.pool_bytes / 2**20:.0f} MiB")
+        if b.calibration is not None:
+            results["calibration"] = b.calibration.to_json()
+        run_phase(b.worker, Phase(conc[0], conc[0], args.input_len, 8), vocab, seed=999)  # warm-up
+    runs: dict[str, dict[int, list]] = {n: {c: [] for c in conc} for n in names}
+    for rep in range(args.repeats):
+        for c in conc:
+            n_req = max(c, int(round(c * args.requests_per_level)))
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                r = run_phase(built[name].worker, Phase(c, n_req, args.input_len, args.output_len),
+                              vocab, seed=c)
+                runs[name][c].append(r.to_json())
+                print(f"  rep {rep} c={c:4d} {name:12s} {r.step_tok_s:9.1f} tok/s (decode) "
+                      f"{r.tok_s:9.1f} (e2e)  tpot {r.tpot_s * 1e3:6.2f} ms  modes {r.modes}  "
+                      f"accept {r.mean_accept_len:.2f}")
+    for name in names:
         rows = []
         for c in conc:
-            n = max(c, int(round(c * args.requests_per_level)))
-            r = run_phase(built.worker, Phase(c, n, args.input_len, args.output_len), vocab, seed=c)
-            rows.append(r.to_json())
-            print(f"  c={c:4d}  {r.step_tok_s:9.1f} tok/s (decode)  {r.tok_s:9.1f} tok/s (e2e)  "
-                  f"tpot {r.tpot_s * 1e3:7.2f} ms  modes {r.modes}  accept {r.mean_accept_len:.2f}")
+            reps = runs[name][c]
+            row = dict(reps[0])
+            for key in ("step_tok_s", "tok_s", "tpot_ms"):
+                row[key] = float(np.mean([r[key] for r in reps]))
+            row["repeats"] = reps
+            rows.append(row)
         results["variants"][name] = rows
-        if name == "dynamic" and not args.skip_switch:
-            results["switch"] = measure_switch(built.worker, bs=min(16, max_bs), steps=20,
-                                               input_len=min(args.input_len, 64), vocab=vocab)
-            print(f"  switch: select {results['switch']['select_host_us']:.2f} us host; "
-                  f"alternating/held step time {results['switch']['alternate_over_held']:.3f}")
-        built.worker.runner = None
-        _free(built)
+    if "dynamic" in built and not args.skip_switch:
+        results["switch"] = {}
+        keep = build_variant("dynamic", engine, sizes, use_cuda_graphs=cuda, calib_context=64,
+                             threshold=1, dynamic_continuity=Continuity.KEEP_CURRENT, progress=False)
+        for label, w in (("lazy-catch-up", built["dynamic"].worker), ("keep-current", keep.worker)):
+            sw = measure_switch(w, bs=min(16, max_bs), steps=20, input_len=64, vocab=vocab)
+            results["switch"][label] = sw
+            print(f"switch ({label}): select {sw['select_host_us']:.2f} us host; "
+                  f"alternating/held step time {sw['alternate_over_held']:.3f}")
+        _free(keep)
+    for b in built.values():
+        b.worker.runner = None
+    _free(built)
     if cuda and not args.skip_memory:
         results["memory"] = measure_memory(engine, sizes, Continuity(args.dynamic_continuity))
         m = results["memory"]
@@ -229,7 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for i, c in enumerate(conc):
         print(f"| {c} | " + " | ".join(f"{tok[n][i]:.0f}" for n in tok) + " | " +
               " | ".join(f"{ratios[r][i]:.3f}" for r in ratios) + " |")
-    stem = f"bench_{args.model}"
+    stem = f"bench_{args.model}_acc{args.accept_len}"
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
     plot(results, out / f"{stem}.png")
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")

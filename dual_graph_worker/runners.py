@@ -82,15 +82,14 @@ class CudaGraphRunner:
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         captured: list[KeyCapture] = []
-        torch.cuda.synchronize()
-        reserved0 = torch.cuda.memory_reserved()
+        total_bytes = 0
         t_all = time.perf_counter()
         bar = tqdm(order, desc="capturing CUDA graphs", unit="key", disable=not progress)
         with torch.inference_mode():
             for key in bar:
                 bar.set_postfix_str(key.label())
                 nvtx_ranges.mark_capture(key.label())
-                r0, t0 = torch.cuda.memory_reserved(), time.perf_counter()
+                t0 = time.perf_counter()
                 stages = _stages(self.stage_fns, key.mode, self.num_draft_tokens)
                 # Warm up on a side stream (lazy inits, autotuning) before capturing.
                 stream.wait_stream(torch.cuda.current_stream())
@@ -99,16 +98,21 @@ class CudaGraphRunner:
                         for s in stages:
                             self.stage_fns[s](key.bs)
                 torch.cuda.current_stream().wait_stream(stream)
+                # Warm-up temporaries sit in the ordinary caching pool: release them so the
+                # reserved-memory delta below is what the graph pool itself took.
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                r0 = torch.cuda.memory_reserved()
                 for s in stages:
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=self.pool, stream=stream):
                         self.stage_fns[s](key.bs)
                     self.graphs[(key, s)] = g
                 torch.cuda.synchronize()
-                captured.append(KeyCapture(key, time.perf_counter() - t0,
-                                           torch.cuda.memory_reserved() - r0))
-        self.report = CaptureReport(tuple(captured), time.perf_counter() - t_all,
-                                    torch.cuda.memory_reserved() - reserved0)
+                grew = torch.cuda.memory_reserved() - r0
+                total_bytes += grew
+                captured.append(KeyCapture(key, time.perf_counter() - t0, grew))
+        self.report = CaptureReport(tuple(captured), time.perf_counter() - t_all, total_bytes)
         return self.report
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:

@@ -168,7 +168,7 @@ class DualGraphWorker:
         decision = self.decide(bs)
         mode, reason = decision.mode, decision.reason
         where = self.dispatch.lookup(mode, bs)            # raises NoGraphForBatch if not allowed
-        use_graph = isinstance(where, GraphKey)
+        use_graph = isinstance(where, GraphKey) and self.config.use_cuda_graphs
         padded = where.bs
         if self._last_mode is not None and mode is not self._last_mode:
             nvtx_ranges.mark_switch(self._last_mode.value, mode.value)

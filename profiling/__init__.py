@@ -1,0 +1,7 @@
+"""Profiling for the dual-graph worker.
+
+- `profiling.nvtx_ranges`: the NVTX ranges and marks the worker emits (domain "dgw"); free
+  when no profiler listens. Keep this import light: it is on the worker's hot path.
+- `profiling.check`: reads an nsys report (or a torch.profiler trace) and checks the steady
+  state; `python -m profiling.check REPORT --out DIR`, or `check_report(...)` from code.
+"""

@@ -10,8 +10,9 @@ Listeners, decided once at import except the last:
   injected, so "listening" is exactly "a profiler is attached";
 - else `torch.cuda.nvtx` (default domain; it cannot report whether a tool is attached, so it
   is used when Nsight's injection variable NVTX_INJECTION64_PATH is set);
-- a running torch.profiler (checked per call, ~0.1 us): names go out as `record_function`
-  ranges so `profiling.torch_trace` can check a Chrome trace when nsys is missing.
+- a running torch.profiler (checked per call, ~0.1 us, without importing torch): names go out
+  as `record_function` ranges so `profiling.torch_trace` can check a Chrome trace when nsys
+  is missing.
 When none listens, every range is one shared `nullcontext` and no name string is built.
 DGW_NVTX=0 in the environment switches all emission off.
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional
 
 from profiling import names
 
 NULL_CONTEXT: ContextManager[None] = contextlib.nullcontext()
+_STAGES = frozenset(names.STAGES)
 
 
 class Backend(NamedTuple):
@@ -41,9 +44,9 @@ class Backend(NamedTuple):
 def _nvtx_package_backend() -> Optional[tuple[Backend, bool]]:
     try:
         import nvtx
-        from nvtx._lib import DummyDomain
     except ImportError:
         return None
+    # A real nvtx.Domain only when a tool is attached; otherwise a no-op DummyDomain.
     domain = nvtx.get_domain(names.DOMAIN)
 
     def start(text: str) -> Any:
@@ -53,7 +56,7 @@ def _nvtx_package_backend() -> Optional[tuple[Backend, bool]]:
         domain.mark(message=text)
 
     backend = Backend("nvtx", start, domain.end_range, mark)
-    return backend, not isinstance(domain, DummyDomain)
+    return backend, isinstance(domain, nvtx.Domain)
 
 
 def _torch_nvtx_backend() -> Optional[tuple[Backend, bool]]:
@@ -68,13 +71,16 @@ def _torch_nvtx_backend() -> Optional[tuple[Backend, bool]]:
     return backend, bool(os.environ.get("NVTX_INJECTION64_PATH"))
 
 
-def _torch_profiler_probe() -> Optional[Callable[[], bool]]:
+def torch_profiler_running() -> bool:
+    """True while a torch.profiler records. Never imports torch: without torch loaded, no
+    torch profiler can be running, and this module stays cheap to import."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
     try:
-        import torch
-        from torch.autograd.profiler import record_function  # noqa: F401  (import check only)
-        return torch._C._autograd._profiler_enabled
-    except Exception:
-        return None
+        return bool(torch._C._autograd._profiler_enabled())
+    except AttributeError:
+        return False
 
 
 class _Range:
@@ -125,7 +131,7 @@ class Annotator:
             return cls(None, None)
         found = _nvtx_package_backend() or _torch_nvtx_backend()
         backend = found[0] if found is not None and found[1] else None
-        return cls(backend, _torch_profiler_probe())
+        return cls(backend, torch_profiler_running)
 
     @property
     def nvtx_listening(self) -> bool:
@@ -136,12 +142,6 @@ class Annotator:
 
     def listening(self) -> bool:
         return self._backend is not None or self._torch_on()
-
-    def _range(self, make_text: Callable[[], str]) -> ContextManager[None]:
-        torch_on = self._torch_on()
-        if self._backend is None and not torch_on:
-            return NULL_CONTEXT
-        return _Range(make_text(), self._backend, torch_on)
 
     def _mark(self, make_text: Callable[[], str]) -> None:
         torch_on = self._torch_on()
@@ -156,16 +156,24 @@ class Annotator:
             with record_function(text):
                 pass
 
+    # The two range methods are the hot path: the listener test is inlined and the name is
+    # built only after it.
     def step_range(self, mode: object, padded_bs: int, graph: bool) -> ContextManager[None]:
         """`step:{mode}:bs{padded_bs}`, or `step:{mode}:eager-bs{bs}` when no graph ran."""
-        return self._range(lambda: names.step_name(mode, padded_bs, graph))
+        torch_on = self._torch_probe is not None and self._torch_probe()
+        if self._backend is None and not torch_on:
+            return NULL_CONTEXT
+        return _Range(names.step_name(mode, padded_bs, graph), self._backend, torch_on)
 
     def stage_range(self, stage: object) -> ContextManager[None]:
         """`stage:{stage}`; stage is one of draft, verify, draft_extend, decode, accept, commit."""
         text = getattr(stage, "value", stage)
-        if text not in names.STAGES:
+        if text not in _STAGES:
             raise ValueError(f"unknown stage {stage!r}; use one of {', '.join(names.STAGES)}")
-        return self._range(lambda: names.stage_name(text))
+        torch_on = self._torch_probe is not None and self._torch_probe()
+        if self._backend is None and not torch_on:
+            return NULL_CONTEXT
+        return _Range(names.stage_name(text), self._backend, torch_on)
 
     def mark_switch(self, old: object, new: object) -> None:
         self._mark(lambda: names.switch_name(old, new))
@@ -195,4 +203,5 @@ listening = DEFAULT.listening
 __all__ = [
     "Annotator", "Backend", "DEFAULT", "NULL_CONTEXT", "listening", "mark_capture",
     "mark_config", "mark_steady_state", "mark_switch", "stage_range", "step_range",
+    "torch_profiler_running",
 ]

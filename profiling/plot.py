@@ -7,13 +7,14 @@ state and needs no display.
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from profiling.timeline import Timeline
 
-MODE_COLORS = {"spec": "#d95f02", "decode": "#1b9e77"}
+MODE_COLORS = MappingProxyType({"spec": "#d95f02", "decode": "#1b9e77"})
 OTHER_COLOR = "#7570b3"
 
 

@@ -14,11 +14,14 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pytest
+import torch
 
 from dual_graph_worker.continuity import Continuity
 from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_checkpoints,
                                                        engine_from_dummy)
-from dual_graph_worker.engines.reference.config import tiny_shape
+from dual_graph_worker.engines.reference.config import ModelPair, tiny_shape
+from dual_graph_worker.engines.reference.engine import ReferenceEngine
+from dual_graph_worker.engines.reference.weights import load_draft, load_target
 from dual_graph_worker.engines.reference.toy import ToyPermutations, toy_permutations, write_toy_checkpoints
 from dual_graph_worker.kv_slots import DUMMY_SLOT
 from dual_graph_worker.modes import Mode
@@ -30,6 +33,7 @@ TOY_VOCAB = 64          # write_toy_checkpoints default: vocab == hidden == 64
 DUMMY_VOCAB = 128       # tiny_shape default vocab
 TOY_LEVELS = ("f100", "f50", "f0")
 TOY_AGREEMENT = {"f100": 1.0, "f50": 0.5, "f0": 0.0}
+ATTN_NOISE = 0.06
 
 
 # ---------------------------------------------------------------- checkpoints and engines
@@ -56,6 +60,33 @@ def toy_engine(toy_ckpts):
         spec = EngineSpec(num_draft_tokens=k, max_requests=max_requests, max_context=max_context,
                           num_slots=num_slots)
         return engine_from_checkpoints(toy_ckpts.target, toy_ckpts.drafts[level], spec)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def toy_attn_engine(toy_ckpts):
+    """Factory: the toy pair in float64 with small random attention in the target's last three
+    layers (after every EAGLE-3 capture layer, so the draft still sees clean one-hot features).
+
+    The target's tokens then depend on the context through the paged KV cache, while the draft
+    still proposes the permutation chain: this is the one configuration where a spec step
+    accepts several tokens AND a wrong KV slot would change the tokens. ATTN_NOISE = 0.06 gives
+    a mean accept length near 3.3 and dozens of tokens off the pure permutation (asserted by the
+    tests that use it)."""
+
+    def make(level: str = "f100", k: int = 3, max_requests: int = 16, max_context: int = 128,
+             num_slots: int = 0, noise: float = ATTN_NOISE):
+        tcfg, tw = load_target(toy_ckpts.target, torch.float64)
+        dcfg, dw = load_draft(toy_ckpts.drafts[level], torch.float64)
+        g = torch.Generator().manual_seed(1)
+        for lw in tw.layers[5:]:
+            lw.qkv.copy_(torch.randn(lw.qkv.shape, generator=g, dtype=torch.float64) * noise)
+            lw.o.copy_(torch.randn(lw.o.shape, generator=g, dtype=torch.float64) * noise)
+        return ReferenceEngine(ModelPair(tcfg, dcfg), tw, dw, num_draft_tokens=k,
+                               max_requests=max_requests, max_context=max_context,
+                               num_slots=num_slots or max_requests * max_context + 1,
+                               dtype=torch.float64, weights_note="toy + attention noise")
 
     return make
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
+from profiling import checks
 from profiling.api_names import base_name
 
 PID = 4242
@@ -35,8 +36,18 @@ BEGIN_CAPTURE = "cudaStreamBeginCapture_v10000"
 END_CAPTURE = "cudaStreamEndCapture_v10000"
 INSTANTIATE = "cudaGraphInstantiateWithFlags_v11040"
 
-VIOLATIONS = ("double_launch", "missing_stage", "instantiate", "malloc", "switch_extra_api",
-              "switch_gap_extra_api", "eager_kernels")
+# Each fault `standard_profile` can plant, the one check that must catch it, and a phrase of
+# the violation it reports.
+PLANTED_FAULTS = (
+    ("double_launch", checks.GRAPH_LAUNCHES, "stage verify has 2 graph launches"),
+    ("missing_stage", checks.GRAPH_LAUNCHES, "missing stage draft_extend"),
+    ("instantiate", checks.NO_CAPTURE, "cudaGraphInstantiateWithFlags x1"),
+    ("malloc", checks.NO_CAPTURE, "allocation: cudaMalloc x1"),
+    ("switch_extra_api", checks.SWITCH_COST, "cudaStreamSynchronize +1"),
+    ("switch_gap_extra_api", checks.SWITCH_COST, "typical gap between steps"),
+    ("eager_kernels", checks.EAGER_KERNELS, "6 eager kernel launches > 4 allowed"),
+)
+VIOLATIONS = tuple(fault for fault, _, _ in PLANTED_FAULTS)
 
 
 @dataclass

@@ -18,21 +18,11 @@ from profiling.nsys_sqlite import load_sqlite, split_global_tid
 from profiling.timeline import build_timeline
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_profile import (GLOBAL_TID, PID, TID, standard_profile)  # noqa: E402
+from fixtures_profile import (GLOBAL_TID, PID, PLANTED_FAULTS, TID,  # noqa: E402
+                              standard_profile)
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-# Each planted fault, the one check that must catch it, and a phrase of its violation.
-VIOLATIONS = [
-    ("double_launch", checks.GRAPH_LAUNCHES, "stage verify has 2 graph launches"),
-    ("missing_stage", checks.GRAPH_LAUNCHES, "missing stage draft_extend"),
-    ("instantiate", checks.NO_CAPTURE, "cudaGraphInstantiateWithFlags x1"),
-    ("malloc", checks.NO_CAPTURE, "allocation: cudaMalloc x1"),
-    ("switch_extra_api", checks.SWITCH_COST, "cudaStreamSynchronize +1"),
-    ("switch_gap_extra_api", checks.SWITCH_COST, "typical gap between steps"),
-    ("eager_kernels", checks.EAGER_KERNELS, "6 eager kernel launches > 4 allowed"),
-]
 
 
 def _sqlite(tmp_path: Path, violation=None, **kw) -> Path:
@@ -58,7 +48,7 @@ def test_passing_profile_passes_every_check(tmp_path):
     assert (result.summary.steady_steps, result.summary.steady_eager_steps) == (20, 1)
 
 
-@pytest.mark.parametrize("violation,check,phrase", VIOLATIONS)
+@pytest.mark.parametrize("violation,check,phrase", PLANTED_FAULTS)
 def test_each_violation_is_flagged_by_exactly_its_check(tmp_path, violation, check, phrase):
     result = check_report(_sqlite(tmp_path, violation), tmp_path / "out")
     assert result.failed == [check]

@@ -126,7 +126,7 @@ def test_dgw_nvtx_0_switches_everything_off(monkeypatch):
 
 
 def test_torch_profiler_is_a_listener_while_it_runs():
-    a = Annotator(None, nvtx_ranges._torch_profiler_probe())
+    a = Annotator(None, nvtx_ranges.torch_profiler_running)
     assert not a.listening()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         assert a.listening()

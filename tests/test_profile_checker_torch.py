@@ -20,8 +20,7 @@ from profiling.timeline import build_timeline
 from profiling.torch_trace import load_chrome_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_profile import standard_profile  # noqa: E402
-from test_profile_checker import VIOLATIONS  # noqa: E402
+from fixtures_profile import PLANTED_FAULTS, standard_profile  # noqa: E402
 
 
 def test_passing_trace_passes(tmp_path):
@@ -32,7 +31,7 @@ def test_passing_trace_passes(tmp_path):
     assert result.summary.steady_steps == 20
 
 
-@pytest.mark.parametrize("violation,check,phrase", VIOLATIONS)
+@pytest.mark.parametrize("violation,check,phrase", PLANTED_FAULTS)
 def test_violations_match_the_nsys_path(tmp_path, violation, check, phrase):
     builder = standard_profile(violation)
     _, from_json = check_trace(load_chrome_trace(builder.write_chrome_trace(tmp_path / "t.json")),

@@ -85,7 +85,6 @@ class ReferenceEngine:
                                   torch.zeros(R, d.hidden_size, dtype=dtype, device=dev))
         self.aux_width = len(t.capture_layers) * t.hidden_size
         self._stash: Optional[torch.Tensor] = None      # lazy continuity: features per KV slot
-        self._verify_aux: Optional[torch.Tensor] = None
 
     # ------------------------------------------------------------------ description
     def describe(self) -> dict:
@@ -105,10 +104,13 @@ class ReferenceEngine:
         K = self.limits.num_draft_tokens
         W = K + 1
         dev = self.device
-        self._verify_aux = torch.zeros(max(max_spec_bs, 1) * W, self.aux_width, dtype=self.dtype, device=dev)
-        if continuity is Continuity.LAZY_CATCH_UP:
+        # Several workers may bind one engine (the bench compares them side by side): each gets
+        # its own verify buffer (its graphs capture that address); the slot-indexed feature
+        # stash is shared, since catch_up reads it for whichever lazy worker runs.
+        verify_aux = torch.zeros(max(max_spec_bs, 1) * W, self.aux_width, dtype=self.dtype, device=dev)
+        if continuity is Continuity.LAZY_CATCH_UP and self._stash is None:
             self._stash = torch.zeros(self.limits.num_slots, self.aux_width, dtype=self.dtype, device=dev)
-        st, verify_aux = self.state, self._verify_aux
+        st = self.state
         offsets = torch.arange(W, device=dev)
         forced = None
         if self.forced_accept_len is not None:

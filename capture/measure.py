@@ -1,0 +1,100 @@
+"""GPU measurement for capture tuning: every candidate (mode, bs) captured ALONE into a fresh
+graph pool (capture time, pool growth), its replayed step latency on synthetic requests of a
+representative context, and the pool growth of capturing all candidates together.
+
+    python -m capture.measure --out capture/results/measurements_h200.json
+
+Writes `dgw-capture-measurements/1` (capture/measurements.py), which `make capture-tune` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from typing import Optional
+
+import torch
+
+from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelInfo, save_measurements
+from dual_graph_worker.calibration import measure_step_latency
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+from dual_graph_worker.engines.reference.config import llama3_8b_shape, tiny_shape
+from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.policy import PinnedPolicy
+from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+
+CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160,
+              176, 192, 208, 224, 240, 256)
+
+
+def model_shape(engine) -> dict:
+    d = engine.describe()
+    t, dr = d["model"]["target"], d["model"]["draft"]
+    return {"hidden_size": t["hidden_size"], "num_layers": t["num_layers"], "num_heads": t["num_heads"],
+            "num_kv_heads": t["num_kv_heads"], "head_dim": t["head_dim"],
+            "intermediate_size": t["intermediate_size"], "vocab_size": t["vocab_size"],
+            "dtype": d["dtype"], "draft_hidden_size": dr["hidden_size"],
+            "num_draft_tokens": d["num_draft_tokens"], "attention_backend": d["attention_backend"]}
+
+
+def _reset(worker) -> None:
+    worker.runner.graphs.clear()
+    worker.runner.pool = None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def measure(engine, candidates=CANDIDATES, context_len: int = 384, repeats: int = 5,
+            continuity: Continuity = Continuity.LAZY_CATCH_UP, log=print) -> Measurements:
+    k = engine.limits.num_draft_tokens
+    worker = DualGraphWorker(engine, WorkerConfig(candidates, candidates, True, continuity=continuity),
+                             PinnedPolicy(Mode.DECODE, k))
+    graphs = []
+    for key in sorted(worker.dispatch.keys(), key=lambda g: (g.mode.value, g.bs)):
+        _reset(worker)
+        rep = worker.runner.capture(keys=(key,), progress=False)
+        lat = measure_step_latency(worker, key, context_len, repeats)
+        graphs.append(GraphMeasurement(key, rep.keys[0].seconds, max(rep.pool_bytes, 0), lat))
+        log(f"  {key.label():>14s}: capture {rep.keys[0].seconds * 1e3:7.1f} ms, "
+            f"pool {rep.pool_bytes / 2**20:7.1f} MiB, step {lat * 1e3:6.2f} ms")
+    _reset(worker)
+    t0 = time.perf_counter()
+    total = worker.runner.capture(progress=False)
+    log(f"  all {len(total.keys)} keys together: {total.pool_bytes / 2**20:.0f} MiB in "
+        f"{time.perf_counter() - t0:.1f}s")
+    _reset(worker)
+    return Measurements(GpuInfo.from_torch(), ModelInfo.from_shape(model_shape(engine)), tuple(graphs),
+                        total_pool_bytes=total.pool_bytes, synthetic=False,
+                        notes=f"measured by capture.measure; step latency = median of {repeats} "
+                              f"replays on synthetic requests of context {context_len}; "
+                              f"acceptance irrelevant (timing only); continuity {continuity.value}",
+                        meta={"torch": torch.__version__})
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m capture.measure", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    ap.add_argument("--num-draft-tokens", type=int, default=3)
+    ap.add_argument("--context", type=int, default=384)
+    ap.add_argument("--max-bs", type=int, default=256)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("capture measurement needs a CUDA GPU (it captures CUDA graphs)")
+    cands = tuple(b for b in CANDIDATES if b <= args.max_bs)
+    pair = llama3_8b_shape() if args.model == "llama3-8b" else tiny_shape()
+    engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=args.num_draft_tokens,
+                                                max_requests=max(cands), max_context=args.context + 16,
+                                                device="cuda", dtype="bfloat16", attention="triton"))
+    m = measure(engine, cands, args.context)
+    save_measurements(m, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The scripted workload that `dgw profile` runs under nsys (or torch.profiler).
+
+Builds the reference engine and the dual-graph worker, captures both pools, warms up, marks
+`steady_state_begin`, then holds spec mode, holds decode mode, and alternates modes every step,
+so the checker can compare switch steps with held steps of the same batch size.
+
+    nsys profile --trace=cuda,nvtx --cuda-graph-trace=graph -o R python -m profiling.workload
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+import numpy as np
+import torch
+
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+from dual_graph_worker.engines.reference.config import llama3_8b_shape, tiny_shape
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import Decision, PinnedPolicy, Reason
+from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+from profiling import nvtx_ranges
+
+
+class ScriptedPolicy(PinnedPolicy):
+    """Follows a fixed list of modes (then decode)."""
+
+    def __init__(self, script: list[Mode], k: int) -> None:
+        super().__init__(Mode.DECODE, k)
+        self.script = list(script)
+
+    def decide(self, inputs):
+        mode = self.script.pop(0) if self.script else Mode.DECODE
+        return Decision(mode, Reason.PINNED)
+
+
+def script(hold: int, alternate: int) -> list[Mode]:
+    return ([Mode.SPEC] * hold + [Mode.DECODE] * hold +
+            [Mode.SPEC if i % 2 == 0 else Mode.DECODE for i in range(alternate)])
+
+
+def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
+        continuity: Continuity, torch_profile: Optional[str] = None) -> None:
+    cuda = torch.cuda.is_available()
+    pair = llama3_8b_shape() if model == "llama3-8b" else tiny_shape()
+    k = 3
+    steps = warmup + 2 * hold + alternate
+    ctx = 64 + steps * (k + 1) + k + 8
+    engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=k, max_requests=max(bs, 32),
+                                                max_context=ctx, device="cuda" if cuda else "cpu",
+                                                dtype="bfloat16" if cuda else "float32",
+                                                attention="triton" if cuda else "torch",
+                                                forced_accept_len=2))
+    d = engine.describe()
+    for key in ("engine", "attention_backend"):
+        nvtx_ranges.mark_config(key, d[key])
+    nvtx_ranges.mark_config("num_draft_tokens", k)
+    worker = DualGraphWorker(engine, WorkerConfig((1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), cuda,
+                                                  continuity=continuity),
+                             ScriptedPolicy([Mode.SPEC, Mode.DECODE] * warmup + script(hold, alternate), k))
+    worker.capture(progress=False)
+    rng = np.random.default_rng(0)
+    worker.add_requests(rng.integers(0, pair.target.vocab_size, size=(bs, 64)).tolist(), steps * (k + 1))
+    for _ in range(2 * warmup):
+        worker.step()
+    if cuda:
+        torch.cuda.synchronize()
+
+    def measured() -> None:
+        nvtx_ranges.mark_steady_state()
+        for _ in range(2 * hold + alternate):
+            worker.step()
+        if cuda:
+            torch.cuda.synchronize()
+
+    if torch_profile:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            measured()
+        prof.export_chrome_trace(torch_profile)
+    else:
+        measured()
+    print(f"profiled {2 * hold + alternate} steps at bs={bs} ({model}, {d['attention_backend']}, "
+          f"graphs={cuda}); switches: {worker.stats.switches}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m profiling.workload", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["llama3-8b", "tiny"], default="tiny")
+    ap.add_argument("--bs", type=int, default=8)
+    ap.add_argument("--hold", type=int, default=10)
+    ap.add_argument("--alternate", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--continuity", default="keep-current",
+                    choices=[c.value for c in Continuity if c is not Continuity.NONE])
+    ap.add_argument("--torch-profile", help="write a torch.profiler Chrome trace here instead of "
+                                            "relying on an external nsys")
+    args = ap.parse_args(argv)
+    run(args.model, args.bs, args.hold, args.alternate, args.warmup, Continuity(args.continuity),
+        args.torch_profile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
