@@ -67,13 +67,20 @@ class _DwellState:
     mode: Mode = Mode.SPEC
     steps_in_mode: int = 0
     steps_since_probe: int = 0
+    # No dwell is owed before the first committed step (the initial mode was never chosen),
+    # nor right after a probe (a probe is one spec step, not a switch into speculation).
+    dwell_waived: bool = True
 
-    def commit(self, mode: Mode) -> None:
+    def commit(self, mode: Mode, probe: bool = False) -> None:
         if mode is self.mode:
             self.steps_in_mode += 1
         else:
             self.mode, self.steps_in_mode = mode, 1
         self.steps_since_probe = 0 if mode is Mode.SPEC else self.steps_since_probe + 1
+        self.dwell_waived = probe and mode is Mode.SPEC
+
+    def must_dwell(self, min_dwell_steps: int) -> bool:
+        return not self.dwell_waived and self.steps_in_mode < min_dwell_steps
 
 
 @dataclass
@@ -148,7 +155,7 @@ class ThresholdPolicy:
             want = Mode.DECODE if inputs.bs > self.threshold + self.band else Mode.SPEC
         else:
             want = Mode.SPEC if inputs.bs <= self.threshold - self.band else Mode.DECODE
-        if want is not cur and self._state.steps_in_mode < self.min_dwell_steps:
+        if want is not cur and self._state.must_dwell(self.min_dwell_steps):
             return Decision(cur, Reason.DWELL)
         in_band = abs(inputs.bs - self.threshold) <= self.band and want is cur
         return Decision(want, Reason.HYSTERESIS if in_band else Reason.THRESHOLD)
@@ -200,9 +207,15 @@ class CalibrationTable:
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationTable":
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read calibration table {path}: {exc.strerror}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"calibration table {path} is not valid JSON ({exc}); "
+                              "regenerate it with `make capture-tune`") from exc
+        return cls.from_json(data)
 
 
 @dataclass
@@ -218,10 +231,11 @@ class GoodputPolicy:
     calibration: CalibrationTable
     margin: float = 0.05
     min_dwell_steps: int = 4
-    probe_every: int = 64
+    probe_every: int = 128
     ema_alpha: float = 0.1
     _state: _DwellState = field(default_factory=_DwellState, init=False)
     _ema: AcceptLengthEMA = field(init=False)
+    _probe_pending: bool = field(default=False, init=False)   # last decision was a PROBE
 
     def __post_init__(self) -> None:
         if self.margin < 0 or self.min_dwell_steps < 0 or self.probe_every < 0:
@@ -236,6 +250,11 @@ class GoodputPolicy:
         return bs * (accept_len if mode is Mode.SPEC else 1.0) / t
 
     def decide(self, inputs: PolicyInputs) -> Decision:
+        decision = self._decide(inputs)
+        self._probe_pending = decision.reason is Reason.PROBE
+        return decision
+
+    def _decide(self, inputs: PolicyInputs) -> Decision:
         if inputs.spec_padded_bs is None:
             return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
         spec = self.predicted_tok_s(Mode.SPEC, inputs.bs, inputs.spec_padded_bs, self._ema.value)
@@ -248,9 +267,10 @@ class GoodputPolicy:
             want = Mode.DECODE if dec > spec * (1 + self.margin) else Mode.SPEC
         else:
             want = Mode.SPEC if spec > dec * (1 + self.margin) else Mode.DECODE
-        if want is not cur and self._state.steps_in_mode < self.min_dwell_steps:
+        if want is not cur and self._state.must_dwell(self.min_dwell_steps):
             return Decision(cur, Reason.DWELL)
-        if want is Mode.DECODE and self._probe_due(inputs, dec):
+        self._state.probing = want is Mode.DECODE and cur is Mode.DECODE and self._probe_due(inputs, dec)
+        if self._state.probing:
             return Decision(Mode.SPEC, Reason.PROBE)
         return Decision(want, Reason.GOODPUT)
 
@@ -265,7 +285,8 @@ class GoodputPolicy:
         self._ema.update(mean_accept_len)
 
     def commit(self, mode: Mode) -> None:
-        self._state.commit(mode)
+        self._state.commit(mode, probe=self._probe_pending)
+        self._probe_pending = False
 
     @property
     def accept_len_ema(self) -> float:

@@ -90,11 +90,15 @@ class DualGraphWorker:
     # ------------------------------------------------------------------ lifecycle
     def capture(self, progress: bool = True):
         """Capture both pools (CUDA only); returns the CaptureReport. Call once at start-up."""
+        d = self.engine.describe()
+        nvtx_ranges.mark_config("engine", d.get("engine", "?"))
+        nvtx_ranges.mark_config("attention_backend", d.get("attention_backend", "?"))
+        nvtx_ranges.mark_config("num_draft_tokens", self.k)
         if not isinstance(self.runner, CudaGraphRunner):
             return None
-        report = self.runner.capture(progress=progress)
-        nvtx_ranges.mark_steady_state()
-        return report
+        # The caller marks steady state (profiling.nvtx_ranges.mark_steady_state) once its own
+        # warm-up (first prefills, first steps) is over: capture alone is not the end of it.
+        return self.runner.capture(progress=progress)
 
     def take_finished(self) -> list[FinishedRequest]:
         out, self.finished = self.finished, []
@@ -156,6 +160,10 @@ class DualGraphWorker:
         decision = self.policy.decide(PolicyInputs(
             bs, self.dispatch.padded_bs(Mode.SPEC, bs) if has_spec else None,
             self.dispatch.padded_bs(Mode.DECODE, bs)))
+        if decision.mode is Mode.SPEC and not has_spec:
+            # The static buffers and verify features are sized for the spec pool: a spec step
+            # beyond it cannot run (eagerly or not), whatever a custom policy asks for.
+            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
         if decision.mode is Mode.SPEC and not self.planner.can_run(Mode.SPEC, bs):
             return Decision(Mode.DECODE, Reason.KV_PRESSURE)
         return decision

@@ -54,9 +54,6 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
                                                 attention="triton" if cuda else "torch",
                                                 forced_accept_len=2))
     d = engine.describe()
-    for key in ("engine", "attention_backend"):
-        nvtx_ranges.mark_config(key, d[key])
-    nvtx_ranges.mark_config("num_draft_tokens", k)
     worker = DualGraphWorker(engine, WorkerConfig((1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), cuda,
                                                   continuity=continuity),
                              ScriptedPolicy([Mode.SPEC, Mode.DECODE] * warmup + script(hold, alternate), k))
@@ -69,7 +66,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
         torch.cuda.synchronize()
 
     def measured() -> None:
-        nvtx_ranges.mark_steady_state()
+        nvtx_ranges.mark_steady_state()     # after capture, prefill and warm-up steps
         for _ in range(2 * hold + alternate):
             worker.step()
         if cuda:
