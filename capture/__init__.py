@@ -1,0 +1,11 @@
+"""Capture tuning: which batch sizes each graph pool captures, under memory and start-up budgets.
+
+- `measurements`: the recorded GPU measurements (`dgw-capture-measurements/1`), written by
+  `capture.measure` on the GPU, read by everything else;
+- `distribution`: the expected batch-size distribution and its presets;
+- `padding`: padding waste and the optimisers (1-D partition DP, budgeted exact search);
+- `tuner`: crossover, pool tops, the budgeted choice, `TuningResult`;
+- `config`: the capture config (`dgw-capture-config/1`) the worker and the SGLang plugin read;
+- `report`, `cli`: tables, plots, `python -m capture.cli tune|report`;
+- `synthetic`: SYNTHETIC measurements for tests and demos only.
+"""

@@ -13,7 +13,7 @@ Schema `dgw-capture-config/1`:
       "budgets": {"memory_bytes": 2147483648, "capture_s": 10.0},
       "tuning": {"accept_len": 3.0, "crossover_bs": 40, "exact": true,
                  "distribution": {"description": "uniform:1-256", "weights": {"1": 0.0039, ...}}},
-      "savings": {"chosen":         {"graphs", "waste_tokens_per_step", "memory_bytes", "capture_s"},
+      "savings": {"chosen": {"graphs", "waste_tokens_per_step", "memory_bytes", "capture_s"},
                   "all_candidates": {...same keys...}},
       "synthetic": false                          # tuned on synthetic measurements: tests only
     }

@@ -2,12 +2,13 @@
 
 Presets (`parse_distribution`):
     uniform:LO-HI        every bs in LO..HI equally likely   (uniform:256 means uniform:1-256)
-    geometric[:P]        P(bs) ~ (1-P)^(bs-1) on 1..max_bs   (default P = 0.02): mostly small batches
+    geometric[:P]        P(bs) ~ (1-P)^(bs-1) on 1..max_bs (default P = 0.02): mostly small
+                         batches; geometric:P,max=N sets the top
     fixed:N              always bs = N
     {"1": 0.5, "64": 2}  inline JSON object bs -> weight (normalised)
     @path.json           the same object read from a file
 `max_bs` (the top of geometric, when not given as `geometric:P,max=N`) comes from the caller:
-the tuner passes the largest measured decode batch size.
+the CLI passes the largest measured decode batch size.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ def parse_distribution(text: str, max_bs: int) -> BatchDistribution:
         if not arg.isdigit() or int(arg) < 1:
             raise ConfigError(f"cannot read {text!r}: write fixed:N with N >= 1, e.g. fixed:64")
         return BatchDistribution.from_weights({int(arg): 1.0}, s)
-    raise ConfigError(f"unknown batch-size distribution {text!r}; use uniform:LO-HI, geometric[:P], "
-                      "fixed:N, an inline JSON object {\"bs\": weight} or @file.json")
+    raise ConfigError(f"unknown batch-size distribution {text!r}; use uniform:LO-HI, "
+                      "geometric[:P], fixed:N, an inline JSON object {\"bs\": weight} or @file.json")
 
 
 def _from_json_text(body: str, what: str, description: str) -> BatchDistribution:

@@ -6,7 +6,7 @@ One JSON file per (GPU, model shape, K). Schema `dgw-capture-measurements/1`:
       "schema": "dgw-capture-measurements/1",
       "synthetic": false,            # true for generated files (tests, demos): never tune on one
       "notes": "free text",          # optional
-      "meta": {...},                 # optional, free-form (torch/driver versions, ...), kept verbatim
+      "meta": {...},                 # optional, free-form (torch version, ...), kept verbatim
       "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
       "model": {
         "shape": {                   # what determines graph memory and latency; extra keys allowed
@@ -96,7 +96,8 @@ class GpuInfo:
     @classmethod
     def from_json(cls, data: Any, where: str = "gpu") -> "GpuInfo":
         d = need_mapping(data, where)
-        return cls(need_field(d, "name", str, where), need_field(d, "compute_capability", str, where))
+        return cls(need_field(d, "name", str, where),
+                   need_field(d, "compute_capability", str, where))
 
     @classmethod
     def from_torch(cls, device_index: int = 0) -> "GpuInfo":
@@ -109,6 +110,8 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class ModelInfo:
+    """The model shape the graphs were captured for, and its fingerprint."""
+
     shape: Mapping[str, Any]
     fingerprint: str
 
@@ -146,10 +149,12 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class GraphMeasurement:
+    """One candidate key: see the module docstring for how each number must be measured."""
+
     key: GraphKey
-    capture_s: float
-    pool_bytes: int
-    replay_s: float
+    capture_s: float       # capture of every stage graph of the key
+    pool_bytes: int        # pool growth capturing the key alone into a fresh pool
+    replay_s: float        # median step latency: the goodput policy's t(mode, bs)
     stage_replay_s: Mapping[Stage, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -192,6 +197,8 @@ class GraphMeasurement:
 
 @dataclass(frozen=True)
 class Measurements:
+    """A whole measurements file; construction checks duplicates and that both modes appear."""
+
     gpu: GpuInfo
     model: ModelInfo
     graphs: tuple[GraphMeasurement, ...]

@@ -126,8 +126,9 @@ def plot_waste_curves(m: Measurements, distribution: BatchDistribution, accept_l
     for ax, mode in zip(fig.axes, (Mode.SPEC, Mode.DECODE)):
         prob = pool_problem(m, mode, tops[mode])
         curve = waste_curve(prob, distribution.probs)
-        ax.plot([p.k for p in curve], [p.waste for p in curve], "o-", ms=3,
-                color=_COLORS[mode], label="DP optimum for k graphs")
+        wastes = [p.waste for p in curve]
+        ax.plot([p.k for p in curve], wastes, "o-", ms=3, color=_COLORS[mode],
+                label="DP optimum for k graphs")
         if chosen is not None:
             sizes = chosen.sizes(mode)
             w = expected_waste(sizes, distribution.probs, prob.tokens_per_request)
@@ -135,7 +136,6 @@ def plot_waste_curves(m: Measurements, distribution: BatchDistribution, accept_l
         ax.set_title(f"{mode.value} pool, bs 1..{prob.top}")
         ax.set_xlabel("graphs in pool (k)")
         ax.set_ylabel("expected padded tokens / step")
-        wastes = [p.waste for p in curve]
         # Log only when the curve spans decades (and never reaches 0): else linear reads better.
         if min(wastes) > 0 and max(wastes) / min(wastes) > 20:
             ax.set_yscale("log")
@@ -166,7 +166,7 @@ def plot_latency(m: Measurements, crossover: Crossover, path: Path) -> None:
                        label=f"crossover bs={crossover.bs}")
     ax_tps.set_xlabel("batch size")
     ax_tps.set_ylabel("predicted tok/s")
-    ax_tps.set_title("predicted throughput (bs measured in both modes)")
+    ax_tps.set_title("predicted throughput at the measured spec sizes")
     for ax in (ax_lat, ax_tps):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -14,7 +14,7 @@ A seeded +-1% jitter keeps them from looking too clean; the same seed gives the 
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
 from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelInfo
 from dual_graph_worker.modes import GraphKey, Mode, Stage
@@ -66,3 +66,25 @@ def synthetic_h200_measurements(spec_bs: Sequence[int] = tuple(b for b in SGLANG
               f"H200-like latencies for a Llama-3-8B-shaped target with K={k}.",
         meta={"generator": "capture.synthetic.synthetic_h200_measurements", "seed": seed},
     )
+
+
+class Cost(NamedTuple):
+    """One hand-made measurement (tests): replay latency, isolated pool growth, capture time."""
+
+    replay_s: float
+    pool_bytes: int = MiB
+    capture_s: float = 0.1
+
+
+def measurements_from_costs(spec: Mapping[int, Union[Cost, float]],
+                            decode: Mapping[int, Union[Cost, float]], num_draft_tokens: int = 3,
+                            gpu: Optional[GpuInfo] = None) -> Measurements:
+    """SYNTHETIC measurements from small tables bs -> Cost (or a bare replay latency)."""
+    shape = dict(LLAMA3_8B_EAGLE3_SHAPE, num_draft_tokens=num_draft_tokens)
+    graphs = tuple(
+        GraphMeasurement(GraphKey(mode, bs), c.capture_s, c.pool_bytes, c.replay_s)
+        for mode, table in ((Mode.SPEC, spec), (Mode.DECODE, decode))
+        for bs, c in ((b, v if isinstance(v, Cost) else Cost(float(v)))
+                      for b, v in table.items()))
+    return Measurements(gpu or GpuInfo("Synthetic GPU", "9.0"), ModelInfo.from_shape(shape),
+                        graphs, synthetic=True, notes="SYNTHETIC, hand-made for a test")

@@ -14,8 +14,9 @@ accepted length (tokens per request per spec step, 1..K+1).
    error telling the user to measure larger sizes or cap the distribution. Spec: the crossover,
    or less when the distribution never reaches it; the decode top is raised to cover the spec top.
 3. Inside each pool, choose the sizes below the top that minimise expected padding waste
-   (padded tokens per step, `capture.padding`) with both budgets shared by the two pools, exactly
-   (resource-constrained shortest path over the candidates).
+   (padded tokens per step, `capture.padding`) with both budgets shared by the two pools: a
+   resource-constrained shortest path over the candidates, proven optimal on realistic inputs
+   (`TuningResult.exact`), a Lagrangian near-optimum past a work limit.
 Each pool's waste is taken over the distribution restricted to its range 1..top: the decode pool
 also serves small batches whenever speculation is off (low acceptance, KV pressure, a user pin),
 so its small sizes matter too.
@@ -29,7 +30,7 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from capture.distribution import BatchDistribution
 from capture.measurements import GraphMeasurement, Measurements
-from capture.padding import (DEFAULT_MAX_LABELS, PoolProblem, expected_waste, solve)
+from capture.padding import DEFAULT_WORK_LIMIT, PoolProblem, expected_waste, solve
 from capture.units import format_bytes
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import GraphKey, Mode
@@ -52,8 +53,8 @@ class ThroughputPoint(NamedTuple):
 
 @dataclass(frozen=True)
 class Crossover:
-    """Predicted throughput at every bs measured in both modes, and where speculation stops
-    paying (`bs`: the largest bs where it wins; None when it never does)."""
+    """Predicted throughput at every measured spec bs, and where speculation stops paying
+    (`bs`: the largest bs where it wins; None when it never does)."""
 
     accept_len: float
     points: tuple[ThroughputPoint, ...]
@@ -76,6 +77,8 @@ class PoolPlan:
 
 
 class Totals(NamedTuple):
+    """A set of graphs: how many, their expected padding waste, memory and capture time."""
+
     graphs: int
     waste_tokens: float        # expected padded tokens per step, spec pool + decode pool
     memory_bytes: int          # sum of isolated pool growth: an upper bound on the shared pool
@@ -84,6 +87,8 @@ class Totals(NamedTuple):
 
 @dataclass(frozen=True)
 class TuningResult:
+    """The chosen pools, why (crossover), and what they cost against capturing everything."""
+
     spec_bs: tuple[int, ...]
     decode_bs: tuple[int, ...]
     crossover: Crossover
@@ -121,12 +126,18 @@ class TuningResult:
 
 
 def find_crossover(measurements: Measurements, accept_len: float) -> Crossover:
+    """Rank the modes at every measured spec bs. Decode latency is the one of the smallest
+    measured decode size >= bs: bs itself when measured in both modes (the usual case), else
+    the graph a decode step of bs would replay if every candidate were captured, which is what
+    the goodput policy compares at run time. A spec bs above every decode size is not ranked."""
     by_key = measurements.by_key()
+    dec_sizes = measurements.sizes(Mode.DECODE)
     points = []
     for bs in measurements.sizes(Mode.SPEC):
-        dec = by_key.get(GraphKey(Mode.DECODE, bs))
-        if dec is None:
-            continue  # no decode measurement at this bs: cannot rank the modes there
+        i = bisect.bisect_left(dec_sizes, bs)
+        if i == len(dec_sizes):
+            continue
+        dec = by_key[GraphKey(Mode.DECODE, dec_sizes[i])]
         spec = by_key[GraphKey(Mode.SPEC, bs)]
         points.append(ThroughputPoint(bs, bs * accept_len / spec.replay_s, bs / dec.replay_s))
     wins = [p.bs for p in points if p.spec_wins]
@@ -145,7 +156,7 @@ def plan_pools(measurements: Measurements, distribution: BatchDistribution,
         best = max(crossover.points, key=lambda p: p.spec_tok_s / p.decode_tok_s, default=None)
         detail = (f" (best ratio at bs={best.bs}: {best.spec_tok_s:.0f} vs "
                   f"{best.decode_tok_s:.0f} tok/s)" if best else
-                  " (no bs was measured in both modes)")
+                  " (no spec bs is covered by a decode measurement)")
         raise TuningError(f"at accept length {accept_len:g} speculation loses to plain decode at "
                           f"every measured batch size{detail}; serve without speculation, or "
                           "re-tune with the accept length your draft model really reaches")
@@ -168,13 +179,14 @@ def plan_pools(measurements: Measurements, distribution: BatchDistribution,
 
 def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: float,
          distribution: BatchDistribution, accept_len: float,
-         max_labels: int = DEFAULT_MAX_LABELS) -> TuningResult:
+         work_limit: int = DEFAULT_WORK_LIMIT) -> TuningResult:
+    """Steps 1-3 of the module docstring. Raises TuningError when no valid choice exists."""
     if memory_budget_bytes <= 0 or time_budget_s <= 0:
         raise TuningError(f"budgets must be > 0, got memory {memory_budget_bytes} bytes and "
                           f"capture time {time_budget_s} s")
     plan = plan_pools(measurements, distribution, accept_len)
     probs = distribution.probs
-    sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s, max_labels)
+    sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s, work_limit)
     if sol is None:
         raise TuningError(_infeasible_message(plan, memory_budget_bytes, time_budget_s))
     spec_bs, decode_bs = sol.sizes
@@ -255,13 +267,16 @@ def format_table(r: TuningResult) -> str:
         + (f"; decode wins at bs={loss.bs} ({loss.spec_tok_s:.0f} vs {loss.decode_tok_s:.0f})"
            if loss else ""),
         f"budgets: memory {format_bytes(r.memory_budget_bytes)}, capture time "
-        f"{r.time_budget_s:g} s" + ("" if r.exact else "  (near-exact: Pareto set thinned)"),
+        f"{r.time_budget_s:g} s"
+        + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),
         "",
         f"{'':8}{'graphs':>8}{'waste tok/step':>16}{'waste %':>9}{'memory':>12}{'capture':>10}",
     ]
     for mode in (Mode.SPEC, Mode.DECODE):
         t, useful = r.chosen_by_mode[mode], r.useful_tokens_by_mode[mode]
-        lines.append(_row(mode.value, t, f"{100 * t.waste_tokens / useful:.1f}%"))
+        # No batch in the pool's range (e.g. every batch above the crossover): no percentage.
+        pct = f"{100 * t.waste_tokens / useful:.1f}%" if useful > 0 else "-"
+        lines.append(_row(mode.value, t, pct))
     c, a = r.chosen, r.all_candidates
     lines += [
         _row("chosen", c, ""),

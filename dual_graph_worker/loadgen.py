@@ -33,6 +33,7 @@ class PhaseResult:
     steps: int
     modes: dict                 # mode -> steps
     mean_accept_len: float      # over spec steps (0 when none)
+    outputs: tuple = ()         # (prompt, output) per request in admission order, if collected
 
     @property
     def tok_s(self) -> float:
@@ -61,12 +62,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_phase(worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: int = 64) -> PhaseResult:
+def run_phase(worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: int = 64,
+              collect_outputs: bool = False) -> PhaseResult:
     rng = np.random.default_rng(seed)
     device = worker.engine.device
     first_record = len(worker.stats.records)
     admitted = tokens = 0
     step_seconds = 0.0
+    done = []
     _sync(device)
     t0 = time.perf_counter()
     while admitted < phase.num_requests or worker.num_running:
@@ -81,11 +84,13 @@ def run_phase(worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: in
         result = worker.step()
         step_seconds += time.perf_counter() - ts      # step() waits for its outputs
         tokens += int(result.accept_lens.sum())
-        worker.take_finished()
+        done.extend(worker.take_finished())
     _sync(device)
     seconds = time.perf_counter() - t0
     recs = worker.stats.records[first_record:]
     spec = [r.mean_accept_len for r in recs if r.mode.value == "spec"]
     return PhaseResult(phase.concurrency, admitted, tokens, sum(r.tokens for r in recs), seconds,
                        step_seconds, len(recs), dict(Counter(r.mode.value for r in recs)),
-                       float(np.mean(spec)) if spec else 0.0)
+                       float(np.mean(spec)) if spec else 0.0,
+                       tuple((f.prompt, f.output) for f in sorted(done, key=lambda f: f.rid))
+                       if collect_outputs else ())

@@ -29,10 +29,10 @@ from dual_graph_worker.policy import AcceptLengthEMA, Decision, PolicyInputs, Re
 from dual_graph_worker.results import StepResult
 from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
 
+# Tiny models: per-op overhead dominates, and extra intra-op threads only add contention.
+torch.set_num_threads(1)
+
 TOY_VOCAB = 64          # write_toy_checkpoints default: vocab == hidden == 64
-DUMMY_VOCAB = 128       # tiny_shape default vocab
-TOY_LEVELS = ("f100", "f50", "f0")
-TOY_AGREEMENT = {"f100": 1.0, "f50": 0.5, "f0": 0.0}
 ATTN_NOISE = 0.06
 
 
@@ -55,7 +55,7 @@ def toy_perm() -> ToyPermutations:
 def toy_engine(toy_ckpts):
     """Factory: a reference engine over the toy target and the draft of one agreement level."""
 
-    def make(level: str = "f100", k: int = 3, max_requests: int = 16, max_context: int = 128,
+    def make(level: str = "f100", k: int = 3, max_requests: int = 16, max_context: int = 64,
              num_slots: int = 0):
         spec = EngineSpec(num_draft_tokens=k, max_requests=max_requests, max_context=max_context,
                           num_slots=num_slots)
@@ -75,7 +75,7 @@ def toy_attn_engine(toy_ckpts):
     a mean accept length near 3.3 and dozens of tokens off the pure permutation (asserted by the
     tests that use it)."""
 
-    def make(level: str = "f100", k: int = 3, max_requests: int = 16, max_context: int = 128,
+    def make(level: str = "f100", k: int = 3, max_requests: int = 16, max_context: int = 64,
              num_slots: int = 0, noise: float = ATTN_NOISE):
         tcfg, tw = load_target(toy_ckpts.target, torch.float64)
         dcfg, dw = load_draft(toy_ckpts.drafts[level], torch.float64)
@@ -96,7 +96,7 @@ def dummy_engine():
     """Factory: a tiny float64 dummy-random engine (float64 so that rounding differences between
     the batched verify and single-token decode cannot flip an argmax)."""
 
-    def make(k: int = 3, max_requests: int = 16, max_context: int = 128, num_slots: int = 0,
+    def make(k: int = 3, max_requests: int = 16, max_context: int = 64, num_slots: int = 0,
              seed: int = 0):
         spec = EngineSpec(num_draft_tokens=k, max_requests=max_requests, max_context=max_context,
                           num_slots=num_slots, dtype="float64", seed=seed)

@@ -144,6 +144,10 @@ class ReferenceEngine:
             tok, hid = st.draft_token[rows], st.draft_hidden[rows]
             for j in range(1, K):
                 pos = L + (j - 1)
+                # Map position pos to the slot this chain step writes, so the attention below
+                # reads the K/V just written (and the chain's earlier steps), not a stale slot
+                # left in the table by a previous step's rejected drafts.
+                self.table.write(rows, pos, loc[:, j - 1])
                 d = self.draft.forward(tok, hid, pos, loc[:, j - 1], self._batch(rows, pos, 1))
                 tok, hid = self.draft.greedy(d.hidden), d.prenorm
                 ids[:, j + 1].copy_(tok)

@@ -1,0 +1,59 @@
+# dual-graph-worker: the user's entry points. `make setup` once, then `make demo` / `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+OUT     ?= out
+# CPU machines: the pinned CPU build of torch first, so `pip install -e .` never pulls a CUDA build.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: setup demo test test-gpu bench capture-measure capture-tune capture-report nsys-profile nsys-check toy clean
+
+$(BIN)/dgw:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_CPU)"
+	$(BIN)/pip install -q -e ".[test]"
+
+setup: $(BIN)/dgw
+
+demo: setup                      ## load ramp, plain vs static spec vs dynamic (CPU by default)
+	$(BIN)/dgw demo --out $(OUT)/demo
+
+test: setup                      ## CPU test suite (GPU tests skip without a GPU)
+	$(BIN)/python -m pytest -q
+
+test-gpu:                        ## GPU tests only (on a CUDA machine, with the system torch)
+	$(PY) -m pytest -q -m gpu tests/test_gpu.py
+
+bench:                           ## GPU: every worker variant across concurrency -> bench/results
+	$(PY) -m dual_graph_worker.bench --accept-len 3 --repeats 2 --out bench/results
+	$(PY) -m dual_graph_worker.bench --accept-len 2 --variants plain,static-spec,dynamic --skip-memory --skip-switch --out bench/results
+
+capture-measure:                 ## GPU: capture time, memory, step latency of every candidate graph
+	$(PY) -m capture.measure --out capture/results/measurements.json
+
+MEASUREMENTS ?= capture/results/measurements_h200_llama3-8b.json
+MEMORY_BUDGET ?= 1GiB
+TIME_BUDGET ?= 4
+ACCEPT_LEN ?= 3.0
+DISTRIBUTION ?= uniform:1-256
+capture-tune:                    ## choose pool batch sizes under budgets -> capture/config.json
+	$(PY) -m capture.cli tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \
+	  --time-budget $(TIME_BUDGET) --distribution $(DISTRIBUTION) --accept-len $(ACCEPT_LEN) --out capture/config.json
+
+capture-report:                  ## tables and plots of the measurements and the chosen config
+	$(PY) -m capture.cli report --measurements $(MEASUREMENTS) --config capture/config.json --out-dir $(OUT)/capture-report
+
+PROFILE_MODEL ?= llama3-8b
+nsys-profile:                    ## nsys profile of the scripted workload + its check -> $(OUT)/profile
+	$(PY) -m dual_graph_worker.cli profile --model $(PROFILE_MODEL) --out $(OUT)/profile
+
+REPORT ?= $(OUT)/profile/workload.nsys-rep
+nsys-check:                      ## check an existing report: make nsys-check REPORT=path.nsys-rep
+	$(PY) -m profiling.check $(REPORT) --out $(OUT)/profile-check
+
+toy:                             ## toy checkpoints with known acceptance -> $(OUT)/toy
+	$(BIN)/dgw make-toy-checkpoints $(OUT)/toy
+
+clean:
+	rm -rf $(OUT) .pytest_cache

@@ -1,0 +1,190 @@
+"""One engine, one process: start sglang.Engine once, run every task on it, write JSON as it goes.
+
+Run by run_sglang_suite.py as ``python -m bench.sglang.engine_child SPEC.json``. A process per
+engine because (1) SGLANG_SIMULATE_ACC_LEN is read when spec_utils is imported, so engines with
+and without it must not share an interpreter, and exiting frees every GPU byte before the next
+engine starts; (2) a crash (the adaptive mode's illegal memory access) then costs one phase,
+not the suite. The env in the spec is applied before SGLang is imported; SGLang's scheduler
+processes (spawn) inherit it.
+
+Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root.
+Task kinds: "sweep" (batch of c requests at once per concurrency), "exact" (staggered async
+requests, outputs returned), "ramp" (closed-loop clients following a concurrency profile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _write(path: str, result: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def gpu_used_mib() -> float | None:
+    """Device-wide used memory from nvidia-smi (no CUDA context in this process)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+                              "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20)
+        return float(out.stdout.strip().splitlines()[0])
+    except Exception:
+        return None
+
+
+def _server_info(engine) -> dict:
+    try:
+        info = engine.get_server_info()
+    except Exception as exc:          # informational only
+        return {"error": repr(exc)}
+    states = info.get("internal_states") or [{}]
+    st = states[0] if isinstance(states, list) and states else {}
+    return {"memory_usage": st.get("memory_usage"), "startup_time": info.get("startup_time"),
+            "effective_max_running_requests": st.get("effective_max_running_requests_per_dp"),
+            "max_running_requests": info.get("max_running_requests"),
+            "speculative_algorithm": info.get("speculative_algorithm"),
+            "version": info.get("version")}
+
+
+def _sampling(max_new_tokens: int) -> dict:
+    return {"max_new_tokens": int(max_new_tokens), "temperature": 0.0, "ignore_eos": True}
+
+
+def _as_list(out) -> list:
+    return out if isinstance(out, list) else [out]
+
+
+def run_sweep(engine, task: dict, emit) -> dict:
+    from bench.sglang.workload import random_prompts
+
+    res = {"input_len": task["input_len"], "output_len": task["output_len"], "points": []}
+    if task.get("warmup", True):
+        engine.generate(input_ids=random_prompts(2, 16, task["vocab"], seed=99),
+                        sampling_params=_sampling(8))
+    for c in task["concurrency"]:
+        prompts = random_prompts(c, task["input_len"], task["vocab"], seed=1000 + c)
+        t0w, t0 = time.time(), time.perf_counter()
+        outs = _as_list(engine.generate(input_ids=prompts,
+                                        sampling_params=_sampling(task["output_len"])))
+        dt = time.perf_counter() - t0
+        tokens = sum(len(o["output_ids"]) for o in outs)
+        res["points"].append({"concurrency": c, "seconds": dt, "output_tokens": tokens,
+                              "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time()})
+        emit(res)
+    return res
+
+
+async def _staggered(engine, requests) -> list[list[int]]:
+    async def one(delay, prompt, n):
+        await asyncio.sleep(delay)
+        out = await engine.async_generate(input_ids=prompt, sampling_params=_sampling(n))
+        return list(out["output_ids"])
+    return await asyncio.gather(*(one(d, p, n) for d, p, n in requests))
+
+
+def run_exact(engine, task: dict, emit) -> dict:
+    requests = [(float(d), list(p), int(n)) for d, p, n in task["requests"]]
+    t0 = time.time()
+    outputs = engine.loop.run_until_complete(_staggered(engine, requests))
+    return {"outputs": outputs, "t_start": t0, "t_end": time.time()}
+
+
+async def _ramp(engine, profile, prompt_len, out_lens, vocab) -> list[dict]:
+    from bench.sglang.workload import random_prompts
+
+    done: list[dict] = []
+    seed = [0]
+
+    async def client(deadline):
+        while time.time() < deadline:
+            seed[0] += 1
+            n = out_lens[seed[0] % len(out_lens)]
+            prompt = random_prompts(1, prompt_len, vocab, seed=5000 + seed[0])[0]
+            t0 = time.time()
+            out = await engine.async_generate(input_ids=prompt, sampling_params=_sampling(n))
+            done.append({"t_start": t0, "t_end": time.time(),
+                         "tokens": len(out["output_ids"])})
+
+    for level, hold in profile:
+        start = time.time()
+        await asyncio.gather(*(client(start + hold) for _ in range(level)))
+        done.append({"phase": level, "t_start": start, "t_end": time.time()})
+    return done
+
+
+def run_ramp(engine, task: dict, emit) -> dict:
+    events = engine.loop.run_until_complete(
+        _ramp(engine, task["profile"], task["input_len"], task["output_lens"], task["vocab"]))
+    return {"profile": task["profile"], "events": events}
+
+
+TASKS = {"sweep": run_sweep, "exact": run_exact, "ramp": run_ramp}
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
+    sys.path.insert(0, spec["repo_root"])
+    from bench.sglang.plugin_shim import ensure_plugin_discoverable
+
+    result = {"name": spec["name"], "ok": False, "env": spec.get("env", {}),
+              "engine_kwargs": spec["engine_kwargs"], "tasks": {}}
+    out = spec["result_path"]
+    try:
+        result["plugin"] = ensure_plugin_discoverable(spec["shim_dir"], spec["repo_root"])
+    except Exception as exc:
+        result["plugin"] = f"error: {exc}"
+    _write(out, result)
+    before = gpu_used_mib()
+    t0 = time.perf_counter()
+    try:
+        import sglang
+
+        engine = sglang.Engine(**spec["engine_kwargs"])
+    except BaseException as exc:
+        result["error"] = f"engine start failed: {exc!r}"
+        result["traceback"] = traceback.format_exc()[-6000:]
+        result["startup_s"] = time.perf_counter() - t0
+        _write(out, result)
+        return 2
+    result["startup_s"] = time.perf_counter() - t0
+    after = gpu_used_mib()
+    result["gpu_used_mib"] = {"before": before, "after_start": after}
+    result["server_info"] = _server_info(engine)
+    _write(out, result)
+    rc = 0
+    for task in spec["tasks"]:
+        name = task["name"]
+
+        def emit(partial, _name=name):
+            result["tasks"][_name] = partial
+            _write(out, result)
+
+        try:
+            emit(TASKS[task["kind"]](engine, task, emit))
+        except BaseException as exc:
+            result["tasks"][name] = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
+            _write(out, result)
+            rc = 3
+            break
+    result["ok"] = rc == 0
+    _write(out, result)
+    try:
+        engine.shutdown()
+    except Exception:
+        pass
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

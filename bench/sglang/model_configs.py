@@ -1,0 +1,61 @@
+"""HF config.json writers for dummy-weight engines: a Llama-3-8B-shaped target and its EAGLE-3
+draft (LlamaForCausalLMEagle3, one layer, draft_vocab_size == vocab_size, which dummy weights
+need on the H200 set-up), plus small shapes for CPU tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LlamaShapes:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int = 8192
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+
+
+def llama3_8b_shapes() -> LlamaShapes:
+    return LlamaShapes(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+
+
+def toy_shapes(vocab: int = 1024) -> LlamaShapes:
+    # vocab == hidden and 8 layers, as DESIGN.md's constructed pair (three distinct aux layers).
+    return LlamaShapes(hidden_size=vocab, intermediate_size=2 * vocab, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=4, vocab_size=vocab,
+                       max_position_embeddings=4096, rope_theta=10000.0)
+
+
+def _common(shapes: LlamaShapes) -> dict:
+    d = asdict(shapes)
+    d.update(model_type="llama", hidden_act="silu", torch_dtype="bfloat16",
+             tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+             attention_bias=False, mlp_bias=False)
+    return d
+
+
+def write_llama_config(path: str | Path, shapes: LlamaShapes) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = _common(shapes) | {"architectures": ["LlamaForCausalLM"]}
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def write_eagle3_draft_config(path: str | Path, target: LlamaShapes) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = _common(target) | {"architectures": ["LlamaForCausalLMEagle3"],
+                             "num_hidden_layers": 1,
+                             "draft_vocab_size": target.vocab_size,
+                             "target_hidden_size": target.hidden_size}
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path

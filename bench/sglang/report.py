@@ -1,0 +1,93 @@
+"""Tables and plots of the suite's results (pure apart from matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+
+def throughput_rows(engines: Mapping[str, Mapping]) -> tuple[list[int], dict[str, dict[int, float]]]:
+    """concurrency levels and {engine: {concurrency: tok/s}} from the sweep results."""
+    table: dict[str, dict[int, float]] = {}
+    levels: set[int] = set()
+    for name, res in engines.items():
+        pts = ((res or {}).get("tasks", {}).get("sweep") or {}).get("points", [])
+        table[name] = {int(p["concurrency"]): float(p["tok_s"]) for p in pts}
+        levels.update(table[name])
+    return sorted(levels), table
+
+
+def markdown_throughput(levels: Sequence[int], table: Mapping[str, Mapping[int, float]],
+                        note: str = "") -> str:
+    head = "| engine | " + " | ".join(str(c) for c in levels) + " |"
+    sep = "|---|" + "---|" * len(levels)
+    rows = [head, sep]
+    for name, vals in table.items():
+        cells = [f"{vals[c]:.0f}" if c in vals else "-" for c in levels]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    best = []
+    for c in levels:
+        have = {n: v[c] for n, v in table.items() if c in v}
+        best.append(max(have, key=have.get) if have else "-")
+    rows.append("| best | " + " | ".join(best) + " |")
+    return (note + "\n\n" if note else "") + "\n".join(rows) + "\n"
+
+
+def plot_throughput(levels, table, path: str | Path, title: str) -> Optional[Path]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, vals in table.items():
+        xs = [c for c in levels if c in vals]
+        ax.plot(xs, [vals[c] for c in xs], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests)")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_ramp(steps: Sequence[tuple], phases: Sequence[dict], path: str | Path,
+              title: str) -> Optional[Path]:
+    """steps: (t, bs, mode) per decode step; phases: {"phase": c, "t_start", "t_end"}."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    if not steps:
+        return None
+    t0 = min(s[0] for s in steps)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for mode, color in (("spec", "tab:orange"), ("decode", "tab:blue")):
+        pts = [(s[0] - t0, s[1]) for s in steps if s[2] == mode]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=4, c=color,
+                       label=f"{mode} step")
+    for ph in phases:
+        ax.hlines(ph["phase"], ph["t_start"] - t0, ph["t_end"] - t0, colors="gray",
+                  linestyles="dashed", linewidth=1)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("running batch size (dashed: client concurrency)")
+    ax.set_yscale("log", base=2)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def summary_lines(summary: Mapping[str, object]) -> str:
+    width = max((len(k) for k in summary), default=0)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in summary.items())

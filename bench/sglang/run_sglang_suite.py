@@ -1,0 +1,414 @@
+"""The SGLang GPU suite for the dual-graph worker: correctness, throughput, load ramp, start-up.
+
+    python -m bench.sglang.run_sglang_suite --out OUT [--phases correctness,bench,ramp,startup]
+
+Each engine runs once, in its own process (engine_child.py), and serves every task of its
+phase; results are written as they arrive (OUT/engines/*.json, OUT/suite.json, OUT/report.md,
+PNGs), so a run killed at a time limit keeps what it finished. ``--budget-s`` skips engines
+that would not finish in time (recorded as skipped).
+
+Phases
+- correctness: (1) the dual worker on the constructed toy pair (DESIGN.md; written by
+  dual_graph_worker.engines.reference.toy.write_toy_checkpoints, or --toy-dir) under a low
+  threshold and staggered, mixed-length requests, so the running batch crosses the threshold
+  many times while requests are in flight; T=0 tokens must equal the known greedy continuation,
+  and spec steps right after a decode->spec switch must keep the full accept length (the draft
+  was kept current); (2) plain SGLang vs the dual worker with dummy weights, same requests.
+- bench: plain, EAGLE-3 and the dual worker on a Llama-3-8B-shaped dummy target, concurrency
+  1..256, 256 in / 256 out, accept length forced by SGLANG_SIMULATE_ACC_LEN (stated in the
+  output; it changes tokens, so no exactness here); then SGLang's speculative_adaptive is tried
+  and its failure, if any, recorded.
+- ramp: on the bench's dual engine, closed-loop clients up and down a concurrency profile;
+  the step log (DGW_STEP_LOG) gives the mode of every step over time.
+- startup: start-up time and memory of the dual engine vs EAGLE-3 (from the bench engines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.sglang import report  # noqa: E402
+from bench.sglang.model_configs import (  # noqa: E402
+    llama3_8b_shapes,
+    toy_shapes,
+    write_eagle3_draft_config,
+    write_llama_config,
+)
+from bench.sglang.workload import (  # noqa: E402
+    compare_outputs,
+    greedy_chain,
+    load_toy_permutation,
+    ramp_profile,
+    random_prompts,
+    staggered_requests,
+    summarize_steps,
+)
+from dual_graph_worker.engines.sglang.step_log import read_step_log  # noqa: E402
+
+ALGO = "DUAL_GRAPH_EAGLE3"
+PHASES = ("correctness", "bench", "ramp", "startup")
+
+
+@dataclass
+class EngineRun:
+    name: str
+    phase: str
+    engine_kwargs: dict
+    env: dict
+    tasks: list
+    est_s: float
+    step_log: Optional[str] = None
+    result: dict = field(default_factory=dict)
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out).resolve()
+        (self.out / "engines").mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        self.first_start = True
+        self.runs: dict[str, EngineRun] = {}
+        self.notes: dict[str, str] = {}
+        self.checks: dict[str, dict] = {}
+
+    # ---------------------------------------------------------------- engine processes
+
+    def remaining(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
+
+    def run(self, er: EngineRun) -> dict:
+        need = er.est_s + (self.args.cold_start_s if self.first_start else self.args.start_s)
+        if self.remaining() < need:
+            er.result = {"name": er.name, "ok": False,
+                         "skipped": f"budget: needs ~{need:.0f} s, {self.remaining():.0f} s left"}
+            print(f"[suite] skip {er.name}: {er.result['skipped']}", flush=True)
+            self.runs[er.name] = er
+            self.write()
+            return er.result
+        spec_path = self.out / "engines" / f"{er.name}.spec.json"
+        result_path = self.out / "engines" / f"{er.name}.json"
+        spec = dict(name=er.name, engine_kwargs=er.engine_kwargs, env=er.env, tasks=er.tasks,
+                    result_path=str(result_path), shim_dir=str(self.out / "plugin_shim"),
+                    repo_root=str(REPO_ROOT))
+        spec_path.write_text(json.dumps(spec, indent=1))
+        timeout = max(30.0, self.remaining() - 5)
+        print(f"[suite] start {er.name} ({self.remaining():.0f} s left)", flush=True)
+        log = open(self.out / "engines" / f"{er.name}.log", "w")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                if p]))
+        try:
+            proc = subprocess.run([self.args.python, "-m", "bench.sglang.engine_child",
+                                   str(spec_path)], cwd=REPO_ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            log.close()
+        self.first_start = False
+        try:
+            er.result = json.loads(result_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            er.result = {"name": er.name, "ok": False}
+        er.result["returncode"] = rc
+        if rc != 0 and "error" not in er.result:
+            er.result["error"] = f"child exited {rc}; see engines/{er.name}.log"
+        print(f"[suite] done {er.name}: rc={rc} startup={er.result.get('startup_s')}",
+              flush=True)
+        self.runs[er.name] = er
+        self.write()
+        return er.result
+
+    # -------------------------------------------------------------------- engine configs
+
+    def common(self, model: Path, load_format: str, max_bs: int) -> dict:
+        return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
+                    attention_backend="triton", sampling_backend="pytorch",
+                    cuda_graph_max_bs_decode=max_bs, log_level=self.args.log_level,
+                    disable_radix_cache=True)
+
+    @staticmethod
+    def spec_kwargs(algo: str, draft: Path) -> dict:
+        return dict(speculative_algorithm=algo, speculative_draft_model_path=str(draft),
+                    speculative_num_steps=3, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=4)
+
+    def dual_env(self, name: str, **dgw: object) -> tuple[dict, str]:
+        log = str(self.out / f"steps-{name}.jsonl")
+        if os.path.exists(log):
+            os.remove(log)
+        env = {"DGW_STEP_LOG": log}
+        env.update({f"DGW_{k.upper()}": str(v) for k, v in dgw.items()})
+        return env, log
+
+    # ----------------------------------------------------------------------- phases
+
+    def correctness(self) -> None:
+        a = self.args
+        toy = self.toy_checkpoints()
+        vocab = toy_shapes().vocab_size if toy is None else None
+        requests = None
+        if toy is not None:
+            perm = load_toy_permutation(toy / "target")
+            vocab = len(perm)
+            prompts = random_prompts(a.exact_requests, 16, vocab, seed=7)
+            requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s)
+            expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
+            env, log = self.dual_env("dual-toy", policy="threshold", threshold=a.toy_threshold,
+                                     band=0, min_dwell=0)
+            er = EngineRun("dual-toy", "correctness",
+                           self.common(toy / "target", "auto", 32)
+                           | {"dtype": a.toy_dtype}
+                           | self.spec_kwargs(ALGO, toy / f"draft-{a.toy_draft}"),
+                           env, [{"name": "exact", "kind": "exact", "requests": requests}],
+                           est_s=30, step_log=log)
+            res = self.run(er)
+            got = (res.get("tasks", {}).get("exact") or {}).get("outputs")
+            check = {"expected": "known greedy continuation of the constructed target"}
+            if got is not None:
+                check["exactness"] = compare_outputs(expected, got).to_json()
+                check["steps"] = self.step_summary(log)
+                k1 = 4.0
+                back = check["steps"].get("min_accept_after_switch_back")
+                check["draft_current_after_switch"] = (
+                    None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
+                check["ok"] = bool(check["exactness"]["ok"]
+                                   and check["steps"].get("switches", 0) >= 2
+                                   and check["draft_current_after_switch"] is not False)
+            else:
+                check["ok"] = False
+                check["error"] = res.get("error") or res.get("skipped")
+            self.checks["constructed toy: dual == known greedy"] = check
+            self.write()
+
+        # Dummy weights: plain SGLang is the reference.
+        shapes = toy_shapes()
+        models = self.out / "models" / "toy-dummy"
+        target = write_llama_config(models / "target", shapes)
+        draft = write_eagle3_draft_config(models / "draft", shapes)
+        prompts = random_prompts(a.exact_requests, 16, shapes.vocab_size, seed=11)
+        requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s)
+        task = [{"name": "exact", "kind": "exact", "requests": requests}]
+        plain = self.run(EngineRun("plain-toy-dummy", "correctness",
+                                   self.common(target, "dummy", 32), {}, task, est_s=25))
+        env, log = self.dual_env("dual-toy-dummy", policy="threshold",
+                                 threshold=a.toy_threshold, band=0, min_dwell=0)
+        dual = self.run(EngineRun("dual-toy-dummy", "correctness",
+                                  self.common(target, "dummy", 32)
+                                  | self.spec_kwargs(ALGO, draft), env, task, est_s=30,
+                                  step_log=log))
+        want = (plain.get("tasks", {}).get("exact") or {}).get("outputs")
+        got = (dual.get("tasks", {}).get("exact") or {}).get("outputs")
+        check = {"expected": "plain SGLang, same dummy weights (seeded), same requests"}
+        if want is not None and got is not None:
+            check["exactness"] = compare_outputs(want, got).to_json()
+            check["steps"] = self.step_summary(log)
+            check["ok"] = bool(check["exactness"]["ok"] and check["steps"].get("switches", 0) >= 2)
+        else:
+            check["ok"] = False
+            check["error"] = dual.get("error") or plain.get("error") or "skipped"
+        self.checks["dummy weights: dual == plain SGLang"] = check
+        self.write()
+
+    def bench(self, with_ramp: bool) -> None:
+        a = self.args
+        shapes = llama3_8b_shapes()
+        models = self.out / "models"
+        target = write_llama_config(models / "llama3-8b-shape", shapes)
+        draft = write_eagle3_draft_config(models / "llama3-8b-shape-eagle3", shapes)
+        sweep = {"name": "sweep", "kind": "sweep", "concurrency": a.concurrency,
+                 "input_len": a.input_len, "output_len": a.output_len,
+                 "vocab": shapes.vocab_size}
+        sim = {"SGLANG_SIMULATE_ACC_LEN": str(a.simulate_acc_len)}
+        base = self.common(target, "dummy", 256)
+        est = 10 + 0.15 * sum(a.concurrency) * a.output_len / 256
+        self.run(EngineRun("plain", "bench", base, {}, [sweep], est_s=est))
+        self.run(EngineRun("eagle3", "bench", base | self.spec_kwargs("EAGLE3", draft), sim,
+                           [sweep], est_s=est * 1.5))
+        env, log = self.dual_env("dual-bench", policy=a.dual_policy)
+        tasks = [sweep]
+        if with_ramp:
+            tasks.append({"name": "ramp", "kind": "ramp", "vocab": shapes.vocab_size,
+                          "profile": ramp_profile(a.ramp_levels, a.ramp_hold_s),
+                          "input_len": 128, "output_lens": [64, 128, 256]})
+        ramp_s = (2 * len(a.ramp_levels) - 1) * a.ramp_hold_s + 10 if with_ramp else 0
+        self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
+                           tasks, est_s=est * 1.5 + ramp_s, step_log=log))
+        if a.try_adaptive:
+            adaptive_sweep = dict(sweep, concurrency=[1, 32])
+            self.run(EngineRun("eagle3-adaptive", "bench",
+                               base | self.spec_kwargs("EAGLE3", draft)
+                               | {"speculative_adaptive": True}, sim, [adaptive_sweep],
+                               est_s=20))
+        self.notes["bench"] = (f"accept length forced: SGLANG_SIMULATE_ACC_LEN="
+                               f"{a.simulate_acc_len} (speculative steps of eagle3 and dual); "
+                               f"{a.input_len} in / {a.output_len} out random token ids, "
+                               "ignore_eos, T=0; EAGLE-3 at its defaults (max_running_requests "
+                               "48); dummy weights, Llama-3-8B shapes, triton attention, "
+                               f"3 steps, topk 1; dual policy={a.dual_policy}")
+
+    # -------------------------------------------------------------------- helpers
+
+    def toy_checkpoints(self) -> Optional[Path]:
+        if self.args.toy_dir:
+            return Path(self.args.toy_dir)
+        toy = self.out / "toy"
+        if (toy / "target").exists():
+            return toy
+        try:
+            from dual_graph_worker.engines.reference.toy import write_toy_checkpoints
+        except ImportError as exc:
+            self.notes["toy"] = (f"constructed toy check skipped: {exc}; pass --toy-dir from "
+                                 "`dgw make-toy-checkpoints DIR`")
+            return None
+        heads = max(1, self.args.toy_hidden // 128)
+        write_toy_checkpoints(toy, hidden=self.args.toy_hidden, heads=heads,
+                              kv_heads=max(1, heads // 2))
+        return toy
+
+    @staticmethod
+    def step_summary(log: Optional[str]) -> dict:
+        if not log or not os.path.exists(log):
+            return {"error": "no step log"}
+        return summarize_steps(r for r, _ in read_step_log(log)).to_json()
+
+    def startup(self) -> dict:
+        out = {}
+        for name in ("eagle3", "dual", "plain"):
+            r = self.runs.get(name)
+            if r is None or "startup_s" not in r.result:
+                continue
+            info = r.result.get("server_info") or {}
+            mem = info.get("memory_usage") or {}
+            used = r.result.get("gpu_used_mib") or {}
+            out[name] = {"startup_s": round(r.result["startup_s"], 1),
+                         "gpu_used_mib_after_start": used.get("after_start"),
+                         "graph_memory_gb": mem.get("graph") if isinstance(mem, dict) else None,
+                         "memory_usage": mem,
+                         "max_running_requests": info.get("effective_max_running_requests")}
+        return out
+
+    def write(self) -> None:
+        levels, table = report.throughput_rows(
+            {n: r.result for n, r in self.runs.items() if r.phase == "bench"})
+        data = {"elapsed_s": round(time.monotonic() - self.t0, 1), "notes": self.notes,
+                "checks": self.checks,
+                "throughput": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
+                "startup": self.startup(),
+                "engines": {n: {k: v for k, v in r.result.items() if k not in ("tasks",)}
+                            for n, r in self.runs.items()}}
+        dual = self.runs.get("dual")
+        if dual and dual.step_log:
+            data["dual_bench_steps"] = self.step_summary(dual.step_log)
+        (self.out / "suite.json").write_text(json.dumps(data, indent=1, default=str))
+        md = ["# SGLang dual-graph suite", ""]
+        if table and any(table.values()):
+            md.append(report.markdown_throughput(levels, table, self.notes.get("bench", "")))
+            report.plot_throughput(levels, table, self.out / "throughput.png",
+                                   self.notes.get("bench", "")[:120])
+        for name, chk in self.checks.items():
+            md.append(f"- {name}: {'PASS' if chk.get('ok') else 'FAIL'} "
+                      f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")
+        if data["startup"]:
+            md.append("\n## start-up\n```\n" + json.dumps(data["startup"], indent=1) + "\n```")
+        adaptive = self.runs.get("eagle3-adaptive")
+        if adaptive:
+            md.append(f"\n## speculative_adaptive\n{adaptive.result.get('error') or 'started'}")
+        (self.out / "report.md").write_text("\n".join(md) + "\n")
+        if dual and dual.step_log and os.path.exists(dual.step_log):
+            ramp = (dual.result.get("tasks", {}).get("ramp") or {}).get("events", [])
+            phases = [e for e in ramp if "phase" in e]
+            if phases:
+                lo, hi = phases[0]["t_start"], phases[-1]["t_end"]
+                steps = [(t, r.bs, r.mode.value) for r, t in read_step_log(dual.step_log)
+                         if lo <= t <= hi]
+                report.plot_ramp(steps, phases, self.out / "ramp.png",
+                                 "dual worker: mode per step over a load ramp")
+
+    def final_summary(self) -> str:
+        rows = {}
+        for name, chk in self.checks.items():
+            rows[name] = "PASS" if chk.get("ok") else f"FAIL {chk.get('error', '')}"
+        levels, table = report.throughput_rows(
+            {n: r.result for n, r in self.runs.items() if r.phase == "bench"})
+        for n, vals in table.items():
+            rows[f"tok/s {n}"] = "  ".join(f"{c}:{vals[c]:.0f}" for c in levels if c in vals) \
+                or (self.runs[n].result.get("error") or self.runs[n].result.get("skipped")
+                    or "-")
+        for n, s in self.startup().items():
+            rows[f"startup {n}"] = f"{s['startup_s']} s, gpu used {s['gpu_used_mib_after_start']} MiB"
+        rows["elapsed"] = f"{time.monotonic() - self.t0:.0f} s; results in {self.out}"
+        return report.summary_lines(rows)
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help=f"comma list of {PHASES}")
+    p.add_argument("--budget-s", type=float, default=510.0,
+                   help="skip engines that would not finish within this many seconds")
+    p.add_argument("--cold-start-s", type=float, default=110.0)
+    p.add_argument("--start-s", type=float, default=55.0)
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--toy-dir", default=None)
+    p.add_argument("--toy-draft", default="f100", choices=["f100", "f50", "f0"])
+    p.add_argument("--toy-hidden", type=int, default=1024,
+                   help="vocab == hidden of the constructed pair (DESIGN.md used 1024)")
+    p.add_argument("--toy-dtype", default="auto",
+                   help="engine dtype for the constructed pair (checkpoints are float32)")
+    p.add_argument("--toy-threshold", type=int, default=4)
+    p.add_argument("--exact-requests", type=int, default=24)
+    p.add_argument("--exact-lengths", type=_ints, default=[24, 48, 96, 160])
+    p.add_argument("--exact-gap-s", type=float, default=0.01)
+    p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 32, 64, 128, 256])
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--simulate-acc-len", type=float, default=3.0)
+    p.add_argument("--dual-policy", default="threshold",
+                   choices=["threshold", "goodput", "spec", "decode"])
+    p.add_argument("--ramp-levels", type=_ints, default=[1, 8, 32, 128])
+    p.add_argument("--ramp-hold-s", type=float, default=4.0)
+    p.add_argument("--no-adaptive", dest="try_adaptive", action="store_false")
+    args = p.parse_args(argv)
+    args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    unknown = set(args.phases) - set(PHASES)
+    if unknown:
+        p.error(f"unknown phases {sorted(unknown)}; choose from {PHASES}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    suite = Suite(args)
+    if "correctness" in args.phases:
+        suite.correctness()
+    if "bench" in args.phases or "ramp" in args.phases or "startup" in args.phases:
+        suite.bench(with_ramp="ramp" in args.phases)
+    suite.write()
+    print("\n" + suite.final_summary(), flush=True)
+    ok = all(c.get("ok") for c in suite.checks.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

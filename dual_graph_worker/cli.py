@@ -1,0 +1,112 @@
+"""`dgw`: the command line.
+
+    dgw demo                      load ramp on a toy model (CPU default): plain vs static spec vs dynamic
+    dgw bench                     GPU sweep: tok/s and TPOT per concurrency for every worker variant
+    dgw make-toy-checkpoints DIR  HF-format toy target + EAGLE-3 drafts with known acceptance
+    dgw profile                   nsys (or torch.profiler) run of a scripted workload, then the check
+    dgw check-profile REPORT      verdict on a profile: graph launches, no capture/malloc, switches
+    dgw capture-measure           GPU: capture time, pool memory and step latency of every candidate
+    dgw capture-tune / capture-report   choose the pools' batch sizes under budgets; plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from dual_graph_worker.errors import DualGraphError
+
+
+def _make_toy(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="dgw make-toy-checkpoints",
+                                 description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
+    ap.add_argument("dir")
+    ap.add_argument("--hidden", type=int, default=64, help="hidden size = vocab size")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from dual_graph_worker.engines.reference.toy import write_toy_checkpoints
+    ck = write_toy_checkpoints(args.dir, hidden=args.hidden, layers=args.layers, seed=args.seed)
+    print(f"target: {ck.target}")
+    for name, path in ck.drafts.items():
+        print(f"draft {name}: {path}")
+    return 0
+
+
+def _profile(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="dgw profile",
+        description="Profile the scripted workload (warm-up, hold spec, hold decode, alternate) "
+                    "under nsys when it is on PATH, else torch.profiler; then check the profile.")
+    ap.add_argument("--model", choices=["tiny", "llama3-8b"], default="tiny")
+    ap.add_argument("--bs", type=int, default=8)
+    ap.add_argument("--out", default="out/profile")
+    ap.add_argument("--backend", choices=["auto", "nsys", "torch"], default="auto")
+    ap.add_argument("--expect-sm", help="fail unless the GPU is this one, e.g. SM90 or SM120")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workload = [sys.executable, "-m", "profiling.workload", "--model", args.model, "--bs", str(args.bs)]
+    use_nsys = args.backend == "nsys" or (args.backend == "auto" and shutil.which("nsys"))
+    if use_nsys:
+        if not shutil.which("nsys"):
+            print("error: nsys is not on PATH; install Nsight Systems or use --backend torch", file=sys.stderr)
+            return 2
+        report = out / "workload.nsys-rep"
+        cmd = ["nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=graph",
+               "--force-overwrite=true", "-o", str(report.with_suffix(""))] + workload
+    else:
+        report = out / "workload.trace.json"
+        cmd = workload + ["--torch-profile", str(report)]
+    print("+ " + " ".join(cmd))
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        print(f"error: the profiled workload exited with {rc}", file=sys.stderr)
+        return rc
+    from profiling.check import main as check_main
+    extra = ["--expect-sm", args.expect_sm] if args.expect_sm else []
+    return check_main([str(report), "--out", str(out)] + extra)
+
+
+def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Callable[[Sequence[str]], int]:
+    def run(argv: Sequence[str]) -> int:
+        import importlib
+        return getattr(importlib.import_module(module), fn)(list(prefix) + list(argv))
+    return run
+
+
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "demo": (_forward("dual_graph_worker.demo"), "load ramp on a toy model with real acceptance"),
+    "bench": (_forward("dual_graph_worker.bench"), "concurrency sweep of every worker variant"),
+    "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
+    "profile": (_profile, "profile the scripted workload and check it"),
+    "check-profile": (_forward("profiling.check"), "check an nsys report / torch trace"),
+    "capture-measure": (_forward("capture.measure"), "GPU: measure every candidate graph"),
+    "capture-tune": (_forward("capture.cli", prefix=("tune",)), "choose pool batch sizes"),
+    "capture-report": (_forward("capture.cli", prefix=("report",)), "tables and plots of measurements"),
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown command '{name}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[name][0](rest) or 0
+    except DualGraphError as exc:
+        # Errors a user can act on: one line naming the problem and the fix, no traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""Capture-time calibration: time graph replays of each pool into a CalibrationTable.
+
+Engine-agnostic: the worker hands in, per captured batch size, the replay callables of one step
+in each mode (decode: the target decode graph; spec: draft chain + verify + draft extend) and a
+timer. The table is measured on TP rank 0 and broadcast, so every rank decides from the same
+numbers (policy decisions must never depend on a rank's own clock).
+
+Known bias (documented in config.py): replays run with capture-time inputs (sequence length 1)
+and leave out host-side work, so both latencies are lower bounds; speculation's host-side
+share is the larger, which is why the default policy is the threshold.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Mapping, Protocol, Sequence
+
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.policy import CalibrationTable
+
+Replay = Callable[[], object]
+
+
+class ReplayTimer(Protocol):
+    def __call__(self, fns: Sequence[Replay], *, warmup: int, iters: int) -> float:
+        """Seconds one call of every fn in `fns` (in order) takes, per iteration."""
+
+
+def wall_clock_timer(clock: Callable[[], float],
+                     sync: Callable[[], None] = lambda: None) -> ReplayTimer:
+    """A timer from a clock and a device sync (CUDA: torch.cuda.synchronize): the median of
+    `iters` synchronised iterations after `warmup` untimed ones."""
+
+    def timer(fns: Sequence[Replay], *, warmup: int, iters: int) -> float:
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+        sync()
+        samples = []
+        for _ in range(iters):
+            t0 = clock()
+            for fn in fns:
+                fn()
+            sync()
+            samples.append(clock() - t0)
+        return statistics.median(samples)
+
+    return timer
+
+
+def measure_calibration(decode_steps: Mapping[int, Sequence[Replay]],
+                        spec_steps: Mapping[int, Sequence[Replay]], *,
+                        num_draft_tokens: int, timer: ReplayTimer,
+                        warmup: int = 2, iters: int = 5) -> CalibrationTable:
+    """Latency per (mode, captured bs) from timed replays of each pool's graphs."""
+    if not decode_steps or not spec_steps:
+        raise ConfigError("calibration needs captured graphs in both pools; with CUDA graphs "
+                          "disabled use DGW_POLICY=threshold")
+    latency: dict[GraphKey, float] = {}
+    for mode, steps in ((Mode.DECODE, decode_steps), (Mode.SPEC, spec_steps)):
+        for bs, fns in sorted(steps.items()):
+            # Clamp at a nanosecond: a table entry must be > 0 (CalibrationTable checks).
+            latency[GraphKey(mode, int(bs))] = max(
+                float(timer(fns, warmup=warmup, iters=iters)), 1e-9)
+    return CalibrationTable(latency, num_draft_tokens=num_draft_tokens,
+                            source="measured: graph replays at capture")

@@ -1,0 +1,187 @@
+"""Worker settings SGLang's own arguments cannot carry: env vars, or a JSON file (`DGW_CONFIG`).
+
+SGLang's ServerArgs is a closed dataclass, so a plugin cannot add flags. Settings come from, in
+increasing precedence: the defaults below, the JSON object in the file named by ``DGW_CONFIG``,
+and individual ``DGW_*`` environment variables. Every scheduler process (one per TP rank) reads
+the same environment, so every rank builds the same policy.
+
+| key (JSON)           | env var              | default   | meaning                                      |
+|----------------------|----------------------|-----------|----------------------------------------------|
+| policy               | DGW_POLICY           | threshold | threshold, goodput, spec (pinned), decode    |
+| threshold            | DGW_THRESHOLD        | 32        | speculate while running bs <= threshold      |
+| band                 | DGW_BAND             | 2         | hysteresis band around the threshold         |
+| min_dwell_steps      | DGW_MIN_DWELL        | 8         | steps a mode runs before it may switch       |
+| margin               | DGW_MARGIN           | 0.05      | goodput: relative win needed to switch       |
+| probe_every          | DGW_PROBE_EVERY      | 64        | goodput: one spec step every N decode steps  |
+| ema_alpha            | DGW_EMA_ALPHA        | 0.1       | goodput: accept-length EMA weight            |
+| spec_max_bs          | DGW_SPEC_MAX_BS      | 48        | largest batch the spec pool captures         |
+| decode_max_bs        | DGW_DECODE_MAX_BS    | (server)  | largest batch the decode pool captures       |
+| calibration          | DGW_CALIBRATION      | measure   | goodput table: "measure" or a JSON path      |
+| calibrate_iters      | DGW_CALIBRATE_ITERS  | 5         | timed replays per graph when measuring       |
+| step_log             | DGW_STEP_LOG         | (off)     | JSONL path: one line per decode step         |
+
+Why threshold by default: on the H200 (DESIGN.md) an EAGLE-3 step at bs 32 cost ~2.8x a plain
+decode step end to end, far more than its graph replays alone suggest (CPU-side tree/sampling
+work and the draft stages are not in the verify graph). A goodput policy fed replay timings
+would therefore over-predict speculation. The threshold (32, between the measured crossovers
+at accept length 2.0 and 3.0) is deterministic on every rank and needs no calibration;
+``policy=goodput`` is available and uses a table measured by timing graph replays at start-up
+(or loaded from ``calibration``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import (
+    CalibrationTable,
+    GoodputPolicy,
+    ModePolicy,
+    PinnedPolicy,
+    ThresholdPolicy,
+)
+
+CONFIG_FILE_ENV = "DGW_CONFIG"
+MEASURE = "measure"
+
+
+class PolicyKind(str, enum.Enum):
+    THRESHOLD = "threshold"
+    GOODPUT = "goodput"
+    SPEC = "spec"        # pinned: static EAGLE-3 inside the spec pool, decode beyond it
+    DECODE = "decode"    # pinned: never speculate (the plain-server baseline)
+
+
+# JSON key -> env var. One table so the docs, the parser and the tests cannot drift.
+ENV_VARS: Mapping[str, str] = {
+    "policy": "DGW_POLICY",
+    "threshold": "DGW_THRESHOLD",
+    "band": "DGW_BAND",
+    "min_dwell_steps": "DGW_MIN_DWELL",
+    "margin": "DGW_MARGIN",
+    "probe_every": "DGW_PROBE_EVERY",
+    "ema_alpha": "DGW_EMA_ALPHA",
+    "spec_max_bs": "DGW_SPEC_MAX_BS",
+    "decode_max_bs": "DGW_DECODE_MAX_BS",
+    "calibration": "DGW_CALIBRATION",
+    "calibrate_iters": "DGW_CALIBRATE_ITERS",
+    "step_log": "DGW_STEP_LOG",
+}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    policy: PolicyKind = PolicyKind.THRESHOLD
+    threshold: int = 32
+    band: int = 2
+    min_dwell_steps: int = 8
+    margin: float = 0.05
+    probe_every: int = 64
+    ema_alpha: float = 0.1
+    spec_max_bs: int = 48
+    decode_max_bs: Optional[int] = None
+    calibration: str = MEASURE
+    calibrate_iters: int = 5
+    step_log: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.spec_max_bs < 1:
+            raise ConfigError(f"spec_max_bs must be >= 1, got {self.spec_max_bs} "
+                              "(DGW_SPEC_MAX_BS); use policy=decode to never speculate")
+        if self.decode_max_bs is not None and self.decode_max_bs < 1:
+            raise ConfigError(f"decode_max_bs must be >= 1, got {self.decode_max_bs} "
+                              "(DGW_DECODE_MAX_BS); unset it to follow the server's decode max")
+        if self.calibrate_iters < 1:
+            raise ConfigError(f"calibrate_iters must be >= 1, got {self.calibrate_iters}")
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.policy is PolicyKind.GOODPUT
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> "WorkerConfig":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(f"{source}: unknown keys {unknown}; known keys are {sorted(known)}")
+        values: dict[str, Any] = {}
+        for key, raw in data.items():
+            values[key] = _coerce(key, raw, source)
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "WorkerConfig":
+        base = cls()
+        path = environ.get(CONFIG_FILE_ENV)
+        if path:
+            base = cls.from_mapping(_read_json(path), source=f"{CONFIG_FILE_ENV}={path}")
+        overrides = {key: _coerce(key, environ[env], env)
+                     for key, env in ENV_VARS.items() if environ.get(env, "") != ""}
+        return replace(base, **overrides)
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["policy"] = self.policy.value
+        return out
+
+
+def _read_json(path: str) -> Mapping[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {CONFIG_FILE_ENV} file {path}: {exc.strerror}; "
+                          f"fix the path or unset {CONFIG_FILE_ENV}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{CONFIG_FILE_ENV} file {path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{CONFIG_FILE_ENV} file {path} must hold a JSON object, "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def _coerce(key: str, raw: Any, source: str) -> Any:
+    try:
+        if key == "policy":
+            return PolicyKind(str(raw).strip().lower())
+        if key in ("margin", "ema_alpha"):
+            return float(raw)
+        if key in ("calibration",):
+            return str(raw)
+        if key == "step_log":
+            return str(raw) if raw not in (None, "") else None
+        if key == "decode_max_bs":
+            return None if raw in (None, "", "none") else int(raw)
+        return int(raw)
+    except (TypeError, ValueError) as exc:
+        choices = f" (one of {[k.value for k in PolicyKind]})" if key == "policy" else ""
+        raise ConfigError(f"{source}: bad value {raw!r} for {key}{choices}") from exc
+
+
+def build_policy(config: WorkerConfig, num_draft_tokens: int,
+                 calibration: Optional[CalibrationTable]) -> ModePolicy:
+    """The policy `config` names. `num_draft_tokens` is K, the most drafts a step can accept
+    (SGLang's speculative_num_steps), so accept lengths lie in 1..K+1."""
+    if config.policy is PolicyKind.THRESHOLD:
+        return ThresholdPolicy(threshold=config.threshold, num_draft_tokens=num_draft_tokens,
+                               band=config.band, min_dwell_steps=config.min_dwell_steps)
+    if config.policy is PolicyKind.SPEC:
+        return PinnedPolicy(Mode.SPEC, num_draft_tokens)
+    if config.policy is PolicyKind.DECODE:
+        return PinnedPolicy(Mode.DECODE, num_draft_tokens)
+    if calibration is None:
+        raise ConfigError("policy=goodput needs a calibration table: leave DGW_CALIBRATION="
+                          "measure (timed at start-up) or point it at a JSON table, or set "
+                          "DGW_POLICY=threshold")
+    if calibration.num_draft_tokens != num_draft_tokens:
+        raise ConfigError(f"calibration table is for K={calibration.num_draft_tokens} but the "
+                          f"server speculates K={num_draft_tokens} steps; re-measure it "
+                          "(DGW_CALIBRATION=measure)")
+    return GoodputPolicy(calibration, margin=config.margin,
+                         min_dwell_steps=config.min_dwell_steps,
+                         probe_every=config.probe_every, ema_alpha=config.ema_alpha)

@@ -1,0 +1,204 @@
+"""The decode pool: a second target CUDA-graph runner in plain DECODE mode, width 1.
+
+Built after the EAGLE-3 graphs, into the same process-wide graph memory pool (FullCudaGraphBackend
+takes it from get_or_create_global_graph_memory_pool), following map section 5:
+
+- its own target attention backend (``_get_attention_backend(init_new_workspace=True)``,
+  restoring ``init_new_workspace`` as eagle_worker_v2.py:1318-1325 does): calling
+  ``init_cuda_graph_state`` again on the verify backend would replace buffers that the verify
+  graphs captured (trap 7);
+- ``speculative_num_draft_tokens=1``: the width comes from the CustomSpecAlgo hook
+  ``get_num_tokens_per_req_for_target_verify`` (spec_utils.resolve_num_tokens_per_req), = 1;
+- ``capture()`` sets DECODE mode (SGLang derives TARGET_VERIFY from the algorithm,
+  decode_cuda_graph_runner.py:264-280) and FULL hidden capture, so EAGLE-3's aux hidden states
+  come out of the graph (llama.py:574-585 -> logits_processor.py:667-680);
+- ``get_spec_info`` returns None: triton asserts a decode batch has none (triton_backend.py:1180);
+- its batch sizes are the plain server's list up to the decode max, not the spec list (see
+  ``capture_bs`` below).
+
+Static inputs: DecodeInputBuffers sizes input_ids/positions/out_cache_loc by this runner's own
+``max_bs * 1`` tokens and seq_lens/req_pool_indices by ``max_bs``; ``share_buffers`` aliases a
+buffer with another runner's only when name, size and dtype all match (input_buffers.py:16-41),
+which is safe because forwards are sequential and every replay refills its inputs first. The
+one buffer that must be *sized* for both pools is the shared logits buffer (GraphSharedOutput):
+``ensure_shared_logits_rows`` enlarges it before the target's verify capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import (
+    get_available_gpu_memory,
+    get_cuda_graph_batch_size_alignment,
+    get_cuda_graph_max_batch_size,
+)
+
+from dual_graph_worker.engines.sglang.server_args_hook import (
+    fit_to_request_pool,
+    plain_decode_batch_sizes,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def plan_decode_batch_sizes(model_runner: Any, decode_max_bs: Optional[int]) -> list[int]:
+    """Plain-server decode capture list up to the decode max, fitted to the request pool."""
+    sa = model_runner.server_args
+    max_bs = decode_max_bs or sa.cuda_graph_config.decode.max_bs
+    sizes = plain_decode_batch_sizes(ServerArgs._generate_decode_cuda_graph_batch_sizes,
+                                     max_bs=max_bs,
+                                     disable_cuda_graph_padding=sa.disable_cuda_graph_padding)
+    return fit_to_request_pool(
+        sizes,
+        max_requests=get_cuda_graph_max_batch_size(sa, model_runner.req_to_token_pool.size),
+        alignment=get_cuda_graph_batch_size_alignment(sa))
+
+
+def ensure_shared_logits_rows(model_runner: Any, rows: int) -> int:
+    """Make the process-wide logits buffer hold `rows` rows before any runner captures.
+
+    Every decode-family runner takes its logits rows from one GraphSharedOutput sized at the
+    target's capture as max(spec capture bs) x verify width (model_runner.py:763-767,
+    graph_shared_output.py:28-59), e.g. 48 x 4 = 192. A width-1 decode pool with more rows
+    than that (256 on an H200) would fail its ``get_logits_buffer`` assertion, and a buffer
+    replaced after the verify capture would strand the verify graphs on the old one. So the
+    singleton is installed here, large enough for both, and ``create_for_model_runner`` then
+    reuses it (it keeps any shared buffer with enough rows). Returns the rows installed.
+    """
+    need = max(int(rows), int(model_runner.max_decode_logits_rows()))
+    import torch
+
+    device = torch.device(model_runner.device)
+    current = GraphSharedOutput._process_shared
+    if current is None or current.device != device or current.max_rows < need:
+        # No public setter exists in 0.5.17; this is the singleton create_for_model_runner reads.
+        GraphSharedOutput._process_shared = GraphSharedOutput(device=device, max_rows=need)
+    return GraphSharedOutput._process_shared.max_rows
+
+
+class DecodeModeCudaGraphRunner(DecodeCudaGraphRunner):
+    """DecodeCudaGraphRunner capturing plain DECODE graphs (width 1) for the decode pool."""
+
+    def __init__(self, model_runner: Any, *, attn_backend: Any,
+                 capture_bs: Sequence[int]) -> None:
+        self._decode_pool_bs = sorted(set(int(b) for b in capture_bs))
+        super().__init__(model_runner, attn_backend=attn_backend,
+                         speculative_num_draft_tokens=1)
+
+    # DecodeCudaGraphRunner.__init__ assigns ``self.capture_bs, self.compile_bs`` from the
+    # speculative list (get_batch_sizes_to_capture reads cuda_graph_config.decode.bs) and
+    # captures inside __init__, so the pool's own list is exposed through data descriptors
+    # whose setters ignore that assignment. Everything downstream (max_bs, buffer sizes,
+    # init_cuda_graph_state, the capture loop, _pad_to_bucket) then sees the decode list.
+    @property
+    def capture_bs(self) -> list[int]:
+        return self._decode_pool_bs
+
+    @capture_bs.setter
+    def capture_bs(self, _speculative_list: Any) -> None:
+        pass
+
+    @property
+    def compile_bs(self) -> list[int]:
+        if not getattr(self, "enable_torch_compile", False):
+            return []
+        cap = self.model_runner.server_args.torch_compile_max_bs
+        return [b for b in self._decode_pool_bs if b <= cap]
+
+    @compile_bs.setter
+    def compile_bs(self, _speculative_list: Any) -> None:
+        pass
+
+    def capture(self) -> None:
+        self.capture_forward_mode = ForwardMode.DECODE
+        self.capture_hidden_mode = max(self.capture_hidden_mode, CaptureHiddenMode.FULL)
+        super().capture()
+
+    def get_spec_info(self, num_tokens: int):
+        return None
+
+
+@dataclass
+class DecodePool:
+    """The decode pool's runner and attention backend (runner None: CUDA graphs disabled, decode
+    steps run eagerly on the verify backend)."""
+
+    runner: Optional[DecodeModeCudaGraphRunner]
+    attn_backend: Any
+    capture_bs: tuple[int, ...]
+    capture_time_s: float = 0.0
+    memory_gb: float = 0.0
+
+    @contextlib.contextmanager
+    def installed(self, model_runner: Any) -> Iterator[None]:
+        """Install this pool in the target ModelRunner's single runner slot for one forward.
+
+        ``ModelRunner._forward_raw`` replays ``decode_cuda_graph_runner`` whenever its
+        ``can_run_graph`` passes and never compares modes (model_runner.py:1526-1562), and a
+        DECODE batch passes the verify runner's check (trap 6); the eager fallback plans on
+        ``model_runner.attn_backend``. So both slots are swapped together, as
+        apply_runtime_state does (eagle_worker_v2.py:1412-1415), and restored in ``finally``
+        before any speculative step reads them (eagle_utils.py:558-567,
+        eagle_worker_common.py:348, 527-534). Whatever is in the slots on entry is what is
+        restored, so a runner SGLang re-captured meanwhile (trap 12) is kept.
+        """
+        saved = (model_runner.decode_cuda_graph_runner, model_runner.attn_backend)
+        model_runner.decode_cuda_graph_runner = self.runner
+        if self.attn_backend is not None:
+            model_runner.attn_backend = self.attn_backend
+        try:
+            yield
+        finally:
+            model_runner.decode_cuda_graph_runner, model_runner.attn_backend = saved
+
+
+def build_decode_pool(model_runner: Any, capture_bs: Sequence[int]) -> DecodePool:
+    """Capture the decode pool (call after the EAGLE-3 graphs exist)."""
+    backup = model_runner.init_new_workspace
+    try:
+        backend = model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = backup
+    before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    tic = time.perf_counter()
+    runner = DecodeModeCudaGraphRunner(model_runner, attn_backend=backend,
+                                       capture_bs=capture_bs)
+    elapsed = time.perf_counter() - tic
+    mem = before - get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    logger.info("dual-graph: captured decode pool bs=%s in %.2f s, %.3f GB",
+                runner.capture_bs, elapsed, mem)
+    return DecodePool(runner, backend, tuple(runner.capture_bs), elapsed, mem)
+
+
+def eager_decode_pool() -> DecodePool:
+    """No decode graphs: decode steps run eagerly (runner slot emptied for the forward)."""
+    return DecodePool(runner=None, attn_backend=None, capture_bs=())
+
+
+def graph_replay(runner: Any, bs: int, **key_kwargs: Any):
+    """A zero-argument replay of `runner`'s captured graph for `bs` (for calibration), or None.
+
+    FullCudaGraphBackend.replay ignores the forward batch and replays with whatever the static
+    buffers hold: at start-up that is capture-time content (in-range indices, seq_len fill
+    values), which is what capture's own warm-up forwards ran on.
+    """
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
+        FullCudaGraphBackend,
+    )
+
+    backend = getattr(runner, "backend", None)
+    if not isinstance(backend, FullCudaGraphBackend):
+        return None
+    key = runner._make_graph_key(bs, **key_kwargs)
+    if not backend.can_run(None, key):
+        return None
+    return lambda: backend.replay(key, None)

@@ -1,0 +1,82 @@
+"""Keep the draft current through decode-mode steps: a one-token draft extend per step.
+
+A decode step commits one token at position ``seq_lens`` (its target forward wrote that KV slot).
+EAGLE-3's draft state after a speculative step with accept length 1 is exactly: draft KV at
+``seq_lens`` computed from (the token the target just emitted, the target's aux hidden state at
+``seq_lens``), and the proposal/hidden state of that row for the next draft chain. This module
+runs that same draft-extend (DRAFT_EXTEND_V2, what SGLang's steps=0 path runs,
+eagle_worker_v2.py:854-1003) at width 1, so when speculation returns the draft is never stale.
+
+It is composed from SGLang's own pieces: ``EagleDraftExtendInput``, ``prepare_for_draft_extend``
+(with no graph runner, so it plans on the draft-extend backend eagerly; its DRAFT_EXTEND_V2 eager
+metadata reads extend lengths from the batch, triton_backend.py:714-960, so width 1 is valid on
+the backend built for width K+1), ``draft_runner.forward``, and the same proposal step as
+``_draft_extend_for_decode`` (argmax at topk 1, else renormalised top-k).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
+from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
+from sglang.srt.speculative.spec_utils import renorm_draft_probs, spec_stage_span
+from sglang.srt.utils.common import fast_topk, is_hip
+
+_is_hip = is_hip()
+
+
+class DraftSyncOutput(NamedTuple):
+    next_draft_input: EagleDraftInput
+    forward_batch: Any          # kept alive two iterations by the scheduler
+
+
+def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: torch.Tensor,
+                               sampled: torch.Tensor,
+                               out_cache_loc: torch.Tensor) -> DraftSyncOutput:
+    """Draft-extend one token per request at position ``batch.seq_lens``.
+
+    `batch` is the ScheduleBatch of the step (seq_lens at the pre-step length); it is edited in
+    place the way SGLang's own draft extend edits it, and the scheduler's _forward_isolation
+    restores it afterwards. `target_hidden` is the target's packed aux hidden states [bs, 3H],
+    `sampled` the token the step emitted [bs], `out_cache_loc` the step's KV slot [bs].
+    """
+    bs = batch.seq_lens.shape[0]
+    device = batch.seq_lens.device
+    extend_input = EagleDraftExtendInput(
+        hidden_states=target_hidden,
+        num_correct_drafts=torch.zeros(bs, dtype=torch.int32, device=device),
+        num_accept_tokens=torch.ones(bs, dtype=torch.int32, device=device),
+        num_tokens_per_req=1,
+        num_tokens_for_logprob_per_req=1,
+    )
+    # The draft KV of this token goes to the slot the target just wrote (same index space,
+    # separate draft pool), exactly as the speculative draft extend reuses the verify slots.
+    batch.out_cache_loc = out_cache_loc
+    dw = draft_worker
+    with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
+          speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
+        forward_batch = prepare_for_draft_extend(
+            extend_input, batch, sampled.to(torch.int64), 1, dw.draft_runner, None,
+            return_hidden_states_before_norm=False)
+        logits_output = dw.draft_runner.forward(forward_batch).logits_output
+        logits = logits_output.next_token_logits
+        if dw.topk == 1 and not _is_hip:
+            topk_index = torch.argmax(logits, dim=-1, keepdim=True)
+            topk_p = torch.ones_like(topk_index, dtype=torch.float32)
+        else:
+            probs = renorm_draft_probs(logits, batch.sampling_info, False)
+            topk_p, topk_index = fast_topk(probs, dw.topk, dim=-1)
+    next_draft_input = EagleDraftInput(
+        topk_p=topk_p,
+        topk_index=topk_index,
+        hidden_states=logits_output.hidden_states,
+        # Same dtype as the verify path's bonus tokens (eagle_worker_common.py:612).
+        bonus_tokens=sampled.to(torch.int32),
+    )
+    return DraftSyncOutput(next_draft_input, forward_batch)

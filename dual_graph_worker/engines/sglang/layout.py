@@ -1,0 +1,106 @@
+"""Tensors of a decode-mode step, in the layout SGLang's speculative scheduler expects.
+
+Engine-agnostic (plain torch) so the arithmetic is unit-tested on CPU. The contract (map
+section 4, checked against scheduler.py / batch_result_processor.py of SGLang 0.5.17):
+
+- request i's tokens are ``next_token_ids[i*S : i*S + accept_lens[i]]`` with the stride
+  ``S = result.speculative_num_draft_tokens`` read per result, so a decode step reports S = 1,
+  ``next_token_ids`` of shape [bs] and ``accept_lens`` int32 ones;
+- ``new_seq_lens = seq_lens + 1`` (spec v2 keeps seq_lens at the pre-step length);
+- the next draft input carries ``bonus_tokens`` [bs], ``topk_p`` [bs, topk] fp32,
+  ``topk_index`` [bs, topk] int64 and ``hidden_states`` [bs, draft_hidden]: the FutureMap
+  relay fixes these shapes at the first stash, so a decode step must match spec mode exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+DECODE_STRIDE = 1
+
+
+class DecodeStepLayout(NamedTuple):
+    accept_lens: torch.Tensor     # [bs] int32 ones
+    new_seq_lens: torch.Tensor    # [bs], dtype of seq_lens
+    stride: int                   # speculative_num_draft_tokens reported for this step
+
+
+class DecodeLengths(NamedTuple):
+    """Lengths of the DECODE forward: DECODE positions are seq_lens - 1 (SGLang's
+    clamp_position), and the new token sits at position seq_lens, so the forward sees +1."""
+
+    seq_lens: torch.Tensor
+    seq_lens_cpu: Optional[torch.Tensor]
+    seq_lens_sum: Optional[int]
+
+
+class DraftHandoff(NamedTuple):
+    """The four tensors a speculative step hands to the next one through the FutureMap."""
+
+    bonus_tokens: torch.Tensor
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: Optional[torch.Tensor]
+
+
+def decode_step_layout(seq_lens: torch.Tensor) -> DecodeStepLayout:
+    bs = seq_lens.shape[0]
+    return DecodeStepLayout(
+        accept_lens=torch.ones(bs, dtype=torch.int32, device=seq_lens.device),
+        new_seq_lens=seq_lens + 1,
+        stride=DECODE_STRIDE,
+    )
+
+
+def decode_lengths(seq_lens: torch.Tensor, seq_lens_cpu: Optional[torch.Tensor],
+                   seq_lens_sum: Optional[int]) -> DecodeLengths:
+    bs = seq_lens.shape[0]
+    return DecodeLengths(
+        seq_lens=seq_lens + 1,
+        seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu + 1,
+        seq_lens_sum=None if seq_lens_sum is None else int(seq_lens_sum) + bs,
+    )
+
+
+def decode_out_cache_loc(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                         seq_lens: torch.Tensor) -> torch.Tensor:
+    """KV slot of the one token a decode step writes: ``req_to_token[rpi, seq_lens]``.
+
+    The scheduler already allocated it (spec v2 keeps ``committed + 2*alloc_len`` slots per
+    request, eagle_utils.eagle_prepare_for_decode), so the worker only reads slot ids.
+    """
+    # No bounds check here: it would cost a device->host sync every step, and the scheduler
+    # never schedules a request past its context length (the row width).
+    return req_to_token[req_pool_indices.to(torch.int64), seq_lens.to(torch.int64)].to(
+        torch.int64)
+
+
+def per_request_logprobs(next_token_logprobs: torch.Tensor) -> torch.Tensor:
+    """The sampler's [bs] logprobs as [bs, 1]: spec results hold one row per request with
+    one entry per accepted token (batch_result_processor._apply_decode_logprobs)."""
+    return next_token_logprobs.reshape(-1, 1)
+
+
+def check_handoff(h: DraftHandoff, *, bs: int, topk: int, hidden_width: Optional[int],
+                  hidden_dtype: Optional[torch.dtype]) -> None:
+    """Raise if a decode step's draft handoff would not match what spec mode stashes."""
+    problems = []
+    if tuple(h.bonus_tokens.shape) != (bs,):
+        problems.append(f"bonus_tokens {tuple(h.bonus_tokens.shape)} != ({bs},)")
+    if tuple(h.topk_p.shape) != (bs, topk) or h.topk_p.dtype != torch.float32:
+        problems.append(f"topk_p {tuple(h.topk_p.shape)} {h.topk_p.dtype} != "
+                        f"({bs}, {topk}) float32")
+    if tuple(h.topk_index.shape) != (bs, topk) or h.topk_index.dtype != torch.int64:
+        problems.append(f"topk_index {tuple(h.topk_index.shape)} {h.topk_index.dtype} != "
+                        f"({bs}, {topk}) int64")
+    if hidden_width is not None:
+        hs = h.hidden_states
+        if hs is None or tuple(hs.shape) != (bs, hidden_width) or (
+                hidden_dtype is not None and hs.dtype != hidden_dtype):
+            got = None if hs is None else (tuple(hs.shape), hs.dtype)
+            problems.append(f"hidden_states {got} != (({bs}, {hidden_width}), {hidden_dtype})")
+    if problems:
+        raise ValueError("decode-step draft handoff does not match the speculative layout: "
+                         + "; ".join(problems))

@@ -1,0 +1,95 @@
+"""Server-argument adjustments that make one server hold both pools.
+
+Runs in the main process only, from the spec class's ``handle_server_args`` right after
+EAGLE3's own handling (``_handle_eagle_family``, speculative_hook.py:525-681), while ServerArgs
+still accepts plain assignment (it is frozen by ``materialize_declarations`` afterwards and then
+pickled to the scheduler processes).
+
+1. ``max_running_requests``: ``_handle_eagle_family`` defaults it to 48 when unset. The decode
+   mode must admit as many requests as a plain server, so an unset value is put back to unset
+   (the KV-sized default, kv_cache_configurator.resolve_max_num_reqs). A user's explicit value
+   is kept.
+2. The spec pool: every speculative runner (target verify, draft chain, draft extend) sizes its
+   capture list from ``cuda_graph_config.decode.bs`` clamped to the request pool
+   (base_cuda_graph_runner.get_batch_sizes_to_capture). Once the 48 cap is lifted that list
+   would reach the decode max (256 on an H200), so it is capped at ``spec_max_bs``; the spec
+   pool then matches what static EAGLE-3 captures at its defaults.
+   ``cuda_graph_config.decode.max_bs`` is left alone: it is the decode pool's top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class ServerArgsAdjustment:
+    max_running_requests_restored: bool
+    spec_bs_before: Optional[tuple[int, ...]]
+    spec_bs_after: Optional[tuple[int, ...]]
+    decode_max_bs: Optional[int]
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_running_requests_restored:
+            parts.append("max_running_requests left unset (plain-server admission) instead of "
+                         "EAGLE's default 48")
+        if self.spec_bs_before != self.spec_bs_after:
+            parts.append(f"spec pool capped to bs {list(self.spec_bs_after or ())}")
+        parts.append(f"decode pool up to bs {self.decode_max_bs}")
+        return "; ".join(parts)
+
+
+def cap_batch_sizes(sizes: Sequence[int], cap: int) -> list[int]:
+    """Sizes <= cap; if none is, the smallest size (a pool must hold at least one graph)."""
+    ordered = sorted(set(int(s) for s in sizes))
+    kept = [s for s in ordered if s <= cap]
+    return kept or ordered[:1]
+
+
+def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
+                                 max_running_requests_was_unset: bool) -> ServerArgsAdjustment:
+    """Apply (1) and (2) above to `server_args` in place; returns what changed."""
+    restored = False
+    if max_running_requests_was_unset and server_args.max_running_requests is not None:
+        server_args.max_running_requests = None
+        restored = True
+    decode_cfg = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
+    before = after = None
+    max_bs = None
+    if decode_cfg is not None and getattr(decode_cfg, "bs", None):
+        before = tuple(sorted(decode_cfg.bs))
+        after = tuple(cap_batch_sizes(decode_cfg.bs, spec_max_bs))
+        decode_cfg.bs = list(after)
+        max_bs = decode_cfg.max_bs
+    return ServerArgsAdjustment(restored, before, after, max_bs)
+
+
+def plain_decode_batch_sizes(generate: Callable[[Any, int], list[int]], *, max_bs: int,
+                             disable_cuda_graph_padding: bool) -> list[int]:
+    """The decode capture list a plain (non-speculative) server would use up to `max_bs`.
+
+    `generate` is SGLang's ``ServerArgs._generate_decode_cuda_graph_batch_sizes``; it reads
+    only ``disable_cuda_graph_padding`` and ``speculative_algorithm`` from self
+    (server_args.py:4937-4962), so it is called on a two-field stand-in with the algorithm
+    unset: the same list, from the same code, that a plain server captures.
+    """
+    stand_in = SimpleNamespace(disable_cuda_graph_padding=disable_cuda_graph_padding,
+                               speculative_algorithm=None)
+    return sorted(set(int(b) for b in generate(stand_in, int(max_bs))))
+
+
+def fit_to_request_pool(sizes: Sequence[int], *, max_requests: int, alignment: int) -> list[int]:
+    """Mirror get_batch_sizes_to_capture's clamps for a width-1 runner: keep sizes that are a
+    multiple of the attention-TP alignment and fit the request pool, and add the pool size
+    itself when the list overshoots it (so the largest runnable batch has a graph)."""
+    out = set(int(s) for s in sizes)
+    if out and max(out) > max_requests:
+        out.add(int(max_requests))
+    kept = sorted(s for s in out if s <= max_requests and s % max(alignment, 1) == 0)
+    if not kept:
+        raise ValueError(f"no decode batch size fits a request pool of {max_requests} with "
+                         f"alignment {alignment} (sizes {sorted(out)})")
+    return kept

@@ -1,0 +1,242 @@
+"""DualGraphEagleWorker: EAGLEWorkerV2 plus a plain-decode graph pool, chosen per step.
+
+Start-up (scheduler.py:950-972 order: construct -> alloc_memory_pool -> init_attention_backends ->
+target init_cuda_graphs -> this worker's init_cuda_graphs):
+- ``init_attention_backends``: plan the decode pool's batch sizes and enlarge the shared logits
+  buffer *before* the target's verify capture (decode_pool.ensure_shared_logits_rows);
+- ``init_cuda_graphs``: EAGLE-3's graphs (super), then the decode pool into the same graph
+  memory pool, the DispatchTable of both captured lists, the calibration (goodput only), and
+  the policy. No capture or allocation happens after this: a mode switch is a table lookup.
+
+Per decode step (``forward_batch_generation``): ModeSelector.plan(bs) -> either EAGLE-3's own
+step (super) or ``_decode_step``: one target DECODE replay (plain server's graph), SGLang's
+sampler, ``on_publish`` once, a one-token draft extend, and a result in the speculative layout
+(stride 1, accept length 1). Prefill, mixed and idle batches always take EAGLE-3's path.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from typing import Any, Optional
+
+import torch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.engines.sglang.calibration import measure_calibration, wall_clock_timer
+from dual_graph_worker.engines.sglang.config import MEASURE, PolicyKind, WorkerConfig, build_policy
+from dual_graph_worker.engines.sglang.decision import ModeSelector, StepLedger, StepPlan
+from dual_graph_worker.engines.sglang.decode_pool import (
+    DecodePool,
+    build_decode_pool,
+    eager_decode_pool,
+    ensure_shared_logits_rows,
+    graph_replay,
+    plan_decode_batch_sizes,
+)
+from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
+from dual_graph_worker.engines.sglang.layout import (
+    decode_lengths,
+    decode_out_cache_loc,
+    decode_step_layout,
+    per_request_logprobs,
+)
+from dual_graph_worker.engines.sglang.step_log import StepLogWriter
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import Mode
+from dual_graph_worker.policy import CalibrationTable
+
+logger = logging.getLogger(__name__)
+
+
+class DualGraphEagleWorker(EAGLEWorkerV2):
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
+        super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+        self._dgw_config = WorkerConfig.from_env(os.environ)
+        self._graphs_enabled = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+        self._decode_bs: tuple[int, ...] = ()
+        self._decode_pool: DecodePool = eager_decode_pool()
+        self._selector: Optional[ModeSelector] = None
+        self._ledger = StepLedger()
+        self._is_rank0 = get_parallel().tp_rank == 0
+        self._step_log: Optional[StepLogWriter] = (
+            StepLogWriter(self._dgw_config.step_log)
+            if self._dgw_config.step_log and self._is_rank0 else None)
+        if self._draft_worker.seed_dsa_topk_from_draft_extend:
+            raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
+                              "sharing (index_share_for_mtp_iteration); use EAGLE3")
+
+    # ----------------------------------------------------------------------------- start-up
+
+    def init_attention_backends(self) -> None:
+        super().init_attention_backends()
+        mr = self._target_worker.model_runner
+        if self._graphs_enabled:
+            self._decode_bs = tuple(plan_decode_batch_sizes(mr, self._dgw_config.decode_max_bs))
+            rows = ensure_shared_logits_rows(mr, rows=max(self._decode_bs))
+            logger.info("dual-graph: decode pool will capture bs=%s; shared logits buffer "
+                        "holds %d rows", list(self._decode_bs), rows)
+
+    def init_cuda_graphs(self) -> None:
+        super().init_cuda_graphs()
+        mr = self._target_worker.model_runner
+        if self._graphs_enabled:
+            self._decode_pool = build_decode_pool(mr, self._decode_bs)
+            self._additional_graph_memory_usage["decode_pool"] = self._decode_pool.memory_gb
+            self._additional_graph_time_usage["decode_pool"] = self._decode_pool.capture_time_s
+        spec_bs = tuple(getattr(mr.decode_cuda_graph_runner, "capture_bs", None) or ())
+        table = DispatchTable.build(spec_bs if self._graphs_enabled else (),
+                                    self._decode_pool.capture_bs)
+        calibration = self._calibration(spec_bs) if self._dgw_config.needs_calibration else None
+        policy = build_policy(self._dgw_config, self.speculative_num_steps, calibration)
+        self._selector = ModeSelector(table, policy, graphs_enabled=self._graphs_enabled)
+        summary = dict(policy=type(policy).__name__, config=self._dgw_config.to_json(),
+                       spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
+                       num_steps=self.speculative_num_steps, topk=self.topk,
+                       calibration=None if calibration is None else calibration.to_json())
+        logger.info("dual-graph: ready: %s", summary)
+        if self._step_log is not None:
+            self._step_log.write_event("ready", time.time(), **summary)
+
+    def _calibration(self, spec_bs: tuple[int, ...]) -> Optional[CalibrationTable]:
+        cfg = self._dgw_config
+        if cfg.calibration != MEASURE:
+            return CalibrationTable.load(cfg.calibration)
+        mr = self._target_worker.model_runner
+        dw = self._draft_worker
+        decode_steps = {bs: [f] for bs in self._decode_pool.capture_bs
+                        if (f := graph_replay(self._decode_pool.runner, bs, stream_idx=None,
+                                              variant_label=None)) is not None}
+        spec_steps = {}
+        for bs in spec_bs:
+            verify = graph_replay(mr.decode_cuda_graph_runner, bs, stream_idx=None,
+                                  variant_label=None)
+            if verify is None:
+                continue
+            stages = [graph_replay(dw.cuda_graph_runner, bs), verify,
+                      graph_replay(dw.cuda_graph_runner_for_draft_extend, bs)]
+            spec_steps[bs] = [f for f in stages if f is not None]
+        # Every TP rank replays (the graphs hold collectives); rank 0's numbers are broadcast
+        # so all ranks decide from one table.
+        table = measure_calibration(decode_steps, spec_steps,
+                                    num_draft_tokens=self.speculative_num_steps,
+                                    timer=wall_clock_timer(time.perf_counter,
+                                                           torch.cuda.synchronize),
+                                    iters=cfg.calibrate_iters)
+        data = mr.tp_group.broadcast_object(table.to_json() if self._is_rank0 else None, src=0)
+        return CalibrationTable.from_json(data)
+
+    @property
+    def spec_v2_attn_backends(self) -> tuple:
+        # Read by decide_needs_cpu_seq_lens (scheduler.init_overlap): the decode backend is
+        # touched by decode steps, so it votes on whether seq_lens_cpu is published.
+        return super().spec_v2_attn_backends + (self._decode_pool.attn_backend,)
+
+    # -------------------------------------------------------------------------- per step
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if (batch.forward_mode.is_extend() or batch.is_extend_in_batch
+                or batch.forward_mode.is_idle() or self._selector is None):
+            return super().forward_batch_generation(batch, on_publish=on_publish,
+                                                    grammar_barrier=grammar_barrier)
+        plan = self._selector.plan(batch.seq_lens.shape[0])
+        if plan.mode is Mode.SPEC:
+            result = super().forward_batch_generation(batch, on_publish=on_publish,
+                                                      grammar_barrier=grammar_barrier)
+        else:
+            result = self._decode_step(batch, plan, on_publish, grammar_barrier)
+        self._ledger.launched(plan)
+        return result
+
+    def _decode_step(self, batch, plan: StepPlan, on_publish, grammar_barrier):
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, EagleDraftInput) or draft_input.bonus_tokens is None:
+            raise RuntimeError("dual-graph decode step needs the previous step's bonus tokens "
+                               f"in batch.spec_info (got {type(draft_input).__name__})")
+        mr = self._target_worker.model_runner
+        out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
+                                             batch.req_pool_indices, batch.seq_lens)
+        view = self._decode_view(batch, draft_input, out_cache_loc)
+        if batch.has_grammar and grammar_barrier is not None:
+            # Spec mode advances the grammar FSM over the previous result inside verify; the
+            # sampler's vocab mask here needs the same up-to-date FSM.
+            grammar_barrier()
+        with self._decode_pool.installed(mr):
+            forward_batch = ForwardBatch.init_new(view, mr,
+                                                  capture_hidden_mode=CaptureHiddenMode.FULL,
+                                                  return_hidden_states_before_norm=False)
+            target = self._target_worker.forward_batch_generation(
+                batch=None, forward_batch=forward_batch)
+        logits_output = target.logits_output
+        layout = decode_step_layout(batch.seq_lens)
+        if on_publish is not None:
+            on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
+        draft = run_one_token_draft_extend(self._draft_worker, batch,
+                                           target_hidden=logits_output.hidden_states,
+                                           sampled=target.next_token_ids,
+                                           out_cache_loc=out_cache_loc)
+        if batch.return_logprob and logits_output.next_token_logprobs is not None:
+            logits_output.next_token_logprobs = per_request_logprobs(
+                logits_output.next_token_logprobs)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=target.next_token_ids,
+            can_run_cuda_graph=target.can_run_cuda_graph,
+            speculative_num_draft_tokens=layout.stride,
+            next_draft_input=draft.next_draft_input,
+            accept_lens=layout.accept_lens,
+            new_seq_lens=layout.new_seq_lens,
+            routed_experts_output=target.routed_experts_output,
+            indexer_topk_output=target.indexer_topk_output,
+            extra_keep_alive_refs=[forward_batch, draft.forward_batch],
+        )
+
+    @staticmethod
+    def _decode_view(batch, draft_input: EagleDraftInput, out_cache_loc: torch.Tensor):
+        """A shallow copy of the ScheduleBatch shaped as a plain DECODE batch.
+
+        A copy, not in-place edits: the draft extend after the target forward needs the batch's
+        own (pre-step) seq_lens. ForwardBatch.init_new reads only attributes, so rebinding them
+        on a shallow copy is enough; tensors are shared, never written.
+        """
+        lengths = decode_lengths(batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+        view = copy.copy(batch)
+        view.forward_mode = ForwardMode.DECODE
+        view.spec_info = None             # triton asserts a decode batch has none
+        view.input_ids = draft_input.bonus_tokens.to(torch.int64)
+        view.out_cache_loc = out_cache_loc
+        view.seq_lens = lengths.seq_lens   # DECODE positions are seq_lens - 1
+        view.seq_lens_cpu = lengths.seq_lens_cpu
+        view.seq_lens_sum = lengths.seq_lens_sum
+        return view
+
+    # ------------------------------------------------------------------------- accounting
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
+        done = self._ledger.completed(num_correct_drafts_per_req, batch_size)
+        if done is None or self._selector is None:
+            return
+        if done.record.mode is Mode.SPEC:
+            # Decode steps report accept length 1 by construction; only speculative steps
+            # measure the draft.
+            self._selector.policy.observe_accept(done.record.mean_accept_len)
+        if self._step_log is not None:
+            self._step_log.write(done.record, done.wall_time,
+                                 accept_ema=round(self._selector.policy.accept_len_ema, 4))
+
+    @property
+    def dual_graph_policy_kind(self) -> PolicyKind:
+        return self._dgw_config.policy

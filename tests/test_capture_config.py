@@ -1,0 +1,126 @@
+"""The capture config: round trip, stale configs and malformed ones refused with a message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capture.config import (SCHEMA, CaptureConfig, build_capture_config, load_capture_config,
+                            save_capture_config)
+from capture.distribution import parse_distribution
+from capture.measurements import GpuInfo, load_measurements
+from capture.tuner import tune
+from dual_graph_worker.errors import ConfigError, StaleConfig
+from dual_graph_worker.modes import GraphKey, Mode
+
+FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
+
+
+@pytest.fixture(scope="module")
+def measurements():
+    return load_measurements(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def config(measurements) -> CaptureConfig:
+    result = tune(measurements, 2 << 30, 10.0, parse_distribution("uniform:1-256", 256), 3.0)
+    return build_capture_config(measurements, result)
+
+
+def _write(tmp_path: Path, data) -> Path:
+    p = tmp_path / "config.json"
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return p
+
+
+def test_round_trip_and_contents(tmp_path: Path, measurements, config: CaptureConfig) -> None:
+    path = tmp_path / "sub" / "config.json"
+    save_capture_config(config, path)
+    loaded = load_capture_config(path, expected_gpu=measurements.gpu,
+                                 expected_shape=measurements.model.shape)
+    assert loaded == config
+    raw = json.loads(path.read_text())
+    assert raw["schema"] == SCHEMA and raw["synthetic"] is True
+    assert raw["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0"}
+    assert raw["model"]["fingerprint"] == measurements.model.fingerprint
+    assert raw["spec_bs"][-1] == raw["tuning"]["crossover_bs"] == 40
+    assert raw["decode_bs"][-1] == 256 and raw["num_draft_tokens"] == 3
+    assert raw["budgets"] == {"memory_bytes": 2 << 30, "capture_s": 10.0}
+    assert raw["savings"]["chosen"]["memory_bytes"] <= 2 << 30
+    assert raw["savings"]["all_candidates"]["graphs"] == len(measurements.graphs)
+    assert {(e["mode"], e["bs"]) for e in raw["calibration"]["latency_s"]} == {
+        (k.mode.value, k.bs) for k in config.keys()}
+    assert raw["tuning"]["distribution"]["description"] == "uniform:1-256"
+
+
+def test_config_builds_the_dispatch_table(config: CaptureConfig) -> None:
+    table = config.dispatch_table()
+    assert table.spec_sizes == config.spec_bs and table.decode_sizes == config.decode_bs
+    assert table.lookup(Mode.SPEC, 40) == GraphKey(Mode.SPEC, 40)
+    assert table.lookup(Mode.DECODE, 255) == GraphKey(Mode.DECODE, 256)
+
+
+def test_config_from_another_gpu_is_stale(tmp_path: Path, measurements,
+                                          config: CaptureConfig) -> None:
+    path = tmp_path / "c.json"
+    save_capture_config(config, path)
+    with pytest.raises(StaleConfig, match=r"was tuned on 'NVIDIA H200' \(SM90\) but this GPU is "
+                                          r"'NVIDIA H100 80GB HBM3' \(SM90\); re-run "
+                                          "`make capture-tune`"):
+        load_capture_config(path, expected_gpu=GpuInfo("NVIDIA H100 80GB HBM3", "9.0"))
+    with pytest.raises(StaleConfig, match=r"this GPU is 'NVIDIA H200' \(SM100\)"):
+        load_capture_config(path, expected_gpu=GpuInfo("NVIDIA H200", "10.0"))
+
+
+def test_config_for_another_model_is_stale(tmp_path: Path, measurements,
+                                           config: CaptureConfig) -> None:
+    path = tmp_path / "c.json"
+    save_capture_config(config, path)
+    other = dict(measurements.model.shape, num_layers=8)
+    with pytest.raises(StaleConfig, match="num_layers: 32 when tuned, 8 now.*make capture-tune"):
+        load_capture_config(path, expected_gpu=measurements.gpu, expected_shape=other)
+    with pytest.raises(StaleConfig, match="tp_size: '<absent>' when tuned, 2 now"):
+        load_capture_config(path, expected_shape=dict(measurements.model.shape, tp_size=2))
+    # Stale is not malformed: callers can tell "re-tune" from "fix the file".
+    assert not issubclass(StaleConfig, ConfigError)
+
+
+def _mutated(config: CaptureConfig, mutate) -> dict:
+    data = config.to_json()
+    mutate(data)
+    return data
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(schema="dgw-capture-config/0"), "schema 'dgw-capture-config/0'"),
+    (lambda d: d.update(spec_bs=[]), "spec_bs is empty"),
+    (lambda d: d.update(decode_bs=[]), "decode_bs is empty"),
+    (lambda d: d.update(decode_bs=[1, 2, 4, 8]), "decode pool tops out at bs=8 below the spec"),
+    (lambda d: d.update(spec_bs=[8, 4]), "ascending"),
+    (lambda d: d.update(spec_bs="4,8"), "list of integer batch sizes"),
+    (lambda d: d["calibration"]["latency_s"].pop(), "no latency for"),
+    (lambda d: d["calibration"].update(latency_s=[{"mode": "spec"}]), "calibration table is "
+                                                                      "malformed"),
+    (lambda d: d.update(num_draft_tokens=4), "num_draft_tokens disagree"),
+    (lambda d: d["model"]["shape"].update(num_layers=8), "fingerprint"),
+    (lambda d: d.pop("budgets"), "budgets must be a JSON object"),
+    (lambda d: d["tuning"].update(accept_len="3"), "accept_len must be a finite number"),
+    (lambda d: d["gpu"].update(name=""), "gpu.name"),
+])
+def test_malformed_config_is_refused(tmp_path: Path, config: CaptureConfig, mutate,
+                                     message: str) -> None:
+    path = _write(tmp_path, _mutated(config, mutate))
+    with pytest.raises(ConfigError, match=message) as info:
+        load_capture_config(path)
+    assert str(path) in str(info.value) and "make capture-tune" in str(info.value)
+
+
+def test_unreadable_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"not valid JSON \(line 1, column 2"):
+        load_capture_config(_write(tmp_path, "{oops"))
+    with pytest.raises(ConfigError, match="cannot read capture config"):
+        load_capture_config(tmp_path / "missing.json")
+    with pytest.raises(ConfigError, match="capture config must be a JSON object"):
+        load_capture_config(_write(tmp_path, "[1, 2]"))

@@ -1,0 +1,140 @@
+"""Padding waste: hand-computed cases, and both optimisers against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Mapping, Optional
+
+import pytest
+
+from capture.distribution import parse_distribution
+from capture.padding import PoolProblem, expected_waste, solve, waste_curve
+from dual_graph_worker.modes import Mode
+
+
+def _problem(mode: Mode, sizes, tpr: int, mem=None, cap=None) -> PoolProblem:
+    n = len(sizes)
+    return PoolProblem(mode, tuple(sizes), tpr, tuple(mem or [1] * n), tuple(cap or [0.1] * n))
+
+
+def test_waste_hand_computed() -> None:
+    uniform8 = {b: 1 / 8 for b in range(1, 9)}
+    # bs 1..4 -> 4 pads 3+2+1+0, bs 5..8 -> 8 pads 3+2+1+0: 12 padded requests / 8.
+    assert expected_waste([4, 8], uniform8, 1) == pytest.approx(1.5)
+    # Spec mode, K = 3: every padded request computes 4 tokens.
+    assert expected_waste([4, 8], uniform8, 4) == pytest.approx(6.0)
+    assert expected_waste([8], uniform8, 1) == pytest.approx(28 / 8)
+    two_points = {3: 0.5, 8: 0.5}
+    assert expected_waste([4, 8], two_points, 1) == pytest.approx(0.5)
+    assert expected_waste([8], two_points, 1) == pytest.approx(2.5)
+    assert expected_waste([3, 8], two_points, 1) == 0.0
+    # Mass above the pool's top is not this pool's waste.
+    assert expected_waste([4], two_points, 1) == pytest.approx(0.5)
+
+
+def test_waste_curve_hand_computed() -> None:
+    uniform8 = {b: 1 / 8 for b in range(1, 9)}
+    curve = waste_curve(_problem(Mode.DECODE, [1, 2, 4, 6, 8], 1), uniform8)
+    assert [p.k for p in curve] == [1, 2, 3, 4, 5]
+    assert curve[0].sizes == (8,) and curve[0].waste == pytest.approx(28 / 8)
+    assert curve[1].sizes == (4, 8) and curve[1].waste == pytest.approx(12 / 8)
+    assert curve[-1].sizes == (1, 2, 4, 6, 8) and curve[-1].waste == pytest.approx(3 / 8)
+    assert all(a.waste >= b.waste for a, b in zip(curve, curve[1:]))
+
+
+def _subsets_with_top(n: int):
+    for r in range(n):
+        for rest in itertools.combinations(range(n - 1), r):
+            yield rest + (n - 1,)
+
+
+def _random_probs(rng: random.Random, top: int) -> Mapping[int, float]:
+    w = {b: rng.random() for b in range(1, top + 1) if rng.random() < 0.7} or {1: 1.0}
+    total = sum(w.values())
+    return {b: v / total for b, v in w.items()}
+
+
+def test_waste_curve_matches_brute_force() -> None:
+    rng = random.Random(7)
+    for _ in range(40):
+        cands = sorted(rng.sample(range(1, 33), rng.randint(1, 7)))
+        probs = _random_probs(rng, 32)
+        tpr = rng.choice([1, 4])
+        curve = waste_curve(_problem(Mode.SPEC, cands, tpr), probs)
+        for point in curve:
+            brute = min(expected_waste([cands[i] for i in s], probs, tpr)
+                        for s in _subsets_with_top(len(cands)) if len(s) == point.k)
+            assert point.waste == pytest.approx(brute, abs=1e-12)
+            assert expected_waste(point.sizes, probs, tpr) == pytest.approx(point.waste)
+
+
+def _brute_force(problems, probs, mem_budget, time_budget) -> Optional[float]:
+    best = None
+    for choice in itertools.product(*(_subsets_with_top(len(p.candidates)) for p in problems)):
+        mem = sum(p.memory_bytes[i] for p, s in zip(problems, choice) for i in s)
+        t = sum(p.capture_s[i] for p, s in zip(problems, choice) for i in s)
+        if mem <= mem_budget and t <= time_budget:
+            w = sum(expected_waste([p.candidates[i] for i in s], probs, p.tokens_per_request)
+                    for p, s in zip(problems, choice))
+            best = w if best is None else min(best, w)
+    return best
+
+
+@pytest.mark.parametrize("work_limit", [1_000_000, 0])
+def test_solve_matches_brute_force_under_budgets(work_limit: int) -> None:
+    """Exact stage: equal to brute force. work_limit=0 (heuristic only): feasible, never better
+    than the optimum, flagged as not proven unless no budget binds."""
+    rng = random.Random(11)
+    for _ in range(150):
+        probs = _random_probs(rng, rng.randint(3, 24))
+        problems = []
+        for mode, tpr in ((Mode.SPEC, 4), (Mode.DECODE, 1)):
+            cands = sorted(rng.sample(range(1, 25), rng.randint(1, 5)))
+            problems.append(_problem(mode, cands, tpr, [rng.randint(1, 100) for _ in cands],
+                                     [round(rng.uniform(0.1, 2.0), 3) for _ in cands]))
+        mem_budget, time_budget = rng.randint(50, 500), rng.uniform(1.0, 6.0)
+        brute = _brute_force(problems, probs, mem_budget, time_budget)
+        sol = solve(problems, probs, mem_budget, time_budget, work_limit=work_limit)
+        if brute is None:
+            assert sol is None
+            continue
+        assert sol is not None
+        assert sol.memory_bytes <= mem_budget and sol.capture_s <= time_budget * (1 + 1e-9)
+        assert all(s[-1] == p.top for s, p in zip(sol.sizes, problems))
+        for p, sizes, w in zip(problems, sol.sizes, sol.waste):
+            assert w == pytest.approx(expected_waste(sizes, probs, p.tokens_per_request))
+        if work_limit or sol.exact:   # exact without search: everything wanted fits
+            assert sol.exact and sol.total_waste == pytest.approx(brute, abs=1e-9)
+        else:
+            assert sol.total_waste >= brute - 1e-9
+
+
+def test_solve_takes_everything_when_it_fits_and_only_tops_when_tight() -> None:
+    probs = parse_distribution("uniform:1-16", 16).probs
+    spec = _problem(Mode.SPEC, [2, 4, 8], 4, [10, 20, 40], [1.0, 1.0, 1.0])
+    dec = _problem(Mode.DECODE, [4, 8, 16], 1, [5, 10, 20], [0.5, 0.5, 0.5])
+    roomy = solve([spec, dec], probs, 1000, 100.0)
+    assert roomy.sizes == ((2, 4, 8), (4, 8, 16)) and roomy.exact
+    tight = solve([spec, dec], probs, 60, 100.0)      # exactly the two tops
+    assert tight.sizes == ((8,), (16,)) and tight.memory_bytes == 60
+    # Hand-computed: spec [8] over bs 1..8 (uniform 1/16 each): 4 * 28/16; decode [16]: 120/16.
+    assert tight.waste == pytest.approx((4 * 28 / 16, 120 / 16))
+    assert solve([spec, dec], probs, 59, 100.0) is None
+    assert solve([spec, dec], probs, 1000, 1.4) is None   # tops need 1.5 s
+
+
+def test_solve_on_dense_candidates_stays_fast_and_feasible() -> None:
+    # 120 candidates with unrelated costs: beyond the exact stage's work limit on purpose.
+    rng = random.Random(3)
+    probs = parse_distribution("uniform:1-120", 120).probs
+    cands = list(range(1, 121))
+    dec = _problem(Mode.DECODE, cands, 1, [rng.randint(10, 100) for _ in cands],
+                   [rng.uniform(0.1, 0.3) for _ in cands])
+    spec = _problem(Mode.SPEC, cands[:30], 4, [rng.randint(30, 200) for _ in range(30)],
+                    [rng.uniform(0.3, 0.6) for _ in range(30)])
+    sol = solve([spec, dec], probs, 1500, 6.0, work_limit=20_000)
+    assert sol is not None and not sol.exact
+    assert sol.memory_bytes <= 1500 and sol.capture_s <= 6.0 * (1 + 1e-9)
+    tops_only = expected_waste([30], probs, 4) + expected_waste([120], probs, 1)
+    assert sol.total_waste < 0.2 * tops_only

@@ -1,0 +1,561 @@
+"""SGLang plugin: everything testable on CPU.
+
+The first part needs neither SGLang nor a GPU (version check, config, step planning, result
+layout, calibration, step log, server-argument adjustments). The second part imports SGLang
+0.5.17 (skipped cleanly when it is not importable) and runs the registration, the real
+ServerArgs handling and plugin discovery against the real registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.engines.sglang import version as version_mod
+from dual_graph_worker.engines.sglang.calibration import measure_calibration, wall_clock_timer
+from dual_graph_worker.engines.sglang.config import (
+    ENV_VARS,
+    PolicyKind,
+    WorkerConfig,
+    build_policy,
+)
+from dual_graph_worker.engines.sglang.decision import (
+    ModeSelector,
+    StepLedger,
+    StepPlan,
+    policy_inputs,
+)
+from dual_graph_worker.engines.sglang.layout import (
+    DraftHandoff,
+    check_handoff,
+    decode_lengths,
+    decode_out_cache_loc,
+    decode_step_layout,
+    per_request_logprobs,
+)
+from dual_graph_worker.engines.sglang.server_args_hook import (
+    apply_dual_graph_server_args,
+    cap_batch_sizes,
+    fit_to_request_pool,
+    plain_decode_batch_sizes,
+)
+from dual_graph_worker.engines.sglang.step_log import (
+    StepLogWriter,
+    read_step_events,
+    read_step_log,
+)
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.policy import (
+    CalibrationTable,
+    GoodputPolicy,
+    PinnedPolicy,
+    Reason,
+    ThresholdPolicy,
+)
+from dual_graph_worker.results import StepRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_BS = [1, 2, 3, 4, 6, 8, 16, 32, 48]
+DECODE_BS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256]
+
+
+# ------------------------------------------------------------------ version check / entry point
+
+def test_version_check_accepts_only_the_supported_release():
+    version_mod.check_sglang_version("0.5.17")
+    with pytest.raises(version_mod.SGLangVersionError) as exc:
+        version_mod.check_sglang_version("0.5.18")
+    msg = str(exc.value)
+    assert "0.5.18" in msg and "0.5.17" in msg and "dual-graph-worker[sglang]" in msg
+
+
+def test_version_check_names_missing_sglang():
+    with pytest.raises(version_mod.SGLangVersionError, match="not installed"):
+        version_mod.check_sglang_version(None)
+
+
+def test_register_fails_loudly_on_wrong_version(monkeypatch, caplog):
+    from dual_graph_worker.engines.sglang import plugin
+
+    monkeypatch.setattr(plugin, "installed_sglang_version", lambda: "0.4.0")
+    with caplog.at_level("ERROR"), pytest.raises(version_mod.SGLangVersionError):
+        plugin.register()
+    assert "NOT registered" in caplog.text and "0.4.0" in caplog.text
+
+
+def test_entry_point_is_declared_and_callable():
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    target = data["project"]["entry-points"]["sglang.srt.plugins"]["dual_graph_worker"]
+    assert target == "dual_graph_worker.engines.sglang.plugin:register"
+    module, func = target.split(":")
+    mod = __import__(module, fromlist=[func])
+    assert callable(getattr(mod, func))
+
+
+def test_engine_agnostic_modules_do_not_import_sglang():
+    code = textwrap.dedent("""
+        import sys
+        import dual_graph_worker.engines.sglang.config, dual_graph_worker.engines.sglang.decision
+        import dual_graph_worker.engines.sglang.layout, dual_graph_worker.engines.sglang.calibration
+        import dual_graph_worker.engines.sglang.step_log, dual_graph_worker.engines.sglang.plugin
+        import dual_graph_worker.engines.sglang.server_args_hook
+        assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules), \
+            sorted(m for m in sys.modules if m.startswith('sglang'))
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ------------------------------------------------------------------------------------ config
+
+def test_config_defaults_and_env_overrides(tmp_path):
+    assert WorkerConfig.from_env({}) == WorkerConfig()
+    f = tmp_path / "dgw.json"
+    f.write_text(json.dumps({"policy": "goodput", "threshold": 7, "spec_max_bs": 16}))
+    cfg = WorkerConfig.from_env({"DGW_CONFIG": str(f), "DGW_THRESHOLD": "5",
+                                 "DGW_STEP_LOG": "/tmp/x.jsonl", "DGW_DECODE_MAX_BS": ""})
+    assert cfg.policy is PolicyKind.GOODPUT      # from the file
+    assert cfg.threshold == 5                    # env beats file
+    assert cfg.spec_max_bs == 16 and cfg.step_log == "/tmp/x.jsonl" and cfg.decode_max_bs is None
+    assert cfg.needs_calibration
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="policy"):
+        WorkerConfig.from_env({"DGW_POLICY": "sometimes"})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        WorkerConfig.from_mapping({"treshold": 3})
+    with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
+        WorkerConfig(spec_max_bs=0)
+    with pytest.raises(ConfigError, match="cannot read"):
+        WorkerConfig.from_env({"DGW_CONFIG": str(tmp_path / "missing.json")})
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="JSON object"):
+        WorkerConfig.from_env({"DGW_CONFIG": str(bad)})
+
+
+def test_every_config_field_has_an_env_var():
+    from dataclasses import fields
+    assert {f.name for f in fields(WorkerConfig)} == set(ENV_VARS)
+
+
+def _table(k=3):
+    lat = {GraphKey(Mode.DECODE, b): 0.005 + b * 1e-5 for b in DECODE_BS}
+    lat.update({GraphKey(Mode.SPEC, b): 0.007 + b * 1e-4 for b in SPEC_BS})
+    return CalibrationTable(lat, num_draft_tokens=k)
+
+
+def test_build_policy_kinds():
+    assert isinstance(build_policy(WorkerConfig(), 3, None), ThresholdPolicy)
+    pinned = build_policy(WorkerConfig(policy=PolicyKind.DECODE), 3, None)
+    assert isinstance(pinned, PinnedPolicy) and pinned.mode is Mode.DECODE
+    assert isinstance(build_policy(WorkerConfig(policy=PolicyKind.GOODPUT), 3, _table()),
+                      GoodputPolicy)
+    with pytest.raises(ConfigError, match="calibration"):
+        build_policy(WorkerConfig(policy=PolicyKind.GOODPUT), 3, None)
+    with pytest.raises(ConfigError, match="K=2"):
+        build_policy(WorkerConfig(policy=PolicyKind.GOODPUT), 3, _table(k=2))
+
+
+# ------------------------------------------------------------------------- decision / ledger
+
+def test_policy_inputs_from_dispatch_table():
+    table = DispatchTable.build(SPEC_BS, DECODE_BS)
+    assert policy_inputs(table, 5).spec_padded_bs == 6
+    assert policy_inputs(table, 5).decode_padded_bs == 8
+    big = policy_inputs(table, 100)
+    assert big.spec_padded_bs is None and big.decode_padded_bs == 128
+    assert policy_inputs(table, 300).decode_padded_bs == 300     # eager beyond both pools
+    assert policy_inputs(table, 70, graphs_enabled=False).spec_padded_bs == 70
+
+
+def test_threshold_selector_switches_on_a_load_ramp():
+    table = DispatchTable.build(SPEC_BS, DECODE_BS)
+    sel = ModeSelector(table, ThresholdPolicy(threshold=4, num_draft_tokens=3))
+    ramp = [1, 2, 4, 8, 16, 8, 4, 2, 1, 8, 2]
+    plans = [sel.plan(bs) for bs in ramp]
+    modes = [p.mode for p in plans]
+    assert modes == [Mode.SPEC] * 3 + [Mode.DECODE] * 3 + [Mode.SPEC] * 3 + [Mode.DECODE,
+                                                                             Mode.SPEC]
+    assert all(p.graph for p in plans)
+    assert plans[3].padded_bs == 8 and plans[0].padded_bs == 1
+    switches = sum(a is not b for a, b in zip(modes, modes[1:]))
+    assert switches == 4
+
+
+def test_pinned_spec_falls_back_to_decode_beyond_the_spec_pool():
+    table = DispatchTable.build(SPEC_BS, DECODE_BS)
+    sel = ModeSelector(table, PinnedPolicy(Mode.SPEC, 3))
+    assert sel.plan(48) == StepPlan(Mode.SPEC, 48, 48, True, Reason.PINNED)
+    assert sel.plan(49) == StepPlan(Mode.DECODE, 49, 64, True, Reason.NO_SPEC_GRAPH)
+    assert sel.plan(300) == StepPlan(Mode.DECODE, 300, 300, False, Reason.NO_SPEC_GRAPH)
+
+
+def test_goodput_selector_uses_the_calibration():
+    table = DispatchTable.build(SPEC_BS, DECODE_BS)
+    sel = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=0))
+    assert sel.plan(1).mode is Mode.SPEC          # 4 tokens in 7 ms beat 1 in 5 ms
+    assert sel.plan(64).mode is Mode.DECODE       # no spec graph
+
+
+def test_ledger_pairs_results_in_launch_order():
+    clock = iter(range(100, 200)).__next__
+    ledger = StepLedger(clock=lambda: float(clock()))
+    spec = StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD)
+    dec = StepPlan(Mode.DECODE, 3, 4, True, Reason.THRESHOLD)
+    ledger.launched(spec)
+    ledger.launched(dec)
+    first = ledger.completed([3, 1], batch_size=2)
+    assert first.record == StepRecord(0, Mode.SPEC, 2, 2, Reason.THRESHOLD, True, 6, 3.0)
+    assert first.wall_time == 100.0
+    second = ledger.completed([0, 0, 0], batch_size=3)
+    assert second.record.mode is Mode.DECODE and second.record.tokens == 3
+    assert second.record.mean_accept_len == 1.0 and ledger.in_flight == 0
+    assert ledger.completed([0], batch_size=1) is None      # nothing launched
+
+
+def test_ledger_drops_a_mismatched_result_instead_of_mislabelling():
+    ledger = StepLedger()
+    ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD))
+    assert ledger.completed([0, 0, 0], batch_size=3) is None
+    assert ledger.mismatches == 1 and ledger.in_flight == 0
+
+
+def test_ledger_bounds_in_flight_entries():
+    ledger = StepLedger(max_in_flight=2)
+    for _ in range(5):
+        ledger.launched(StepPlan(Mode.DECODE, 1, 1, True, Reason.THRESHOLD))
+    assert ledger.in_flight == 2 and ledger.mismatches == 3
+
+
+# ------------------------------------------------------------------------------------ layout
+
+def test_decode_step_layout_is_the_speculative_layout_with_stride_one():
+    seq_lens = torch.tensor([5, 9, 2], dtype=torch.int64)
+    lay = decode_step_layout(seq_lens)
+    assert lay.stride == 1
+    assert lay.accept_lens.dtype == torch.int32 and lay.accept_lens.tolist() == [1, 1, 1]
+    assert lay.new_seq_lens.tolist() == [6, 10, 3] and lay.new_seq_lens.dtype == torch.int64
+    # The scheduler slices request i's tokens as ids[i*S : i*S + accept[i]].
+    ids = [11, 22, 33]
+    got = [ids[i * lay.stride: i * lay.stride + int(lay.accept_lens[i])] for i in range(3)]
+    assert got == [[11], [22], [33]]
+
+
+def test_decode_lengths_shift_positions_to_seq_lens():
+    ln = decode_lengths(torch.tensor([5, 9]), torch.tensor([5, 9]), 14)
+    assert ln.seq_lens.tolist() == [6, 10] and ln.seq_lens_cpu.tolist() == [6, 10]
+    assert ln.seq_lens_sum == 16
+    # DECODE positions are seq_lens - 1: the new token lands at the old seq_lens.
+    assert (ln.seq_lens - 1).tolist() == [5, 9]
+    gpu_only = decode_lengths(torch.tensor([3]), None, None)
+    assert gpu_only.seq_lens_cpu is None and gpu_only.seq_lens_sum is None
+
+
+def test_decode_out_cache_loc_reads_the_slot_at_seq_lens():
+    req_to_token = torch.arange(40, dtype=torch.int32).reshape(4, 10)
+    loc = decode_out_cache_loc(req_to_token, torch.tensor([2, 0]), torch.tensor([3, 7]))
+    assert loc.tolist() == [23, 7] and loc.dtype == torch.int64
+
+
+def test_per_request_logprobs_shape():
+    assert per_request_logprobs(torch.tensor([-0.5, -0.25])).tolist() == [[-0.5], [-0.25]]
+
+
+def test_check_handoff_matches_spec_widths():
+    good = DraftHandoff(torch.zeros(2, dtype=torch.int32), torch.ones(2, 1),
+                        torch.zeros(2, 1, dtype=torch.int64),
+                        torch.zeros(2, 8, dtype=torch.bfloat16))
+    check_handoff(good, bs=2, topk=1, hidden_width=8, hidden_dtype=torch.bfloat16)
+    bad = good._replace(topk_index=torch.zeros(2, 1, dtype=torch.int32),
+                        hidden_states=torch.zeros(2, 24, dtype=torch.bfloat16))
+    with pytest.raises(ValueError) as exc:
+        check_handoff(bad, bs=2, topk=1, hidden_width=8, hidden_dtype=torch.bfloat16)
+    assert "topk_index" in str(exc.value) and "hidden_states" in str(exc.value)
+
+
+# ------------------------------------------------------------------------------- calibration
+
+def test_measure_calibration_times_every_stage_of_a_step():
+    calls = []
+    times = {"verify": 0.004, "draft": 0.001, "extend": 0.001, "decode": 0.003}
+
+    def fake_timer(fns, *, warmup, iters):
+        calls.append((len(fns), warmup, iters))
+        return sum(f() for f in fns)
+
+    mk = lambda name: (lambda: times[name])  # noqa: E731
+    table = measure_calibration({1: [mk("decode")], 8: [mk("decode")]},
+                                {1: [mk("draft"), mk("verify"), mk("extend")]},
+                                num_draft_tokens=3, timer=fake_timer, iters=4)
+    assert table.latency(Mode.SPEC, 1) == pytest.approx(0.006)
+    assert table.latency(Mode.DECODE, 8) == pytest.approx(0.003)
+    assert table.num_draft_tokens == 3 and (3, 2, 4) in calls
+    assert CalibrationTable.from_json(table.to_json()).latency_s == table.latency_s
+    with pytest.raises(ConfigError, match="both pools"):
+        measure_calibration({}, {1: [mk("verify")]}, num_draft_tokens=3, timer=fake_timer)
+
+
+def test_wall_clock_timer_takes_the_median_of_synced_iterations():
+    ticks = iter([0.0, 1.0, 10.0, 12.0, 20.0, 21.5])
+    syncs = []
+    timer = wall_clock_timer(lambda: next(ticks), sync=lambda: syncs.append(1))
+    ran = []
+    assert timer([lambda: ran.append(1)], warmup=2, iters=3) == 1.5
+    assert len(ran) == 5 and len(syncs) == 4
+
+
+# ---------------------------------------------------------------------------------- step log
+
+def test_step_log_round_trip(tmp_path):
+    path = tmp_path / "log" / "steps.jsonl"
+    w = StepLogWriter(path)
+    w.write_event("ready", 1.0, spec_bs=[1, 2])
+    rec = StepRecord(3, Mode.DECODE, 17, 24, Reason.THRESHOLD, True, 17, 1.0)
+    w.write(rec, 2.5, accept_ema=3.2)
+    w.close()
+    w.write(rec, 9.0)                     # after close: ignored, no exception
+    with open(path, "a") as fh:
+        fh.write('{"step": 4, "mode": "sp')          # torn tail of a live writer
+    assert list(read_step_log(path)) == [(rec, 2.5)]
+    assert read_step_events(path)[0]["spec_bs"] == [1, 2]
+
+
+# -------------------------------------------------------------------- server-arg adjustments
+
+def _server_args(mrr=48, bs=(1, 2, 4, 8, 16, 32, 48, 64, 128, 256), max_bs=256):
+    return SimpleNamespace(max_running_requests=mrr,
+                           cuda_graph_config=SimpleNamespace(
+                               decode=SimpleNamespace(bs=list(bs), max_bs=max_bs)))
+
+
+def test_server_args_lift_the_eagle_cap_and_cap_the_spec_pool():
+    sa = _server_args()
+    adj = apply_dual_graph_server_args(sa, spec_max_bs=48, max_running_requests_was_unset=True)
+    assert sa.max_running_requests is None and adj.max_running_requests_restored
+    assert sa.cuda_graph_config.decode.bs == [1, 2, 4, 8, 16, 32, 48]
+    assert sa.cuda_graph_config.decode.max_bs == 256          # the decode pool's top
+    assert "48" in adj.describe()
+
+
+def test_server_args_keep_an_explicit_max_running_requests():
+    sa = _server_args(mrr=64)
+    apply_dual_graph_server_args(sa, spec_max_bs=16, max_running_requests_was_unset=False)
+    assert sa.max_running_requests == 64 and max(sa.cuda_graph_config.decode.bs) == 16
+
+
+def test_cap_batch_sizes_keeps_one_graph():
+    assert cap_batch_sizes([8, 4, 16], 5) == [4]
+    assert cap_batch_sizes([8, 16], 2) == [8]
+
+
+def test_plain_decode_batch_sizes_calls_the_generator_as_a_plain_server():
+    seen = {}
+
+    def gen(self, max_bs):
+        seen.update(vars(self), max_bs=max_bs)
+        return [4, 1, 2, max_bs, 2]
+
+    assert plain_decode_batch_sizes(gen, max_bs=64, disable_cuda_graph_padding=False) == [
+        1, 2, 4, 64]
+    assert seen == {"disable_cuda_graph_padding": False, "speculative_algorithm": None,
+                    "max_bs": 64}
+
+
+def test_fit_to_request_pool():
+    assert fit_to_request_pool([1, 2, 4, 8, 16], max_requests=10, alignment=1) == [
+        1, 2, 4, 8, 10]
+    assert fit_to_request_pool([1, 2, 4, 8], max_requests=100, alignment=2) == [2, 4, 8]
+    with pytest.raises(ValueError):
+        fit_to_request_pool([3], max_requests=100, alignment=2)
+
+
+# ============================================================ with SGLang 0.5.17 (CPU only)
+
+def _sglang():
+    pytest.importorskip("sglang.srt.speculative.spec_info",
+                        reason="SGLang 0.5.17 is not importable here")
+    if version_mod.installed_sglang_version() != version_mod.SUPPORTED_SGLANG_VERSION:
+        pytest.skip(f"SGLang {version_mod.installed_sglang_version()} installed, "
+                    f"tests need {version_mod.SUPPORTED_SGLANG_VERSION}")
+
+
+def _toy_configs(tmp_path: Path) -> tuple[Path, Path]:
+    sys.path.insert(0, str(ROOT))
+    from bench.sglang.model_configs import toy_shapes, write_eagle3_draft_config, \
+        write_llama_config
+
+    shapes = toy_shapes(vocab=256)
+    target = write_llama_config(tmp_path / "target", shapes)
+    draft = write_eagle3_draft_config(tmp_path / "draft", shapes)
+    return target, draft
+
+
+@pytest.fixture
+def registered():
+    _sglang()
+    from dual_graph_worker.engines.sglang.plugin import register
+
+    register()
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SpeculativeAlgorithm
+
+
+def test_registration_is_idempotent_and_mirrors_eagle3(registered):
+    from dual_graph_worker.engines.sglang.plugin import register
+    from dual_graph_worker.engines.sglang.spec_algo import DualGraphEagle3Spec
+
+    register()                                            # second call: no error
+    algo = registered.from_string("dual_graph_eagle3")
+    assert isinstance(algo, DualGraphEagle3Spec) and algo.supports_overlap
+    eagle3 = registered.EAGLE3
+    for name in ("is_eagle", "is_eagle3", "need_topk", "carries_draft_hidden_states",
+                 "supports_grammar_overlap", "has_draft_kv", "is_standalone", "is_ngram",
+                 "is_dflash_family", "supports_ragged_verify", "is_none", "is_speculative",
+                 "supports_target_verify_for_draft"):
+        assert getattr(algo, name)() == getattr(eagle3, name)(), name
+    # Width-1 runners come from this hook: it must return the width it is given.
+    assert algo.get_num_tokens_per_req_for_target_verify(1, False) == 1
+    assert algo.create_worker.__func__ is not None
+
+
+def test_future_map_is_built_for_the_plugin(registered):
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+    algo = registered.from_string("DUAL_GRAPH_EAGLE3")
+    pool = SimpleNamespace(size=4, req_to_token=torch.zeros(5, 8, dtype=torch.int32))
+    try:
+        fm = algo.create_future_map(torch.device("cpu"), pool, needs_cpu_seq_lens=False)
+    except Exception as exc:                     # FutureMap internals may want a device
+        pytest.skip(f"FutureMap cannot be built on CPU here: {exc!r}")
+    assert isinstance(fm, FutureMap) and fm.spec_algo is algo
+
+
+def test_server_args_through_the_real_sglang_hook(registered, tmp_path):
+    from sglang.srt.server_args import ServerArgs
+
+    target, draft = _toy_configs(tmp_path)
+    common = dict(model_path=str(target), device="cuda", load_format="dummy",
+                  skip_tokenizer_init=True)
+    sa = ServerArgs(**common, speculative_algorithm="DUAL_GRAPH_EAGLE3",
+                    speculative_draft_model_path=str(draft), speculative_num_steps=3,
+                    speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    eagle = ServerArgs(**common, speculative_algorithm="EAGLE3",
+                       speculative_draft_model_path=str(draft), speculative_num_steps=3,
+                       speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    plain = ServerArgs(**common)
+    assert eagle.max_running_requests == 48                # what static EAGLE-3 gets
+    assert sa.max_running_requests is None                 # plain-server admission
+    assert sa.max_running_requests == plain.max_running_requests
+    assert max(sa.cuda_graph_config.decode.bs) <= WorkerConfig().spec_max_bs
+    assert sa.cuda_graph_config.decode.bs == [
+        b for b in eagle.cuda_graph_config.decode.bs if b <= WorkerConfig().spec_max_bs]
+    # The decode pool follows the plain server's list up to the same decode max.
+    assert sa.cuda_graph_config.decode.max_bs == plain.cuda_graph_config.decode.max_bs
+    assert plain_decode_batch_sizes(
+        ServerArgs._generate_decode_cuda_graph_batch_sizes,
+        max_bs=plain.cuda_graph_config.decode.max_bs,
+        disable_cuda_graph_padding=False) == sorted(plain.cuda_graph_config.decode.bs)
+    assert sa.speculative_num_draft_tokens == 4 and not sa.enable_mixed_chunk
+
+
+def test_validator_rejects_adaptive_with_the_flag_to_drop(registered, tmp_path):
+    from sglang.srt.server_args import ServerArgs
+
+    target, draft = _toy_configs(tmp_path)
+    with pytest.raises(ConfigError, match="speculative-adaptive"):
+        ServerArgs(model_path=str(target), device="cuda", load_format="dummy",
+                   skip_tokenizer_init=True, speculative_algorithm="DUAL_GRAPH_EAGLE3",
+                   speculative_draft_model_path=str(draft), speculative_adaptive=True)
+
+
+def test_validator_rejects_bad_worker_settings_at_launch(registered, tmp_path, monkeypatch):
+    from sglang.srt.server_args import ServerArgs
+
+    target, draft = _toy_configs(tmp_path)
+    monkeypatch.setenv("DGW_POLICY", "always")
+    with pytest.raises(ConfigError, match="DGW_POLICY"):
+        ServerArgs(model_path=str(target), device="cuda", load_format="dummy",
+                   skip_tokenizer_init=True, speculative_algorithm="DUAL_GRAPH_EAGLE3",
+                   speculative_draft_model_path=str(draft))
+
+
+def test_plugin_is_discovered_through_the_entry_point_shim(tmp_path):
+    """A fresh interpreter, as a spawned scheduler is: load_plugins() must find and run
+    register() through the entry-point group, with the shim the GPU suite installs."""
+    _sglang()
+    sys.path.insert(0, str(ROOT))
+    from bench.sglang.plugin_shim import write_entry_point_shim
+
+    shim = write_entry_point_shim(tmp_path / "shim")
+    code = textwrap.dedent("""
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        algo = SpeculativeAlgorithm.from_string("DUAL_GRAPH_EAGLE3")
+        print(type(algo).__name__)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT)]))
+    env.pop("SGLANG_PLUGINS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "DualGraphEagle3Spec"
+
+
+def test_decode_runner_keeps_its_own_batch_sizes(registered):
+    from dual_graph_worker.engines.sglang.decode_pool import DecodeModeCudaGraphRunner
+
+    runner = object.__new__(DecodeModeCudaGraphRunner)
+    runner._decode_pool_bs = [1, 2, 4, 256]
+    runner.enable_torch_compile = False
+    runner.capture_bs, runner.compile_bs = [1, 2, 3], [1]      # SGLang's spec-list write
+    assert runner.capture_bs == [1, 2, 4, 256] and runner.compile_bs == []
+    assert runner.get_spec_info(8) is None
+
+
+def test_decode_pool_swaps_both_target_slots_and_restores_them(registered):
+    from dual_graph_worker.engines.sglang.decode_pool import DecodePool
+
+    mr = SimpleNamespace(decode_cuda_graph_runner="verify", attn_backend="verify-attn")
+    pool = DecodePool(runner="decode", attn_backend="decode-attn", capture_bs=(1, 2))
+    with pytest.raises(RuntimeError):
+        with pool.installed(mr):
+            assert (mr.decode_cuda_graph_runner, mr.attn_backend) == ("decode", "decode-attn")
+            raise RuntimeError("forward failed")
+    assert (mr.decode_cuda_graph_runner, mr.attn_backend) == ("verify", "verify-attn")
+    eager = DecodePool(runner=None, attn_backend=None, capture_bs=())
+    with eager.installed(mr):
+        assert mr.decode_cuda_graph_runner is None and mr.attn_backend == "verify-attn"
+    assert mr.decode_cuda_graph_runner == "verify"
+
+
+def test_shared_logits_buffer_is_enlarged_before_capture(registered):
+    from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
+
+    from dual_graph_worker.engines.sglang.decode_pool import ensure_shared_logits_rows
+
+    saved = GraphSharedOutput._process_shared
+    try:
+        GraphSharedOutput._process_shared = None
+        mr = SimpleNamespace(device="cpu", max_decode_logits_rows=lambda: 192)
+        assert ensure_shared_logits_rows(mr, rows=256) == 256
+        shared = GraphSharedOutput._process_shared
+        assert ensure_shared_logits_rows(mr, rows=64) == 256       # never shrinks
+        assert GraphSharedOutput._process_shared is shared
+        # What the target's verify capture then does: reuse the larger buffer.
+        assert shared.get_logits_buffer(16, rows=256).shape == (256, 16)
+    finally:
+        GraphSharedOutput._process_shared = saved

@@ -1,0 +1,147 @@
+"""The GPU suite's CPU-testable parts: configs, workloads, comparisons, reports, the plugin shim,
+argument parsing and the time-budget guard (no SGLang, no GPU, no engine started)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.sglang import report  # noqa: E402
+from bench.sglang.model_configs import (  # noqa: E402
+    llama3_8b_shapes,
+    toy_shapes,
+    write_eagle3_draft_config,
+    write_llama_config,
+)
+from bench.sglang.plugin_shim import GROUP, NAME, TARGET, write_entry_point_shim  # noqa: E402
+from bench.sglang.run_sglang_suite import EngineRun, Suite, parse_args  # noqa: E402
+from bench.sglang.workload import (  # noqa: E402
+    compare_outputs,
+    greedy_chain,
+    permutation_from_lm_head,
+    ramp_profile,
+    random_prompts,
+    staggered_requests,
+    summarize_steps,
+)
+from dual_graph_worker.modes import Mode  # noqa: E402
+from dual_graph_worker.policy import Reason  # noqa: E402
+from dual_graph_worker.results import StepRecord  # noqa: E402
+
+
+def test_llama3_8b_configs(tmp_path):
+    s = llama3_8b_shapes()
+    t = json.loads((write_llama_config(tmp_path / "t", s) / "config.json").read_text())
+    d = json.loads((write_eagle3_draft_config(tmp_path / "d", s) / "config.json").read_text())
+    assert t["architectures"] == ["LlamaForCausalLM"] and t["num_hidden_layers"] == 32
+    assert (t["hidden_size"], t["intermediate_size"], t["vocab_size"]) == (4096, 14336, 128256)
+    assert d["architectures"] == ["LlamaForCausalLMEagle3"] and d["num_hidden_layers"] == 1
+    assert d["draft_vocab_size"] == d["vocab_size"] == 128256   # needed with dummy weights
+    assert toy_shapes(512).hidden_size == 512 == toy_shapes(512).vocab_size
+
+
+def test_constructed_target_continuation():
+    perm = [2, 0, 3, 1]
+    lm_head = torch.zeros(4, 4)
+    for t, nxt in enumerate(perm):
+        lm_head[nxt, t] = 1.0           # logits of e_t: column t, argmax row perm[t]
+    assert permutation_from_lm_head(lm_head) == perm
+    assert greedy_chain(perm, 0, 5) == [2, 3, 1, 0, 2]
+
+
+def test_prompts_are_seeded_and_in_range():
+    a = random_prompts(3, 8, 50, seed=1)
+    assert a == random_prompts(3, 8, 50, seed=1) and a != random_prompts(3, 8, 50, seed=2)
+    assert all(2 <= t < 50 for p in a for t in p) and [len(p) for p in a] == [8, 8, 8]
+
+
+def test_compare_outputs_reports_first_mismatch():
+    rep = compare_outputs([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6]])
+    assert not rep.ok and rep.exact == 1 and rep.matching_tokens == 4
+    assert rep.first_mismatches == [(1, 1, 5, 6)]
+    assert compare_outputs([[1]], [[1]]).ok
+    with pytest.raises(ValueError):
+        compare_outputs([[1]], [])
+
+
+def _rec(step, mode, accept, bs=2, graph=True):
+    return StepRecord(step, mode, bs, bs, Reason.THRESHOLD, graph, int(accept * bs), accept)
+
+
+def test_summarize_steps_finds_switches_and_accept_after_switch_back():
+    recs = [_rec(0, Mode.SPEC, 4.0), _rec(1, Mode.DECODE, 1.0), _rec(2, Mode.DECODE, 1.0),
+            _rec(3, Mode.SPEC, 3.0), _rec(4, Mode.DECODE, 1.0, graph=False),
+            _rec(5, Mode.SPEC, 4.0)]
+    s = summarize_steps(reversed(recs))
+    assert (s.steps, s.spec_steps, s.decode_steps, s.switches, s.eager_steps) == (6, 3, 3, 4, 1)
+    assert s.accept_after_switch_back == 3.5 and s.min_accept_after_switch_back == 3.0
+    assert s.spec_mean_accept == pytest.approx(11 / 3)
+    assert summarize_steps([]).accept_after_switch_back is None
+
+
+def test_staggered_requests_and_ramp_profile():
+    reqs = staggered_requests([[5], [6], [7]], lengths=[10, 20], gap_s=0.5)
+    assert reqs == [(0.0, [5], 10), (0.5, [6], 20), (1.0, [7], 10)]
+    assert ramp_profile([1, 8, 64], 2) == [(1, 2.0), (8, 2.0), (64, 2.0), (8, 2.0), (1, 2.0)]
+
+
+def test_markdown_table_marks_the_best_engine():
+    engines = {"plain": {"tasks": {"sweep": {"points": [{"concurrency": 1, "tok_s": 200},
+                                                        {"concurrency": 256, "tok_s": 13000}]}}},
+               "dual": {"tasks": {"sweep": {"points": [{"concurrency": 1, "tok_s": 390},
+                                                       {"concurrency": 256, "tok_s": 12900}]}}},
+               "broken": {"error": "x"}}
+    levels, table = report.throughput_rows(engines)
+    md = report.markdown_throughput(levels, table, "note")
+    assert levels == [1, 256] and "| dual | 390 | 12900 |" in md
+    assert "| best | dual | plain |" in md and "| broken | - | - |" in md
+
+
+def test_plots_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    levels, table = [1, 4], {"plain": {1: 1.0, 4: 3.0}}
+    assert report.plot_throughput(levels, table, tmp_path / "t.png", "t").exists()
+    steps = [(10.0, 1, "spec"), (10.5, 16, "decode"), (11.0, 2, "spec")]
+    phases = [{"phase": 1, "t_start": 10.0, "t_end": 10.4},
+              {"phase": 16, "t_start": 10.4, "t_end": 11.0}]
+    assert report.plot_ramp(steps, phases, tmp_path / "r.png", "ramp").exists()
+
+
+def test_entry_point_shim_is_visible_to_a_fresh_interpreter(tmp_path):
+    shim = write_entry_point_shim(tmp_path / "shim")
+    code = textwrap.dedent(f"""
+        import importlib.metadata as md
+        eps = [e for e in md.entry_points(group={GROUP!r}) if e.name == {NAME!r}]
+        assert eps and eps[0].value == {TARGET!r}, eps
+        print(eps[0].load().__name__)
+    """)
+    env = {"PYTHONPATH": f"{shim}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "register"
+
+
+def test_suite_args_and_budget_guard(tmp_path):
+    args = parse_args(["--out", str(tmp_path), "--phases", "bench,ramp", "--budget-s", "1",
+                       "--concurrency", "1,4"])
+    assert args.phases == ["bench", "ramp"] and args.concurrency == [1, 4]
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(tmp_path), "--phases", "bogus"])
+    suite = Suite(args)
+    res = suite.run(EngineRun("plain", "bench", {}, {}, [], est_s=60))
+    assert "budget" in res["skipped"]            # no engine process was started
+    suite.write()
+    data = json.loads((tmp_path / "suite.json").read_text())
+    assert data["engines"]["plain"]["skipped"].startswith("budget")
+    assert (tmp_path / "report.md").exists()
+    assert "elapsed" in suite.final_summary()
