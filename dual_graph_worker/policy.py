@@ -269,8 +269,7 @@ class GoodputPolicy:
             want = Mode.SPEC if spec > dec * (1 + self.margin) else Mode.DECODE
         if want is not cur and self._state.must_dwell(self.min_dwell_steps):
             return Decision(cur, Reason.DWELL)
-        self._state.probing = want is Mode.DECODE and cur is Mode.DECODE and self._probe_due(inputs, dec)
-        if self._state.probing:
+        if want is Mode.DECODE and cur is Mode.DECODE and self._probe_due(inputs, dec):
             return Decision(Mode.SPEC, Reason.PROBE)
         return Decision(want, Reason.GOODPUT)
 
