@@ -559,3 +559,75 @@ def test_shared_logits_buffer_is_enlarged_before_capture(registered):
         assert shared.get_logits_buffer(16, rows=256).shape == (256, 16)
     finally:
         GraphSharedOutput._process_shared = saved
+
+
+# ------------------------------------------------ worker glue, with SGLang but no GPU / model
+
+def _bare_worker(tmp_path, policy):
+    """A DualGraphEagleWorker with only the per-step state (no model, no graphs)."""
+    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+
+    w = object.__new__(DualGraphEagleWorker)
+    w.adaptive_controller = None
+    w._ledger = StepLedger()
+    w._selector = ModeSelector(DispatchTable.build(SPEC_BS, DECODE_BS), policy)
+    w._step_log = StepLogWriter(tmp_path / "steps.jsonl")
+    return w
+
+
+def test_worker_routes_each_step_by_the_policy(registered, tmp_path, monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    w = _bare_worker(tmp_path, ThresholdPolicy(threshold=4, num_draft_tokens=3))
+    calls = []
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None:
+                        calls.append(("spec", batch.seq_lens.shape[0])) or "spec-result")
+    monkeypatch.setattr(type(w), "_decode_step",
+                        lambda self, batch, plan, on_publish, gb:
+                        calls.append(("decode", plan.padded_bs)) or "decode-result")
+
+    def batch(bs, mode=ForwardMode.DECODE):
+        return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
+                               seq_lens=torch.zeros(bs, dtype=torch.int64))
+
+    assert w.forward_batch_generation(batch(2)) == "spec-result"
+    assert w.forward_batch_generation(batch(10)) == "decode-result"
+    assert w.forward_batch_generation(batch(3, ForwardMode.EXTEND)) == "spec-result"   # prefill
+    assert calls == [("spec", 2), ("decode", 12), ("spec", 3)]
+    assert w._ledger.in_flight == 2              # prefill is not a decode step
+
+
+def test_worker_feeds_only_spec_accept_lengths_to_the_policy(registered, tmp_path):
+    policy = ThresholdPolicy(threshold=4, num_draft_tokens=3)
+    w = _bare_worker(tmp_path, policy)
+    w._ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD))
+    w._ledger.launched(StepPlan(Mode.DECODE, 2, 2, True, Reason.THRESHOLD))
+    before = policy.accept_len_ema                 # optimistic prior K + 1 = 4
+    w.on_verify_complete_cpu([0, 0], batch_size=2)      # spec step that accepted nothing
+    after_spec = policy.accept_len_ema
+    w.on_verify_complete_cpu([0, 0], batch_size=2)      # decode step: must not move the EMA
+    assert after_spec < before and policy.accept_len_ema == after_spec
+    w._step_log.close()
+    modes = [r.mode for r, _ in read_step_log(tmp_path / "steps.jsonl")]
+    assert modes == [Mode.SPEC, Mode.DECODE]
+
+
+def test_decode_view_is_a_plain_decode_batch_and_leaves_the_batch_alone(registered):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+
+    draft = EagleDraftInput(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32))
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, spec_info=draft, input_ids=None,
+                            out_cache_loc=None, seq_lens=torch.tensor([5, 8]),
+                            seq_lens_cpu=torch.tensor([5, 8]), seq_lens_sum=13)
+    loc = torch.tensor([105, 208])
+    view = DualGraphEagleWorker._decode_view(batch, draft, loc)
+    assert view.forward_mode == ForwardMode.DECODE and view.spec_info is None
+    assert view.input_ids.dtype == torch.int64 and view.input_ids.tolist() == [7, 9]
+    assert view.seq_lens.tolist() == [6, 9] and view.seq_lens_sum == 15
+    assert view.out_cache_loc is loc
+    assert batch.seq_lens.tolist() == [5, 8] and batch.spec_info is draft   # untouched

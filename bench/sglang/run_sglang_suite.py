@@ -235,7 +235,7 @@ class Suite:
                  "vocab": shapes.vocab_size}
         sim = {"SGLANG_SIMULATE_ACC_LEN": str(a.simulate_acc_len)}
         base = self.common(target, "dummy", 256)
-        est = 10 + 0.15 * sum(a.concurrency) * a.output_len / 256
+        est = 10 + 0.05 * sum(a.concurrency) * a.output_len / 256
         self.run(EngineRun("plain", "bench", base, {}, [sweep], est_s=est))
         self.run(EngineRun("eagle3", "bench", base | self.spec_kwargs("EAGLE3", draft), sim,
                            [sweep], est_s=est * 1.5))
@@ -327,7 +327,9 @@ class Suite:
             md.append("\n## start-up\n```\n" + json.dumps(data["startup"], indent=1) + "\n```")
         adaptive = self.runs.get("eagle3-adaptive")
         if adaptive:
-            md.append(f"\n## speculative_adaptive\n{adaptive.result.get('error') or 'started'}")
+            r = adaptive.result
+            md.append("\n## speculative_adaptive (EAGLE3)\n"
+                      + str(r.get("error") or r.get("skipped") or "started and ran"))
         (self.out / "report.md").write_text("\n".join(md) + "\n")
         if dual and dual.step_log and os.path.exists(dual.step_log):
             ramp = (dual.result.get("tasks", {}).get("ramp") or {}).get("events", [])
