@@ -2,6 +2,7 @@
 
     tune    --measurements M.json --memory-budget 4GiB --time-budget 30
             --distribution uniform:1-256 --accept-len 3.0 --out capture/config.json
+            [--no-exclude-compile-outlier]
     report  --measurements M.json [--config C.json] [--distribution D] [--accept-len A]
             --out-dir DIR
 
@@ -20,7 +21,7 @@ from capture.config import build_capture_config, load_capture_config, save_captu
 from capture.distribution import parse_distribution
 from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
-from capture.tuner import tune
+from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
 from capture.units import parse_duration, parse_size
 from dual_graph_worker.errors import DualGraphError
 from dual_graph_worker.modes import Mode
@@ -46,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expected accepted tokens per request per spec step, 1..K+1")
     t.add_argument("--out", default="capture/config.json",
                    help="capture config to write (default: %(default)s)")
+    t.add_argument("--exclude-compile-outlier", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="per mode, replace a capture time above "
+                        f"{COMPILE_OUTLIER_FACTOR:g}x the mode's median by that median: the first "
+                        "capture of a mode pays one-time JIT compilation, not a per-graph cost "
+                        "(the table lists what was replaced; default: on)")
     t.set_defaults(run=_run_tune)
 
     r = sub.add_parser("report", help="table and PNG plots of measurements (and a config)")
@@ -77,7 +84,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     seconds = parse_duration(args.time_budget)
     m = load_measurements(args.measurements)
     dist = parse_distribution(args.distribution, max_bs=m.sizes(Mode.DECODE)[-1])
-    result = tune(m, memory, seconds, dist, args.accept_len)
+    result = tune(m, memory, seconds, dist, args.accept_len,
+                  exclude_compile_outlier=args.exclude_compile_outlier)
     save_capture_config(build_capture_config(m, result), args.out)
     print(result.table())
     print(f"\nwrote capture config {args.out}")
@@ -104,8 +112,11 @@ def _run_report(args: argparse.Namespace) -> int:
               "used) to place the crossover", file=sys.stderr)
         return EXIT_BAD_INPUT
     chosen = Chosen(config.spec_bs, config.decode_bs) if config is not None else None
-    files = write_report(m, args.out_dir, dist, accept_len, chosen)
-    print(graph_table(m, chosen))
+    # Capture times as the config was tuned (configs from before the option: the default).
+    exclude = (config.exclude_compile_outlier if config is not None
+               and config.exclude_compile_outlier is not None else True)
+    files = write_report(m, args.out_dir, dist, accept_len, chosen, exclude)
+    print(graph_table(m, chosen, exclude))
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
 

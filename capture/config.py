@@ -12,11 +12,23 @@ Schema `dgw-capture-config/1`:
       "calibration": {CalibrationTable.to_json()},# replay latency of every chosen (mode, bs)
       "budgets": {"memory_bytes": 2147483648, "capture_s": 10.0},
       "tuning": {"accept_len": 3.0, "crossover_bs": 40, "exact": true,
-                 "distribution": {"description": "uniform:1-256", "weights": {"1": 0.0039, ...}}},
-      "savings": {"chosen": {"graphs", "waste_tokens_per_step", "memory_bytes", "capture_s"},
-                  "all_candidates": {...same keys...}},
+                 "distribution": {"description": "uniform:1-256", "weights": {"1": 0.0039, ...}},
+                 "exclude_compile_outlier": true,  # capture times of one-time compilation ...
+                 "capture_outliers": [{"mode": "decode", "bs": 1, "measured_s": 2.4,
+                                       "used_s": 0.074}]},          # ... replaced by the median
+      "savings": {"chosen": {"graphs", "waste_tokens_per_step", "memory_bytes", "capture_s",
+                             "isolated_sum_bytes"},
+                  "all_candidates": {...same keys...},
+                  "memory_model": {"kind": "shared-pool", "per_graph_bytes": 77673,
+                                   "source": "total_pool_bytes", ...}},
       "synthetic": false                          # tuned on synthetic measurements: tests only
     }
+
+`savings.*.memory_bytes` is the shared-pool model (`capture.tuner.MemoryModel`: the largest
+isolated pool of the graphs + per_graph_bytes a graph, both pools in one pool);
+`isolated_sum_bytes` is the sum of isolated pools (the model of configs written before it, which
+lack `memory_model`, `isolated_sum_bytes` and the tuning's outlier fields: those still load, with
+memory_model None). Savings are informational: the worker reads the sizes and the calibration.
 
 `load_capture_config` refuses a malformed file with ConfigError and a stale one (another GPU,
 another model shape) with StaleConfig; both messages name the problem and the fix.
@@ -32,7 +44,7 @@ from capture.distribution import BatchDistribution
 from capture.jsonio import (check_schema, need_field, need_int_list, need_mapping, need_number,
                             read_json, write_json)
 from capture.measurements import GpuInfo, Measurements, ModelInfo, model_fingerprint
-from capture.tuner import Totals, TuningResult
+from capture.tuner import CaptureOutlier, MemoryModel, Totals, TuningResult
 from dual_graph_worker.dispatch import DispatchTable
 from dual_graph_worker.errors import ConfigError, StaleConfig
 from dual_graph_worker.modes import GraphKey, Mode
@@ -63,6 +75,9 @@ class CaptureConfig:
     all_candidates: Totals
     exact: bool = True
     synthetic: bool = False
+    memory_model: Optional[MemoryModel] = None      # None: written before the shared-pool model
+    exclude_compile_outlier: Optional[bool] = None  # None: written before the option existed
+    capture_outliers: tuple[CaptureOutlier, ...] = ()
 
     def __post_init__(self) -> None:
         for name, sizes in (("spec_bs", self.spec_bs), ("decode_bs", self.decode_bs)):
@@ -120,12 +135,25 @@ class CaptureConfig:
             "decode_bs": list(self.decode_bs),
             "calibration": self.calibration.to_json(),
             "budgets": self.budgets._asdict(),
-            "tuning": {"accept_len": self.accept_len, "crossover_bs": self.crossover_bs,
-                       "exact": self.exact, "distribution": self.distribution.to_json()},
-            "savings": {"chosen": _totals_json(self.chosen),
-                        "all_candidates": _totals_json(self.all_candidates)},
+            "tuning": self._tuning_json(),
+            "savings": self._savings_json(),
             "synthetic": self.synthetic,
         }
+
+    def _tuning_json(self) -> dict:
+        out = {"accept_len": self.accept_len, "crossover_bs": self.crossover_bs,
+               "exact": self.exact, "distribution": self.distribution.to_json()}
+        if self.exclude_compile_outlier is not None:
+            out["exclude_compile_outlier"] = self.exclude_compile_outlier
+            out["capture_outliers"] = [o.to_json() for o in self.capture_outliers]
+        return out
+
+    def _savings_json(self) -> dict:
+        out = {"chosen": _totals_json(self.chosen),
+               "all_candidates": _totals_json(self.all_candidates)}
+        if self.memory_model is not None:
+            out["memory_model"] = self.memory_model.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> "CaptureConfig":
@@ -137,6 +165,13 @@ class CaptureConfig:
         synthetic = d.get("synthetic", False)
         if not isinstance(synthetic, bool):
             raise ConfigError(f"capture config: synthetic must be true or false, got {synthetic!r}")
+        exclude = tuning.get("exclude_compile_outlier")
+        if exclude is not None and not isinstance(exclude, bool):
+            raise ConfigError(f"tuning.exclude_compile_outlier must be true or false, got "
+                              f"{exclude!r}")
+        outliers_raw = tuning.get("capture_outliers", [])
+        if not isinstance(outliers_raw, list):
+            raise ConfigError(f"tuning.capture_outliers must be a list, got {outliers_raw!r}")
         return cls(
             gpu=GpuInfo.from_json(d.get("gpu")),
             model=ModelInfo.from_json(d.get("model")),
@@ -156,6 +191,11 @@ class CaptureConfig:
                                              "savings.all_candidates"),
             exact=bool(tuning.get("exact", True)),
             synthetic=synthetic,
+            memory_model=(MemoryModel.from_json(savings["memory_model"], "savings.memory_model")
+                          if savings.get("memory_model") is not None else None),
+            exclude_compile_outlier=exclude,
+            capture_outliers=tuple(_outlier_from_json(o, f"tuning.capture_outliers[{i}]")
+                                   for i, o in enumerate(outliers_raw)),
         )
 
 
@@ -170,7 +210,9 @@ def build_capture_config(measurements: Measurements, result: TuningResult) -> Ca
         accept_len=result.accept_len, crossover_bs=result.crossover_bs,
         distribution=result.distribution, chosen=result.chosen,
         all_candidates=result.all_candidates, exact=result.exact,
-        synthetic=measurements.synthetic)
+        synthetic=measurements.synthetic, memory_model=result.memory_model,
+        exclude_compile_outlier=result.exclude_compile_outlier,
+        capture_outliers=result.capture_outliers)
 
 
 def save_capture_config(config: CaptureConfig, path: str | Path) -> None:
@@ -203,8 +245,11 @@ def _shape_diff(tuned: Mapping[str, Any], now: Mapping[str, Any], limit: int = 4
 
 
 def _totals_json(t: Totals) -> dict:
-    return {"graphs": t.graphs, "waste_tokens_per_step": t.waste_tokens,
-            "memory_bytes": t.memory_bytes, "capture_s": t.capture_s}
+    out = {"graphs": t.graphs, "waste_tokens_per_step": t.waste_tokens,
+           "memory_bytes": t.memory_bytes, "capture_s": t.capture_s}
+    if t.isolated_sum_bytes is not None:
+        out["isolated_sum_bytes"] = t.isolated_sum_bytes
+    return out
 
 
 def _totals_from_json(data: Any, where: str) -> Totals:
@@ -212,4 +257,18 @@ def _totals_from_json(data: Any, where: str) -> Totals:
     return Totals(need_field(d, "graphs", int, where),
                   need_number(d, "waste_tokens_per_step", where, allow_zero=True),
                   need_field(d, "memory_bytes", int, where),
-                  need_number(d, "capture_s", where, allow_zero=True))
+                  need_number(d, "capture_s", where, allow_zero=True),
+                  need_field(d, "isolated_sum_bytes", int, where)
+                  if "isolated_sum_bytes" in d else None)
+
+
+def _outlier_from_json(data: Any, where: str) -> CaptureOutlier:
+    d = need_mapping(data, where)
+    try:
+        mode = Mode(d.get("mode"))
+    except ValueError:
+        raise ConfigError(f"{where}.mode must be 'spec' or 'decode', got {d.get('mode')!r}") \
+            from None
+    return CaptureOutlier(GraphKey(mode, need_field(d, "bs", int, where)),
+                          need_number(d, "measured_s", where, allow_zero=True),
+                          need_number(d, "used_s", where, allow_zero=True))

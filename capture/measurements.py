@@ -6,7 +6,10 @@ One JSON file per (GPU, model shape, K). Schema `dgw-capture-measurements/1`:
       "schema": "dgw-capture-measurements/1",
       "synthetic": false,            # true for generated files (tests, demos): never tune on one
       "notes": "free text",          # optional
-      "meta": {...},                 # optional, free-form (torch version, ...), kept verbatim
+      "meta": {...},                 # optional, free-form (torch version, ...), kept verbatim;
+                                     # "one_time_compile_s": the warm-up capture and replay of
+                                     # the smallest key of each mode (one-time compilation), kept
+                                     # out of every capture_s (capture.measure)
       "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
       "model": {
         "shape": {                   # what determines graph memory and latency; extra keys allowed
@@ -21,14 +24,17 @@ One JSON file per (GPU, model shape, K). Schema `dgw-capture-measurements/1`:
         {"mode": "spec", "bs": 8,
          "capture_s": 0.41,          # wall time to capture every stage graph of this key
          "pool_bytes": 52428800,     # graph-pool growth capturing this key ALONE into a fresh
-                                     # pool (isolated); the tuner sums these, an upper bound on
-                                     # the shared pool (smaller graphs reuse a shared pool's blocks)
+                                     # pool (isolated). Graphs captured together into one pool,
+                                     # largest first, reuse its blocks: the tuner models the
+                                     # shared pool as max(pool_bytes) + a per-graph residue
+                                     # (capture.tuner.MemoryModel), not as their sum
          "replay_s": 0.0081,         # median step latency replaying this key's graphs
          "stage_replay_s": {"draft": 0.002, "verify": 0.005, "draft_extend": 0.001}  # optional
         },
         ...
       ],
-      "total_pool_bytes": 2147483648 # optional: pool growth capturing every key together
+      "total_pool_bytes": 488636416  # optional: pool growth capturing every key together into
+                                     # one pool; gives the tuner its per-graph residue
     }
 
 Loading checks the schema, types and ranges, that the fingerprint matches the shape (a hand-edited

@@ -1,5 +1,10 @@
 """What the measurements say and what the tuner chose: a text table and three PNG plots.
 
+The table gives each key's measured numbers, marks capture times the tuner treats as one-time
+compilation (`capture.tuner.find_compile_outliers`), and totals memory with the tuner's
+shared-pool model (`capture.tuner.MemoryModel`), next to the measured every-key-together pool
+and the sum of isolated pools.
+
 - memory_capture.png: pool memory and capture time per candidate graph (chosen ones solid);
 - waste_vs_graphs.png: each pool's minimum padding waste as its number of graphs grows (the
   unconstrained DP optimum), with the budget-constrained choice marked;
@@ -10,6 +15,7 @@ touches matplotlib's global figure registry or the process's display settings.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -23,7 +29,8 @@ from matplotlib.patches import Patch
 from capture.distribution import BatchDistribution
 from capture.measurements import Measurements
 from capture.padding import expected_waste, waste_curve
-from capture.tuner import Crossover, find_crossover, plan_pools, pool_problem
+from capture.tuner import (COMPILE_OUTLIER_FACTOR, Crossover, MemoryModel, find_compile_outliers,
+                           find_crossover, plan_pools, pool_problem, replace_capture_s)
 from capture.units import format_bytes
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import GraphKey, Mode
@@ -54,26 +61,56 @@ class ReportFiles(NamedTuple):
     latency_png: Path
 
 
-def graph_table(m: Measurements, chosen: Optional[Chosen] = None) -> str:
-    """One row per measured key: capture time, pool memory, replay latency, chosen or not."""
+def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
+                exclude_compile_outlier: bool = True) -> str:
+    """One row per measured key: capture time, isolated pool memory, replay latency, chosen or
+    not; then totals with the tuner's memory model and capture-time treatment."""
     picked = chosen.keys() if chosen else frozenset()
-    rows = [f"{'key':>14}{'capture s':>11}{'pool':>13}{'replay ms':>11}{'chosen':>8}"]
+    outliers = find_compile_outliers(m)
+    flagged = {o.key for o in outliers}
+    rows = [f"{'key':>14}{'capture s':>12}{'pool alone':>13}{'replay ms':>11}{'chosen':>8}"]
+    notes = []
     for g in sorted(m.graphs, key=lambda g: g.key):
         mark = ("yes" if g.key in picked else "") if chosen else "-"
-        rows.append(f"{g.key.label():>14}{g.capture_s:>11.3f}{format_bytes(g.pool_bytes):>13}"
-                    f"{1e3 * g.replay_s:>11.3f}{mark:>8}")
-    total_note = (f"; captured together: {format_bytes(m.total_pool_bytes)}"
-                  if m.total_pool_bytes is not None else "")
-    rows.append(f"{len(m.graphs)} graphs, {sum(g.capture_s for g in m.graphs):.2f} s capture, "
-                f"{format_bytes(sum(g.pool_bytes for g in m.graphs))} pool (isolated sum)"
-                + total_note)
+        star = "*" if g.key in flagged else " "
+        rows.append(f"{g.key.label():>14}{g.capture_s:>11.3f}{star}"
+                    f"{format_bytes(g.pool_bytes):>13}{1e3 * g.replay_s:>11.3f}{mark:>8}")
+    used = replace_capture_s(m, outliers) if exclude_compile_outlier else m
+    model = MemoryModel.from_measurements(m)
+    capture = f"{sum(g.capture_s for g in m.graphs):.2f} s capture as measured"
+    if outliers:
+        capture += (f", {sum(g.capture_s for g in used.graphs):.2f} s with the * values (over "
+                    f"{COMPILE_OUTLIER_FACTOR:g}x their mode's median: one-time compilation) "
+                    + ("replaced by that median, as the tuner does" if exclude_compile_outlier
+                       else "kept (--no-exclude-compile-outlier)"))
+    notes.append(f"{len(m.graphs)} graphs, {capture}")
+    together = (f"measured together {format_bytes(m.total_pool_bytes)}; "
+                if m.total_pool_bytes is not None else "")
+    every = model.memory(g.pool_bytes for g in m.graphs)
+    notes.append(f"pool, every graph in one shared pool: {format_bytes(every)} by the tuner's model"
+                f" ({together}isolated sum {format_bytes(sum(g.pool_bytes for g in m.graphs))})")
+    notes.append(f"memory model: {model.describe()}")
+    if chosen:
+        mine = [g for g in used.graphs if g.key in picked]
+        shared = model.memory(g.pool_bytes for g in mine)
+        notes.append(f"chosen: {len(mine)} graphs, {format_bytes(shared)} shared pool (isolated "
+                    f"sum {format_bytes(sum(g.pool_bytes for g in mine))}), "
+                    f"{sum(g.capture_s for g in mine):.2f} s capture")
+    compile_s = m.meta.get("one_time_compile_s")
+    if isinstance(compile_s, (int, float)) and not isinstance(compile_s, bool):
+        notes.append(f"one-time compile warm-up (measured apart, not in any key): "
+                     f"{compile_s:.2f} s")
+    for note in notes:
+        rows += textwrap.wrap(note, 100, subsequent_indent="  ", break_long_words=False,
+                              break_on_hyphens=False)
     if m.synthetic:
         rows.append("SYNTHETIC measurements: " + (m.notes or "generated, not measured"))
     return "\n".join(rows)
 
 
 def write_report(m: Measurements, out_dir: str | Path, distribution: BatchDistribution,
-                 accept_len: float, chosen: Optional[Chosen] = None) -> ReportFiles:
+                 accept_len: float, chosen: Optional[Chosen] = None,
+                 exclude_compile_outlier: bool = True) -> ReportFiles:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if chosen is not None:
@@ -85,7 +122,7 @@ def write_report(m: Measurements, out_dir: str | Path, distribution: BatchDistri
     crossover = find_crossover(m, accept_len)
     files = ReportFiles(out / "report.txt", out / "memory_capture.png",
                         out / "waste_vs_graphs.png", out / "latency.png")
-    files.table.write_text(graph_table(m, chosen) + "\n")
+    files.table.write_text(graph_table(m, chosen, exclude_compile_outlier) + "\n")
     plot_memory_and_capture(m, chosen, files.memory_capture_png)
     plot_waste_curves(m, distribution, accept_len, chosen, files.waste_png)
     plot_latency(m, crossover, files.latency_png)
@@ -106,11 +143,18 @@ def plot_memory_and_capture(m: Measurements, chosen: Optional[Chosen], path: Pat
         ax.bar(list(x), values, color=colors)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
+    for o in find_compile_outliers(m):
+        i = next(i for i, g in enumerate(graphs) if g.key == o.key)
+        ax_t.annotate(f"one-time compile\n(tuner: median {o.median_s:.3f} s)",
+                      (i, o.measured_s), xytext=(6, -4), textcoords="offset points",
+                      fontsize=7, va="top")
     ax_t.set_xticks(list(x))
     ax_t.set_xticklabels([g.key.label() for g in graphs], rotation=90, fontsize=6)
     ax_mem.set_xticks([])
-    title = "graph pool memory (isolated capture) and capture time per key"
-    ax_mem.set_title(title + ("; faded: not chosen" if chosen else ""))
+    model = MemoryModel.from_measurements(m)
+    title = (f"graph pool memory per key captured alone (shared pool of all: largest + "
+             f"{format_bytes(model.per_graph_bytes)}/graph) and capture time")
+    ax_mem.set_title(title + ("; faded: not chosen" if chosen else ""), fontsize=9)
     _legend(ax_mem)
     _save(fig, path)
 

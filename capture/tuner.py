@@ -20,25 +20,160 @@ accepted length (tokens per request per spec step, 1..K+1).
 Each pool's waste is taken over the distribution restricted to its range 1..top: the decode pool
 also serves small batches whenever speculation is off (low acceptance, KV pressure, a user pin),
 so its small sizes matter too.
+
+Memory: both pools are captured into ONE shared graph pool, largest graph first
+(`CudaGraphRunner.capture`), so smaller graphs reuse the blocks of larger ones. The memory of a
+set of graphs is the shared-pool model (`MemoryModel`):
+
+    memory(S) = max_{g in S} isolated pool_bytes(g) + per_graph_bytes * |S|
+
+with the max over the graphs of both pools together. per_graph_bytes comes from the
+measurements' `total_pool_bytes` (every key captured together into one pool):
+(total_pool_bytes - max isolated pool_bytes) / number of measured keys, rounded up, at least 0;
+on the first H200 run that is 4 MiB over 54 keys, ~76 KiB a graph. Without `total_pool_bytes`
+it falls back to FALLBACK_PER_GRAPH_BYTES = 2 MiB a graph: the caching allocator's small-block
+segment size, i.e. one fresh segment per graph for what a graph keeps to itself (its outputs),
+~26x the measured H200 figure, so conservative without being the absurd sum of isolated pools
+(5.68 GiB for the 466 MiB the same 54 keys measured together). The old sum is still reported as
+`isolated_sum_bytes`, for transparency.
+
+Capture time: the first key captured in a process pays one-time Triton JIT compilation (on the
+first H200 run: decode bs=1 2.4 s and spec bs=1 0.79 s against ~0.07 s for every other key).
+`capture.measure` now excludes it with a warm-up; for files measured without one,
+`exclude_compile_outlier` (default on) replaces, per mode, a capture_s above
+COMPILE_OUTLIER_FACTOR x the mode's median by that median, and the table says which and why.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import math
+import statistics
+import textwrap
 from dataclasses import dataclass
-from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from capture.distribution import BatchDistribution
 from capture.measurements import GraphMeasurement, Measurements
-from capture.padding import DEFAULT_WORK_LIMIT, PoolProblem, expected_waste, solve
+from capture.jsonio import need_field, need_mapping
+from capture.padding import (DEFAULT_WORK_LIMIT, PoolProblem, expected_waste, shared_pool_bytes,
+                             solve)
 from capture.units import format_bytes
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import GraphKey, Mode
 from dual_graph_worker.policy import CalibrationTable
 
 
+# Shared-pool memory per graph when the measurements lack total_pool_bytes (module docstring).
+FALLBACK_PER_GRAPH_BYTES = 2 << 20
+# A capture_s above this multiple of its mode's median is one-time compilation, not per graph.
+COMPILE_OUTLIER_FACTOR = 5.0
+_TABLE_WIDTH = 100
+
+
 class TuningError(ConfigError):
     """The inputs admit no valid choice (budget too small, speculation never pays, ...)."""
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Shared-pool memory: memory(S) = max isolated pool_bytes over S + per_graph_bytes * |S|.
+
+    source "total_pool_bytes": per_graph_bytes = ceil((total - peak) / keys), from the
+    measurements' every-key-together capture (`measured_*` say what it was derived from);
+    source "fallback": no total_pool_bytes was recorded, FALLBACK_PER_GRAPH_BYTES a graph."""
+
+    per_graph_bytes: int
+    source: str
+    measured_total_bytes: Optional[int] = None
+    measured_peak_bytes: Optional[int] = None
+    measured_keys: Optional[int] = None
+
+    SOURCES = ("total_pool_bytes", "fallback")
+
+    def __post_init__(self) -> None:
+        if self.source not in self.SOURCES:
+            raise ConfigError(f"memory model source must be one of {list(self.SOURCES)}, got "
+                              f"{self.source!r}")
+        if not isinstance(self.per_graph_bytes, int) or self.per_graph_bytes < 0:
+            raise ConfigError(f"memory model per_graph_bytes must be an integer >= 0, got "
+                              f"{self.per_graph_bytes!r}")
+
+    @classmethod
+    def from_measurements(cls, m: Measurements) -> "MemoryModel":
+        if m.total_pool_bytes is None:
+            return cls(FALLBACK_PER_GRAPH_BYTES, "fallback")
+        peak = max(g.pool_bytes for g in m.graphs)
+        per_graph = max(0, math.ceil((m.total_pool_bytes - peak) / len(m.graphs)))
+        return cls(per_graph, "total_pool_bytes", m.total_pool_bytes, peak, len(m.graphs))
+
+    def memory(self, isolated_bytes: Iterable[int]) -> int:
+        return shared_pool_bytes(isolated_bytes, self.per_graph_bytes)
+
+    def describe(self) -> str:
+        head = (f"shared pool = largest isolated pool of the chosen graphs + "
+                f"{format_bytes(self.per_graph_bytes)} x graphs")
+        if self.source == "fallback":
+            return (head + " (fallback: the measurements have no total_pool_bytes; 2 MiB a "
+                    "graph is one allocator segment each, conservative)")
+        return (head + f" (from total_pool_bytes: all {self.measured_keys} keys captured "
+                f"together took {format_bytes(self.measured_total_bytes or 0)}, the largest "
+                f"alone {format_bytes(self.measured_peak_bytes or 0)})")
+
+    def to_json(self) -> dict:
+        out: dict = {"kind": "shared-pool", "per_graph_bytes": self.per_graph_bytes,
+                     "source": self.source}
+        if self.source == "total_pool_bytes":
+            out.update(measured_total_bytes=self.measured_total_bytes,
+                       measured_peak_bytes=self.measured_peak_bytes,
+                       measured_keys=self.measured_keys)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "memory_model") -> "MemoryModel":
+        d = need_mapping(data, where)
+        if d.get("kind") != "shared-pool":
+            raise ConfigError(f"{where}.kind must be 'shared-pool', got {d.get('kind')!r}")
+        source = need_field(d, "source", str, where)
+        extra = {} if source != "total_pool_bytes" else {
+            k: need_field(d, k, int, where)
+            for k in ("measured_total_bytes", "measured_peak_bytes", "measured_keys")}
+        return cls(need_field(d, "per_graph_bytes", int, where), source, **extra)
+
+
+class CaptureOutlier(NamedTuple):
+    """A capture time replaced by its mode's median: one-time compilation, not per graph."""
+
+    key: GraphKey
+    measured_s: float
+    median_s: float
+
+    def to_json(self) -> dict:
+        return {"mode": self.key.mode.value, "bs": self.key.bs, "measured_s": self.measured_s,
+                "used_s": self.median_s}
+
+
+def find_compile_outliers(m: Measurements, factor: float = COMPILE_OUTLIER_FACTOR
+                          ) -> tuple[CaptureOutlier, ...]:
+    """Per mode, the keys whose capture_s exceeds `factor` x the mode's median capture_s."""
+    out = []
+    for mode in (Mode.SPEC, Mode.DECODE):
+        graphs = sorted((g for g in m.graphs if g.key.mode is mode), key=lambda g: g.key.bs)
+        median = statistics.median(g.capture_s for g in graphs)
+        if median > 0:
+            out += [CaptureOutlier(g.key, g.capture_s, median) for g in graphs
+                    if g.capture_s > factor * median]
+    return tuple(out)
+
+
+def replace_capture_s(m: Measurements, outliers: Iterable[CaptureOutlier]) -> Measurements:
+    """The measurements with each outlier's capture_s set to its mode's median."""
+    fix = {o.key: o.median_s for o in outliers}
+    if not fix:
+        return m
+    return dataclasses.replace(m, graphs=tuple(
+        dataclasses.replace(g, capture_s=fix[g.key]) if g.key in fix else g for g in m.graphs))
 
 
 class ThroughputPoint(NamedTuple):
@@ -81,8 +216,9 @@ class Totals(NamedTuple):
 
     graphs: int
     waste_tokens: float        # expected padded tokens per step, spec pool + decode pool
-    memory_bytes: int          # sum of isolated pool growth: an upper bound on the shared pool
+    memory_bytes: int          # shared-pool model (MemoryModel) of these graphs together
     capture_s: float
+    isolated_sum_bytes: Optional[int] = None   # sum of isolated pool growth (the old model)
 
 
 @dataclass(frozen=True)
@@ -108,18 +244,18 @@ class TuningResult:
     fingerprint: str
     synthetic: bool
     measured_total_pool_bytes: Optional[int]
+    chosen: Totals             # both pools together (memory: one shared pool, not a sum)
+    all_candidates: Totals
+    memory_model: MemoryModel
+    # Capture times over COMPILE_OUTLIER_FACTOR x their mode's median; replaced by the median
+    # in every cost above when exclude_compile_outlier, else only reported.
+    capture_outliers: tuple[CaptureOutlier, ...] = ()
+    exclude_compile_outlier: bool = True
+    one_time_compile_s: Optional[float] = None    # measurements' meta, when measured
 
     @property
     def crossover_bs(self) -> Optional[int]:
         return self.crossover.bs
-
-    @property
-    def chosen(self) -> Totals:
-        return _sum_totals(self.chosen_by_mode.values())
-
-    @property
-    def all_candidates(self) -> Totals:
-        return _sum_totals(self.all_by_mode.values())
 
     def table(self) -> str:
         return format_table(self)
@@ -179,27 +315,40 @@ def plan_pools(measurements: Measurements, distribution: BatchDistribution,
 
 def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: float,
          distribution: BatchDistribution, accept_len: float,
-         work_limit: int = DEFAULT_WORK_LIMIT) -> TuningResult:
+         work_limit: int = DEFAULT_WORK_LIMIT,
+         exclude_compile_outlier: bool = True) -> TuningResult:
     """Steps 1-3 of the module docstring. Raises TuningError when no valid choice exists."""
     if memory_budget_bytes <= 0 or time_budget_s <= 0:
         raise TuningError(f"budgets must be > 0, got memory {memory_budget_bytes} bytes and "
                           f"capture time {time_budget_s} s")
+    outliers = find_compile_outliers(measurements)
+    if exclude_compile_outlier:
+        measurements = replace_capture_s(measurements, outliers)
+    model = MemoryModel.from_measurements(measurements)
     plan = plan_pools(measurements, distribution, accept_len)
     probs = distribution.probs
-    sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s, work_limit)
+    sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s,
+                per_graph_bytes=model.per_graph_bytes, work_limit=work_limit)
     if sol is None:
-        raise TuningError(_infeasible_message(plan, memory_budget_bytes, time_budget_s))
+        raise TuningError(_infeasible_message(plan, model, memory_budget_bytes, time_budget_s))
     spec_bs, decode_bs = sol.sizes
     by_key = measurements.by_key()
     chosen_by_mode, all_by_mode, useful = {}, {}, {}
     for prob, sizes, waste in zip((plan.spec, plan.decode), sol.sizes, sol.waste):
         mine = [by_key[GraphKey(prob.mode, b)] for b in sizes]
         every = [g for g in measurements.graphs if g.key.mode is prob.mode]
-        chosen_by_mode[prob.mode] = _totals(mine, waste)
+        chosen_by_mode[prob.mode] = _totals(mine, waste, model)
         all_by_mode[prob.mode] = _totals(
-            every, expected_waste(prob.candidates, probs, prob.tokens_per_request))
+            every, expected_waste(prob.candidates, probs, prob.tokens_per_request), model)
         useful[prob.mode] = prob.tokens_per_request * sum(
             p * b for b, p in probs.items() if b <= prob.top)
+    chosen_graphs = [by_key[GraphKey(p.mode, b)] for p, sizes in zip((plan.spec, plan.decode),
+                                                                     sol.sizes) for b in sizes]
+    chosen = _totals(chosen_graphs, sol.total_waste, model)
+    assert chosen.memory_bytes == sol.memory_bytes   # the solver and the totals agree
+    all_candidates = _totals(measurements.graphs,
+                             sum(t.waste_tokens for t in all_by_mode.values()), model)
+    compile_s = measurements.meta.get("one_time_compile_s")
     keys = [GraphKey(Mode.SPEC, b) for b in spec_bs] + [GraphKey(Mode.DECODE, b)
                                                         for b in decode_bs]
     calibration = CalibrationTable(
@@ -212,18 +361,16 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
         chosen_by_mode=chosen_by_mode, all_by_mode=all_by_mode, useful_tokens_by_mode=useful,
         calibration=calibration, exact=sol.exact, gpu_label=measurements.gpu.describe(),
         fingerprint=measurements.model.fingerprint, synthetic=measurements.synthetic,
-        measured_total_pool_bytes=measurements.total_pool_bytes)
+        measured_total_pool_bytes=measurements.total_pool_bytes, chosen=chosen,
+        all_candidates=all_candidates, memory_model=model, capture_outliers=outliers,
+        exclude_compile_outlier=exclude_compile_outlier,
+        one_time_compile_s=(float(compile_s) if isinstance(compile_s, (int, float))
+                            and not isinstance(compile_s, bool) else None))
 
 
-def _totals(graphs: Sequence[GraphMeasurement], waste: float) -> Totals:
-    return Totals(len(graphs), waste, sum(g.pool_bytes for g in graphs),
-                  sum(g.capture_s for g in graphs))
-
-
-def _sum_totals(parts: Iterable[Totals]) -> Totals:
-    parts = list(parts)
-    return Totals(sum(p.graphs for p in parts), sum(p.waste_tokens for p in parts),
-                  sum(p.memory_bytes for p in parts), sum(p.capture_s for p in parts))
+def _totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
+    return Totals(len(graphs), waste, model.memory(g.pool_bytes for g in graphs),
+                  sum(g.capture_s for g in graphs), sum(g.pool_bytes for g in graphs))
 
 
 def pool_problem(m: Measurements, mode: Mode, top: int) -> PoolProblem:
@@ -238,8 +385,9 @@ def pool_problem(m: Measurements, mode: Mode, top: int) -> PoolProblem:
                        tuple(g.pool_bytes for g in graphs), tuple(g.capture_s for g in graphs))
 
 
-def _infeasible_message(plan: PoolPlan, mem_budget: int, time_budget: float) -> str:
-    mem = plan.spec.memory_bytes[-1] + plan.decode.memory_bytes[-1]
+def _infeasible_message(plan: PoolPlan, model: MemoryModel, mem_budget: int,
+                        time_budget: float) -> str:
+    mem = model.memory([plan.spec.memory_bytes[-1], plan.decode.memory_bytes[-1]])
     t = plan.spec.capture_s[-1] + plan.decode.capture_s[-1]
     over = []
     if mem > mem_budget:
@@ -248,9 +396,11 @@ def _infeasible_message(plan: PoolPlan, mem_budget: int, time_budget: float) -> 
     if t > time_budget:
         over.append(f"--time-budget to at least {t:.2f} s (now {time_budget:g} s)")
     return (f"the smallest valid choice, spec bs={plan.spec.top} plus decode bs="
-            f"{plan.decode.top} (each pool must keep its top), needs {format_bytes(mem)} and "
-            f"{t:.2f} s of capture: over budget. Raise {' and '.join(over)}, or cap the "
-            "batch-size distribution lower")
+            f"{plan.decode.top} (each pool must keep its top), needs {format_bytes(mem)} "
+            f"(one shared pool: the larger top's isolated "
+            f"{format_bytes(max(plan.spec.memory_bytes[-1], plan.decode.memory_bytes[-1]))} + "
+            f"2 x {format_bytes(model.per_graph_bytes)} a graph) and {t:.2f} s of capture: over "
+            f"budget. Raise {' and '.join(over)}, or cap the batch-size distribution lower")
 
 
 def format_table(r: TuningResult) -> str:
@@ -269,8 +419,15 @@ def format_table(r: TuningResult) -> str:
         f"budgets: memory {format_bytes(r.memory_budget_bytes)}, capture time "
         f"{r.time_budget_s:g} s"
         + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),
+    ]
+    lines += _wrap(f"memory model: {r.memory_model.describe()}; 'isolated sum' is the old model "
+                   "(each graph in its own pool), shown for comparison only")
+    for note in _capture_notes(r):
+        lines += _wrap(note)
+    lines += [
         "",
-        f"{'':8}{'graphs':>8}{'waste tok/step':>16}{'waste %':>9}{'memory':>12}{'capture':>10}",
+        f"{'':8}{'graphs':>8}{'waste tok/step':>16}{'waste %':>9}{'memory':>12}"
+        f"{'isolated sum':>14}{'capture':>10}",
     ]
     for mode in (Mode.SPEC, Mode.DECODE):
         t, useful = r.chosen_by_mode[mode], r.useful_tokens_by_mode[mode]
@@ -281,20 +438,54 @@ def format_table(r: TuningResult) -> str:
     lines += [
         _row("chosen", c, ""),
         _row("all", a, ""),
-        "(all: every measured graph; its waste over the same pool ranges)",
-        f"saved {a.graphs - c.graphs} graphs, {format_bytes(a.memory_bytes - c.memory_bytes)} "
-        f"and {a.capture_s - c.capture_s:.2f} s of capture, for "
-        f"{c.waste_tokens - a.waste_tokens:+.2f} padded tokens per step",
+    ]
+    lines += _wrap("(spec, decode: each pool's graphs alone; chosen, all: both pools in one shared "
+                   "pool, so their memory is not the sum of the rows; all: every measured graph, "
+                   "its waste over the same pool ranges)", indent="")
+    saved_iso = (a.isolated_sum_bytes or 0) - (c.isolated_sum_bytes or 0)
+    lines += _wrap(f"saved {a.graphs - c.graphs} graphs, "
+                   f"{format_bytes(a.memory_bytes - c.memory_bytes)} of shared-pool memory "
+                   f"({format_bytes(saved_iso)} by the isolated sum) and "
+                   f"{a.capture_s - c.capture_s:.2f} s of capture, for "
+                   f"{c.waste_tokens - a.waste_tokens:+.2f} padded tokens per step")
+    lines += [
         "",
         f"spec bs   ({len(r.spec_bs)}): {' '.join(map(str, r.spec_bs))}",
         f"decode bs ({len(r.decode_bs)}): {' '.join(map(str, r.decode_bs))}",
     ]
-    if r.measured_total_pool_bytes is not None:
-        lines.append(f"note: memory sums isolated captures (an upper bound); capturing every key "
-                     f"into one shared pool measured {format_bytes(r.measured_total_pool_bytes)}")
     return "\n".join(lines)
 
 
+def _capture_notes(r: TuningResult) -> list[str]:
+    out = []
+    if r.one_time_compile_s is not None:
+        out.append(f"capture time: a one-time compile warm-up of {r.one_time_compile_s:.2f} s was "
+                   "measured apart (paid once at start-up, not per graph; not in the budget)")
+    if r.capture_outliers:
+        listed = "; ".join(f"{o.key.mode.value} bs={o.key.bs} {o.measured_s:.3f} s -> "
+                           f"{o.median_s:.3f} s" for o in r.capture_outliers)
+        n = len(r.capture_outliers)
+        if r.exclude_compile_outlier:
+            once = sum(o.measured_s - o.median_s for o in r.capture_outliers)
+            out.append(f"capture time: {n} value{'s' if n > 1 else ''} over "
+                       f"{COMPILE_OUTLIER_FACTOR:g}x {'their' if n > 1 else 'its'} mode's median "
+                       f"REPLACED by that median: {listed}. The first capture of a mode pays "
+                       f"one-time Triton JIT compilation (~{once:.2f} s here), once at start-up "
+                       "whatever is chosen, not per graph, so it is not counted "
+                       "(--no-exclude-compile-outlier keeps the measured values)")
+        else:
+            out.append(f"capture time: {n} value{'s' if n > 1 else ''} over "
+                       f"{COMPILE_OUTLIER_FACTOR:g}x {'their' if n > 1 else 'its'} mode's median "
+                       f"kept as measured (--no-exclude-compile-outlier): {listed}")
+    return out
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, _TABLE_WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def _row(name: str, t: Totals, pct: str) -> str:
+    iso = format_bytes(t.isolated_sum_bytes) if t.isolated_sum_bytes is not None else "-"
     return (f"{name:8}{t.graphs:>8}{t.waste_tokens:>16.2f}{pct:>9}"
-            f"{format_bytes(t.memory_bytes):>12}{t.capture_s:>9.2f}s")
+            f"{format_bytes(t.memory_bytes):>12}{iso:>14}{t.capture_s:>9.2f}s")
