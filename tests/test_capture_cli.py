@@ -48,7 +48,28 @@ def test_tune_prints_the_table(tmp_path: Path, capsys) -> None:
                                                    "--time-budget": "30s"})) == 0
     out, err = capsys.readouterr()
     assert "crossover: speculation pays up to bs=40" in out and "wrote capture config" in out
+    assert "memory model: shared pool" in out
     assert "SYNTHETIC" in err
+
+
+def test_tune_compile_outlier_flag(tmp_path: Path, capsys) -> None:
+    raw = json.loads(FIXTURE.read_text())
+    first = next(g for g in raw["graphs"] if g["mode"] == "decode" and g["bs"] == 1)
+    first["capture_s"] = 2.4                      # one-time compile inside the first capture
+    m_path = tmp_path / "m.json"
+    m_path.write_text(json.dumps(raw))
+    assert main(_tune_args(tmp_path / "on.json", **{"--measurements": str(m_path)})) == 0
+    on = " ".join(capsys.readouterr().out.split())
+    assert "REPLACED by that median: decode bs=1 2.400 s ->" in on
+    assert main(_tune_args(tmp_path / "off.json", **{"--measurements": str(m_path)})
+                + ["--no-exclude-compile-outlier"]) == 0
+    off = " ".join(capsys.readouterr().out.split())
+    assert "kept as measured (--no-exclude-compile-outlier): decode bs=1 2.400 s" in off
+    assert load_capture_config(tmp_path / "on.json").exclude_compile_outlier is True
+    off_config = load_capture_config(tmp_path / "off.json")
+    assert off_config.exclude_compile_outlier is False
+    assert off_config.all_candidates.capture_s > load_capture_config(
+        tmp_path / "on.json").all_candidates.capture_s + 2.0
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -102,6 +123,8 @@ def test_report_with_config_writes_pngs(tuned: Path, tmp_path: Path, capsys) -> 
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     table = (out_dir / "report.txt").read_text()
     assert "spec-bs40" in table and "yes" in table and "SYNTHETIC" in table
+    assert "every graph in one shared pool" in table and "isolated sum" in table
+    assert "chosen: " in table and "memory model: shared pool" in table
     assert "wrote" in capsys.readouterr().out
 
 

@@ -10,7 +10,7 @@ import pytest
 from capture.config import (SCHEMA, CaptureConfig, build_capture_config, load_capture_config,
                             save_capture_config)
 from capture.distribution import parse_distribution
-from capture.measurements import GpuInfo, load_measurements
+from capture.measurements import GpuInfo, Measurements, load_measurements
 from capture.tuner import tune
 from dual_graph_worker.errors import ConfigError, StaleConfig
 from dual_graph_worker.modes import GraphKey, Mode
@@ -50,9 +50,46 @@ def test_round_trip_and_contents(tmp_path: Path, measurements, config: CaptureCo
     assert raw["budgets"] == {"memory_bytes": 2 << 30, "capture_s": 10.0}
     assert raw["savings"]["chosen"]["memory_bytes"] <= 2 << 30
     assert raw["savings"]["all_candidates"]["graphs"] == len(measurements.graphs)
+    # Savings use the shared-pool model, say so, and keep the old isolated sum alongside.
+    assert raw["savings"]["memory_model"] == {
+        "kind": "shared-pool", "per_graph_bytes": 128 << 10, "source": "total_pool_bytes",
+        "measured_total_bytes": measurements.total_pool_bytes,
+        "measured_peak_bytes": max(g.pool_bytes for g in measurements.graphs),
+        "measured_keys": len(measurements.graphs)}
+    assert raw["savings"]["all_candidates"]["memory_bytes"] == measurements.total_pool_bytes
+    assert raw["savings"]["all_candidates"]["isolated_sum_bytes"] == sum(
+        g.pool_bytes for g in measurements.graphs)
+    assert raw["tuning"]["exclude_compile_outlier"] is True
+    assert raw["tuning"]["capture_outliers"] == []
     assert {(e["mode"], e["bs"]) for e in raw["calibration"]["latency_s"]} == {
         (k.mode.value, k.bs) for k in config.keys()}
     assert raw["tuning"]["distribution"]["description"] == "uniform:1-256"
+
+
+def test_config_round_trips_capture_outliers(tmp_path: Path, measurements) -> None:
+    raw = measurements.to_json()
+    raw["graphs"][0]["capture_s"] = 3.0          # decode bs=1: one-time compile in its capture
+    m = Measurements.from_json(raw)
+    config = build_capture_config(m, tune(m, 2 << 30, 10.0,
+                                          parse_distribution("uniform:1-256", 256), 3.0))
+    path = tmp_path / "c.json"
+    save_capture_config(config, path)
+    assert load_capture_config(path) == config
+    (out,) = json.loads(path.read_text())["tuning"]["capture_outliers"]
+    assert out["mode"] == "decode" and out["bs"] == 1 and out["measured_s"] == 3.0
+    assert 0 < out["used_s"] < 0.5
+
+
+def test_config_written_before_the_shared_pool_model_still_loads(tmp_path: Path,
+                                                                 config: CaptureConfig) -> None:
+    data = config.to_json()
+    del data["savings"]["memory_model"]
+    for t in ("chosen", "all_candidates"):
+        del data["savings"][t]["isolated_sum_bytes"]
+    del data["tuning"]["exclude_compile_outlier"], data["tuning"]["capture_outliers"]
+    old = load_capture_config(_write(tmp_path, data))
+    assert old.memory_model is None and old.exclude_compile_outlier is None
+    assert old.chosen.isolated_sum_bytes is None and old.spec_bs == config.spec_bs
 
 
 def test_config_builds_the_dispatch_table(config: CaptureConfig) -> None:
@@ -108,6 +145,11 @@ def _mutated(config: CaptureConfig, mutate) -> dict:
     (lambda d: d.pop("budgets"), "budgets must be a JSON object"),
     (lambda d: d["tuning"].update(accept_len="3"), "accept_len must be a finite number"),
     (lambda d: d["gpu"].update(name=""), "gpu.name"),
+    (lambda d: d["savings"]["memory_model"].update(kind="sum"), "must be 'shared-pool'"),
+    (lambda d: d["savings"]["memory_model"].update(per_graph_bytes=-1), "per_graph_bytes"),
+    (lambda d: d["savings"]["memory_model"].update(source="guess"), "source must be one of"),
+    (lambda d: d["tuning"].update(exclude_compile_outlier="yes"), "exclude_compile_outlier"),
+    (lambda d: d["tuning"].update(capture_outliers=[{"mode": "x", "bs": 1}]), "'spec' or"),
 ])
 def test_malformed_config_is_refused(tmp_path: Path, config: CaptureConfig, mutate,
                                      message: str) -> None:

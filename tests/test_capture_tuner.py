@@ -10,16 +10,20 @@ import pytest
 from capture.distribution import BatchDistribution, parse_distribution
 from capture.measurements import load_measurements
 from capture.padding import expected_waste
-from capture.synthetic import Cost, measurements_from_costs
-from capture.tuner import TuningError, find_crossover, plan_pools, tune
+from capture.synthetic import SHARED_RESIDUE_BYTES, Cost, measurements_from_costs
+from capture.tuner import (FALLBACK_PER_GRAPH_BYTES, MemoryModel, TuningError,
+                           find_compile_outliers, find_crossover, plan_pools, tune)
 from dual_graph_worker.dispatch import DispatchTable
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import GraphKey, Mode
 from dual_graph_worker.policy import GoodputPolicy
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
+REAL_H200 = (Path(__file__).resolve().parent.parent / "capture" / "results"
+             / "measurements_h200_llama3-8b.json")
 GiB = 1 << 30
 MiB = 1 << 20
+KiB = 1 << 10
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +77,17 @@ def test_spec_top_sits_at_the_crossover(h200) -> None:
     assert r.spec_bs == tuple(b for b in h200.sizes(Mode.SPEC) if b <= 40)
     assert r.decode_bs == h200.sizes(Mode.DECODE)
     assert r.exact and r.chosen.waste_tokens == pytest.approx(r.all_candidates.waste_tokens)
-    # The spec graphs above the crossover are the memory saved.
-    above = sum(g.pool_bytes for g in h200.graphs if g.key.mode is Mode.SPEC and g.key.bs > 40)
-    assert r.all_candidates.memory_bytes - r.chosen.memory_bytes == above
+    # The spec graphs above the crossover are what is saved: in the shared pool, their peak
+    # (spec bs=128 is the largest graph measured) and their per-graph residue; in the old
+    # isolated sum, their whole footprints.
+    above = [g for g in h200.graphs if g.key.mode is Mode.SPEC and g.key.bs > 40]
+    assert (r.all_candidates.isolated_sum_bytes - r.chosen.isolated_sum_bytes
+            == sum(g.pool_bytes for g in above))
+    peak_all = max(g.pool_bytes for g in h200.graphs)
+    peak_chosen = max(h200.get(Mode.SPEC, 40).pool_bytes, h200.get(Mode.DECODE, 256).pool_bytes)
+    assert peak_all == h200.get(Mode.SPEC, 128).pool_bytes
+    assert (r.all_candidates.memory_bytes - r.chosen.memory_bytes
+            == peak_all - peak_chosen + SHARED_RESIDUE_BYTES * len(above))
     r2 = tune(h200, 64 * GiB, 1000.0, _uniform(256), 2.0)
     assert r2.spec_bs[-1] == 8 == r2.crossover_bs
 
@@ -108,14 +120,20 @@ def test_accept_length_out_of_range(h200) -> None:
 
 # ---- budgets and waste ----------------------------------------------------------------------
 
+# The fixture's shared pool: the decode top (bs=256, ~199.3 MiB alone) + 128 KiB a graph, so
+# 201 MiB leaves room for ~13 graphs and 202 MiB for ~21; the other memory budgets do not bind.
 @pytest.mark.parametrize("mem, seconds", [(4 * GiB, 30.0), (2 * GiB, 10.0), (1 * GiB, 5.0),
-                                          (3 * GiB, 4.0), (512 * MiB, 30.0)])
+                                          (3 * GiB, 4.0), (512 * MiB, 30.0), (201 * MiB, 30.0),
+                                          (202 * MiB, 5.0)])
 def test_budgets_are_respected(h200, mem: int, seconds: float) -> None:
     r = tune(h200, mem, seconds, _uniform(256), 3.0)
     by_key = h200.by_key()
     keys = [GraphKey(Mode.SPEC, b) for b in r.spec_bs] + [GraphKey(Mode.DECODE, b)
                                                           for b in r.decode_bs]
-    assert sum(by_key[k].pool_bytes for k in keys) == r.chosen.memory_bytes <= mem
+    isolated = [by_key[k].pool_bytes for k in keys]
+    shared = max(isolated) + SHARED_RESIDUE_BYTES * len(keys)
+    assert shared == r.chosen.memory_bytes <= mem
+    assert sum(isolated) == r.chosen.isolated_sum_bytes
     assert sum(by_key[k].capture_s for k in keys) == pytest.approx(r.chosen.capture_s)
     assert r.chosen.capture_s <= seconds * (1 + 1e-9)
     assert r.exact
@@ -127,10 +145,14 @@ def test_budgets_are_respected(h200, mem: int, seconds: float) -> None:
 
 
 def test_tighter_budgets_never_waste_less(h200) -> None:
-    wastes = [tune(h200, mem, 1000.0, _uniform(256), 3.0).chosen.waste_tokens
-              for mem in (8 * GiB, 3 * GiB, 2 * GiB, GiB, 512 * MiB)]
+    results = [tune(h200, mem, 1000.0, _uniform(256), 3.0)
+               for mem in (GiB, 206 * MiB, 203 * MiB, 201 * MiB, 200 * MiB)]
+    wastes = [r.chosen.waste_tokens for r in results]
     assert wastes == sorted(wastes)
     assert wastes[-1] > wastes[0]
+    # Shared-pool memory binds through the graph count: fewer graphs as the budget shrinks.
+    counts = [r.chosen.graphs for r in results]
+    assert counts == sorted(counts, reverse=True) and counts[-1] < counts[0]
 
 
 def test_waste_hand_computed_through_tune() -> None:
@@ -141,18 +163,143 @@ def test_waste_hand_computed_through_tune() -> None:
     # spec [2, 4]: pads 1, 0, 1, 0 -> 0.5 requests * 2 tokens; decode [2, 4]: 0.5 tokens.
     assert roomy.chosen_by_mode[Mode.SPEC].waste_tokens == pytest.approx(1.0)
     assert roomy.chosen_by_mode[Mode.DECODE].waste_tokens == pytest.approx(0.5)
-    tight = tune(m, 2 * MiB, 10.0, _uniform(4), 2.0)    # room for the two tops only
+    # No total_pool_bytes: the fallback 2 MiB a graph on top of the largest (1 MiB) graph, so
+    # 5 MiB is room for the two tops only.
+    assert roomy.memory_model.source == "fallback"
+    assert roomy.chosen.memory_bytes == MiB + 4 * FALLBACK_PER_GRAPH_BYTES
+    tight = tune(m, 5 * MiB, 10.0, _uniform(4), 2.0)
     assert tight.spec_bs == (4,) and tight.decode_bs == (4,)
+    assert tight.chosen.memory_bytes == 5 * MiB and tight.chosen.isolated_sum_bytes == 2 * MiB
     # spec [4]: pads 3, 2, 1, 0 -> 1.5 requests * 2 tokens; decode [4]: 1.5 tokens.
     assert tight.chosen.waste_tokens == pytest.approx(4.5)
     assert tight.all_candidates.waste_tokens == pytest.approx(1.5)
 
 
 def test_infeasible_budget_names_the_minimum(h200) -> None:
-    with pytest.raises(TuningError, match="--memory-budget to at least 358.05 MiB"):
+    # The two tops in one shared pool: the decode top's 199.33 MiB + 2 x 128 KiB.
+    with pytest.raises(TuningError, match=r"needs 199.58 MiB \(one shared pool: the larger top's "
+                                          r"isolated 199.33 MiB \+ 2 x 128.00 KiB a graph\).*"
+                                          r"--memory-budget to at least 199.58 MiB"):
         tune(h200, 100 * MiB, 30.0, _uniform(256), 3.0)
+    tune(h200, int(199.59 * MiB), 30.0, _uniform(256), 3.0)   # just enough: no error
     with pytest.raises(TuningError, match="--time-budget to at least 0.72 s"):
         tune(h200, 4 * GiB, 0.5, _uniform(256), 3.0)
+
+
+# ---- memory model and capture-time outliers ---------------------------------------------------
+
+def test_shared_pool_model_from_total_pool_bytes() -> None:
+    # Three keys alone: 10, 40 and 25 MiB; all three captured together into one pool: 46 MiB.
+    # Shared pool = the largest alone + (46 - 40) / 3 = 2 MiB a graph.
+    m = measurements_from_costs(spec={1: Cost(0.010, 10 * MiB), 2: Cost(0.011, 40 * MiB)},
+                                decode={2: Cost(0.010, 25 * MiB)}, num_draft_tokens=1,
+                                total_pool_bytes=46 * MiB)
+    model = MemoryModel.from_measurements(m)
+    assert model.per_graph_bytes == 2 * MiB and model.source == "total_pool_bytes"
+    assert model.memory([40 * MiB, 25 * MiB, 10 * MiB]) == 46 * MiB == m.total_pool_bytes
+    assert model.memory([25 * MiB, 10 * MiB]) == 25 * MiB + 2 * 2 * MiB
+    r = tune(m, GiB, 10.0, _uniform(2), 2.0)
+    assert r.spec_bs == (1, 2) and r.decode_bs == (2,)
+    assert r.chosen.memory_bytes == 46 * MiB and r.chosen.isolated_sum_bytes == 75 * MiB
+    # Per pool: each pool's graphs alone in a shared pool; the rows do not add up to chosen.
+    assert r.chosen_by_mode[Mode.SPEC].memory_bytes == 40 * MiB + 2 * 2 * MiB
+    assert r.chosen_by_mode[Mode.DECODE].memory_bytes == 25 * MiB + 2 * MiB
+    # A budget below the largest graph + 3 residues drops the spec bs=1 graph, not to 2 tops'
+    # sum (65 MiB): the shared pool of the two tops is 44 MiB.
+    r2 = tune(m, 45 * MiB, 10.0, _uniform(2), 2.0)
+    assert r2.spec_bs == (2,) and r2.chosen.memory_bytes == 44 * MiB
+    # Captured together for less than the largest alone (measurement noise): no negative cost.
+    m0 = measurements_from_costs(spec={1: Cost(0.010, 10 * MiB)}, decode={1: Cost(0.01, MiB)},
+                                 total_pool_bytes=9 * MiB)
+    assert MemoryModel.from_measurements(m0).per_graph_bytes == 0
+
+
+def test_fixture_shared_pool_matches_its_total(h200) -> None:
+    model = MemoryModel.from_measurements(h200)
+    assert model.per_graph_bytes == SHARED_RESIDUE_BYTES
+    # Every key in the model reproduces the measured every-key-together pool.
+    assert model.memory(g.pool_bytes for g in h200.graphs) == h200.total_pool_bytes
+    r = tune(h200, GiB, 1000.0, _uniform(256), 3.0)
+    assert r.all_candidates.memory_bytes == h200.total_pool_bytes
+    assert r.all_candidates.isolated_sum_bytes == sum(g.pool_bytes for g in h200.graphs)
+
+
+def test_fallback_memory_model_without_total_pool_bytes() -> None:
+    m = measurements_from_costs(spec={1: 0.01, 2: 0.011}, decode={1: 0.01, 2: 0.01})
+    model = MemoryModel.from_measurements(m)
+    assert model.source == "fallback" and model.per_graph_bytes == FALLBACK_PER_GRAPH_BYTES
+    assert "fallback" in model.describe()
+    assert MemoryModel.from_json(model.to_json()) == model
+
+
+def _with_compile_outlier(**extra) -> object:
+    # Spec bs=1 and decode bs=1 were each the first key of their mode captured: 2.4 s and
+    # 0.8 s of one-time compilation against ~0.1 s a graph.
+    cap = {1: 0.8, 2: 0.10, 3: 0.11, 4: 0.09}
+    return measurements_from_costs(
+        spec={b: Cost(0.010 + 0.001 * b, MiB, cap[b]) for b in (1, 2, 3, 4)},
+        decode={b: Cost(0.010, MiB, 2.4 if b == 1 else cap[b]) for b in (1, 2, 3, 4)},
+        num_draft_tokens=1, **extra)
+
+
+def test_compile_outliers_are_replaced_by_the_mode_median() -> None:
+    m = _with_compile_outlier()
+    outliers = find_compile_outliers(m)
+    assert [(o.key, o.measured_s) for o in outliers] == [(GraphKey(Mode.SPEC, 1), 0.8),
+                                                         (GraphKey(Mode.DECODE, 1), 2.4)]
+    assert outliers[0].median_s == pytest.approx(0.105)    # median of 0.8, 0.10, 0.11, 0.09
+    assert outliers[1].median_s == pytest.approx(0.105)
+    # 5x the median is the line: 0.5 s would not be replaced.
+    assert find_compile_outliers(m, factor=8.0) == (outliers[1],)
+    r = tune(m, GiB, 10.0, _uniform(4), 2.0)
+    assert r.exclude_compile_outlier and r.capture_outliers == outliers
+    assert r.all_candidates.capture_s == pytest.approx(0.30 + 0.105 + 0.30 + 0.105)
+    text = _flat(r.table())
+    assert "REPLACED by that median" in text and "decode bs=1 2.400 s -> 0.105 s" in text
+    assert "one-time Triton JIT compilation" in text
+    # Off: the measured values are the costs, and the table says they were kept.
+    kept = tune(m, GiB, 10.0, _uniform(4), 2.0, exclude_compile_outlier=False)
+    assert kept.all_candidates.capture_s == pytest.approx(0.30 + 0.8 + 0.30 + 2.4)
+    assert "kept as measured" in _flat(kept.table())
+
+
+def test_compile_outlier_changes_the_choice_under_a_time_budget() -> None:
+    # With bs=1 priced at its compile time, a 1.2 s budget cannot afford decode bs=1; priced at
+    # the median it can.
+    m = _with_compile_outlier()
+    with_median = tune(m, GiB, 1.2, _uniform(4), 2.0)
+    raw = tune(m, GiB, 1.2, _uniform(4), 2.0, exclude_compile_outlier=False)
+    assert 1 in with_median.decode_bs and 1 not in raw.decode_bs
+    assert with_median.chosen.capture_s <= 1.2 and raw.chosen.capture_s <= 1.2
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())   # the table wraps its notes
+
+
+def test_table_names_the_memory_model(h200) -> None:
+    table = tune(h200, 2 * GiB, 10.0, _uniform(256), 3.0).table()
+    text = _flat(table)
+    assert "memory model: shared pool = largest isolated pool of the chosen graphs + " \
+           "128.00 KiB x graphs" in text
+    assert "from total_pool_bytes" in text and "isolated sum" in text
+    assert "capture time:" not in table and "REPLACED" not in table   # the fixture has none
+    fallback = _flat(tune(_with_compile_outlier(), GiB, 10.0, _uniform(4), 2.0).table())
+    assert "2.00 MiB x graphs (fallback" in fallback
+
+
+@pytest.mark.skipif(not REAL_H200.exists(), reason="no H200 measurements in this checkout")
+def test_first_h200_measurements_tune_to_many_graphs() -> None:
+    # The bug this model fixes: summing isolated pools (5.68 GiB for 54 keys that measured
+    # 466 MiB together) left 3 graphs a pool under 1 GiB.
+    m = load_measurements(REAL_H200)
+    model = MemoryModel.from_measurements(m)
+    assert model.memory(g.pool_bytes for g in m.graphs) - m.total_pool_bytes in range(len(m.graphs))
+    assert {o.key for o in find_compile_outliers(m)} == {GraphKey(Mode.SPEC, 1),
+                                                         GraphKey(Mode.DECODE, 1)}
+    r = tune(m, GiB, 4.0, _uniform(256), 2.0)
+    assert r.chosen.memory_bytes <= GiB and r.chosen.capture_s <= 4.0
+    assert len(r.spec_bs) >= 10 and len(r.decode_bs) >= 10
 
 
 def test_calibration_feeds_the_goodput_policy(h200) -> None:
@@ -180,7 +327,7 @@ def test_table_is_readable(h200) -> None:
     assert "speculation pays up to bs=40" in text and "decode wins at bs=48" in text
     assert "SYNTHETIC" in text
     assert f"spec bs   ({len(r.spec_bs)}): " + " ".join(map(str, r.spec_bs)) in text
-    assert "saved " in text
+    assert "saved " in text and "of shared-pool memory" in text
 
 
 def test_plan_pools_matches_tune(h200) -> None:
