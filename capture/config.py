@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
 from capture.distribution import BatchDistribution
-from capture.jsonio import (check_schema, need_field, need_int_list, need_mapping, need_number,
+from capture.jsonio import (check_schema, need_field, need_int_list, need_mapping, need_mode, need_number,
                             read_json, write_json)
 from capture.measurements import GpuInfo, Measurements, ModelInfo, model_fingerprint
 from capture.tuner import CaptureOutlier, MemoryModel, Totals, TuningResult
@@ -264,11 +264,7 @@ def _totals_from_json(data: Any, where: str) -> Totals:
 
 def _outlier_from_json(data: Any, where: str) -> CaptureOutlier:
     d = need_mapping(data, where)
-    try:
-        mode = Mode(d.get("mode"))
-    except ValueError:
-        raise ConfigError(f"{where}.mode must be 'spec' or 'decode', got {d.get('mode')!r}") \
-            from None
+    mode = need_mode(d, where)
     return CaptureOutlier(GraphKey(mode, need_field(d, "bs", int, where)),
                           need_number(d, "measured_s", where, allow_zero=True),
                           need_number(d, "used_s", where, allow_zero=True))

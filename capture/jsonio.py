@@ -72,3 +72,13 @@ def need_int_list(d: Mapping, name: str, where: str) -> tuple[int, ...]:
     if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
         raise ConfigError(f"{where}.{name} must be a list of integer batch sizes, got {v!r}")
     return tuple(v)
+
+
+def need_mode(d: Mapping, where: str):
+    """The 'mode' field as a dual_graph_worker Mode ('spec' or 'decode')."""
+    from dual_graph_worker.modes import Mode
+
+    try:
+        return Mode(d.get("mode"))
+    except ValueError:
+        raise ConfigError(f"{where}.mode must be 'spec' or 'decode', got {d.get('mode')!r}") from None

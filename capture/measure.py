@@ -27,8 +27,8 @@ from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelI
 from dual_graph_worker.calibration import measure_step_latency
 from dual_graph_worker.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
-from dual_graph_worker.engines.reference.config import llama3_8b_shape, tiny_shape
-from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
+from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import PinnedPolicy
 from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
 
@@ -105,7 +105,7 @@ def measure(engine, candidates=CANDIDATES, context_len: int = 384, repeats: int 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m capture.measure", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
     ap.add_argument("--num-draft-tokens", type=int, default=3)
     ap.add_argument("--context", type=int, default=384)
     ap.add_argument("--max-bs", type=int, default=256)
@@ -114,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():
         ap.error("capture measurement needs a CUDA GPU (it captures CUDA graphs)")
     cands = tuple(b for b in CANDIDATES if b <= args.max_bs)
-    pair = llama3_8b_shape() if args.model == "llama3-8b" else tiny_shape()
+    pair = named_shape(args.model)
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=args.num_draft_tokens,
                                                 max_requests=max(cands), max_context=args.context + 16,
                                                 device="cuda", dtype="bfloat16", attention="triton"))

@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from capture.jsonio import (check_schema, need_field, need_mapping, need_number, read_json,
+from capture.jsonio import (check_schema, need_field, need_mapping, need_mode, need_number,
+                            read_json,
                             write_json)
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import GraphKey, Mode, Stage
@@ -173,11 +174,7 @@ class GraphMeasurement:
     @classmethod
     def from_json(cls, data: Any, num_draft_tokens: int, where: str) -> "GraphMeasurement":
         d = need_mapping(data, where)
-        try:
-            mode = Mode(d.get("mode"))
-        except ValueError:
-            raise ConfigError(f"{where}.mode must be 'spec' or 'decode', got {d.get('mode')!r}") \
-                from None
+        mode = need_mode(d, where)
         bs = need_field(d, "bs", int, where)
         if bs < 1:
             raise ConfigError(f"{where}.bs must be >= 1, got {bs}")

@@ -18,30 +18,27 @@ _DURATION_FACTORS = (("", 1.0), ("s", 1.0), ("ms", 1e-3), ("min", 60.0), ("m", 6
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
+def _parse(text: str, factors: tuple[tuple[str, float], ...], what: str, examples: str) -> float:
+    m = _NUMBER_UNIT.match(str(text))
+    table = dict(factors)
+    if not m or m.group(2).lower() not in table:
+        raise ConfigError(f"cannot read {what} {text!r}; write {examples}")
+    value = float(m.group(1)) * table[m.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"{what} {text!r} must be > 0")
+    return value
+
+
 def parse_size(text: str) -> int:
     """'4GiB' -> 4294967296, '512MiB', '1.5GB', '1048576' (bytes). Raises ConfigError."""
-    m = _NUMBER_UNIT.match(str(text))
-    factors = dict(_SIZE_FACTORS)
-    if not m or m.group(2).lower() not in factors:
-        raise ConfigError(f"cannot read size {text!r}; write a number with an optional unit, "
-                          "e.g. 4GiB, 512MiB, 1.5GB or 1073741824 (bytes)")
-    value = float(m.group(1)) * factors[m.group(2).lower()]
-    if value <= 0:
-        raise ConfigError(f"size {text!r} must be > 0")
-    return int(round(value))
+    return int(round(_parse(text, _SIZE_FACTORS, "size", "a number with an optional unit, "
+                            "e.g. 4GiB, 512MiB, 1.5GB or 1073741824 (bytes)")))
 
 
 def parse_duration(text: str) -> float:
     """'30' or '30s' -> 30.0, '500ms' -> 0.5, '2min' -> 120.0. Raises ConfigError."""
-    m = _NUMBER_UNIT.match(str(text))
-    factors = dict(_DURATION_FACTORS)
-    if not m or m.group(2).lower() not in factors:
-        raise ConfigError(f"cannot read duration {text!r}; write seconds with an optional unit, "
-                          "e.g. 30, 30s, 500ms or 2min")
-    value = float(m.group(1)) * factors[m.group(2).lower()]
-    if value <= 0:
-        raise ConfigError(f"duration {text!r} must be > 0")
-    return value
+    return _parse(text, _DURATION_FACTORS, "duration",
+                  "seconds with an optional unit, e.g. 30, 30s, 500ms or 2min")
 
 
 def format_bytes(n: float) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
-from dual_graph_worker.engines.reference.config import llama3_8b_shape, tiny_shape
+from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.loadgen import Phase, run_phase
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import Decision, PinnedPolicy, Reason
@@ -137,7 +137,7 @@ def plot(results: dict, path: Path) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="dgw bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
@@ -161,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error("the Llama-3-8B-shaped bench needs a CUDA GPU; use --model tiny on CPU")
     conc = [int(c) for c in args.concurrency.split(",")]
     max_bs = max(conc)
-    pair = llama3_8b_shape() if args.model == "llama3-8b" else tiny_shape()
+    pair = named_shape(args.model)
     ctx = args.input_len + args.output_len + args.num_draft_tokens + 8
     spec = EngineSpec(num_draft_tokens=args.num_draft_tokens, max_requests=max_bs, max_context=ctx,
                       device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",

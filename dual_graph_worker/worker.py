@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from dual_graph_worker.buffers import BufferSizes, StaticInputs
-from dual_graph_worker.continuity import NO_BACKLOG, Continuity, DraftBacklog
-from dual_graph_worker.dispatch import DispatchTable, EagerDispatch
+from dual_graph_worker.continuity import Continuity, DraftBacklog
+from dual_graph_worker.dispatch import DispatchTable
 from dual_graph_worker.engines.base import Engine
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.kv_slots import KVSlotPlanner, SlotAllocator, SlotPlan

@@ -17,7 +17,7 @@ import torch
 
 from dual_graph_worker.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
-from dual_graph_worker.engines.reference.config import llama3_8b_shape, tiny_shape
+from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import Decision, PinnedPolicy, Reason
 from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
@@ -44,7 +44,7 @@ def script(hold: int, alternate: int) -> list[Mode]:
 def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
         continuity: Continuity, torch_profile: Optional[str] = None) -> None:
     cuda = torch.cuda.is_available()
-    pair = llama3_8b_shape() if model == "llama3-8b" else tiny_shape()
+    pair = named_shape(model)
     k = 3
     steps = warmup + 2 * hold + alternate
     ctx = 64 + steps * (k + 1) + k + 8
@@ -87,7 +87,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m profiling.workload", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["llama3-8b", "tiny"], default="tiny")
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="tiny")
     ap.add_argument("--bs", type=int, default=8)
     ap.add_argument("--hold", type=int, default=10)
     ap.add_argument("--alternate", type=int, default=20)

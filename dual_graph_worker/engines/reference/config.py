@@ -188,3 +188,13 @@ def tiny_shape(vocab: int = 128, hidden: int = 64, layers: int = 8, heads: int =
                     intermediate_size=intermediate, target_hidden_size=hidden,
                     max_position_embeddings=max_pos)
     return ModelPair(t, d)
+
+
+# Named shapes for the command-line tools (bench, capture measurement, profiling workload).
+MODEL_SHAPES = {"llama3-8b": llama3_8b_shape, "tiny": tiny_shape}
+
+
+def named_shape(name: str) -> ModelPair:
+    if name not in MODEL_SHAPES:
+        raise ConfigError(f"unknown model shape '{name}'; choose one of {', '.join(MODEL_SHAPES)}")
+    return MODEL_SHAPES[name]()

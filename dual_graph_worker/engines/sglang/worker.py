@@ -20,7 +20,7 @@ import copy
 import logging
 import os
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
