@@ -66,10 +66,9 @@ def run_phase(worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: in
               collect_outputs: bool = False) -> PhaseResult:
     rng = np.random.default_rng(seed)
     device = worker.engine.device
-    first_record = len(worker.stats.records)
     admitted = tokens = 0
     step_seconds = 0.0
-    done = []
+    done, recs = [], []
     _sync(device)
     t0 = time.perf_counter()
     while admitted < phase.num_requests or worker.num_running:
@@ -84,10 +83,10 @@ def run_phase(worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: in
         result = worker.step()
         step_seconds += time.perf_counter() - ts      # step() waits for its outputs
         tokens += int(result.accept_lens.sum())
+        recs.append(result.record)
         done.extend(worker.take_finished())
     _sync(device)
     seconds = time.perf_counter() - t0
-    recs = worker.stats.records[first_record:]
     spec = [r.mean_accept_len for r in recs if r.mode.value == "spec"]
     return PhaseResult(phase.concurrency, admitted, tokens, sum(r.tokens for r in recs), seconds,
                        step_seconds, len(recs), dict(Counter(r.mode.value for r in recs)),

@@ -9,6 +9,7 @@ functions (captured once into one graph pool) and the eager prefill / catch-up.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -47,9 +48,14 @@ class WorkerConfig:
                               "empty (spec_bs=()); use keep-current or lazy-catch-up to speculate")
 
 
+# Step records are metrics, not state: keep the recent ones only, so a server that runs for
+# weeks does not grow without bound.
+MAX_STEP_RECORDS = 100_000
+
+
 @dataclass
 class WorkerStats:
-    records: list[StepRecord] = field(default_factory=list)
+    records: deque = field(default_factory=lambda: deque(maxlen=MAX_STEP_RECORDS))
     switches: int = 0
     catch_up_tokens: int = 0
 
@@ -81,6 +87,7 @@ class DualGraphWorker:
             self.runner = CudaGraphRunner(stage_fns, self.k, self.dispatch)
         else:
             self.runner = EagerRunner(stage_fns, self.k)
+        self._vocab = engine.describe()["model"]["target"]["vocab_size"]
         self.stats = WorkerStats()
         self.finished: list[FinishedRequest] = []   # drained by the caller (take_finished)
         self._step = 0
@@ -116,7 +123,7 @@ class DualGraphWorker:
         if self.num_running + len(prompts) > self.max_running:
             raise ConfigError(f"admitting {len(prompts)} requests would run "
                               f"{self.num_running + len(prompts)} > max_running={self.max_running}")
-        vocab = self.engine.describe()["model"]["target"]["vocab_size"]
+        vocab = self._vocab
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
         for a, n in zip(arrays, max_new_tokens):
             self.table.check_fits(len(a), n)

@@ -225,7 +225,7 @@ def test_kv_pressure_falls_back_to_decode_without_leaks(continuity, toy_engine, 
     outs = {f.rid: f.output for f in w.take_finished()}
     for i, p in enumerate(prompts):
         assert list(outs[i]) == _expected(toy_perm, p, max_new[i])
-    recs = w.stats.records
+    recs = list(w.stats.records)
     pressured = [r for r in recs if r.reason is Reason.KV_PRESSURE]
     assert pressured, "the pool never ran short: the test lost its point"
     assert any(r.mode is Mode.SPEC for r in recs)

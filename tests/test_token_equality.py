@@ -104,7 +104,7 @@ def test_toy_accept_length_is_real_and_matches_agreement(level, toy_engine, toy_
         return accs
 
     sims = [simulate(toy_perm.continuation(p[-1], 1)[0]) for p in prompts]
-    records = w.stats.records
+    records = list(w.stats.records)
     assert all(r.mode is Mode.SPEC for r in records)
     assert len(records) == max(len(a) for a in sims)
     for step, rec in enumerate(records):
@@ -138,7 +138,7 @@ def test_toy_f100_draft_is_never_stale_after_decode_steps(k, continuity, toy_eng
     w = make_worker(toy_engine("f100", k=k), policy, continuity=continuity)
     run_schedule(w, prompts, MAX_NEW, ADMIT_AT)
     _assert_really_switched(w, policy)
-    recs = w.stats.records
+    recs = list(w.stats.records)
     after_decode = [b for a, b in zip(recs, recs[1:]) if a.mode is Mode.DECODE and b.mode is Mode.SPEC]
     assert after_decode
     for r in recs:
@@ -159,7 +159,7 @@ def test_toy_attn_fixture_exercises_kv_and_multi_token_acceptance(toy_attn_engin
     off_perm = sum(a != b for i, p in enumerate(prompts)
                    for a, b in zip(run.outputs[i], toy_perm.continuation(p[-1], MAX_NEW[i])))
     assert off_perm >= 10, "attention no longer changes the tokens: the fixture lost its point"
-    recs = w.stats.records
+    recs = list(w.stats.records)
     mean_acc = sum(r.mean_accept_len * r.bs for r in recs) / sum(r.bs for r in recs)
     assert 1.5 < mean_acc < 4.0
 

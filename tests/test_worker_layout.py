@@ -132,7 +132,7 @@ def test_step_records_and_switch_count(toy_engine, make_worker, random_policy, r
     policy = random_policy(4, 3)
     w = make_worker(toy_engine("f50"), policy)
     run_schedule(w, [[1, 2], [3], [4, 5]], 15)
-    recs = w.stats.records
+    recs = list(w.stats.records)
     assert [r.step for r in recs] == list(range(len(recs)))
     assert w.stats.switches == sum(a.mode is not b.mode for a, b in zip(recs, recs[1:]))
     assert w.stats.switches == policy.num_switches
