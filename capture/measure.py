@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from capture.apply import model_shape
 from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelInfo, save_measurements
 from dual_graph_worker.calibration import measure_step_latency
 from dual_graph_worker.continuity import Continuity
@@ -34,16 +35,6 @@ from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160,
               176, 192, 208, 224, 240, 256)
-
-
-def model_shape(engine) -> dict:
-    d = engine.describe()
-    t, dr = d["model"]["target"], d["model"]["draft"]
-    return {"hidden_size": t["hidden_size"], "num_layers": t["num_layers"], "num_heads": t["num_heads"],
-            "num_kv_heads": t["num_kv_heads"], "head_dim": t["head_dim"],
-            "intermediate_size": t["intermediate_size"], "vocab_size": t["vocab_size"],
-            "dtype": d["dtype"], "draft_hidden_size": dr["hidden_size"],
-            "num_draft_tokens": d["num_draft_tokens"], "attention_backend": d["attention_backend"]}
 
 
 def _reset(worker) -> None:

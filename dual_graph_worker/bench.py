@@ -151,6 +151,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dynamic-continuity", default="lazy-catch-up",
                     choices=[c.value for c in Continuity if c is not Continuity.NONE])
     ap.add_argument("--repeats", type=int, default=1, help="measurements per (variant, concurrency)")
+    ap.add_argument("--capture-config", help="tuned capture config (make capture-tune) for the "
+                                             "dual-pool variants: its pools and calibration")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-switch", action="store_true")
     ap.add_argument("--out", default="bench/results")
@@ -183,11 +185,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     names = args.variants.split(",")
     # Build every variant first, then measure them interleaved at each concurrency (order
     # reversed on each repeat) so slow drifts of the machine hit all of them alike.
+    tuned = None
+    if args.capture_config:
+        from capture.apply import tuned_pools
+        tuned = tuned_pools(args.capture_config, engine)
+        results["capture_config"] = {"path": args.capture_config, "spec": tuned.spec_bs,
+                                     "decode": tuned.decode_bs}
     built = {}
     for name in names:
         b = build_variant(name, engine, sizes, use_cuda_graphs=cuda,
                           calib_context=args.input_len + args.output_len // 2,
-                          dynamic_continuity=Continuity(args.dynamic_continuity), progress=False)
+                          dynamic_continuity=Continuity(args.dynamic_continuity), progress=False,
+                          tuned=tuned)
         built[name] = b
         if b.capture is not None:
             results["capture"][name] = {"seconds": b.capture.total_seconds,

@@ -50,8 +50,13 @@ class BuiltWorker:
 def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
                   calib_context: int, threshold: Optional[int] = None,
                   dynamic_continuity: Continuity = Continuity.LAZY_CATCH_UP,
-                  progress: bool = True, log: Callable[[str], None] = print) -> BuiltWorker:
+                  progress: bool = True, log: Callable[[str], None] = print,
+                  tuned=None) -> BuiltWorker:
+    """`tuned` (capture.apply.TunedPools) replaces the dual-pool variants' batch sizes and the
+    start-up calibration with a tuned capture config's."""
     k = engine.limits.num_draft_tokens
+    if tuned is not None:
+        sizes = PoolSizes(tuned.spec_bs, tuned.decode_bs, sizes.static_spec)
     cfgs = {
         "plain": (WorkerConfig((), sizes.decode, use_cuda_graphs, continuity=Continuity.NONE),
                   PinnedPolicy(Mode.DECODE, k)),
@@ -74,7 +79,7 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
         if threshold is not None:
             worker.policy = ThresholdPolicy(threshold, k, band=max(1, threshold // 8), min_dwell_steps=4)
         else:
-            table = calibrate(worker, calib_context)
+            table = tuned.calibration if tuned is not None else calibrate(worker, calib_context)
             worker.policy = GoodputPolicy(table)
             log(f"  calibration ({table.source}): " + ", ".join(
                 f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
