@@ -141,7 +141,14 @@ class DualGraphWorker:
             rows.append(row)
             slot_lists.append(s)
         rows_np = np.asarray(rows, dtype=np.int64)
-        first = self.engine.prefill(rows_np, arrays, slot_lists)
+        try:
+            first = self.engine.prefill(rows_np, arrays, slot_lists)
+        except BaseException:
+            # Nothing was admitted: give back the rows and the prompt slots, then re-raise.
+            for row in rows:
+                self.table.release(row, "abort", 0)
+            self.planner.allocator.free(plan_slots)
+            raise
         lens = np.asarray([len(a) for a in arrays])
         self.table.tokens[rows_np, lens] = first
         self.table.seq_lens[rows_np] = lens

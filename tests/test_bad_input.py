@@ -375,3 +375,31 @@ def test_worker_config_errors(toy_engine):
     with pytest.raises(ConfigError, match="remove the zero or negative entries"):
         DualGraphWorker(toy_engine(), WorkerConfig(spec_bs=(0, 1), decode_bs=(1, 2)),
                         PinnedPolicy(Mode.SPEC, K))
+
+
+def test_failed_prefill_admits_nothing_and_leaks_nothing(monkeypatch):
+    """An engine error during prefill (e.g. out of memory) leaves the worker as it was."""
+    from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+    from dual_graph_worker.engines.reference.config import tiny_shape
+    from dual_graph_worker.modes import Mode
+    from dual_graph_worker.policy import PinnedPolicy
+    from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+
+    engine = engine_from_dummy(tiny_shape(), EngineSpec(num_draft_tokens=3, max_requests=8, max_context=64))
+    w = DualGraphWorker(engine, WorkerConfig((1, 2, 4), (1, 2, 4, 8)), PinnedPolicy(Mode.SPEC, 3))
+    w.add_requests([[1, 2, 3]], 5)
+    free_before, running_before = w.planner.allocator.num_free, w.num_running
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(engine, "prefill", boom)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        w.add_requests([[4, 5, 6, 7], [8, 9]], 5)
+    assert w.planner.allocator.num_free == free_before
+    assert w.num_running == running_before
+    w.planner.allocator.check()
+    monkeypatch.undo()
+    while w.num_running:
+        w.step()
+    assert len(w.take_finished()[0].output) == 5
