@@ -51,7 +51,7 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
                   calib_context: int, threshold: Optional[int] = None,
                   dynamic_continuity: Continuity = Continuity.LAZY_CATCH_UP,
                   progress: bool = True, log: Callable[[str], None] = print,
-                  tuned=None) -> BuiltWorker:
+                  tuned=None, calib_repeats: int = 5) -> BuiltWorker:
     """`tuned` (capture.apply.TunedPools) replaces the dual-pool variants' batch sizes and the
     start-up calibration with a tuned capture config's."""
     k = engine.limits.num_draft_tokens
@@ -79,7 +79,7 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
         if threshold is not None:
             worker.policy = ThresholdPolicy(threshold, k, band=max(1, threshold // 8), min_dwell_steps=4)
         else:
-            table = tuned.calibration if tuned is not None else calibrate(worker, calib_context)
+            table = tuned.calibration if tuned is not None else calibrate(worker, calib_context, calib_repeats)
             worker.policy = GoodputPolicy(table)
             log(f"  calibration ({table.source}): " + ", ".join(
                 f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
