@@ -31,6 +31,7 @@ from bench.sglang.workload import (  # noqa: E402
     ramp_profile,
     random_prompts,
     staggered_requests,
+    summarize_catch_ups,
     summarize_steps,
 )
 from dual_graph_worker.modes import Mode  # noqa: E402
@@ -145,3 +146,74 @@ def test_suite_args_and_budget_guard(tmp_path):
     assert data["engines"]["plain"]["skipped"].startswith("budget")
     assert (tmp_path / "report.md").exists()
     assert "elapsed" in suite.final_summary()
+
+
+def test_summarize_catch_ups():
+    events = [{"event": "ready"},
+              {"event": "catch_up", "forced": False, "requests": 3, "tokens": 30, "passes": 1,
+               "max_backlog": 12, "orphans": 0},
+              {"event": "catch_up", "forced": True, "requests": 2, "tokens": 8, "passes": 2,
+               "max_backlog": 5, "orphans": 1}]
+    assert summarize_catch_ups(events) == {"catch_ups": 2, "forced": 1, "tokens": 38,
+                                           "requests": 5, "passes": 3, "max_backlog": 12,
+                                           "orphans": 1}
+    assert summarize_catch_ups([])["catch_ups"] == 0
+
+
+def _recording_suite(tmp_path, argv, monkeypatch):
+    args = parse_args(["--out", str(tmp_path)] + argv)
+    suite = Suite(args)
+    ran = []
+
+    def fake_run(er):
+        ran.append(er)
+        suite.runs[er.name] = er
+        return {}
+
+    monkeypatch.setattr(suite, "run", fake_run)
+    monkeypatch.setattr(suite, "toy_checkpoints", lambda: None)
+    return suite, ran
+
+
+@pytest.mark.parametrize("with_lazy", [False, True])
+def test_with_lazy_adds_lazy_dual_engines_and_leaves_the_default_list(tmp_path, monkeypatch,
+                                                                       with_lazy):
+    suite, ran = _recording_suite(tmp_path, ["--with-lazy"] if with_lazy else [], monkeypatch)
+    suite.correctness()
+    suite.bench(with_ramp=False)
+    names = [er.name for er in ran]
+    default = ["plain-toy-dummy", "dual-toy-dummy", "plain", "eagle3", "dual", "eagle3-adaptive"]
+    if with_lazy:
+        assert names == ["plain-toy-dummy", "dual-toy-dummy", "dual-toy-dummy-lazy", "plain",
+                         "eagle3", "dual", "dual-lazy", "eagle3-adaptive"]
+    else:
+        assert names == default
+    envs = {er.name: er.env for er in ran}
+    for name in ("dual-toy-dummy", "dual"):            # keep-current: env exactly as before
+        assert "DGW_CONTINUITY" not in envs[name] and "DGW_STEP_LOG" in envs[name]
+    if with_lazy:
+        for name in ("dual-toy-dummy-lazy", "dual-lazy"):
+            assert envs[name]["DGW_CONTINUITY"] == "lazy-catch-up"
+            assert envs[name]["DGW_STEP_LOG"] != envs[name.replace("-lazy", "")]["DGW_STEP_LOG"]
+        assert envs["dual-lazy"]["SGLANG_SIMULATE_ACC_LEN"] == envs["dual"][
+            "SGLANG_SIMULATE_ACC_LEN"]
+        assert set(suite.checks) == {"dummy weights: dual == plain SGLang",
+                                     "dummy weights: dual lazy-catch-up == plain SGLang"}
+    else:
+        assert set(suite.checks) == {"dummy weights: dual == plain SGLang"}
+
+
+def test_lazy_check_requires_catch_ups(tmp_path):
+    suite = Suite(parse_args(["--out", str(tmp_path), "--with-lazy"]))
+    log = tmp_path / "steps.jsonl"
+    log.write_text(json.dumps({"event": "ready", "t": 0}) + "\n")
+    check = {"ok": True}
+    suite.check_catch_ups(check, "keep-current", str(log))
+    assert check == {"ok": True}
+    suite.check_catch_ups(check, "lazy-catch-up", str(log))
+    assert check["ok"] is False and check["catch_ups"]["catch_ups"] == 0
+    with open(log, "a") as fh:
+        fh.write(json.dumps({"event": "catch_up", "t": 1, "tokens": 4, "requests": 1}) + "\n")
+    check = {"ok": True}
+    suite.check_catch_ups(check, "lazy-catch-up", str(log))
+    assert check["ok"] is True and check["catch_ups"]["tokens"] == 4

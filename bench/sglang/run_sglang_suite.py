@@ -21,6 +21,12 @@ Phases
 - ramp: on the bench's dual engine, closed-loop clients up and down a concurrency profile;
   the step log (DGW_STEP_LOG) gives the mode of every step over time.
 - startup: start-up time and memory of the dual engine vs EAGLE-3 (from the bench engines).
+
+``--with-lazy`` adds, next to every dual engine of the correctness and bench phases, the same
+engine with DGW_CONTINUITY=lazy-catch-up (names suffixed ``-lazy``; the lazy strategy is opt-in
+and NOT YET RUN ON A GPU when this was written), so one run measures lazy catch-up against the
+default keep-current side by side. Its correctness checks also require that catch-ups happened
+(``catch_up`` events in its step log). Without the flag the engine lists are unchanged.
 """
 
 from __future__ import annotations
@@ -53,12 +59,17 @@ from bench.sglang.workload import (  # noqa: E402
     ramp_profile,
     random_prompts,
     staggered_requests,
+    summarize_catch_ups,
     summarize_steps,
 )
-from dual_graph_worker.engines.sglang.step_log import read_step_log  # noqa: E402
+from dual_graph_worker.engines.sglang.step_log import (  # noqa: E402
+    read_step_events,
+    read_step_log,
+)
 
 ALGO = "DUAL_GRAPH_EAGLE3"
 PHASES = ("correctness", "bench", "ramp", "startup")
+LAZY = "lazy-catch-up"
 
 
 @dataclass
@@ -168,32 +179,36 @@ class Suite:
             prompts = random_prompts(a.exact_requests, 16, vocab, seed=7)
             requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s)
             expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
-            env, log = self.dual_env("dual-toy", policy="threshold", threshold=a.toy_threshold,
-                                     band=0, min_dwell=0)
-            er = EngineRun("dual-toy", "correctness",
-                           self.common(toy / "target", "auto", 32)
-                           | {"dtype": a.toy_dtype}
-                           | self.spec_kwargs(ALGO, toy / f"draft-{a.toy_draft}"),
-                           env, [{"name": "exact", "kind": "exact", "requests": requests}],
-                           est_s=30, step_log=log)
-            res = self.run(er)
-            got = (res.get("tasks", {}).get("exact") or {}).get("outputs")
-            check = {"expected": "known greedy continuation of the constructed target"}
-            if got is not None:
-                check["exactness"] = compare_outputs(expected, got).to_json()
-                check["steps"] = self.step_summary(log)
-                k1 = 4.0
-                back = check["steps"].get("min_accept_after_switch_back")
-                check["draft_current_after_switch"] = (
-                    None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
-                check["ok"] = bool(check["exactness"]["ok"]
-                                   and check["steps"].get("switches", 0) >= 2
-                                   and check["draft_current_after_switch"] is not False)
-            else:
-                check["ok"] = False
-                check["error"] = res.get("error") or res.get("skipped")
-            self.checks["constructed toy: dual == known greedy"] = check
-            self.write()
+            for continuity in self.continuities():
+                name = "dual-toy" + self.lazy_suffix(continuity)
+                env, log = self.dual_env(name, policy="threshold", threshold=a.toy_threshold,
+                                         band=0, min_dwell=0, **self.continuity_env(continuity))
+                er = EngineRun(name, "correctness",
+                               self.common(toy / "target", "auto", 32)
+                               | {"dtype": a.toy_dtype}
+                               | self.spec_kwargs(ALGO, toy / f"draft-{a.toy_draft}"),
+                               env, [{"name": "exact", "kind": "exact", "requests": requests}],
+                               est_s=30, step_log=log)
+                res = self.run(er)
+                got = (res.get("tasks", {}).get("exact") or {}).get("outputs")
+                check = {"expected": "known greedy continuation of the constructed target"}
+                if got is not None:
+                    check["exactness"] = compare_outputs(expected, got).to_json()
+                    check["steps"] = self.step_summary(log)
+                    k1 = 4.0
+                    back = check["steps"].get("min_accept_after_switch_back")
+                    check["draft_current_after_switch"] = (
+                        None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
+                    check["ok"] = bool(check["exactness"]["ok"]
+                                       and check["steps"].get("switches", 0) >= 2
+                                       and check["draft_current_after_switch"] is not False)
+                    self.check_catch_ups(check, continuity, log)
+                else:
+                    check["ok"] = False
+                    check["error"] = res.get("error") or res.get("skipped")
+                self.checks[f"constructed toy: {self.dual_label(continuity)} == known greedy"] \
+                    = check
+                self.write()
 
         # Dummy weights: plain SGLang is the reference.
         shapes = toy_shapes()
@@ -205,24 +220,29 @@ class Suite:
         task = [{"name": "exact", "kind": "exact", "requests": requests}]
         plain = self.run(EngineRun("plain-toy-dummy", "correctness",
                                    self.common(target, "dummy", 32), {}, task, est_s=25))
-        env, log = self.dual_env("dual-toy-dummy", policy="threshold",
-                                 threshold=a.toy_threshold, band=0, min_dwell=0)
-        dual = self.run(EngineRun("dual-toy-dummy", "correctness",
-                                  self.common(target, "dummy", 32)
-                                  | self.spec_kwargs(ALGO, draft), env, task, est_s=30,
-                                  step_log=log))
-        want = (plain.get("tasks", {}).get("exact") or {}).get("outputs")
-        got = (dual.get("tasks", {}).get("exact") or {}).get("outputs")
-        check = {"expected": "plain SGLang, same dummy weights (seeded), same requests"}
-        if want is not None and got is not None:
-            check["exactness"] = compare_outputs(want, got).to_json()
-            check["steps"] = self.step_summary(log)
-            check["ok"] = bool(check["exactness"]["ok"] and check["steps"].get("switches", 0) >= 2)
-        else:
-            check["ok"] = False
-            check["error"] = dual.get("error") or plain.get("error") or "skipped"
-        self.checks["dummy weights: dual == plain SGLang"] = check
-        self.write()
+        for continuity in self.continuities():
+            name = "dual-toy-dummy" + self.lazy_suffix(continuity)
+            env, log = self.dual_env(name, policy="threshold",
+                                     threshold=a.toy_threshold, band=0, min_dwell=0,
+                                     **self.continuity_env(continuity))
+            dual = self.run(EngineRun(name, "correctness",
+                                      self.common(target, "dummy", 32)
+                                      | self.spec_kwargs(ALGO, draft), env, task, est_s=30,
+                                      step_log=log))
+            want = (plain.get("tasks", {}).get("exact") or {}).get("outputs")
+            got = (dual.get("tasks", {}).get("exact") or {}).get("outputs")
+            check = {"expected": "plain SGLang, same dummy weights (seeded), same requests"}
+            if want is not None and got is not None:
+                check["exactness"] = compare_outputs(want, got).to_json()
+                check["steps"] = self.step_summary(log)
+                check["ok"] = bool(check["exactness"]["ok"]
+                                   and check["steps"].get("switches", 0) >= 2)
+                self.check_catch_ups(check, continuity, log)
+            else:
+                check["ok"] = False
+                check["error"] = dual.get("error") or plain.get("error") or "skipped"
+            self.checks[f"dummy weights: {self.dual_label(continuity)} == plain SGLang"] = check
+            self.write()
 
     def bench(self, with_ramp: bool) -> None:
         a = self.args
@@ -248,6 +268,11 @@ class Suite:
         ramp_s = (2 * len(a.ramp_levels) - 1) * a.ramp_hold_s + 10 if with_ramp else 0
         self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
                            tasks, est_s=est * 1.5 + ramp_s, step_log=log))
+        if a.with_lazy:
+            env, log = self.dual_env("dual-lazy-bench", policy=a.dual_policy,
+                                     **self.continuity_env(LAZY))
+            self.run(EngineRun("dual-lazy", "bench", base | self.spec_kwargs(ALGO, draft),
+                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
         if a.try_adaptive:
             adaptive_sweep = dict(sweep, concurrency=[1, 32])
             self.run(EngineRun("eagle3-adaptive", "bench",
@@ -259,9 +284,42 @@ class Suite:
                                f"{a.input_len} in / {a.output_len} out random token ids, "
                                "ignore_eos, T=0; EAGLE-3 at its defaults (max_running_requests "
                                "48); dummy weights, Llama-3-8B shapes, triton attention, "
-                               f"3 steps, topk 1; dual policy={a.dual_policy}")
+                               f"3 steps, topk 1; dual policy={a.dual_policy}"
+                               + ("; dual-lazy: DGW_CONTINUITY=lazy-catch-up, dual: the "
+                                  "default keep-current" if a.with_lazy else ""))
 
     # -------------------------------------------------------------------- helpers
+
+    def continuities(self) -> list[str]:
+        """The dual worker's draft-continuity strategies to run: the default (keep-current)
+        always, lazy-catch-up with --with-lazy."""
+        return ["keep-current"] + ([LAZY] if self.args.with_lazy else [])
+
+    @staticmethod
+    def lazy_suffix(continuity: str) -> str:
+        return "-lazy" if continuity == LAZY else ""
+
+    @staticmethod
+    def dual_label(continuity: str) -> str:
+        return "dual" if continuity != LAZY else f"dual {LAZY}"
+
+    @staticmethod
+    def continuity_env(continuity: str) -> dict:
+        # keep-current is the worker's default: its engines get exactly the env they always had.
+        return {"continuity": LAZY} if continuity == LAZY else {}
+
+    @staticmethod
+    def catch_up_summary(log: Optional[str]) -> dict:
+        if not log or not os.path.exists(log):
+            return {"error": "no step log"}
+        return summarize_catch_ups(read_step_events(log))
+
+    def check_catch_ups(self, check: dict, continuity: str, log: Optional[str]) -> None:
+        """A lazy engine must actually have caught up (else the lazy path never ran)."""
+        if continuity != LAZY:
+            return
+        check["catch_ups"] = self.catch_up_summary(log)
+        check["ok"] = bool(check["ok"] and check["catch_ups"].get("catch_ups", 0) >= 1)
 
     def toy_checkpoints(self) -> Optional[Path]:
         if self.args.toy_dir:
@@ -288,7 +346,7 @@ class Suite:
 
     def startup(self) -> dict:
         out = {}
-        for name in ("eagle3", "dual", "plain"):
+        for name in ("eagle3", "dual", "dual-lazy", "plain"):
             r = self.runs.get(name)
             if r is None or "startup_s" not in r.result:
                 continue
@@ -314,6 +372,10 @@ class Suite:
         dual = self.runs.get("dual")
         if dual and dual.step_log:
             data["dual_bench_steps"] = self.step_summary(dual.step_log)
+        lazy = self.runs.get("dual-lazy")
+        if lazy and lazy.step_log:
+            data["dual_lazy_bench_steps"] = self.step_summary(lazy.step_log)
+            data["dual_lazy_bench_catch_ups"] = self.catch_up_summary(lazy.step_log)
         (self.out / "suite.json").write_text(json.dumps(data, indent=1, default=str))
         md = ["# SGLang dual-graph suite", ""]
         if table and any(table.values()):
@@ -323,6 +385,10 @@ class Suite:
         for name, chk in self.checks.items():
             md.append(f"- {name}: {'PASS' if chk.get('ok') else 'FAIL'} "
                       f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")
+        if "dual_lazy_bench_catch_ups" in data:
+            md.append("\n## dual-lazy (DGW_CONTINUITY=lazy-catch-up) in the bench\n"
+                      f"- catch-ups: {json.dumps(data['dual_lazy_bench_catch_ups'])}\n"
+                      f"- steps: {json.dumps(data['dual_lazy_bench_steps'])}")
         if data["startup"]:
             md.append("\n## start-up\n```\n" + json.dumps(data["startup"], indent=1) + "\n```")
         adaptive = self.runs.get("eagle3-adaptive")
@@ -391,6 +457,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ramp-levels", type=_ints, default=[1, 8, 32, 128])
     p.add_argument("--ramp-hold-s", type=float, default=4.0)
     p.add_argument("--no-adaptive", dest="try_adaptive", action="store_false")
+    p.add_argument("--with-lazy", action="store_true",
+                   help="also run every dual engine with DGW_CONTINUITY=lazy-catch-up "
+                        "(engines named *-lazy), next to the default keep-current one")
     args = p.parse_args(argv)
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     unknown = set(args.phases) - set(PHASES)

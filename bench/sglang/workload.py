@@ -125,3 +125,17 @@ def ramp_profile(levels: Sequence[int], hold_s: float) -> list[tuple[int, float]
     """Up then down through `levels`: [(concurrency, seconds)], e.g. 1,8,64 -> 1,8,64,8,1."""
     seq = list(levels) + list(reversed(levels[:-1]))
     return [(int(c), float(hold_s)) for c in seq]
+
+
+def summarize_catch_ups(events: Iterable[dict]) -> dict:
+    """Totals of the lazy-catch-up worker's ``catch_up`` step-log events (DGW_CONTINUITY=
+    lazy-catch-up): how often the draft caught up, over how many tokens, how many of those
+    were forced by a full stash, and how many backlogs of absent rows were dropped."""
+    ups = [e for e in events if e.get("event") == "catch_up"]
+    return {"catch_ups": len(ups),
+            "forced": sum(bool(e.get("forced")) for e in ups),
+            "tokens": sum(int(e.get("tokens", 0)) for e in ups),
+            "requests": sum(int(e.get("requests", 0)) for e in ups),
+            "passes": sum(int(e.get("passes", 0)) for e in ups),
+            "max_backlog": max((int(e.get("max_backlog", 0)) for e in ups), default=0),
+            "orphans": sum(int(e.get("orphans", 0)) for e in ups)}

@@ -21,10 +21,14 @@ Modules, one job each:
 - ``server_args_hook``: the server-argument adjustments (decode pool sizes, spec pool cap);
 - ``spec_algo``     : the CustomSpecAlgo subclass that mirrors EAGLE3's predicates (imports SGLang);
 - ``decode_pool``   : the width-1 target DECODE graph runner and its slot swap (imports SGLang);
+- ``backlog``       : lazy catch-up's host bookkeeping per request-pool row (engine-agnostic);
+- ``catch_up``      : lazy catch-up's stash arena and catch-up batch indices (plain torch);
 - ``draft_sync``    : the one-token draft extend that keeps the draft current (imports SGLang);
+- ``lazy_sync``     : DGW_CONTINUITY=lazy-catch-up, opt-in and not yet run on a GPU: stash in
+                      decode mode, one draft extend per backlog before speculating (imports SGLang);
 - ``worker``        : ``DualGraphEagleWorker``, the EAGLEWorkerV2 subclass (imports SGLang);
 - ``plugin``        : ``register()``, the entry point.
 
-Only ``spec_algo``, ``decode_pool``, ``draft_sync``, ``worker`` and ``plugin.register`` import
-SGLang; everything else is importable (and unit-tested) without it.
+Only ``spec_algo``, ``decode_pool``, ``draft_sync``, ``lazy_sync``, ``worker`` and
+``plugin.register`` import SGLang; everything else is importable (and unit-tested) without it.
 """

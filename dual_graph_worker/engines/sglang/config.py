@@ -19,6 +19,8 @@ the same environment, so every rank builds the same policy.
 | calibration          | DGW_CALIBRATION      | measure   | goodput table: "measure" or a JSON path      |
 | calibrate_iters      | DGW_CALIBRATE_ITERS  | 5         | timed replays per graph when measuring       |
 | step_log             | DGW_STEP_LOG         | (off)     | JSONL path: one line per decode step         |
+| continuity           | DGW_CONTINUITY       | keep-current | or lazy-catch-up (opt-in; see below)      |
+| lazy_stash_mb        | DGW_LAZY_STASH_MB    | 1024      | lazy-catch-up: stash size (MiB), see below   |
 
 Why threshold by default: on the H200 (DESIGN.md) an EAGLE-3 step at bs 32 cost ~2.8x a plain
 decode step end to end, far more than its graph replays alone suggest (CPU-side tree/sampling
@@ -27,6 +29,13 @@ would therefore over-predict speculation. The threshold (32, between the measure
 at accept length 2.0 and 3.0) is deterministic on every rank and needs no calibration;
 ``policy=goodput`` is available and uses a table measured by timing graph replays at start-up
 (or loaded from ``calibration``).
+
+Draft continuity (DESIGN.md "Draft state across switches"). ``keep-current`` (the default, the
+path that passed the GPU correctness suite) runs a one-token draft extend in every decode-mode
+step (draft_sync.py). ``lazy-catch-up`` (opt-in, NOT YET RUN ON A GPU) only stashes the target's
+EAGLE-3 features of each decode-mode token and catches the draft up in one draft extend before
+the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the stash, and when it is full
+the backlog is caught up early (a "forced" catch-up) instead of growing it.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from dual_graph_worker.continuity import Continuity
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import (
@@ -72,7 +82,13 @@ ENV_VARS: Mapping[str, str] = {
     "calibration": "DGW_CALIBRATION",
     "calibrate_iters": "DGW_CALIBRATE_ITERS",
     "step_log": "DGW_STEP_LOG",
+    "continuity": "DGW_CONTINUITY",
+    "lazy_stash_mb": "DGW_LAZY_STASH_MB",
 }
+
+# What the SGLang worker implements; Continuity.NONE (no draft state at all) is the reference
+# engine's plain baseline, which an SGLang server gets by not speculating.
+SGLANG_CONTINUITY = (Continuity.KEEP_CURRENT, Continuity.LAZY_CATCH_UP)
 
 
 @dataclass(frozen=True)
@@ -89,8 +105,17 @@ class WorkerConfig:
     calibration: str = MEASURE
     calibrate_iters: int = 5
     step_log: Optional[str] = None
+    continuity: Continuity = Continuity.KEEP_CURRENT
+    lazy_stash_mb: int = 1024
 
     def __post_init__(self) -> None:
+        if self.continuity not in SGLANG_CONTINUITY:
+            raise ConfigError(f"continuity {self.continuity.value!r} is not available in the "
+                              "SGLang worker (DGW_CONTINUITY); choose one of "
+                              f"{[c.value for c in SGLANG_CONTINUITY]}")
+        if self.lazy_stash_mb < 1:
+            raise ConfigError(f"lazy_stash_mb must be >= 1, got {self.lazy_stash_mb} "
+                              "(DGW_LAZY_STASH_MB)")
         if self.spec_max_bs < 1:
             raise ConfigError(f"spec_max_bs must be >= 1, got {self.spec_max_bs} "
                               "(DGW_SPEC_MAX_BS); use policy=decode to never speculate")
@@ -103,6 +128,10 @@ class WorkerConfig:
     @property
     def needs_calibration(self) -> bool:
         return self.policy is PolicyKind.GOODPUT
+
+    @property
+    def lazy(self) -> bool:
+        return self.continuity is Continuity.LAZY_CATCH_UP
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> "WorkerConfig":
@@ -128,6 +157,7 @@ class WorkerConfig:
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["policy"] = self.policy.value
+        out["continuity"] = self.continuity.value
         return out
 
 
@@ -149,6 +179,8 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
     try:
         if key == "policy":
             return PolicyKind(str(raw).strip().lower())
+        if key == "continuity":
+            return Continuity(str(raw).strip().lower())
         if key in ("margin", "ema_alpha"):
             return float(raw)
         if key in ("calibration",):
@@ -159,7 +191,8 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
             return None if raw in (None, "", "none") else int(raw)
         return int(raw)
     except (TypeError, ValueError) as exc:
-        choices = f" (one of {[k.value for k in PolicyKind]})" if key == "policy" else ""
+        choices = {"policy": f" (one of {[k.value for k in PolicyKind]})",
+                   "continuity": f" (one of {[c.value for c in SGLANG_CONTINUITY]})"}.get(key, "")
         raise ConfigError(f"{source}: bad value {raw!r} for {key}{choices}") from exc
 
 

@@ -62,7 +62,20 @@ def validate_server_args(server_args: Any) -> None:
                           "parallelism (--pp-size > 1); SGLang's spec workers do not either")
     # Parse the worker settings here too, so a typo in DGW_* fails at launch, not in a
     # scheduler process after the weights are loaded.
-    WorkerConfig.from_env(os.environ)
+    config = WorkerConfig.from_env(os.environ)
+    if config.lazy:
+        check_lazy_catch_up_server_args(server_args)
+
+
+def check_lazy_catch_up_server_args(server_args: Any) -> None:
+    """What DGW_CONTINUITY=lazy-catch-up cannot run with (lazy_sync.py says why)."""
+    if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
+        raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
+                          "(prebuilt decode batches bypass the worker, so a reused request row "
+                          "would keep a stale backlog); use DGW_CONTINUITY=keep-current")
+    if getattr(server_args, "enable_unified_memory", False):
+        raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support --enable-unified-memory "
+                          "(the stash is indexed by KV slot id); use DGW_CONTINUITY=keep-current")
 
 
 def worker_factory(server_args: Any) -> type:

@@ -12,6 +12,11 @@ Per decode step (``forward_batch_generation``): ModeSelector.plan(bs) -> either 
 step (super) or ``_decode_step``: one target DECODE replay (plain server's graph), SGLang's
 sampler, ``on_publish`` once, a one-token draft extend, and a result in the speculative layout
 (stride 1, accept length 1). Prefill, mixed and idle batches always take EAGLE-3's path.
+
+Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``keep-current`` (default) is the
+path above, unchanged. ``lazy-catch-up`` (opt-in, NOT YET RUN ON A GPU; lazy_sync.py) replaces
+the decode step's one-token draft extend by a stash of the target's features, and runs one
+draft extend over each request's backlog right before the next speculative step.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from dual_graph_worker.engines.sglang.decode_pool import (
     plan_decode_batch_sizes,
 )
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
+from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
 from dual_graph_worker.engines.sglang.layout import (
     decode_lengths,
     decode_out_cache_loc,
@@ -62,6 +68,9 @@ logger = logging.getLogger(__name__)
 
 
 class DualGraphEagleWorker(EAGLEWorkerV2):
+    # Set in init_cuda_graphs when continuity is lazy-catch-up; None: keep-current.
+    _lazy: Optional[LazyCatchUp] = None
+
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self._dgw_config = WorkerConfig.from_env(os.environ)
@@ -102,10 +111,17 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         calibration = self._calibration(spec_bs) if self._dgw_config.needs_calibration else None
         policy = build_policy(self._dgw_config, self.speculative_num_steps, calibration)
         self._selector = ModeSelector(table, policy, graphs_enabled=self._graphs_enabled)
+        if self._dgw_config.lazy:
+            # After every capture, so the graphs (and their pool) are those of keep-current.
+            self._lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
+                                     stash_mb=self._dgw_config.lazy_stash_mb,
+                                     on_catch_up=self._log_catch_up)
         summary = dict(policy=type(policy).__name__, config=self._dgw_config.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
                        num_steps=self.speculative_num_steps, topk=self.topk,
                        calibration=None if calibration is None else calibration.to_json())
+        if self._lazy is not None:
+            summary["lazy_catch_up"] = self._lazy.describe()
         logger.info("dual-graph: ready: %s", summary)
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
@@ -149,12 +165,18 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if (batch.forward_mode.is_extend() or batch.is_extend_in_batch
                 or batch.forward_mode.is_idle() or self._selector is None):
+            if self._lazy is not None and batch.forward_mode.is_extend():
+                # Admitted by EAGLE's prefill (its draft extend runs below): rows start current.
+                self._lazy.on_prefill(batch)
             return super().forward_batch_generation(batch, on_publish=on_publish,
                                                     grammar_barrier=grammar_barrier)
         plan = self._selector.plan(batch.seq_lens.shape[0])
         if plan.mode is Mode.SPEC:
+            keep_alive = None if self._lazy is None else self._lazy.before_spec_step(batch)
             result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                       grammar_barrier=grammar_barrier)
+            if keep_alive:
+                result.extra_keep_alive_refs = list(result.extra_keep_alive_refs or []) + keep_alive
         else:
             result = self._decode_step(batch, plan, on_publish, grammar_barrier)
         self._ledger.launched(plan)
@@ -165,6 +187,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if not isinstance(draft_input, EagleDraftInput) or draft_input.bonus_tokens is None:
             raise RuntimeError("dual-graph decode step needs the previous step's bonus tokens "
                                f"in batch.spec_info (got {type(draft_input).__name__})")
+        lazy = self._lazy
+        if lazy is not None:
+            rows = rows_of(batch)
+            lazy_keep_alive = lazy.make_room(batch, rows)      # a catch-up if the stash is full
         mr = self._target_worker.model_runner
         out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
                                              batch.req_pool_indices, batch.seq_lens)
@@ -183,10 +209,19 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         layout = decode_step_layout(batch.seq_lens)
         if on_publish is not None:
             on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
-        draft = run_one_token_draft_extend(self._draft_worker, batch,
-                                           target_hidden=logits_output.hidden_states,
-                                           sampled=target.next_token_ids,
-                                           out_cache_loc=out_cache_loc)
+        if lazy is None:
+            draft = run_one_token_draft_extend(self._draft_worker, batch,
+                                               target_hidden=logits_output.hidden_states,
+                                               sampled=target.next_token_ids,
+                                               out_cache_loc=out_cache_loc)
+            next_draft_input = draft.next_draft_input
+            keep_alive = [forward_batch, draft.forward_batch]
+        else:
+            lazy.stash(rows, aux=logits_output.hidden_states, sampled=target.next_token_ids,
+                       out_cache_loc=out_cache_loc)
+            next_draft_input = lazy.carried_draft_input(draft_input, target.next_token_ids,
+                                                        self.topk)
+            keep_alive = [forward_batch] + lazy_keep_alive
         if batch.return_logprob and logits_output.next_token_logprobs is not None:
             logits_output.next_token_logprobs = per_request_logprobs(
                 logits_output.next_token_logprobs)
@@ -195,12 +230,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             next_token_ids=target.next_token_ids,
             can_run_cuda_graph=target.can_run_cuda_graph,
             speculative_num_draft_tokens=layout.stride,
-            next_draft_input=draft.next_draft_input,
+            next_draft_input=next_draft_input,
             accept_lens=layout.accept_lens,
             new_seq_lens=layout.new_seq_lens,
             routed_experts_output=target.routed_experts_output,
             indexer_topk_output=target.indexer_topk_output,
-            extra_keep_alive_refs=[forward_batch, draft.forward_batch],
+            extra_keep_alive_refs=keep_alive,
         )
 
     @staticmethod
@@ -223,6 +258,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return view
 
     # ------------------------------------------------------------------------- accounting
+
+    def _log_catch_up(self, info: dict) -> None:
+        logger.debug("dual-graph lazy catch-up: %s", info)
+        if self._step_log is not None and self._lazy is not None:
+            self._step_log.write_event("catch_up", time.time(), **info,
+                                       totals=self._lazy.backlog.stats.to_json())
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)

@@ -1,0 +1,195 @@
+"""Lazy catch-up, device side but engine-agnostic: the stash and the catch-up batch's indices.
+
+Plain torch (no SGLang), so every index computed here is unit-tested on CPU against a direct
+loop. Part of the ``lazy-catch-up`` continuity strategy, NOT YET RUN ON A GPU (lazy_sync.py runs
+these tensors through SGLang's draft model).
+
+EAGLE-3's draft reads, at position p, the token at p+1 and the target's aux hidden states at p
+(the prefill draft extend shifts the prompt by one; the verify draft extend feeds the target's
+own outputs). A decode-mode step at pre-step length L writes the target KV of position L and
+emits the token at L+1, so it stashes exactly one draft input: (aux at L, token at L+1), filed
+under the KV slot of position L. A catch-up over a request's positions ``[start, end)`` then
+needs, per position, its KV slot (``req_to_token[row, p]``, the same slot the target wrote, also
+the draft KV slot since both pools share one index space) and the stash entry filed under it.
+
+StashArena: ``aux`` [cells, A] and ``tokens`` [cells] hold the features; ``cell_of_slot``
+[KV slots] maps a slot to its cell. A step's cells are a contiguous range handed out by
+backlog.LazyBacklog, so writing them is two slice copies and one ``index_copy_`` by the step's
+``out_cache_loc``; nothing is allocated per step. (A feature row per KV slot, as the reference
+engine keeps, would need KV-slots x 3H x 2 bytes: 21 GB for the 855k slots x 12288 bf16 of the
+measured Llama-3-8B-shaped config, about twice the free memory left after start-up. The arena
+is sized by a memory budget instead, and a full arena triggers a catch-up.)
+
+plan_passes: a catch-up covers each request's backlog with one or more segments; a pass (one
+draft forward) holds at most ``max_tokens`` tokens, and a request's later segments always come
+in later passes, so each segment's prefix (earlier positions) is already in the draft KV when it
+runs. build_catch_up_indices: the index tensors of one pass, computed on the device from the
+batch's device-side ``seq_lens`` (no device->host copy); host mirrors only where the host
+already knows the lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+
+class Segment(NamedTuple):
+    """Backlog offsets ``[begin, end)`` (0 = the request's first position behind) of request
+    ``req`` (an index into the catch-up's request list); ``final``: it ends the backlog, so its
+    last row yields the request's next proposal."""
+
+    req: int
+    begin: int
+    end: int
+    final: bool
+
+
+def plan_passes(counts: Sequence[int], max_tokens: int) -> list[list[Segment]]:
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    rounds: list[list[Segment]] = []
+    for i, n in enumerate(counts):
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"request {i} has backlog {n}; only rows that are behind are "
+                             "caught up")
+        for r, b in enumerate(range(0, n, max_tokens)):
+            e = min(b + max_tokens, n)
+            if len(rounds) <= r:
+                rounds.append([])
+            rounds[r].append(Segment(i, b, e, e == n))
+    passes: list[list[Segment]] = []
+    for rnd in rounds:                      # round r: every request's r-th segment
+        cur: list[Segment] = []
+        used = 0
+        for seg in rnd:
+            n = seg.end - seg.begin
+            if cur and used + n > max_tokens:
+                passes.append(cur)
+                cur, used = [], 0
+            cur.append(seg)
+            used += n
+        if cur:
+            passes.append(cur)
+    return passes
+
+
+@dataclass
+class StashArena:
+    aux: torch.Tensor            # [cells, A]: target aux hidden states at position p
+    tokens: torch.Tensor         # [cells] int64: the token at position p + 1
+    cell_of_slot: torch.Tensor   # [KV slots] int64: the cell filed under a KV slot
+    cell_ids: torch.Tensor       # [cells] int64 = arange(cells); a step's cells are a view
+
+    @classmethod
+    def allocate(cls, cells: int, aux_width: int, aux_dtype: torch.dtype, num_slots: int,
+                 device) -> "StashArena":
+        dev = torch.device(device)
+        return cls(aux=torch.zeros(cells, aux_width, dtype=aux_dtype, device=dev),
+                   tokens=torch.zeros(cells, dtype=torch.int64, device=dev),
+                   cell_of_slot=torch.zeros(num_slots, dtype=torch.int64, device=dev),
+                   cell_ids=torch.arange(cells, dtype=torch.int64, device=dev))
+
+    @property
+    def cells(self) -> int:
+        return self.aux.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size()
+                   for t in (self.aux, self.tokens, self.cell_of_slot, self.cell_ids))
+
+    def write(self, base: int, aux: torch.Tensor, tokens: torch.Tensor,
+              slots: torch.Tensor) -> None:
+        """File a decode step's draft inputs: row i of `aux` (target aux at the position the
+        step wrote) and `tokens` (the token it emitted) under KV slot ``slots[i]``."""
+        n = aux.shape[0]
+        if tokens.shape[0] != n or slots.shape[0] != n:
+            raise ValueError(f"stash rows disagree: aux {n}, tokens {tokens.shape[0]}, "
+                             f"slots {slots.shape[0]}")
+        if aux.shape[1:] != self.aux.shape[1:]:
+            raise ValueError(f"target aux width {tuple(aux.shape[1:])} != stash width "
+                             f"{tuple(self.aux.shape[1:])}")
+        if base < 0 or base + n > self.cells:
+            raise ValueError(f"cells [{base}, {base + n}) outside the arena of {self.cells}")
+        self.aux[base:base + n].copy_(aux)
+        self.tokens[base:base + n].copy_(tokens)
+        self.cell_of_slot.index_copy_(0, slots.to(torch.int64), self.cell_ids[base:base + n])
+
+    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux rows, token ids) filed under `slots`, in order."""
+        cells = self.cell_of_slot[slots]
+        return self.aux[cells], self.tokens[cells]
+
+
+class CatchUpIndices(NamedTuple):
+    """One pass: ``s`` segments, ``num_tokens`` positions, segment-major order."""
+
+    req_pool_indices: torch.Tensor   # [s] int64 device: request-pool row of each segment
+    positions: torch.Tensor          # [T] int64 device
+    slots: torch.Tensor              # [T] int64 device: KV slot of each position
+    prefix_lens: torch.Tensor        # [s] int32 device: positions before the segment
+    extend_lens: torch.Tensor        # [s] int32 device
+    seq_lens: torch.Tensor           # [s] int64 device: prefix + extend
+    last_rows: torch.Tensor          # [s] int64 device: row of each segment's last position
+    extend_lens_cpu: list[int]
+    prefix_lens_cpu: Optional[list[int]]      # None when the batch has no host seq_lens
+    seq_lens_cpu: Optional[torch.Tensor]      # int64 host, None likewise
+    num_tokens: int
+    batch_positions: list[int]       # [s] index of each segment's request in the batch
+    final: list[bool]                # [s]
+
+
+def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: torch.Tensor,
+                           ends: torch.Tensor, counts: Sequence[int],
+                           batch_positions: Sequence[int], req_to_token: torch.Tensor,
+                           ends_cpu: Optional[Sequence[int]] = None) -> CatchUpIndices:
+    """Indices of one pass.
+
+    `req_pool_indices`, `ends` (device) and `counts`, `batch_positions` (host) are indexed by
+    the catch-up's request list; ``ends[i]`` is request i's committed length (the batch's
+    ``seq_lens``), so its backlog is ``[ends[i] - counts[i], ends[i])``. `ends_cpu`, when the
+    host has it, gives the host mirrors that let the attention backend size its buffers
+    exactly; without it they are None and everything stays on the device.
+    """
+    if not segments:
+        raise ValueError("a catch-up pass needs at least one segment")
+    device = ends.device
+    counts = np.asarray(counts, dtype=np.int64)
+    seg_req = np.asarray([g.req for g in segments], dtype=np.int64)
+    begin = np.asarray([g.begin for g in segments], dtype=np.int64)
+    lens = np.asarray([g.end - g.begin for g in segments], dtype=np.int64)
+    if (lens < 1).any() or (begin < 0).any() or (begin + lens > counts[seg_req]).any():
+        raise ValueError("segment outside its request's backlog")
+    num_tokens = int(lens.sum())
+    host = torch.from_numpy(np.stack([seg_req, begin, lens, counts[seg_req]]))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    sr, sb, sl, sn = host.to(device, non_blocking=True).unbind(0)
+    start = ends.to(torch.int64)[sr] - sn                # first position behind
+    prefix = start + sb
+    seq = prefix + sl
+    cum = torch.cumsum(sl, 0)
+    seg_of_tok = torch.repeat_interleave(torch.arange(len(segments), device=device), sl,
+                                         output_size=num_tokens)
+    offset = torch.arange(num_tokens, device=device) - (cum - sl)[seg_of_tok]
+    positions = prefix[seg_of_tok] + offset
+    rows = req_pool_indices.to(torch.int64)[sr]
+    slots = req_to_token[rows[seg_of_tok], positions].to(torch.int64)
+    prefix_cpu = seq_cpu = None
+    if ends_cpu is not None:
+        e = np.asarray(ends_cpu, dtype=np.int64)[seg_req]
+        p = e - counts[seg_req] + begin
+        prefix_cpu = [int(x) for x in p]
+        seq_cpu = torch.from_numpy(p + lens)
+    return CatchUpIndices(
+        req_pool_indices=rows, positions=positions, slots=slots,
+        prefix_lens=prefix.to(torch.int32), extend_lens=sl.to(torch.int32), seq_lens=seq,
+        last_rows=cum - 1, extend_lens_cpu=[int(x) for x in lens], prefix_lens_cpu=prefix_cpu,
+        seq_lens_cpu=seq_cpu, num_tokens=num_tokens,
+        batch_positions=[int(batch_positions[i]) for i in seg_req],
+        final=[bool(g.final) for g in segments])

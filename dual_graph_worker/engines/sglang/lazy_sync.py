@@ -1,0 +1,421 @@
+"""Lazy catch-up of the draft (``DGW_CONTINUITY=lazy-catch-up``): opt-in, NOT YET RUN ON A GPU.
+
+The default ``keep-current`` strategy (draft_sync.py) runs an eager one-token draft extend in
+every decode-mode step; on the H200 the dual worker was ~11% slower than plain SGLang at
+concurrency 64-256, inferred (not profiled) to be that extend. This strategy does what the
+reference engine does (continuity.py, engines/reference/engine.py), where it measured within ~1%
+of plain: a decode-mode step only files the target's EAGLE-3 features of its token, and the
+draft catches up in one draft extend per request backlog before the next speculative step.
+
+Everything below was designed by reading SGLang 0.5.17's source; none of it has executed on a
+GPU yet. Citations are to 0.5.17 (paths under ``sglang/srt/``).
+
+Decode-mode step (worker._decode_step, lazy branch):
+1. ``make_room``: if the stash arena cannot take this step (backlog.LazyBacklog.room_for), catch
+   up every row of the batch that is behind first (a "forced" catch-up, proposals discarded).
+2. The target DECODE replay runs as before. Its ``logits_output.hidden_states`` is the packed
+   aux hidden states [bs, A] (FULL capture; llama.py:574-585 -> logits_processor.py:667-680),
+   sliced to the real batch by the graph runner (decode_cuda_graph_runner.py:1259), and lives in
+   graph-pool memory the next replay may reuse (map trap 10); ``stash`` copies it into the
+   arena right after the forward, before any other replay, in stream order.
+3. ``stash``: arena.write(base, aux, sampled token, out_cache_loc) = two slice copies and one
+   ``index_copy_``, nothing allocated; the host counts the row as one token further behind.
+4. ``carried_draft_input``: the result's next_draft_input must hold four real tensors of spec
+   mode's shapes (the FutureMap fixes them at the first stash, overlap_utils.py:297-340, and
+   filter/merge slice them, eagle_info.py:208-269). The topk_p / topk_index / hidden_states the
+   batch arrived with are already exactly that, so they are carried unchanged (no allocation);
+   bonus_tokens is the sampled token, int32 as the verify path writes it. The carried proposal
+   is stale, and is never drafted from: every row of a lazy decode step is behind afterwards,
+   and ``before_spec_step`` replaces the proposal of every row that is behind.
+
+Speculative step (``before_spec_step``, then EAGLEWorkerV2.forward_batch_generation):
+- Rows behind: ``count`` tokens each, positions ``[seq_lens - count, seq_lens)`` where
+  ``batch.seq_lens`` is the committed length (spec v2 keeps the pre-step length; a decode step
+  published ``seq_lens + 1``). One draft extend (``_run_pass`` per pass of at most
+  ``max_pass_tokens``, usually one pass) feeds, per position p, (token at p+1, target aux at p)
+  from the stash, writes the draft KV at the position's slot ``req_to_token[row, p]`` and takes
+  each request's last row: argmax (topk 1, not HIP) or softmax + fast_topk, as
+  _draft_extend_for_decode does (eagle_worker_v2.py:966-985), plus that row's draft hidden
+  state. These replace the batch's ``spec_info`` topk_p / topk_index / hidden_states rows
+  (out-of-place ``index_copy``; new tensors are bound, none is written in place), then the
+  normal EAGLE-3 step runs and drafts from them.
+- The pass is built the way prepare_for_draft_extend builds SGLang's own draft extend
+  (eagle_worker_common.py:105-209), on a shallow copy of the batch (EAGLE's step still needs the
+  batch): ForwardMode.DRAFT_EXTEND_V2, FULL hidden capture, ``ForwardBatch.init_new``, the
+  draft-extend backend's ``init_forward_metadata`` then ``mark_forward_metadata_ready``, then
+  ``draft_runner.forward``. What differs: per-request extend lengths, and
+  ``EagleDraftExtendInput.select_index`` = each request's last row, so the LM head runs on one
+  row per request (logits_processor.py:500-510; the FULL hidden states stay unpruned and are
+  gathered at the same rows here).
+- Why DRAFT_EXTEND_V2 with variable lengths is valid eagerly on triton: the triton backend's
+  eager ``init_forward_metadata`` treats every extend-family mode alike (the ``else`` branch,
+  triton_backend.py:869-922): kv_indptr from ``extend_prefix_lens``, ``qo_indptr =
+  cumsum(extend_seq_lens)``, no custom mask (causal), ``max_extend_len`` from
+  ``extend_seq_lens_cpu``; ``forward_extend`` is mode-blind (:1250-1420). Positions come from
+  ``compute_position(prefix, extend)`` in init_new (forward_batch_info.py:902-931). The draft's
+  prefill CUDA graph never takes it: it is captured at LAST or NULL hidden capture
+  (prefill_cuda_graph_runner.py:286-295) and refuses a FULL batch (:1081-1085), so
+  ``_forward_raw`` (model_runner.py:1587-1617) runs it eagerly, the same route the keep-current
+  one-token extend takes. Other attention backends are refused at start-up (not verified).
+- Host lengths: with ``batch.seq_lens_cpu`` (triton keeps ``needs_cpu_seq_lens`` True, so the
+  FutureMap publishes it, overlap_utils.py:419-468) the extend lengths go to init_new as host
+  lists; without it, as device tensors plus ``extend_seq_lens_cpu`` (which the host knows from
+  the counts), the gpu_only path prepare_for_draft_extend itself uses.
+
+Stash: a bump-allocated arena of ``DGW_LAZY_STASH_MB`` (default 1024 MiB = 43,662 tokens of a
+Llama-3-8B-shaped 3 x 4096 bf16 feature) plus a KV-slot -> cell map (catch_up.StashArena). A row
+per KV slot, as the reference engine keeps, would need 21 GB at the H200 bench's 855,835-slot
+pool, twice what is free after start-up. It is allocated once, after every CUDA graph capture
+(so the graphs are those of keep-current), and needs at least one cell per request-pool row.
+Also relied on: a committed position's ``req_to_token`` entry never changes while its request
+lives (eagle_prepare_for_decode only allocates beyond ``kv_allocated_len``, eagle_utils.py:
+879-951; rejected slots lie beyond the committed length), so the slot a decode step stashed
+under is the slot the catch-up looks up; and the scheduler's WAR barrier (scheduler.py:
+1664-1679) only takes a fast path on an event a draft-runner *graph* replay publishes
+(eagle_draft_extend_cuda_graph_runner.py:593-596), so the eager catch-up passes leave it as
+keep-current's eager extend does (decode steps: coarse wait; spec steps: EAGLE's own extend).
+
+Prefill (``on_prefill``): a request admitted by an extend batch gets its draft state from
+EAGLE's own prefill draft extend (eagle_worker_v2.py:1106-1141), so its row starts current; this
+also resets a row a finished request left behind (rows are reused).
+
+Overlap scheduler (scheduler.py:3560-3650). What this relies on:
+- The worker runs on the forward stream; every kernel here is enqueued there, in launch order.
+- At entry, ``batch.seq_lens`` was gathered from the FutureMap's published lengths after waiting
+  on ``publish_ready`` (resolve_seq_lens_cpu, overlap_utils.py:412-468, called in run_batch before
+  the forward), i.e. the previous forward's ``new_seq_lens``, which a decode step publishes once
+  as ``seq_lens + 1`` (unchanged ``on_publish`` contract).
+- ``batch.spec_info``'s topk_p / topk_index / hidden_states / bonus_tokens were gathered into
+  fresh tensors from the FutureMap buffers on the forward stream (resolve_forward_inputs ->
+  _resolve_spec_extras, overlap_utils.py:365-409), i.e. what the previous forward (possibly
+  still in flight) stashed. Replacing the object's fields is what the resolver itself does; the
+  FutureMap buffers are never written here, only by the scheduler's stash of this step's result.
+- Host bookkeeping happens at launch time, in launch order, which is also the forward stream's
+  order; it never waits on the device. Proposals of in-flight steps are never read on the host.
+- Tensors built for a catch-up are returned to the worker, which parks them in the result's
+  ``extra_keep_alive_refs`` (scheduler.py:3600-3606), as the keep-current path does with its
+  forward batch.
+Non-overlap path (scheduler.py:3658-3680): the same, with ``batch.seq_lens = new_seq_lens`` and
+``batch.spec_info = next_draft_input`` set directly by the scheduler.
+
+Refused with lazy-catch-up (spec_algo.validate_server_args / start-up): PD disaggregation
+(prebuilt decode batches bypass the worker, so a reused row would not be reset), the unified KV
+pool (its virtual slot ids are not known to stay below the pool size), a non-triton draft-extend
+attention backend. Known limit: with the radix cache on, a request that finishes with a backlog
+leaves draft KV that was never written at its last decode-mode positions; a later request that
+reuses that prefix drafts from it. Only acceptance suffers (the target verifies every token).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np
+import torch
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
+from sglang.srt.speculative.spec_utils import renorm_draft_probs, spec_stage_span
+from sglang.srt.utils.common import fast_topk, is_hip
+
+from dual_graph_worker.engines.sglang.backlog import (
+    Behind,
+    LazyBacklog,
+    arena_cells_for_budget,
+)
+from dual_graph_worker.engines.sglang.catch_up import (
+    CatchUpIndices,
+    StashArena,
+    build_catch_up_indices,
+    plan_passes,
+)
+from dual_graph_worker.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_is_hip = is_hip()
+_MiB = 1 << 20
+DEFAULT_MAX_PASS_TOKENS = 8192
+
+
+class CatchUpResult(NamedTuple):
+    batch_positions: list[int]            # rows of the batch whose proposal is below, in order
+    topk_p: Optional[torch.Tensor]        # [m, topk] fp32 (None: proposals not wanted)
+    topk_index: Optional[torch.Tensor]    # [m, topk] int64
+    hidden_states: Optional[torch.Tensor]  # [m, draft hidden]
+    keep_alive: list                      # forward batches / index tensors of the passes
+    info: dict                            # for the step log
+
+
+def rows_of(batch: Any) -> np.ndarray:
+    """The batch's request-pool rows on the host, in batch order (no device copy)."""
+    cpu = getattr(batch, "req_pool_indices_cpu", None)
+    rows = (cpu.numpy() if isinstance(cpu, torch.Tensor) else
+            np.asarray([r.req_pool_idx for r in batch.reqs] if cpu is None else cpu))
+    rows = rows.astype(np.int64, copy=False).reshape(-1)
+    if rows.shape[0] != batch.seq_lens.shape[0]:
+        raise RuntimeError(f"batch has {batch.seq_lens.shape[0]} requests but "
+                           f"{rows.shape[0]} host request-pool rows")
+    return rows
+
+
+class LazyCatchUp:
+    """Stash + backlog + catch-up for one DualGraphEagleWorker (one per TP rank; every rank
+    makes the same host decisions, from batch sizes and counts alone)."""
+
+    def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
+                 stash_mb: int, on_catch_up: Optional[Callable[[dict], None]] = None) -> None:
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        dr = draft_worker.draft_runner
+        if not isinstance(dr.attn_backend, TritonAttnBackend):
+            raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
+                              "triton attention backend (draft extend with per-request lengths)"
+                              f"; the draft-extend backend here is "
+                              f"{type(dr.attn_backend).__name__}. Use --attention-backend "
+                              "triton or DGW_CONTINUITY=keep-current")
+        self.dw = draft_worker
+        self.req_to_token = req_to_token_pool.req_to_token
+        device = self.req_to_token.device
+        num_rows = int(self.req_to_token.shape[0])
+        kv = target_runner.token_to_kv_pool
+        num_slots = int(kv.size) + int(getattr(kv, "page_size", 1) or 1)
+        aux_width = int(get_draft_input_from_target_hidden_dim(dr))
+        aux_dtype = dr.model_config.dtype
+        elem = torch.empty((), dtype=aux_dtype).element_size()
+        # Per cell: the feature row, its token id and its cell id (the arange a step slices).
+        cells = arena_cells_for_budget(int(stash_mb) * _MiB, aux_width=aux_width,
+                                       aux_elem_bytes=elem, token_bytes=16)
+        cells = min(cells, num_slots)           # more cells than KV slots are never in use
+        if cells < num_rows:
+            need = -(-num_rows * (aux_width * elem + 16) // _MiB)
+            raise ConfigError(f"DGW_LAZY_STASH_MB={stash_mb} holds {cells} stashed tokens of "
+                              f"{aux_width} x {aux_dtype} features, fewer than the "
+                              f"{num_rows} request-pool rows one decode step may need; set "
+                              f"DGW_LAZY_STASH_MB >= {need}")
+        per_cell = aux_width * elem + 8 + 8
+        need_bytes = cells * per_cell + num_slots * 8
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            if need_bytes > free // 2:
+                raise ConfigError(f"the lazy-catch-up stash needs {need_bytes / _MiB:.0f} MiB "
+                                  f"but only {free / _MiB:.0f} MiB are free after start-up; "
+                                  "lower DGW_LAZY_STASH_MB or --mem-fraction-static, or use "
+                                  "DGW_CONTINUITY=keep-current")
+        self.arena = StashArena.allocate(cells, aux_width, aux_dtype, num_slots, device)
+        self.backlog = LazyBacklog(num_rows, cells)
+        chunk = getattr(dr.server_args, "chunked_prefill_size", None)
+        self.max_pass_tokens = int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_PASS_TOKENS
+        self.on_catch_up = on_catch_up
+        logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
+                    "%d KV slots, catch-up passes of <= %d tokens", cells, aux_width, aux_dtype,
+                    self.arena.nbytes / _MiB, num_slots, self.max_pass_tokens)
+
+    def describe(self) -> dict:
+        return {"stash_tokens": self.arena.cells, "stash_mib": round(self.arena.nbytes / _MiB, 1),
+                "aux_width": int(self.arena.aux.shape[1]),
+                "max_pass_tokens": self.max_pass_tokens}
+
+    # ----------------------------------------------------------------------- hooks
+
+    def on_prefill(self, batch: Any) -> None:
+        self.backlog.reset(rows_of(batch))
+
+    def make_room(self, batch: Any, rows: np.ndarray) -> list:
+        """Before a lazy decode step: a forced catch-up if the arena cannot take it."""
+        if self.backlog.room_for(rows.shape[0]):
+            return []
+        behind = self.backlog.behind(rows)
+        if behind.positions.size == 0:
+            # Only orphans fill the arena (module docstring of backlog.py): drop them.
+            self.backlog.caught_up(rows[:0], forced=True)
+            return []
+        return self._catch_up(batch, rows, behind, forced=True, want_proposals=False).keep_alive
+
+    def stash(self, rows: np.ndarray, *, aux: Optional[torch.Tensor], sampled: torch.Tensor,
+              out_cache_loc: torch.Tensor) -> None:
+        if aux is None:
+            raise RuntimeError("the decode pool returned no hidden states; lazy catch-up needs "
+                               "the target's EAGLE-3 aux hidden states (FULL capture)")
+        # Validate before the host counts move, so a failure leaves the bookkeeping consistent.
+        if aux.shape[0] != rows.shape[0] or aux.shape[1:] != self.arena.aux.shape[1:]:
+            raise RuntimeError(f"target aux hidden states {tuple(aux.shape)} do not match the "
+                               f"stash ({rows.shape[0]}, {self.arena.aux.shape[1]})")
+        base = self.backlog.note_decode_step(rows)
+        self.arena.write(base, aux, sampled, out_cache_loc)
+
+    @staticmethod
+    def carried_draft_input(draft_input: EagleDraftInput, sampled: torch.Tensor,
+                            topk: int) -> EagleDraftInput:
+        bs = sampled.shape[0]
+        for name, want in (("topk_p", (bs, topk)), ("topk_index", (bs, topk))):
+            t = getattr(draft_input, name)
+            if t is None or tuple(t.shape) != want:
+                raise RuntimeError(f"lazy decode step: batch.spec_info.{name} is "
+                                   f"{None if t is None else tuple(t.shape)}, expected {want}")
+        hs = draft_input.hidden_states
+        if hs is None or hs.shape[0] != bs:
+            raise RuntimeError("lazy decode step: batch.spec_info.hidden_states is "
+                               f"{None if hs is None else tuple(hs.shape)}, expected {bs} rows")
+        return EagleDraftInput(topk_p=draft_input.topk_p, topk_index=draft_input.topk_index,
+                               hidden_states=hs, bonus_tokens=sampled.to(torch.int32))
+
+    def before_spec_step(self, batch: Any) -> list:
+        """Catch up every row of `batch` that is behind and install its proposal."""
+        rows = rows_of(batch)
+        behind = self.backlog.behind(rows)
+        if behind.positions.size == 0:
+            return []
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, EagleDraftInput):
+            raise RuntimeError("lazy catch-up needs the batch's EagleDraftInput to install "
+                               f"proposals into (got {type(draft_input).__name__})")
+        res = self._catch_up(batch, rows, behind, forced=False, want_proposals=True)
+        bs = rows.shape[0]
+        if res.batch_positions == list(range(bs)):
+            where = None
+        else:
+            where = _to_device(res.batch_positions, batch.seq_lens.device)
+        draft_input.topk_p = _merge(draft_input.topk_p, where, res.topk_p)
+        draft_input.topk_index = _merge(draft_input.topk_index, where, res.topk_index)
+        draft_input.hidden_states = _merge(draft_input.hidden_states, where, res.hidden_states)
+        return res.keep_alive + ([] if where is None else [where])
+
+    # -------------------------------------------------------------------- catch-up
+
+    def _catch_up(self, batch: Any, rows: np.ndarray, behind: Behind, *, forced: bool,
+                  want_proposals: bool) -> CatchUpResult:
+        device = batch.seq_lens.device
+        if behind.positions.size == rows.shape[0]:
+            rpi, ends = batch.req_pool_indices, batch.seq_lens
+        else:
+            sel = _to_device(behind.positions, device)
+            rpi, ends = batch.req_pool_indices[sel], batch.seq_lens[sel]
+        ends_cpu = None
+        if getattr(batch, "seq_lens_cpu", None) is not None:
+            ends_cpu = np.asarray(batch.seq_lens_cpu, dtype=np.int64)[behind.positions]
+        passes = plan_passes(behind.counts, self.max_pass_tokens)
+        positions: list[int] = []
+        props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        keep: list = []
+        dw = self.dw
+        with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
+              speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
+            for segments in passes:
+                idx = build_catch_up_indices(
+                    segments, req_pool_indices=rpi, ends=ends, counts=behind.counts,
+                    batch_positions=behind.positions, req_to_token=self.req_to_token,
+                    ends_cpu=ends_cpu)
+                forward_batch, logits_output = self._run_pass(batch, idx)
+                keep.append(forward_batch)
+                if want_proposals:
+                    final = [j for j, f in enumerate(idx.final) if f]
+                    if final:
+                        props.append(self._proposals(batch, idx, logits_output, final))
+                        positions.extend(idx.batch_positions[j] for j in final)
+        done = self.backlog.caught_up(rows[behind.positions], forced=forced)
+        info = {"forced": forced, "requests": int(behind.positions.size),
+                "tokens": done.tokens, "passes": len(passes),
+                "max_backlog": int(behind.counts.max()), "orphans": done.orphans}
+        if done.orphans:
+            # Expected for every request that finished, was aborted or retracted while behind;
+            # counted in the step log's catch_up events ("orphans").
+            logger.debug("dual-graph lazy catch-up: dropped the backlog of %d request rows "
+                         "not in the running batch", done.orphans)
+        if self.on_catch_up is not None:
+            self.on_catch_up(info)
+        if not want_proposals:
+            return CatchUpResult([], None, None, None, keep, info)
+        if len(props) == 1:
+            topk_p, topk_index, hidden = props[0]
+        else:
+            topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
+        return CatchUpResult(positions, topk_p, topk_index, hidden, keep, info)
+
+    def _run_pass(self, batch: Any, idx: CatchUpIndices):
+        dr = self.dw.draft_runner
+        aux, token_ids = self.arena.gather(idx.slots)
+        view = copy.copy(batch)             # EAGLE's step still needs the batch as it is
+        view.forward_mode = ForwardMode.DRAFT_EXTEND_V2
+        view.spec_info = EagleDraftExtendInput(
+            hidden_states=aux,
+            # Only read by DP padding and the draft-extend graph runner, neither of which runs
+            # here; an upper bound of the per-request width.
+            num_tokens_per_req=max(idx.extend_lens_cpu),
+            num_tokens_for_logprob_per_req=1,
+            select_index=idx.last_rows,
+        )
+        view.input_ids = token_ids
+        view.out_cache_loc = idx.slots
+        view.req_pool_indices = idx.req_pool_indices
+        view.seq_lens = idx.seq_lens            # post-write lengths, as the draft extend uses
+        view.seq_lens_cpu = idx.seq_lens_cpu
+        view.seq_lens_sum = (None if idx.seq_lens_cpu is None
+                             else int(idx.seq_lens_cpu.sum()))
+        view.orig_seq_lens = None
+        if idx.prefix_lens_cpu is not None:
+            view.prefix_lens, view.extend_lens = idx.prefix_lens_cpu, idx.extend_lens_cpu
+        else:
+            view.prefix_lens, view.extend_lens = idx.prefix_lens, idx.extend_lens
+        view.extend_num_tokens = idx.num_tokens
+        view.extend_logprob_start_lens = None
+        view.return_logprob = False
+        forward_batch = ForwardBatch.init_new(view, dr,
+                                              capture_hidden_mode=CaptureHiddenMode.FULL,
+                                              return_hidden_states_before_norm=False)
+        forward_batch.return_logprob = False
+        if idx.prefix_lens_cpu is None:
+            forward_batch.extend_seq_lens_cpu = idx.extend_lens_cpu
+        dr.attn_backend.init_forward_metadata(forward_batch)
+        forward_batch.mark_forward_metadata_ready()
+        logits_output = dr.forward(forward_batch).logits_output
+        return forward_batch, logits_output
+
+    def _proposals(self, batch: Any, idx: CatchUpIndices, logits_output: Any,
+                   final: list[int]):
+        logits = logits_output.next_token_logits          # one row per segment (select_index)
+        hidden = logits_output.hidden_states
+        if hidden.shape[0] == idx.num_tokens:
+            hidden = hidden[idx.last_rows]
+        elif hidden.shape[0] != len(idx.final):
+            raise RuntimeError(f"draft extend returned {hidden.shape[0]} hidden rows for "
+                               f"{idx.num_tokens} tokens / {len(idx.final)} requests")
+        if len(final) != len(idx.final):
+            keep = _to_device(final, logits.device)
+            logits, hidden = logits[keep], hidden[keep]
+        if self.dw.topk == 1 and not _is_hip:
+            topk_index = torch.argmax(logits, dim=-1, keepdim=True)
+            topk_p = torch.ones_like(topk_index, dtype=torch.float32)
+        else:
+            probs = renorm_draft_probs(logits, batch.sampling_info, False)
+            topk_p, topk_index = fast_topk(probs, self.dw.topk, dim=-1)
+        return topk_p, topk_index, hidden
+
+
+def _to_device(values, device) -> torch.Tensor:
+    """A small host index list/array as an int64 device tensor (pinned, non-blocking H2D)."""
+    host = torch.as_tensor(np.asarray(values, dtype=np.int64))
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def _merge(old: Optional[torch.Tensor], where: Optional[torch.Tensor],
+           new: torch.Tensor) -> torch.Tensor:
+    """`old` with rows `where` replaced by `new` (all rows, in order, when `where` is None);
+    always a new tensor, never an in-place write into one the FutureMap or a result holds."""
+    if where is None:
+        return new if old is None else new.to(old.dtype)
+    if old is None:
+        raise RuntimeError("cannot install catch-up proposals into a missing spec_info field")
+    return old.index_copy(0, where, new.to(old.dtype))

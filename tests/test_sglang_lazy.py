@@ -1,0 +1,760 @@
+"""DGW_CONTINUITY=lazy-catch-up (not yet run on a GPU): everything testable on CPU.
+
+Part one needs no SGLang: the config keys, the host backlog (backlog.py), the stash arena and
+the catch-up index tensors (catch_up.py), and a simulation of whole request lifetimes that checks
+lazy catch-up leaves exactly the draft KV inputs keep-current leaves, and that no speculative
+step ever starts with a request behind. Part two imports SGLang 0.5.17 (skipped when it is not
+importable) and drives lazy_sync.py and the worker's routing with fake model runners.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.sglang import version as version_mod
+from dual_graph_worker.engines.sglang.backlog import LazyBacklog, arena_cells_for_budget
+from dual_graph_worker.engines.sglang.catch_up import (
+    Segment,
+    StashArena,
+    build_catch_up_indices,
+    plan_passes,
+)
+from dual_graph_worker.engines.sglang.config import WorkerConfig
+from dual_graph_worker.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_lazy_modules_do_not_import_sglang():
+    code = textwrap.dedent("""
+        import sys
+        import dual_graph_worker.engines.sglang.backlog, dual_graph_worker.engines.sglang.catch_up
+        import dual_graph_worker.engines.sglang.config
+        assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ------------------------------------------------------------------------------------ config
+
+def test_continuity_config():
+    assert WorkerConfig().continuity is Continuity.KEEP_CURRENT and not WorkerConfig().lazy
+    cfg = WorkerConfig.from_env({"DGW_CONTINUITY": "Lazy-Catch-Up", "DGW_LAZY_STASH_MB": "64"})
+    assert cfg.lazy and cfg.lazy_stash_mb == 64
+    assert cfg.to_json()["continuity"] == "lazy-catch-up"
+    assert WorkerConfig.from_mapping({"continuity": "keep-current"}) == WorkerConfig()
+    with pytest.raises(ConfigError, match="keep-current"):
+        WorkerConfig.from_env({"DGW_CONTINUITY": "lazy"})
+    with pytest.raises(ConfigError, match="not available in the SGLang worker"):
+        WorkerConfig.from_env({"DGW_CONTINUITY": "none"})
+    with pytest.raises(ConfigError, match="DGW_LAZY_STASH_MB"):
+        WorkerConfig(lazy_stash_mb=0)
+
+
+# ------------------------------------------------------------------------------------ backlog
+
+def test_backlog_counts_cells_and_stats():
+    b = LazyBacklog(num_rows=8, arena_cells=10)
+    assert b.room_for(10) and not b.room_for(11)
+    assert b.note_decode_step([3, 5, 1]) == 0
+    assert b.note_decode_step([3, 5, 1]) == 3
+    assert b.note_decode_step([5, 2]) == 6 and b.cursor == 8
+    assert not b.room_for(3)
+    with pytest.raises(RuntimeError, match="arena full"):
+        b.note_decode_step([3, 5, 1])
+    assert b.cursor == 8 and b.count[3] == 2            # a refused step changed nothing
+    behind = b.behind([1, 2, 4, 5])
+    assert behind.positions.tolist() == [0, 1, 3] and behind.counts.tolist() == [2, 1, 3]
+    b.reset([2])                                         # row 2 re-admitted by a prefill
+    assert b.behind([2]).positions.size == 0
+    done = b.caught_up([1, 5], forced=True)
+    assert done == (5, 1)                                # row 3 was behind, not in the batch
+    assert b.cursor == 0 and not b.count.any()
+    s = b.stats
+    assert (s.decode_steps, s.stashed_tokens, s.catch_ups, s.forced_catch_ups) == (3, 8, 1, 1)
+    assert (s.caught_up_tokens, s.max_backlog, s.orphans_dropped) == (5, 3, 1)
+    b.note_decode_step([4])
+    assert b.caught_up([], forced=True) == (0, 1) and b.stats.catch_ups == 1   # orphans only
+    with pytest.raises(ValueError, match="one cell per request-pool row"):
+        LazyBacklog(num_rows=8, arena_cells=7)
+
+
+def test_arena_budget_and_why_not_a_row_per_kv_slot():
+    # Llama-3-8B-shaped target: aux = 3 x 4096 bf16 per token.
+    assert arena_cells_for_budget(1024 << 20, aux_width=12288, aux_elem_bytes=2,
+                                  token_bytes=16) == 43662
+    assert arena_cells_for_budget(100, aux_width=10, aux_elem_bytes=2) == 3
+    # One feature row per KV slot at the H200 bench's 855,835-token pool: ~21 GB, about twice
+    # the ~10 GB left free after start-up (bench/results/sglang/bench/report.md).
+    assert 855835 * 12288 * 2 / 1e9 > 21.0
+
+
+# ------------------------------------------------------------------------------------ passes
+
+def _check_passes(counts, max_tokens, passes):
+    seen = {i: [] for i in range(len(counts))}
+    for k, segs in enumerate(passes):
+        assert segs and sum(g.end - g.begin for g in segs) <= max_tokens
+        assert len({g.req for g in segs}) == len(segs)        # one segment per request a pass
+        for g in segs:
+            seen[g.req].append((k, g))
+    for i, n in enumerate(counts):
+        ks = [k for k, _ in seen[i]]
+        segs = [g for _, g in seen[i]]
+        assert ks == sorted(ks) and len(set(ks)) == len(ks)   # later segments, later passes
+        assert segs[0].begin == 0 and segs[-1].end == n
+        assert all(a.end == b.begin for a, b in zip(segs, segs[1:]))
+        assert [g.final for g in segs] == [False] * (len(segs) - 1) + [True]
+
+
+def test_plan_passes_properties():
+    assert plan_passes([3, 1, 2], 8) == [[Segment(0, 0, 3, True), Segment(1, 0, 1, True),
+                                          Segment(2, 0, 2, True)]]
+    assert plan_passes([5], 2) == [[Segment(0, 0, 2, False)], [Segment(0, 2, 4, False)],
+                                   [Segment(0, 4, 5, True)]]
+    rng = random.Random(0)
+    for _ in range(200):
+        counts = [rng.randint(1, 40) for _ in range(rng.randint(1, 12))]
+        max_tokens = rng.randint(1, 60)
+        _check_passes(counts, max_tokens, plan_passes(counts, max_tokens))
+    with pytest.raises(ValueError):
+        plan_passes([2, 0], 8)
+    with pytest.raises(ValueError):
+        plan_passes([2], 0)
+
+
+# ------------------------------------------------------------------------------ arena + index
+
+def test_stash_arena_files_rows_under_slots():
+    arena = StashArena.allocate(cells=6, aux_width=2, aux_dtype=torch.float32, num_slots=20,
+                                device="cpu")
+    assert arena.cells == 6 and arena.nbytes == 6 * 2 * 4 + 6 * 8 + 20 * 8 + 6 * 8
+    arena.write(0, torch.tensor([[1., 1.], [2., 2.]]), torch.tensor([11, 12], dtype=torch.int32),
+                torch.tensor([7, 3]))
+    arena.write(2, torch.tensor([[3., 3.]]), torch.tensor([13]), torch.tensor([9]))
+    aux, tok = arena.gather(torch.tensor([3, 9, 7]))
+    assert aux[:, 0].tolist() == [2., 3., 1.] and tok.tolist() == [12, 13, 11]
+    assert tok.dtype == torch.int64
+    arena.write(0, torch.tensor([[5., 5.]]), torch.tensor([15]), torch.tensor([4]))  # reuse
+    assert arena.gather(torch.tensor([4]))[1].tolist() == [15]
+    with pytest.raises(ValueError, match="width"):
+        arena.write(0, torch.zeros(1, 3), torch.zeros(1), torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="outside"):
+        arena.write(5, torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="disagree"):
+        arena.write(0, torch.zeros(2, 2), torch.zeros(1), torch.zeros(2, dtype=torch.int64))
+
+
+def _reference_indices(segments, rows, ends, counts, req_to_token):
+    pos, slots, last, prefix, seq = [], [], [], [], []
+    for g in segments:
+        start = ends[g.req] - counts[g.req]
+        p = list(range(start + g.begin, start + g.end))
+        prefix.append(p[0])
+        seq.append(p[-1] + 1)
+        pos += p
+        slots += [int(req_to_token[rows[g.req], q]) for q in p]
+        last.append(len(pos) - 1)
+    return pos, slots, last, prefix, seq
+
+
+def test_catch_up_indices_match_a_direct_loop():
+    rng = random.Random(1)
+    for trial in range(60):
+        R, ctx = 9, 64
+        req_to_token = torch.randint(0, 5000, (R, ctx), dtype=torch.int32)
+        m = rng.randint(1, 6)
+        rows = rng.sample(range(R), m)
+        counts = [rng.randint(1, 20) for _ in range(m)]
+        ends = [c + rng.randint(0, 30) for c in counts]
+        batch_positions = sorted(rng.sample(range(12), m))
+        with_cpu = trial % 2 == 0
+        for segs in plan_passes(counts, rng.randint(1, 25)):
+            idx = build_catch_up_indices(
+                segs, req_pool_indices=torch.tensor(rows), ends=torch.tensor(ends),
+                counts=counts, batch_positions=batch_positions, req_to_token=req_to_token,
+                ends_cpu=ends if with_cpu else None)
+            pos, slots, last, prefix, seq = _reference_indices(segs, rows, ends, counts,
+                                                               req_to_token)
+            assert idx.positions.tolist() == pos and idx.slots.tolist() == slots
+            assert idx.slots.dtype == torch.int64 and idx.num_tokens == len(pos)
+            assert idx.last_rows.tolist() == last
+            assert idx.prefix_lens.tolist() == prefix and idx.seq_lens.tolist() == seq
+            assert idx.extend_lens.tolist() == idx.extend_lens_cpu == \
+                [g.end - g.begin for g in segs]
+            assert idx.prefix_lens.dtype == idx.extend_lens.dtype == torch.int32
+            assert idx.req_pool_indices.tolist() == [rows[g.req] for g in segs]
+            assert idx.batch_positions == [batch_positions[g.req] for g in segs]
+            assert idx.final == [g.final for g in segs]
+            if with_cpu:
+                assert idx.prefix_lens_cpu == prefix and idx.seq_lens_cpu.tolist() == seq
+            else:
+                assert idx.prefix_lens_cpu is None and idx.seq_lens_cpu is None
+    with pytest.raises(ValueError, match="outside"):
+        build_catch_up_indices([Segment(0, 0, 5, True)], req_pool_indices=torch.tensor([0]),
+                               ends=torch.tensor([9]), counts=[4], batch_positions=[0],
+                               req_to_token=torch.zeros(1, 16, dtype=torch.int32))
+
+
+# ---------------------------------------------------------- whole lifetimes, lazy vs current
+
+class _Sim:
+    """Requests on a shared KV slot pool, stepped in decode and spec mode; 'draft KV' at a slot
+    is the draft's input there (token at p+1, target aux at p): for a one-layer EAGLE-3 draft
+    that input alone determines the K/V written at p. keep-current writes it every decode
+    step; lazy stashes and catches up with the real backlog / arena / index code."""
+
+    A = 3
+
+    def __init__(self, lazy: bool, rows=6, slots=1200, ctx=160, cells=None, max_tokens=7,
+                 seed=0):
+        self.lazy, self.R, self.ctx, self.max_tokens = lazy, rows, ctx, max_tokens
+        self.rng = random.Random(seed)
+        self.free = list(range(1, slots))
+        self.rng.shuffle(self.free)
+        self.req_to_token = torch.zeros(rows, ctx, dtype=torch.int32)
+        self.kv = torch.full((slots, 1 + self.A), float("nan"))
+        self.seq: dict[int, int] = {}       # row -> committed length
+        self.owner: dict[int, int] = {}     # row -> request id
+        self.held: dict[int, list[int]] = {}
+        self.next_id = 0
+        self.backlog = LazyBacklog(rows, cells or rows)
+        self.arena = StashArena.allocate(cells or rows, self.A, torch.float32, slots, "cpu")
+        self.spec_steps_checked = 0
+
+    # the target's outputs, a function of (request, position) only
+    def token(self, rid, p):
+        return (rid * 7919 + p * 31) % 997 + 2
+
+    def aux(self, rid, p):
+        return [float(rid), float(p), float(rid * p % 101)]
+
+    def truth(self, rid, p):
+        return torch.tensor([float(self.token(rid, p + 1))] + self.aux(rid, p))
+
+    def slot(self, row, p):
+        s = self.free.pop()
+        self.req_to_token[row, p] = s
+        self.held[row].append(s)
+        return s
+
+    def running(self):
+        return sorted(self.seq)        # batch order (any fixed order works)
+
+    def admit(self, row, prompt):
+        self.owner[row], self.seq[row], self.held[row] = self.next_id, prompt, []
+        self.next_id += 1
+        for p in range(prompt):                      # prefill + EAGLE's prefill draft extend
+            self.kv[self.slot(row, p)] = self.truth(self.owner[row], p)
+        self.backlog.reset([row])
+
+    def finish(self, row):
+        self.free += self.held.pop(row)
+        self.rng.shuffle(self.free)
+        del self.seq[row], self.owner[row]
+
+    def catch_up(self, rows, forced):
+        behind = self.backlog.behind(rows)
+        if behind.positions.size == 0:
+            return
+        ends = torch.tensor([self.seq[r] for r in rows])[torch.from_numpy(behind.positions)]
+        rpi = torch.tensor(rows)[torch.from_numpy(behind.positions)]
+        for segs in plan_passes(behind.counts, self.max_tokens):
+            idx = build_catch_up_indices(segs, req_pool_indices=rpi, ends=ends,
+                                         counts=behind.counts, batch_positions=behind.positions,
+                                         req_to_token=self.req_to_token)
+            aux, tok = self.arena.gather(idx.slots)
+            self.kv[idx.slots] = torch.cat([tok[:, None].float(), aux], dim=1)
+            # the proposal rows are each request's last position behind, end - 1
+            for j, g in enumerate(segs):
+                if g.final:
+                    assert int(idx.positions[idx.last_rows[j]]) == self.seq[rows[
+                        int(behind.positions[g.req])]] - 1
+        self.backlog.caught_up(np.asarray(rows)[behind.positions], forced=forced)
+
+    def decode(self):
+        rows = self.running()
+        if self.lazy and not self.backlog.room_for(len(rows)):
+            self.catch_up(rows, forced=True)
+        slots, aux, tok = [], [], []
+        for r in rows:
+            L, rid = self.seq[r], self.owner[r]
+            s = self.slot(r, L)
+            if self.lazy:
+                slots.append(s)
+                aux.append(self.aux(rid, L))
+                tok.append(self.token(rid, L + 1))
+            else:
+                self.kv[s] = self.truth(rid, L)
+            self.seq[r] = L + 1
+        if self.lazy:
+            base = self.backlog.note_decode_step(rows)
+            self.arena.write(base, torch.tensor(aux), torch.tensor(tok), torch.tensor(slots))
+
+    def spec(self):
+        rows = self.running()
+        if self.lazy:
+            self.catch_up(rows, forced=False)
+        self.assert_current(rows)                   # never draft from a stale state
+        self.spec_steps_checked += 1
+        for r in rows:
+            rid, L = self.owner[r], self.seq[r]
+            for p in range(L, L + self.rng.randint(1, 4)):     # accepted tokens
+                self.kv[self.slot(r, p)] = self.truth(rid, p)
+            self.seq[r] = p + 1
+
+    def assert_current(self, rows):
+        for r in rows:
+            rid = self.owner[r]
+            got = self.kv[self.req_to_token[r, : self.seq[r]].long()]
+            want = torch.stack([self.truth(rid, p) for p in range(self.seq[r])])
+            assert torch.equal(got, want), (r, rid)
+
+    def run(self, steps):
+        for _ in range(steps):
+            free_rows = [r for r in range(self.R) if r not in self.seq]
+            if free_rows and self.rng.random() < 0.3:
+                self.admit(self.rng.choice(free_rows), self.rng.randint(1, 8))
+            elif self.seq and self.rng.random() < 0.1:
+                self.finish(self.rng.choice(self.running()))
+            elif self.seq:
+                full = any(self.seq[r] + 4 >= self.ctx for r in self.seq)
+                if full:
+                    self.finish(max(self.seq, key=self.seq.get))
+                elif self.rng.random() < 0.3:
+                    self.spec()
+                else:
+                    self.decode()
+        return self
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("cells,max_tokens", [(6, 3), (40, 7), (400, 64)])
+def test_lazy_catch_up_leaves_the_draft_state_keep_current_leaves(seed, cells, max_tokens):
+    lazy = _Sim(True, cells=cells, max_tokens=max_tokens, seed=seed).run(400)
+    current = _Sim(False, seed=seed).run(400)
+    assert lazy.spec_steps_checked > 10 and lazy.spec_steps_checked == current.spec_steps_checked
+    assert lazy.seq == current.seq and lazy.owner == current.owner
+    rows = lazy.running()
+    lazy.catch_up(rows, forced=False)
+    lazy.assert_current(rows)
+    current.assert_current(rows)
+    s = lazy.backlog.stats
+    assert s.catch_ups > 0 and s.caught_up_tokens > 0
+    if cells == 6:
+        assert s.forced_catch_ups > 0          # a tiny arena forces catch-ups in decode mode
+
+
+# ============================================================ with SGLang 0.5.17 (CPU only)
+
+@pytest.fixture
+def sgl():
+    pytest.importorskip("sglang.srt.speculative.eagle_info",
+                        reason="SGLang 0.5.17 is not importable here")
+    if version_mod.installed_sglang_version() != version_mod.SUPPORTED_SGLANG_VERSION:
+        pytest.skip("tests need SGLang " + version_mod.SUPPORTED_SGLANG_VERSION)
+    from dual_graph_worker.engines.sglang import lazy_sync
+
+    return lazy_sync
+
+
+def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft=None):
+    lz = object.__new__(lazy_sync.LazyCatchUp)
+    lz.dw = draft or SimpleNamespace(topk=topk)
+    lz.req_to_token = torch.arange(rows * 32, dtype=torch.int32).reshape(rows, 32)
+    lz.arena = StashArena.allocate(cells, aux_width, torch.float32, slots * 8, "cpu")
+    lz.backlog = LazyBacklog(rows, cells)
+    lz.max_pass_tokens = 8192
+    lz.on_catch_up = None
+    return lz
+
+
+def test_rows_of_reads_host_rows(sgl):
+    b = SimpleNamespace(req_pool_indices_cpu=torch.tensor([4, 2]), seq_lens=torch.zeros(2))
+    assert sgl.rows_of(b).tolist() == [4, 2]
+    b = SimpleNamespace(req_pool_indices_cpu=None, seq_lens=torch.zeros(2),
+                        reqs=[SimpleNamespace(req_pool_idx=3), SimpleNamespace(req_pool_idx=1)])
+    assert sgl.rows_of(b).tolist() == [3, 1]
+    with pytest.raises(RuntimeError, match="host request-pool rows"):
+        sgl.rows_of(SimpleNamespace(req_pool_indices_cpu=torch.tensor([1]),
+                                    seq_lens=torch.zeros(2)))
+
+
+def test_carried_draft_input_keeps_spec_shapes_without_new_tensors(sgl):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    di = EagleDraftInput(topk_p=torch.rand(3, 1), topk_index=torch.zeros(3, 1, dtype=torch.int64),
+                         hidden_states=torch.rand(3, 5), bonus_tokens=torch.zeros(3))
+    out = sgl.LazyCatchUp.carried_draft_input(di, torch.tensor([4, 5, 6]), topk=1)
+    assert out.topk_p is di.topk_p and out.topk_index is di.topk_index
+    assert out.hidden_states is di.hidden_states
+    assert out.bonus_tokens.dtype == torch.int32 and out.bonus_tokens.tolist() == [4, 5, 6]
+    with pytest.raises(RuntimeError, match="topk_p"):
+        sgl.LazyCatchUp.carried_draft_input(di, torch.tensor([4, 5]), topk=1)
+    di.hidden_states = None
+    with pytest.raises(RuntimeError, match="hidden_states"):
+        sgl.LazyCatchUp.carried_draft_input(di, torch.tensor([4, 5, 6]), topk=1)
+
+
+def test_merge_never_writes_in_place(sgl):
+    old = torch.zeros(4, 2)
+    new = torch.ones(2, 2, dtype=torch.float64)
+    out = sgl._merge(old, torch.tensor([3, 1]), new)
+    assert out.dtype == old.dtype and out[:, 0].tolist() == [0., 1., 0., 1.]
+    assert not old.any()
+    assert sgl._merge(old, None, torch.ones(4, 2)) is not old
+
+
+def test_stash_and_make_room(sgl):
+    lz = _bare_lazy(sgl, rows=8, cells=8)
+    rows = np.array([5, 1, 2])
+    lz.stash(rows, aux=torch.rand(3, 4), sampled=torch.tensor([1, 2, 3]),
+             out_cache_loc=torch.tensor([10, 11, 12]))
+    assert lz.backlog.cursor == 3 and lz.backlog.count[[5, 1, 2]].tolist() == [1, 1, 1]
+    with pytest.raises(RuntimeError, match="do not match the stash"):
+        lz.stash(rows, aux=torch.rand(3, 5), sampled=torch.zeros(3),
+                 out_cache_loc=torch.zeros(3, dtype=torch.int64))
+    assert lz.backlog.cursor == 3                       # bookkeeping untouched by the error
+    with pytest.raises(RuntimeError, match="no hidden states"):
+        lz.stash(rows, aux=None, sampled=torch.zeros(3),
+                 out_cache_loc=torch.zeros(3, dtype=torch.int64))
+    assert lz.make_room(SimpleNamespace(), rows) == []  # room left: nothing runs
+    lz.backlog.note_decode_step([0, 3, 4, 6, 7])       # fills the arena with other rows
+    lz.backlog.reset([2])                               # row 2 re-admitted: current
+    # Full arena, nobody in this batch behind: the arena holds only orphans, which are dropped
+    # without a draft forward (the bare LazyCatchUp has no draft runner to run one).
+    assert lz.make_room(SimpleNamespace(), np.array([2])) == []
+    assert lz.backlog.cursor == 0 and lz.backlog.stats.orphans_dropped == 7
+
+
+class _FakeDraftRunner:
+    """What _run_pass touches on the draft ModelRunner; forward returns per-row logits whose
+    argmax is the position of the row (so proposals are checkable) and hidden = position."""
+
+    def __init__(self, vocab=512, hidden=6):
+        self.vocab, self.hidden = vocab, hidden
+        self.tp_group = None
+        self.attn_backend = SimpleNamespace(init_forward_metadata=self._plan)
+        self.planned, self.forwards = [], []
+        self.server_args = SimpleNamespace(chunked_prefill_size=8192)
+
+    def _plan(self, fb):
+        self.planned.append(fb)
+
+    def forward(self, fb):
+        self.forwards.append(fb)
+        pos = fb.positions
+        rows = fb.spec_info.select_index
+        logits = torch.full((rows.shape[0], self.vocab), -1.0)
+        logits[torch.arange(rows.shape[0]), pos[rows] % self.vocab] = 1.0
+        hidden = pos[:, None].float().expand(-1, self.hidden).clone()
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits,
+                                                             hidden_states=hidden))
+
+
+def _fake_init_new(view, runner, *, capture_hidden_mode, return_hidden_states_before_norm):
+    prefix, ext = view.prefix_lens, view.extend_lens
+    pos = torch.cat([torch.arange(int(p), int(p) + int(n)) for p, n in zip(prefix, ext)])
+    fb = SimpleNamespace(view=view, positions=pos, spec_info=view.spec_info,
+                         capture_hidden_mode=capture_hidden_mode, forward_mode=view.forward_mode,
+                         input_ids=view.input_ids, out_cache_loc=view.out_cache_loc,
+                         return_logprob=True, extend_seq_lens_cpu=None, ready=False)
+    fb.mark_forward_metadata_ready = lambda: setattr(fb, "ready", True)
+    return fb
+
+
+@pytest.fixture
+def fake_sglang_forward(sgl, monkeypatch):
+    monkeypatch.setattr(sgl.ForwardBatch, "init_new", staticmethod(_fake_init_new))
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context",
+                 "spec_stage_span"):
+        monkeypatch.setattr(sgl, name, lambda *a, **k: contextlib.nullcontext())
+    return sgl
+
+
+@pytest.mark.parametrize("host_lens", [True, False])
+def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward, host_lens):
+    sgl = fake_sglang_forward
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    runner = _FakeDraftRunner()
+    draft = SimpleNamespace(topk=1, draft_runner=runner,
+                            draft_tp_context=lambda group: contextlib.nullcontext())
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft)
+    events = []
+    lz.on_catch_up = events.append
+    # Rows 5, 2 (batch positions 0, 2) ran 3 and 1 lazy decode steps; row 7 (position 1) is
+    # current (prefilled since). Stash what those steps emitted.
+    seq = {5: 10, 7: 4, 2: 6}
+    for step, rws in enumerate([[5, 2], [5], [5]]):
+        starts = {5: 7, 2: 5}
+        pos = [starts[r] + step for r in rws]
+        slots = torch.tensor([int(lz.req_to_token[r, p]) for r, p in zip(rws, pos)])
+        lz.stash(np.array(rws), aux=torch.tensor([[float(p)] * 4 for p in pos]),
+                 sampled=torch.tensor([100 + p for p in pos]), out_cache_loc=slots)
+    batch_rows = [5, 7, 2]
+    di = EagleDraftInput(topk_p=torch.full((3, 1), 0.5), hidden_states=torch.zeros(3, 6),
+                         topk_index=torch.full((3, 1), -1, dtype=torch.int64),
+                         bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32))
+    old_p = di.topk_p
+    batch = SimpleNamespace(
+        req_pool_indices_cpu=torch.tensor(batch_rows), req_pool_indices=torch.tensor(batch_rows),
+        seq_lens=torch.tensor([seq[r] for r in batch_rows]),
+        seq_lens_cpu=torch.tensor([seq[r] for r in batch_rows]) if host_lens else None,
+        seq_lens_sum=20, spec_info=di, forward_mode=ForwardMode.DECODE, input_ids=None,
+        out_cache_loc=None, sampling_info=None)
+    keep = lz.before_spec_step(batch)
+    assert keep and runner.forwards and all(fb.ready for fb in runner.forwards)
+    fb = runner.forwards[0]
+    v = fb.view
+    assert v.forward_mode == ForwardMode.DRAFT_EXTEND_V2 and fb.return_logprob is False
+    # positions 7..9 of row 5, then position 5 of row 2: (token at p+1, aux at p)
+    assert fb.positions.tolist() == [7, 8, 9, 5]
+    assert v.input_ids.tolist() == [107, 108, 109, 105]
+    assert v.spec_info.hidden_states[:, 0].tolist() == [7., 8., 9., 5.]
+    assert v.out_cache_loc.tolist() == [int(lz.req_to_token[5, p]) for p in (7, 8, 9)] + \
+        [int(lz.req_to_token[2, 5])]
+    assert v.req_pool_indices.tolist() == [5, 2] and v.seq_lens.tolist() == [10, 6]
+    assert v.spec_info.select_index.tolist() == [2, 3]
+    if host_lens:
+        assert (v.prefix_lens, v.extend_lens) == ([7, 5], [3, 1])
+        assert v.seq_lens_cpu.tolist() == [10, 6] and v.seq_lens_sum == 16
+    else:
+        assert v.prefix_lens.tolist() == [7, 5] and v.extend_lens.tolist() == [3, 1]
+        assert fb.extend_seq_lens_cpu == [3, 1] and v.seq_lens_cpu is None
+    # proposals: rows 0 and 2 replaced (argmax = position of the last row), row 1 kept
+    assert di.topk_index[:, 0].tolist() == [9, -1, 5]
+    assert di.topk_p[:, 0].tolist() == [1.0, 0.5, 1.0] and old_p[:, 0].tolist() == [0.5] * 3
+    assert di.hidden_states[:, 0].tolist() == [9., 0., 5.]
+    assert di.bonus_tokens.tolist() == [1, 2, 3]
+    assert batch.forward_mode == ForwardMode.DECODE and batch.out_cache_loc is None  # untouched
+    assert not lz.backlog.count.any() and lz.backlog.cursor == 0
+    assert events == [{"forced": False, "requests": 2, "tokens": 4, "passes": 1,
+                       "max_backlog": 3, "orphans": 0}]
+    assert lz.before_spec_step(batch) == [] and len(runner.forwards) == 1   # nothing behind
+
+
+def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward):
+    sgl = fake_sglang_forward
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    runner = _FakeDraftRunner()
+    draft = SimpleNamespace(topk=2, draft_runner=runner,
+                            draft_tp_context=lambda group: contextlib.nullcontext())
+    lz = _bare_lazy(sgl, rows=4, cells=64, draft=draft)
+    lz.max_pass_tokens = 2
+    for p in range(5):                       # row 3 five tokens behind, row 0 one (last step)
+        rws = [3] if p < 4 else [3, 0]
+        lz.stash(np.array(rws), aux=torch.zeros(len(rws), 4),
+                 sampled=torch.zeros(len(rws), dtype=torch.int64),
+                 out_cache_loc=torch.tensor([int(lz.req_to_token[r, 20 + p]) for r in rws]))
+    di = EagleDraftInput(topk_p=torch.zeros(2, 2), topk_index=torch.zeros(2, 2, dtype=torch.int64),
+                         hidden_states=torch.zeros(2, 6), bonus_tokens=torch.zeros(2))
+    batch = SimpleNamespace(req_pool_indices_cpu=torch.tensor([3, 0]),
+                            req_pool_indices=torch.tensor([3, 0]),
+                            seq_lens=torch.tensor([25, 25]), seq_lens_cpu=None, spec_info=di,
+                            sampling_info=None)
+    lz.before_spec_step(batch)
+    assert [f.positions.tolist() for f in runner.forwards] == [[20, 21], [24], [22, 23], [24]]
+    assert di.topk_index[:, 0].tolist() == [24, 24] and di.topk_index.shape == (2, 2)
+    assert di.hidden_states[:, 0].tolist() == [24., 24.]
+
+
+def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
+    from dual_graph_worker.engines.sglang.spec_algo import check_lazy_catch_up_server_args
+
+    check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null"))
+    with pytest.raises(ConfigError, match="disaggregation"):
+        check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="decode"))
+    with pytest.raises(ConfigError, match="unified-memory"):
+        check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null",
+                                                        enable_unified_memory=True))
+
+
+# ------------------------------------------------------------------------- the worker glue
+
+def _worker(tmp_path, lazy):
+    from dual_graph_worker.dispatch import DispatchTable
+    from dual_graph_worker.engines.sglang.decision import ModeSelector, StepLedger
+    from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
+    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+    from dual_graph_worker.policy import ThresholdPolicy
+
+    w = object.__new__(DualGraphEagleWorker)
+    w.adaptive_controller = None
+    w._ledger = StepLedger()
+    w._selector = ModeSelector(DispatchTable.build([1, 2, 4], [1, 2, 4, 8, 16]),
+                               ThresholdPolicy(threshold=4, num_draft_tokens=3))
+    w._step_log = None
+    w._decode_pool = eager_decode_pool()
+    w._lazy = lazy
+    return w
+
+
+def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    calls = []
+    lazy = SimpleNamespace(on_prefill=lambda b: calls.append("prefill"),
+                           before_spec_step=lambda b: calls.append("catch-up") or ["fb"])
+    w = _worker(tmp_path, lazy)
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None:
+                        calls.append("spec") or SimpleNamespace(extra_keep_alive_refs=["x"]))
+    monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, plan, on_publish, gb:
+                        calls.append("decode") or "decode-result")
+
+    def batch(bs, mode=ForwardMode.DECODE):
+        return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
+                               seq_lens=torch.zeros(bs, dtype=torch.int64))
+
+    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))
+    res = w.forward_batch_generation(batch(2))
+    assert res.extra_keep_alive_refs == ["x", "fb"]
+    w.forward_batch_generation(batch(9))
+    w.forward_batch_generation(batch(1, ForwardMode.IDLE))
+    # prefill: reset then EAGLE's prefill; spec: catch-up first; decode pool; idle: EAGLE only
+    assert calls == ["prefill", "spec", "catch-up", "spec", "decode", "spec"]
+
+
+def _decode_fixture(sgl, monkeypatch, tmp_path, lazy):
+    """A worker whose target forward, ForwardBatch and draft extend are fakes, for _decode_step."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    from dual_graph_worker.engines.sglang import worker as worker_mod
+
+    w = _worker(tmp_path, lazy)
+    w.topk = 1
+    w.req_to_token_pool = SimpleNamespace(
+        req_to_token=torch.arange(8 * 32, dtype=torch.int32).reshape(8, 32))
+    aux = torch.rand(2, 4)
+    target = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux,
+                                                           next_token_logprobs=None),
+                             next_token_ids=torch.tensor([41, 42]), can_run_cuda_graph=True,
+                             routed_experts_output=None, indexer_topk_output=None)
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(
+        decode_cuda_graph_runner="verify", attn_backend="verify-attn"),
+        forward_batch_generation=lambda batch, forward_batch: target)
+    w._draft_worker = "draft-worker"
+    monkeypatch.setattr(worker_mod.ForwardBatch, "init_new",
+                        staticmethod(lambda view, mr, **kw: "target-forward-batch"))
+    sync_calls = []
+
+    def fake_sync(dw, batch, *, target_hidden, sampled, out_cache_loc):
+        sync_calls.append((dw, target_hidden, sampled, out_cache_loc))
+        return SimpleNamespace(next_draft_input="kept-current", forward_batch="draft-fb")
+
+    monkeypatch.setattr(worker_mod, "run_one_token_draft_extend", fake_sync)
+    di = EagleDraftInput(topk_p=torch.rand(2, 1), topk_index=torch.zeros(2, 1, dtype=torch.int64),
+                         hidden_states=torch.rand(2, 6),
+                         bonus_tokens=torch.tensor([7, 9], dtype=torch.int32))
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, spec_info=di, input_ids=None,
+                            out_cache_loc=None, seq_lens=torch.tensor([5, 8]),
+                            seq_lens_cpu=torch.tensor([5, 8]), seq_lens_sum=13,
+                            req_pool_indices=torch.tensor([3, 6]),
+                            req_pool_indices_cpu=torch.tensor([3, 6]), has_grammar=False,
+                            return_logprob=False)
+    published = []
+    return w, batch, aux, sync_calls, published
+
+
+def test_decode_step_keep_current_is_unchanged(sgl, monkeypatch, tmp_path):
+    w, batch, aux, sync_calls, published = _decode_fixture(sgl, monkeypatch, tmp_path, None)
+    res = w._decode_step(batch, None, published.append, None)
+    assert res.next_draft_input == "kept-current"
+    assert res.extra_keep_alive_refs == ["target-forward-batch", "draft-fb"]
+    (dw, hidden, sampled, loc), = sync_calls
+    assert dw == "draft-worker" and hidden is aux and sampled.tolist() == [41, 42]
+    assert loc.tolist() == [3 * 32 + 5, 6 * 32 + 8]
+    assert published[0].tolist() == [6, 9] and res.accept_lens.tolist() == [1, 1]
+    assert res.speculative_num_draft_tokens == 1
+
+
+def test_decode_step_lazy_stashes_and_carries(sgl, monkeypatch, tmp_path):
+    lz = _bare_lazy(sgl, rows=8, cells=8)
+    w, batch, aux, sync_calls, published = _decode_fixture(sgl, monkeypatch, tmp_path, lz)
+    di = batch.spec_info
+    res = w._decode_step(batch, None, published.append, None)
+    assert not sync_calls                                   # no draft forward in decode mode
+    nd = res.next_draft_input
+    assert nd.topk_p is di.topk_p and nd.hidden_states is di.hidden_states
+    assert nd.bonus_tokens.tolist() == [41, 42] and nd.bonus_tokens.dtype == torch.int32
+    assert res.extra_keep_alive_refs == ["target-forward-batch"]
+    assert lz.backlog.count[[3, 6]].tolist() == [1, 1] and lz.backlog.cursor == 2
+    got_aux, got_tok = lz.arena.gather(torch.tensor([3 * 32 + 5, 6 * 32 + 8]))
+    assert torch.equal(got_aux, aux) and got_tok.tolist() == [41, 42]
+    assert published[0].tolist() == [6, 9]
+
+
+@pytest.mark.parametrize("host_lens", [True, False])
+def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeypatch,
+                                                                      host_lens):
+    """SGLang's own ForwardBatch.init_new on the pass's view (of a real ScheduleBatch), and the
+    logits processor's DRAFT_EXTEND_V2 pruning on the result: LM head rows = each request's
+    last row, FULL hidden states unpruned (what _proposals gathers from)."""
+    import sglang.srt.model_executor.forward_batch_info as fbi
+    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    monkeypatch.setattr(fbi, "enable_num_token_non_padded", lambda: False)   # no EP group
+    runner = _FakeDraftRunner()
+    runner.device, runner.is_draft_worker, runner.dcp_size = "cpu", True, 1
+    runner.server_args = SimpleNamespace(attention_backend="torch_native", enable_lora=False)
+    runner.ngram_embedding_manager = SimpleNamespace(enabled=False)
+    runner.model_config = SimpleNamespace(model_is_mrope=False)
+    draft = SimpleNamespace(topk=1, draft_runner=runner,
+                            draft_tp_context=lambda group: contextlib.nullcontext())
+    lz = _bare_lazy(sgl, rows=8, cells=16, draft=draft)
+    reqs = [SimpleNamespace(rid=f"r{i}", lora_id=None, grammar=None, req_pool_idx=r,
+                            token_type_ids=None) for i, r in enumerate([5, 7, 2])]
+    batch = ScheduleBatch(reqs=reqs)
+    batch.forward_mode = ForwardMode.DECODE
+    batch.req_pool_indices = batch.req_pool_indices_cpu = torch.tensor([5, 7, 2])
+    batch.seq_lens = torch.tensor([10, 4, 6])
+    batch.seq_lens_cpu = torch.tensor([10, 4, 6]) if host_lens else None
+    batch.seq_lens_sum = 20
+    batch.spec_info = EagleDraftInput(topk_p=torch.ones(3, 1), hidden_states=torch.zeros(3, 6),
+                                      topk_index=torch.zeros(3, 1, dtype=torch.int64),
+                                      bonus_tokens=torch.zeros(3, dtype=torch.int32))
+    (segs,) = plan_passes([3, 1], 64)
+    idx = build_catch_up_indices(segs, req_pool_indices=torch.tensor([5, 2]),
+                                 ends=torch.tensor([10, 6]), counts=[3, 1], batch_positions=[0, 2],
+                                 req_to_token=lz.req_to_token,
+                                 ends_cpu=[10, 6] if host_lens else None)
+    fb, _ = lz._run_pass(batch, idx)
+    assert isinstance(fb, fbi.ForwardBatch) and runner.planned == [fb]
+    assert fb.forward_mode == ForwardMode.DRAFT_EXTEND_V2 and fb.batch_size == 2
+    assert fb.capture_hidden_mode == CaptureHiddenMode.FULL and fb.forward_metadata_ready
+    assert fb.positions.tolist() == [7, 8, 9, 5] and fb.extend_start_loc.tolist() == [0, 3]
+    assert fb.extend_seq_lens.tolist() == [3, 1] and fb.extend_prefix_lens.tolist() == [7, 5]
+    assert fb.extend_seq_lens_cpu == [3, 1] and fb.seq_lens.tolist() == [10, 6]
+    assert fb.extend_num_tokens == 4 and fb.return_logprob is False
+    assert fb.extend_prefix_lens_cpu == ([7, 5] if host_lens else None)
+    assert fb.seq_lens_sum == (16 if host_lens else None)
+    # The ScheduleBatch itself is untouched: EAGLE's step runs on it next.
+    assert batch.forward_mode == ForwardMode.DECODE and batch.seq_lens.tolist() == [10, 4, 6]
+    assert isinstance(batch.spec_info, EagleDraftInput) and batch.out_cache_loc is None
+    md = LogitsMetadata.from_forward_batch(fb)
+    assert md.draft_extend_select_index.tolist() == [2, 3] and not md.extend_return_logprob
+    lp = object.__new__(LogitsProcessor)
+    hidden = torch.arange(4.)[:, None].repeat(1, 6)
+    pruned = lp._get_pruned_states(hidden, None, [hidden + 100], md)
+    assert pruned[0][:, 0].tolist() == [2., 3.]                 # LM head input: last rows
+    stored = lp._get_hidden_states_to_store(hidden, None, [hidden + 100], *pruned[:4], md)
+    assert stored.shape == (4, 6)                               # FULL: every row, unpruned
