@@ -29,13 +29,21 @@ def _stages(stage_fns: Mapping[Stage, StageFn], mode: Mode, k: int) -> tuple[Sta
     return tuple(s for s in Stage.for_mode(mode, k) if s in stage_fns)
 
 
+def _stages_by_mode(stage_fns: Mapping[Stage, StageFn], k: int) -> dict[Mode, tuple[Stage, ...]]:
+    """Each mode's stages, worked out once so a step only indexes a dict."""
+    return {mode: _stages(stage_fns, mode, k) for mode in Mode}
+
+
 @dataclass
 class EagerRunner:
     stage_fns: Mapping[Stage, StageFn]
     num_draft_tokens: int
 
+    def __post_init__(self) -> None:
+        self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
+
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
-        for stage in _stages(self.stage_fns, mode, self.num_draft_tokens):
+        for stage in self._stages[mode]:
             with nvtx_ranges.stage_range(stage.value):
                 self.stage_fns[stage](padded_bs)
 
@@ -72,6 +80,9 @@ class CudaGraphRunner:
     pool: Optional[tuple] = None
     report: Optional[CaptureReport] = None
 
+    def __post_init__(self) -> None:
+        self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
+
     def capture(self, keys: Optional[tuple[GraphKey, ...]] = None, progress: bool = True,
                 warmup_iters: int = 2) -> CaptureReport:
         from tqdm import tqdm
@@ -90,7 +101,7 @@ class CudaGraphRunner:
                 bar.set_postfix_str(key.label())
                 nvtx_ranges.mark_capture(key.label())
                 t0 = time.perf_counter()
-                stages = _stages(self.stage_fns, key.mode, self.num_draft_tokens)
+                stages = self._stages[key.mode]
                 # Warm up on a side stream (lazy inits, autotuning) before capturing.
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
@@ -116,7 +127,7 @@ class CudaGraphRunner:
         return self.report
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
-        stages = _stages(self.stage_fns, mode, self.num_draft_tokens)
+        stages = self._stages[mode]
         if not use_graph:
             for stage in stages:
                 with nvtx_ranges.stage_range(stage.value):

@@ -66,11 +66,11 @@ class DualGraphWorker:
         self.engine, self.config, self.policy = engine, config, policy
         self.k = lim.num_draft_tokens
         self.dispatch = DispatchTable.build(config.spec_bs, config.decode_bs, config.allow_eager)
-        max_running = config.max_running or max(self.dispatch.max_decode_bs, self.dispatch.max_spec_bs)
+        top = max(self.dispatch.max_decode_bs, self.dispatch.max_spec_bs)
+        max_running = config.max_running or top
         if max_running > lim.max_requests - 1:
             raise ConfigError(f"max_running={max_running} exceeds the engine's request table "
                               f"({lim.max_requests - 1} rows); raise max_requests")
-        top = max(self.dispatch.max_decode_bs, self.dispatch.max_spec_bs)
         if not config.allow_eager and max_running > top:
             raise ConfigError(f"max_running={max_running} > largest captured batch {top} with "
                               "eager fallback disabled; capture larger sizes or lower max_running")
@@ -153,7 +153,7 @@ class DualGraphWorker:
         self.table.tokens[rows_np, lens] = first
         self.table.seq_lens[rows_np] = lens
         self.table.start_running(rows_np)
-        rids = tuple(int(r) for r in self.table.rid_of_row[rows_np])
+        rids = tuple(self.table.rid_of_row[rows_np].tolist())
         ones = np.ones(len(rows_np), dtype=np.int64)
         _, finished = self._finish_done(rows_np, first[:, None], ones, ones * 0)
         return PrefillResult(rids, tuple(int(t) for t in first), tuple(f.rid for f in finished))
@@ -230,7 +230,7 @@ class DualGraphWorker:
     def _commit(self, rows, seq_before, plan: SlotPlan, tokens, accept, mode: Mode,
                 reason: Reason, padded: int, use_graph: bool) -> StepResult:
         bs, width = len(rows), plan.width
-        rids = tuple(int(r) for r in self.table.rid_of_row[rows])
+        rids = tuple(self.table.rid_of_row[rows].tolist())
         keep = self.planner.commit(plan, accept)
         # Host mirror of the slot table and the token history, for every request at once.
         rows2d = np.repeat(rows, width).reshape(bs, width)

@@ -49,6 +49,21 @@ def _assert_really_switched(worker, policy) -> None:
     else:
         assert worker.stats.catch_up_tokens == 0
 
+def _assert_policies_match_plain(new_engine, k, continuity, prompts, kinds, make_worker,
+                                 random_policy, run_schedule) -> dict:
+    """Every policy kind gives plain greedy's tokens (a fresh engine each run); random kinds must
+    really have switched. Returns the plain reference outputs."""
+    ref = run_schedule(make_worker(new_engine(), PinnedPolicy(Mode.DECODE, k),
+                                   continuity=continuity), prompts, MAX_NEW, ADMIT_AT).outputs
+    for kind in kinds:
+        policy = _policy(kind, k, random_policy)
+        w = make_worker(new_engine(), policy, continuity=continuity)
+        assert run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs == ref, kind
+        if kind.startswith("random"):
+            _assert_really_switched(w, policy)
+    return ref
+
+
 
 # ---------------------------------------------------------------- toy checkpoints: known answer
 
@@ -169,16 +184,9 @@ def test_toy_attn_fixture_exercises_kv_and_multi_token_acceptance(toy_attn_engin
 def test_toy_attn_any_switch_sequence_gives_plain_greedy_tokens(k, continuity, toy_attn_engine,
                                                                 make_worker, random_policy,
                                                                 run_schedule):
-    prompts = _prompts(2, TOY_VOCAB)
-    ref = run_schedule(make_worker(toy_attn_engine(k=k), PinnedPolicy(Mode.DECODE, k),
-                                   continuity=continuity), prompts, MAX_NEW, ADMIT_AT).outputs
-    for kind in ["spec", "random-0", "random-1"]:
-        policy = _policy(kind, k, random_policy)
-        w = make_worker(toy_attn_engine(k=k), policy, continuity=continuity)
-        got = run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs
-        assert got == ref, kind
-        if kind.startswith("random"):
-            _assert_really_switched(w, policy)
+    _assert_policies_match_plain(lambda: toy_attn_engine(k=k), k, continuity,
+                                 _prompts(2, TOY_VOCAB), ["spec", "random-0", "random-1"],
+                                 make_worker, random_policy, run_schedule)
 
 
 # ---------------------------------------------------------------- dummy weights (float64)
@@ -190,18 +198,12 @@ def test_dummy_any_switch_sequence_gives_plain_greedy_tokens(k, continuity, dumm
                                                              make_worker, random_policy,
                                                              run_schedule):
     prompts = _prompts(3, DUMMY_VOCAB)
-    ref = run_schedule(make_worker(dummy_engine(k=k), PinnedPolicy(Mode.DECODE, k),
-                                   continuity=continuity), prompts, MAX_NEW, ADMIT_AT).outputs
+    ref = _assert_policies_match_plain(lambda: dummy_engine(k=k), k, continuity, prompts,
+                                       ["spec", "random-2"], make_worker, random_policy,
+                                       run_schedule)
     # The reference is not degenerate: requests produce different, non-constant outputs.
     assert len({ref[i] for i in ref}) == len(prompts)
     assert all(len(set(o)) > 1 for o in ref.values())
-    for kind in ["spec", "random-2"]:
-        policy = _policy(kind, k, random_policy)
-        w = make_worker(dummy_engine(k=k), policy, continuity=continuity)
-        got = run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs
-        assert got == ref, kind
-        if kind.startswith("random"):
-            _assert_really_switched(w, policy)
 
 
 def test_dummy_request_tokens_do_not_depend_on_batch_mates(dummy_engine, make_worker, run_schedule):

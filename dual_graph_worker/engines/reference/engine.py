@@ -112,6 +112,7 @@ class ReferenceEngine:
             self._stash = torch.zeros(self.limits.num_slots, self.aux_width, dtype=self.dtype, device=dev)
         st = self.state
         offsets = torch.arange(W, device=dev)
+        row_starts = torch.arange(max(max_spec_bs, 1), device=dev) * W   # first row of each request
         forced = None
         if self.forced_accept_len is not None:
             # Benchmarks on dummy weights (acceptance ~0) force an accepted length, like
@@ -177,7 +178,7 @@ class ReferenceEngine:
             loc, pos = bufs.out_cache_loc[: P * W], bufs.positions[: P * W]
             ids = bufs.out_tokens[:P].reshape(-1)
             d = self.draft.forward(ids, verify_aux[: P * W], pos, loc, self._batch(rows, L, W))
-            last = torch.arange(P, device=dev) * W + bufs.accept_lens[:P] - 1
+            last = row_starts[:P] + bufs.accept_lens[:P] - 1
             st.draft_token.index_copy_(0, rows, self.draft.greedy(d.hidden[last]))
             st.draft_hidden.index_copy_(0, rows, d.prenorm[last])
 
