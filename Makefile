@@ -6,7 +6,7 @@ OUT     ?= out
 # CPU machines: the pinned CPU build of torch first, so `pip install -e .` never pulls a CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup demo test test-gpu bench capture-measure capture-tune capture-report nsys-profile nsys-check toy clean
+.PHONY: setup demo test test-gpu bench capture-measure capture-tune capture-report capture-flags nsys-profile nsys-check toy clean
 
 $(BIN)/dgw:
 	$(PY) -m venv $(VENV)
@@ -44,9 +44,20 @@ capture-tune:                    ## choose pool batch sizes under budgets -> cap
 capture-report:                  ## tables and plots of the measurements and the chosen config
 	$(PY) -m capture.cli report --measurements $(MEASUREMENTS) --config capture/config.json --out-dir $(OUT)/capture-report
 
+CAPTURE_CONFIG ?= capture/config.json
+capture-flags:                   ## SGLang flags + DGW_* env that run a capture config on a server
+	$(PY) -m dual_graph_worker.engines.sglang.capture_config $(CAPTURE_CONFIG)
+
 PROFILE_MODEL ?= llama3-8b
+# ENGINE=sglang: the SGLang worker in an SGLang 0.5.17 engine (GPU, nsys) -> $(OUT)/profile-sglang
+ENGINE ?= reference
+EXPECT_SM ?=
 nsys-profile:                    ## nsys profile of the scripted workload + its check -> $(OUT)/profile
-	$(PY) -m dual_graph_worker.cli profile --model $(PROFILE_MODEL) --out $(OUT)/profile
+ifeq ($(ENGINE),sglang)
+	$(PY) -m profiling.sglang_workload --nsys --out $(OUT)/profile-sglang $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
+else
+	$(PY) -m dual_graph_worker.cli profile --model $(PROFILE_MODEL) --out $(OUT)/profile $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
+endif
 
 REPORT ?= $(OUT)/profile/workload.nsys-rep
 nsys-check:                      ## check an existing report: make nsys-check REPORT=path.nsys-rep

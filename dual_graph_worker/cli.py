@@ -7,6 +7,7 @@
     dgw check-profile REPORT      verdict on a profile: graph launches, no capture/malloc, switches
     dgw capture-measure           GPU: capture time, pool memory and step latency of every candidate
     dgw capture-tune / capture-report   choose the pools' batch sizes under budgets; plots
+    dgw capture-flags CONFIG      SGLang server flags + DGW_* env that run a tuned capture config
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "capture-measure": (_forward("capture.measure"), "GPU: measure every candidate graph"),
     "capture-tune": (_forward("capture.cli", prefix=("tune",)), "choose pool batch sizes"),
     "capture-report": (_forward("capture.cli", prefix=("report",)), "tables and plots of measurements"),
+    "capture-flags": (_forward("dual_graph_worker.engines.sglang.capture_config"),
+                      "SGLang flags and env for a tuned capture config"),
 }
 
 

@@ -2,6 +2,7 @@
 
     python -m profiling.check REPORT --out DIR [--warmup-steps N] [--max-eager-kernels N]
                               [--num-draft-tokens K] [--expect-sm SM90] [--source auto|nsys|torch]
+                              [--engine auto|reference|sglang]
 
 REPORT is an Nsight Systems report (.nsys-rep, exported with `nsys export`, which must be on
 PATH), its SQLite export, or a torch.profiler Chrome trace (.json / .json.gz) when nsys is not
@@ -20,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from profiling import nsys_sqlite, torch_trace
+from profiling import engines, nsys_sqlite, torch_trace
 from profiling.checks import (CheckConfig, CheckOutcome, DEFAULT_MAX_EAGER_KERNELS,
                               normalize_sm, run_checks)
 from profiling.errors import ProfileInputError
 from profiling.events import Trace
-from profiling.plot import plot_timeline
+try:
+    from profiling.plot import plot_timeline
+except ImportError:  # no matplotlib (e.g. a bare GPU environment): verdict and report only
+    plot_timeline = None
 from profiling.report import ProfileSummary, format_table, render_markdown, summarize
 from profiling.timeline import DEFAULT_WARMUP_STEPS, Timeline, build_timeline
 
@@ -40,7 +44,7 @@ class CheckResult:
     outcomes: list[CheckOutcome]
     summary: ProfileSummary
     report_md: Path
-    timeline_png: Path
+    timeline_png: Optional[Path]  # None without matplotlib
     check_json: Path
 
     @property
@@ -88,10 +92,13 @@ def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckCo
     timeline, outcomes = check_trace(load_trace(path, out_dir, source), config)
     summary = summarize(timeline, config)
     verdict = "PASS" if all(o.passed for o in outcomes) else "FAIL"
-    png = plot_timeline(timeline, out_dir / TIMELINE_PNG,
-                        f"dgw steps: {verdict} ({', '.join(summary.gpus) or 'unknown GPU'})")
+    png = None
+    if plot_timeline is not None:
+        png = plot_timeline(timeline, out_dir / TIMELINE_PNG,
+                            f"dgw steps: {verdict} ({', '.join(summary.gpus) or 'unknown GPU'})")
     md = out_dir / REPORT_MD
-    md.write_text(render_markdown(outcomes, summary, png.name), encoding="utf-8")
+    md.write_text(render_markdown(outcomes, summary, png.name if png else None),
+                  encoding="utf-8")
     js = out_dir / CHECK_JSON
     js.write_text(json.dumps({
         "passed": verdict == "PASS",
@@ -122,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="K, when the trace lacks a config:num_draft_tokens mark")
     p.add_argument("--expect-sm", default=None, help="fail unless the GPU is this, e.g. SM90")
+    p.add_argument("--engine", choices=engines.CHOICES, default=engines.AUTO,
+                   help="what a step is expected to launch (profiling/engines.py); auto: the "
+                        "trace's config:engine mark, reference when it has none")
     return p
 
 
@@ -136,7 +146,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     config = CheckConfig(warmup_steps=args.warmup_steps,
                          max_eager_kernels=args.max_eager_kernels,
-                         num_draft_tokens=args.num_draft_tokens, expect_sm=args.expect_sm)
+                         num_draft_tokens=args.num_draft_tokens, expect_sm=args.expect_sm,
+                         engine=args.engine)
     try:
         result = check_report(args.report, args.out, config, source=args.source)
     except ProfileInputError as e:

@@ -1,9 +1,14 @@
 """The steady-state checks. Each takes a `Timeline` and a `CheckConfig` and returns one outcome.
 
-1. graph_launches_per_stage: every graph step has its mode's stages, each exactly one graph
-   launch (cudaGraphLaunch / cuGraphLaunch), and no graph launch outside them.
+1. graph_launches_per_stage: every graph step has its mode's stages (the engine profile's,
+   see `profiling.engines`), each exactly one graph launch (cudaGraphLaunch / cuGraphLaunch),
+   no graph launch outside them, and (where the trace says which graph a launch replayed) each
+   captured graph is launched by one (mode, stage) only: a decode step that replays a verify
+   graph is caught even inside a `decode` range.
 2. eager_kernels_in_graph_steps: a graph step launches at most `max_eager_kernels` kernels
-   eagerly (accept/commit bookkeeping); their names are listed.
+   eagerly outside the engine's stated set (none for the reference engine: accept/commit
+   bookkeeping; SGLang's host glue for the SGLang worker); every name is listed, the stated
+   set's launches counted per family.
 3. no_capture_instantiate_malloc: no stream capture, graph instantiation/update or memory
    allocation in steady state, on any thread of the process.
 4. switch_adds_no_api_calls: a step whose mode differs from the previous step's makes no API
@@ -19,8 +24,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from dual_graph_worker.modes import Mode, Stage
-from profiling import api_names, names
+from profiling import api_names, engines, names
 from profiling.events import GpuInfo
 from profiling.timeline import DEFAULT_WARMUP_STEPS, Step, Timeline, Track
 
@@ -40,6 +44,7 @@ class CheckConfig:
     max_eager_kernels: int = DEFAULT_MAX_EAGER_KERNELS  # per graph step
     num_draft_tokens: Optional[int] = None  # overrides config:num_draft_tokens
     expect_sm: Optional[str] = None  # "SM90", "9.0" or "90"; None: report only
+    engine: Optional[str] = None  # expectation profile (profiling.engines); None: config:engine
 
 
 @dataclass(frozen=True)
@@ -69,19 +74,8 @@ def num_draft_tokens(tl: Timeline, cfg: CheckConfig) -> Optional[int]:
         return None
 
 
-def _expected_stages(mode: str, k: Optional[int]) -> Optional[tuple[frozenset, frozenset]]:
-    """(required, allowed) graph stages of a mode, or None for a mode the worker lacks."""
-    try:
-        m = Mode(mode)
-    except ValueError:
-        return None
-    if k is not None:
-        stages = frozenset(s.value for s in Stage.for_mode(m, k))
-        return stages, stages
-    # K unknown: the draft stage exists for K > 1 only, so accept it either way.
-    with_draft = frozenset(s.value for s in Stage.for_mode(m, 2))
-    without = frozenset(s.value for s in Stage.for_mode(m, 1))
-    return with_draft & without, with_draft | without
+def engine_profile(tl: Timeline, cfg: CheckConfig) -> engines.EngineProfile:
+    return engines.resolve(cfg.engine, tl.config)
 
 
 def _no_steps_outcome(name: str, tl: Timeline) -> Optional[CheckOutcome]:
@@ -104,9 +98,13 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     if missing:
         return missing
     k = num_draft_tokens(tl, cfg)
+    profile = engine_profile(tl, cfg)
     violations: list[str] = []
     graph_steps: Counter = Counter()
     eager_steps: Counter = Counter()
+    # graph id -> (mode, stage) -> [where it was launched]
+    graph_users: dict[int, dict[tuple[str, str], list[str]]] = defaultdict(
+        lambda: defaultdict(list))
     for track in tl.tracks:
         pre = _track_prefix(tl, track)
         for step in track.steady_steps:
@@ -115,7 +113,7 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                 continue
             graph_steps[step.mode] += 1
             where = pre + _where(tl, step)
-            expected = _expected_stages(step.mode, k)
+            expected = profile.expected_stages(step.mode, k, tl.config)
             if expected is None:
                 violations.append(f"{where}: unknown mode {step.mode!r}")
                 continue
@@ -130,15 +128,20 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                 if n > 1:
                     violations.append(f"{where}: stage {stage} ran {n} times")
             for span in graph_spans:
-                n = sum(api_names.is_graph_launch(c.name) for c in span.calls)
-                if n != 1:
-                    violations.append(f"{where}: stage {span.name} has {n} graph launches, "
-                                      "expected 1")
+                launches = [c for c in span.calls if api_names.is_graph_launch(c.name)]
+                if len(launches) != 1:
+                    violations.append(f"{where}: stage {span.name} has {len(launches)} graph "
+                                      "launches, expected 1")
+                for c in launches:
+                    gid = tl.trace.graph_id(c)
+                    if gid is not None:
+                        graph_users[gid][(step.mode, span.name)].append(where)
             stray = sum(api_names.is_graph_launch(c.name) for c in step.calls) - sum(
                 api_names.is_graph_launch(c.name) for s in graph_spans for c in s.calls)
             if stray:
                 violations.append(f"{where}: {stray} graph launches outside the "
                                   f"{'/'.join(names.GRAPH_STAGES)} stages")
+    violations += _graphs_with_two_roles(graph_users)
     n_graph, n_eager = sum(graph_steps.values()), sum(eager_steps.values())
     counts = ", ".join(f"{m} {n}" for m, n in sorted(graph_steps.items())) or "none"
     detail = (f"{n_graph} graph steps checked ({counts}); {n_eager} eager steps reported"
@@ -149,6 +152,9 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     if k is None:
         notes.append("num_draft_tokens unknown (no config:num_draft_tokens mark): the draft "
                      "stage was accepted as optional in spec steps")
+    if graph_users:
+        notes.append(f"{len(graph_users)} distinct graphs launched in steady state, each "
+                     "checked to serve one (mode, stage)")
     if n_graph == 0:
         violations.append("no graph step in steady state: every step ran eagerly")
     if violations:
@@ -156,41 +162,91 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     return CheckOutcome(GRAPH_LAUNCHES, not violations, detail, tuple(violations), tuple(notes))
 
 
+def _graphs_with_two_roles(users: dict[int, dict[tuple[str, str], list[str]]]) -> list[str]:
+    """A captured graph replays one (mode, stage) only; launches in any other role are wrong
+    (e.g. a decode step that runs the verify graph because the decode pool was not installed).
+    The role with the most launches is taken as the graph's own."""
+    out = []
+    for gid, roles in sorted(users.items()):
+        if len(roles) < 2:
+            continue
+        (own_mode, own_stage), own = max(roles.items(), key=lambda kv: len(kv[1]))
+        for (mode, stage), wheres in sorted(roles.items()):
+            if (mode, stage) == (own_mode, own_stage):
+                continue
+            out.append(f"{wheres[0]}: stage {stage} launched graph {gid}, which {own_mode} steps "
+                       f"launch as their {own_stage} graph ({len(own)} times)"
+                       + (f"; {len(wheres) - 1} more such launches" if len(wheres) > 1 else ""))
+    return out
+
+
 def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     missing = _no_steps_outcome(EAGER_KERNELS, tl)
     if missing:
         return missing
+    profile = engine_profile(tl, cfg)
+    stated = bool(profile.allowed_eager)
     violations: list[str] = []
     names_by_stage: dict[str, Counter] = defaultdict(Counter)
+    by_family: dict[str, Counter] = defaultdict(Counter)     # family -> kernel name -> launches
+    family_steps: dict[str, list[int]] = defaultdict(list)   # family -> launches per step
     per_step: list[int] = []
     for track in tl.tracks:
         pre = _track_prefix(tl, track)
         for step in track.steady_steps:
             if not step.graph:
                 continue
-            launches = [c for c in step.calls if api_names.is_kernel_launch(c.name)]
-            per_step.append(len(launches))
+            family_of = {}
+            for c in step.calls:
+                if api_names.is_kernel_launch(c.name):
+                    fam = profile.eager_family(tl.trace.kernel_name(c),
+                                               tl.trace.kernel_demangled_name(c))
+                    family_of[id(c)] = fam.label if fam is not None else None
+            unlisted = [c for c in step.calls if id(c) in family_of and family_of[id(c)] is None]
+            per_step.append(len(unlisted))
+            in_step: Counter = Counter()
+            for c in step.calls:
+                label = family_of.get(id(c))
+                if label is not None:
+                    by_family[label][tl.trace.kernel_name(c)] += 1
+                    in_step[label] += 1
+            for family in profile.allowed_eager:
+                family_steps[family.label].append(in_step[family.label])
             for span in step.stages:
                 for c in span.calls:
-                    if api_names.is_kernel_launch(c.name):
+                    if id(c) in family_of:
                         names_by_stage[span.name][tl.trace.kernel_name(c)] += 1
             for c in step.calls_outside_stages():
-                if api_names.is_kernel_launch(c.name):
+                if id(c) in family_of:
                     names_by_stage["(outside stages)"][tl.trace.kernel_name(c)] += 1
-            if len(launches) > cfg.max_eager_kernels:
-                kernels = Counter(tl.trace.kernel_name(c) for c in launches)
+            if len(unlisted) > cfg.max_eager_kernels:
+                kernels = Counter(tl.trace.kernel_name(c) for c in unlisted)
                 listed = ", ".join(f"{n} x{c}" for n, c in kernels.most_common())
-                violations.append(f"{pre}{_where(tl, step)}: {len(launches)} eager kernel "
-                                  f"launches > {cfg.max_eager_kernels} allowed ({listed})")
-    notes = tuple(
-        f"{stage}: " + ", ".join(f"{n} x{c}" for n, c in counter.most_common())
-        for stage, counter in sorted(names_by_stage.items()))
+                violations.append(f"{pre}{_where(tl, step)}: {len(unlisted)} eager kernel "
+                                  f"launches{' outside the stated set' if stated else ''} > "
+                                  f"{cfg.max_eager_kernels} allowed ({listed})")
+    notes = [f"{stage}: " + ", ".join(f"{n} x{c}" for n, c in counter.most_common())
+             for stage, counter in sorted(names_by_stage.items())]
+    for family in profile.allowed_eager:
+        counts, launches = family_steps[family.label], by_family[family.label]
+        notes.append(
+            f"stated set `{family.label}` ({family.describe()}): "
+            f"{sum(launches.values())} launches in {sum(1 for n in counts if n)} of "
+            f"{len(counts)} graph steps, max {max(counts, default=0)} per step"
+            + (": " + ", ".join(f"{n} x{c}" for n, c in launches.most_common())
+               if launches else ""))
     most = max(per_step, default=0)
-    detail = (f"max {most} eager kernel launches in a graph step (allowed "
-              f"{cfg.max_eager_kernels}) over {len(per_step)} graph steps")
+    if stated:
+        total = sum(sum(c.values()) for c in by_family.values())
+        detail = (f"max {most} eager kernel launches outside the stated set in a graph step "
+                  f"(allowed {cfg.max_eager_kernels}) over {len(per_step)} graph steps; "
+                  f"{total} launches from the stated set ({profile.name})")
+    else:
+        detail = (f"max {most} eager kernel launches in a graph step (allowed "
+                  f"{cfg.max_eager_kernels}) over {len(per_step)} graph steps")
     if violations:
         detail = f"{len(violations)} graph step(s) over the limit: {_limit(violations, 2)}"
-    return CheckOutcome(EAGER_KERNELS, not violations, detail, tuple(violations), notes)
+    return CheckOutcome(EAGER_KERNELS, not violations, detail, tuple(violations), tuple(notes))
 
 
 def check_no_capture(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:

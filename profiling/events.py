@@ -61,10 +61,27 @@ class Trace:
     gpus: tuple[GpuInfo, ...] = ()
     source: str = ""
     warnings: tuple[str, ...] = ()
+    # The demangled name where the source keeps it apart from `kernel_names` (nsys: namespaces
+    # such as at::native:: that an engine's stated set of eager kernels matches on).
+    kernel_demangled: Mapping[KernelKey, str] = field(default_factory=dict)
+    # The graph a graph launch replayed (nsys: graphExecId, else graphId), so a check can tell
+    # which captured graph a stage ran, not only how many.
+    graph_ids: Mapping[KernelKey, int] = field(default_factory=dict)
+
+    @staticmethod
+    def _lookup(table: Mapping[KernelKey, object], call: TraceEvent) -> object:
+        if call.correlation_id is None:
+            return None
+        found = table.get((call.pid, call.correlation_id))
+        return found if found is not None else table.get((None, call.correlation_id))
 
     def kernel_name(self, call: TraceEvent) -> str:
-        if call.correlation_id is None:
-            return "?"
-        return (self.kernel_names.get((call.pid, call.correlation_id))
-                or self.kernel_names.get((None, call.correlation_id))
-                or "?")
+        return str(self._lookup(self.kernel_names, call) or "?")
+
+    def kernel_demangled_name(self, call: TraceEvent) -> str:
+        """The demangled name when recorded, else the same as `kernel_name`."""
+        return str(self._lookup(self.kernel_demangled, call) or self.kernel_name(call))
+
+    def graph_id(self, call: TraceEvent) -> Optional[int]:
+        found = self._lookup(self.graph_ids, call)
+        return int(found) if found is not None else None

@@ -11,7 +11,10 @@ every SELECT names only the columns that exist):
 - CUPTI_ACTIVITY_KIND_KERNEL(correlationId, shortName/demangledName -> StringIds, globalPid,
   graphNodeId): names the kernel an eager launch ran. With --cuda-graph-trace=graph, graph
   replays are whole-graph rows in CUPTI_ACTIVITY_KIND_GRAPH_TRACE and their kernels are absent
-  here; with =node they are here with a graphNodeId, and are skipped.
+  here; with =node they are here with a graphNodeId, and are skipped. Both names are kept:
+  the short one for display, the demangled one for namespace patterns (at::native::...).
+- CUPTI_ACTIVITY_KIND_GRAPH_TRACE(correlationId, graphExecId, graphId, globalPid): which graph
+  each graph launch replayed.
 - TARGET_INFO_GPU(name, computeMajor, computeMinor): the GPU identity.
 globalTid packs the process id in bits 24..47 and the thread id in bits 0..23.
 """
@@ -36,6 +39,7 @@ _NVTX_RANGE_TYPES = frozenset({NVTX_PUSH_POP_RANGE, NVTX_START_END_RANGE, 70, 71
 
 API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+GRAPH_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")  # .qdrep: the name before nsys 2021.4
@@ -179,18 +183,38 @@ def _api_calls(db: _Db, strings: dict[int, str], warnings: list[str]) -> list[Tr
     return out
 
 
-def _kernel_names(db: _Db, strings: dict[int, str]) -> dict[KernelKey, str]:
+def _kernel_names(db: _Db, strings: dict[int, str]
+                  ) -> tuple[dict[KernelKey, str], dict[KernelKey, str]]:
+    """(short names, demangled names) of eagerly launched kernels by (pid, correlation id)."""
     if KERNEL_TABLE not in db.tables:
-        return {}
-    out: dict[KernelKey, str] = {}
+        return {}, {}
+    short_names: dict[KernelKey, str] = {}
+    demangled_names: dict[KernelKey, str] = {}
     for corr, short, demangled, name, gpid, node in db.select(
             KERNEL_TABLE, ("correlationId", "shortName", "demangledName", "name", "globalPid",
                            "graphNodeId")):
         if corr is None or node:  # graph-node kernels share their graph launch's id
             continue
-        kname = _resolve(short, strings) or _resolve(demangled, strings) or _resolve(name, strings)
+        key = (split_global_tid(gpid)[0], int(corr))
+        full = _resolve(demangled, strings) or _resolve(name, strings)
+        kname = _resolve(short, strings) or full
         if kname:
-            out.setdefault((split_global_tid(gpid)[0], int(corr)), kname)
+            short_names.setdefault(key, kname)
+        if full:
+            demangled_names.setdefault(key, full)
+    return short_names, demangled_names
+
+
+def _graph_ids(db: _Db) -> dict[KernelKey, int]:
+    """The graph each graph launch replayed, by the launch's (pid, correlation id)."""
+    if GRAPH_TABLE not in db.tables:
+        return {}
+    out: dict[KernelKey, int] = {}
+    for corr, exec_id, graph_id, gpid in db.select(
+            GRAPH_TABLE, ("correlationId", "graphExecId", "graphId", "globalPid")):
+        gid = exec_id if exec_id is not None else graph_id
+        if corr is not None and gid is not None:
+            out.setdefault((split_global_tid(gpid)[0], int(corr)), int(gid))
     return out
 
 
@@ -224,7 +248,9 @@ def load_sqlite(path: Path) -> Trace:
         warnings: list[str] = []
         events = _nvtx_events(db, strings, warnings) + _api_calls(db, strings, warnings)
         events.sort(key=lambda e: (e.start_ns, -e.end_ns))
-        return Trace(tuple(events), _kernel_names(db, strings), _gpus(db),
-                     source=f"nsys SQLite export {path}", warnings=tuple(warnings))
+        short_names, demangled_names = _kernel_names(db, strings)
+        return Trace(tuple(events), short_names, _gpus(db),
+                     source=f"nsys SQLite export {path}", warnings=tuple(warnings),
+                     kernel_demangled=demangled_names, graph_ids=_graph_ids(db))
     finally:
         conn.close()

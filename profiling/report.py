@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from profiling import names
-from profiling.checks import CheckConfig, CheckOutcome, gpu_identity, num_draft_tokens
+from profiling.checks import (CheckConfig, CheckOutcome, engine_profile, gpu_identity,
+                              num_draft_tokens)
 from profiling.timeline import Timeline
 
 _MAX_LISTED = 50
@@ -28,6 +29,7 @@ class ProfileSummary:
     gpus: tuple[str, ...]  # "NVIDIA H200 (SM90)"
     gpu_source: str
     engine: str
+    expectation: str  # the engine profile the checks applied, and what it expects
     attention_backend: str
     num_draft_tokens: Optional[int]
     steady_windows: tuple[str, ...]  # one line per track
@@ -41,6 +43,7 @@ class ProfileSummary:
 
 def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
     gpus, gpu_source = gpu_identity(tl)
+    profile = engine_profile(tl, cfg)
     windows = []
     for t in tl.tracks:
         if t.steady_start_ns is None:
@@ -60,6 +63,7 @@ def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
         gpus=tuple(f"{g.name} ({g.sm or 'SM?'})" for g in gpus),
         gpu_source=gpu_source,
         engine=tl.config.get(names.CONFIG_ENGINE, "?"),
+        expectation=f"{profile.name} ({profile.summary})",
         attention_backend=tl.config.get(names.CONFIG_ATTENTION_BACKEND, "?"),
         num_draft_tokens=num_draft_tokens(tl, cfg),
         steady_windows=tuple(windows),
@@ -112,6 +116,7 @@ def render_markdown(outcomes: Sequence[CheckOutcome], summary: ProfileSummary,
            f"- GPU: {', '.join(summary.gpus) or 'unknown'} (from {summary.gpu_source})",
            f"- Engine: {summary.engine}; attention backend: {summary.attention_backend}; "
            f"num_draft_tokens (K): {k}",
+           f"- Expectation profile: {summary.expectation}",
            f"- Steps: {summary.steps_total} in the trace, {summary.steady_steps} in steady state "
            f"({summary.steady_eager_steps} eager), {summary.switches} mode switches",
            "- Steady state: " + ("; ".join(summary.steady_windows) or "no step ranges found"),

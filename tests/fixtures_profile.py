@@ -56,9 +56,10 @@ class ApiCall:
     start: int
     end: int
     corr: int
-    kernel: Optional[str] = None  # eager launch: the kernel it ran
+    kernel: Optional[str] = None  # eager launch: the kernel it ran (short name)
     graph_id: Optional[int] = None  # graph launch: the graph it replayed
     driver: bool = False  # a driver call nested in a runtime call
+    demangled: Optional[str] = None  # eager launch: demangled name; default: a C++ signature
 
 
 @dataclass
@@ -82,8 +83,10 @@ class ProfileBuilder:
 
     # -- primitives -------------------------------------------------------------------------
     def api(self, name: str, dur: int = 2_000, kernel: Optional[str] = None,
-            graph_id: Optional[int] = None, nested_driver: Optional[str] = None) -> None:
-        call = ApiCall(name, self.t, self.t + dur, len(self.apis) + 1, kernel, graph_id)
+            graph_id: Optional[int] = None, nested_driver: Optional[str] = None,
+            demangled: Optional[str] = None) -> None:
+        call = ApiCall(name, self.t, self.t + dur, len(self.apis) + 1, kernel, graph_id,
+                       demangled=demangled)
         self.apis.append(call)
         if nested_driver:
             self.apis.append(ApiCall(nested_driver, self.t + 100, self.t + dur - 100,
@@ -191,7 +194,8 @@ class ProfileBuilder:
             if a.kernel:
                 k0 = a.end + 1_000
                 kernels.append((k0, k0 + 4_000, 0, 1, None, 7, a.corr, GLOBAL_PID,
-                                sid(f"void {a.kernel}<float>(float*)"), sid(a.kernel), None, None))
+                                sid(a.demangled or f"void {a.kernel}<float>(float*)"),
+                                sid(a.kernel), None, None))
             if a.graph_id:
                 g0 = a.end + 1_000
                 graphs.append((g0, g0 + 30_000, 0, 1, None, 7, a.corr, GLOBAL_PID, a.graph_id,
@@ -316,4 +320,136 @@ def standard_profile(violation: Optional[str] = None, *, steady_mark: bool = Tru
             i += 1
     noise.end = b.t
     b.nvtx.append(noise)
+    return b
+
+
+# ----------------------------------------------------------------------------- SGLang worker
+# A profile shaped like the SGLang worker's (profiling.sglang_workload under nsys with a
+# cudaProfilerApi capture range): config marks, one slack step, steady_state_begin, then the
+# cycle policy's schedule at one batch size. Spec steps run EAGLE-3's draft, verify and
+# draft-extend graphs with SGLang's eager glue around them; decode steps run the decode graph
+# and the width-1 draft-extend graph. Kernel names are the ones SGLang 0.5.17's source launches.
+
+def _aten(op: str, functor: str) -> tuple[str, str]:
+    return op, f"void at::native::{op}<4, at::native::{functor}, std::array<char*, 2ul> >(int)"
+
+
+def _triton(name: str) -> tuple[str, str]:
+    return name, name  # Triton kernels carry no C++ signature
+
+
+FILL = _aten("vectorized_elementwise_kernel", "FillFunctor<long>")
+ARGMAX = ("reduce_kernel", "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+          "at::native::ArgMaxOps<float>, unsigned int, long, 4> >(at::native::ReduceOp<float, "
+          "at::native::ArgMaxOps<float>, unsigned int, long, 4>)")
+GATHER = _aten("index_elementwise_kernel", "gpu_index_kernel")
+CUMSUM = ("DeviceScanKernel", "void at_cuda_detail::cub::DeviceScanKernel<int*, int*>(int*)")
+KV_INDICES = _triton("create_flashinfer_kv_indices_triton")
+
+# stage -> eager kernels around its one graph launch: (before, after)
+SGLANG_STAGE_KERNELS: dict[tuple[str, str], tuple[tuple, tuple]] = {
+    ("spec", "draft"): ((_triton("assign_draft_cache_locs_contiguous"),
+                         _triton("generate_draft_decode_kv_indices"), FILL),
+                        (_triton("sgl_build_tree_kernel_efficient_triton"),)),
+    ("spec", "verify"): ((KV_INDICES, CUMSUM, _triton("get_num_kv_splits_triton")),
+                         (_triton("verify_tree_greedy_kernel_triton"), ARGMAX, GATHER)),
+    ("spec", "draft_extend"): ((_triton("assign_extend_cache_locs"), FILL),
+                               (GATHER, ARGMAX)),
+    ("decode", "decode"): ((_triton("clamp_position_kernel"), KV_INDICES, CUMSUM), (ARGMAX,)),
+    ("decode", "draft_extend"): ((FILL, KV_INDICES), (ARGMAX,)),
+}
+
+SGLANG_BS = 8
+SGLANG_HOLD = 3
+SGLANG_CYCLES = 2
+
+
+def sglang_schedule(hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES) -> list[str]:
+    """The cycle policy's modes (dual_graph_worker.engines.sglang.cycle_policy)."""
+    one = ["spec"] * hold + ["decode"] * hold + ["spec", "decode"] * hold
+    return one * cycles
+
+
+SGLANG_FAULTS = (
+    ("capture_in_steady", checks.NO_CAPTURE, "capture: cudaStreamBeginCapture x1"),
+    ("decode_launches_verify_graph", checks.GRAPH_LAUNCHES,
+     "which spec steps launch as their verify graph"),
+    ("decode_verify_stage", checks.GRAPH_LAUNCHES, "stage verify does not belong to mode decode"),
+    ("missing_draft_extend", checks.GRAPH_LAUNCHES, "missing stage draft_extend"),
+    ("unlisted_eager_kernels", checks.EAGER_KERNELS,
+     "5 eager kernel launches outside the stated set > 4 allowed"),
+)
+SGLANG_VIOLATIONS = tuple(fault for fault, _, _ in SGLANG_FAULTS)
+
+
+def _sglang_stages(mode: str, continuity: str) -> tuple[str, ...]:
+    if mode == "spec":
+        return ("draft", "verify", "draft_extend")
+    return ("decode",) if continuity == "lazy-catch-up" else ("decode", "draft_extend")
+
+
+def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
+                continuity: str = "keep-current", skip: tuple[str, ...] = (),
+                extra_stage: Optional[str] = None, graph_of: Optional[dict] = None,
+                gap_extra: tuple[str, ...] = (), unlisted_kernels: int = 0) -> None:
+    graph_of = graph_of or {}
+    b.api(EVENT_RECORD)                     # the scheduler's hand-over between steps
+    b.api(STREAM_WAIT)
+    for name in gap_extra:
+        b.api(name)
+    if b.last_mode is not None and b.last_mode != mode:
+        b.mark(f"switch:{b.last_mode}->{mode}")
+    b.last_mode = mode
+    with b.range(f"step:{mode}:bs{bs}"):
+        b.api(LAUNCH_KERNEL, kernel=FILL[0], demangled=FILL[1])   # idle-input / plan glue
+        stages = _sglang_stages(mode, continuity) + ((extra_stage,) if extra_stage else ())
+        for stage in stages:
+            if stage in skip:
+                continue
+            before, after = SGLANG_STAGE_KERNELS.get((mode, stage), ((), ()))
+            with b.range(f"stage:{stage}"):
+                for short, full in before:
+                    b.api(LAUNCH_KERNEL, kernel=short, demangled=full)
+                b.api(MEMCPY)
+                key = graph_of.get(stage, (mode, bs, stage))
+                b.api(GRAPH_LAUNCH, 3_000, graph_id=b.graph_id(*key))
+                for short, full in after:
+                    b.api(LAUNCH_KERNEL, kernel=short, demangled=full)
+        for i in range(unlisted_kernels):
+            b.api(LAUNCH_KERNEL, kernel=f"mystery_kernel_{i % 2}")
+
+
+def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-current",
+                   hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES) -> ProfileBuilder:
+    """The SGLang scenario; `violation` (one of SGLANG_VIOLATIONS) plants one fault in a
+    non-switch step (or a gap between two), where only its own check can see it."""
+    if violation is not None and violation not in SGLANG_VIOLATIONS:
+        raise ValueError(violation)
+    b = ProfileBuilder()
+    # The capture range opens one step before the steady mark: config marks, a slack step and
+    # a lazy allocation that must not count.
+    b.config("engine", "sglang")
+    b.config("attention_backend", "triton")
+    b.config("num_draft_tokens", K)
+    b.config("continuity", continuity)
+    sglang_step(b, "spec", continuity=continuity)
+    b.api(MALLOC, 20_000)
+    b.mark("steady_state_begin")
+    schedule = sglang_schedule(hold, cycles)
+    hold_decode = hold + 1          # the second step of the first decode hold: not a switch
+    for i, mode in enumerate(schedule):
+        kw: dict = {"continuity": continuity}
+        if violation == "capture_in_steady" and i == 1:
+            kw["gap_extra"] = (BEGIN_CAPTURE, END_CAPTURE, INSTANTIATE)
+        if i == hold_decode:
+            if violation == "decode_launches_verify_graph":
+                kw["graph_of"] = {"decode": ("spec", SGLANG_BS, "verify")}
+            if violation == "decode_verify_stage":
+                kw["extra_stage"] = "verify"
+                kw["graph_of"] = {"verify": ("spec", SGLANG_BS, "verify")}
+            if violation == "missing_draft_extend":
+                kw["skip"] = ("draft_extend",)
+            if violation == "unlisted_eager_kernels":
+                kw["unlisted_kernels"] = 5
+        sglang_step(b, mode, **kw)
     return b

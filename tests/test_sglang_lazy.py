@@ -589,6 +589,8 @@ def _worker(tmp_path, lazy):
     from dual_graph_worker.dispatch import DispatchTable
     from dual_graph_worker.engines.sglang.decision import ModeSelector, StepLedger
     from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
+    from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
+    from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
     from dual_graph_worker.policy import ThresholdPolicy
 
@@ -599,6 +601,8 @@ def _worker(tmp_path, lazy):
                                ThresholdPolicy(threshold=4, num_draft_tokens=3))
     w._step_log = None
     w._decode_pool = eager_decode_pool()
+    w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
+    w._spans = StepSpans.from_environment({})
     w._lazy = lazy
     return w
 
@@ -654,7 +658,8 @@ def _decode_fixture(sgl, monkeypatch, tmp_path, lazy):
                         staticmethod(lambda view, mr, **kw: "target-forward-batch"))
     sync_calls = []
 
-    def fake_sync(dw, batch, *, target_hidden, sampled, out_cache_loc):
+    def fake_sync(dw, batch, *, target_hidden, sampled, out_cache_loc, graph_runner):
+        assert graph_runner == "width-1-graphs"          # the worker's captured graphs
         sync_calls.append((dw, target_hidden, sampled, out_cache_loc))
         return SimpleNamespace(next_draft_input="kept-current", forward_batch="draft-fb")
 

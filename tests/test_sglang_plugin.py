@@ -565,6 +565,7 @@ def test_shared_logits_buffer_is_enlarged_before_capture(registered):
 
 def _bare_worker(tmp_path, policy):
     """A DualGraphEagleWorker with only the per-step state (no model, no graphs)."""
+    from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
     w = object.__new__(DualGraphEagleWorker)
@@ -572,6 +573,7 @@ def _bare_worker(tmp_path, policy):
     w._ledger = StepLedger()
     w._selector = ModeSelector(DispatchTable.build(SPEC_BS, DECODE_BS), policy)
     w._step_log = StepLogWriter(tmp_path / "steps.jsonl")
+    w._spans = StepSpans.from_environment({})
     return w
 
 

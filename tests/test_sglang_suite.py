@@ -107,6 +107,29 @@ def test_markdown_table_marks_the_best_engine():
     assert "| best | dual | plain |" in md and "| broken | - | - |" in md
 
 
+def test_ratio_table_divides_each_dual_engine_by_the_best_baseline():
+    table = {"plain": {1: 200.0, 64: 7000.0}, "eagle3": {1: 400.0, 64: 5000.0},
+             "dual": {1: 392.0, 64: 6930.0}, "dual-eager-draft": {64: 6230.0}}
+    ratios = report.dual_ratios([1, 64], table)
+    assert set(ratios) == {"dual", "dual-eager-draft"}
+    assert ratios["dual"]["vs_best"] == pytest.approx({1: 0.98, 64: 0.99})
+    assert ratios["dual"]["vs_plain"] == pytest.approx({1: 1.96, 64: 0.99})
+    assert ratios["dual-eager-draft"]["vs_best"] == pytest.approx({64: 0.89})
+    md = report.markdown_ratios([1, 64], table)
+    assert "| dual / max(plain, eagle3) | 0.980 | 0.990 |" in md
+    assert "| dual-eager-draft / plain | - | 0.890 |" in md
+    assert report.markdown_ratios([1], {"plain": {1: 1.0}}) == ""
+
+
+def test_with_eager_draft_adds_the_eager_keep_current_engine(tmp_path, monkeypatch):
+    suite, ran = _recording_suite(tmp_path, ["--with-eager-draft", "--no-adaptive"], monkeypatch)
+    suite.bench(with_ramp=False)
+    envs = {er.name: er.env for er in ran}
+    assert list(envs) == ["plain", "eagle3", "dual", "dual-eager-draft"]
+    assert envs["dual-eager-draft"]["DGW_DRAFT_EXTEND_GRAPHS"] == "0"
+    assert "DGW_DRAFT_EXTEND_GRAPHS" not in envs["dual"]       # graphs: the default
+
+
 def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     levels, table = [1, 4], {"plain": {1: 1.0, 4: 3.0}}

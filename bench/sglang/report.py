@@ -33,6 +33,36 @@ def markdown_throughput(levels: Sequence[int], table: Mapping[str, Mapping[int, 
     return (note + "\n\n" if note else "") + "\n".join(rows) + "\n"
 
 
+def dual_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, float]]
+                ) -> dict[str, dict[str, dict[int, float]]]:
+    """{dual engine: {"vs_best": {c: r}, "vs_plain": {c: r}}}: each dual-* engine's tok/s over
+    max(plain, eagle3) and over plain at each concurrency both were measured."""
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    plain, eagle = table.get("plain", {}), table.get("eagle3", {})
+    for name, vals in table.items():
+        if not name.startswith("dual"):
+            continue
+        best = {c: max(plain.get(c, 0.0), eagle.get(c, 0.0)) for c in levels}
+        out[name] = {
+            "vs_best": {c: vals[c] / best[c] for c in levels if c in vals and best[c] > 0},
+            "vs_plain": {c: vals[c] / plain[c] for c in levels if c in vals and plain.get(c)},
+        }
+    return out
+
+
+def markdown_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, float]]) -> str:
+    ratios = dual_ratios(levels, table)
+    if not ratios:
+        return ""
+    rows = ["| ratio | " + " | ".join(str(c) for c in levels) + " |",
+            "|---|" + "---|" * len(levels)]
+    for name, r in ratios.items():
+        for kind, label in (("vs_best", "/ max(plain, eagle3)"), ("vs_plain", "/ plain")):
+            cells = [f"{r[kind][c]:.3f}" if c in r[kind] else "-" for c in levels]
+            rows.append(f"| {name} {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def plot_throughput(levels, table, path: str | Path, title: str) -> Optional[Path]:
     try:
         import matplotlib

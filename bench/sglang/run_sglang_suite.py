@@ -268,6 +268,11 @@ class Suite:
         ramp_s = (2 * len(a.ramp_levels) - 1) * a.ramp_hold_s + 10 if with_ramp else 0
         self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
                            tasks, est_s=est * 1.5 + ramp_s, step_log=log))
+        if a.with_eager_draft:
+            env, log = self.dual_env("dual-eager-draft-bench", policy=a.dual_policy,
+                                     draft_extend_graphs=0)
+            self.run(EngineRun("dual-eager-draft", "bench", base | self.spec_kwargs(ALGO, draft),
+                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
         if a.with_lazy:
             env, log = self.dual_env("dual-lazy-bench", policy=a.dual_policy,
                                      **self.continuity_env(LAZY))
@@ -286,7 +291,10 @@ class Suite:
                                "48); dummy weights, Llama-3-8B shapes, triton attention, "
                                f"3 steps, topk 1; dual policy={a.dual_policy}"
                                + ("; dual-lazy: DGW_CONTINUITY=lazy-catch-up, dual: the "
-                                  "default keep-current" if a.with_lazy else ""))
+                                  "default keep-current" if a.with_lazy else "")
+                               + ("; dual-eager-draft: keep-current with its one-token draft "
+                                  "extend run eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), dual: from "
+                                  "width-1 graphs" if a.with_eager_draft else ""))
 
     # -------------------------------------------------------------------- helpers
 
@@ -346,7 +354,7 @@ class Suite:
 
     def startup(self) -> dict:
         out = {}
-        for name in ("eagle3", "dual", "dual-lazy", "plain"):
+        for name in ("eagle3", "dual", "dual-lazy", "dual-eager-draft", "plain"):
             r = self.runs.get(name)
             if r is None or "startup_s" not in r.result:
                 continue
@@ -380,6 +388,7 @@ class Suite:
         md = ["# SGLang dual-graph suite", ""]
         if table and any(table.values()):
             md.append(report.markdown_throughput(levels, table, self.notes.get("bench", "")))
+            md.append(report.markdown_ratios(levels, table))
             report.plot_throughput(levels, table, self.out / "throughput.png",
                                    self.notes.get("bench", "")[:120])
         for name, chk in self.checks.items():
@@ -457,6 +466,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ramp-levels", type=_ints, default=[1, 8, 32, 128])
     p.add_argument("--ramp-hold-s", type=float, default=4.0)
     p.add_argument("--no-adaptive", dest="try_adaptive", action="store_false")
+    p.add_argument("--with-eager-draft", action="store_true",
+                   help="also bench the dual worker with its decode-mode draft extend run "
+                        "eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), engine 'dual-eager-draft'")
     p.add_argument("--with-lazy", action="store_true",
                    help="also run every dual engine with DGW_CONTINUITY=lazy-catch-up "
                         "(engines named *-lazy), next to the default keep-current one")

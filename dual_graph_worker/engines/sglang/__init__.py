@@ -13,11 +13,16 @@ variables or a JSON file named by ``DGW_CONFIG`` (see ``config.py``).
 Modules, one job each:
 - ``version``       : the supported SGLang release and the check with its fix-naming error;
 - ``config``        : ``WorkerConfig`` from env / JSON, and the policy it builds;
+- ``capture_config``: DGW_CAPTURE_CONFIG, a tuned capture config: stale-config refusal,
+                      decode pool and threshold, the spec-pool flags (``dgw capture-flags``);
 - ``decision``      : engine-agnostic step planning (PolicyInputs from a batch size, mode choice,
                       the ledger that turns launched steps + accept counts into StepRecords);
 - ``layout``        : engine-agnostic tensors of a decode-mode step in the speculative layout;
 - ``calibration``   : timing replays into a CalibrationTable (engine-agnostic, timer injected);
 - ``step_log``      : JSONL step log for the load-ramp plot;
+- ``cycle_policy``  : DGW_POLICY=cycle, a fixed spec/decode schedule (a profiling aid);
+- ``nvtx_spans``    : NVTX step/stage ranges, switch marks and the profiling window (routes
+                      EAGLE-3's own stage hooks only while a profiler listens);
 - ``server_args_hook``: the server-argument adjustments (decode pool sizes, spec pool cap);
 - ``spec_algo``     : the CustomSpecAlgo subclass that mirrors EAGLE3's predicates (imports SGLang);
 - ``decode_pool``   : the width-1 target DECODE graph runner and its slot swap (imports SGLang);

@@ -8,6 +8,7 @@ the same environment, so every rank builds the same policy.
 | key (JSON)           | env var              | default   | meaning                                      |
 |----------------------|----------------------|-----------|----------------------------------------------|
 | policy               | DGW_POLICY           | threshold | threshold, goodput, spec (pinned), decode    |
+|                      |                      |           | or cycle (a profiling aid, see below)        |
 | threshold            | DGW_THRESHOLD        | 32        | speculate while running bs <= threshold      |
 | band                 | DGW_BAND             | 2         | hysteresis band around the threshold         |
 | min_dwell_steps      | DGW_MIN_DWELL        | 8         | steps a mode runs before it may switch       |
@@ -16,11 +17,14 @@ the same environment, so every rank builds the same policy.
 | ema_alpha            | DGW_EMA_ALPHA        | 0.1       | goodput: accept-length EMA weight            |
 | spec_max_bs          | DGW_SPEC_MAX_BS      | 48        | largest batch the spec pool captures         |
 | decode_max_bs        | DGW_DECODE_MAX_BS    | (server)  | largest batch the decode pool captures       |
+| capture_config       | DGW_CAPTURE_CONFIG   | (off)     | tuned capture config JSON (see below)        |
 | calibration          | DGW_CALIBRATION      | measure   | goodput table: "measure" or a JSON path      |
 | calibrate_iters      | DGW_CALIBRATE_ITERS  | 5         | timed replays per graph when measuring       |
 | step_log             | DGW_STEP_LOG         | (off)     | JSONL path: one line per decode step         |
 | continuity           | DGW_CONTINUITY       | keep-current | or lazy-catch-up (opt-in; see below)      |
 | lazy_stash_mb        | DGW_LAZY_STASH_MB    | 1024      | lazy-catch-up: stash size (MiB), see below   |
+| draft_extend_graphs  | DGW_DRAFT_EXTEND_GRAPHS | 1      | keep-current: replay the one-token draft     |
+|                      |                      |           | extend from CUDA graphs (0: run it eagerly)  |
 
 Why threshold by default: on the H200 (DESIGN.md) an EAGLE-3 step at bs 32 cost ~2.8x a plain
 decode step end to end, far more than its graph replays alone suggest (CPU-side tree/sampling
@@ -30,12 +34,29 @@ at accept length 2.0 and 3.0) is deterministic on every rank and needs no calibr
 ``policy=goodput`` is available and uses a table measured by timing graph replays at start-up
 (or loaded from ``calibration``).
 
+Tuned capture config (``capture_config``: a file from ``make capture-tune``; capture_config.py).
+At start-up the worker refuses it (ConfigError) if it was tuned on another GPU or model shape;
+otherwise the decode pool captures the config's decode list (capped at ``decode_max_bs`` when
+set) and the threshold becomes the config's crossover. Precedence for ``threshold``: an explicit
+value (``DGW_THRESHOLD``, or ``threshold`` in the ``DGW_CONFIG`` file) > the capture config's
+crossover > the default 32. The spec pool's sizes are SGLang's (``--cuda-graph-bs-decode``,
+fixed before the worker exists): ``dgw capture-flags CONFIG`` prints the flag, and the worker
+warns when the server's list differs. Every capture config so far was measured by
+``capture.measure`` on the reference engine's graphs, not SGLang's.
+
 Draft continuity (DESIGN.md "Draft state across switches"). ``keep-current`` (the default, the
 path that passed the GPU correctness suite) runs a one-token draft extend in every decode-mode
-step (draft_sync.py). ``lazy-catch-up`` (opt-in, NOT YET RUN ON A GPU) only stashes the target's
+step (draft_sync.py), replayed from width-1 draft-extend CUDA graphs captured next to the decode
+pool (draft_extend_graph.py; ``draft_extend_graphs=0`` runs it eagerly, the first GPU run's
+path, which cost ~11% of decode-mode throughput at bs >= 64). ``lazy-catch-up`` (opt-in, NOT YET RUN ON A GPU) only stashes the target's
 EAGLE-3 features of each decode-mode token and catches the draft up in one draft extend before
 the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the stash, and when it is full
 the backlog is caught up early (a "forced" catch-up) instead of growing it.
+
+``policy=cycle`` is a profiling aid, never a serving policy (cycle_policy.py): whatever the load,
+it speculates for ``min_dwell_steps`` steps, decodes as long, then alternates every step for
+twice that, and repeats, so one batch of requests yields held steps of both modes and switches
+at one batch size (``python -m profiling.sglang_workload`` runs it under nsys).
 """
 
 from __future__ import annotations
@@ -47,6 +68,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.sglang.cycle_policy import CyclePolicy
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import (
@@ -66,6 +88,7 @@ class PolicyKind(str, enum.Enum):
     GOODPUT = "goodput"
     SPEC = "spec"        # pinned: static EAGLE-3 inside the spec pool, decode beyond it
     DECODE = "decode"    # pinned: never speculate (the plain-server baseline)
+    CYCLE = "cycle"      # profiling aid (cycle_policy.py): a fixed spec/decode schedule
 
 
 # JSON key -> env var. One table so the docs, the parser and the tests cannot drift.
@@ -79,11 +102,13 @@ ENV_VARS: Mapping[str, str] = {
     "ema_alpha": "DGW_EMA_ALPHA",
     "spec_max_bs": "DGW_SPEC_MAX_BS",
     "decode_max_bs": "DGW_DECODE_MAX_BS",
+    "capture_config": "DGW_CAPTURE_CONFIG",
     "calibration": "DGW_CALIBRATION",
     "calibrate_iters": "DGW_CALIBRATE_ITERS",
     "step_log": "DGW_STEP_LOG",
     "continuity": "DGW_CONTINUITY",
     "lazy_stash_mb": "DGW_LAZY_STASH_MB",
+    "draft_extend_graphs": "DGW_DRAFT_EXTEND_GRAPHS",
 }
 
 # What the SGLang worker implements; Continuity.NONE (no draft state at all) is the reference
@@ -102,11 +127,13 @@ class WorkerConfig:
     ema_alpha: float = 0.1
     spec_max_bs: int = 48
     decode_max_bs: Optional[int] = None
+    capture_config: Optional[str] = None
     calibration: str = MEASURE
     calibrate_iters: int = 5
     step_log: Optional[str] = None
     continuity: Continuity = Continuity.KEEP_CURRENT
     lazy_stash_mb: int = 1024
+    draft_extend_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.continuity not in SGLANG_CONTINUITY:
@@ -161,6 +188,15 @@ class WorkerConfig:
         return out
 
 
+def explicit_keys(environ: Mapping[str, str]) -> frozenset[str]:
+    """The keys a user set (in the DGW_CONFIG file or a DGW_* variable) rather than left at their
+    defaults: a tuned capture config fills in only the others (``threshold`` today)."""
+    path = environ.get(CONFIG_FILE_ENV)
+    from_file = set(_read_json(path)) if path else set()
+    return frozenset(from_file | {key for key, env in ENV_VARS.items()
+                                  if environ.get(env, "") != ""})
+
+
 def _read_json(path: str) -> Mapping[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
@@ -185,8 +221,10 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
             return float(raw)
         if key in ("calibration",):
             return str(raw)
-        if key == "step_log":
+        if key in ("step_log", "capture_config"):
             return str(raw) if raw not in (None, "") else None
+        if key == "draft_extend_graphs":
+            return _boolean(raw)
         if key == "decode_max_bs":
             return None if raw in (None, "", "none") else int(raw)
         return int(raw)
@@ -194,6 +232,17 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
         choices = {"policy": f" (one of {[k.value for k in PolicyKind]})",
                    "continuity": f" (one of {[c.value for c in SGLANG_CONTINUITY]})"}.get(key, "")
         raise ConfigError(f"{source}: bad value {raw!r} for {key}{choices}") from exc
+
+
+def _boolean(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {raw!r} (use 1/0, true/false)")
 
 
 def build_policy(config: WorkerConfig, num_draft_tokens: int,
@@ -207,6 +256,8 @@ def build_policy(config: WorkerConfig, num_draft_tokens: int,
         return PinnedPolicy(Mode.SPEC, num_draft_tokens)
     if config.policy is PolicyKind.DECODE:
         return PinnedPolicy(Mode.DECODE, num_draft_tokens)
+    if config.policy is PolicyKind.CYCLE:
+        return CyclePolicy(hold=config.min_dwell_steps, num_draft_tokens=num_draft_tokens)
     if calibration is None:
         raise ConfigError("policy=goodput needs a calibration table: leave DGW_CALIBRATION="
                           "measure (timed at start-up) or point it at a JSON table, or set "

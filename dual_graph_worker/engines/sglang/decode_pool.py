@@ -50,13 +50,23 @@ from dual_graph_worker.engines.sglang.server_args_hook import (
 logger = logging.getLogger(__name__)
 
 
-def plan_decode_batch_sizes(model_runner: Any, decode_max_bs: Optional[int]) -> list[int]:
-    """Plain-server decode capture list up to the decode max, fitted to the request pool."""
+def plan_decode_batch_sizes(model_runner: Any, decode_max_bs: Optional[int],
+                            sizes: Optional[Sequence[int]] = None) -> list[int]:
+    """The decode capture list fitted to the request pool: `sizes` (a tuned capture config's
+    list) or, by default, the plain server's list up to the decode max."""
     sa = model_runner.server_args
-    max_bs = decode_max_bs or sa.cuda_graph_config.decode.max_bs
-    sizes = plain_decode_batch_sizes(ServerArgs._generate_decode_cuda_graph_batch_sizes,
-                                     max_bs=max_bs,
-                                     disable_cuda_graph_padding=sa.disable_cuda_graph_padding)
+    if sizes is None:
+        max_bs = decode_max_bs or sa.cuda_graph_config.decode.max_bs
+        sizes = plain_decode_batch_sizes(ServerArgs._generate_decode_cuda_graph_batch_sizes,
+                                         max_bs=max_bs,
+                                         disable_cuda_graph_padding=sa.disable_cuda_graph_padding)
+    return fit_to_server_request_pool(model_runner, sizes)
+
+
+def fit_to_server_request_pool(model_runner: Any, sizes: Sequence[int]) -> list[int]:
+    """`sizes` clamped to this server's request pool and attention-TP alignment, as SGLang's
+    get_batch_sizes_to_capture clamps its own lists."""
+    sa = model_runner.server_args
     return fit_to_request_pool(
         sizes,
         max_requests=get_cuda_graph_max_batch_size(sa, model_runner.req_to_token_pool.size),

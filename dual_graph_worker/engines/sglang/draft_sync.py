@@ -11,12 +11,15 @@ It is composed from SGLang's own pieces: ``EagleDraftExtendInput``, ``prepare_fo
 (with no graph runner, so it plans on the draft-extend backend eagerly; its DRAFT_EXTEND_V2 eager
 metadata reads extend lengths from the batch, triton_backend.py:714-960, so width 1 is valid on
 the backend built for width K+1), ``draft_runner.forward``, and the same proposal step as
-``_draft_extend_for_decode`` (argmax at topk 1, else renormalised top-k).
+``_draft_extend_for_decode`` (argmax at topk 1, else renormalised top-k). With a width-1 graph
+runner (draft_extend_graph.py) the forward is a graph replay, chosen exactly as
+``_draft_extend_for_decode`` chooses EAGLE-3's (eagle_worker_v2.py:900-932); without one, or for a
+batch beyond its sizes, it runs eagerly.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 from sglang.srt.layers.moe.utils import (
@@ -34,17 +37,20 @@ _is_hip = is_hip()
 class DraftSyncOutput(NamedTuple):
     next_draft_input: EagleDraftInput
     forward_batch: Any          # kept alive two iterations by the scheduler
+    graphed: bool               # replayed from a width-1 draft-extend graph
 
 
 def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: torch.Tensor,
                                sampled: torch.Tensor,
-                               out_cache_loc: torch.Tensor) -> DraftSyncOutput:
+                               out_cache_loc: torch.Tensor,
+                               graph_runner: Optional[Any] = None) -> DraftSyncOutput:
     """Draft-extend one token per request at position ``batch.seq_lens``.
 
     `batch` is the ScheduleBatch of the step (seq_lens at the pre-step length); it is edited in
     place the way SGLang's own draft extend edits it, and the scheduler's _forward_isolation
     restores it afterwards. `target_hidden` is the target's packed aux hidden states [bs, 3H],
-    `sampled` the token the step emitted [bs], `out_cache_loc` the step's KV slot [bs].
+    `sampled` the token the step emitted [bs], `out_cache_loc` the step's KV slot [bs],
+    `graph_runner` the width-1 draft-extend graphs (or None: eager).
     """
     bs = batch.seq_lens.shape[0]
     device = batch.seq_lens.device
@@ -62,9 +68,18 @@ def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: 
     with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
           speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
         forward_batch = prepare_for_draft_extend(
-            extend_input, batch, sampled.to(torch.int64), 1, dw.draft_runner, None,
+            extend_input, batch, sampled.to(torch.int64), 1, dw.draft_runner, graph_runner,
             return_hidden_states_before_norm=False)
-        logits_output = dw.draft_runner.forward(forward_batch).logits_output
+        # prepare_for_draft_extend planned eager metadata only if the graph cannot run.
+        graphed = graph_runner is not None and graph_runner.can_run_graph(forward_batch)
+        if graphed:
+            logits_output = graph_runner.execute(forward_batch)
+            # A view of the graph's static output, in the shared pool where graphs captured
+            # earlier keep their scratch: own it before any other replay, as EAGLE's
+            # select_index gather does for its own draft extend.
+            logits_output.hidden_states = logits_output.hidden_states.clone()
+        else:
+            logits_output = dw.draft_runner.forward(forward_batch).logits_output
         logits = logits_output.next_token_logits
         if dw.topk == 1 and not _is_hip:
             topk_index = torch.argmax(logits, dim=-1, keepdim=True)
@@ -79,4 +94,4 @@ def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: 
         # Same dtype as the verify path's bonus tokens (eagle_worker_common.py:612).
         bonus_tokens=sampled.to(torch.int32),
     )
-    return DraftSyncOutput(next_draft_input, forward_batch)
+    return DraftSyncOutput(next_draft_input, forward_batch, graphed)

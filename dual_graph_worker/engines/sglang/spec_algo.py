@@ -65,6 +65,11 @@ def validate_server_args(server_args: Any) -> None:
     config = WorkerConfig.from_env(os.environ)
     if config.lazy:
         check_lazy_catch_up_server_args(server_args)
+    if config.capture_config is not None:
+        # The file only: its GPU and model shape are checked in each scheduler process.
+        from dual_graph_worker.engines.sglang.capture_config import load_server_capture_config
+
+        load_server_capture_config(config.capture_config)
 
 
 def check_lazy_catch_up_server_args(server_args: Any) -> None:

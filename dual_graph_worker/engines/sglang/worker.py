@@ -5,12 +5,13 @@ target init_cuda_graphs -> this worker's init_cuda_graphs):
 - ``init_attention_backends``: plan the decode pool's batch sizes and enlarge the shared logits
   buffer *before* the target's verify capture (decode_pool.ensure_shared_logits_rows);
 - ``init_cuda_graphs``: EAGLE-3's graphs (super), then the decode pool into the same graph
-  memory pool, the DispatchTable of both captured lists, the calibration (goodput only), and
+  memory pool, then (keep-current) width-1 draft-extend graphs for the decode pool's sizes
+  (draft_extend_graph.py), the DispatchTable of both captured lists, the calibration (goodput only), and
   the policy. No capture or allocation happens after this: a mode switch is a table lookup.
 
 Per decode step (``forward_batch_generation``): ModeSelector.plan(bs) -> either EAGLE-3's own
 step (super) or ``_decode_step``: one target DECODE replay (plain server's graph), SGLang's
-sampler, ``on_publish`` once, a one-token draft extend, and a result in the speculative layout
+sampler, ``on_publish`` once, a one-token draft extend (a width-1 graph replay), and a result in the speculative layout
 (stride 1, accept length 1). Prefill, mixed and idle batches always take EAGLE-3's path.
 
 Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``keep-current`` (default) is the
@@ -28,6 +29,10 @@ import time
 from typing import Optional
 
 import torch
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 from sglang.srt.model_executor.forward_batch_info import (
@@ -40,6 +45,7 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.engines.sglang import nvtx_spans
 from dual_graph_worker.engines.sglang.calibration import measure_calibration, wall_clock_timer
 from dual_graph_worker.engines.sglang.config import MEASURE, PolicyKind, WorkerConfig, build_policy
 from dual_graph_worker.engines.sglang.decision import ModeSelector, StepLedger, StepPlan
@@ -50,6 +56,10 @@ from dual_graph_worker.engines.sglang.decode_pool import (
     ensure_shared_logits_rows,
     graph_replay,
     plan_decode_batch_sizes,
+)
+from dual_graph_worker.engines.sglang.draft_extend_graph import (
+    DraftSyncGraphs,
+    build_draft_sync_graphs,
 )
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
@@ -63,6 +73,7 @@ from dual_graph_worker.engines.sglang.step_log import StepLogWriter
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import CalibrationTable
+from profiling import nvtx_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +88,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._graphs_enabled = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
         self._decode_bs: tuple[int, ...] = ()
         self._decode_pool: DecodePool = eager_decode_pool()
+        self._draft_sync = DraftSyncGraphs(runner=None)
+        # NVTX step ranges and the profiling window of this scheduler process (one per TP rank).
+        self._spans = nvtx_spans.StepSpans.from_environment()
         self._selector: Optional[ModeSelector] = None
         self._ledger = StepLedger()
         self._is_rank0 = get_parallel().tp_rank == 0
@@ -90,13 +104,52 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     # ----------------------------------------------------------------------------- start-up
 
     def init_attention_backends(self) -> None:
-        super().init_attention_backends()
         mr = self._target_worker.model_runner
+        # First, so a stale or broken capture config stops the server before any allocation.
+        tuned_decode_bs = self._apply_capture_config(mr)
+        super().init_attention_backends()
         if self._graphs_enabled:
-            self._decode_bs = tuple(plan_decode_batch_sizes(mr, self._dgw_config.decode_max_bs))
+            self._decode_bs = tuple(plan_decode_batch_sizes(mr, self._dgw_config.decode_max_bs,
+                                                            tuned_decode_bs))
             rows = ensure_shared_logits_rows(mr, rows=max(self._decode_bs))
             logger.info("dual-graph: decode pool will capture bs=%s; shared logits buffer "
                         "holds %d rows", list(self._decode_bs), rows)
+
+    def _apply_capture_config(self, mr) -> Optional[tuple[int, ...]]:
+        """DGW_CAPTURE_CONFIG (capture_config.py): refuse a config tuned for another GPU or model
+        shape, take its threshold into the config init_cuda_graphs builds the policy from, warn
+        when SGLang's spec list is not the tuned one. Returns the tuned decode list, or None."""
+        path = self._dgw_config.capture_config
+        if path is None:
+            return None
+        # Imported here: servers without a capture config never load the capture package.
+        from capture.measurements import GpuInfo
+        from dual_graph_worker.engines.sglang.capture_config import (
+            load_server_capture_config,
+            plan_capture,
+            sglang_model_shape,
+            spec_list_warning,
+        )
+        from dual_graph_worker.engines.sglang.config import explicit_keys
+        from dual_graph_worker.engines.sglang.decode_pool import fit_to_server_request_pool
+
+        sa = mr.server_args
+        shape = sglang_model_shape(mr.model_config, self._draft_worker.draft_runner.model_config,
+                                   num_steps=self.speculative_num_steps,
+                                   attention_backend=mr.decode_attention_backend_str,
+                                   tp_size=sa.tp_size, topk=self.topk)
+        capture = load_server_capture_config(
+            path, gpu=GpuInfo.from_torch(torch.cuda.current_device()), shape=shape)
+        plan = plan_capture(self._dgw_config, capture, explicit_keys(os.environ), path)
+        self._dgw_config = plan.config
+        if self._is_rank0:
+            logger.info("dual-graph: %s", plan.describe())
+        if self._is_rank0 and self._graphs_enabled:
+            warning = spec_list_warning(sa.cuda_graph_config.decode.bs, plan,
+                                        fit=lambda sizes: fit_to_server_request_pool(mr, sizes))
+            if warning is not None:
+                logger.warning(warning)
+        return plan.decode_bs
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
@@ -105,6 +158,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._decode_pool = build_decode_pool(mr, self._decode_bs)
             self._additional_graph_memory_usage["decode_pool"] = self._decode_pool.memory_gb
             self._additional_graph_time_usage["decode_pool"] = self._decode_pool.capture_time_s
+            if self._dgw_config.draft_extend_graphs and not self._dgw_config.lazy:
+                self._draft_sync = self._capture_draft_sync_graphs()
         spec_bs = tuple(getattr(mr.decode_cuda_graph_runner, "capture_bs", None) or ())
         table = DispatchTable.build(spec_bs if self._graphs_enabled else (),
                                     self._decode_pool.capture_bs)
@@ -118,6 +173,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                      on_catch_up=self._log_catch_up)
         summary = dict(policy=type(policy).__name__, config=self._dgw_config.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
+                       draft_sync_bs=list(self._draft_sync.capture_bs),
                        num_steps=self.speculative_num_steps, topk=self.topk,
                        calibration=None if calibration is None else calibration.to_json())
         if self._lazy is not None:
@@ -125,6 +181,16 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         logger.info("dual-graph: ready: %s", summary)
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
+
+    def _capture_draft_sync_graphs(self) -> DraftSyncGraphs:
+        """Keep-current's one-token draft extend as width-1 graphs, last into the shared pool."""
+        dw = self._draft_worker
+        with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
+              speculative_moe_a2a_backend_context()):
+            graphs = build_draft_sync_graphs(dw, dw.server_args, self._decode_pool.capture_bs)
+        self._additional_graph_memory_usage["draft_sync"] = graphs.memory_gb
+        self._additional_graph_time_usage["draft_sync"] = graphs.capture_time_s
+        return graphs
 
     def _calibration(self, spec_bs: tuple[int, ...]) -> Optional[CalibrationTable]:
         cfg = self._dgw_config
@@ -171,14 +237,18 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish=on_publish,
                                                     grammar_barrier=grammar_barrier)
         plan = self._selector.plan(batch.seq_lens.shape[0])
-        if plan.mode is Mode.SPEC:
-            keep_alive = None if self._lazy is None else self._lazy.before_spec_step(batch)
-            result = super().forward_batch_generation(batch, on_publish=on_publish,
-                                                      grammar_barrier=grammar_barrier)
-            if keep_alive:
-                result.extra_keep_alive_refs = list(result.extra_keep_alive_refs or []) + keep_alive
-        else:
-            result = self._decode_step(batch, plan, on_publish, grammar_barrier)
+        # NVTX step range, switch mark, profiling window (nvtx_spans); free without a profiler.
+        # Spec steps' draft/verify/draft_extend stage ranges come from SGLang's own stage hooks.
+        with self._spans.step(plan, self):
+            if plan.mode is Mode.SPEC:
+                keep_alive = None if self._lazy is None else self._lazy.before_spec_step(batch)
+                result = super().forward_batch_generation(batch, on_publish=on_publish,
+                                                          grammar_barrier=grammar_barrier)
+                if keep_alive:
+                    result.extra_keep_alive_refs = (list(result.extra_keep_alive_refs or [])
+                                                    + keep_alive)
+            else:
+                result = self._decode_step(batch, plan, on_publish, grammar_barrier)
         self._ledger.launched(plan)
         return result
 
@@ -199,7 +269,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             # Spec mode advances the grammar FSM over the previous result inside verify; the
             # sampler's vocab mask here needs the same up-to-date FSM.
             grammar_barrier()
-        with self._decode_pool.installed(mr):
+        with nvtx_ranges.stage_range("decode"), self._decode_pool.installed(mr):
             forward_batch = ForwardBatch.init_new(view, mr,
                                                   capture_hidden_mode=CaptureHiddenMode.FULL,
                                                   return_hidden_states_before_norm=False)
@@ -210,10 +280,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if on_publish is not None:
             on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
         if lazy is None:
-            draft = run_one_token_draft_extend(self._draft_worker, batch,
-                                               target_hidden=logits_output.hidden_states,
-                                               sampled=target.next_token_ids,
-                                               out_cache_loc=out_cache_loc)
+            with nvtx_ranges.stage_range("draft_extend"):
+                draft = run_one_token_draft_extend(self._draft_worker, batch,
+                                                   target_hidden=logits_output.hidden_states,
+                                                   sampled=target.next_token_ids,
+                                                   out_cache_loc=out_cache_loc,
+                                                   graph_runner=self._draft_sync.runner)
             next_draft_input = draft.next_draft_input
             keep_alive = [forward_batch, draft.forward_batch]
         else:

@@ -1,0 +1,194 @@
+"""A tuned capture config (capture/config.py, ``make capture-tune``) applied to the SGLang worker.
+
+Named by ``DGW_CAPTURE_CONFIG`` (or ``capture_config`` in the ``DGW_CONFIG`` file) and read in
+``init_attention_backends``, before any graph is captured. It sets:
+
+- the decode pool's batch sizes: the config's ``decode_bs`` (capped at ``decode_max_bs`` when
+  that is set), then fitted to the request pool exactly as the default list is;
+- the threshold policy's threshold: the config's crossover (``tuning.crossover_bs``, the largest
+  batch size where speculation was predicted to pay), unless a threshold was set explicitly.
+  Precedence: ``DGW_THRESHOLD`` / ``threshold`` in the DGW_CONFIG file > the crossover > 32.
+
+It cannot set the spec pool. SGLang captures the target-verify, draft and draft-extend graphs
+from its own ``--cuda-graph-bs-decode`` list (the deprecated alias ``--cuda-graph-bs`` works
+too) before and inside the worker's construction, capped at ``spec_max_bs`` by
+server_args_hook.py. So the worker compares that list with the config's and, when they differ,
+logs the flags to restart with; ``dgw capture-flags CONFIG`` prints them up front.
+
+Refusals, each a ConfigError naming the mismatch and the fix: an unreadable or malformed file;
+a config tuned on another GPU (name and compute capability, from torch.cuda); a config tuned
+for another model shape (built from SGLang's model config by ``sglang_model_shape`` with the
+same keys and fingerprint the capture tools use: capture.apply.build_model_shape).
+
+Where the numbers come from: ``capture.measure`` times the REFERENCE engine's graphs; nothing
+measures SGLang's graphs yet. The committed H200 configs
+(capture/results/config_h200_llama3-8b_acc{2,3}.json) are of that kind: their model shape is
+the one an SGLang server of Llama-3-8B + EAGLE-3, K=3, triton attention, TP 1, bf16 reports, so
+they load, but their crossover (bs 96 at accept length 2, 256 at 3) is a graph-replay
+prediction. SGLang's end-to-end EAGLE-3 step costs far more than its replays (config.py, "Why
+threshold by default": measured, EAGLE-3 already loses to plain decode by bs 64 at accept 3),
+so on SGLang those thresholds are too high; set DGW_THRESHOLD to keep the decode list and pick
+the threshold yourself.
+
+Nothing here imports SGLang: the worker passes its model configs in, tests pass fakes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Sequence
+
+from capture.apply import build_model_shape
+from capture.config import CaptureConfig, load_capture_config
+from capture.measurements import GpuInfo
+from dual_graph_worker.engines.sglang.config import ENV_VARS, WorkerConfig
+from dual_graph_worker.engines.sglang.server_args_hook import cap_batch_sizes
+from dual_graph_worker.errors import ConfigError, StaleConfig
+
+CAPTURE_CONFIG_ENV = ENV_VARS["capture_config"]
+SPEC_MAX_BS_ENV = ENV_VARS["spec_max_bs"]
+THRESHOLD_ENV = ENV_VARS["threshold"]
+# SGLang 0.5.17's name for the decode-phase capture list, which every speculative runner reads.
+SPEC_BS_FLAG = "--cuda-graph-bs-decode"
+
+
+class CapturePlan(NamedTuple):
+    """What a capture config changes in the worker, decided before any capture."""
+
+    source: str
+    config: WorkerConfig            # threshold = crossover unless set explicitly
+    decode_bs: tuple[int, ...]      # the decode pool, before fitting to the request pool
+    spec_bs: tuple[int, ...]        # what SGLang's spec list should be (the worker cannot set it)
+    threshold_explicit: bool        # True: the user's threshold was kept over the crossover
+
+    def describe(self) -> str:
+        why = ("kept: set explicitly" if self.threshold_explicit
+               else f"the config's crossover; set {THRESHOLD_ENV} to override")
+        return (f"capture config {self.source}: decode pool bs={list(self.decode_bs)}, "
+                f"threshold {self.config.threshold} ({why})")
+
+
+class CaptureFlags(NamedTuple):
+    """How to start an SGLang server that runs a capture config's pools."""
+
+    server_args: tuple[str, ...]    # SGLang flags: the spec pool's batch sizes
+    env: tuple[tuple[str, str], ...]  # DGW_* settings for the worker
+
+    def render(self, capture: CaptureConfig) -> str:
+        k = capture.num_draft_tokens
+        lines = [f"# SGLang server flags: the spec pool (target verify, draft, draft extend); "
+                 f"pass with --speculative-num-steps {k}",
+                 " ".join(self.server_args),
+                 "# environment of the dual-graph worker: decode pool and threshold "
+                 "(the threshold follows the crossover unless DGW_THRESHOLD is set)"]
+        lines += [f"export {name}={value}" for name, value in self.env]
+        lines.append(f"# tuned on {capture.gpu.describe()} for model shape "
+                     f"{capture.model.fingerprint}, accept length {capture.accept_len:g}, "
+                     f"crossover bs={capture.crossover_bs}; measured on the reference engine's "
+                     "graphs (capture.measure), not SGLang's")
+        if capture.synthetic:
+            lines.append("# WARNING: tuned on SYNTHETIC measurements (tests and demos only)")
+        return "\n".join(lines)
+
+
+def sglang_model_shape(target: Any, draft: Any, *, num_steps: int, attention_backend: str,
+                       tp_size: int = 1, topk: int = 1) -> dict:
+    """The capture fingerprint's shape of an SGLang server, from its ModelConfigs.
+
+    `target` / `draft` are ``model_runner.model_config`` objects (anything with their
+    attributes); `num_steps` is SGLang's ``speculative_num_steps`` (K, the draft steps; not
+    ``speculative_num_draft_tokens`` = K+1). tp_size and topk enter the shape only when they
+    differ from what the reference engine records (TP 1, a topk-1 chain): each changes every
+    graph's per-GPU work, so a config tuned without them must not match.
+    """
+    extra: dict[str, int] = {}
+    if tp_size != 1:
+        extra["tp_size"] = int(tp_size)
+    if topk != 1:
+        extra["topk"] = int(topk)
+    hf = getattr(target, "hf_text_config", None)
+    return build_model_shape(
+        hidden_size=target.hidden_size, num_layers=target.num_hidden_layers,
+        num_heads=target.num_attention_heads, num_kv_heads=target.num_key_value_heads,
+        head_dim=target.head_dim, intermediate_size=getattr(hf, "intermediate_size", None),
+        vocab_size=target.vocab_size, dtype=target.dtype, draft_hidden_size=draft.hidden_size,
+        num_draft_tokens=int(num_steps), attention_backend=str(attention_backend), **extra)
+
+
+def load_server_capture_config(path: str, *, gpu: Optional[GpuInfo] = None,
+                               shape: Optional[Mapping[str, Any]] = None) -> CaptureConfig:
+    """Read `path`, refusing a malformed file or one tuned for another GPU / model shape.
+    Without `gpu` / `shape` only the file itself is checked (the launch-time check)."""
+    try:
+        return load_capture_config(path, expected_gpu=gpu, expected_shape=shape)
+    except (ConfigError, StaleConfig) as exc:
+        # StaleConfig too: to the server both are a setting to fix before it can start.
+        raise ConfigError(f"{CAPTURE_CONFIG_ENV}={path}: {exc}; or unset {CAPTURE_CONFIG_ENV} "
+                          "to run with the default pools and threshold") from exc
+
+
+def plan_capture(config: WorkerConfig, capture: CaptureConfig, explicit: AbstractSet[str],
+                 source: str) -> CapturePlan:
+    """Apply `capture` to `config`; `explicit` holds the keys the user set (config.explicit_keys)."""
+    decode_bs = (capture.decode_bs if config.decode_max_bs is None
+                 else tuple(cap_batch_sizes(capture.decode_bs, config.decode_max_bs)))
+    keep = "threshold" in explicit
+    new = config if keep else replace(config, threshold=capture.crossover_bs)
+    return CapturePlan(source, new, decode_bs, capture.spec_bs, keep)
+
+
+def spec_list_warning(server_bs: Sequence[int], plan: CapturePlan,
+                      fit: Callable[[Sequence[int]], Sequence[int]] = list) -> Optional[str]:
+    """A warning when the spec pool SGLang captures is not the config's, or None.
+
+    `server_bs` is SGLang's list (``cuda_graph_config.decode.bs``, after the spec_max_bs cap);
+    `fit` clamps a list to the request pool as SGLang's runners do, and is applied to both, so a
+    small request pool alone never triggers the warning.
+    """
+    have, want = sorted(set(fit(server_bs))), sorted(set(fit(plan.spec_bs)))
+    if have == want:
+        return None
+    flags = capture_flags(plan.spec_bs, plan.source, plan.config.spec_max_bs)
+    env = " ".join(f"{name}={value}" for name, value in flags.env if name == SPEC_MAX_BS_ENV)
+    return (f"dual-graph: the server captures its speculative pool at bs={have}, but {plan.source} "
+            f"was tuned for bs={want}. SGLang sizes that pool before the worker starts: restart "
+            f"with `{' '.join(flags.server_args)}`"
+            + (f" and {env} (the plugin caps SGLang's list at spec_max_bs)" if env else "")
+            + f" to use the tuned spec pool (`dgw capture-flags {plan.source}` prints every "
+            "setting)")
+
+
+def capture_flags(spec_bs: Sequence[int], path: str, spec_max_bs: Optional[int] = None
+                  ) -> CaptureFlags:
+    """The flags and settings that make a server capture `spec_bs` and read the config at
+    `path`. DGW_SPEC_MAX_BS is set to the list's top so server_args_hook's cap (48 by default)
+    keeps the whole list; `spec_max_bs`, when already that large, is left alone."""
+    top = max(spec_bs)
+    env = [(CAPTURE_CONFIG_ENV, str(path))]
+    if spec_max_bs is None or spec_max_bs < top:
+        env.append((SPEC_MAX_BS_ENV, str(top)))
+    return CaptureFlags((SPEC_BS_FLAG,) + tuple(str(b) for b in sorted(spec_bs)), tuple(env))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``dgw capture-flags CONFIG``: what to pass to SGLang and the worker for a capture config."""
+    ap = argparse.ArgumentParser(
+        prog="dgw capture-flags",
+        description="Print the SGLang server flags (the spec pool's batch sizes) and the DGW_* "
+                    "environment (decode pool, threshold) that run a tuned capture config. The "
+                    "GPU / model-shape check happens when the server starts.")
+    ap.add_argument("config", help="capture config JSON (make capture-tune)")
+    ap.add_argument("--server-args", action="store_true",
+                    help="print only the SGLang flags, for $(dgw capture-flags --server-args F)")
+    args = ap.parse_args(argv)
+    path = str(Path(args.config).resolve())   # the server may start from another directory
+    capture = load_capture_config(path)    # a ConfigError here is one line from `dgw`
+    flags = capture_flags(capture.spec_bs, path)
+    print(" ".join(flags.server_args) if args.server_args else flags.render(capture))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

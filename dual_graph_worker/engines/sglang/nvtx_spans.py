@@ -1,0 +1,227 @@
+"""NVTX for the SGLang worker: the dgw naming convention (profiling.names) on its decode steps.
+
+What a profile of ``DualGraphEagleWorker`` shows, per decode-family step (prefill, mixed and idle
+batches are EAGLE-3's own and get no step range):
+
+    step:{mode}:bs{padded_bs}        the whole step (StepSpans.step, in forward_batch_generation)
+    switch:{old}->{new}              a mark before a step whose mode differs from the last one
+    decode mode: stage:decode        target DECODE replay + sampling        (worker._decode_step)
+                 stage:draft_extend  the one-token draft extend (draft_sync) (worker._decode_step)
+    spec mode:   stage:draft, stage:verify, stage:draft_extend  EAGLE-3's own stages, below
+
+The spec step is SGLang's code (EAGLEWorkerV2.forward_batch_generation, eagle_worker_v2.py:
+1103-1198). Instead of copying it to put ranges between its stages, ``install_spec_stage_ranges``
+routes two names that method looks up in its module at call time: ``spec_stage_span(name)``,
+which SGLang already wraps around "draft" and "draft_extend" (:1173, :1194; a torch.profiler-only
+span in 0.5.17), and ``run_eagle_verify``, the whole verify stage (:1495-1496). Both keep doing
+what SGLang's did; they add a dgw stage range. They are installed only once a profiler listens:
+without one nothing in SGLang is touched. draft_sync.py and lazy_sync.py bound their own
+``spec_stage_span`` at import and are not affected, so the decode step's draft extend is not
+ranged twice.
+
+Profiling window (read once per process from the environment; a profiling aid):
+
+    DGW_PROFILE_STEADY_AFTER_STEPS=N  mark steady_state_begin before decode-family step N+1
+                                      (warm-up and the first requests' prefill come first),
+                                      with the config marks (engine, attention backend, K,
+                                      continuity, policy)
+    DGW_PROFILE_STEPS=M               also open an nsys capture range (cudaProfilerStart) one step
+                                      before that mark and close it (cudaProfilerStop) after M
+                                      steady steps; profile with
+                                      nsys --capture-range=cudaProfilerApi --capture-range-end=stop
+
+The capture range is why the worker, not the driver, owns the window: SGLang's Engine.shutdown
+SIGKILLs the scheduler process (kill_process_tree), which could lose the events nsys still
+buffers there; closing the range from inside that process lets nsys collect them while it lives,
+and leaves start-up (weight init, every graph capture) out of the report, which keeps it small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional
+
+from dual_graph_worker.engines.sglang.decision import StepPlan
+from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import Mode
+from profiling import names, nvtx_ranges
+from profiling.nvtx_ranges import NULL_CONTEXT, Annotator
+
+logger = logging.getLogger(__name__)
+
+STEADY_AFTER_ENV = "DGW_PROFILE_STEADY_AFTER_STEPS"
+STEPS_ENV = "DGW_PROFILE_STEPS"
+CONFIG_CONTINUITY = "continuity"    # read by profiling.engines (decode-mode stages)
+CONFIG_POLICY = "policy"
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    steady_after: int              # decode-family steps before the steady_state_begin mark
+    steps: Optional[int] = None    # steady steps inside the capture range; None: no range
+
+    def __post_init__(self) -> None:
+        if self.steady_after < 0:
+            raise ConfigError(f"{STEADY_AFTER_ENV} must be >= 0, got {self.steady_after}")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"{STEPS_ENV} must be >= 1, got {self.steps}")
+
+    @property
+    def capture_start(self) -> Optional[int]:
+        """Steps taken when cudaProfilerStart runs: one before the mark, so the mark itself
+        cannot fall into the moment nsys starts collecting."""
+        return None if self.steps is None else max(self.steady_after - 1, 0)
+
+    @property
+    def capture_end(self) -> Optional[int]:
+        return None if self.steps is None else self.steady_after + self.steps
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Optional["ProfileWindow"]:
+        raw_after, raw_steps = environ.get(STEADY_AFTER_ENV, ""), environ.get(STEPS_ENV, "")
+        if raw_after == "":
+            if raw_steps != "":
+                raise ConfigError(f"{STEPS_ENV} needs {STEADY_AFTER_ENV} (where the window "
+                                  "starts)")
+            return None
+        try:
+            return cls(int(raw_after), int(raw_steps) if raw_steps != "" else None)
+        except ValueError:
+            raise ConfigError(f"{STEADY_AFTER_ENV}={raw_after!r} / {STEPS_ENV}={raw_steps!r} "
+                              "must be integers") from None
+
+
+class CudaProfilerRange(NamedTuple):
+    """cudaProfilerStart / cudaProfilerStop: what nsys --capture-range=cudaProfilerApi follows."""
+
+    start: Callable[[], None]
+    stop: Callable[[], None]
+
+
+def _cudart_range() -> CudaProfilerRange:
+    import torch
+
+    rt = torch.cuda.cudart()
+    return CudaProfilerRange(rt.cudaProfilerStart, rt.cudaProfilerStop)
+
+
+def worker_config_marks(worker: Any) -> dict[str, str]:
+    """The config marks the checker reads, from a DualGraphEagleWorker (missing parts: "?")."""
+    sa = getattr(worker, "server_args", None)
+    cfg = getattr(worker, "_dgw_config", None)
+    backend = (getattr(sa, "decode_attention_backend", None)
+               or getattr(sa, "attention_backend", None) or "?")
+    return {
+        names.CONFIG_ENGINE: "sglang",
+        names.CONFIG_ATTENTION_BACKEND: str(backend),
+        # K as the checker means it: draft steps per spec step (no draft graph when K = 1).
+        names.CONFIG_NUM_DRAFT_TOKENS: str(getattr(worker, "speculative_num_steps", "?")),
+        CONFIG_CONTINUITY: str(getattr(getattr(cfg, "continuity", None), "value", "?")),
+        CONFIG_POLICY: str(getattr(getattr(cfg, "policy", None), "value", "?")),
+    }
+
+
+class StepSpans:
+    """Step ranges, switch marks and the profiling window of one scheduler process."""
+
+    def __init__(self, annotator: Annotator, window: Optional[ProfileWindow] = None,
+                 cuda_profiler: Optional[Callable[[], CudaProfilerRange]] = None,
+                 spec_stage_hooks: Optional[Callable[[Annotator], bool]] = None) -> None:
+        self._annotator = annotator
+        self._window = window
+        self._cuda_profiler = cuda_profiler or _cudart_range
+        self._spec_stage_hooks = spec_stage_hooks or install_spec_stage_ranges
+        self._taken = 0                     # decode-family steps begun so far
+        self._last_mode: Optional[Mode] = None
+        self._config_pending = True         # config marks go out once per capture
+        self._hooks_tried = False           # install the spec-stage hooks once, when listened
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "StepSpans":
+        return cls(nvtx_ranges.DEFAULT, ProfileWindow.from_env(environ))
+
+    @property
+    def steps_taken(self) -> int:
+        return self._taken
+
+    def step(self, plan: StepPlan, worker: Any) -> ContextManager[None]:
+        """The range around one decode-family step, and the marks that precede it."""
+        a = self._annotator
+        window = self._window
+        if window is None and not a.listening():
+            return NULL_CONTEXT               # no profiler, no window: nothing to do
+        taken = self._taken
+        self._taken += 1
+        if window is not None and taken == window.capture_start:
+            self._cuda_profiler().start()
+            self._config_pending = True       # marks sent before the range are not recorded
+            logger.info("dual-graph profiling: capture range opened before step %d", taken + 1)
+        if a.listening():
+            if self._config_pending:
+                for key, value in worker_config_marks(worker).items():
+                    a.mark_config(key, value)
+                self._config_pending = False
+            if not self._hooks_tried:
+                self._hooks_tried = True
+                self._spec_stage_hooks(a)
+            if window is not None and taken == window.steady_after:
+                a.mark_steady_state()
+            if self._last_mode is not None and plan.mode is not self._last_mode:
+                a.mark_switch(self._last_mode, plan.mode)
+        if window is not None and taken == window.capture_end:
+            self._cuda_profiler().stop()
+            logger.info("dual-graph profiling: capture range closed after %d steady steps",
+                        window.steps)
+        self._last_mode = plan.mode
+        return a.step_range(plan.mode, plan.padded_bs, plan.graph)
+
+
+@contextlib.contextmanager
+def _nested(outer: ContextManager[Any], inner: ContextManager[Any]) -> Iterator[None]:
+    with outer, inner:
+        yield
+
+
+def install_spec_stage_ranges(annotator: Annotator) -> bool:
+    """Route EAGLE-3's spec-step stages to dgw stage ranges (see the module docstring).
+    Idempotent; False when SGLang is not importable (nothing installed)."""
+    try:
+        from sglang.srt.speculative import eagle_worker_v2 as ew
+    except ImportError:
+        return False
+    if getattr(ew.spec_stage_span, "_dgw_stage_ranges", None) is annotator:
+        return True
+    uninstall_spec_stage_ranges()          # installed for another annotator (tests): replace
+    sglang_span, sglang_verify = ew.spec_stage_span, ew.run_eagle_verify
+
+    @functools.wraps(sglang_span)
+    def spec_stage_span(name: str) -> ContextManager[Any]:
+        ours = annotator.stage_range(name) if name in names.GRAPH_STAGES else NULL_CONTEXT
+        theirs = sglang_span(name)
+        return theirs if ours is NULL_CONTEXT else _nested(ours, theirs)
+
+    @functools.wraps(sglang_verify)
+    def run_eagle_verify(*args: Any, **kwargs: Any) -> Any:
+        with annotator.stage_range("verify"):
+            return sglang_verify(*args, **kwargs)
+
+    for fn in (spec_stage_span, run_eagle_verify):
+        fn._dgw_stage_ranges = annotator  # type: ignore[attr-defined]
+    ew.spec_stage_span, ew.run_eagle_verify = spec_stage_span, run_eagle_verify
+    logger.info("dual-graph profiling: EAGLE-3 spec stages emit dgw NVTX stage ranges")
+    return True
+
+
+def uninstall_spec_stage_ranges() -> None:
+    """Put SGLang's own functions back (tests; a re-install for another annotator)."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    for attr in ("spec_stage_span", "run_eagle_verify"):
+        fn = getattr(ew, attr)
+        if getattr(fn, "_dgw_stage_ranges", None) is not None:
+            setattr(ew, attr, fn.__wrapped__)
+

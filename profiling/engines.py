@@ -1,0 +1,153 @@
+"""What a step of each engine is expected to launch: the checker's engine expectation profiles.
+
+    reference  the reference engine (dual_graph_worker/engines/reference): spec = draft, verify,
+               draft_extend graphs; decode = the decode graph; no eager kernel is expected, so
+               every eager launch counts against --max-eager-kernels (accept/commit bookkeeping).
+    sglang     the SGLang worker (dual_graph_worker/engines/sglang): spec = EAGLE-3's own draft,
+               verify and draft-extend graphs (eagle_worker_v2.py:1103-1198); decode = the decode
+               pool's graph plus, with keep-current continuity, the width-1 draft-extend graph
+               (draft_sync.py). SGLang runs host glue between its graphs eagerly (input
+               preparation, attention metadata, tree building, verify sampling, argmax), so the
+               kernels of a stated set below are allowed, counted and reported; only kernels
+               outside it count against --max-eager-kernels.
+
+A trace names its engine in a `config:engine=...` mark; `--engine auto` (the default) follows it.
+The SGLang set was read from SGLang 0.5.17's source (file names below); nothing here imports
+SGLang, so the checker runs anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from dual_graph_worker.modes import Mode, Stage
+from profiling import names
+
+AUTO = "auto"
+CONFIG_CONTINUITY = "continuity"          # config mark the SGLang worker emits
+LAZY_CATCH_UP = "lazy-catch-up"
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """Eager kernels an engine is allowed to launch in a graph step, by name pattern."""
+
+    label: str
+    why: str
+    patterns: tuple[str, ...]  # regexes, any of which re.search-matches the short or demangled name
+
+    @property
+    def regex(self) -> str:
+        return "|".join(f"(?:{p})" for p in self.patterns)
+
+    def matches(self, short: str, demangled: str) -> bool:
+        # re caches compiled patterns; a handful of families never evicts them.
+        return bool(re.search(self.regex, short) or re.search(self.regex, demangled))
+
+    def describe(self) -> str:
+        return f"{self.why}; patterns " + ", ".join(f"`{p}`" for p in self.patterns)
+
+
+# PyTorch ops in the host glue (index, copy, fill, compare, cumsum, argmax, cat): ATen's CUDA
+# kernels live in at::native (CUB under at_cuda_detail); the short-name alternatives cover a
+# source that keeps only short names.
+ATEN = KernelFamily(
+    "aten", "PyTorch ATen/CUB ops in SGLang's and the worker's host glue",
+    (r"\bat::native::", r"\bat::cuda::", r"\bat_cuda_detail::", r"\bcub::", r"\bthrust::",
+     r"^(?:vectorized_|unrolled_)?elementwise_kernel", r"^reduce_kernel",
+     r"^index_elementwise_kernel", r"^index(?:Select|Func|Copy|Put)", r"^CatArrayBatchedCopy",
+     r"^_?scatter_gather_elementwise_kernel", r"^gatherTopK", r"^bitonicSort", r"^radixSort",
+     r"^Device(?:Scan|Reduce|Select|RadixSort|SegmentedRadixSort|SegmentedSort|Histogram)",
+     r"^tensor_kernel_scan", r"^distribution_elementwise", r"^sampleMultinomial", r"^cunn_"))
+
+# sglang/kernels/ops/speculative/{cache_locs,eagle,topk1,spec_tree,gather_spec_extras}.py
+# (Triton) and sgl_kernel's EAGLE ops (build_tree_kernel_efficient, verify_tree_greedy,
+# tree_speculative_sampling_target_only, segment_packbits), called from eagle_utils.py,
+# eagle_worker_common.py and eagle_worker_v2.py between the draft, verify and draft-extend graphs.
+SGLANG_SPEC = KernelFamily(
+    "sglang-spec", "SGLang's EAGLE tree, cache-location and accept kernels",
+    (r"assign_draft_cache_locs", r"generate_draft_decode_kv_indices",
+     r"align_evict_mask_to_page_size", r"get_target_cache_loc",
+     r"filter_finished_cache_loc", r"rebuild_compact_draft_req_to_token",
+     r"assign_extend_cache_locs", r"fill_bonus_tokens", r"fill_accept_out_cache_loc",
+     r"draft_topk1_", r"_gather_rows_kernel", r"(?i:build_?tree)", r"(?i:verify_?tree)",
+     r"(?i:tree_?speculative_?sampling)", r"(?i:segment_?pack_?bits)"))
+
+# Attention metadata and KV bookkeeping refilled before each replay: triton_backend.py:341-404
+# (kernels/ops/attention/metadata.py, kernels/ops/kvcache/kv_indices.py), positions
+# (kernels/ops/attention/position.py, kernels/jit/csrc/elementwise/clamp_position.cuh), and the
+# req_to_token writes (srt/mem_cache/allocation.py, kernels/ops/memory/common.py).
+SGLANG_METADATA = KernelFamily(
+    "sglang-metadata", "SGLang's attention metadata, positions and req_to_token writes",
+    (r"create_flashinfer_kv_indices_triton", r"get_num_kv_splits_triton",
+     r"_draft_extend_metadata_kernel", r"_fused_metadata_kernel", r"compute_position_kernel",
+     r"clamp_position_kernel", r"assign_req_to_token_pool", r"write_req_to_token_pool",
+     r"get_last_loc", r"alloc_(?:decode|extend)_kernel", r"memcpy_triton_kernel"))
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    summary: str                       # one line for the report
+    allowed_eager: tuple[KernelFamily, ...] = ()
+    # Decode-mode graph stages beyond `decode`, by the trace's config:continuity ("": the
+    # engine's default continuity, used when the trace names none).
+    decode_extra_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def decode_stages(self, config: Mapping[str, str]) -> frozenset[str]:
+        extra = self.decode_extra_stages
+        continuity = config.get(CONFIG_CONTINUITY, "")
+        return frozenset((Stage.DECODE.value,) + extra.get(continuity, extra.get("", ())))
+
+    def expected_stages(self, mode: str, k: Optional[int], config: Mapping[str, str]
+                        ) -> Optional[tuple[frozenset[str], frozenset[str]]]:
+        """(required, allowed) graph stages of a mode, or None for a mode the worker lacks."""
+        try:
+            m = Mode(mode)
+        except ValueError:
+            return None
+        if m is Mode.DECODE:
+            stages = self.decode_stages(config)
+            return stages, stages
+        if k is not None:
+            stages = frozenset(s.value for s in Stage.for_mode(m, k))
+            return stages, stages
+        # K unknown: the draft stage exists for K > 1 only, so accept it either way.
+        with_draft = frozenset(s.value for s in Stage.for_mode(m, 2))
+        without = frozenset(s.value for s in Stage.for_mode(m, 1))
+        return with_draft & without, with_draft | without
+
+    def eager_family(self, short: str, demangled: str) -> Optional[KernelFamily]:
+        """The stated-set family a kernel belongs to, or None (counts against the limit)."""
+        for family in self.allowed_eager:
+            if family.matches(short, demangled):
+                return family
+        return None
+
+
+REFERENCE = EngineProfile(
+    "reference", "spec: draft, verify, draft_extend graphs; decode: the decode graph; "
+                 "every eager kernel counts against the limit")
+SGLANG = EngineProfile(
+    "sglang",
+    "spec: EAGLE-3's draft, verify, draft_extend graphs; decode: the decode graph and (keep-"
+    "current) the width-1 draft_extend graph; SGLang's eager glue is a stated set",
+    allowed_eager=(ATEN, SGLANG_SPEC, SGLANG_METADATA),
+    decode_extra_stages={"": (Stage.DRAFT_EXTEND.value,), LAZY_CATCH_UP: ()})
+
+PROFILES: Mapping[str, EngineProfile] = {p.name: p for p in (REFERENCE, SGLANG)}
+CHOICES = (AUTO,) + tuple(PROFILES)
+
+
+def resolve(requested: Optional[str], config: Mapping[str, str]) -> EngineProfile:
+    """The profile asked for, or (auto / None) the one the trace's config:engine names;
+    reference when the trace names none or an engine without a profile."""
+    if requested not in (None, AUTO):
+        try:
+            return PROFILES[requested]
+        except KeyError:
+            raise ValueError(f"unknown engine profile {requested!r}; use one of "
+                             f"{', '.join(CHOICES)}") from None
+    return PROFILES.get(config.get(names.CONFIG_ENGINE, ""), REFERENCE)

@@ -1,0 +1,328 @@
+"""DGW_CAPTURE_CONFIG: a tuned capture config read by the SGLang plugin.
+
+The first part needs no SGLang (fake model configs stand in for SGLang's ModelConfig); the last
+part imports SGLang 0.5.17 and is skipped cleanly when it is not importable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from capture.apply import model_shape
+from capture.measurements import GpuInfo, model_fingerprint
+from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE
+from dual_graph_worker.cli import main as dgw_main
+from dual_graph_worker.engines.sglang import version as version_mod
+from dual_graph_worker.engines.sglang.capture_config import (
+    capture_flags,
+    load_server_capture_config,
+    main as flags_main,
+    plan_capture,
+    sglang_model_shape,
+    spec_list_warning,
+)
+from dual_graph_worker.engines.sglang.config import WorkerConfig, explicit_keys
+from dual_graph_worker.engines.sglang.server_args_hook import fit_to_request_pool
+from dual_graph_worker.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+ACC2 = ROOT / "capture/results/config_h200_llama3-8b_acc2.json"
+H200 = GpuInfo("NVIDIA H200", "9.0")
+ACC2_JSON = json.loads(ACC2.read_text())
+
+
+def _llama3_8b(**target_overrides):
+    """What SGLang's ModelConfig reports for Llama-3-8B and its EAGLE-3 draft (the attributes
+    sglang_model_shape reads, checked against a real ModelConfig in the SGLang part below)."""
+    target = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                             dtype=torch.bfloat16,
+                             hf_text_config=SimpleNamespace(intermediate_size=14336))
+    for name, value in target_overrides.items():
+        setattr(target, name, value)
+    return target, SimpleNamespace(hidden_size=4096)
+
+
+def _shape(target_overrides=None, **kwargs) -> dict:
+    target, draft = _llama3_8b(**(target_overrides or {}))
+    return sglang_model_shape(target, draft, **{"num_steps": 3, "attention_backend": "triton",
+                                                **kwargs})
+
+
+def _load(path=ACC2, gpu=H200, shape=None):
+    return load_server_capture_config(str(path), gpu=gpu, shape=_shape() if shape is None else shape)
+
+
+# ------------------------------------------------------------------------------ model shape
+
+def test_sglang_shape_is_the_reference_shape_of_the_same_model():
+    # Same keys and values as a reference-engine run of Llama-3-8B (capture.measure), so the
+    # fingerprints agree and a config tuned there loads on an SGLang server of that shape.
+    assert _shape() == LLAMA3_8B_EAGLE3_SHAPE
+    assert model_fingerprint(_shape()) == ACC2_JSON["model"]["fingerprint"]
+
+
+def test_reference_model_shape_uses_the_shared_builder():
+    from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+    from dual_graph_worker.engines.reference.config import tiny_shape
+
+    engine = engine_from_dummy(tiny_shape(), EngineSpec(num_draft_tokens=3, max_requests=4,
+                                                       max_context=32))
+    assert set(model_shape(engine)) == set(LLAMA3_8B_EAGLE3_SHAPE)
+
+
+# ------------------------------------------------------------------------------- applying
+
+def test_good_config_sets_the_decode_pool_and_the_threshold():
+    capture = _load()
+    plan = plan_capture(WorkerConfig(), capture, frozenset(), str(ACC2))
+    assert plan.decode_bs == tuple(ACC2_JSON["decode_bs"])
+    assert plan.spec_bs == tuple(ACC2_JSON["spec_bs"])
+    crossover = ACC2_JSON["tuning"]["crossover_bs"]
+    assert crossover != WorkerConfig().threshold, "the test must see the threshold change"
+    assert plan.config.threshold == crossover and not plan.threshold_explicit
+    # Nothing else in the worker config moves.
+    assert plan.config == WorkerConfig(threshold=crossover)
+    assert f"threshold {crossover}" in plan.describe()
+
+
+def test_decode_max_bs_caps_the_tuned_decode_list():
+    plan = plan_capture(WorkerConfig(decode_max_bs=128), _load(), frozenset(), str(ACC2))
+    assert plan.decode_bs == tuple(b for b in ACC2_JSON["decode_bs"] if b <= 128)
+
+
+def test_explicit_threshold_wins_over_the_crossover(tmp_path):
+    capture = _load()
+    env = {"DGW_CAPTURE_CONFIG": str(ACC2), "DGW_THRESHOLD": "24"}
+    plan = plan_capture(WorkerConfig.from_env(env), capture, explicit_keys(env), str(ACC2))
+    assert plan.config.threshold == 24 and plan.threshold_explicit
+    assert plan.decode_bs == tuple(ACC2_JSON["decode_bs"])      # the pools still apply
+    # A threshold in the DGW_CONFIG file is explicit too; the env var alone set nothing else.
+    f = tmp_path / "dgw.json"
+    f.write_text(json.dumps({"threshold": 16, "capture_config": str(ACC2)}))
+    env = {"DGW_CONFIG": str(f)}
+    plan = plan_capture(WorkerConfig.from_env(env), capture, explicit_keys(env), str(ACC2))
+    assert plan.config.threshold == 16 and plan.config.capture_config == str(ACC2)
+    env = {"DGW_CAPTURE_CONFIG": str(ACC2), "DGW_THRESHOLD": ""}     # empty = unset
+    assert "threshold" not in explicit_keys(env)
+    plan = plan_capture(WorkerConfig.from_env(env), capture, explicit_keys(env), str(ACC2))
+    assert plan.config.threshold == ACC2_JSON["tuning"]["crossover_bs"]
+
+
+def test_capture_config_key_comes_from_env_or_file(tmp_path):
+    assert WorkerConfig().capture_config is None
+    assert WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": "/x.json"}).capture_config == "/x.json"
+    assert WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": ""}).capture_config is None
+
+
+# ------------------------------------------------------------------------------- refusals
+
+def test_config_from_another_gpu_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        _load(gpu=GpuInfo("NVIDIA B200", "10.0"))
+    msg = str(exc.value)
+    assert "NVIDIA H200" in msg and "NVIDIA B200" in msg          # both GPUs named
+    assert "make capture-tune" in msg and "unset DGW_CAPTURE_CONFIG" in msg
+    assert str(ACC2) in msg
+
+
+@pytest.mark.parametrize("overrides, kwargs, named", [
+    ({"num_hidden_layers": 16}, {}, "num_layers: 32 when tuned, 16 now"),
+    ({"num_key_value_heads": 32}, {}, "num_kv_heads"),
+    ({"dtype": torch.float16}, {}, "dtype: 'bfloat16' when tuned, 'float16' now"),
+    ({}, {"num_steps": 5}, "num_draft_tokens"),
+    ({}, {"attention_backend": "flashinfer"}, "attention_backend"),
+    ({}, {"tp_size": 2}, "tp_size: '<absent>' when tuned, 2 now"),
+    ({}, {"topk": 4}, "topk"),
+])
+def test_config_for_another_model_shape_is_refused(overrides, kwargs, named):
+    with pytest.raises(ConfigError) as exc:
+        _load(shape=_shape(overrides, **kwargs))
+    msg = str(exc.value)
+    assert named in msg and "for this model" in msg and "DGW_CAPTURE_CONFIG" in msg
+
+
+def test_missing_or_garbage_file_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read capture config .*missing.json"):
+        _load(path=tmp_path / "missing.json")
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON.*unset DGW_CAPTURE_CONFIG"):
+        _load(path=garbage)
+    other = tmp_path / "measurements.json"
+    other.write_text(json.dumps({"schema": "dgw-capture-measurements/1"}))
+    with pytest.raises(ConfigError, match="schema"):
+        _load(path=other)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**ACC2_JSON, "decode_bs": [8, 4]}))
+    with pytest.raises(ConfigError, match="ascending"):
+        _load(path=broken)
+
+
+# ------------------------------------------------------------------ spec pool: warning, flags
+
+def test_spec_list_warning_names_both_lists_and_the_flag():
+    plan = plan_capture(WorkerConfig(), _load(), frozenset(), str(ACC2))
+    assert spec_list_warning(ACC2_JSON["spec_bs"], plan) is None
+    server = [1, 2, 4, 8, 16, 32, 48]                  # SGLang's default, capped at 48
+    msg = spec_list_warning(server, plan)
+    assert msg is not None
+    assert str(server) in msg and str(ACC2_JSON["spec_bs"]) in msg
+    flag = "--cuda-graph-bs-decode " + " ".join(str(b) for b in ACC2_JSON["spec_bs"])
+    assert flag in msg and "DGW_SPEC_MAX_BS=96" in msg
+    # With spec_max_bs already large enough, only the flag is asked for.
+    roomy = plan._replace(config=WorkerConfig(spec_max_bs=256))
+    assert "DGW_SPEC_MAX_BS" not in spec_list_warning(server, roomy)
+
+
+def test_spec_list_warning_ignores_what_the_request_pool_clamps():
+    plan = plan_capture(WorkerConfig(), _load(), frozenset(), str(ACC2))
+
+    def fit(sizes):
+        return fit_to_request_pool(sizes, max_requests=32, alignment=1)
+
+    clamped_server = [b for b in ACC2_JSON["spec_bs"] if b <= 32]
+    assert spec_list_warning(clamped_server, plan, fit=fit) is None
+    assert spec_list_warning([1, 2, 4, 8, 16, 32], plan, fit=fit) is not None
+
+
+def test_capture_flags_cli_prints_server_flags_and_env(capsys):
+    assert flags_main([str(ACC2)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    spec = " ".join(str(b) for b in ACC2_JSON["spec_bs"])
+    assert f"--cuda-graph-bs-decode {spec}" in out
+    assert f"export DGW_CAPTURE_CONFIG={ACC2}" in out
+    assert "export DGW_SPEC_MAX_BS=96" in out
+    assert any("reference engine" in line for line in out)       # honest about the source
+    assert any("--speculative-num-steps 3" in line for line in out)
+    # The one-line form, for $(dgw capture-flags --server-args F), through the dgw entry point.
+    assert dgw_main(["capture-flags", "--server-args", str(ACC2)]) == 0
+    assert capsys.readouterr().out == f"--cuda-graph-bs-decode {spec}\n"
+
+
+def test_capture_flags_cli_fails_cleanly_on_a_bad_file(tmp_path, capsys):
+    assert dgw_main(["capture-flags", str(tmp_path / "nope.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope.json" in err and "Traceback" not in err
+
+
+def test_capture_flags_leave_a_large_enough_spec_max_bs_alone():
+    flags = capture_flags([1, 2, 4, 8], "/c.json", spec_max_bs=48)
+    assert flags.env == (("DGW_CAPTURE_CONFIG", "/c.json"),)
+    assert flags.server_args == ("--cuda-graph-bs-decode", "1", "2", "4", "8")
+
+
+# ============================================================ with SGLang 0.5.17 (CPU only)
+
+@pytest.fixture
+def sglang_registered():
+    pytest.importorskip("sglang.srt.speculative.spec_info",
+                        reason="SGLang 0.5.17 is not importable here")
+    if version_mod.installed_sglang_version() != version_mod.SUPPORTED_SGLANG_VERSION:
+        pytest.skip(f"SGLang {version_mod.installed_sglang_version()} installed, tests need "
+                    f"{version_mod.SUPPORTED_SGLANG_VERSION}")
+    from dual_graph_worker.engines.sglang.plugin import register
+
+    register()
+
+
+def _server_args(tmp_path, **extra):
+    import sys
+
+    from sglang.srt.server_args import ServerArgs
+
+    sys.path.insert(0, str(ROOT))
+    from bench.sglang.model_configs import toy_shapes, write_eagle3_draft_config, \
+        write_llama_config
+
+    shapes = toy_shapes(vocab=256)
+    target = write_llama_config(tmp_path / "target", shapes)
+    draft = write_eagle3_draft_config(tmp_path / "draft", shapes)
+    return ServerArgs(model_path=str(target), device="cuda", load_format="dummy",
+                      skip_tokenizer_init=True, speculative_algorithm="DUAL_GRAPH_EAGLE3",
+                      speculative_draft_model_path=str(draft), speculative_num_steps=3,
+                      speculative_eagle_topk=1, speculative_num_draft_tokens=4, **extra)
+
+
+def test_printed_flags_give_sglang_the_tuned_spec_pool(sglang_registered, tmp_path,
+                                                       monkeypatch):
+    flags = capture_flags(ACC2_JSON["spec_bs"], str(ACC2))
+    bs = [int(b) for b in flags.server_args[1:]]
+    for name, value in flags.env:
+        monkeypatch.setenv(name, value)
+    sa = _server_args(tmp_path, cuda_graph_bs_decode=bs)
+    assert sa.cuda_graph_config.decode.bs == ACC2_JSON["spec_bs"]
+    # Without DGW_SPEC_MAX_BS the plugin's cap (48) would cut the tuned list: why it is printed.
+    monkeypatch.delenv("DGW_SPEC_MAX_BS")
+    sa = _server_args(tmp_path / "capped", cuda_graph_bs_decode=bs)
+    assert max(sa.cuda_graph_config.decode.bs) <= 48
+
+
+def test_validator_rejects_a_broken_capture_config_at_launch(sglang_registered, tmp_path,
+                                                             monkeypatch):
+    monkeypatch.setenv("DGW_CAPTURE_CONFIG", str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="DGW_CAPTURE_CONFIG=.*missing.json"):
+        _server_args(tmp_path)
+
+
+def test_sglang_model_config_has_the_attributes_the_shape_reads(sglang_registered, tmp_path):
+    from sglang.srt.configs.model_config import ModelConfig
+
+    mc = ModelConfig.from_server_args(_server_args(tmp_path))
+    shape = sglang_model_shape(mc, SimpleNamespace(hidden_size=mc.hidden_size), num_steps=3,
+                               attention_backend="triton")
+    assert shape["num_layers"] == mc.num_hidden_layers and shape["dtype"] == "bfloat16"
+    assert isinstance(shape["intermediate_size"], int) and shape["head_dim"] > 0
+
+
+def test_worker_applies_the_capture_config_before_capture(sglang_registered, monkeypatch,
+                                                          caplog):
+    from dual_graph_worker.engines.sglang import decode_pool
+    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+
+    monkeypatch.setenv("DGW_CAPTURE_CONFIG", str(ACC2))
+    monkeypatch.delenv("DGW_THRESHOLD", raising=False)
+    monkeypatch.delenv("DGW_CONFIG", raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(GpuInfo, "from_torch", classmethod(lambda cls, index=0: H200))
+    monkeypatch.setattr(decode_pool, "fit_to_server_request_pool",
+                        lambda mr, sizes: fit_to_request_pool(sizes, max_requests=256,
+                                                              alignment=1))
+    target, draft = _llama3_8b()
+    server_args = SimpleNamespace(tp_size=1, cuda_graph_config=SimpleNamespace(
+        decode=SimpleNamespace(bs=[1, 2, 4, 8, 16, 32, 48])))
+    mr = SimpleNamespace(server_args=server_args, model_config=target,
+                         decode_attention_backend_str="triton")
+    w = object.__new__(DualGraphEagleWorker)
+    w._dgw_config = WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": str(ACC2)})
+    w._draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(model_config=draft))
+    w.speculative_num_steps, w.topk = 3, 1
+    w._is_rank0, w._graphs_enabled = True, True
+    with caplog.at_level(logging.INFO):
+        decode_bs = w._apply_capture_config(mr)
+    assert decode_bs == tuple(ACC2_JSON["decode_bs"])
+    assert w._dgw_config.threshold == ACC2_JSON["tuning"]["crossover_bs"]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name.startswith("dual_graph_worker")]
+    assert len(warnings) == 1 and "--cuda-graph-bs-decode 1 2 3 4 6" in warnings[0]
+    # Another GPU: refused before anything is allocated.
+    monkeypatch.setattr(GpuInfo, "from_torch",
+                        classmethod(lambda cls, index=0: GpuInfo("NVIDIA B200", "10.0")))
+    w._dgw_config = WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": str(ACC2)})
+    with pytest.raises(ConfigError, match="B200"):
+        w._apply_capture_config(mr)
+
+
+def test_capture_config_module_does_not_import_sglang():
+    import subprocess
+    import sys
+
+    code = ("import sys, dual_graph_worker.engines.sglang.capture_config\n"
+            "assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
