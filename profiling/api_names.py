@@ -23,6 +23,13 @@ KERNEL_LAUNCH = frozenset({
     "cuLaunchCooperativeKernelMultiDevice",
 })
 
+# Non-blocking status polls. How many a step makes depends on how long the host keeps asking
+# (PyTorch's caching allocator queries the events of blocks freed across streams; SGLang's
+# overlap scheduler polls copy-done events), not on the work it submits: they launch nothing,
+# allocate nothing and wait for nothing, so the switch check reports them but does not count
+# them as added calls.
+POLLING = frozenset({"cudaEventQuery", "cuEventQuery", "cudaStreamQuery", "cuStreamQuery"})
+
 # Base-name prefixes that must not occur in steady state, by what they cost.
 # Prefixes, because each family has variants (cudaGraphInstantiateWithFlags, cudaMallocAsync,
 # cuMemAllocFromPoolAsync, cudaStreamBeginCaptureToGraph, ...).

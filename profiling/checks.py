@@ -13,7 +13,9 @@
    allocation in steady state, on any thread of the process.
 4. switch_adds_no_api_calls: a step whose mode differs from the previous step's makes no API
    call a typical non-switch step of the same key does not make (per name, more than the
-   median count), and the same holds for the calls between steps around a switch.
+   median count), and the same holds for the calls between steps around a switch. Status
+   polls (api_names.POLLING) are reported in the notes but not compared: their count follows
+   how long the host polls, not what it submits.
 5. gpu_identity: GPU name, SM{major}{minor}, engine and attention backend (fails only when an
    expected SM is given and differs).
 """
@@ -287,7 +289,13 @@ def _extra(observed: Counter, typical: Counter) -> Counter:
 
 
 def _names(calls: Iterable) -> Counter:
-    return Counter(api_names.base_name(c.name) for c in calls)
+    """API calls by base name, status polls left out (see api_names.POLLING)."""
+    return Counter(n for n in (api_names.base_name(c.name) for c in calls)
+                   if n not in api_names.POLLING)
+
+
+def _polls(calls: Iterable) -> int:
+    return sum(api_names.base_name(c.name) in api_names.POLLING for c in calls)
 
 
 def _fmt(extra: Counter) -> str:
@@ -302,12 +310,16 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     unverified: list[str] = []
     n_switch = 0
     n_gaps = 0
+    polls = Counter()          # status polls: "switch steps" / "other steps" -> calls, steps
     for track in tl.tracks:
         pre = _track_prefix(tl, track)
         steady = track.steady_steps
         base_by_key: dict[tuple, list[Counter]] = defaultdict(list)
         base_by_mode: dict[tuple, list[Counter]] = defaultdict(list)
         for s in steady:
+            kind = "switch" if s.switch else "other"
+            polls[f"{kind} polls"] += _polls(s.calls)
+            polls[f"{kind} steps"] += 1
             if not s.switch:
                 base_by_key[s.key].append(_names(s.calls))
                 base_by_mode[(s.mode, s.graph)].append(_names(s.calls))
@@ -356,6 +368,12 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     switch_marks = sum(len(t.switch_marks) for t in tl.tracks)
     notes = tuple(unverified) + (f"{switch_marks} switch marks, {n_switch} mode changes "
                                  "between steady steps",)
+    if polls["switch polls"] or polls["other polls"]:
+        per = {k: polls[f"{k} polls"] / max(polls[f"{k} steps"], 1) for k in ("switch", "other")}
+        notes += (f"status polls (cudaEventQuery/StreamQuery, not compared): "
+                  f"{polls['switch polls']} in {polls['switch steps']} switch steps "
+                  f"({per['switch']:.1f} a step), {polls['other polls']} in "
+                  f"{polls['other steps']} other steps ({per['other']:.1f} a step)",)
     return CheckOutcome(SWITCH_COST, not violations, detail, tuple(violations), notes)
 
 

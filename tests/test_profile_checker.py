@@ -57,6 +57,15 @@ def test_each_violation_is_flagged_by_exactly_its_check(tmp_path, violation, che
     assert phrase in failing.violations[0]
 
 
+def test_status_polls_at_a_switch_are_reported_not_counted(tmp_path):
+    path = standard_profile(switch_polls=29).write_sqlite(tmp_path / "polls.sqlite")
+    switch = _outcomes(path)[checks.SWITCH_COST]
+    assert switch.passed, switch.violations
+    assert any("29 in 5 switch steps" in n for n in switch.notes), switch.notes
+    # A blocking call at the same place still fails (the planted switch fault).
+    assert not _outcomes(_sqlite(tmp_path, "switch_extra_api"))[checks.SWITCH_COST].passed
+
+
 def test_warm_up_capture_and_allocation_are_outside_steady_state(tmp_path):
     trace = load_sqlite(_sqlite(tmp_path))
     early = {api_names.base_name(e.name) for e in trace.events if e.start_ns < _steady_mark(trace)}

@@ -49,11 +49,12 @@ def test_lazy_modules_do_not_import_sglang():
 # ------------------------------------------------------------------------------------ config
 
 def test_continuity_config():
-    assert WorkerConfig().continuity is Continuity.KEEP_CURRENT and not WorkerConfig().lazy
-    cfg = WorkerConfig.from_env({"DGW_CONTINUITY": "Lazy-Catch-Up", "DGW_LAZY_STASH_MB": "64"})
-    assert cfg.lazy and cfg.lazy_stash_mb == 64
-    assert cfg.to_json()["continuity"] == "lazy-catch-up"
-    assert WorkerConfig.from_mapping({"continuity": "keep-current"}) == WorkerConfig()
+    # Lazy catch-up is the default since the H200 bench (config.py); keep-current is one switch.
+    assert WorkerConfig().continuity is Continuity.LAZY_CATCH_UP and WorkerConfig().lazy
+    cfg = WorkerConfig.from_env({"DGW_CONTINUITY": "Keep-Current", "DGW_LAZY_STASH_MB": "64"})
+    assert not cfg.lazy and cfg.lazy_stash_mb == 64
+    assert cfg.to_json()["continuity"] == "keep-current"
+    assert WorkerConfig.from_mapping({"continuity": "lazy-catch-up"}) == WorkerConfig()
     with pytest.raises(ConfigError, match="keep-current"):
         WorkerConfig.from_env({"DGW_CONTINUITY": "lazy"})
     with pytest.raises(ConfigError, match="not available in the SGLang worker"):

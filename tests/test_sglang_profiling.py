@@ -129,7 +129,7 @@ def test_step_spans_window_marks_and_ranges():
     config = [m for m in marks if m.startswith("config:")]
     # Config marks go out at the first step and again once the capture range is open.
     assert config[:5] == ["config:engine=sglang", "config:attention_backend=triton",
-                          "config:num_draft_tokens=3", "config:continuity=keep-current",
+                          "config:num_draft_tokens=3", "config:continuity=lazy-catch-up",
                           "config:policy=cycle"]
     assert len(config) == 10
     events = [(k, t) for k, t in rec.log if not t.startswith("config:")]

@@ -84,9 +84,19 @@ def test_summarize_steps_finds_switches_and_accept_after_switch_back():
             _rec(5, Mode.SPEC, 4.0)]
     s = summarize_steps(reversed(recs))
     assert (s.steps, s.spec_steps, s.decode_steps, s.switches, s.eager_steps) == (6, 3, 3, 4, 1)
+    assert s.switches_back == 2
     assert s.accept_after_switch_back == 3.5 and s.min_accept_after_switch_back == 3.0
     assert s.spec_mean_accept == pytest.approx(11 / 3)
     assert summarize_steps([]).accept_after_switch_back is None
+
+
+def test_request_waves_restart_the_stagger_after_each_gap():
+    prompts = [[i] for i in range(6)]
+    reqs = staggered_requests(prompts, lengths=[4, 8], gap_s=0.1, waves=2, wave_gap_s=2.0)
+    assert [round(t, 3) for t, _, _ in reqs] == [0.0, 0.1, 0.2, 2.0, 2.1, 2.2]
+    assert [n for _, _, n in reqs] == [4, 8, 4, 8, 4, 8]
+    assert staggered_requests(prompts, lengths=[4], gap_s=0.1) == staggered_requests(
+        prompts, lengths=[4], gap_s=0.1, waves=1, wave_gap_s=9.0)
 
 
 def test_staggered_requests_and_ramp_profile():
@@ -198,32 +208,43 @@ def _recording_suite(tmp_path, argv, monkeypatch):
     return suite, ran
 
 
-@pytest.mark.parametrize("with_lazy", [False, True])
-def test_with_lazy_adds_lazy_dual_engines_and_leaves_the_default_list(tmp_path, monkeypatch,
-                                                                       with_lazy):
-    suite, ran = _recording_suite(tmp_path, ["--with-lazy"] if with_lazy else [], monkeypatch)
+@pytest.mark.parametrize("extra", [[], ["--with-lazy"], ["--with-continuity", "keep-current"]])
+def test_continuity_variants_add_dual_engines_next_to_the_default(tmp_path, monkeypatch, extra):
+    suite, ran = _recording_suite(tmp_path, extra, monkeypatch)
     suite.correctness()
     suite.bench(with_ramp=False)
     names = [er.name for er in ran]
-    default = ["plain-toy-dummy", "dual-toy-dummy", "plain", "eagle3", "dual", "eagle3-adaptive"]
-    if with_lazy:
-        assert names == ["plain-toy-dummy", "dual-toy-dummy", "dual-toy-dummy-lazy", "plain",
-                         "eagle3", "dual", "dual-lazy", "eagle3-adaptive"]
-    else:
-        assert names == default
     envs = {er.name: er.env for er in ran}
-    for name in ("dual-toy-dummy", "dual"):            # keep-current: env exactly as before
+    # The default engines run what a user gets: no DGW_CONTINUITY (lazy catch-up today).
+    for name in ("dual-toy-dummy", "dual"):
         assert "DGW_CONTINUITY" not in envs[name] and "DGW_STEP_LOG" in envs[name]
-    if with_lazy:
-        for name in ("dual-toy-dummy-lazy", "dual-lazy"):
-            assert envs[name]["DGW_CONTINUITY"] == "lazy-catch-up"
-            assert envs[name]["DGW_STEP_LOG"] != envs[name.replace("-lazy", "")]["DGW_STEP_LOG"]
-        assert envs["dual-lazy"]["SGLANG_SIMULATE_ACC_LEN"] == envs["dual"][
+    assert "continuity lazy-catch-up (the worker's default)" in suite.notes["bench"]
+    if extra == ["--with-continuity", "keep-current"]:
+        assert names == ["plain-toy-dummy", "dual-toy-dummy", "dual-toy-dummy-keep-current",
+                         "plain", "eagle3", "dual", "dual-keep-current", "eagle3-adaptive"]
+        for name in ("dual-toy-dummy-keep-current", "dual-keep-current"):
+            assert envs[name]["DGW_CONTINUITY"] == "keep-current"
+            assert envs[name]["DGW_STEP_LOG"] != envs[name.replace("-keep-current", "")][
+                "DGW_STEP_LOG"]
+        assert envs["dual-keep-current"]["SGLANG_SIMULATE_ACC_LEN"] == envs["dual"][
             "SGLANG_SIMULATE_ACC_LEN"]
         assert set(suite.checks) == {"dummy weights: dual == plain SGLang",
-                                     "dummy weights: dual lazy-catch-up == plain SGLang"}
+                                     "dummy weights: dual keep-current == plain SGLang"}
     else:
+        # --with-lazy asks for the default itself: nothing is added.
+        assert names == ["plain-toy-dummy", "dual-toy-dummy", "plain", "eagle3", "dual",
+                         "eagle3-adaptive"]
         assert set(suite.checks) == {"dummy weights: dual == plain SGLang"}
+
+
+def test_bench_engines_can_run_without_the_step_log(tmp_path, monkeypatch):
+    suite, ran = _recording_suite(tmp_path, ["--no-bench-step-log", "--no-adaptive"],
+                                  monkeypatch)
+    suite.correctness()
+    suite.bench(with_ramp=False)
+    envs = {er.name: er.env for er in ran}
+    assert "DGW_STEP_LOG" not in envs["dual"]
+    assert "DGW_STEP_LOG" in envs["dual-toy-dummy"]        # correctness needs its steps
 
 
 def test_lazy_check_requires_catch_ups(tmp_path):
@@ -235,6 +256,9 @@ def test_lazy_check_requires_catch_ups(tmp_path):
     assert check == {"ok": True}
     suite.check_catch_ups(check, "lazy-catch-up", str(log))
     assert check["ok"] is False and check["catch_ups"]["catch_ups"] == 0
+    check = {"ok": True}
+    suite.check_catch_ups(check, "default", str(log))      # the default engine runs lazy
+    assert check["ok"] is False
     with open(log, "a") as fh:
         fh.write(json.dumps({"event": "catch_up", "t": 1, "tokens": 4, "requests": 1}) + "\n")
     check = {"ok": True}

@@ -11,9 +11,11 @@ Phases
 - correctness: (1) the dual worker on the constructed toy pair (DESIGN.md; written by
   dual_graph_worker.engines.reference.toy.write_toy_checkpoints, or --toy-dir) under a low
   threshold and staggered, mixed-length requests, so the running batch crosses the threshold
-  many times while requests are in flight; T=0 tokens must equal the known greedy continuation,
-  and spec steps right after a decode->spec switch must keep the full accept length (the draft
-  was kept current); (2) plain SGLang vs the dual worker with dummy weights, same requests.
+  many times while requests are in flight (``--exact-waves N``: in N bursts); T=0 tokens must
+  equal the known greedy continuation, at least one decode->spec switch must happen (a draft
+  that lived through decode mode is used again), and spec steps right after it must keep the
+  full accept length (the draft is current); (2) plain SGLang vs the dual worker with dummy
+  weights, same requests, same switch requirement.
 - bench: plain, EAGLE-3 and the dual worker on a Llama-3-8B-shaped dummy target, concurrency
   1..256, 256 in / 256 out, accept length forced by SGLANG_SIMULATE_ACC_LEN (stated in the
   output; it changes tokens, so no exactness here); then SGLang's speculative_adaptive is tried
@@ -22,11 +24,12 @@ Phases
   the step log (DGW_STEP_LOG) gives the mode of every step over time.
 - startup: start-up time and memory of the dual engine vs EAGLE-3 (from the bench engines).
 
-``--with-lazy`` adds, next to every dual engine of the correctness and bench phases, the same
-engine with DGW_CONTINUITY=lazy-catch-up (names suffixed ``-lazy``; the lazy strategy is opt-in
-and NOT YET RUN ON A GPU when this was written), so one run measures lazy catch-up against the
-default keep-current side by side. Its correctness checks also require that catch-ups happened
-(``catch_up`` events in its step log). Without the flag the engine lists are unchanged.
+Draft continuity. The ``dual`` engines run the worker's default (``WorkerConfig().continuity``;
+no DGW_CONTINUITY in their env). ``--with-continuity NAME`` (repeatable; ``--with-lazy`` is
+``--with-continuity lazy-catch-up``) adds, next to every dual engine of the correctness and bench
+phases, the same engine with DGW_CONTINUITY=NAME (names suffixed ``-lazy`` / ``-keep-current``),
+so one run measures the strategies side by side. An engine that runs lazy catch-up must also
+show catch-ups (``catch_up`` events in its step log) for its correctness checks to pass.
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ from dual_graph_worker.engines.sglang.step_log import (  # noqa: E402
 ALGO = "DUAL_GRAPH_EAGLE3"
 PHASES = ("correctness", "bench", "ramp", "startup")
 LAZY = "lazy-catch-up"
+KEEP_CURRENT = "keep-current"
+DEFAULT = "default"          # the worker's own default continuity: no DGW_CONTINUITY set
+SUFFIX = {DEFAULT: "", LAZY: "-lazy", KEEP_CURRENT: "-keep-current"}
 
 
 @dataclass
@@ -158,7 +164,10 @@ class Suite:
                     speculative_num_steps=3, speculative_eagle_topk=1,
                     speculative_num_draft_tokens=4)
 
-    def dual_env(self, name: str, **dgw: object) -> tuple[dict, str]:
+    def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
+        if name.endswith("-bench") and not self.args.bench_step_log:
+            # What a user runs: no per-step JSON line (the log costs host time every step).
+            return {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}, None
         log = str(self.out / f"steps-{name}.jsonl")
         if os.path.exists(log):
             os.remove(log)
@@ -177,7 +186,8 @@ class Suite:
             perm = load_toy_permutation(toy / "target")
             vocab = len(perm)
             prompts = random_prompts(a.exact_requests, 16, vocab, seed=7)
-            requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s)
+            requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s,
+                                          waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
             expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
             for continuity in self.continuities():
                 name = "dual-toy" + self.lazy_suffix(continuity)
@@ -200,7 +210,7 @@ class Suite:
                     check["draft_current_after_switch"] = (
                         None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
                     check["ok"] = bool(check["exactness"]["ok"]
-                                       and check["steps"].get("switches", 0) >= 2
+                                       and check["steps"].get("switches_back", 0) >= 1
                                        and check["draft_current_after_switch"] is not False)
                     self.check_catch_ups(check, continuity, log)
                 else:
@@ -216,7 +226,8 @@ class Suite:
         target = write_llama_config(models / "target", shapes)
         draft = write_eagle3_draft_config(models / "draft", shapes)
         prompts = random_prompts(a.exact_requests, 16, shapes.vocab_size, seed=11)
-        requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s)
+        requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s,
+                                      waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
         task = [{"name": "exact", "kind": "exact", "requests": requests}]
         plain = self.run(EngineRun("plain-toy-dummy", "correctness",
                                    self.common(target, "dummy", 32), {}, task, est_s=25))
@@ -236,7 +247,7 @@ class Suite:
                 check["exactness"] = compare_outputs(want, got).to_json()
                 check["steps"] = self.step_summary(log)
                 check["ok"] = bool(check["exactness"]["ok"]
-                                   and check["steps"].get("switches", 0) >= 2)
+                                   and check["steps"].get("switches_back", 0) >= 1)
                 self.check_catch_ups(check, continuity, log)
             else:
                 check["ok"] = False
@@ -273,10 +284,11 @@ class Suite:
                                      draft_extend_graphs=0)
             self.run(EngineRun("dual-eager-draft", "bench", base | self.spec_kwargs(ALGO, draft),
                                sim | env, [sweep], est_s=est * 1.5, step_log=log))
-        if a.with_lazy:
-            env, log = self.dual_env("dual-lazy-bench", policy=a.dual_policy,
-                                     **self.continuity_env(LAZY))
-            self.run(EngineRun("dual-lazy", "bench", base | self.spec_kwargs(ALGO, draft),
+        for continuity in self.continuities()[1:]:
+            name = "dual" + SUFFIX[continuity]
+            env, log = self.dual_env(name + "-bench", policy=a.dual_policy,
+                                     **self.continuity_env(continuity))
+            self.run(EngineRun(name, "bench", base | self.spec_kwargs(ALGO, draft),
                                sim | env, [sweep], est_s=est * 1.5, step_log=log))
         if a.try_adaptive:
             adaptive_sweep = dict(sweep, concurrency=[1, 32])
@@ -289,32 +301,37 @@ class Suite:
                                f"{a.input_len} in / {a.output_len} out random token ids, "
                                "ignore_eos, T=0; EAGLE-3 at its defaults (max_running_requests "
                                "48); dummy weights, Llama-3-8B shapes, triton attention, "
-                               f"3 steps, topk 1; dual policy={a.dual_policy}"
-                               + ("; dual-lazy: DGW_CONTINUITY=lazy-catch-up, dual: the "
-                                  "default keep-current" if a.with_lazy else "")
-                               + ("; dual-eager-draft: keep-current with its one-token draft "
-                                  "extend run eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), dual: from "
-                                  "width-1 graphs" if a.with_eager_draft else ""))
+                               f"3 steps, topk 1; dual policy={a.dual_policy}; dual: "
+                               f"continuity {worker_default_continuity()} (the worker's "
+                               "default)"
+                               + "".join(f"; dual{SUFFIX[c]}: DGW_CONTINUITY={c}"
+                                         for c in self.continuities()[1:])
+                               + ("; dual-eager-draft: the worker's default with "
+                                  "DGW_DRAFT_EXTEND_GRAPHS=0 (keep-current's one-token draft "
+                                  "extend run eagerly, not from width-1 graphs)"
+                                  if a.with_eager_draft else ""))
 
     # -------------------------------------------------------------------- helpers
 
     def continuities(self) -> list[str]:
-        """The dual worker's draft-continuity strategies to run: the default (keep-current)
-        always, lazy-catch-up with --with-lazy."""
-        return ["keep-current"] + ([LAZY] if self.args.with_lazy else [])
+        """The dual worker's draft-continuity strategies to run: the worker's default always,
+        then each --with-continuity (--with-lazy) that is not the default."""
+        extra = list(self.args.with_continuity or []) + ([LAZY] if self.args.with_lazy else [])
+        default = worker_default_continuity()
+        return [DEFAULT] + [c for c in dict.fromkeys(extra) if c != default]
 
     @staticmethod
     def lazy_suffix(continuity: str) -> str:
-        return "-lazy" if continuity == LAZY else ""
+        return SUFFIX[continuity]
 
     @staticmethod
     def dual_label(continuity: str) -> str:
-        return "dual" if continuity != LAZY else f"dual {LAZY}"
+        return "dual" if continuity == DEFAULT else f"dual {continuity}"
 
     @staticmethod
     def continuity_env(continuity: str) -> dict:
-        # keep-current is the worker's default: its engines get exactly the env they always had.
-        return {"continuity": LAZY} if continuity == LAZY else {}
+        # The default engines get no DGW_CONTINUITY: they run what a user gets.
+        return {} if continuity == DEFAULT else {"continuity": continuity}
 
     @staticmethod
     def catch_up_summary(log: Optional[str]) -> dict:
@@ -324,7 +341,8 @@ class Suite:
 
     def check_catch_ups(self, check: dict, continuity: str, log: Optional[str]) -> None:
         """A lazy engine must actually have caught up (else the lazy path never ran)."""
-        if continuity != LAZY:
+        effective = worker_default_continuity() if continuity == DEFAULT else continuity
+        if effective != LAZY:
             return
         check["catch_ups"] = self.catch_up_summary(log)
         check["ok"] = bool(check["ok"] and check["catch_ups"].get("catch_ups", 0) >= 1)
@@ -354,7 +372,8 @@ class Suite:
 
     def startup(self) -> dict:
         out = {}
-        for name in ("eagle3", "dual", "dual-lazy", "dual-eager-draft", "plain"):
+        for name in ("eagle3", "dual", "dual-lazy", "dual-keep-current", "dual-eager-draft",
+                     "plain"):
             r = self.runs.get(name)
             if r is None or "startup_s" not in r.result:
                 continue
@@ -378,12 +397,12 @@ class Suite:
                 "engines": {n: {k: v for k, v in r.result.items() if k not in ("tasks",)}
                             for n, r in self.runs.items()}}
         dual = self.runs.get("dual")
-        if dual and dual.step_log:
-            data["dual_bench_steps"] = self.step_summary(dual.step_log)
-        lazy = self.runs.get("dual-lazy")
-        if lazy and lazy.step_log:
-            data["dual_lazy_bench_steps"] = self.step_summary(lazy.step_log)
-            data["dual_lazy_bench_catch_ups"] = self.catch_up_summary(lazy.step_log)
+        # Per dual bench engine: its steps, and its catch-ups (lazy catch-up engines log them).
+        data["dual_bench"] = {
+            n: {"steps": self.step_summary(r.step_log),
+                "catch_ups": self.catch_up_summary(r.step_log)}
+            for n, r in self.runs.items()
+            if r.phase == "bench" and n.startswith("dual") and r.step_log}
         (self.out / "suite.json").write_text(json.dumps(data, indent=1, default=str))
         md = ["# SGLang dual-graph suite", ""]
         if table and any(table.values()):
@@ -394,10 +413,9 @@ class Suite:
         for name, chk in self.checks.items():
             md.append(f"- {name}: {'PASS' if chk.get('ok') else 'FAIL'} "
                       f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")
-        if "dual_lazy_bench_catch_ups" in data:
-            md.append("\n## dual-lazy (DGW_CONTINUITY=lazy-catch-up) in the bench\n"
-                      f"- catch-ups: {json.dumps(data['dual_lazy_bench_catch_ups'])}\n"
-                      f"- steps: {json.dumps(data['dual_lazy_bench_steps'])}")
+        for n, info in data["dual_bench"].items():
+            md.append(f"\n## {n} in the bench\n- steps: {json.dumps(info['steps'])}\n"
+                      f"- catch-ups: {json.dumps(info['catch_ups'])}")
         if data["startup"]:
             md.append("\n## start-up\n```\n" + json.dumps(data["startup"], indent=1) + "\n```")
         adaptive = self.runs.get("eagle3-adaptive")
@@ -432,6 +450,13 @@ class Suite:
         return report.summary_lines(rows)
 
 
+def worker_default_continuity() -> str:
+    """What a dual engine without DGW_CONTINUITY runs (the worker's config default)."""
+    from dual_graph_worker.engines.sglang.config import WorkerConfig
+
+    return WorkerConfig().continuity.value
+
+
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
@@ -457,6 +482,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--exact-requests", type=int, default=24)
     p.add_argument("--exact-lengths", type=_ints, default=[24, 48, 96, 160])
     p.add_argument("--exact-gap-s", type=float, default=0.01)
+    p.add_argument("--exact-waves", type=int, default=1,
+                   help="correctness requests arrive in this many bursts (more switches)")
+    p.add_argument("--wave-gap-s", type=float, default=2.0)
     p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 32, 64, 128, 256])
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
@@ -466,12 +494,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ramp-levels", type=_ints, default=[1, 8, 32, 128])
     p.add_argument("--ramp-hold-s", type=float, default=4.0)
     p.add_argument("--no-adaptive", dest="try_adaptive", action="store_false")
+    p.add_argument("--no-bench-step-log", dest="bench_step_log", action="store_false",
+                   help="bench engines run without DGW_STEP_LOG (as users run them); the "
+                        "bench then reports no per-engine step summary")
     p.add_argument("--with-eager-draft", action="store_true",
                    help="also bench the dual worker with its decode-mode draft extend run "
                         "eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), engine 'dual-eager-draft'")
+    p.add_argument("--with-continuity", action="append", choices=[LAZY, KEEP_CURRENT],
+                   help="also run every dual engine with DGW_CONTINUITY=NAME (repeatable)")
     p.add_argument("--with-lazy", action="store_true",
-                   help="also run every dual engine with DGW_CONTINUITY=lazy-catch-up "
-                        "(engines named *-lazy), next to the default keep-current one")
+                   help="= --with-continuity lazy-catch-up (engines named *-lazy)")
     args = p.parse_args(argv)
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     unknown = set(args.phases) - set(PHASES)

@@ -89,6 +89,7 @@ class StepSummary:
     spec_steps: int
     decode_steps: int
     switches: int
+    switches_back: int          # decode -> spec: a draft that went through decode mode is used
     eager_steps: int
     spec_mean_accept: Optional[float]
     # Mean accept length of the first spec step after each decode->spec switch: with a
@@ -108,17 +109,27 @@ def summarize_steps(records: Iterable[StepRecord]) -> StepSummary:
             if a.mode is Mode.DECODE and b.mode is Mode.SPEC]
     return StepSummary(
         steps=len(recs), spec_steps=len(spec), decode_steps=len(recs) - len(spec),
-        switches=switches, eager_steps=sum(not r.graph for r in recs),
+        switches=switches, switches_back=len(back), eager_steps=sum(not r.graph for r in recs),
         spec_mean_accept=(sum(r.mean_accept_len for r in spec) / len(spec)) if spec else None,
         accept_after_switch_back=(sum(back) / len(back)) if back else None,
         min_accept_after_switch_back=min(back) if back else None)
 
 
 def staggered_requests(prompts: Sequence[Sequence[int]], *, lengths: Sequence[int],
-                       gap_s: float) -> list[tuple[float, list[int], int]]:
+                       gap_s: float, waves: int = 1,
+                       wave_gap_s: float = 0.0) -> list[tuple[float, list[int], int]]:
     """(start delay, prompt, max_new_tokens): arrivals spread out and lengths mixed so the
-    running batch grows past and falls back below a threshold while requests are in flight."""
-    return [(i * gap_s, list(p), int(lengths[i % len(lengths)])) for i, p in enumerate(prompts)]
+    running batch grows past and falls back below a threshold while requests are in flight.
+    With `waves` > 1 the prompts arrive in that many bursts `wave_gap_s` apart, so the batch
+    crosses the threshold up and down once per wave (spec -> decode -> spec ... switches)."""
+    n = len(prompts)
+    out = []
+    for i, p in enumerate(prompts):
+        wave = i * waves // n
+        first = -(-wave * n // waves)                # index of the wave's first request
+        out.append((wave * wave_gap_s + (i - first) * gap_s, list(p),
+                    int(lengths[i % len(lengths)])))
+    return out
 
 
 def ramp_profile(levels: Sequence[int], hold_s: float) -> list[tuple[int, float]]:

@@ -21,7 +21,7 @@ the same environment, so every rank builds the same policy.
 | calibration          | DGW_CALIBRATION      | measure   | goodput table: "measure" or a JSON path      |
 | calibrate_iters      | DGW_CALIBRATE_ITERS  | 5         | timed replays per graph when measuring       |
 | step_log             | DGW_STEP_LOG         | (off)     | JSONL path: one line per decode step         |
-| continuity           | DGW_CONTINUITY       | keep-current | or lazy-catch-up (opt-in; see below)      |
+| continuity           | DGW_CONTINUITY       | lazy-catch-up | or keep-current (see below)              |
 | lazy_stash_mb        | DGW_LAZY_STASH_MB    | 1024      | lazy-catch-up: stash size (MiB), see below   |
 | draft_extend_graphs  | DGW_DRAFT_EXTEND_GRAPHS | 1      | keep-current: replay the one-token draft     |
 |                      |                      |           | extend from CUDA graphs (0: run it eagerly)  |
@@ -44,14 +44,17 @@ fixed before the worker exists): ``dgw capture-flags CONFIG`` prints the flag, a
 warns when the server's list differs. Every capture config so far was measured by
 ``capture.measure`` on the reference engine's graphs, not SGLang's.
 
-Draft continuity (DESIGN.md "Draft state across switches"). ``keep-current`` (the default, the
-path that passed the GPU correctness suite) runs a one-token draft extend in every decode-mode
-step (draft_sync.py), replayed from width-1 draft-extend CUDA graphs captured next to the decode
-pool (draft_extend_graph.py; ``draft_extend_graphs=0`` runs it eagerly, the first GPU run's
-path, which cost ~11% of decode-mode throughput at bs >= 64). ``lazy-catch-up`` (opt-in, NOT YET RUN ON A GPU) only stashes the target's
-EAGLE-3 features of each decode-mode token and catches the draft up in one draft extend before
-the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the stash, and when it is full
-the backlog is caught up early (a "forced" catch-up) instead of growing it.
+Draft continuity (DESIGN.md "Draft state across switches"). ``lazy-catch-up`` (the default
+since the H200 run of bench/results/sglang/bench-run2: 0.961-0.973 of max(plain, EAGLE-3) at
+concurrency 64-256 against keep-current's 0.887-0.893, within 1-2% of it below) only stashes the
+target's EAGLE-3 features of each decode-mode token and catches the draft up in one draft extend
+before the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the stash, and when it
+is full the backlog is caught up early (a "forced" catch-up) instead of growing it.
+``keep-current`` runs a one-token draft extend in every decode-mode step (draft_sync.py),
+replayed from width-1 draft-extend CUDA graphs captured next to the decode pool
+(draft_extend_graph.py; ``draft_extend_graphs=0`` runs it eagerly). Graphing it did not help
+(0.883-0.891 eager vs 0.887-0.893 graphed, same run): its cost is the draft's own work and the
+~30 small eager kernels of SGLang's draft-extend preparation, not the launches of one layer.
 
 ``policy=cycle`` is a profiling aid, never a serving policy (cycle_policy.py): whatever the load,
 it speculates for ``min_dwell_steps`` steps, decodes as long, then alternates every step for
@@ -131,7 +134,7 @@ class WorkerConfig:
     calibration: str = MEASURE
     calibrate_iters: int = 5
     step_log: Optional[str] = None
-    continuity: Continuity = Continuity.KEEP_CURRENT
+    continuity: Continuity = Continuity.LAZY_CATCH_UP
     lazy_stash_mb: int = 1024
     draft_extend_graphs: bool = True
 

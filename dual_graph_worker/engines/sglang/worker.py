@@ -14,10 +14,10 @@ step (super) or ``_decode_step``: one target DECODE replay (plain server's graph
 sampler, ``on_publish`` once, a one-token draft extend (a width-1 graph replay), and a result in the speculative layout
 (stride 1, accept length 1). Prefill, mixed and idle batches always take EAGLE-3's path.
 
-Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``keep-current`` (default) is the
-path above, unchanged. ``lazy-catch-up`` (opt-in, NOT YET RUN ON A GPU; lazy_sync.py) replaces
-the decode step's one-token draft extend by a stash of the target's features, and runs one
-draft extend over each request's backlog right before the next speculative step.
+Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``lazy-catch-up`` (the default;
+lazy_sync.py) replaces the decode step's one-token draft extend by a stash of the target's
+features, and runs one draft extend over each request's backlog right before the next
+speculative step; ``keep-current`` is the path above (config.py has the measured comparison).
 """
 
 from __future__ import annotations
