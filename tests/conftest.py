@@ -255,3 +255,17 @@ def make_prompts():
     """make_prompts(seed, n, vocab, min_len=1, max_len=9) -> list of prompts of varied length."""
     return lambda seed, n, vocab, min_len=1, max_len=9: random_prompts(
         np.random.default_rng(seed), n, vocab, min_len, max_len)
+
+
+@pytest.fixture
+def supported_sglang() -> None:
+    """Skip unless SGLang's supported release (0.5.17) is importable: the tests that drive the
+    plugin against SGLang's real classes on CPU use it."""
+    from dual_graph_worker.engines.sglang import version as version_mod
+
+    pytest.importorskip("sglang.srt.speculative.eagle_worker_v2",
+                        reason="SGLang is not importable here")
+    installed = version_mod.installed_sglang_version()
+    if installed != version_mod.SUPPORTED_SGLANG_VERSION:
+        pytest.skip(f"SGLang {installed} installed, tests need "
+                    f"{version_mod.SUPPORTED_SGLANG_VERSION}")

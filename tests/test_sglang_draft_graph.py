@@ -13,15 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dual_graph_worker.engines.sglang import version as version_mod
 
 
 @pytest.fixture
-def sgl():
-    pytest.importorskip("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
-                        reason="SGLang 0.5.17 is not importable here")
-    if version_mod.installed_sglang_version() != version_mod.SUPPORTED_SGLANG_VERSION:
-        pytest.skip("tests need SGLang " + version_mod.SUPPORTED_SGLANG_VERSION)
+def sgl(supported_sglang):
     from dual_graph_worker.engines.sglang import draft_extend_graph, draft_sync
 
     return SimpleNamespace(graph=draft_extend_graph, sync=draft_sync)

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.engines.sglang import version as version_mod
 from dual_graph_worker.engines.sglang.backlog import LazyBacklog, arena_cells_for_budget
 from dual_graph_worker.engines.sglang.catch_up import (
     Segment,
@@ -360,11 +359,7 @@ def test_lazy_catch_up_leaves_the_draft_state_keep_current_leaves(seed, cells, m
 # ============================================================ with SGLang 0.5.17 (CPU only)
 
 @pytest.fixture
-def sgl():
-    pytest.importorskip("sglang.srt.speculative.eagle_info",
-                        reason="SGLang 0.5.17 is not importable here")
-    if version_mod.installed_sglang_version() != version_mod.SUPPORTED_SGLANG_VERSION:
-        pytest.skip("tests need SGLang " + version_mod.SUPPORTED_SGLANG_VERSION)
+def sgl(supported_sglang):
     from dual_graph_worker.engines.sglang import lazy_sync
 
     return lazy_sync

@@ -383,14 +383,6 @@ def test_fit_to_request_pool():
 
 # ============================================================ with SGLang 0.5.17 (CPU only)
 
-def _sglang():
-    pytest.importorskip("sglang.srt.speculative.spec_info",
-                        reason="SGLang 0.5.17 is not importable here")
-    if version_mod.installed_sglang_version() != version_mod.SUPPORTED_SGLANG_VERSION:
-        pytest.skip(f"SGLang {version_mod.installed_sglang_version()} installed, "
-                    f"tests need {version_mod.SUPPORTED_SGLANG_VERSION}")
-
-
 def _toy_configs(tmp_path: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
     from bench.sglang.model_configs import toy_shapes, write_eagle3_draft_config, \
@@ -403,8 +395,7 @@ def _toy_configs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def registered():
-    _sglang()
+def registered(supported_sglang):
     from dual_graph_worker.engines.sglang.plugin import register
 
     register()
@@ -492,10 +483,9 @@ def test_validator_rejects_bad_worker_settings_at_launch(registered, tmp_path, m
                    speculative_draft_model_path=str(draft))
 
 
-def test_plugin_is_discovered_through_the_entry_point_shim(tmp_path):
+def test_plugin_is_discovered_through_the_entry_point_shim(tmp_path, supported_sglang):
     """A fresh interpreter, as a spawned scheduler is: load_plugins() must find and run
     register() through the entry-point group, with the shim the GPU suite installs."""
-    _sglang()
     sys.path.insert(0, str(ROOT))
     from bench.sglang.plugin_shim import write_entry_point_shim
 

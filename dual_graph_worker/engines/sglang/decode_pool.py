@@ -42,6 +42,7 @@ from sglang.srt.utils import (
     get_cuda_graph_max_batch_size,
 )
 
+from dual_graph_worker.engines.sglang.pinned_attr import Pinned
 from dual_graph_worker.engines.sglang.server_args_hook import (
     fit_to_request_pool,
     plain_decode_batch_sizes,
@@ -106,27 +107,17 @@ class DecodeModeCudaGraphRunner(DecodeCudaGraphRunner):
 
     # DecodeCudaGraphRunner.__init__ assigns ``self.capture_bs, self.compile_bs`` from the
     # speculative list (get_batch_sizes_to_capture reads cuda_graph_config.decode.bs) and
-    # captures inside __init__, so the pool's own list is exposed through data descriptors
-    # whose setters ignore that assignment. Everything downstream (max_bs, buffer sizes,
-    # init_cuda_graph_state, the capture loop, _pad_to_bucket) then sees the decode list.
-    @property
-    def capture_bs(self) -> list[int]:
-        return self._decode_pool_bs
+    # captures inside __init__, so the pool's own list is pinned (pinned_attr.py). Everything
+    # downstream (max_bs, buffer sizes, init_cuda_graph_state, the capture loop, _pad_to_bucket)
+    # then sees the decode list.
+    capture_bs = Pinned(lambda self: self._decode_pool_bs)
+    compile_bs = Pinned(lambda self: self._compile_bs())
 
-    @capture_bs.setter
-    def capture_bs(self, _speculative_list: Any) -> None:
-        pass
-
-    @property
-    def compile_bs(self) -> list[int]:
+    def _compile_bs(self) -> list[int]:
         if not getattr(self, "enable_torch_compile", False):
             return []
         cap = self.model_runner.server_args.torch_compile_max_bs
         return [b for b in self._decode_pool_bs if b <= cap]
-
-    @compile_bs.setter
-    def compile_bs(self, _speculative_list: Any) -> None:
-        pass
 
     def capture(self) -> None:
         self.capture_forward_mode = ForwardMode.DECODE

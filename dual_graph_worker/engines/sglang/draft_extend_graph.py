@@ -9,8 +9,8 @@ set of DRAFT_EXTEND_V2 graphs at width 1, for the decode pool's batch sizes, int
 process-wide graph memory pool (FullCudaGraphBackend takes the global pool), after every other
 capture. It composes SGLang's runner rather than copying it:
 
-- ``captured_req_width`` and ``capture_bs`` are data descriptors whose setters ignore the values
-  ``EAGLEDraftExtendCudaGraphRunner.__init__`` derives (num_draft_tokens from the pristine
+- ``captured_req_width`` and ``capture_bs`` are pinned (pinned_attr.py): the values
+  ``EAGLEDraftExtendCudaGraphRunner.__init__`` derives are ignored (num_draft_tokens from the pristine
   server_args, and the speculative batch list), so its buffers, backend state and capture loop
   are all sized for width 1 and the decode pool's list (the decode pool's trick, decode_pool.py);
 - a private draft-extend attention backend from SGLang's own DraftBackendFactory, built while
@@ -40,6 +40,8 @@ from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
 )
 from sglang.srt.utils import get_available_gpu_memory
 
+from dual_graph_worker.engines.sglang.pinned_attr import Pinned
+
 logger = logging.getLogger(__name__)
 
 DECODE_WIDTH = 1     # one token a request: the token the decode step just committed
@@ -53,21 +55,8 @@ class OneTokenDraftExtendRunner(EAGLEDraftExtendCudaGraphRunner):
         self._pool_bs = sorted(set(int(b) for b in capture_bs))
         super().__init__(draft_worker, draft_extend_attn_backend=attn_backend)
 
-    @property
-    def captured_req_width(self) -> int:
-        return DECODE_WIDTH
-
-    @captured_req_width.setter
-    def captured_req_width(self, _speculative_width: Any) -> None:
-        pass
-
-    @property
-    def capture_bs(self) -> list[int]:
-        return self._pool_bs
-
-    @capture_bs.setter
-    def capture_bs(self, _speculative_list: Any) -> None:
-        pass
+    captured_req_width = Pinned(lambda self: DECODE_WIDTH)
+    capture_bs = Pinned(lambda self: self._pool_bs)
 
 
 @dataclass
