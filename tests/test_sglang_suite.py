@@ -131,6 +131,56 @@ def test_ratio_table_divides_each_dual_engine_by_the_best_baseline():
     assert report.markdown_ratios([1], {"plain": {1: 1.0}}) == ""
 
 
+def test_decode_phase_takes_the_prefill_out_and_compares_with_plain():
+    def sweep(points):
+        return {"tasks": {"sweep": {"output_len": 129, "points": points}}}
+
+    engines = {
+        "plain": sweep([{"concurrency": 64, "seconds": 2.0, "prefill_only_seconds": 0.72},
+                        {"concurrency": 256, "seconds": 4.0, "prefill_only_seconds": 1.44}]),
+        "dual": sweep([{"concurrency": 64, "seconds": 2.0256, "prefill_only_seconds": 0.72},
+                       {"concurrency": 256, "seconds": 4.2}]),          # no probe at 256
+        "eagle3": sweep([{"concurrency": 64, "seconds": 3.0}]),         # run without probes
+    }
+    ms = report.decode_phase_ms(engines)
+    assert set(ms) == {"plain", "dual"}
+    assert ms["plain"] == pytest.approx({64: 10.0, 256: 20.0})
+    assert ms["dual"] == pytest.approx({64: 10.2})
+    md = report.markdown_decode_phase(engines)
+    assert "| dual / plain | 1.020 | - |" in md and "| plain | 10.00 | 20.00 |" in md
+    assert report.markdown_decode_phase({"eagle3": engines["eagle3"]}) == ""
+
+
+def test_sweep_probe_times_a_one_token_batch_on_fresh_prompts():
+    from bench.sglang import engine_child
+
+    calls = []
+
+    class FakeEngine:
+        def generate(self, input_ids, sampling_params):
+            calls.append((input_ids, sampling_params["max_new_tokens"]))
+            return [{"output_ids": [0] * sampling_params["max_new_tokens"]} for _ in input_ids]
+
+    task = {"concurrency": [4], "input_len": 8, "output_len": 16, "vocab": 100,
+            "warmup": False, "prefill_probe": True}
+    res = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)
+    (point,) = res["points"]
+    assert point["output_tokens"] == 64 and point["prefill_only_seconds"] >= 0
+    (main, n_main), (probe, n_probe) = calls
+    assert (n_main, n_probe) == (16, 1) and len(probe) == 4
+    assert probe != main                     # no radix-cache hit on the probe's prefill
+    calls.clear()
+    res = engine_child.run_sweep(FakeEngine(), dict(task, prefill_probe=False), lambda r: None)
+    assert len(calls) == 1 and "prefill_only_seconds" not in res["points"][0]
+
+
+def test_decode_step_time_flag_asks_the_sweep_for_prefill_probes(tmp_path, monkeypatch):
+    for argv, want in (([], False), (["--decode-step-time"], True)):
+        suite, ran = _recording_suite(tmp_path, argv + ["--no-adaptive"], monkeypatch)
+        suite.bench(with_ramp=False)
+        assert {er.tasks[0]["prefill_probe"] for er in ran} == {want}
+
+
 def test_with_eager_draft_adds_the_eager_keep_current_engine(tmp_path, monkeypatch):
     suite, ran = _recording_suite(tmp_path, ["--with-eager-draft", "--no-adaptive"], monkeypatch)
     suite.bench(with_ramp=False)

@@ -8,7 +8,9 @@ not the suite. The env in the spec is applied before SGLang is imported; SGLang'
 processes (spawn) inherit it.
 
 Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root.
-Task kinds: "sweep" (batch of c requests at once per concurrency), "exact" (staggered async
+Task kinds: "sweep" (batch of c requests at once per concurrency; with "prefill_probe" the same
+batch shape is also timed generating one token, so the report can split off the decode steps),
+"exact" (staggered async
 requests, outputs returned), "ramp" (closed-loop clients following a concurrency profile).
 """
 
@@ -78,8 +80,16 @@ def run_sweep(engine, task: dict, emit) -> dict:
                                         sampling_params=_sampling(task["output_len"])))
         dt = time.perf_counter() - t0
         tokens = sum(len(o["output_ids"]) for o in outs)
-        res["points"].append({"concurrency": c, "seconds": dt, "output_tokens": tokens,
-                              "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time()})
+        point = {"concurrency": c, "seconds": dt, "output_tokens": tokens,
+                 "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time()}
+        if task.get("prefill_probe"):
+            # The same batch shape generating one token: the prefill (and first step) alone.
+            # Fresh prompts (other seed) so the radix cache cannot shorten the prefill.
+            probe = random_prompts(c, task["input_len"], task["vocab"], seed=5000 + c)
+            t1 = time.perf_counter()
+            engine.generate(input_ids=probe, sampling_params=_sampling(1))
+            point["prefill_only_seconds"] = time.perf_counter() - t1
+        res["points"].append(point)
         emit(res)
     return res
 

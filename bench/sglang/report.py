@@ -63,6 +63,43 @@ def markdown_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, floa
     return "\n".join(rows) + "\n"
 
 
+def decode_phase_ms(engines: Mapping[str, Mapping]) -> dict[str, dict[int, float]]:
+    """{engine: {concurrency: ms a token in the decode phase}} from sweeps run with
+    prefill_probe: (T(out=N) - T(out=1)) / (N - 1). For one-token steps (plain, and the dual
+    worker in decode mode) it is the step time at bs = concurrency with the prefill taken out."""
+    out: dict[str, dict[int, float]] = {}
+    for name, res in engines.items():
+        sweep = (res or {}).get("tasks", {}).get("sweep") or {}
+        n = sweep.get("output_len")
+        vals = {int(p["concurrency"]): 1000.0 * (p["seconds"] - p["prefill_only_seconds"])
+                / (n - 1)
+                for p in sweep.get("points", [])
+                if n and n > 1 and p.get("prefill_only_seconds") is not None}
+        if vals:
+            out[name] = vals
+    return out
+
+
+def markdown_decode_phase(engines: Mapping[str, Mapping]) -> str:
+    ms = decode_phase_ms(engines)
+    if not ms:
+        return ""
+    levels = sorted(set().union(*(v.keys() for v in ms.values())))
+    rows = ["decode phase alone, ms a token: (T(out=N) - T(out=1)) / (N - 1); ratio to plain "
+            "(> 1: slower)", "",
+            "| engine | " + " | ".join(str(c) for c in levels) + " |",
+            "|---|" + "---|" * len(levels)]
+    plain = ms.get("plain", {})
+    for name, vals in ms.items():
+        rows.append(f"| {name} | " + " | ".join(
+            f"{vals[c]:.2f}" if c in vals else "-" for c in levels) + " |")
+        if name != "plain" and plain:
+            rows.append(f"| {name} / plain | " + " | ".join(
+                f"{vals[c] / plain[c]:.3f}" if c in vals and plain.get(c) else "-"
+                for c in levels) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def plot_throughput(levels, table, path: str | Path, title: str) -> Optional[Path]:
     try:
         import matplotlib

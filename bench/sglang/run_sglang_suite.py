@@ -263,7 +263,7 @@ class Suite:
         draft = write_eagle3_draft_config(models / "llama3-8b-shape-eagle3", shapes)
         sweep = {"name": "sweep", "kind": "sweep", "concurrency": a.concurrency,
                  "input_len": a.input_len, "output_len": a.output_len,
-                 "vocab": shapes.vocab_size}
+                 "vocab": shapes.vocab_size, "prefill_probe": a.decode_step_time}
         sim = {"SGLANG_SIMULATE_ACC_LEN": str(a.simulate_acc_len)}
         base = self.common(target, "dummy", 256)
         est = 10 + 0.05 * sum(a.concurrency) * a.output_len / 256
@@ -408,6 +408,8 @@ class Suite:
         if table and any(table.values()):
             md.append(report.markdown_throughput(levels, table, self.notes.get("bench", "")))
             md.append(report.markdown_ratios(levels, table))
+            md.append(report.markdown_decode_phase(
+                {n: r.result for n, r in self.runs.items() if r.phase == "bench"}))
             report.plot_throughput(levels, table, self.out / "throughput.png",
                                    self.notes.get("bench", "")[:120])
         for name, chk in self.checks.items():
@@ -494,6 +496,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ramp-levels", type=_ints, default=[1, 8, 32, 128])
     p.add_argument("--ramp-hold-s", type=float, default=4.0)
     p.add_argument("--no-adaptive", dest="try_adaptive", action="store_false")
+    p.add_argument("--decode-step-time", action="store_true",
+                   help="also time each sweep batch generating one token, and report the "
+                        "decode phase alone: (T(out=N) - T(out=1)) / (N - 1) per engine and "
+                        "its ratio to plain (the step time at bs = concurrency for one-token "
+                        "steps)")
     p.add_argument("--no-bench-step-log", dest="bench_step_log", action="store_false",
                    help="bench engines run without DGW_STEP_LOG (as users run them); the "
                         "bench then reports no per-engine step summary")
