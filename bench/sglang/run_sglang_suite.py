@@ -190,7 +190,7 @@ class Suite:
                                           waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
             expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
             for continuity in self.continuities():
-                name = "dual-toy" + self.lazy_suffix(continuity)
+                name = "dual-toy" + self.continuity_suffix(continuity)
                 env, log = self.dual_env(name, policy="threshold", threshold=a.toy_threshold,
                                          band=0, min_dwell=0, **self.continuity_env(continuity))
                 er = EngineRun(name, "correctness",
@@ -232,7 +232,7 @@ class Suite:
         plain = self.run(EngineRun("plain-toy-dummy", "correctness",
                                    self.common(target, "dummy", 32), {}, task, est_s=25))
         for continuity in self.continuities():
-            name = "dual-toy-dummy" + self.lazy_suffix(continuity)
+            name = "dual-toy-dummy" + self.continuity_suffix(continuity)
             env, log = self.dual_env(name, policy="threshold",
                                      threshold=a.toy_threshold, band=0, min_dwell=0,
                                      **self.continuity_env(continuity))
@@ -280,8 +280,11 @@ class Suite:
         self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
                            tasks, est_s=est * 1.5 + ramp_s, step_log=log))
         if a.with_eager_draft:
+            # The graphs switch only matters to keep-current's decode steps: name it, since
+            # the worker's default (lazy catch-up) runs no draft extend in decode mode.
             env, log = self.dual_env("dual-eager-draft-bench", policy=a.dual_policy,
-                                     draft_extend_graphs=0)
+                                     draft_extend_graphs=0,
+                                     **self.continuity_env(KEEP_CURRENT))
             self.run(EngineRun("dual-eager-draft", "bench", base | self.spec_kwargs(ALGO, draft),
                                sim | env, [sweep], est_s=est * 1.5, step_log=log))
         for continuity in self.continuities()[1:]:
@@ -306,9 +309,9 @@ class Suite:
                                "default)"
                                + "".join(f"; dual{SUFFIX[c]}: DGW_CONTINUITY={c}"
                                          for c in self.continuities()[1:])
-                               + ("; dual-eager-draft: the worker's default with "
-                                  "DGW_DRAFT_EXTEND_GRAPHS=0 (keep-current's one-token draft "
-                                  "extend run eagerly, not from width-1 graphs)"
+                               + ("; dual-eager-draft: DGW_CONTINUITY=keep-current with "
+                                  "DGW_DRAFT_EXTEND_GRAPHS=0 (its one-token draft extend run "
+                                  "eagerly, not from width-1 graphs)"
                                   if a.with_eager_draft else ""))
 
     # -------------------------------------------------------------------- helpers
@@ -321,7 +324,7 @@ class Suite:
         return [DEFAULT] + [c for c in dict.fromkeys(extra) if c != default]
 
     @staticmethod
-    def lazy_suffix(continuity: str) -> str:
+    def continuity_suffix(continuity: str) -> str:
         return SUFFIX[continuity]
 
     @staticmethod
@@ -505,8 +508,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="bench engines run without DGW_STEP_LOG (as users run them); the "
                         "bench then reports no per-engine step summary")
     p.add_argument("--with-eager-draft", action="store_true",
-                   help="also bench the dual worker with its decode-mode draft extend run "
-                        "eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), engine 'dual-eager-draft'")
+                   help="also bench the keep-current dual worker with its decode-mode draft "
+                        "extend run eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), engine "
+                        "'dual-eager-draft'")
     p.add_argument("--with-continuity", action="append", choices=[LAZY, KEEP_CURRENT],
                    help="also run every dual engine with DGW_CONTINUITY=NAME (repeatable)")
     p.add_argument("--with-lazy", action="store_true",

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, TypeVar
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
@@ -49,6 +49,8 @@ from dual_graph_worker.engines.sglang.server_args_hook import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def plan_decode_batch_sizes(model_runner: Any, decode_max_bs: Optional[int],
@@ -169,15 +171,28 @@ def build_decode_pool(model_runner: Any, capture_bs: Sequence[int]) -> DecodePoo
         backend = model_runner._get_attention_backend(init_new_workspace=True)
     finally:
         model_runner.init_new_workspace = backup
+    runner, cost = measured_capture(
+        model_runner, lambda: DecodeModeCudaGraphRunner(model_runner, attn_backend=backend,
+                                                        capture_bs=capture_bs))
+    logger.info("dual-graph: captured decode pool bs=%s in %.2f s, %.3f GB",
+                runner.capture_bs, cost.seconds, cost.memory_gb)
+    return DecodePool(runner, backend, tuple(runner.capture_bs), cost.seconds, cost.memory_gb)
+
+
+class CaptureCost(NamedTuple):
+    seconds: float
+    memory_gb: float      # device memory the capture took (SGLang's own before/after measure)
+
+
+def measured_capture(model_runner: Any, capture: Callable[[], T]) -> tuple[T, CaptureCost]:
+    """Run `capture` (a graph runner's constructor, which captures) and what it cost, measured
+    the way SGLang reports its own graph pools (free device memory before and after)."""
     before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
     tic = time.perf_counter()
-    runner = DecodeModeCudaGraphRunner(model_runner, attn_backend=backend,
-                                       capture_bs=capture_bs)
+    value = capture()
     elapsed = time.perf_counter() - tic
-    mem = before - get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
-    logger.info("dual-graph: captured decode pool bs=%s in %.2f s, %.3f GB",
-                runner.capture_bs, elapsed, mem)
-    return DecodePool(runner, backend, tuple(runner.capture_bs), elapsed, mem)
+    return value, CaptureCost(
+        elapsed, before - get_available_gpu_memory(model_runner.device, model_runner.gpu_id))
 
 
 def eager_decode_pool() -> DecodePool:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
@@ -38,8 +37,7 @@ from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
-from sglang.srt.utils import get_available_gpu_memory
-
+from dual_graph_worker.engines.sglang.decode_pool import measured_capture
 from dual_graph_worker.engines.sglang.pinned_attr import Pinned
 
 logger = logging.getLogger(__name__)
@@ -91,16 +89,16 @@ def build_draft_sync_graphs(draft_worker: Any, server_args: Any,
     """Capture the width-1 draft-extend graphs (call after every other capture, inside the
     draft worker's TP/MoE contexts)."""
     dw = draft_worker
-    runner_mr = dw.draft_runner
-    before = get_available_gpu_memory(runner_mr.device, runner_mr.gpu_id)
-    tic = time.perf_counter()
-    with draft_width(DECODE_WIDTH):
-        factory = DraftBackendFactory(server_args, runner_mr, dw.topk, dw.speculative_num_steps,
-                                      seed_dsa_topk_from_draft_extend=False)
-        backend = factory.create_draft_extend_backend()
-        runner = OneTokenDraftExtendRunner(dw, attn_backend=backend, capture_bs=capture_bs)
-    elapsed = time.perf_counter() - tic
-    mem = before - get_available_gpu_memory(runner_mr.device, runner_mr.gpu_id)
+
+    def capture() -> OneTokenDraftExtendRunner:
+        with draft_width(DECODE_WIDTH):
+            factory = DraftBackendFactory(server_args, dw.draft_runner, dw.topk,
+                                          dw.speculative_num_steps,
+                                          seed_dsa_topk_from_draft_extend=False)
+            return OneTokenDraftExtendRunner(dw, attn_backend=factory.create_draft_extend_backend(),
+                                             capture_bs=capture_bs)
+
+    runner, cost = measured_capture(dw.draft_runner, capture)
     logger.info("dual-graph: captured one-token draft-extend graphs bs=%s in %.2f s, %.3f GB",
-                runner.capture_bs, elapsed, mem)
-    return DraftSyncGraphs(runner, tuple(runner.capture_bs), elapsed, mem)
+                runner.capture_bs, cost.seconds, cost.memory_gb)
+    return DraftSyncGraphs(runner, tuple(runner.capture_bs), cost.seconds, cost.memory_gb)

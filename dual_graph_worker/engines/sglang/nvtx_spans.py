@@ -152,7 +152,8 @@ class StepSpans:
         """The range around one decode-family step, and the marks that precede it."""
         a = self._annotator
         window = self._window
-        if window is None and not a.listening():
+        listening = a.listening()
+        if window is None and not listening:
             return NULL_CONTEXT               # no profiler, no window: nothing to do
         taken = self._taken
         self._taken += 1
@@ -160,7 +161,9 @@ class StepSpans:
             self._cuda_profiler().start()
             self._config_pending = True       # marks sent before the range are not recorded
             logger.info("dual-graph profiling: capture range opened before step %d", taken + 1)
-        if a.listening():
+            # nsys attaches its listener at cudaProfilerStart: ask again.
+            listening = a.listening()
+        if listening:
             if self._config_pending:
                 for key, value in worker_config_marks(worker).items():
                     a.mark_config(key, value)
