@@ -22,12 +22,19 @@ import pytest
 import torch
 
 from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.engines.sglang.backlog import LazyBacklog, arena_cells_for_budget
+from dual_graph_worker.engines.sglang import stash_room
+from dual_graph_worker.engines.sglang.backlog import (
+    LazyBacklog,
+    RoomAction,
+    arena_cells_for_budget,
+)
 from dual_graph_worker.engines.sglang.catch_up import (
     Segment,
     StashArena,
+    backlog_slots,
     build_catch_up_indices,
     plan_passes,
+    shifted_prompt_tokens,
 )
 from dual_graph_worker.engines.sglang.config import WorkerConfig
 from dual_graph_worker.errors import ConfigError
@@ -39,7 +46,7 @@ def test_lazy_modules_do_not_import_sglang():
     code = textwrap.dedent("""
         import sys
         import dual_graph_worker.engines.sglang.backlog, dual_graph_worker.engines.sglang.catch_up
-        import dual_graph_worker.engines.sglang.config
+        import dual_graph_worker.engines.sglang.config, dual_graph_worker.engines.sglang.stash_room
         assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -59,7 +66,11 @@ def test_continuity_config():
     with pytest.raises(ConfigError, match="not available in the SGLang worker"):
         WorkerConfig.from_env({"DGW_CONTINUITY": "none"})
     with pytest.raises(ConfigError, match="DGW_LAZY_STASH_MB"):
-        WorkerConfig(lazy_stash_mb=0)
+        WorkerConfig(lazy_stash_mb=-1)
+    assert WorkerConfig().lazy_stash_mb == 0 and WorkerConfig().defer_draft_prefill   # auto, on
+    assert not WorkerConfig.from_env({"DGW_DEFER_DRAFT_PREFILL": "0"}).defer_draft_prefill
+    with pytest.raises(ConfigError, match="defer_draft_prefill"):
+        WorkerConfig.from_env({"DGW_DEFER_DRAFT_PREFILL": "sometimes"})
 
 
 # ------------------------------------------------------------------------------------ backlog
@@ -98,6 +109,104 @@ def test_arena_budget_and_why_not_a_row_per_kv_slot():
     # One feature row per KV slot at the H200 bench's 855,835-token pool: ~21 GB, about twice
     # the ~10 GB left free after start-up (bench/results/sglang/bench/report.md).
     assert 855835 * 12288 * 2 / 1e9 > 21.0
+
+
+def test_deferred_prefill_counts_chunks_and_keeps_pending_rows():
+    b = LazyBacklog(num_rows=8, arena_cells=64)
+    # rows 2 and 5 admitted; row 5's prompt continues in a later batch (chunked)
+    assert b.note_prefill([2, 5], prefix_lens=[0, 0], extend_lens=[6, 4], chunked=1) == 0
+    assert b.count[[2, 5]].tolist() == [6, 4] and b.cursor == 10
+    assert b.pending_end[5] == 4 and b.pending_end[2] == -1
+    assert b.continues_deferred_chunk([5], [4]) and not b.continues_deferred_chunk([5], [0])
+    p = b.pending()
+    assert p.rows.tolist() == [5] and p.ends.tolist() == [4] and p.counts.tolist() == [4]
+    assert b.pending(exclude=[5]).rows.size == 0
+    # A decode step of the running batch [2] and a catch-up of it: row 5 is no orphan, its
+    # cells stay (the cursor restarts after them; the caller moves them to the front).
+    b.note_decode_step([2])
+    done = b.caught_up([2], forced=False)
+    assert done == (7, 0) and b.count[5] == 4 and b.cursor == 4
+    # row 5's last chunk, deferred: its backlog is both chunks; it is no longer pending
+    assert b.note_prefill([5, 1], prefix_lens=[4, 0], extend_lens=[3, 2]) == 4
+    assert b.count[[5, 1]].tolist() == [7, 2] and b.pending().rows.size == 0
+    # a reused row (prefix 0) never inherits the old backlog
+    b.note_prefill([5], prefix_lens=[0], extend_lens=[2])
+    assert b.count[5] == 2
+    s = b.stats
+    assert (s.deferred_prefills, s.deferred_prefill_tokens, s.chunk_restarts) == (3, 17, 0)
+    with pytest.raises(RuntimeError, match="do not defer"):
+        b.note_prefill([3], prefix_lens=[0], extend_lens=[64])
+    with pytest.raises(ValueError, match="extend lengths"):
+        b.note_prefill([3], prefix_lens=[0], extend_lens=[0])
+
+
+def test_eagle_prefill_after_a_deferred_chunk_is_counted_as_a_restart():
+    b = LazyBacklog(num_rows=4, arena_cells=32)
+    b.note_prefill([1], prefix_lens=[0], extend_lens=[5], chunked=0)
+    b.reset([1], prefix_lens=[5])            # EAGLE's path took the next chunk
+    assert b.stats.chunk_restarts == 1 and b.count[1] == 0 and b.pending_end[1] == -1
+    b.reset([2], prefix_lens=[0])
+    assert b.stats.chunk_restarts == 1
+
+
+def test_plan_room_prefers_compaction_and_never_catches_up_for_the_reserve():
+    b = LazyBacklog(num_rows=4, arena_cells=100)
+    b.note_prefill([0, 1], prefix_lens=[0, 0], extend_lens=[30, 30])   # rows 0, 1
+    assert b.plan_room([0], need=1, reserve=10) is RoomAction.NONE
+    b.note_prefill([2], prefix_lens=[0], extend_lens=[35])
+    # 95 used; batch [0] lives (30 cells), rows 1 and 2 are gone: a compaction frees 65
+    assert b.plan_room([0], need=2, reserve=10) is RoomAction.COMPACT
+    # live = 95 (all three in the batch): no compaction helps, the step itself fits: nothing
+    assert b.plan_room([0, 1, 2], need=2, reserve=10) is RoomAction.NONE
+    # ... and when the step itself does not fit, catch up
+    assert b.plan_room([0, 1, 2], need=6, reserve=0) is RoomAction.CATCH_UP
+    # a compaction for the reserve only when it frees a quarter of the arena
+    assert b.plan_room([0, 1], need=2, reserve=15) is RoomAction.NONE     # 60 live + 2 + 15 + a quarter (25) > 100
+    assert b.compacted([0]) == 30 and b.cursor == 30
+    assert b.count.tolist() == [30, 0, 0, 0] and b.stats.orphans_dropped == 2
+    assert b.stats.compactions == 1 and b.stats.compacted_cells == 30
+
+
+def test_stash_arena_compact_moves_live_cells_in_order(tmp_path):
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        cells, slots_n = int(rng.integers(8, 60)), 200
+        arena = StashArena.allocate(cells, 3, torch.float32, slots_n, "cpu")
+        used = int(rng.integers(1, cells + 1))
+        slots = torch.from_numpy(rng.choice(slots_n, used, replace=False))
+        aux = torch.randn(used, 3)
+        tok = torch.from_numpy(rng.integers(0, 1000, used))
+        arena.write(0, aux, tok, slots)
+        live = slots[torch.from_numpy(rng.permutation(used)[:int(rng.integers(0, used + 1))])]
+        want_aux, want_tok = arena.gather(live)
+        order = torch.argsort(arena.cell_of_slot[live])
+        n = arena.compact(live, chunk_rows=int(rng.integers(1, 9)))
+        assert n == live.numel()
+        got_aux, got_tok = arena.gather(live)
+        assert torch.equal(got_aux, want_aux) and torch.equal(got_tok, want_tok)
+        assert sorted(arena.cell_of_slot[live].tolist()) == list(range(n))
+        assert torch.equal(arena.cell_of_slot[live[order]], torch.arange(n))  # order kept
+    with pytest.raises(ValueError, match="cannot fit"):
+        StashArena.allocate(2, 3, torch.float32, 8, "cpu").compact(torch.arange(3))
+
+
+def test_shifted_prompt_tokens_match_eagles_per_request_loop():
+    ids = torch.arange(100, 112)
+    lens, tail = [5, 1, 6], torch.tensor([7, 8, 9])
+    want, pt = [], 0
+    for i, n in enumerate(lens):          # eagle_worker_v2._draft_extend_for_prefill's loop
+        want += ids[pt + 1: pt + n].tolist() + [int(tail[i])]
+        pt += n
+    assert shifted_prompt_tokens(ids, lens, tail).tolist() == want
+    with pytest.raises(ValueError, match="tail tokens"):
+        shifted_prompt_tokens(ids, [5, 7], tail)
+
+
+def test_backlog_slots_are_the_last_count_positions():
+    r2t = torch.arange(4 * 10).reshape(4, 10)
+    got = backlog_slots(req_pool_indices=torch.tensor([3, 1]), ends=torch.tensor([7, 4]),
+                        counts=[2, 4], req_to_token=r2t)
+    assert got.tolist() == [35, 36, 10, 11, 12, 13]
 
 
 # ------------------------------------------------------------------------------------ passes
@@ -213,21 +322,30 @@ class _Sim:
     """Requests on a shared KV slot pool, stepped in decode and spec mode; 'draft KV' at a slot
     is the draft's input there (token at p+1, target aux at p): for a one-layer EAGLE-3 draft
     that input alone determines the K/V written at p. keep-current writes it every decode
-    step; lazy stashes and catches up with the real backlog / arena / index code."""
+    step; lazy stashes and catches up with the real backlog / arena / index / room code.
+
+    Prompts are prefilled in chunks of at most `chunk` tokens (None: whole), and other steps
+    may run between a prompt's chunks. With `defer`, the lazy run defers a chunk's draft
+    extend at random (always when it continues a deferred chunk, as the worker does) when the
+    arena has room for it plus `reserve` (if more chunks follow)."""
 
     A = 3
 
     def __init__(self, lazy: bool, rows=6, slots=1200, ctx=160, cells=None, max_tokens=7,
-                 seed=0):
+                 seed=0, defer=False, reserve=0, chunk=None, max_prompt=8):
         self.lazy, self.R, self.ctx, self.max_tokens = lazy, rows, ctx, max_tokens
+        self.defer, self.reserve, self.chunk, self.max_prompt = defer, reserve, chunk, max_prompt
         self.rng = random.Random(seed)
+        self.defer_rng = random.Random(seed + 1000)   # the lazy run's own coin: same schedule
         self.free = list(range(1, slots))
         self.rng.shuffle(self.free)
         self.req_to_token = torch.zeros(rows, ctx, dtype=torch.int32)
         self.kv = torch.full((slots, 1 + self.A), float("nan"))
-        self.seq: dict[int, int] = {}       # row -> committed length
+        self.seq: dict[int, int] = {}       # running row -> committed length
+        self.filling: dict[int, list[int]] = {}   # row -> [prefilled, prompt] mid-prompt
         self.owner: dict[int, int] = {}     # row -> request id
         self.held: dict[int, list[int]] = {}
+        self.restarted: set[int] = set()    # request ids whose deferred chunk went EAGLE's way
         self.next_id = 0
         self.backlog = LazyBacklog(rows, cells or rows)
         self.arena = StashArena.allocate(cells or rows, self.A, torch.float32, slots, "cpu")
@@ -253,11 +371,38 @@ class _Sim:
         return sorted(self.seq)        # batch order (any fixed order works)
 
     def admit(self, row, prompt):
-        self.owner[row], self.seq[row], self.held[row] = self.next_id, prompt, []
+        self.owner[row], self.held[row] = self.next_id, []
         self.next_id += 1
-        for p in range(prompt):                      # prefill + EAGLE's prefill draft extend
-            self.kv[self.slot(row, p)] = self.truth(self.owner[row], p)
-        self.backlog.reset([row])
+        self.filling[row] = [0, prompt]
+        self.prefill(row)
+
+    def prefill(self, row):
+        """One prefill chunk of `row`'s prompt: EAGLE's prefill draft extend, or deferred."""
+        start, total = self.filling[row]
+        n = min(total - start, self.chunk or total)
+        final = start + n == total
+        rid, b = self.owner[row], self.backlog
+        slots = [self.slot(row, p) for p in range(start, start + n)]
+        want = self.lazy and self.defer and (b.continues_deferred_chunk([row], [start])
+                                             or self.defer_rng.random() < 0.6)
+        if want and b.room_for(n + (0 if final else self.reserve)):
+            base = b.note_prefill([row], [start], [n], chunked=-1 if final else 0)
+            self.arena.write(base, torch.tensor([self.aux(rid, p) for p in range(start, start + n)]),
+                             torch.tensor([self.token(rid, p + 1)
+                                           for p in range(start, start + n)]),
+                             torch.tensor(slots))
+        else:
+            for p, s in zip(range(start, start + n), slots):
+                self.kv[s] = self.truth(rid, p)
+            if self.lazy:
+                if b.continues_deferred_chunk([row], [start]):
+                    self.restarted.add(rid)
+                b.reset([row], prefix_lens=[start])
+        if final:
+            del self.filling[row]
+            self.seq[row] = total
+        else:
+            self.filling[row][0] = start + n
 
     def finish(self, row):
         self.free += self.held.pop(row)
@@ -267,7 +412,7 @@ class _Sim:
     def catch_up(self, rows, forced):
         behind = self.backlog.behind(rows)
         if behind.positions.size == 0:
-            return
+            return []
         ends = torch.tensor([self.seq[r] for r in rows])[torch.from_numpy(behind.positions)]
         rpi = torch.tensor(rows)[torch.from_numpy(behind.positions)]
         for segs in plan_passes(behind.counts, self.max_tokens):
@@ -282,11 +427,17 @@ class _Sim:
                     assert int(idx.positions[idx.last_rows[j]]) == self.seq[rows[
                         int(behind.positions[g.req])]] - 1
         self.backlog.caught_up(np.asarray(rows)[behind.positions], forced=forced)
+        return stash_room.front_pending(self.arena, self.backlog, self.req_to_token,
+                                        np.asarray(rows, dtype=np.int64), "cpu")
 
     def decode(self):
         rows = self.running()
-        if self.lazy and not self.backlog.room_for(len(rows)):
-            self.catch_up(rows, forced=True)
+        if self.lazy:
+            stash_room.make_room(
+                self.arena, self.backlog, self.req_to_token, np.asarray(rows, dtype=np.int64),
+                reserve=self.reserve, req_pool_indices=torch.tensor(rows),
+                seq_lens=torch.tensor([self.seq[r] for r in rows]),
+                catch_up=lambda behind: self.catch_up(rows, forced=True))
         slots, aux, tok = [], [], []
         for r in rows:
             L, rid = self.seq[r], self.owner[r]
@@ -317,15 +468,19 @@ class _Sim:
     def assert_current(self, rows):
         for r in rows:
             rid = self.owner[r]
+            if rid in self.restarted:
+                continue
             got = self.kv[self.req_to_token[r, : self.seq[r]].long()]
             want = torch.stack([self.truth(rid, p) for p in range(self.seq[r])])
             assert torch.equal(got, want), (r, rid)
 
     def run(self, steps):
         for _ in range(steps):
-            free_rows = [r for r in range(self.R) if r not in self.seq]
-            if free_rows and self.rng.random() < 0.3:
-                self.admit(self.rng.choice(free_rows), self.rng.randint(1, 8))
+            free_rows = [r for r in range(self.R) if r not in self.owner]
+            if self.filling and self.rng.random() < 0.5:
+                self.prefill(self.rng.choice(sorted(self.filling)))
+            elif free_rows and self.rng.random() < 0.3:
+                self.admit(self.rng.choice(free_rows), self.rng.randint(1, self.max_prompt))
             elif self.seq and self.rng.random() < 0.1:
                 self.finish(self.rng.choice(self.running()))
             elif self.seq:
@@ -356,6 +511,28 @@ def test_lazy_catch_up_leaves_the_draft_state_keep_current_leaves(seed, cells, m
         assert s.forced_catch_ups > 0          # a tiny arena forces catch-ups in decode mode
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cells,reserve,chunk", [(24, 4, 4), (60, 5, 5), (400, 6, 6),
+                                                 (400, 0, None)])
+def test_deferred_prefills_and_compactions_leave_the_draft_state_keep_current_leaves(
+        seed, cells, reserve, chunk):
+    kw = dict(seed=seed, chunk=chunk, max_prompt=14, max_tokens=9)
+    lazy = _Sim(True, cells=cells, defer=True, reserve=reserve, **kw).run(500)
+    current = _Sim(False, **kw).run(500)
+    assert lazy.spec_steps_checked > 10 and lazy.spec_steps_checked == current.spec_steps_checked
+    assert lazy.seq == current.seq and lazy.owner == current.owner
+    rows = lazy.running()
+    lazy.catch_up(rows, forced=False)
+    lazy.assert_current(rows)
+    s = lazy.backlog.stats
+    assert s.deferred_prefills > 0 and s.deferred_prefill_tokens > 0
+    assert s.chunk_restarts == len(lazy.restarted)
+    if cells == 400:
+        assert s.chunk_restarts == 0            # room for every deferred prompt's next chunk
+    if cells == 24:
+        assert s.compactions > 0                # orphans reclaimed without draft work
+
+
 # ============================================================ with SGLang 0.5.17 (CPU only)
 
 @pytest.fixture
@@ -372,7 +549,10 @@ def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft
     lz.arena = StashArena.allocate(cells, aux_width, torch.float32, slots * 8, "cpu")
     lz.backlog = LazyBacklog(rows, cells)
     lz.max_pass_tokens = 8192
-    lz.on_catch_up = None
+    lz.prefill_reserve = 0
+    lz.defer_prefill_off = None
+    lz.draft_hidden = (6, torch.float32)
+    lz.on_event = None
     return lz
 
 
@@ -425,13 +605,17 @@ def test_stash_and_make_room(sgl):
     with pytest.raises(RuntimeError, match="no hidden states"):
         lz.stash(rows, aux=None, sampled=torch.zeros(3),
                  out_cache_loc=torch.zeros(3, dtype=torch.int64))
-    assert lz.make_room(SimpleNamespace(), rows) == []  # room left: nothing runs
+    batch = SimpleNamespace(req_pool_indices=torch.tensor([5, 1, 2]),
+                            seq_lens=torch.tensor([3, 3, 3]))
+    assert lz.make_room(batch, rows) == []              # room left: nothing runs
     lz.backlog.note_decode_step([0, 3, 4, 6, 7])       # fills the arena with other rows
     lz.backlog.reset([2])                               # row 2 re-admitted: current
-    # Full arena, nobody in this batch behind: the arena holds only orphans, which are dropped
-    # without a draft forward (the bare LazyCatchUp has no draft runner to run one).
-    assert lz.make_room(SimpleNamespace(), np.array([2])) == []
+    # Full arena, nobody in this batch behind: the arena holds only orphans, which a
+    # compaction drops without a draft forward (the bare LazyCatchUp has no draft runner).
+    one = SimpleNamespace(req_pool_indices=torch.tensor([2]), seq_lens=torch.tensor([3]))
+    assert lz.make_room(one, np.array([2])) == []
     assert lz.backlog.cursor == 0 and lz.backlog.stats.orphans_dropped == 7
+    assert lz.backlog.stats.compactions == 1 and lz.backlog.stats.forced_catch_ups == 0
 
 
 class _FakeDraftRunner:
@@ -490,7 +674,7 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
                             draft_tp_context=lambda group: contextlib.nullcontext())
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft)
     events = []
-    lz.on_catch_up = events.append
+    lz.on_event = lambda kind, info: kind == "catch_up" and events.append(info)
     # Rows 5, 2 (batch positions 0, 2) ran 3 and 1 lazy decode steps; row 7 (position 1) is
     # current (prefilled since). Stash what those steps emitted.
     seq = {5: 10, 7: 4, 2: 6}
@@ -608,26 +792,85 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     calls = []
+    continues = {"chunk": False}
     lazy = SimpleNamespace(on_prefill=lambda b: calls.append("prefill"),
-                           before_spec_step=lambda b: calls.append("catch-up") or ["fb"])
+                           before_spec_step=lambda b: calls.append("catch-up") or ["fb"],
+                           must_defer=lambda b: continues["chunk"],
+                           can_defer=lambda b: b.seq_lens.shape[0] != 7)   # 7: no room
     w = _worker(tmp_path, lazy)
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         calls.append("spec") or SimpleNamespace(extra_keep_alive_refs=["x"]))
     monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, plan, on_publish, gb:
                         calls.append("decode") or "decode-result")
+    monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish:
+                        calls.append("deferred") or "deferred-result")
 
     def batch(bs, mode=ForwardMode.DECODE):
         return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
                                seq_lens=torch.zeros(bs, dtype=torch.int64))
 
-    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))
+    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))   # no step yet: EAGLE's prefill
     res = w.forward_batch_generation(batch(2))
     assert res.extra_keep_alive_refs == ["x", "fb"]
+    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))   # speculating: EAGLE's prefill
     w.forward_batch_generation(batch(9))
+    res = w.forward_batch_generation(batch(3, ForwardMode.EXTEND))
+    assert res == "deferred-result"                           # decoding: deferred
+    w.forward_batch_generation(batch(7, ForwardMode.EXTEND))   # decoding, no room: EAGLE's
     w.forward_batch_generation(batch(1, ForwardMode.IDLE))
     # prefill: reset then EAGLE's prefill; spec: catch-up first; decode pool; idle: EAGLE only
-    assert calls == ["prefill", "spec", "catch-up", "spec", "decode", "spec"]
+    assert calls == ["prefill", "spec", "catch-up", "spec", "prefill", "spec", "decode",
+                     "deferred", "prefill", "spec", "spec"]
+    # a chunk continuing a deferred prompt is deferred whatever the mode
+    calls.clear()
+    w._selector.last_mode = None
+    continues["chunk"] = True
+    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))
+    assert calls == ["deferred"]
+
+
+def test_deferred_prefill_stashes_the_prompt_and_returns_placeholders(sgl, tmp_path):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    lz = _bare_lazy(sgl, rows=8, cells=64, slots=64, aux_width=4)
+    lz.prefill_reserve = 16
+    req_a, req_b = object(), object()
+    ids = torch.arange(200, 209)
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, multimodal_inputs=[None, None], reqs=[req_a, req_b],
+        chunked_req=req_b, chunked_req_next_prompt_token=77, extend_num_tokens=9,
+        extend_lens=[5, 4], prefix_lens=[0, 3], input_ids=ids,
+        req_pool_indices_cpu=torch.tensor([6, 2]), seq_lens=torch.tensor([5, 7]),
+        out_cache_loc=torch.arange(100, 109))
+    assert lz.can_defer(batch)                          # 9 tokens + a 16-token reserve fit
+    lz.backlog.cursor = 40
+    assert not lz.can_defer(batch)
+    assert lz.can_defer(SimpleNamespace(**{**vars(batch), "chunked_req": None}))
+    lz.backlog.cursor = 0
+    assert not lz.can_defer(SimpleNamespace(**{**vars(batch), "multimodal_inputs": [1, None]}))
+    lz.defer_prefill_off = "off: the radix cache is on"
+    assert not lz.can_defer(batch)
+    lz.defer_prefill_off = None
+    aux = torch.rand(9, 4)
+    with pytest.raises(RuntimeError, match="FULL hidden capture"):
+        lz.defer_prefill(batch, aux=torch.rand(9, 5), next_token_ids=torch.tensor([11, 12]))
+    assert lz.backlog.cursor == 0                       # nothing recorded by the refusal
+    nd = lz.defer_prefill(batch, aux=aux, next_token_ids=torch.tensor([11, 12]))
+    # placeholders of spec mode's shapes and dtypes; the sampled tokens are the bonus tokens
+    assert nd.topk_p.shape == (2, 1) and nd.topk_p.dtype == torch.float32
+    assert nd.topk_index.shape == (2, 1) and nd.topk_index.dtype == torch.int64
+    assert nd.hidden_states.shape == (2, 6) and nd.bonus_tokens.tolist() == [11, 12]
+    b = lz.backlog
+    assert b.count[[6, 2]].tolist() == [5, 4] and b.cursor == 9
+    assert b.pending_end[2] == 7 and b.pending_end[6] == -1     # req_b continues (chunked)
+    got_aux, got_tok = lz.arena.gather(torch.arange(100, 109))
+    assert torch.equal(got_aux, aux)
+    # request a: its prompt shifted by one, then its sampled token; request b (chunked): the
+    # next prompt token closes its chunk (eagle_utils._eagle_prefill_tail_tokens)
+    assert got_tok.tolist() == [201, 202, 203, 204, 11, 206, 207, 208, 77]
+    assert lz.must_defer(SimpleNamespace(req_pool_indices_cpu=torch.tensor([2]),
+                                         seq_lens=torch.zeros(1), prefix_lens=[7]))
 
 
 def _decode_fixture(sgl, monkeypatch, tmp_path, lazy):
@@ -759,3 +1002,41 @@ def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeyp
     assert pruned[0][:, 0].tolist() == [2., 3.]                 # LM head input: last rows
     stored = lp._get_hidden_states_to_store(hidden, None, [hidden + 100], *pruned[:4], md)
     assert stored.shape == (4, 6)                               # FULL: every row, unpruned
+
+
+def test_worker_deferred_prefill_runs_the_target_alone_and_publishes_first(sgl, tmp_path):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    order = []
+    out = SimpleNamespace(logits_output=SimpleNamespace(hidden_states="aux"),
+                          next_token_ids="sampled", new_seq_lens=None, next_draft_input=None)
+
+    def target(batch, capture_hidden_mode):
+        order.append(("target", capture_hidden_mode))
+        return out
+
+    lazy = SimpleNamespace(defer_prefill=lambda b, aux, next_token_ids:
+                           order.append(("stash", aux, next_token_ids)) or "placeholders")
+    w = _worker(tmp_path, lazy)
+    w._target_worker = SimpleNamespace(forward_batch_generation=target)
+    batch = SimpleNamespace(seq_lens="lengths")
+    res = w._deferred_prefill(batch, lambda lens: order.append(("publish", lens)))
+    assert res is out and res.new_seq_lens == "lengths"
+    assert res.next_draft_input == "placeholders"
+    assert order == [("target", CaptureHiddenMode.FULL), ("publish", "lengths"),
+                     ("stash", "aux", "sampled")]
+
+
+def test_why_prefills_are_not_deferred_and_the_auto_stash_budget(sgl):
+    why = sgl._why_not_defer_prefills
+    radix_off = SimpleNamespace(disable_radix_cache=True)
+    kw = dict(cells=10_000, rows=100, reserve=8192, draft_hidden=(4096, torch.bfloat16))
+    assert why(True, radix_off, **kw) is None
+    assert "DGW_DEFER_DRAFT_PREFILL=0" in why(False, radix_off, **kw)
+    assert "radix cache" in why(True, SimpleNamespace(disable_radix_cache=False), **kw)
+    assert "STANDALONE" in why(True, radix_off, **{**kw, "draft_hidden": (None, None)})
+    assert "DGW_LAZY_STASH_MB" in why(True, radix_off, **{**kw, "cells": 8000})
+    mib = 1 << 20
+    assert sgl._stash_budget(64, 10 << 30, slot_map_bytes=0) == 64 * mib       # explicit
+    assert sgl._stash_budget(0, 10 << 30, slot_map_bytes=mib) == int((10 << 30) * 0.4) - mib
+    assert sgl._stash_budget(0, None, slot_map_bytes=0) == 1024 * mib          # no GPU

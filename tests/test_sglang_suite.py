@@ -190,6 +190,26 @@ def test_with_eager_draft_adds_the_eager_keep_current_engine(tmp_path, monkeypat
     assert "DGW_DRAFT_EXTEND_GRAPHS" not in envs["dual"]       # graphs: the default
 
 
+def test_with_no_defer_adds_the_engine_without_deferred_prefill(tmp_path, monkeypatch):
+    suite, ran = _recording_suite(tmp_path, ["--with-no-defer", "--no-adaptive"], monkeypatch)
+    suite.bench(with_ramp=False)
+    envs = {er.name: er.env for er in ran}
+    assert list(envs) == ["plain", "eagle3", "dual", "dual-no-defer"]
+    assert envs["dual-no-defer"]["DGW_DEFER_DRAFT_PREFILL"] == "0"
+    assert "DGW_DEFER_DRAFT_PREFILL" not in envs["dual"]      # deferral: the default
+    assert "dual-no-defer" in suite.notes["bench"]
+
+
+def test_prefill_phase_table_is_the_probe_and_its_ratio_to_plain():
+    def res(pre):
+        return {"tasks": {"sweep": {"output_len": 8, "points": [
+            {"concurrency": 4, "seconds": 1.0, "prefill_only_seconds": pre}]}}}
+
+    md = report.markdown_prefill_phase({"plain": res(0.5), "dual": res(0.55)})
+    assert "| plain | 0.500 |" in md and "| dual / plain | 1.100 |" in md
+    assert report.markdown_prefill_phase({"plain": {}}) == ""
+
+
 def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     levels, table = [1, 4], {"plain": {1: 1.0, 4: 3.0}}
@@ -236,8 +256,14 @@ def test_summarize_catch_ups():
               {"event": "catch_up", "forced": False, "requests": 3, "tokens": 30, "passes": 1,
                "max_backlog": 12, "orphans": 0},
               {"event": "catch_up", "forced": True, "requests": 2, "tokens": 8, "passes": 2,
-               "max_backlog": 5, "orphans": 1}]
-    assert summarize_catch_ups(events) == {"catch_ups": 2, "forced": 1, "tokens": 38,
+               "max_backlog": 5, "orphans": 1,
+               "totals": {"deferred_prefills": 1, "deferred_prefill_tokens": 9}},
+              {"event": "compaction", "live_cells": 4,
+               "totals": {"deferred_prefills": 2, "deferred_prefill_tokens": 20,
+                          "compactions": 1, "chunk_restarts": 0}}]
+    assert summarize_catch_ups(events) == {"catch_ups": 2, "deferred_prefills": 2,
+                                           "deferred_prefill_tokens": 20, "compactions": 1,
+                                           "chunk_restarts": 0, "forced": 1, "tokens": 38,
                                            "requests": 5, "passes": 3, "max_backlog": 12,
                                            "orphans": 1}
     assert summarize_catch_ups([])["catch_ups"] == 0

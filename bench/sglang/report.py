@@ -80,24 +80,45 @@ def decode_phase_ms(engines: Mapping[str, Mapping]) -> dict[str, dict[int, float
     return out
 
 
-def markdown_decode_phase(engines: Mapping[str, Mapping]) -> str:
-    ms = decode_phase_ms(engines)
-    if not ms:
+def prefill_phase_s(engines: Mapping[str, Mapping]) -> dict[str, dict[int, float]]:
+    """{engine: {concurrency: seconds}}: T(out=1), the prefill probe itself (every prompt's
+    prefill and one token), the part of a sweep point the decode phase leaves out."""
+    out: dict[str, dict[int, float]] = {}
+    for name, res in engines.items():
+        sweep = (res or {}).get("tasks", {}).get("sweep") or {}
+        vals = {int(p["concurrency"]): float(p["prefill_only_seconds"])
+                for p in sweep.get("points", []) if p.get("prefill_only_seconds") is not None}
+        if vals:
+            out[name] = vals
+    return out
+
+
+def _markdown_phase(title: str, values: Mapping[str, Mapping[int, float]], fmt: str) -> str:
+    if not values:
         return ""
-    levels = sorted(set().union(*(v.keys() for v in ms.values())))
-    rows = ["decode phase alone, ms a token: (T(out=N) - T(out=1)) / (N - 1); ratio to plain "
-            "(> 1: slower)", "",
+    levels = sorted(set().union(*(v.keys() for v in values.values())))
+    rows = [title, "",
             "| engine | " + " | ".join(str(c) for c in levels) + " |",
             "|---|" + "---|" * len(levels)]
-    plain = ms.get("plain", {})
-    for name, vals in ms.items():
+    plain = values.get("plain", {})
+    for name, vals in values.items():
         rows.append(f"| {name} | " + " | ".join(
-            f"{vals[c]:.2f}" if c in vals else "-" for c in levels) + " |")
+            format(vals[c], fmt) if c in vals else "-" for c in levels) + " |")
         if name != "plain" and plain:
             rows.append(f"| {name} / plain | " + " | ".join(
                 f"{vals[c] / plain[c]:.3f}" if c in vals and plain.get(c) else "-"
                 for c in levels) + " |")
     return "\n".join(rows) + "\n"
+
+
+def markdown_decode_phase(engines: Mapping[str, Mapping]) -> str:
+    return _markdown_phase("decode phase alone, ms a token: (T(out=N) - T(out=1)) / (N - 1); "
+                           "ratio to plain (> 1: slower)", decode_phase_ms(engines), ".2f")
+
+
+def markdown_prefill_phase(engines: Mapping[str, Mapping]) -> str:
+    return _markdown_phase("prefill phase, s: T(out=1) for the whole batch of prompts; ratio "
+                           "to plain (> 1: slower)", prefill_phase_s(engines), ".3f")
 
 
 def plot_throughput(levels, table, path: str | Path, title: str) -> Optional[Path]:

@@ -287,6 +287,12 @@ class Suite:
                                      **self.continuity_env(KEEP_CURRENT))
             self.run(EngineRun("dual-eager-draft", "bench", base | self.spec_kwargs(ALGO, draft),
                                sim | env, [sweep], est_s=est * 1.5, step_log=log))
+        if a.with_no_defer:
+            # The default worker less its deferred draft prefill: what the deferral buys.
+            env, log = self.dual_env("dual-no-defer-bench", policy=a.dual_policy,
+                                     defer_draft_prefill=0)
+            self.run(EngineRun("dual-no-defer", "bench", base | self.spec_kwargs(ALGO, draft),
+                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
         for continuity in self.continuities()[1:]:
             name = "dual" + SUFFIX[continuity]
             env, log = self.dual_env(name + "-bench", policy=a.dual_policy,
@@ -312,7 +318,10 @@ class Suite:
                                + ("; dual-eager-draft: DGW_CONTINUITY=keep-current with "
                                   "DGW_DRAFT_EXTEND_GRAPHS=0 (its one-token draft extend run "
                                   "eagerly, not from width-1 graphs)"
-                                  if a.with_eager_draft else ""))
+                                  if a.with_eager_draft else "")
+                               + ("; dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft "
+                                  "prefill runs for every prompt, as before bench5)"
+                                  if a.with_no_defer else ""))
 
     # -------------------------------------------------------------------- helpers
 
@@ -411,8 +420,9 @@ class Suite:
         if table and any(table.values()):
             md.append(report.markdown_throughput(levels, table, self.notes.get("bench", "")))
             md.append(report.markdown_ratios(levels, table))
-            md.append(report.markdown_decode_phase(
-                {n: r.result for n, r in self.runs.items() if r.phase == "bench"}))
+            bench_results = {n: r.result for n, r in self.runs.items() if r.phase == "bench"}
+            md.append(report.markdown_decode_phase(bench_results))
+            md.append(report.markdown_prefill_phase(bench_results))
             report.plot_throughput(levels, table, self.out / "throughput.png",
                                    self.notes.get("bench", "")[:120])
         for name, chk in self.checks.items():
@@ -511,6 +521,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also bench the keep-current dual worker with its decode-mode draft "
                         "extend run eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), engine "
                         "'dual-eager-draft'")
+    p.add_argument("--with-no-defer", action="store_true",
+                   help="also bench the dual worker with DGW_DEFER_DRAFT_PREFILL=0, engine "
+                        "'dual-no-defer' (EAGLE's draft prefill for every prompt)")
     p.add_argument("--with-continuity", action="append", choices=[LAZY, KEEP_CURRENT],
                    help="also run every dual engine with DGW_CONTINUITY=NAME (repeatable)")
     p.add_argument("--with-lazy", action="store_true",

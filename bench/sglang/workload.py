@@ -142,8 +142,17 @@ def summarize_catch_ups(events: Iterable[dict]) -> dict:
     """Totals of the lazy-catch-up worker's ``catch_up`` step-log events (DGW_CONTINUITY=
     lazy-catch-up): how often the draft caught up, over how many tokens, how many of those
     were forced by a full stash, and how many backlogs of absent rows were dropped."""
+    events = list(events)
     ups = [e for e in events if e.get("event") == "catch_up"]
+    # The worker's running totals (deferred prefills, compactions, ...) ride on every
+    # catch_up / compaction / deferred_prefill event; the last one holds them all.
+    totals = next((e["totals"] for e in reversed(events) if isinstance(e.get("totals"), dict)),
+                  {})
     return {"catch_ups": len(ups),
+            "deferred_prefills": int(totals.get("deferred_prefills", 0)),
+            "deferred_prefill_tokens": int(totals.get("deferred_prefill_tokens", 0)),
+            "compactions": int(totals.get("compactions", 0)),
+            "chunk_restarts": int(totals.get("chunk_restarts", 0)),
             "forced": sum(bool(e.get("forced")) for e in ups),
             "tokens": sum(int(e.get("tokens", 0)) for e in ups),
             "requests": sum(int(e.get("requests", 0)) for e in ups),

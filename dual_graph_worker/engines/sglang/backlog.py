@@ -1,7 +1,7 @@
 """Lazy catch-up, host side: who is behind, by how much, and where the stash has room.
 
 Engine-agnostic (numpy only, no SGLang, no torch), so it is unit-tested on CPU. Part of the
-``lazy-catch-up`` continuity strategy, which is NOT YET RUN ON A GPU (see lazy_sync.py).
+``lazy-catch-up`` continuity strategy (see lazy_sync.py).
 
 State per request-pool row (SGLang's ``req_pool_idx``): ``count[row]`` = how many tokens the
 draft has not seen. A decode-mode step at pre-step length L for a row leaves position L behind
@@ -11,6 +11,15 @@ the row's committed length at the next step. Counts are all the host needs: posi
 from the device-side ``seq_lens`` of whichever batch runs the catch-up, so no device->host copy
 is ever needed here.
 
+A deferred prefill (``note_prefill``) puts a whole prompt chunk behind at once: the target
+prefilled positions ``[prefix, prefix + extend)`` and the draft saw none of them, so the row's
+count becomes ``extend`` (plus what an earlier deferred chunk of the same prompt left). That
+keeps the invariant "the draft misses exactly the last ``count`` positions before the committed
+length". A request whose prompt is split over several prefill batches (chunked prefill) is
+"pending" between its chunks: it is in no decode batch yet, so its backlog must survive the
+catch-ups and compactions of the running batch; ``pending_end[row]`` is its committed length
+so far (host-known: prefix + extend of its last chunk).
+
 The stash those positions' features live in is a bump-allocated arena of ``arena_cells`` rows
 (catch_up.StashArena): a decode step of ``bs`` requests takes cells ``[cursor, cursor + bs)``.
 Cells are reclaimed all at once: a catch-up covers every row of its batch that is behind, and
@@ -18,7 +27,12 @@ SGLang runs every decoding request in one batch (the running batch), so after it
 still alive is behind, and the arena restarts at cell 0. Rows that are behind but absent from
 that batch are requests that finished, were aborted or were retracted (their pool row is freed
 and reused; a re-admitted request is prefilled again, which resets its row): their backlog is
-dropped and counted as ``orphans_dropped``. If that assumption were ever wrong for a live
+dropped and counted as ``orphans_dropped``. Pending rows (above) are the one exception: their
+cells are kept, moved to the arena's front (``live_after_reclaim`` says how many).
+
+A compaction reclaims the orphans' cells without any draft work: the live rows' cells move to
+the arena's front (catch_up.StashArena.compact) and the cursor restarts after them
+(``compacted``). ``plan_room`` chooses between nothing, a compaction and a catch-up. If that assumption were ever wrong for a live
 request, its draft would draft from a stale state until its next prefill; acceptance would drop,
 the emitted tokens would not change (the target verifies every draft at T=0).
 """
@@ -27,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
+
+import enum
 
 import numpy as np
 
@@ -47,6 +63,11 @@ class BacklogStats:
     caught_up_tokens: int = 0
     max_backlog: int = 0             # longest single-request backlog caught up
     orphans_dropped: int = 0
+    deferred_prefills: int = 0       # prefill batches whose draft extend was deferred
+    deferred_prefill_tokens: int = 0
+    compactions: int = 0             # orphans reclaimed by moving live cells, no draft work
+    compacted_cells: int = 0         # live cells moved by those compactions
+    chunk_restarts: int = 0          # a deferred chunked prompt continued on EAGLE's path
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -55,6 +76,20 @@ class BacklogStats:
 class CatchUpDone(NamedTuple):
     tokens: int
     orphans: int
+
+
+class RoomAction(enum.Enum):
+    NONE = "none"            # the arena has room
+    COMPACT = "compact"      # dropping the orphans' cells makes room; no draft work
+    CATCH_UP = "catch-up"    # the live backlog itself is too large: catch the batch up
+
+
+class PendingRows(NamedTuple):
+    """Rows in the middle of a deferred chunked prefill, with their committed lengths."""
+
+    rows: np.ndarray         # int64
+    ends: np.ndarray         # int64
+    counts: np.ndarray       # int64, all >= 1
 
 
 class LazyBacklog:
@@ -69,6 +104,8 @@ class LazyBacklog:
             raise ValueError(f"the stash arena needs at least one cell per request-pool row: "
                              f"{arena_cells} cells < {num_rows} rows")
         self.count = np.zeros(num_rows, dtype=np.int64)
+        # -1: none; else the committed length of a deferred chunked prompt between its chunks.
+        self.pending_end = np.full(num_rows, -1, dtype=np.int64)
         self.arena_cells = int(arena_cells)
         self.cursor = 0
         self.stats = BacklogStats()
@@ -77,9 +114,61 @@ class LazyBacklog:
     def _rows(rows) -> np.ndarray:
         return np.asarray(rows, dtype=np.int64).reshape(-1)
 
-    def reset(self, rows) -> None:
-        """These rows now hold newly admitted requests (prefill): their draft is current."""
-        self.count[self._rows(rows)] = 0
+    def reset(self, rows, prefix_lens=None) -> None:
+        """These rows were prefilled on EAGLE's path (its draft extend ran): their draft is
+        current. With `prefix_lens`, a row that continues a deferred chunked prompt is counted
+        in ``chunk_restarts``: EAGLE's extend of this chunk attended to draft KV the deferred
+        chunks never wrote, so that request drafts from a partly stale state (acceptance only;
+        the target verifies every token). The worker avoids it by deferring such batches."""
+        r = self._rows(rows)
+        if prefix_lens is not None:
+            self.stats.chunk_restarts += int(np.count_nonzero(
+                self._continues(r, np.asarray(prefix_lens, dtype=np.int64).reshape(-1))))
+        self.count[r] = 0
+        self.pending_end[r] = -1
+
+    def _continues(self, rows: np.ndarray, prefix_lens: np.ndarray) -> np.ndarray:
+        """Which rows continue a deferred chunked prompt exactly where its last chunk ended."""
+        return (self.pending_end[rows] >= 0) & (self.pending_end[rows] == prefix_lens)
+
+    def continues_deferred_chunk(self, rows, prefix_lens) -> bool:
+        return bool(self._continues(self._rows(rows),
+                                    np.asarray(prefix_lens, dtype=np.int64).reshape(-1)).any())
+
+    def note_prefill(self, rows, prefix_lens, extend_lens, chunked: int = -1) -> int:
+        """Record a deferred prefill of `rows` (batch order) and return the first arena cell of
+        its ``sum(extend_lens)`` consecutive cells (batch token order). `chunked` is the batch
+        position of the request whose prompt continues in a later batch (-1: none)."""
+        r = self._rows(rows)
+        prefix = np.asarray(prefix_lens, dtype=np.int64).reshape(-1)
+        ext = np.asarray(extend_lens, dtype=np.int64).reshape(-1)
+        if not (r.size == prefix.size == ext.size) or (ext < 1).any():
+            raise ValueError(f"deferred prefill: {r.size} rows, {prefix.size} prefix lengths, "
+                             f"{ext.size} extend lengths (each >= 1)")
+        tokens = int(ext.sum())
+        if not self.room_for(tokens):
+            raise RuntimeError(f"stash arena full ({self.cursor} + {tokens} > "
+                               f"{self.arena_cells} cells): do not defer this prefill")
+        keep = np.where(self._continues(r, prefix), self.count[r], 0)
+        self.count[r] = keep + ext
+        self.pending_end[r] = -1
+        if chunked >= 0:
+            self.pending_end[r[chunked]] = prefix[chunked] + ext[chunked]
+        base = self.cursor
+        self.cursor += tokens
+        self.stats.deferred_prefills += 1
+        self.stats.deferred_prefill_tokens += tokens
+        self.stats.stashed_tokens += tokens
+        return base
+
+    def pending(self, exclude=()) -> PendingRows:
+        """Rows between the chunks of a deferred prompt, except `exclude` (a batch's rows)."""
+        mask = (self.pending_end >= 0) & (self.count > 0)
+        ex = self._rows(exclude)
+        if ex.size:
+            mask[ex] = False
+        rows = np.flatnonzero(mask).astype(np.int64)
+        return PendingRows(rows, self.pending_end[rows], self.count[rows])
 
     def room_for(self, bs: int) -> bool:
         """Whether a decode step of `bs` requests can stash without a catch-up first."""
@@ -107,16 +196,16 @@ class LazyBacklog:
 
     def caught_up(self, rows, *, forced: bool) -> CatchUpDone:
         """A catch-up ran for `rows` (every row of the batch that was behind). Clears them,
-        drops every other backlog (orphans, see the module docstring) and empties the arena.
+        drops every other backlog (orphans, see the module docstring) but the pending rows',
+        and restarts the arena after the pending cells (the caller moves those to the front).
         With no rows it only drops orphans (an arena filled by requests that are gone)."""
         r = self._rows(rows)
         tokens = int(self.count[r].sum())
         longest = int(self.count[r].max()) if r.size else 0
         self.count[r] = 0
-        orphans = int(np.count_nonzero(self.count))
-        if orphans:
-            self.count[:] = 0
-        self.cursor = 0
+        self.pending_end[r] = -1
+        orphans = self._drop_orphans(keep=r[:0])
+        self.cursor = self.live_after_reclaim(r[:0])
         s = self.stats
         if r.size:
             s.catch_ups += 1
@@ -125,6 +214,52 @@ class LazyBacklog:
         s.max_backlog = max(s.max_backlog, longest)
         s.orphans_dropped += orphans
         return CatchUpDone(tokens, orphans)
+
+    def _drop_orphans(self, keep: np.ndarray) -> int:
+        """Zero every backlog except `keep`'s and the pending rows'; how many were dropped."""
+        live = self.pending_end >= 0
+        live[keep] = True
+        orphan = (self.count > 0) & ~live
+        n = int(np.count_nonzero(orphan))
+        self.count[orphan] = 0
+        return n
+
+    def live_after_reclaim(self, batch_rows) -> int:
+        """Cells still needed once orphans go: the backlogs of `batch_rows` and pending rows."""
+        r = self._rows(batch_rows)
+        mask = self.pending_end >= 0
+        mask[r] = True
+        return int(self.count[mask].sum())
+
+    def plan_room(self, batch_rows, need: int, reserve: int = 0) -> RoomAction:
+        """What a decode step over `batch_rows` (the whole running batch) must do first: `need`
+        cells must fit (its own), `reserve` more are wanted free for the next prefill.
+
+        The reserve alone never forces draft work, and a compaction for its sake is done only
+        when it frees at least a quarter of the arena, so a nearly full live backlog does not
+        compact every step."""
+        if self.room_for(int(need) + int(reserve)):
+            return RoomAction.NONE
+        live = self.live_after_reclaim(batch_rows)
+        cells = self.arena_cells
+        if live + int(need) + int(reserve) + cells // 4 <= cells:
+            return RoomAction.COMPACT
+        if self.room_for(need):
+            return RoomAction.NONE
+        if live + int(need) <= cells:
+            return RoomAction.COMPACT
+        return RoomAction.CATCH_UP
+
+    def compacted(self, batch_rows) -> int:
+        """The live cells (`batch_rows`' backlogs, then pending rows') were moved to the front;
+        drop every other backlog. Returns the new cursor (= live cells)."""
+        r = self._rows(batch_rows)
+        orphans = self._drop_orphans(keep=r)
+        self.cursor = self.live_after_reclaim(r)
+        self.stats.compactions += 1
+        self.stats.compacted_cells += self.cursor
+        self.stats.orphans_dropped += orphans
+        return self.cursor
 
 
 def arena_cells_for_budget(budget_bytes: int, *, aux_width: int, aux_elem_bytes: int,

@@ -1,8 +1,8 @@
 """Lazy catch-up, device side but engine-agnostic: the stash and the catch-up batch's indices.
 
 Plain torch (no SGLang), so every index computed here is unit-tested on CPU against a direct
-loop. Part of the ``lazy-catch-up`` continuity strategy, NOT YET RUN ON A GPU (lazy_sync.py runs
-these tensors through SGLang's draft model).
+loop. Part of the ``lazy-catch-up`` continuity strategy (lazy_sync.py runs these tensors through
+SGLang's draft model).
 
 EAGLE-3's draft reads, at position p, the token at p+1 and the target's aux hidden states at p
 (the prefill draft extend shifts the prompt by one; the verify draft extend feeds the target's
@@ -125,6 +125,44 @@ class StashArena:
         cells = self.cell_of_slot[slots]
         return self.aux[cells], self.tokens[cells]
 
+    def compact(self, slots: torch.Tensor, chunk_rows: int = 8192) -> int:
+        """Move the cells filed under `slots` (every live one, distinct) to ``[0, n)``, keeping
+        their order, and refile them; every other cell becomes free. Returns n.
+
+        In place, `chunk_rows` rows at a time, no arena-sized temporary: the i-th smallest of n
+        distinct cells is >= i, so chunk ``[a, b)`` reads cells >= a (gathered into a temporary
+        before it is written) and the later chunks read cells >= b, which no earlier chunk wrote.
+        """
+        n = int(slots.numel())
+        if n > self.cells:
+            raise ValueError(f"{n} live cells cannot fit an arena of {self.cells}")
+        if n == 0:
+            return 0
+        src, order = torch.sort(self.cell_of_slot[slots])
+        for a in range(0, n, chunk_rows):
+            b = min(a + chunk_rows, n)
+            self.aux[a:b] = self.aux[src[a:b]]
+            self.tokens[a:b] = self.tokens[src[a:b]]
+        self.cell_of_slot.index_copy_(0, slots.to(torch.int64)[order], self.cell_ids[:n])
+        return n
+
+
+def shifted_prompt_tokens(input_ids: torch.Tensor, extend_lens: Sequence[int],
+                          tail_tokens: torch.Tensor) -> torch.Tensor:
+    """The draft's input ids over a prefill batch: EAGLE-3 reads, at position p, the token at
+    p + 1, so each request's chunk shifts left by one and its last row takes `tail_tokens[i]`
+    (the sampled token, or the next prompt token of a chunked prompt). What EAGLE's own prefill
+    draft extend builds with a per-request loop (eagle_worker_v2.py:742-752), in two kernels."""
+    lens = np.asarray(extend_lens, dtype=np.int64)
+    if lens.size != tail_tokens.shape[0] or int(lens.sum()) != input_ids.shape[0]:
+        raise ValueError(f"prefill batch: {input_ids.shape[0]} input ids, extend lengths "
+                         f"summing to {int(lens.sum())}, {tail_tokens.shape[0]} tail tokens")
+    last = torch.as_tensor(np.cumsum(lens) - 1).to(input_ids.device, non_blocking=True)
+    out = torch.empty(input_ids.shape[0], dtype=torch.int64, device=input_ids.device)
+    out[:-1] = input_ids[1:]
+    out[last] = tail_tokens.to(torch.int64)
+    return out
+
 
 class CatchUpIndices(NamedTuple):
     """One pass: ``s`` segments, ``num_tokens`` positions, segment-major order."""
@@ -142,6 +180,17 @@ class CatchUpIndices(NamedTuple):
     num_tokens: int
     batch_positions: list[int]       # [s] index of each segment's request in the batch
     final: list[bool]                # [s]
+
+
+def backlog_slots(*, req_pool_indices: torch.Tensor, ends: torch.Tensor, counts: Sequence[int],
+                  req_to_token: torch.Tensor) -> torch.Tensor:
+    """KV slots of every position behind, ``[ends[i] - counts[i], ends[i])`` per row, in row
+    order: the live cells a compaction keeps."""
+    counts = [int(n) for n in counts]
+    segments = [Segment(i, 0, n, True) for i, n in enumerate(counts)]
+    return build_catch_up_indices(segments, req_pool_indices=req_pool_indices, ends=ends,
+                                  counts=counts, batch_positions=range(len(counts)),
+                                  req_to_token=req_to_token).slots
 
 
 def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: torch.Tensor,

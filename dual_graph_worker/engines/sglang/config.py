@@ -22,7 +22,9 @@ the same environment, so every rank builds the same policy.
 | calibrate_iters      | DGW_CALIBRATE_ITERS  | 5         | timed replays per graph when measuring       |
 | step_log             | DGW_STEP_LOG         | (off)     | JSONL path: one line per decode step         |
 | continuity           | DGW_CONTINUITY       | lazy-catch-up | or keep-current (see below)              |
-| lazy_stash_mb        | DGW_LAZY_STASH_MB    | 1024      | lazy-catch-up: stash size (MiB), see below   |
+| lazy_stash_mb        | DGW_LAZY_STASH_MB    | 0 (auto)  | lazy-catch-up: stash size (MiB), see below   |
+| defer_draft_prefill  | DGW_DEFER_DRAFT_PREFILL | 1      | lazy-catch-up: prefills admitted in decode   |
+|                      |                      |           | mode skip the draft's prefill (see below)    |
 | draft_extend_graphs  | DGW_DRAFT_EXTEND_GRAPHS | 1      | keep-current: replay the one-token draft     |
 |                      |                      |           | extend from CUDA graphs (0: run it eagerly)  |
 
@@ -48,8 +50,14 @@ Draft continuity (DESIGN.md "Draft state across switches"). ``lazy-catch-up`` (t
 since the H200 run of bench/results/sglang/bench-run2: 0.961-0.973 of max(plain, EAGLE-3) at
 concurrency 64-256 against keep-current's 0.887-0.893, within 1-2% of it below) only stashes the
 target's EAGLE-3 features of each decode-mode token and catches the draft up in one draft extend
-before the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the stash, and when it
-is full the backlog is caught up early (a "forced" catch-up) instead of growing it.
+before the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the stash (0: 40% of
+the GPU memory free after start-up), a full stash first drops the cells of finished requests
+(a compaction, no draft work) and only when the live backlog itself fills it catches up early
+(a "forced" catch-up). ``defer_draft_prefill`` extends this to prompts: a prefill that arrives
+while the worker decodes stashes the prompt's features instead of running EAGLE's draft prefill
+(bench4 on the H200: the decode phase was within 0.1-2.1% of plain SGLang, the prefill phase
+4-6% slower, EAGLE's draft over every prompt token). It needs the radix cache off
+(``--disable-radix-cache``; lazy_sync.py says why) and is skipped otherwise.
 ``keep-current`` runs a one-token draft extend in every decode-mode step (draft_sync.py),
 replayed from width-1 draft-extend CUDA graphs captured next to the decode pool
 (draft_extend_graph.py; ``draft_extend_graphs=0`` runs it eagerly). Graphing it did not help
@@ -111,6 +119,7 @@ ENV_VARS: Mapping[str, str] = {
     "step_log": "DGW_STEP_LOG",
     "continuity": "DGW_CONTINUITY",
     "lazy_stash_mb": "DGW_LAZY_STASH_MB",
+    "defer_draft_prefill": "DGW_DEFER_DRAFT_PREFILL",
     "draft_extend_graphs": "DGW_DRAFT_EXTEND_GRAPHS",
 }
 
@@ -135,7 +144,8 @@ class WorkerConfig:
     calibrate_iters: int = 5
     step_log: Optional[str] = None
     continuity: Continuity = Continuity.LAZY_CATCH_UP
-    lazy_stash_mb: int = 1024
+    lazy_stash_mb: int = 0
+    defer_draft_prefill: bool = True
     draft_extend_graphs: bool = True
 
     def __post_init__(self) -> None:
@@ -143,8 +153,8 @@ class WorkerConfig:
             raise ConfigError(f"continuity {self.continuity.value!r} is not available in the "
                               "SGLang worker (DGW_CONTINUITY); choose one of "
                               f"{[c.value for c in SGLANG_CONTINUITY]}")
-        if self.lazy_stash_mb < 1:
-            raise ConfigError(f"lazy_stash_mb must be >= 1, got {self.lazy_stash_mb} "
+        if self.lazy_stash_mb < 0:
+            raise ConfigError(f"lazy_stash_mb must be >= 0 (0: auto), got {self.lazy_stash_mb} "
                               "(DGW_LAZY_STASH_MB)")
         if self.spec_max_bs < 1:
             raise ConfigError(f"spec_max_bs must be >= 1, got {self.spec_max_bs} "
@@ -226,7 +236,7 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
             return str(raw)
         if key in ("step_log", "capture_config"):
             return str(raw) if raw not in (None, "") else None
-        if key == "draft_extend_graphs":
+        if key in ("draft_extend_graphs", "defer_draft_prefill"):
             return _boolean(raw)
         if key == "decode_max_bs":
             return None if raw in (None, "", "none") else int(raw)

@@ -56,6 +56,7 @@ class ModeSelector:
         self.table = table
         self.policy = policy
         self.graphs_enabled = graphs_enabled
+        self.last_mode: Optional[Mode] = None    # the mode of the latest plan (None: no step yet)
 
     def plan(self, bs: int) -> StepPlan:
         inputs = policy_inputs(self.table, bs, self.graphs_enabled)
@@ -64,6 +65,7 @@ class ModeSelector:
         padded = (inputs.spec_padded_bs if decision.mode is Mode.SPEC
                   else inputs.decode_padded_bs) or bs
         graph = self.graphs_enabled and self.table.has_graph(decision.mode, bs)
+        self.last_mode = decision.mode
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 
 

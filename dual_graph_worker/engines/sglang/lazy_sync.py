@@ -1,14 +1,16 @@
-"""Lazy catch-up of the draft (``DGW_CONTINUITY=lazy-catch-up``): opt-in, NOT YET RUN ON A GPU.
+"""Lazy catch-up of the draft (``DGW_CONTINUITY=lazy-catch-up``, the default continuity).
 
-The default ``keep-current`` strategy (draft_sync.py) runs an eager one-token draft extend in
-every decode-mode step; on the H200 the dual worker was ~11% slower than plain SGLang at
-concurrency 64-256, inferred (not profiled) to be that extend. This strategy does what the
-reference engine does (continuity.py, engines/reference/engine.py), where it measured within ~1%
-of plain: a decode-mode step only files the target's EAGLE-3 features of its token, and the
-draft catches up in one draft extend per request backlog before the next speculative step.
+``keep-current`` (draft_sync.py) runs a one-token draft extend in every decode-mode step; on the
+H200 the dual worker was then ~11% slower than plain SGLang at concurrency 64-256. This strategy
+does what the reference engine does (continuity.py, engines/reference/engine.py): a decode-mode
+step only files the target's EAGLE-3 features of its token, and the draft catches up in one
+draft extend per request backlog before the next speculative step (H200, bench-run2/3:
+0.96-0.97 of plain at concurrency 64-256; bench4 showed the rest is the prefill, hence the
+deferred draft prefill below).
 
-Everything below was designed by reading SGLang 0.5.17's source; none of it has executed on a
-GPU yet. Citations are to 0.5.17 (paths under ``sglang/srt/``).
+Designed by reading SGLang 0.5.17's source; citations are to 0.5.17 (paths under
+``sglang/srt/``). The decode/catch-up path ran on the H200 (correctness-run2/3: exact tokens,
+accept length 4.0 after switching back on the f100 toy).
 
 Decode-mode step (worker._decode_step, lazy branch):
 1. ``make_room``: if the stash arena cannot take this step (backlog.LazyBacklog.room_for), catch
@@ -62,11 +64,12 @@ Speculative step (``before_spec_step``, then EAGLEWorkerV2.forward_batch_generat
   lists; without it, as device tensors plus ``extend_seq_lens_cpu`` (which the host knows from
   the counts), the gpu_only path prepare_for_draft_extend itself uses.
 
-Stash: a bump-allocated arena of ``DGW_LAZY_STASH_MB`` (default 1024 MiB = 43,662 tokens of a
-Llama-3-8B-shaped 3 x 4096 bf16 feature) plus a KV-slot -> cell map (catch_up.StashArena). A row
-per KV slot, as the reference engine keeps, would need 21 GB at the H200 bench's 855,835-slot
-pool, twice what is free after start-up. It is allocated once, after every CUDA graph capture
-(so the graphs are those of keep-current), and needs at least one cell per request-pool row.
+Stash: a bump-allocated arena of ``DGW_LAZY_STASH_MB`` (default 0 = auto: 40% of the GPU memory
+free once every graph is captured, ~4 GiB = ~175k tokens of a Llama-3-8B-shaped 3 x 4096 bf16
+feature on the H200 bench) plus a KV-slot -> cell map (catch_up.StashArena). A row per KV slot,
+as the reference engine keeps, would need 21 GB at the H200 bench's 855,835-slot pool, twice
+what is free after start-up. It is allocated once, after every CUDA graph capture (so the graphs
+are those of keep-current), and needs at least one cell per request-pool row.
 Also relied on: a committed position's ``req_to_token`` entry never changes while its request
 lives (eagle_prepare_for_decode only allocates beyond ``kv_allocated_len``, eagle_utils.py:
 879-951; rejected slots lie beyond the committed length), so the slot a decode step stashed
@@ -75,9 +78,37 @@ under is the slot the catch-up looks up; and the scheduler's WAR barrier (schedu
 (eagle_draft_extend_cuda_graph_runner.py:593-596), so the eager catch-up passes leave it as
 keep-current's eager extend does (decode steps: coarse wait; spec steps: EAGLE's own extend).
 
-Prefill (``on_prefill``): a request admitted by an extend batch gets its draft state from
-EAGLE's own prefill draft extend (eagle_worker_v2.py:1106-1141), so its row starts current; this
-also resets a row a finished request left behind (rows are reused).
+Prefill, EAGLE's path (``on_prefill``): a request admitted by an extend batch gets its draft
+state from EAGLE's own prefill draft extend (eagle_worker_v2.py:1106-1141), so its row starts
+current; this also resets a row a finished request left behind (rows are reused).
+
+Prefill, deferred (``defer_prefill``; the worker chooses it while decode mode runs). Measured on
+the H200 (bench4, ``--decode-step-time``): the dual worker's decode phase was within 0.1-2.1% of
+plain SGLang's but its prefill phase 4-6% slower, EAGLE's draft prefill over every prompt token.
+A request admitted while the server decodes may never speculate, so the draft's prefill is
+deferred like a decode step's draft extend: the target prefill runs as on EAGLE's path (FULL
+hidden capture, tp_worker.forward_batch_generation), then each prompt position p is filed in the
+stash as (target aux at p, token at p + 1), the ids EAGLE's prefill extend would feed
+(catch_up.shifted_prompt_tokens, with eagle_utils._eagle_prefill_tail_tokens for the last row),
+under the KV slot ``out_cache_loc`` gave it, and the row's backlog becomes the chunk
+(backlog.note_prefill). The result's next_draft_input holds placeholders of spec mode's shapes
+and dtypes (what _draft_extend_for_prefill returns: topk_p fp32 / topk_index int64 [bs, topk],
+hidden_states [bs, spec hidden]); every such row is behind, so ``before_spec_step`` replaces them
+before anything drafts from them, exactly as for a lazy decode step. Not deferred: mixed or
+DP-extend batches, multimodal batches (EAGLE's prefill extend feeds the image embeddings, the
+stash only token ids), a batch the arena cannot take, and servers with the radix cache on (a
+prompt prefix cached by a request that finished without a catch-up would hold no draft KV, and
+every later request sharing it would draft from that hole). A chunked prompt (one request split
+over prefill batches) stays deferred chunk after chunk: the worker defers any batch that
+continues one, and the backlog keeps it "pending" across the running batch's catch-ups and
+compactions (backlog.py).
+
+Room in the arena: before each lazy decode step, ``make_room`` asks backlog.plan_room. Cells of
+requests that are gone (orphans) are reclaimed by a compaction, which moves the live cells to the
+front (catch_up.StashArena.compact: a sort and chunked gathers, no draft work); only when the
+live backlog itself does not fit is the batch caught up ("forced"). A reserve of one prefill
+chunk (``chunked_prefill_size``) is kept free when a compaction can provide it, so that the next
+prefill can be deferred.
 
 Overlap scheduler (scheduler.py:3560-3650). What this relies on:
 - The worker runs on the forward stream; every kernel here is enqueued there, in launch order.
@@ -124,7 +155,11 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
-from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
+from sglang.srt.speculative.eagle_utils import (
+    _eagle_prefill_tail_tokens,
+    get_draft_input_from_target_hidden_dim,
+    get_draft_recurrent_hidden_state_spec,
+)
 from sglang.srt.speculative.spec_utils import renorm_draft_probs, spec_stage_span
 from sglang.srt.utils.common import fast_topk, is_hip
 
@@ -133,11 +168,14 @@ from dual_graph_worker.engines.sglang.backlog import (
     LazyBacklog,
     arena_cells_for_budget,
 )
+from dual_graph_worker.engines.sglang import stash_room
+from dual_graph_worker.engines.sglang.stash_room import to_device as _to_device
 from dual_graph_worker.engines.sglang.catch_up import (
     CatchUpIndices,
     StashArena,
     build_catch_up_indices,
     plan_passes,
+    shifted_prompt_tokens,
 )
 from dual_graph_worker.errors import ConfigError
 
@@ -146,6 +184,9 @@ logger = logging.getLogger(__name__)
 _is_hip = is_hip()
 _MiB = 1 << 20
 DEFAULT_MAX_PASS_TOKENS = 8192
+# DGW_LAZY_STASH_MB=0 (auto): this share of the GPU memory free after every capture. The rest
+# stays for SGLang's activations (a prefill chunk's MLP and the FULL aux capture of its tokens).
+AUTO_STASH_SHARE = 0.4
 
 
 class CatchUpResult(NamedTuple):
@@ -174,7 +215,8 @@ class LazyCatchUp:
     makes the same host decisions, from batch sizes and counts alone)."""
 
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
-                 stash_mb: int, on_catch_up: Optional[Callable[[dict], None]] = None) -> None:
+                 stash_mb: int, defer_prefill: bool = True,
+                 on_event: Optional[Callable[[str, dict], None]] = None) -> None:
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
         dr = draft_worker.draft_runner
@@ -193,8 +235,10 @@ class LazyCatchUp:
         aux_width = int(get_draft_input_from_target_hidden_dim(dr))
         aux_dtype = dr.model_config.dtype
         elem = torch.empty((), dtype=aux_dtype).element_size()
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        budget = _stash_budget(stash_mb, free, slot_map_bytes=num_slots * 8)
         # Per cell: the feature row, its token id and its cell id (the arange a step slices).
-        cells = arena_cells_for_budget(int(stash_mb) * _MiB, aux_width=aux_width,
+        cells = arena_cells_for_budget(budget, aux_width=aux_width,
                                        aux_elem_bytes=elem, token_bytes=16)
         cells = min(cells, num_slots)           # more cells than KV slots are never in use
         if cells < num_rows:
@@ -205,8 +249,7 @@ class LazyCatchUp:
                               f"DGW_LAZY_STASH_MB >= {need}")
         per_cell = aux_width * elem + 8 + 8
         need_bytes = cells * per_cell + num_slots * 8
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
+        if free is not None:
             if need_bytes > free // 2:
                 raise ConfigError(f"the lazy-catch-up stash needs {need_bytes / _MiB:.0f} MiB "
                                   f"but only {free / _MiB:.0f} MiB are free after start-up; "
@@ -216,31 +259,92 @@ class LazyCatchUp:
         self.backlog = LazyBacklog(num_rows, cells)
         chunk = getattr(dr.server_args, "chunked_prefill_size", None)
         self.max_pass_tokens = int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_PASS_TOKENS
-        self.on_catch_up = on_catch_up
+        self.draft_hidden = get_draft_recurrent_hidden_state_spec(dr)
+        self.defer_prefill_off = _why_not_defer_prefills(
+            defer_prefill, dr.server_args, cells=cells, rows=num_rows,
+            reserve=self.max_pass_tokens, draft_hidden=self.draft_hidden)
+        # Kept free for the next deferred prefill when a compaction can provide it.
+        self.prefill_reserve = 0 if self.defer_prefill_off else self.max_pass_tokens
+        # (kind, info) for the step log: catch_up, compaction, deferred_prefill.
+        self.on_event = on_event
         logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
-                    "%d KV slots, catch-up passes of <= %d tokens", cells, aux_width, aux_dtype,
-                    self.arena.nbytes / _MiB, num_slots, self.max_pass_tokens)
+                    "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s",
+                    cells, aux_width, aux_dtype, self.arena.nbytes / _MiB, num_slots,
+                    self.max_pass_tokens, self.defer_prefill_off or "on")
 
     def describe(self) -> dict:
         return {"stash_tokens": self.arena.cells, "stash_mib": round(self.arena.nbytes / _MiB, 1),
                 "aux_width": int(self.arena.aux.shape[1]),
-                "max_pass_tokens": self.max_pass_tokens}
+                "max_pass_tokens": self.max_pass_tokens,
+                "deferred_prefill": self.defer_prefill_off or "on"}
 
     # ----------------------------------------------------------------------- hooks
 
     def on_prefill(self, batch: Any) -> None:
-        self.backlog.reset(rows_of(batch))
+        """EAGLE's own prefill (with its draft extend) runs for `batch`."""
+        self.backlog.reset(rows_of(batch), prefix_lens=getattr(batch, "prefix_lens", None))
+
+    def must_defer(self, batch: Any) -> bool:
+        """The batch continues a chunked prompt whose earlier chunks were deferred: EAGLE's
+        prefill extend of it would attend to draft KV those chunks never wrote."""
+        prefix = getattr(batch, "prefix_lens", None)
+        return prefix is not None and self.backlog.continues_deferred_chunk(rows_of(batch),
+                                                                            prefix)
+
+    def can_defer(self, batch: Any) -> bool:
+        """Whether this prefill batch's draft extend may be deferred (module docstring)."""
+        if self.defer_prefill_off or batch.forward_mode != ForwardMode.EXTEND:
+            return False
+        if any(m is not None for m in (getattr(batch, "multimodal_inputs", None) or ())):
+            return False
+        reserve = self.prefill_reserve if batch.chunked_req is not None else 0
+        return self.backlog.room_for(int(batch.extend_num_tokens) + reserve)
+
+    def defer_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
+                      next_token_ids: torch.Tensor) -> EagleDraftInput:
+        """After the target prefill of `batch`: stash its features instead of EAGLE's draft
+        extend, and return placeholder proposals of spec mode's shapes (module docstring)."""
+        rows = rows_of(batch)
+        ext, prefix = list(batch.extend_lens), list(batch.prefix_lens)
+        num_tokens = int(batch.input_ids.shape[0])
+        if aux is None or aux.shape[0] != num_tokens or aux.shape[1:] != self.arena.aux.shape[1:]:
+            raise RuntimeError(f"deferred prefill: target aux hidden states "
+                               f"{None if aux is None else tuple(aux.shape)} do not match the "
+                               f"batch's {num_tokens} tokens x {self.arena.aux.shape[1]} stash "
+                               "width (the target prefill must run with FULL hidden capture)")
+        tokens = shifted_prompt_tokens(batch.input_ids, ext,
+                                       _eagle_prefill_tail_tokens(batch, next_token_ids))
+        chunked = next((i for i, r in enumerate(batch.reqs) if r is batch.chunked_req), -1)
+        base = self.backlog.note_prefill(rows, prefix, ext, chunked=chunked)
+        self.arena.write(base, aux, tokens, batch.out_cache_loc)
+        self._emit("deferred_prefill", {"requests": int(rows.shape[0]), "tokens": num_tokens,
+                                        "chunked": chunked >= 0})
+        bs, topk = rows.shape[0], self.dw.topk
+        hidden_size, hidden_dtype = self.draft_hidden
+        device = next_token_ids.device
+        return EagleDraftInput(
+            topk_p=torch.ones(bs, topk, dtype=torch.float32, device=device),
+            topk_index=torch.zeros(bs, topk, dtype=torch.int64, device=device),
+            hidden_states=torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=device),
+            bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
     def make_room(self, batch: Any, rows: np.ndarray) -> list:
-        """Before a lazy decode step: a forced catch-up if the arena cannot take it."""
-        if self.backlog.room_for(rows.shape[0]):
-            return []
-        behind = self.backlog.behind(rows)
-        if behind.positions.size == 0:
-            # Only orphans fill the arena (module docstring of backlog.py): drop them.
-            self.backlog.caught_up(rows[:0], forced=True)
-            return []
-        return self._catch_up(batch, rows, behind, forced=True, want_proposals=False).keep_alive
+        """Before a lazy decode step over the running batch: reclaim orphans' cells by a
+        compaction, or, if the live backlog itself does not fit, a forced catch-up."""
+        compactions = self.backlog.stats.compactions
+        keep = stash_room.make_room(
+            self.arena, self.backlog, self.req_to_token, rows, reserve=self.prefill_reserve,
+            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
+            catch_up=lambda behind: self._catch_up(batch, rows, behind, forced=True,
+                                                   want_proposals=False).keep_alive)
+        if self.backlog.stats.compactions != compactions:
+            self._emit("compaction", {"live_cells": self.backlog.cursor,
+                                      "arena_cells": self.arena.cells})
+        return keep
+
+    def _emit(self, kind: str, info: dict) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, info)
 
     def stash(self, rows: np.ndarray, *, aux: Optional[torch.Tensor], sampled: torch.Tensor,
               out_cache_loc: torch.Tensor) -> None:
@@ -324,6 +428,9 @@ class LazyCatchUp:
                         props.append(self._proposals(batch, idx, logits_output, final))
                         positions.extend(idx.batch_positions[j] for j in final)
         done = self.backlog.caught_up(rows[behind.positions], forced=forced)
+        # Cells of chunked prompts between their chunks move to the front.
+        keep += stash_room.front_pending(self.arena, self.backlog, self.req_to_token, rows,
+                                         device)
         info = {"forced": forced, "requests": int(behind.positions.size),
                 "tokens": done.tokens, "passes": len(passes),
                 "max_backlog": int(behind.counts.max()), "orphans": done.orphans}
@@ -332,8 +439,7 @@ class LazyCatchUp:
             # counted in the step log's catch_up events ("orphans").
             logger.debug("dual-graph lazy catch-up: dropped the backlog of %d request rows "
                          "not in the running batch", done.orphans)
-        if self.on_catch_up is not None:
-            self.on_catch_up(info)
+        self._emit("catch_up", info)
         if not want_proposals:
             return CatchUpResult([], None, None, None, keep, info)
         if len(props) == 1:
@@ -402,12 +508,30 @@ class LazyCatchUp:
         return topk_p, topk_index, hidden
 
 
-def _to_device(values, device) -> torch.Tensor:
-    """A small host index list/array as an int64 device tensor (pinned, non-blocking H2D)."""
-    host = torch.as_tensor(np.asarray(values, dtype=np.int64))
-    if torch.device(device).type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+def _stash_budget(stash_mb: int, free_bytes: Optional[int], *, slot_map_bytes: int) -> int:
+    """Bytes for the stash's cells: DGW_LAZY_STASH_MB, or (0) AUTO_STASH_SHARE of the memory
+    free now, less the KV-slot map; 1 GiB where there is no GPU to ask."""
+    if stash_mb > 0:
+        return int(stash_mb) * _MiB
+    if free_bytes is None:
+        return 1024 * _MiB
+    return max(int(free_bytes * AUTO_STASH_SHARE) - int(slot_map_bytes), 0)
+
+
+def _why_not_defer_prefills(enabled: bool, server_args: Any, *, cells: int, rows: int,
+                            reserve: int, draft_hidden) -> Optional[str]:
+    """None when prefills may be deferred, else why not (logged at start-up)."""
+    if not enabled:
+        return "off (DGW_DEFER_DRAFT_PREFILL=0)"
+    if not getattr(server_args, "disable_radix_cache", False):
+        return ("off: the radix cache is on (a cached prompt prefix would hold no draft KV); "
+                "--disable-radix-cache enables it")
+    if draft_hidden[0] is None:
+        return "off: the draft carries no hidden state (STANDALONE)"
+    if cells < rows + reserve:
+        return (f"off: the stash ({cells} tokens) cannot hold a decode step of {rows} rows "
+                f"plus one prefill chunk of {reserve}; raise DGW_LAZY_STASH_MB")
+    return None
 
 
 def _merge(old: Optional[torch.Tensor], where: Optional[torch.Tensor],

@@ -12,7 +12,9 @@ target init_cuda_graphs -> this worker's init_cuda_graphs):
 Per decode step (``forward_batch_generation``): ModeSelector.plan(bs) -> either EAGLE-3's own
 step (super) or ``_decode_step``: one target DECODE replay (plain server's graph), SGLang's
 sampler, ``on_publish`` once, a one-token draft extend (a width-1 graph replay), and a result in the speculative layout
-(stride 1, accept length 1). Prefill, mixed and idle batches always take EAGLE-3's path.
+(stride 1, accept length 1). Mixed and idle batches always take EAGLE-3's path; so do prefills,
+except that with lazy catch-up a prefill admitted while the worker decodes runs the target alone
+and stashes the prompt for a later catch-up (``_deferred_prefill``, lazy_sync.py).
 
 Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``lazy-catch-up`` (the default;
 lazy_sync.py) replaces the decode step's one-token draft extend by a stash of the target's
@@ -170,7 +172,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             # After every capture, so the graphs (and their pool) are those of keep-current.
             self._lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
                                      stash_mb=self._dgw_config.lazy_stash_mb,
-                                     on_catch_up=self._log_catch_up)
+                                     defer_prefill=self._dgw_config.defer_draft_prefill,
+                                     on_event=self._log_lazy_event)
         summary = dict(policy=type(policy).__name__, config=self._dgw_config.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
                        draft_sync_bs=list(self._draft_sync.capture_bs),
@@ -232,6 +235,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if (batch.forward_mode.is_extend() or batch.is_extend_in_batch
                 or batch.forward_mode.is_idle() or self._selector is None):
             if self._lazy is not None and batch.forward_mode.is_extend():
+                if self._defers_prefill(batch):
+                    return self._deferred_prefill(batch, on_publish)
                 # Admitted by EAGLE's prefill (its draft extend runs below): rows start current.
                 self._lazy.on_prefill(batch)
             return super().forward_batch_generation(batch, on_publish=on_publish,
@@ -251,6 +256,27 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 result = self._decode_step(batch, plan, on_publish, grammar_barrier)
         self._ledger.launched(plan)
         return result
+
+    def _defers_prefill(self, batch) -> bool:
+        """Defer the draft's prefill while the server decodes (a request admitted now may
+        finish before the worker speculates again), and always for the next chunk of a prompt
+        whose earlier chunks were deferred. A wrong guess costs one catch-up at the next
+        speculative step: the same draft extend, later."""
+        lazy = self._lazy
+        decoding = self._selector is not None and self._selector.last_mode is Mode.DECODE
+        return (decoding or lazy.must_defer(batch)) and lazy.can_defer(batch)
+
+    def _deferred_prefill(self, batch, on_publish):
+        """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
+        capture, eagle_worker_v2.py:1106-1120), the prompt's features stashed instead."""
+        out = self._target_worker.forward_batch_generation(
+            batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        out.new_seq_lens = batch.seq_lens      # spec v2: the length before this iter's tokens
+        if on_publish is not None:
+            on_publish(out.new_seq_lens)
+        out.next_draft_input = self._lazy.defer_prefill(
+            batch, aux=out.logits_output.hidden_states, next_token_ids=out.next_token_ids)
+        return out
 
     def _decode_step(self, batch, plan: StepPlan, on_publish, grammar_barrier):
         draft_input = batch.spec_info
@@ -331,10 +357,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     # ------------------------------------------------------------------------- accounting
 
-    def _log_catch_up(self, info: dict) -> None:
-        logger.debug("dual-graph lazy catch-up: %s", info)
+    def _log_lazy_event(self, kind: str, info: dict) -> None:
+        """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
+        totals (backlog.BacklogStats), into the step log."""
+        logger.debug("dual-graph lazy %s: %s", kind, info)
         if self._step_log is not None and self._lazy is not None:
-            self._step_log.write_event("catch_up", time.time(), **info,
+            self._step_log.write_event(kind, time.time(), **info,
                                        totals=self._lazy.backlog.stats.to_json())
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
