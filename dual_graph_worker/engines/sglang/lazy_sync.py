@@ -13,8 +13,10 @@ Designed by reading SGLang 0.5.17's source; citations are to 0.5.17 (paths under
 accept length 4.0 after switching back on the f100 toy).
 
 Decode-mode step (worker._decode_step, lazy branch):
-1. ``make_room``: if the stash arena cannot take this step (backlog.LazyBacklog.room_for), catch
-   up every row of the batch that is behind first (a "forced" catch-up, proposals discarded).
+1. ``make_room``: if the stash arena cannot take this step (backlog.LazyBacklog.plan_room),
+   drop the cells of requests that are gone by a compaction, or, when the live backlog itself
+   does not fit, catch up every row of the batch that is behind first (a "forced" catch-up,
+   proposals discarded). "Room in the arena" below.
 2. The target DECODE replay runs as before. Its ``logits_output.hidden_states`` is the packed
    aux hidden states [bs, A] (FULL capture; llama.py:574-585 -> logits_processor.py:667-680),
    sliced to the real batch by the graph runner (decode_cuda_graph_runner.py:1259), and lives in
@@ -168,8 +170,6 @@ from dual_graph_worker.engines.sglang.backlog import (
     LazyBacklog,
     arena_cells_for_budget,
 )
-from dual_graph_worker.engines.sglang import stash_room
-from dual_graph_worker.engines.sglang.stash_room import to_device as _to_device
 from dual_graph_worker.engines.sglang.catch_up import (
     CatchUpIndices,
     StashArena,
@@ -177,6 +177,8 @@ from dual_graph_worker.engines.sglang.catch_up import (
     plan_passes,
     shifted_prompt_tokens,
 )
+from dual_graph_worker.engines.sglang import stash_room
+from dual_graph_worker.engines.sglang.stash_room import to_device as _to_device
 from dual_graph_worker.errors import ConfigError
 
 logger = logging.getLogger(__name__)
