@@ -1040,3 +1040,19 @@ def test_why_prefills_are_not_deferred_and_the_auto_stash_budget(sgl):
     assert sgl._stash_budget(64, 10 << 30, slot_map_bytes=0) == 64 * mib       # explicit
     assert sgl._stash_budget(0, 10 << 30, slot_map_bytes=mib) == int((10 << 30) * 0.4) - mib
     assert sgl._stash_budget(0, None, slot_map_bytes=0) == 1024 * mib          # no GPU
+
+
+def test_stash_size_is_the_smallest_ranks_on_every_rank(sgl, monkeypatch):
+    import torch.distributed as dist
+
+    assert sgl._same_on_every_rank(1234, None) == 1234
+    assert sgl._same_on_every_rank(1234, SimpleNamespace(world_size=1)) == 1234
+    seen = []
+
+    def fake_all_reduce(t, op, group):               # another rank had less memory free
+        seen.append((op, group))
+        t.copy_(torch.minimum(t, torch.tensor([1000])))
+
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    assert sgl._same_on_every_rank(1234, SimpleNamespace(world_size=2, cpu_group="cpu")) == 1000
+    assert seen == [(dist.ReduceOp.MIN, "cpu")]

@@ -243,6 +243,7 @@ class LazyCatchUp:
         cells = arena_cells_for_budget(budget, aux_width=aux_width,
                                        aux_elem_bytes=elem, token_bytes=16)
         cells = min(cells, num_slots)           # more cells than KV slots are never in use
+        cells = _same_on_every_rank(cells, getattr(target_runner, "tp_group", None))
         if cells < num_rows:
             need = -(-num_rows * (aux_width * elem + 16) // _MiB)
             raise ConfigError(f"DGW_LAZY_STASH_MB={stash_mb} holds {cells} stashed tokens of "
@@ -518,6 +519,19 @@ def _stash_budget(stash_mb: int, free_bytes: Optional[int], *, slot_map_bytes: i
     if free_bytes is None:
         return 1024 * _MiB
     return max(int(free_bytes * AUTO_STASH_SHARE) - int(slot_map_bytes), 0)
+
+
+def _same_on_every_rank(cells: int, tp_group: Any) -> int:
+    """The smallest TP rank's stash size, on every rank. The auto size follows each rank's free
+    memory, but every rank must make the same room / deferral / catch-up decisions: a catch-up
+    is a draft forward with collectives, and a rank that skipped it would hang the others."""
+    if tp_group is None or int(getattr(tp_group, "world_size", 1)) <= 1:
+        return cells
+    import torch.distributed as dist
+
+    t = torch.tensor([int(cells)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp_group.cpu_group)
+    return int(t.item())
 
 
 def _why_not_defer_prefills(enabled: bool, server_args: Any, *, cells: int, rows: int,
