@@ -27,6 +27,7 @@ from bench.sglang.run_sglang_suite import EngineRun, Suite, parse_args  # noqa: 
 from bench.sglang.workload import (  # noqa: E402
     compare_outputs,
     greedy_chain,
+    parse_decode_log,
     permutation_from_lm_head,
     ramp_profile,
     random_prompts,
@@ -208,6 +209,43 @@ def test_prefill_phase_table_is_the_probe_and_its_ratio_to_plain():
     md = report.markdown_prefill_phase({"plain": res(0.5), "dual": res(0.55)})
     assert "| plain | 0.500 |" in md and "| dual / plain | 1.100 |" in md
     assert report.markdown_prefill_phase({"plain": {}}) == ""
+
+
+def test_parse_decode_log_keeps_decode_mode_windows():
+    lines = [
+        "[2026-11-29 14:00:00] Decode batch, #running-req: 64, #token: 9000, token usage: 0.01, "
+        "cuda graph: True, gen throughput (token/s): 9800.50, #queue-req: 0",
+        "[2026-11-29 14:00:01 TP0] Decode batch, #running-req: 64, #token: 9100, token usage: "
+        "0.01, accept len: 1.00, accept rate: 0.00, cuda graph: True, gen throughput (token/s): "
+        "9700.00, #queue-req: 0",
+        "[2026-11-29 14:00:02] Decode batch, #running-req: 8, #token: 900, token usage: 0.00, "
+        "accept len: 3.00, accept rate: 0.67, cuda graph: True, gen throughput (token/s): "
+        "2500.00, #queue-req: 0",                       # speculative window: left out
+        "[2026-11-29 14:00:03] Prefill batch, #new-seq: 4, #new-token: 1024",
+    ]
+    assert parse_decode_log(lines) == {64: [9800.5, 9700.0]}
+
+
+def test_decode_log_table_compares_step_times_at_one_batch_size():
+    plain = {"decode_log": {64: [10000.0, 9000.0, 10000.0], 128: [12800.0]}}
+    dual = {"decode_log": {"64": [9900.0, 9800.0]}}       # JSON keys are strings
+    ms = report.decode_log_step_ms({"plain": plain, "dual": dual})
+    assert ms["plain"] == {64: 6.4} and 128 not in ms["plain"]      # one window: left out
+    assert abs(ms["dual"][64] - 1000.0 * 64 / 9850.0) < 1e-9
+    md = report.markdown_decode_log({"plain": plain, "dual": dual})
+    assert "| dual / plain |" in md and "| plain | 6.40 |" in md
+
+
+def test_engines_flag_runs_only_the_named_engines(tmp_path, monkeypatch):
+    suite = Suite(parse_args(["--out", str(tmp_path), "--engines", "plain,dual"]))
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail("started an engine"))
+    res = suite.run(EngineRun("eagle3", "bench", {}, {}, [], est_s=1))
+    assert res["skipped"] == "not in --engines" and "eagle3" not in suite.runs
+    suite, ran = _recording_suite(tmp_path, ["--no-adaptive", "--decode-log-interval", "20"],
+                                  monkeypatch)
+    suite.bench(with_ramp=False)
+    assert all(er.engine_kwargs["decode_log_interval"] == 20
+               and er.engine_kwargs["log_level"] == "info" for er in ran)
 
 
 def test_plots_are_written(tmp_path):

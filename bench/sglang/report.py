@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -119,6 +120,29 @@ def markdown_decode_phase(engines: Mapping[str, Mapping]) -> str:
 def markdown_prefill_phase(engines: Mapping[str, Mapping]) -> str:
     return _markdown_phase("prefill phase, s: T(out=1) for the whole batch of prompts; ratio "
                            "to plain (> 1: slower)", prefill_phase_s(engines), ".3f")
+
+
+def decode_log_step_ms(engines: Mapping[str, Mapping], min_windows: int = 2
+                       ) -> dict[str, dict[int, float]]:
+    """{engine: {batch size: ms a decode step}} from the engines' own decode log (the median
+    window's gen throughput at that running batch, decode-mode windows only, see
+    workload.parse_decode_log): bs / throughput. Batch sizes with fewer than `min_windows`
+    windows are left out (a lone window mostly spans a wave's prefill)."""
+    out: dict[str, dict[int, float]] = {}
+    for name, res in engines.items():
+        windows = (res or {}).get("decode_log") or {}
+        vals = {int(bs): 1000.0 * int(bs) / statistics.median(tputs)
+                for bs, tputs in windows.items()
+                if len(tputs) >= min_windows and statistics.median(tputs) > 0}
+        if vals:
+            out[name] = vals
+    return out
+
+
+def markdown_decode_log(engines: Mapping[str, Mapping]) -> str:
+    return _markdown_phase("decode step, ms, from SGLang's own decode log (median window at "
+                           "that running batch, decode-mode windows only); ratio to plain "
+                           "(> 1: slower)", decode_log_step_ms(engines), ".2f")
 
 
 def plot_throughput(levels, table, path: str | Path, title: str) -> Optional[Path]:

@@ -30,6 +30,13 @@ no DGW_CONTINUITY in their env). ``--with-continuity NAME`` (repeatable; ``--wit
 phases, the same engine with DGW_CONTINUITY=NAME (names suffixed ``-lazy`` / ``-keep-current``),
 so one run measures the strategies side by side. An engine that runs lazy catch-up must also
 show catch-ups (``catch_up`` events in its step log) for its correctness checks to pass.
+
+Phase split of the bench. ``--decode-step-time`` also times each sweep batch at one output
+token: the report gives the prefill phase (that time) and the decode phase per token, each as a
+ratio to plain. ``--decode-log-interval N`` has every bench engine log SGLang's own "Decode
+batch" line every N decode steps; the report turns the decode-mode windows into a step time per
+running batch, the direct form of "decode step within 2% of plain at the same batch size".
+``--engines a,b`` runs only the named engines (device time is scarce).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from bench.sglang.workload import (  # noqa: E402
     ramp_profile,
     random_prompts,
     staggered_requests,
+    parse_decode_log,
     summarize_catch_ups,
     summarize_steps,
 )
@@ -107,6 +115,10 @@ class Suite:
         return self.args.budget_s - (time.monotonic() - self.t0)
 
     def run(self, er: EngineRun) -> dict:
+        if self.args.engines and er.name not in self.args.engines:
+            # Not run and not reported: a later phase may still ask for its result.
+            er.result = {"name": er.name, "ok": False, "skipped": "not in --engines"}
+            return er.result
         need = er.est_s + (self.args.cold_start_s if self.first_start else self.args.start_s)
         if self.remaining() < need:
             er.result = {"name": er.name, "ok": False,
@@ -142,6 +154,9 @@ class Suite:
         except (OSError, json.JSONDecodeError):
             er.result = {"name": er.name, "ok": False}
         er.result["returncode"] = rc
+        if er.phase == "bench" and self.args.decode_log_interval:
+            with open(self.out / "engines" / f"{er.name}.log", errors="replace") as f:
+                er.result["decode_log"] = parse_decode_log(f)
         if rc != 0 and "error" not in er.result:
             er.result["error"] = f"child exited {rc}; see engines/{er.name}.log"
         print(f"[suite] done {er.name}: rc={rc} startup={er.result.get('startup_s')}",
@@ -266,6 +281,9 @@ class Suite:
                  "vocab": shapes.vocab_size, "prefill_probe": a.decode_step_time}
         sim = {"SGLANG_SIMULATE_ACC_LEN": str(a.simulate_acc_len)}
         base = self.common(target, "dummy", 256)
+        if a.decode_log_interval:
+            # SGLang's own per-window decode throughput (INFO lines, report.decode_log_step_ms).
+            base |= {"log_level": "info", "decode_log_interval": a.decode_log_interval}
         est = 10 + 0.05 * sum(a.concurrency) * a.output_len / 256
         self.run(EngineRun("plain", "bench", base, {}, [sweep], est_s=est))
         self.run(EngineRun("eagle3", "bench", base | self.spec_kwargs("EAGLE3", draft), sim,
@@ -423,6 +441,7 @@ class Suite:
             bench_results = {n: r.result for n, r in self.runs.items() if r.phase == "bench"}
             md.append(report.markdown_decode_phase(bench_results))
             md.append(report.markdown_prefill_phase(bench_results))
+            md.append(report.markdown_decode_log(bench_results))
             report.plot_throughput(levels, table, self.out / "throughput.png",
                                    self.notes.get("bench", "")[:120])
         for name, chk in self.checks.items():
@@ -521,6 +540,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also bench the keep-current dual worker with its decode-mode draft "
                         "extend run eagerly (DGW_DRAFT_EXTEND_GRAPHS=0), engine "
                         "'dual-eager-draft'")
+    p.add_argument("--decode-log-interval", type=int, default=0,
+                   help="bench engines log SGLang's 'Decode batch' line every N decode steps "
+                        "(log level info); the report turns the decode-mode windows into a "
+                        "step time per running batch and its ratio to plain (0: off)")
+    p.add_argument("--engines", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                   default=None,
+                   help="run only these engines (names as in the report, e.g. plain,dual); "
+                        "the others are recorded as skipped")
     p.add_argument("--with-no-defer", action="store_true",
                    help="also bench the dual worker with DGW_DEFER_DRAFT_PREFILL=0, engine "
                         "'dual-no-defer' (EAGLE's draft prefill for every prompt)")

@@ -6,6 +6,7 @@ No SGLang and no GPU here, so all of it is unit-tested on CPU.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -159,3 +160,26 @@ def summarize_catch_ups(events: Iterable[dict]) -> dict:
             "passes": sum(int(e.get("passes", 0)) for e in ups),
             "max_backlog": max((int(e.get("max_backlog", 0)) for e in ups), default=0),
             "orphans": sum(int(e.get("orphans", 0)) for e in ups)}
+
+
+_DECODE_LOG = re.compile(
+    r"Decode batch(?: \[\d+\])?, #running-req: (?P<bs>\d+),.*?"
+    r"(?:accept len: (?P<accept>[0-9.]+),.*?)?"
+    r"gen throughput \(token/s\): (?P<tput>[0-9.]+), #queue-req: (?P<queue>\d+)")
+
+
+def parse_decode_log(lines: Iterable[str]) -> dict[int, list[float]]:
+    """{running batch size: [gen throughput of each decode-mode log window]} from SGLang's own
+    "Decode batch" log lines (scheduler metrics_reporter.py, one per ``decode_log_interval``
+    decode steps, logged at INFO). Windows whose accept length is above 1 ran speculative steps
+    and are left out: what remains times one token per request per step, so at a fixed batch
+    size the throughputs of two engines compare their decode step times directly."""
+    out: dict[int, list[float]] = {}
+    for line in lines:
+        m = _DECODE_LOG.search(line)
+        if m is None:
+            continue
+        if m.group("accept") is not None and float(m.group("accept")) > 1.0:
+            continue
+        out.setdefault(int(m.group("bs")), []).append(float(m.group("tput")))
+    return out
