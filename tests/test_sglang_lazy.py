@@ -1056,3 +1056,66 @@ def test_stash_size_is_the_smallest_ranks_on_every_rank(sgl, monkeypatch):
     monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
     assert sgl._same_on_every_rank(1234, SimpleNamespace(world_size=2, cpu_group="cpu")) == 1000
     assert seen == [(dist.ReduceOp.MIN, "cpu")]
+
+
+def test_deferred_chunked_prompt_then_decode_then_catch_up(fake_sglang_forward):
+    """A prompt of 6 deferred over two chunks (4 + 2) while another running request decodes,
+    one lazy decode step, then a speculative step: its catch-up feeds the draft positions
+    0..6 of the prompt's request (prompt shifted by one, the chunk's next prompt token at the
+    chunk boundary, the sampled token after the prompt, then the decode step's token), and the
+    running request's cells survive the pending chunk (and vice versa)."""
+    sgl = fake_sglang_forward
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    runner = _FakeDraftRunner()
+    draft = SimpleNamespace(topk=1, draft_runner=runner,
+                            draft_tp_context=lambda group: contextlib.nullcontext())
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft)
+    r2t = lz.req_to_token
+    prompt = [50, 51, 52, 53, 54, 55]
+    req = object()
+
+    def prefill(start, n, chunked):
+        ids = torch.tensor(prompt[start:start + n])
+        batch = SimpleNamespace(
+            forward_mode=ForwardMode.EXTEND, multimodal_inputs=[None], reqs=[req],
+            chunked_req=req if chunked else None,
+            chunked_req_next_prompt_token=prompt[start + n] if chunked else None,
+            extend_num_tokens=n, extend_lens=[n], prefix_lens=[start], input_ids=ids,
+            req_pool_indices_cpu=torch.tensor([3]), seq_lens=torch.tensor([start + n]),
+            out_cache_loc=r2t[3, start:start + n].to(torch.int64))
+        assert lz.must_defer(batch) == (start > 0) and lz.can_defer(batch)
+        aux = torch.tensor([[float(p)] * 4 for p in range(start, start + n)])
+        return lz.defer_prefill(batch, aux=aux, next_token_ids=torch.tensor([99]))
+
+    prefill(0, 4, chunked=True)
+    assert lz.backlog.pending().rows.tolist() == [3]
+    # meanwhile row 6 (running, committed length 9) runs a lazy decode step: position 9
+    lz.stash(np.array([6]), aux=torch.full((1, 4), 9.0), sampled=torch.tensor([77]),
+             out_cache_loc=r2t[6, 9:10].to(torch.int64))
+    prefill(4, 2, chunked=False)                       # the prompt's last chunk
+    assert lz.backlog.count[[3, 6]].tolist() == [6, 1] and lz.backlog.pending().rows.size == 0
+    # one lazy decode step of both (row 3 at position 6 emits 98, row 6 at 10 emits 78)
+    lz.stash(np.array([3, 6]), aux=torch.tensor([[6.0] * 4, [10.0] * 4]),
+             sampled=torch.tensor([98, 78]),
+             out_cache_loc=torch.stack([r2t[3, 6], r2t[6, 10]]).to(torch.int64))
+    di = EagleDraftInput(topk_p=torch.full((2, 1), 0.5), hidden_states=torch.zeros(2, 6),
+                         topk_index=torch.full((2, 1), -1, dtype=torch.int64),
+                         bonus_tokens=torch.tensor([1, 2], dtype=torch.int32))
+    batch = SimpleNamespace(
+        req_pool_indices_cpu=torch.tensor([3, 6]), req_pool_indices=torch.tensor([3, 6]),
+        seq_lens=torch.tensor([7, 11]), seq_lens_cpu=torch.tensor([7, 11]), seq_lens_sum=18,
+        spec_info=di, forward_mode=ForwardMode.DECODE, input_ids=None, out_cache_loc=None,
+        sampling_info=None)
+    lz.before_spec_step(batch)
+    fb, = runner.forwards
+    v = fb.view
+    assert fb.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 9, 10]
+    assert v.input_ids.tolist() == [51, 52, 53, 54, 55, 99, 98, 77, 78]
+    assert v.spec_info.hidden_states[:, 0].tolist() == [0., 1., 2., 3., 4., 5., 6., 9., 10.]
+    assert v.out_cache_loc.tolist() == r2t[3, :7].tolist() + r2t[6, 9:11].tolist()
+    assert (v.prefix_lens, v.extend_lens) == ([0, 9], [7, 2])
+    assert di.topk_index[:, 0].tolist() == [6, 10]          # proposals from each last row
+    assert not lz.backlog.count.any() and lz.backlog.cursor == 0
+    assert lz.backlog.stats.deferred_prefills == 2 and lz.backlog.stats.chunk_restarts == 0
