@@ -130,12 +130,9 @@ class ProfileBuilder:
             self.step(mode, bs, k=k)
             self.api(MALLOC, 20_000)
 
-    def step(self, mode: str, bs: int, *, graph: bool = True, k: int = 3,
-             launches: Optional[dict[str, int]] = None, skip: tuple[str, ...] = (),
-             extra_api: tuple[str, ...] = (), gap_extra: tuple[str, ...] = (),
-             eager_kernels: int = 3, nested_driver: bool = False) -> None:
-        launches = launches or {}
-        # Between steps: the scheduler hands over the batch.
+    def hand_over(self, mode: str, gap_extra: tuple[str, ...] = ()) -> None:
+        """Between steps: the scheduler hands over the batch (an event record and a stream
+        wait, plus `gap_extra` calls), and a switch mark when the mode changes."""
         self.api(EVENT_RECORD)
         self.api(STREAM_WAIT)
         for name in gap_extra:
@@ -143,6 +140,13 @@ class ProfileBuilder:
         if self.last_mode is not None and self.last_mode != mode:
             self.mark(f"switch:{self.last_mode}->{mode}")
         self.last_mode = mode
+
+    def step(self, mode: str, bs: int, *, graph: bool = True, k: int = 3,
+             launches: Optional[dict[str, int]] = None, skip: tuple[str, ...] = (),
+             extra_api: tuple[str, ...] = (), gap_extra: tuple[str, ...] = (),
+             eager_kernels: int = 3, nested_driver: bool = False) -> None:
+        launches = launches or {}
+        self.hand_over(mode, gap_extra)
         text = f"step:{mode}:bs{bs}" if graph else f"step:{mode}:eager-bs{bs}"
         with self.range(text):
             self.api(MEMCPY)  # fill static inputs
@@ -399,13 +403,7 @@ def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
                 extra_stage: Optional[str] = None, graph_of: Optional[dict] = None,
                 gap_extra: tuple[str, ...] = (), unlisted_kernels: int = 0) -> None:
     graph_of = graph_of or {}
-    b.api(EVENT_RECORD)                     # the scheduler's hand-over between steps
-    b.api(STREAM_WAIT)
-    for name in gap_extra:
-        b.api(name)
-    if b.last_mode is not None and b.last_mode != mode:
-        b.mark(f"switch:{b.last_mode}->{mode}")
-    b.last_mode = mode
+    b.hand_over(mode, gap_extra)
     with b.range(f"step:{mode}:bs{bs}"):
         b.api(LAUNCH_KERNEL, kernel=FILL[0], demangled=FILL[1])   # idle-input / plan glue
         stages = _sglang_stages(mode, continuity) + ((extra_stage,) if extra_stage else ())

@@ -253,6 +253,14 @@ def test_decode_step_layout_is_the_speculative_layout_with_stride_one():
     assert got == [[11], [22], [33]]
 
 
+def test_decode_step_layout_slices_a_preallocated_ones_buffer():
+    ones = torch.ones(8, dtype=torch.int32)
+    lay = decode_step_layout(torch.tensor([5, 9, 2]), ones)
+    assert lay.accept_lens.tolist() == [1, 1, 1]
+    assert lay.accept_lens.data_ptr() == ones.data_ptr()       # a view: nothing launched
+    assert decode_step_layout(torch.zeros(9, dtype=torch.int64), ones).accept_lens.shape == (9,)
+
+
 def test_decode_lengths_shift_positions_to_seq_lens():
     ln = decode_lengths(torch.tensor([5, 9]), torch.tensor([5, 9]), 14)
     assert ln.seq_lens.tolist() == [6, 10] and ln.seq_lens_cpu.tolist() == [6, 10]

@@ -182,19 +182,22 @@ def test_decode_step_time_flag_asks_the_sweep_for_prefill_probes(tmp_path, monke
         assert {er.tasks[0]["prefill_probe"] for er in ran} == {want}
 
 
-def test_with_eager_draft_adds_the_eager_keep_current_engine(tmp_path, monkeypatch):
-    suite, ran = _recording_suite(tmp_path, ["--with-eager-draft", "--no-adaptive"], monkeypatch)
+def _bench_envs(tmp_path, monkeypatch, flag):
+    """{engine: env} of a recorded bench with `flag`, and the suite."""
+    suite, ran = _recording_suite(tmp_path, [flag, "--no-adaptive"], monkeypatch)
     suite.bench(with_ramp=False)
-    envs = {er.name: er.env for er in ran}
+    return {er.name: er.env for er in ran}, suite
+
+
+def test_with_eager_draft_adds_the_eager_keep_current_engine(tmp_path, monkeypatch):
+    envs, _ = _bench_envs(tmp_path, monkeypatch, "--with-eager-draft")
     assert list(envs) == ["plain", "eagle3", "dual", "dual-eager-draft"]
     assert envs["dual-eager-draft"]["DGW_DRAFT_EXTEND_GRAPHS"] == "0"
     assert "DGW_DRAFT_EXTEND_GRAPHS" not in envs["dual"]       # graphs: the default
 
 
 def test_with_no_defer_adds_the_engine_without_deferred_prefill(tmp_path, monkeypatch):
-    suite, ran = _recording_suite(tmp_path, ["--with-no-defer", "--no-adaptive"], monkeypatch)
-    suite.bench(with_ramp=False)
-    envs = {er.name: er.env for er in ran}
+    envs, suite = _bench_envs(tmp_path, monkeypatch, "--with-no-defer")
     assert list(envs) == ["plain", "eagle3", "dual", "dual-no-defer"]
     assert envs["dual-no-defer"]["DGW_DEFER_DRAFT_PREFILL"] == "0"
     assert "DGW_DEFER_DRAFT_PREFILL" not in envs["dual"]      # deferral: the default

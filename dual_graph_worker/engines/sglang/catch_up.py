@@ -37,6 +37,15 @@ import numpy as np
 import torch
 
 
+def to_device(values, device) -> torch.Tensor:
+    """A small host index list/array as an int64 device tensor (pinned, non-blocking H2D: the
+    host never waits on the stream)."""
+    host = torch.as_tensor(np.asarray(values, dtype=np.int64))
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 class Segment(NamedTuple):
     """Backlog offsets ``[begin, end)`` (0 = the request's first position behind) of request
     ``req`` (an index into the catch-up's request list); ``final``: it ends the backlog, so its
@@ -157,7 +166,7 @@ def shifted_prompt_tokens(input_ids: torch.Tensor, extend_lens: Sequence[int],
     if lens.size != tail_tokens.shape[0] or int(lens.sum()) != input_ids.shape[0]:
         raise ValueError(f"prefill batch: {input_ids.shape[0]} input ids, extend lengths "
                          f"summing to {int(lens.sum())}, {tail_tokens.shape[0]} tail tokens")
-    last = torch.as_tensor(np.cumsum(lens) - 1).to(input_ids.device, non_blocking=True)
+    last = to_device(np.cumsum(lens) - 1, input_ids.device)
     out = torch.empty(input_ids.shape[0], dtype=torch.int64, device=input_ids.device)
     out[:-1] = input_ids[1:]
     out[last] = tail_tokens.to(torch.int64)
@@ -215,10 +224,8 @@ def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: tor
     if (lens < 1).any() or (begin < 0).any() or (begin + lens > counts[seg_req]).any():
         raise ValueError("segment outside its request's backlog")
     num_tokens = int(lens.sum())
-    host = torch.from_numpy(np.stack([seg_req, begin, lens, counts[seg_req]]))
-    if device.type == "cuda":
-        host = host.pin_memory()
-    sr, sb, sl, sn = host.to(device, non_blocking=True).unbind(0)
+    sr, sb, sl, sn = to_device(np.stack([seg_req, begin, lens, counts[seg_req]]),
+                               device).unbind(0)
     start = ends.to(torch.int64)[sr] - sn                # first position behind
     prefix = start + sb
     seq = prefix + sl

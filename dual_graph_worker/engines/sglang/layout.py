@@ -45,10 +45,15 @@ class DraftHandoff(NamedTuple):
     hidden_states: Optional[torch.Tensor]
 
 
-def decode_step_layout(seq_lens: torch.Tensor) -> DecodeStepLayout:
+def decode_step_layout(seq_lens: torch.Tensor,
+                       ones: Optional[torch.Tensor] = None) -> DecodeStepLayout:
+    """`ones`: a preallocated int32 ones buffer of at least bs rows, sliced for accept_lens
+    (the scheduler only copies accept_lens to the host), so the per-step path launches no
+    fill kernel; None allocates."""
     bs = seq_lens.shape[0]
     return DecodeStepLayout(
-        accept_lens=torch.ones(bs, dtype=torch.int32, device=seq_lens.device),
+        accept_lens=(torch.ones(bs, dtype=torch.int32, device=seq_lens.device)
+                     if ones is None or ones.shape[0] < bs else ones[:bs]),
         new_seq_lens=seq_lens + 1,
         stride=DECODE_STRIDE,
     )

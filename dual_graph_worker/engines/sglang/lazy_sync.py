@@ -168,6 +168,7 @@ from sglang.srt.utils.common import fast_topk, is_hip
 from dual_graph_worker.engines.sglang.backlog import (
     Behind,
     LazyBacklog,
+    RoomAction,
     arena_cells_for_budget,
 )
 from dual_graph_worker.engines.sglang.catch_up import (
@@ -177,8 +178,8 @@ from dual_graph_worker.engines.sglang.catch_up import (
     plan_passes,
     shifted_prompt_tokens,
 )
+from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
 from dual_graph_worker.engines.sglang import stash_room
-from dual_graph_worker.engines.sglang.stash_room import to_device as _to_device
 from dual_graph_worker.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -317,7 +318,8 @@ class LazyCatchUp:
                                "width (the target prefill must run with FULL hidden capture)")
         tokens = shifted_prompt_tokens(batch.input_ids, ext,
                                        _eagle_prefill_tail_tokens(batch, next_token_ids))
-        chunked = next((i for i, r in enumerate(batch.reqs) if r is batch.chunked_req), -1)
+        chunked = -1 if batch.chunked_req is None else next(
+            (i for i, r in enumerate(batch.reqs) if r is batch.chunked_req), -1)
         base = self.backlog.note_prefill(rows, prefix, ext, chunked=chunked)
         self.arena.write(base, aux, tokens, batch.out_cache_loc)
         self._emit("deferred_prefill", {"requests": int(rows.shape[0]), "tokens": num_tokens,
@@ -334,16 +336,15 @@ class LazyCatchUp:
     def make_room(self, batch: Any, rows: np.ndarray) -> list:
         """Before a lazy decode step over the running batch: reclaim orphans' cells by a
         compaction, or, if the live backlog itself does not fit, a forced catch-up."""
-        compactions = self.backlog.stats.compactions
-        keep = stash_room.make_room(
+        room = stash_room.make_room(
             self.arena, self.backlog, self.req_to_token, rows, reserve=self.prefill_reserve,
             req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
             catch_up=lambda behind: self._catch_up(batch, rows, behind, forced=True,
                                                    want_proposals=False).keep_alive)
-        if self.backlog.stats.compactions != compactions:
+        if room.action is RoomAction.COMPACT:
             self._emit("compaction", {"live_cells": self.backlog.cursor,
                                       "arena_cells": self.arena.cells})
-        return keep
+        return room.keep_alive
 
     def _emit(self, kind: str, info: dict) -> None:
         if self.on_event is not None:

@@ -8,21 +8,13 @@ order (catch_up.StashArena.compact), and the host cursor restarts after them.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from dual_graph_worker.engines.sglang.backlog import Behind, LazyBacklog, RoomAction
-from dual_graph_worker.engines.sglang.catch_up import StashArena, backlog_slots
-
-
-def to_device(values, device) -> torch.Tensor:
-    """A small host index list/array as an int64 device tensor (pinned, non-blocking H2D)."""
-    host = torch.as_tensor(np.asarray(values, dtype=np.int64))
-    if torch.device(device).type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+from dual_graph_worker.engines.sglang.catch_up import StashArena, backlog_slots, to_device
 
 
 def pending_slots(backlog: LazyBacklog, req_to_token: torch.Tensor, rows: np.ndarray,
@@ -74,17 +66,25 @@ def front_pending(arena: StashArena, backlog: LazyBacklog, req_to_token: torch.T
     return [slots]
 
 
+class Room(NamedTuple):
+    """What make_room did, and the tensors to keep alive until the step's kernels ran."""
+
+    action: RoomAction
+    keep_alive: list
+
+
 def make_room(arena: StashArena, backlog: LazyBacklog, req_to_token: torch.Tensor,
               rows: np.ndarray, *, reserve: int, req_pool_indices: torch.Tensor,
-              seq_lens: torch.Tensor, catch_up: Callable[[Behind], list]) -> list:
+              seq_lens: torch.Tensor, catch_up: Callable[[Behind], list]) -> Room:
     """Before a lazy decode step over the running batch (`rows`, device `req_pool_indices` and
     committed `seq_lens`): nothing, a compaction, or (the live backlog does not fit) the
     caller's forced `catch_up` of the batch rows that are behind."""
     action = backlog.plan_room(rows, rows.shape[0], reserve=reserve)
     if action is RoomAction.NONE:
-        return []
+        return Room(action, [])
     behind = backlog.behind(rows)
     if action is RoomAction.COMPACT or behind.positions.size == 0:
-        return compact(arena, backlog, req_to_token, rows, behind,
-                       req_pool_indices=req_pool_indices, seq_lens=seq_lens)
-    return catch_up(behind)
+        return Room(RoomAction.COMPACT,
+                    compact(arena, backlog, req_to_token, rows, behind,
+                            req_pool_indices=req_pool_indices, seq_lens=seq_lens))
+    return Room(action, catch_up(behind))

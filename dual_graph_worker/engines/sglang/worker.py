@@ -83,6 +83,9 @@ logger = logging.getLogger(__name__)
 class DualGraphEagleWorker(EAGLEWorkerV2):
     # Set in init_cuda_graphs when continuity is lazy-catch-up; None: keep-current.
     _lazy: Optional[LazyCatchUp] = None
+    # Set in init_cuda_graphs: read-only int32 ones, one per request-pool row, that every
+    # decode step's accept_lens slices (layout.decode_step_layout).
+    _accept_ones: Optional[torch.Tensor] = None
 
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
@@ -168,6 +171,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         calibration = self._calibration(spec_bs) if self._dgw_config.needs_calibration else None
         policy = build_policy(self._dgw_config, self.speculative_num_steps, calibration)
         self._selector = ModeSelector(table, policy, graphs_enabled=self._graphs_enabled)
+        r2t = self.req_to_token_pool.req_to_token
+        self._accept_ones = torch.ones(r2t.shape[0], dtype=torch.int32, device=r2t.device)
         if self._dgw_config.lazy:
             # After every capture, so the graphs (and their pool) are those of keep-current.
             self._lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
@@ -302,7 +307,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             target = self._target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch)
         logits_output = target.logits_output
-        layout = decode_step_layout(batch.seq_lens)
+        layout = decode_step_layout(batch.seq_lens, self._accept_ones)
         if on_publish is not None:
             on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
         if lazy is None:
