@@ -784,7 +784,19 @@ def _worker(tmp_path, lazy):
     w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
     w._spans = StepSpans.from_environment({})
     w._lazy = lazy
+    w.req_to_token_pool = _RowPool(size=64)
     return w
+
+
+class _RowPool:
+    """SGLang's ReqToTokenPool as far as the worker reads it: size and available_size()."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+
+    def available_size(self) -> int:
+        return self.size - self.used
 
 
 def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
@@ -810,23 +822,39 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
         return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
                                seq_lens=torch.zeros(bs, dtype=torch.int64))
 
-    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))   # no step yet: EAGLE's prefill
+    def prefill(bs, running):
+        # The scheduler allocates the prefill's rows before it calls the worker.
+        w.req_to_token_pool.used = running + bs
+        return w.forward_batch_generation(batch(bs, ForwardMode.EXTEND))
+
+    prefill(3, running=0)                # the batch will speculate (3 <= 4): EAGLE's prefill
     res = w.forward_batch_generation(batch(2))
     assert res.extra_keep_alive_refs == ["x", "fb"]
-    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))   # speculating: EAGLE's prefill
+    prefill(3, running=0)                                     # speculating: EAGLE's prefill
     w.forward_batch_generation(batch(9))
-    res = w.forward_batch_generation(batch(3, ForwardMode.EXTEND))
-    assert res == "deferred-result"                           # decoding: deferred
-    w.forward_batch_generation(batch(7, ForwardMode.EXTEND))   # decoding, no room: EAGLE's
+    assert prefill(3, running=9) == "deferred-result"         # decoding: deferred
+    prefill(7, running=9)                                     # decoding, no room: EAGLE's
     w.forward_batch_generation(batch(1, ForwardMode.IDLE))
     # prefill: reset then EAGLE's prefill; spec: catch-up first; decode pool; idle: EAGLE only
     assert calls == ["prefill", "spec", "catch-up", "spec", "prefill", "spec", "decode",
                      "deferred", "prefill", "spec", "spec"]
+
+    # The policy decides at the batch size the prefill grows the running batch to, not by
+    # the last step's mode: a burst at a speculating server is deferred ...
+    calls.clear()
+    w.forward_batch_generation(batch(2))
+    assert prefill(6, running=2) == "deferred-result"
+    # ... and a small prefill at a decoding server whose running batch drained is not.
+    w.forward_batch_generation(batch(9))
+    prefill(1, running=0)
+    assert calls == ["catch-up", "spec", "deferred", "decode", "prefill", "spec"]
+    # previews committed nothing: the next step still follows the policy from its last mode
+    assert w._selector.plan(3).mode.value == "spec"
+
     # a chunk continuing a deferred prompt is deferred whatever the mode
     calls.clear()
-    w._selector.last_mode = None
     continues["chunk"] = True
-    w.forward_batch_generation(batch(3, ForwardMode.EXTEND))
+    prefill(3, running=0)
     assert calls == ["deferred"]
 
 

@@ -34,6 +34,7 @@ from dual_graph_worker.engines.sglang.decision import (
     StepLedger,
     StepPlan,
     policy_inputs,
+    rows_in_use,
 )
 from dual_graph_worker.engines.sglang.layout import (
     DraftHandoff,
@@ -207,6 +208,40 @@ def test_goodput_selector_uses_the_calibration():
     sel = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=0))
     assert sel.plan(1).mode is Mode.SPEC          # 4 tokens in 7 ms beat 1 in 5 ms
     assert sel.plan(64).mode is Mode.DECODE       # no spec graph
+
+
+def test_preview_commits_nothing_dwell_and_probe_included():
+    table = DispatchTable.build(SPEC_BS, DECODE_BS)
+    dwell = ModeSelector(table, ThresholdPolicy(threshold=4, num_draft_tokens=3,
+                                                min_dwell_steps=3))
+    assert dwell.plan(2).mode is Mode.SPEC
+    assert dwell.preview(16) is Mode.SPEC            # dwell: 1 step in spec, 3 owed
+    for _ in range(5):
+        assert dwell.preview(16) is Mode.SPEC        # previews do not pay the dwell off
+    assert [dwell.plan(16).mode for _ in range(3)] == [Mode.SPEC, Mode.SPEC, Mode.DECODE]
+    assert dwell.preview(1) is Mode.DECODE and dwell.last_mode is Mode.DECODE
+
+    probing = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=2))
+    # bs 40: decode predicted faster, spec could win at full acceptance -> a probe when due
+    for _ in range(60):                               # EMA ~1.0
+        probing.policy.observe_accept(1.0)
+    modes = []
+    for _ in range(6):
+        probing.preview(40)
+        modes.append(probing.plan(40).mode)
+        probing.preview(40)                           # a preview after the plan, too
+    plain = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=2))
+    for _ in range(60):
+        plain.policy.observe_accept(1.0)
+    assert modes == [plain.plan(40).mode for _ in range(6)]
+    assert Mode.SPEC in modes and Mode.DECODE in modes
+
+
+def test_rows_in_use_reads_the_request_pool():
+    pool = SimpleNamespace(size=10, available_size=lambda: 7)
+    assert rows_in_use(pool) == 3
+    assert rows_in_use(SimpleNamespace(size=10)) is None       # not a ReqToTokenPool
+    assert rows_in_use(None) is None
 
 
 def test_ledger_pairs_results_in_launch_order():

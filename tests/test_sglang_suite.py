@@ -29,6 +29,7 @@ from bench.sglang.workload import (  # noqa: E402
     greedy_chain,
     parse_decode_log,
     permutation_from_lm_head,
+    shared_prefix_prompts,
     ramp_profile,
     random_prompts,
     staggered_requests,
@@ -202,6 +203,65 @@ def test_with_no_defer_adds_the_engine_without_deferred_prefill(tmp_path, monkey
     assert envs["dual-no-defer"]["DGW_DEFER_DRAFT_PREFILL"] == "0"
     assert "DGW_DEFER_DRAFT_PREFILL" not in envs["dual"]      # deferral: the default
     assert "dual-no-defer" in suite.notes["bench"]
+
+
+def test_with_radix_cache_adds_sglangs_default_server_pair(tmp_path, monkeypatch):
+    suite, ran = _recording_suite(tmp_path, ["--with-radix-cache", "--no-adaptive",
+                                             "--decode-log-interval", "20"], monkeypatch)
+    suite.bench(with_ramp=False)
+    kwargs = {er.name: er.engine_kwargs for er in ran}
+    assert list(kwargs) == ["plain", "eagle3", "dual", "plain-radix", "dual-radix"]
+    assert [kwargs[n]["disable_radix_cache"] for n in kwargs] == [True, True, True, False,
+                                                                   False]
+    # the pair differs from the others in the radix cache only
+    for n in ("plain", "dual"):
+        assert {k: v for k, v in kwargs[n + "-radix"].items() if k != "disable_radix_cache"} \
+            == {k: v for k, v in kwargs[n].items() if k != "disable_radix_cache"}
+    assert "plain-radix, dual-radix: the radix cache on" in suite.notes["bench"]
+
+
+def test_with_radix_cache_adds_a_toy_check_on_shared_prefixes(tmp_path, monkeypatch):
+    from bench.sglang import run_sglang_suite as suite_mod
+
+    suite, ran = _recording_suite(tmp_path, ["--with-radix-cache", "--exact-requests", "6"],
+                                  monkeypatch)
+    monkeypatch.setattr(suite, "toy_checkpoints", lambda: tmp_path / "toy")
+    monkeypatch.setattr(suite_mod, "load_toy_permutation", lambda d: list(range(1, 500)) + [0])
+    suite.correctness()
+    toy = {er.name: er for er in ran if er.name.startswith("dual-toy")}
+    assert list(toy) == ["dual-toy", "dual-toy-radix", "dual-toy-dummy"]
+    assert toy["dual-toy"].engine_kwargs["disable_radix_cache"] is True
+    assert toy["dual-toy-radix"].engine_kwargs["disable_radix_cache"] is False
+    prompts = [r[1] for r in toy["dual-toy-radix"].tasks[0]["requests"]]
+    assert len({tuple(p[:12]) for p in prompts}) == 1 and len({p[-1] for p in prompts}) > 1
+    assert "constructed toy: dual, radix cache on == known greedy" in suite.checks
+
+
+def test_shared_prefix_prompts_keep_each_prompts_tail():
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    assert shared_prefix_prompts(prompts, 3) == [[5, 6, 7, 8], [5, 6, 7, 12]]
+    assert shared_prefix_prompts(prompts, 0) == prompts
+    with pytest.raises(ValueError, match="last token"):
+        shared_prefix_prompts(prompts, 4)
+
+
+def test_ratios_of_a_setting_variant_use_that_settings_baselines():
+    table = {"plain": {64: 7000.0}, "eagle3": {64: 5000.0}, "dual": {64: 6930.0},
+             "plain-radix": {64: 6800.0}, "dual-radix": {64: 6664.0}}
+    ratios = report.dual_ratios([64], table)
+    assert ratios["dual-radix"]["vs_plain"] == pytest.approx({64: 0.98})
+    assert ratios["dual-radix"]["vs_best"] == pytest.approx({64: 0.98})
+    assert ratios["dual"]["vs_plain"] == pytest.approx({64: 0.99})
+    md = report.markdown_ratios([64], table)
+    assert "| dual-radix / max(plain-radix, eagle3) | 0.980 |" in md
+    assert "| dual-radix / plain-radix | 0.980 |" in md
+    phase = report._markdown_phase("t", {"plain": {64: 2.0}, "plain-radix": {64: 2.5},
+                                         "dual-radix": {64: 2.55}, "dual": {64: 2.1}}, ".2f")
+    assert "| dual-radix / plain-radix | 1.020 |" in phase
+    assert "| plain-radix / plain | 1.250 |" in phase
+    assert "| dual / plain | 1.050 |" in phase
+    # without its own baseline a variant falls back to the default one
+    assert report.baseline("dual-radix", "plain", {"plain": {}}) == "plain"
 
 
 def test_prefill_phase_table_is_the_probe_and_its_ratio_to_plain():

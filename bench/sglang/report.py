@@ -34,15 +34,32 @@ def markdown_throughput(levels: Sequence[int], table: Mapping[str, Mapping[int, 
     return (note + "\n\n" if note else "") + "\n".join(rows) + "\n"
 
 
+# Engines run with a server setting the plain and EAGLE-3 baselines do not have end in one of
+# these; each compares with the plain (and EAGLE-3) engine of the same suffix when it ran.
+SETTING_SUFFIXES = ("-radix",)
+
+
+def baseline(name: str, kind: str, names) -> str:
+    """The `kind` engine ("plain" or "eagle3") that `name` is compared with: the one run with
+    the same server setting (e.g. dual-radix -> plain-radix) when the suite ran it, else the
+    default `kind`."""
+    for suffix in SETTING_SUFFIXES:
+        if name.endswith(suffix) and kind + suffix in names:
+            return kind + suffix
+    return kind
+
+
 def dual_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, float]]
                 ) -> dict[str, dict[str, dict[int, float]]]:
     """{dual engine: {"vs_best": {c: r}, "vs_plain": {c: r}}}: each dual-* engine's tok/s over
-    max(plain, eagle3) and over plain at each concurrency both were measured."""
+    max(plain, eagle3) and over plain at each concurrency both were measured (the baselines
+    of the same server setting, see `baseline`)."""
     out: dict[str, dict[str, dict[int, float]]] = {}
-    plain, eagle = table.get("plain", {}), table.get("eagle3", {})
     for name, vals in table.items():
         if not name.startswith("dual"):
             continue
+        plain = table.get(baseline(name, "plain", table), {})
+        eagle = table.get(baseline(name, "eagle3", table), {})
         best = {c: max(plain.get(c, 0.0), eagle.get(c, 0.0)) for c in levels}
         out[name] = {
             "vs_best": {c: vals[c] / best[c] for c in levels if c in vals and best[c] > 0},
@@ -58,7 +75,8 @@ def markdown_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, floa
     rows = ["| ratio | " + " | ".join(str(c) for c in levels) + " |",
             "|---|" + "---|" * len(levels)]
     for name, r in ratios.items():
-        for kind, label in (("vs_best", "/ max(plain, eagle3)"), ("vs_plain", "/ plain")):
+        plain, eagle = baseline(name, "plain", table), baseline(name, "eagle3", table)
+        for kind, label in (("vs_best", f"/ max({plain}, {eagle})"), ("vs_plain", f"/ {plain}")):
             cells = [f"{r[kind][c]:.3f}" if c in r[kind] else "-" for c in levels]
             rows.append(f"| {name} {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
@@ -101,12 +119,15 @@ def _markdown_phase(title: str, values: Mapping[str, Mapping[int, float]], fmt: 
     rows = [title, "",
             "| engine | " + " | ".join(str(c) for c in levels) + " |",
             "|---|" + "---|" * len(levels)]
-    plain = values.get("plain", {})
     for name, vals in values.items():
         rows.append(f"| {name} | " + " | ".join(
             format(vals[c], fmt) if c in vals else "-" for c in levels) + " |")
-        if name != "plain" and plain:
-            rows.append(f"| {name} / plain | " + " | ".join(
+        base = baseline(name, "plain", values)
+        if base == name:       # a setting's own plain engine: compared with the default one
+            base = "plain"
+        plain = values.get(base, {})
+        if name != base and plain:
+            rows.append(f"| {name} / {base} | " + " | ".join(
                 f"{vals[c] / plain[c]:.3f}" if c in vals and plain.get(c) else "-"
                 for c in levels) + " |")
     return "\n".join(rows) + "\n"

@@ -37,6 +37,12 @@ ratio to plain. ``--decode-log-interval N`` has every bench engine log SGLang's 
 batch" line every N decode steps; the report turns the decode-mode windows into a step time per
 running batch, the direct form of "decode step within 2% of plain at the same batch size".
 ``--engines a,b`` runs only the named engines (device time is scarce).
+
+Radix cache. Every engine runs ``--disable-radix-cache`` (random prompts share nothing; the dual
+worker's deferred draft prefill needs it) unless ``--with-radix-cache`` adds SGLang's default
+server: bench engines ``plain-radix`` and ``dual-radix`` (compared with each other: report.
+baseline), and a correctness engine ``dual-toy-radix`` whose prompts share their first
+``--radix-prefix-len`` ids, so later requests run from cached prefixes.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from bench.sglang.workload import (  # noqa: E402
     load_toy_permutation,
     ramp_profile,
     random_prompts,
+    shared_prefix_prompts,
     staggered_requests,
     parse_decode_log,
     summarize_catch_ups,
@@ -84,6 +91,7 @@ LAZY = "lazy-catch-up"
 KEEP_CURRENT = "keep-current"
 DEFAULT = "default"          # the worker's own default continuity: no DGW_CONTINUITY set
 SUFFIX = {DEFAULT: "", LAZY: "-lazy", KEEP_CURRENT: "-keep-current"}
+RADIX = "-radix"      # engines run with the radix cache on (report.SETTING_SUFFIXES)
 
 
 @dataclass
@@ -167,11 +175,14 @@ class Suite:
 
     # -------------------------------------------------------------------- engine configs
 
-    def common(self, model: Path, load_format: str, max_bs: int) -> dict:
+    def common(self, model: Path, load_format: str, max_bs: int,
+               radix_cache: bool = False) -> dict:
+        # The radix cache is off unless asked for: random prompts share no prefix, and the
+        # dual worker defers draft prefills only without it (lazy_sync.py says why).
         return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
                     attention_backend="triton", sampling_backend="pytorch",
                     cuda_graph_max_bs_decode=max_bs, log_level=self.args.log_level,
-                    disable_radix_cache=True)
+                    disable_radix_cache=not radix_cache)
 
     @staticmethod
     def spec_kwargs(algo: str, draft: Path) -> dict:
@@ -205,35 +216,16 @@ class Suite:
                                           waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
             expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
             for continuity in self.continuities():
-                name = "dual-toy" + self.continuity_suffix(continuity)
-                env, log = self.dual_env(name, policy="threshold", threshold=a.toy_threshold,
-                                         band=0, min_dwell=0, **self.continuity_env(continuity))
-                er = EngineRun(name, "correctness",
-                               self.common(toy / "target", "auto", 32)
-                               | {"dtype": a.toy_dtype}
-                               | self.spec_kwargs(ALGO, toy / f"draft-{a.toy_draft}"),
-                               env, [{"name": "exact", "kind": "exact", "requests": requests}],
-                               est_s=30, step_log=log)
-                res = self.run(er)
-                got = (res.get("tasks", {}).get("exact") or {}).get("outputs")
-                check = {"expected": "known greedy continuation of the constructed target"}
-                if got is not None:
-                    check["exactness"] = compare_outputs(expected, got).to_json()
-                    check["steps"] = self.step_summary(log)
-                    k1 = 4.0
-                    back = check["steps"].get("min_accept_after_switch_back")
-                    check["draft_current_after_switch"] = (
-                        None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
-                    check["ok"] = bool(check["exactness"]["ok"]
-                                       and check["steps"].get("switches_back", 0) >= 1
-                                       and check["draft_current_after_switch"] is not False)
-                    self.check_catch_ups(check, continuity, log)
-                else:
-                    check["ok"] = False
-                    check["error"] = res.get("error") or res.get("skipped")
-                self.checks[f"constructed toy: {self.dual_label(continuity)} == known greedy"] \
-                    = check
-                self.write()
+                self.toy_check(toy, requests, expected, continuity)
+            if a.with_radix_cache:
+                # SGLang's default server: the radix cache on, so no deferred prefill. The
+                # prompts share a prefix, so later requests reuse cached KV (target and draft).
+                shared = shared_prefix_prompts(prompts, a.radix_prefix_len)
+                requests = staggered_requests(shared, lengths=a.exact_lengths,
+                                              gap_s=a.exact_gap_s, waves=a.exact_waves,
+                                              wave_gap_s=a.wave_gap_s)
+                expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
+                self.toy_check(toy, requests, expected, DEFAULT, radix_cache=True)
 
         # Dummy weights: plain SGLang is the reference.
         shapes = toy_shapes()
@@ -270,6 +262,45 @@ class Suite:
             self.checks[f"dummy weights: {self.dual_label(continuity)} == plain SGLang"] = check
             self.write()
 
+    def toy_check(self, toy: Path, requests: list, expected: list, continuity: str,
+                  radix_cache: bool = False) -> None:
+        """One dual engine on the constructed toy checkpoints against their known greedy
+        continuation, under the threshold policy at --toy-threshold (many switches)."""
+        a = self.args
+        setting = RADIX if radix_cache else ""
+        name = "dual-toy" + self.continuity_suffix(continuity) + setting
+        env, log = self.dual_env(name, policy="threshold", threshold=a.toy_threshold,
+                                 band=0, min_dwell=0, **self.continuity_env(continuity))
+        er = EngineRun(name, "correctness",
+                       self.common(toy / "target", "auto", 32, radix_cache=radix_cache)
+                       | {"dtype": a.toy_dtype}
+                       | self.spec_kwargs(ALGO, toy / f"draft-{a.toy_draft}"),
+                       env, [{"name": "exact", "kind": "exact", "requests": requests}],
+                       est_s=30, step_log=log)
+        res = self.run(er)
+        got = (res.get("tasks", {}).get("exact") or {}).get("outputs")
+        check = {"expected": "known greedy continuation of the constructed target"}
+        if radix_cache:
+            check["server"] = ("radix cache on (SGLang's default; no deferred prefill), "
+                               f"prompts sharing their first {a.radix_prefix_len} tokens")
+        if got is not None:
+            check["exactness"] = compare_outputs(expected, got).to_json()
+            check["steps"] = self.step_summary(log)
+            k1 = 4.0
+            back = check["steps"].get("min_accept_after_switch_back")
+            check["draft_current_after_switch"] = (
+                None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
+            check["ok"] = bool(check["exactness"]["ok"]
+                               and check["steps"].get("switches_back", 0) >= 1
+                               and check["draft_current_after_switch"] is not False)
+            self.check_catch_ups(check, continuity, log)
+        else:
+            check["ok"] = False
+            check["error"] = res.get("error") or res.get("skipped")
+        label = self.dual_label(continuity) + (", radix cache on" if radix_cache else "")
+        self.checks[f"constructed toy: {label} == known greedy"] = check
+        self.write()
+
     def bench(self, with_ramp: bool) -> None:
         a = self.args
         shapes = llama3_8b_shapes()
@@ -305,6 +336,15 @@ class Suite:
                                      **self.continuity_env(KEEP_CURRENT))
             self.run(EngineRun("dual-eager-draft", "bench", base | self.spec_kwargs(ALGO, draft),
                                sim | env, [sweep], est_s=est * 1.5, step_log=log))
+        if a.with_radix_cache:
+            # SGLang's default server (radix cache on): the dual worker defers no draft
+            # prefill there, so this pair shows what a user who keeps the default gets.
+            radix = self.common(target, "dummy", 256, radix_cache=True) | (
+                {k: v for k, v in base.items() if k in ("log_level", "decode_log_interval")})
+            self.run(EngineRun("plain" + RADIX, "bench", radix, {}, [sweep], est_s=est))
+            env, log = self.dual_env("dual-radix-bench", policy=a.dual_policy)
+            self.run(EngineRun("dual" + RADIX, "bench", radix | self.spec_kwargs(ALGO, draft),
+                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
         if a.with_no_defer:
             # The default worker less its deferred draft prefill: what the deferral buys.
             env, log = self.dual_env("dual-no-defer-bench", policy=a.dual_policy,
@@ -337,6 +377,11 @@ class Suite:
                                   "DGW_DRAFT_EXTEND_GRAPHS=0 (its one-token draft extend run "
                                   "eagerly, not from width-1 graphs)"
                                   if a.with_eager_draft else "")
+                               + ("; plain-radix, dual-radix: the radix cache on "
+                                  "(SGLang's default; the others run --disable-radix-cache; "
+                                  "fresh random prompts, so no prefix is reused), which turns "
+                                  "the dual worker's deferred draft prefill off"
+                                  if a.with_radix_cache else "")
                                + ("; dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft "
                                   "prefill runs for every prompt, as before bench5)"
                                   if a.with_no_defer else ""))
@@ -551,6 +596,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--with-no-defer", action="store_true",
                    help="also bench the dual worker with DGW_DEFER_DRAFT_PREFILL=0, engine "
                         "'dual-no-defer' (EAGLE's draft prefill for every prompt)")
+    p.add_argument("--with-radix-cache", action="store_true",
+                   help="also run with the radix cache on (SGLang's default, which turns the "
+                        "dual worker's deferred draft prefill off): bench engines "
+                        "'plain-radix' and 'dual-radix', and a correctness engine "
+                        "'dual-toy-radix' whose prompts share a prefix")
+    p.add_argument("--radix-prefix-len", type=int, default=12,
+                   help="with --with-radix-cache: ids the correctness prompts share (of 16)")
     p.add_argument("--with-continuity", action="append", choices=[LAZY, KEEP_CURRENT],
                    help="also run every dual engine with DGW_CONTINUITY=NAME (repeatable)")
     p.add_argument("--with-lazy", action="store_true",

@@ -21,6 +21,17 @@ def random_prompts(n: int, length: int, vocab: int, seed: int, low: int = 2) -> 
     return [[rng.randrange(low, vocab) for _ in range(length)] for _ in range(n)]
 
 
+def shared_prefix_prompts(prompts: Sequence[Sequence[int]], prefix_len: int) -> list[list[int]]:
+    """The prompts with their first `prefix_len` ids replaced by the first prompt's, so a
+    server with a prefix cache reuses that prefix's KV for every later request. Each prompt
+    keeps its own last id (the constructed target's continuation depends on it alone)."""
+    if prompts and not 0 <= prefix_len < min(len(p) for p in prompts):
+        raise ValueError(f"prefix_len {prefix_len} must leave each prompt at least its last "
+                         f"token (shortest prompt: {min(len(p) for p in prompts)} ids)")
+    head = list(prompts[0][:prefix_len]) if prompts else []
+    return [head + list(p[prefix_len:]) for p in prompts]
+
+
 def greedy_chain(perm: Sequence[int], last_token: int, n: int) -> list[int]:
     """The constructed target's greedy continuation: next(t) = perm[t] (DESIGN.md)."""
     out, t = [], last_token

@@ -68,6 +68,27 @@ class ModeSelector:
         self.last_mode = decision.mode
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 
+    def preview(self, bs: int) -> Mode:
+        """The mode `plan(bs)` would choose now, committing nothing: what the running batch
+        will run once it has `bs` requests. Safe between plans because a policy's `commit`
+        applies the latest `decide` (GoodputPolicy's probe flag), and every `plan` decides
+        again right before it commits."""
+        return self.policy.decide(policy_inputs(self.table, max(bs, 1),
+                                                self.graphs_enabled)).mode
+
+
+def rows_in_use(req_to_token_pool: object) -> Optional[int]:
+    """Request rows held in SGLang's ReqToTokenPool (``size - available_size()``), or None for
+    a pool without that interface. The scheduler allocates a prefill's rows before it calls the
+    worker and frees a finished request's row when it processes that request's result, so at a
+    prefill this is the running batch plus the new requests (plus any request that finished in
+    the step still in flight under overlap scheduling, or a chunked prompt between chunks)."""
+    size = getattr(req_to_token_pool, "size", None)
+    available = getattr(req_to_token_pool, "available_size", None)
+    if not isinstance(size, int) or not callable(available):
+        return None
+    return max(size - int(available()), 0)
+
 
 @dataclass(frozen=True)
 class _Launched:

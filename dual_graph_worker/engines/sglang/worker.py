@@ -13,8 +13,9 @@ Per decode step (``forward_batch_generation``): ModeSelector.plan(bs) -> either 
 step (super) or ``_decode_step``: one target DECODE replay (plain server's graph), SGLang's
 sampler, ``on_publish`` once, a one-token draft extend (a width-1 graph replay), and a result in the speculative layout
 (stride 1, accept length 1). Mixed and idle batches always take EAGLE-3's path; so do prefills,
-except that with lazy catch-up a prefill admitted while the worker decodes runs the target alone
-and stashes the prompt for a later catch-up (``_deferred_prefill``, lazy_sync.py).
+except that with lazy catch-up a prefill whose requests join a batch the policy will decode
+(previewed at the batch size the prefill grows it to) runs the target alone and stashes the
+prompt for a later catch-up (``_deferred_prefill``, lazy_sync.py).
 
 Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``lazy-catch-up`` (the default;
 lazy_sync.py) replaces the decode step's one-token draft extend by a stash of the target's
@@ -50,7 +51,12 @@ from dual_graph_worker.dispatch import DispatchTable
 from dual_graph_worker.engines.sglang import nvtx_spans
 from dual_graph_worker.engines.sglang.calibration import measure_calibration, wall_clock_timer
 from dual_graph_worker.engines.sglang.config import MEASURE, PolicyKind, WorkerConfig, build_policy
-from dual_graph_worker.engines.sglang.decision import ModeSelector, StepLedger, StepPlan
+from dual_graph_worker.engines.sglang.decision import (
+    ModeSelector,
+    StepLedger,
+    StepPlan,
+    rows_in_use,
+)
 from dual_graph_worker.engines.sglang.decode_pool import (
     DecodePool,
     build_decode_pool,
@@ -263,13 +269,24 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return result
 
     def _defers_prefill(self, batch) -> bool:
-        """Defer the draft's prefill while the server decodes (a request admitted now may
-        finish before the worker speculates again), and always for the next chunk of a prompt
-        whose earlier chunks were deferred. A wrong guess costs one catch-up at the next
-        speculative step: the same draft extend, later."""
+        """Defer the draft's prefill when the running batch this prefill joins will decode (a
+        request admitted now may finish before the worker speculates again), and always for
+        the next chunk of a prompt whose earlier chunks were deferred. A wrong guess costs one
+        catch-up at the next speculative step: the same draft extend, later."""
         lazy = self._lazy
-        decoding = self._selector is not None and self._selector.last_mode is Mode.DECODE
-        return (decoding or lazy.must_defer(batch)) and lazy.can_defer(batch)
+        return (self._next_step_decodes() or lazy.must_defer(batch)) and lazy.can_defer(batch)
+
+    def _next_step_decodes(self) -> bool:
+        """Whether the step after this prefill runs in decode mode: the policy's choice,
+        previewed and not committed, at the batch size the prefill grows the running batch
+        to. Asking the policy, not the last step's mode, matters when a burst arrives at an
+        idle or speculating server: the burst's own prefill is then deferred too."""
+        if self._selector is None:
+            return False
+        rows = rows_in_use(self.req_to_token_pool)
+        if rows is None:
+            return self._selector.last_mode is Mode.DECODE
+        return self._selector.preview(rows) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
