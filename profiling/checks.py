@@ -8,14 +8,17 @@
 2. eager_kernels_in_graph_steps: a graph step launches at most `max_eager_kernels` kernels
    eagerly outside the engine's stated set (none for the reference engine: accept/commit
    bookkeeping; SGLang's host glue for the SGLang worker); every name is listed, the stated
-   set's launches counted per family.
+   set's launches counted per family. Kernels inside a stage the engine states as deliberate
+   eager work (the SGLang worker's lazy `catch_up`) are counted and reported on their own.
 3. no_capture_instantiate_malloc: no stream capture, graph instantiation/update or memory
    allocation in steady state, on any thread of the process.
 4. switch_adds_no_api_calls: a step whose mode differs from the previous step's makes no API
    call a typical non-switch step of the same key does not make (per name, more than the
    median count), and the same holds for the calls between steps around a switch. Status
    polls (api_names.POLLING) are reported in the notes but not compared: their count follows
-   how long the host polls, not what it submits.
+   how long the host polls, not what it submits. Calls inside a stated eager stage (lazy
+   `catch_up`: draft work deferred from decode steps, due at the switch back by design) are
+   left out of the comparison and reported; check 3 still covers them.
 5. gpu_identity: GPU name, SM{major}{minor}, engine and attention backend (fails only when an
    expected SM is given and differs).
 """
@@ -78,6 +81,17 @@ def num_draft_tokens(tl: Timeline, cfg: CheckConfig) -> Optional[int]:
 
 def engine_profile(tl: Timeline, cfg: CheckConfig) -> engines.EngineProfile:
     return engines.resolve(cfg.engine, tl.config)
+
+
+def _stated_stage_calls(step: Step, profile: engines.EngineProfile) -> set[int]:
+    """ids of the step's calls inside the stages its engine states as deliberate eager work
+    (engines.EngineProfile.stated_eager_stages)."""
+    return {id(c) for s in step.stages if s.name in profile.stated_eager_stages
+            for c in s.calls}
+
+
+def _stage_label(stage: str) -> str:
+    return f"stage {stage}"
 
 
 def _no_steps_outcome(name: str, tl: Timeline) -> Optional[CheckOutcome]:
@@ -199,8 +213,14 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             if not step.graph:
                 continue
             family_of = {}
+            # Kernels of a stated eager stage count under that stage, never as glue.
+            in_stated = {id(c): _stage_label(s.name) for s in step.stages
+                         if s.name in profile.stated_eager_stages for c in s.calls}
             for c in step.calls:
                 if api_names.is_kernel_launch(c.name):
+                    if id(c) in in_stated:
+                        family_of[id(c)] = in_stated[id(c)]
+                        continue
                     fam = profile.eager_family(tl.trace.kernel_name(c),
                                                tl.trace.kernel_demangled_name(c))
                     family_of[id(c)] = fam.label if fam is not None else None
@@ -212,8 +232,9 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                 if label is not None:
                     by_family[label][tl.trace.kernel_name(c)] += 1
                     in_step[label] += 1
-            for family in profile.allowed_eager:
-                family_steps[family.label].append(in_step[family.label])
+            for label in [f.label for f in profile.allowed_eager] + [
+                    _stage_label(s) for s in profile.stated_eager_stages]:
+                family_steps[label].append(in_step[label])
             for span in step.stages:
                 for c in span.calls:
                     if id(c) in family_of:
@@ -237,6 +258,17 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             f"{len(counts)} graph steps, max {max(counts, default=0)} per step"
             + (": " + ", ".join(f"{n} x{c}" for n, c in launches.most_common())
                if launches else ""))
+    for stage in profile.stated_eager_stages:
+        label = _stage_label(stage)
+        counts, launches = family_steps[label], by_family[label]
+        if not launches:
+            continue
+        busy = [n for n in counts if n]
+        notes.append(
+            f"stated stage `{stage}` ({profile.stated_eager_why}): {sum(launches.values())} "
+            f"launches in {len(busy)} of {len(counts)} graph steps, {min(busy)}-{max(busy)} "
+            f"per step; most launched: "
+            + ", ".join(f"{n} x{c}" for n, c in launches.most_common(8)))
     most = max(per_step, default=0)
     if stated:
         total = sum(sum(c.values()) for c in by_family.values())
@@ -294,6 +326,12 @@ def _names(calls: Iterable) -> Counter:
                    if n not in api_names.POLLING)
 
 
+def _own_names(step: Step, profile: engines.EngineProfile) -> Counter:
+    """`_names` of the step's calls outside its stated eager stages."""
+    stated_ids = _stated_stage_calls(step, profile)
+    return _names(c for c in step.calls if id(c) not in stated_ids)
+
+
 def _polls(calls: Iterable) -> int:
     return sum(api_names.base_name(c.name) in api_names.POLLING for c in calls)
 
@@ -311,6 +349,8 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     n_switch = 0
     n_gaps = 0
     polls = Counter()          # status polls: "switch steps" / "other steps" -> calls, steps
+    stated = Counter()         # stated eager stages: steps that ran one, their API calls
+    profile = engine_profile(tl, cfg)
     for track in tl.tracks:
         pre = _track_prefix(tl, track)
         steady = track.steady_steps
@@ -320,9 +360,13 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             kind = "switch" if s.switch else "other"
             polls[f"{kind} polls"] += _polls(s.calls)
             polls[f"{kind} steps"] += 1
+            stated_ids = _stated_stage_calls(s, profile)
+            if stated_ids:
+                stated[f"{kind} steps with"] += 1
+                stated["calls"] += len(stated_ids)
             if not s.switch:
-                base_by_key[s.key].append(_names(s.calls))
-                base_by_mode[(s.mode, s.graph)].append(_names(s.calls))
+                base_by_key[s.key].append(_own_names(s, profile))
+                base_by_mode[(s.mode, s.graph)].append(_own_names(s, profile))
         for s in steady:
             if not s.switch:
                 continue
@@ -332,7 +376,7 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             if not baseline:
                 unverified.append(f"{where}: no non-switch {s.mode} step to compare with")
                 continue
-            extra = _extra(_names(s.calls), _typical(baseline))
+            extra = _extra(_own_names(s, profile), _typical(baseline))
             if extra:
                 violations.append(f"{where} (switch into {s.mode}): API calls a typical "
                                   f"{s.label} step does not make: {_fmt(extra)}")
@@ -368,6 +412,11 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     switch_marks = sum(len(t.switch_marks) for t in tl.tracks)
     notes = tuple(unverified) + (f"{switch_marks} switch marks, {n_switch} mode changes "
                                  "between steady steps",)
+    if stated["calls"]:
+        notes += (f"stated eager stages ({', '.join(profile.stated_eager_stages)}; "
+                  f"{profile.stated_eager_why}): {stated['calls']} API calls in "
+                  f"{stated['switch steps with']} switch steps and {stated['other steps with']} "
+                  "other steps, left out of the comparison",)
     if polls["switch polls"] or polls["other polls"]:
         per = {k: polls[f"{k} polls"] / max(polls[f"{k} steps"], 1) for k in ("switch", "other")}
         notes += (f"status polls (cudaEventQuery/StreamQuery, not compared): "

@@ -95,6 +95,11 @@ class EngineProfile:
     # Decode-mode graph stages beyond `decode`, by the trace's config:continuity ("": the
     # engine's default continuity, used when the trace names none).
     decode_extra_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Stages (names.EAGER_STAGES) whose eager work the engine runs on purpose: their calls are
+    # reported on their own, not as glue (eager-kernel limit) nor as switch cost. Every call
+    # in them still faces no_capture_instantiate_malloc.
+    stated_eager_stages: tuple[str, ...] = ()
+    stated_eager_why: str = ""
 
     def decode_stages(self, config: Mapping[str, str]) -> frozenset[str]:
         extra = self.decode_extra_stages
@@ -133,9 +138,14 @@ REFERENCE = EngineProfile(
 SGLANG = EngineProfile(
     "sglang",
     "spec: EAGLE-3's draft, verify, draft_extend graphs; decode: the decode graph and (keep-"
-    "current) the width-1 draft_extend graph; SGLang's eager glue is a stated set",
+    "current) the width-1 draft_extend graph; SGLang's eager glue is a stated set; (lazy "
+    "catch-up) the catch_up stage's eager draft extend is reported on its own",
     allowed_eager=(ATEN, SGLANG_SPEC, SGLANG_METADATA),
-    decode_extra_stages={"": (Stage.DRAFT_EXTEND.value,), LAZY_CATCH_UP: ()})
+    decode_extra_stages={"": (Stage.DRAFT_EXTEND.value,), LAZY_CATCH_UP: ()},
+    stated_eager_stages=(names.CATCH_UP,),
+    stated_eager_why="lazy catch-up: one eager draft extend over the tokens decode-mode steps "
+                     "stashed (lazy_sync.py), run by the first spec step after them; the draft "
+                     "work keep-current would have run in every decode step")
 
 PROFILES: Mapping[str, EngineProfile] = {p.name: p for p in (REFERENCE, SGLANG)}
 CHOICES = (AUTO,) + tuple(PROFILES)

@@ -6,7 +6,8 @@ them back with `parse`, so the two can never drift apart. All names live in the 
 
     step:{mode}:bs{padded_bs}        a step that replays graphs (range)
     step:{mode}:eager-bs{bs}         a step that ran eagerly (range)
-    stage:{stage}                    draft, verify, draft_extend, decode, accept, commit (range)
+    stage:{stage}                    draft, verify, draft_extend, decode, accept, commit,
+                                     catch_up (range)
     switch:{old}->{new}              the worker changed mode (mark)
     capture:{label}                  a graph was captured (mark)
     steady_state_begin               warm-up and capture are over (mark, once)
@@ -26,7 +27,12 @@ DOMAIN = "dgw"
 GRAPH_STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
 # Host-side bookkeeping after the replays; may launch a few small eager kernels.
 BOOKKEEPING_STAGES: tuple[str, ...] = ("accept", "commit")
-STAGES: tuple[str, ...] = GRAPH_STAGES + BOOKKEEPING_STAGES
+# Work a step runs eagerly on purpose, named so the checker can state it rather than count it
+# as glue: lazy catch-up's draft extend over the backlog (the draft work decode-mode steps
+# deferred; the SGLang worker's lazy_sync.py), at the first spec step after decode steps.
+CATCH_UP = "catch_up"
+EAGER_STAGES: tuple[str, ...] = (CATCH_UP,)
+STAGES: tuple[str, ...] = GRAPH_STAGES + BOOKKEEPING_STAGES + EAGER_STAGES
 
 STEADY_STATE = "steady_state_begin"
 

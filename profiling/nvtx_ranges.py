@@ -166,7 +166,8 @@ class Annotator:
         return _Range(names.step_name(mode, padded_bs, graph), self._backend, torch_on)
 
     def stage_range(self, stage: object) -> ContextManager[None]:
-        """`stage:{stage}`; stage is one of draft, verify, draft_extend, decode, accept, commit."""
+        """`stage:{stage}`; stage is one of names.STAGES (draft, verify, draft_extend, decode,
+        accept, commit, catch_up)."""
         text = getattr(stage, "value", stage)
         if text not in _STAGES:
             raise ValueError(f"unknown stage {stage!r}; use one of {', '.join(names.STAGES)}")

@@ -398,14 +398,46 @@ def _sglang_stages(mode: str, continuity: str) -> tuple[str, ...]:
     return ("decode",) if continuity == "lazy-catch-up" else ("decode", "draft_extend")
 
 
+# Lazy catch-up's eager draft extend (one draft layer: GEMMs, norm, rotary, Triton extend
+# attention, logits), as the first spec step after decode steps runs it.
+CATCH_UP_KERNELS = (("nvjet_tst_128x64_64x4_1x2_h_bz_TNT", "nvjet_tst_128x64_64x4_1x2_h_bz_TNT"),
+                    _triton("_fwd_kernel"), ("rmsnorm_kernel", "void rmsnorm_kernel<bf16>()"),
+                    ("rotary_embedding_kernel", "void rotary_embedding_kernel<bf16>()"),
+                    ("act_and_mul_kernel", "void act_and_mul_kernel<bf16>()"), GATHER, ARGMAX)
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """A catch-up in a spec step: `kernels` eager launches, inside `stage:catch_up` unless
+    `in_stage` is False; `malloc` adds a cudaMalloc inside it."""
+
+    kernels: int = 24
+    in_stage: bool = True
+    malloc: bool = False
+
+
+def _catch_up(b: ProfileBuilder, c: CatchUp) -> None:
+    ctx = b.range("stage:catch_up") if c.in_stage else contextlib.nullcontext()
+    with ctx:
+        b.api(MEMCPY)                          # the catch-up indices, one pinned upload
+        if c.malloc:
+            b.api(MALLOC, 20_000)
+        for i in range(c.kernels):
+            short, full = CATCH_UP_KERNELS[i % len(CATCH_UP_KERNELS)]
+            b.api(LAUNCH_KERNEL, kernel=short, demangled=full)
+
+
 def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
                 continuity: str = "keep-current", skip: tuple[str, ...] = (),
                 extra_stage: Optional[str] = None, graph_of: Optional[dict] = None,
-                gap_extra: tuple[str, ...] = (), unlisted_kernels: int = 0) -> None:
+                gap_extra: tuple[str, ...] = (), unlisted_kernels: int = 0,
+                catch_up: Optional[CatchUp] = None) -> None:
     graph_of = graph_of or {}
     b.hand_over(mode, gap_extra)
     with b.range(f"step:{mode}:bs{bs}"):
         b.api(LAUNCH_KERNEL, kernel=FILL[0], demangled=FILL[1])   # idle-input / plan glue
+        if catch_up is not None:
+            _catch_up(b, catch_up)
         stages = _sglang_stages(mode, continuity) + ((extra_stage,) if extra_stage else ())
         for stage in stages:
             if stage in skip:
@@ -424,9 +456,11 @@ def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
 
 
 def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-current",
-                   hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES) -> ProfileBuilder:
+                   hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES,
+                   catch_up: CatchUp = CatchUp()) -> ProfileBuilder:
     """The SGLang scenario; `violation` (one of SGLANG_VIOLATIONS) plants one fault in a
-    non-switch step (or a gap between two), where only its own check can see it."""
+    non-switch step (or a gap between two), where only its own check can see it. With lazy
+    catch-up continuity every spec step after a decode step runs `catch_up` first."""
     if violation is not None and violation not in SGLANG_VIOLATIONS:
         raise ValueError(violation)
     b = ProfileBuilder()
@@ -443,6 +477,8 @@ def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-c
     hold_decode = hold + 1          # the second step of the first decode hold: not a switch
     for i, mode in enumerate(schedule):
         kw: dict = {"continuity": continuity}
+        if continuity == "lazy-catch-up" and mode == "spec" and i and schedule[i - 1] == "decode":
+            kw["catch_up"] = catch_up
         if violation == "capture_in_steady" and i == 1:
             kw["gap_extra"] = (BEGIN_CAPTURE, END_CAPTURE, INSTANTIATE)
         if i == hold_decode:

@@ -15,7 +15,7 @@ from profiling.nsys_sqlite import load_sqlite
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_profile import (GRAPH_LAUNCH, SGLANG_FAULTS, SGLANG_VIOLATIONS,  # noqa: E402
-                              sglang_profile, standard_profile)
+                              CatchUp, sglang_profile, standard_profile)
 
 
 def _sqlite(tmp_path: Path, violation=None, **kw) -> Path:
@@ -79,6 +79,46 @@ def test_lazy_catch_up_decode_steps_have_no_draft_extend(tmp_path):
     assert all(o.passed for o in _outcomes(lazy).values())
     # A keep-current trace whose decode steps lack the draft extend fails.
     assert not _outcomes(_sqlite(tmp_path, "missing_draft_extend"))[checks.GRAPH_LAUNCHES].passed
+
+
+def _lazy(tmp_path: Path, catch_up: CatchUp, name: str) -> dict:
+    path = sglang_profile(continuity="lazy-catch-up", catch_up=catch_up).write_sqlite(
+        tmp_path / f"lazy-{name}.sqlite")
+    return _outcomes(path)
+
+
+def test_lazy_catch_up_is_stated_work_reported_apart(tmp_path):
+    """The first spec step after decode steps runs the catch-up's eager draft extend: 24
+    kernels and an upload, inside stage catch_up. They are the deferred draft work, not glue
+    and not switch cost, and they are counted in the notes."""
+    outcomes = _lazy(tmp_path, CatchUp(), "ok")
+    assert all(o.passed for o in outcomes.values()), [
+        (o.name, o.detail) for o in outcomes.values() if not o.passed]
+    eager = outcomes[checks.EAGER_KERNELS]
+    assert "max 0 eager kernel launches outside the stated set" in eager.detail
+    note = next(n for n in eager.notes if n.startswith("stated stage `catch_up`"))
+    # schedule (hold 3, 2 cycles of S S S D D D S D S D S D): 7 spec steps follow a decode step
+    assert "168 launches in 7 of 24 graph steps, 24-24 per step" in note
+    assert "nvjet_tst_128x64_64x4_1x2_h_bz_TNT x" in note
+    switch = outcomes[checks.SWITCH_COST]
+    assert any("stated eager stages (catch_up" in n and "in 7 switch steps and 0 other"
+               in n for n in switch.notes), switch.notes
+
+
+def test_catch_up_work_outside_its_stage_is_glue_and_switch_cost(tmp_path):
+    outcomes = _lazy(tmp_path, CatchUp(in_stage=False), "outside")
+    assert not outcomes[checks.EAGER_KERNELS].passed
+    # 18 of the 24: the gathers and argmaxes are ATen, in the stated glue set anyway
+    assert "18 eager kernel launches outside the stated set > 4 allowed" in \
+        outcomes[checks.EAGER_KERNELS].violations[0]
+    assert not outcomes[checks.SWITCH_COST].passed
+    assert "cudaLaunchKernel +24" in outcomes[checks.SWITCH_COST].violations[0]
+
+
+def test_an_allocation_inside_a_catch_up_still_fails_no_capture(tmp_path):
+    outcomes = _lazy(tmp_path, CatchUp(malloc=True), "malloc")
+    assert [n for n, o in outcomes.items() if not o.passed] == [checks.NO_CAPTURE]
+    assert "allocation: cudaMalloc x7" in outcomes[checks.NO_CAPTURE].violations[0]
 
 
 def test_unlisted_kernels_within_the_limit_pass_and_are_listed(tmp_path):

@@ -277,3 +277,34 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
         ("start", "stage:draft_extend"), ("end", "stage:draft_extend"), ("end", "step:spec:bs4"),
         ("mark", "switch:spec->decode"), ("start", "step:decode:bs4"), ("end", "step:decode:bs4"),
     ]
+
+
+def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch):
+    """The spec step's catch-up (and a decode step's make_room) sit inside stage:catch_up,
+    which the checker reports as stated eager work (profiling.engines SGLANG)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from dual_graph_worker.engines.sglang import worker as worker_mod
+    from dual_graph_worker.engines.sglang.decision import StepLedger
+    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+
+    rec = Recorder()
+    monkeypatch.setattr(worker_mod, "nvtx_ranges", rec.annotator())
+    log = rec.log
+    monkeypatch.setattr(eagle_module.EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None:
+                        log.append(("body", "spec")) or SimpleNamespace(
+                            extra_keep_alive_refs=None))
+    w = object.__new__(DualGraphEagleWorker)
+    w._spans = StepSpans(Annotator(None))
+    w._lazy = SimpleNamespace(before_spec_step=lambda b: log.append(("body", "catch-up"))
+                              or ["kept"])
+    w._ledger = StepLedger()
+    w._selector = ModeSelector(DispatchTable.build((1, 2, 4), (1, 2, 4, 8)),
+                               CyclePolicy(hold=1, num_draft_tokens=3))
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
+                            seq_lens=torch.zeros(3, dtype=torch.int64))
+    res = w.forward_batch_generation(batch)
+    assert res.extra_keep_alive_refs == ["kept"]
+    assert log == [("start", "stage:catch_up"), ("body", "catch-up"), ("end", "stage:catch_up"),
+                   ("body", "spec")]

@@ -81,7 +81,7 @@ from dual_graph_worker.engines.sglang.step_log import StepLogWriter
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import CalibrationTable
-from profiling import nvtx_ranges
+from profiling import names, nvtx_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # Spec steps' draft/verify/draft_extend stage ranges come from SGLang's own stage hooks.
         with self._spans.step(plan, self):
             if plan.mode is Mode.SPEC:
-                keep_alive = None if self._lazy is None else self._lazy.before_spec_step(batch)
+                keep_alive = None
+                if self._lazy is not None:
+                    # Its own NVTX stage: the checker reports this eager draft extend as the
+                    # deferred draft work, apart from glue and switch cost (profiling.engines).
+                    with nvtx_ranges.stage_range(names.CATCH_UP):
+                        keep_alive = self._lazy.before_spec_step(batch)
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                           grammar_barrier=grammar_barrier)
                 if keep_alive:
@@ -308,7 +313,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lazy = self._lazy
         if lazy is not None:
             rows = rows_of(batch)
-            lazy_keep_alive = lazy.make_room(batch, rows)      # a catch-up if the stash is full
+            with nvtx_ranges.stage_range(names.CATCH_UP):
+                lazy_keep_alive = lazy.make_room(batch, rows)  # a catch-up if the stash is full
         mr = self._target_worker.model_runner
         out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
                                              batch.req_pool_indices, batch.seq_lens)
