@@ -67,6 +67,9 @@ class Trace:
     # The graph a graph launch replayed (nsys: graphExecId, else graphId), so a check can tell
     # which captured graph a stage ran, not only how many.
     graph_ids: Mapping[KernelKey, int] = field(default_factory=dict)
+    # GPU time of what an API call launched (an eager kernel, or a whole graph replay), so a
+    # report can say what a step or stage costs the device, not only the host.
+    gpu_ns: Mapping[KernelKey, int] = field(default_factory=dict)
 
     @staticmethod
     def _lookup(table: Mapping[KernelKey, object], call: TraceEvent) -> object:
@@ -81,6 +84,15 @@ class Trace:
     def kernel_demangled_name(self, call: TraceEvent) -> str:
         """The demangled name when recorded, else the same as `kernel_name`."""
         return str(self._lookup(self.kernel_demangled, call) or self.kernel_name(call))
+
+    def gpu_time_ns(self, call: TraceEvent) -> int:
+        """GPU time of the kernel or graph `call` launched; 0 when the source has none."""
+        found = self._lookup(self.gpu_ns, call)
+        return int(found) if found is not None else 0
+
+    @property
+    def has_gpu_times(self) -> bool:
+        return bool(self.gpu_ns)
 
     def graph_id(self, call: TraceEvent) -> Optional[int]:
         found = self._lookup(self.graph_ids, call)

@@ -218,6 +218,22 @@ def _graph_ids(db: _Db) -> dict[KernelKey, int]:
     return out
 
 
+def _gpu_durations(db: _Db) -> dict[KernelKey, int]:
+    """GPU time of each eager kernel and each graph replay, by its launch's (pid, correlation
+    id). Graph-node kernel rows are left out: their graph's row already spans them."""
+    out: dict[KernelKey, int] = {}
+    for table, node_col in ((KERNEL_TABLE, "graphNodeId"), (GRAPH_TABLE, None)):
+        if table not in db.tables:
+            continue
+        cols = ("correlationId", "start", "end", "globalPid") + ((node_col,) if node_col else ())
+        for corr, start, end, gpid, *node in db.select(table, cols):
+            if corr is None or start is None or end is None or (node and node[0]):
+                continue
+            key = (split_global_tid(gpid)[0], int(corr))
+            out[key] = out.get(key, 0) + max(int(end) - int(start), 0)
+    return out
+
+
 def _gpus(db: _Db) -> tuple[GpuInfo, ...]:
     if "TARGET_INFO_GPU" not in db.tables:
         return ()
@@ -251,6 +267,7 @@ def load_sqlite(path: Path) -> Trace:
         short_names, demangled_names = _kernel_names(db, strings)
         return Trace(tuple(events), short_names, _gpus(db),
                      source=f"nsys SQLite export {path}", warnings=tuple(warnings),
-                     kernel_demangled=demangled_names, graph_ids=_graph_ids(db))
+                     kernel_demangled=demangled_names, graph_ids=_graph_ids(db),
+                     gpu_ns=_gpu_durations(db))
     finally:
         conn.close()

@@ -24,6 +24,21 @@ class StepGroup:
 
 
 @dataclass(frozen=True)
+class GpuTimeGroup:
+    """Median GPU time of what the steps of one kind launched (kernels and graph replays),
+    split by whether the step ran a stated eager stage (`stage`, e.g. catch_up); a row with
+    `only_stage` set times that stage's own launches."""
+
+    mode: str
+    padded_bs: int
+    graph: bool
+    stage: str          # "" : steps without a stated eager stage
+    only_stage: bool
+    count: int
+    median_us: float
+
+
+@dataclass(frozen=True)
 class ProfileSummary:
     source: str
     gpus: tuple[str, ...]  # "NVIDIA H200 (SM90)"
@@ -39,6 +54,7 @@ class ProfileSummary:
     switches: int
     groups: tuple[StepGroup, ...]  # steady steps by (mode, bs, graph)
     warnings: tuple[str, ...]
+    gpu_groups: tuple[GpuTimeGroup, ...] = ()   # empty: the source has no GPU timings
 
 
 def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
@@ -58,6 +74,7 @@ def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
         by_key.setdefault(s.key, []).append(s.duration_ns)
     groups = tuple(StepGroup(m, bs, g, len(d), statistics.median(d) / 1e3)
                    for (m, bs, g), d in sorted(by_key.items()))
+    gpu_groups = _gpu_time_groups(tl, steady, profile.stated_eager_stages)
     return ProfileSummary(
         source=tl.trace.source,
         gpus=tuple(f"{g.name} ({g.sm or 'SM?'})" for g in gpus),
@@ -73,7 +90,25 @@ def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
         switches=sum(s.switch for s in steady),
         groups=groups,
         warnings=tl.trace.warnings + tl.config_conflicts,
+        gpu_groups=gpu_groups,
     )
+
+
+def _gpu_time_groups(tl: Timeline, steady, stated_stages) -> tuple[GpuTimeGroup, ...]:
+    if not tl.trace.has_gpu_times:
+        return ()
+    gpu = tl.trace.gpu_time_ns
+    samples: dict[tuple, list[int]] = {}
+    for s in steady:
+        stages = [sp for sp in s.stages if sp.name in stated_stages and sp.calls]
+        stage = ",".join(sorted({sp.name for sp in stages}))
+        samples.setdefault((s.mode, s.padded_bs, s.graph, stage, False), []).append(
+            sum(gpu(c) for c in s.calls))
+        if stages:
+            samples.setdefault((s.mode, s.padded_bs, s.graph, stage, True), []).append(
+                sum(gpu(c) for sp in stages for c in sp.calls))
+    return tuple(GpuTimeGroup(m, bs, g, stage, only, len(v), statistics.median(v) / 1e3)
+                 for (m, bs, g, stage, only), v in sorted(samples.items()))
 
 
 def _verdict(passed: bool) -> str:
@@ -135,9 +170,19 @@ def render_markdown(outcomes: Sequence[CheckOutcome], summary: ProfileSummary,
             out += ([""] if o.violations else []) + ["Notes:"] + [f"- {n}" for n in o.notes]
     if summary.groups:
         out += ["", "## Steady-state steps", "",
-                "| mode | padded bs | graph | steps | median duration (us) |", "|---|---|---|---|---|"]
+                "| mode | padded bs | graph | steps | median step range, host (us) |", "|---|---|---|---|---|"]
         out += [f"| {g.mode} | {g.padded_bs} | {'yes' if g.graph else 'eager'} | {g.count} | "
                 f"{g.median_us:.1f} |" for g in summary.groups]
+    if summary.gpu_groups:
+        out += ["", "## GPU time a step launched", "",
+                "Kernels and graph replays launched inside each steady step, summed (GPU busy "
+                "time, not wall time); steps that ran a stated eager stage are a row of their "
+                "own, and that stage's own launches another.", "",
+                "| mode | padded bs | graph | stated eager stage | what | steps | median GPU "
+                "time (us) |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {g.mode} | {g.padded_bs} | {'yes' if g.graph else 'eager'} | "
+                f"{g.stage or '-'} | {'the stage alone' if g.only_stage else 'whole step'} | "
+                f"{g.count} | {g.median_us:.1f} |" for g in summary.gpu_groups]
     if timeline_png:
         out += ["", "## Timeline", "", f"![timeline]({timeline_png})"]
     if summary.warnings:

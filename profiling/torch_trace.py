@@ -63,6 +63,7 @@ def load_chrome_trace(path: Path) -> Trace:
         raise ProfileInputError(f"{path} has no traceEvents list; is it a Chrome trace?")
     events: list[TraceEvent] = []
     kernel_names: dict[KernelKey, str] = {}
+    gpu_ns: dict[KernelKey, int] = {}
     for ev in raw_events:
         if not isinstance(ev, dict) or "ts" not in ev:
             continue
@@ -82,6 +83,7 @@ def load_chrome_trace(path: Path) -> Trace:
             if corr is not None:
                 # Kernel rows carry the device as pid; correlation ids are unique per trace.
                 kernel_names.setdefault((None, corr), name)
+                gpu_ns[(None, corr)] = gpu_ns.get((None, corr), 0) + (end - start)
         elif category in SKIPPED_CATEGORIES:
             continue
         elif names.parse(name) is not None:
@@ -94,4 +96,5 @@ def load_chrome_trace(path: Path) -> Trace:
                         "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU")
     props = data.get("deviceProperties", []) if isinstance(data, dict) else []
     return Trace(tuple(events), kernel_names, _gpus(props or []),
-                 source=f"torch.profiler trace {path}", warnings=tuple(warnings))
+                 source=f"torch.profiler trace {path}", warnings=tuple(warnings),
+                 gpu_ns=gpu_ns)

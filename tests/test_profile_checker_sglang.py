@@ -203,3 +203,18 @@ def test_check_without_matplotlib_still_writes_the_verdict(tmp_path, monkeypatch
     assert result.passed and result.timeline_png is None
     assert result.report_md.exists() and result.check_json.exists()
     assert "![timeline]" not in result.report_md.read_text()
+
+
+def test_report_times_what_steps_and_the_catch_up_launched_on_the_gpu(tmp_path):
+    """Fixture kernels run 4 us, graph replays 30 us: a spec step is 3 graphs and 15 glue
+    kernels (150 us); a catch-up adds its 24 kernels (96 us), reported on their own too."""
+    path = sglang_profile(continuity="lazy-catch-up").write_sqlite(tmp_path / "lazy.sqlite")
+    result = check_report(path, tmp_path / "out")
+    rows = {(g.mode, g.stage, g.only_stage): (g.count, g.median_us)
+            for g in result.summary.gpu_groups}
+    assert rows[("spec", "", False)] == (5, 150.0)
+    assert rows[("spec", "catch_up", False)] == (7, 246.0)
+    assert rows[("spec", "catch_up", True)] == (7, 96.0)
+    assert rows[("decode", "", False)][1] == 30.0 + 4 * 5      # graph + fill + 4 glue kernels
+    md = result.report_md.read_text()
+    assert "| spec | 8 | yes | catch_up | the stage alone | 7 | 96.0 |" in md

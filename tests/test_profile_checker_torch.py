@@ -53,6 +53,12 @@ def test_both_sources_normalize_to_the_same_steps(tmp_path):
                  len(s.calls)) for s in tl.steps]
 
     assert shape(a) == shape(b)
+    # GPU time of the eager kernels, read from both sources (graph replays: nsys only here)
+    kernels_a = [a.trace.gpu_time_ns(c) for s in a.steps for c in s.calls
+                 if a.trace.kernel_name(c) != "?"]
+    kernels_b = [b.trace.gpu_time_ns(c) for s in b.steps for c in s.calls
+                 if b.trace.kernel_name(c) != "?" and b.trace.graph_id(c) is None]
+    assert kernels_a and set(kernels_a) == set(kernels_b) == {4_000}
 
 
 def test_gzipped_trace_and_cli(tmp_path, capsys):
