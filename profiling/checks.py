@@ -83,10 +83,10 @@ def engine_profile(tl: Timeline, cfg: CheckConfig) -> engines.EngineProfile:
     return engines.resolve(cfg.engine, tl.config)
 
 
-def _stated_stage_calls(step: Step, profile: engines.EngineProfile) -> set[int]:
-    """ids of the step's calls inside the stages its engine states as deliberate eager work
-    (engines.EngineProfile.stated_eager_stages)."""
-    return {id(c) for s in step.stages if s.name in profile.stated_eager_stages
+def _stated_stage_calls(step: Step, profile: engines.EngineProfile) -> dict[int, str]:
+    """{id of a call: its stage} for the step's calls inside the stages its engine states as
+    deliberate eager work (engines.EngineProfile.stated_eager_stages)."""
+    return {id(c): s.name for s in step.stages if s.name in profile.stated_eager_stages
             for c in s.calls}
 
 
@@ -214,12 +214,11 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                 continue
             family_of = {}
             # Kernels of a stated eager stage count under that stage, never as glue.
-            in_stated = {id(c): _stage_label(s.name) for s in step.stages
-                         if s.name in profile.stated_eager_stages for c in s.calls}
+            in_stated = _stated_stage_calls(step, profile)
             for c in step.calls:
                 if api_names.is_kernel_launch(c.name):
                     if id(c) in in_stated:
-                        family_of[id(c)] = in_stated[id(c)]
+                        family_of[id(c)] = _stage_label(in_stated[id(c)])
                         continue
                     fam = profile.eager_family(tl.trace.kernel_name(c),
                                                tl.trace.kernel_demangled_name(c))

@@ -144,8 +144,9 @@ SGLANG = EngineProfile(
     decode_extra_stages={"": (Stage.DRAFT_EXTEND.value,), LAZY_CATCH_UP: ()},
     stated_eager_stages=(names.CATCH_UP,),
     stated_eager_why="lazy catch-up: one eager draft extend over the tokens decode-mode steps "
-                     "stashed (lazy_sync.py), run by the first spec step after them; the draft "
-                     "work keep-current would have run in every decode step")
+                     "stashed (lazy_sync.py), run by the first spec step after them, or early "
+                     "in a decode step when the stash is full; the draft work keep-current "
+                     "would have run in every decode step")
 
 PROFILES: Mapping[str, EngineProfile] = {p.name: p for p in (REFERENCE, SGLANG)}
 CHOICES = (AUTO,) + tuple(PROFILES)

@@ -54,7 +54,8 @@ before the next speculative step (lazy_sync.py); ``lazy_stash_mb`` bounds the st
 the GPU memory free after start-up), a full stash first drops the cells of finished requests
 (a compaction, no draft work) and only when the live backlog itself fills it catches up early
 (a "forced" catch-up). ``defer_draft_prefill`` extends this to prompts: a prefill that joins
-a running batch the policy will decode (at the batch size the prefill grows it to) stashes the prompt's features instead of running EAGLE's draft prefill
+a running batch the policy will decode (at the batch size the prefill grows it to) stashes the
+prompt's features instead of running EAGLE's draft prefill
 (bench4 on the H200: the decode phase was within 0.1-2.1% of plain SGLang, the prefill phase
 4-6% slower, EAGLE's draft over every prompt token). It needs the radix cache off
 (``--disable-radix-cache``; lazy_sync.py says why) and is skipped otherwise.
