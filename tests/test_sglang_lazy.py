@@ -47,6 +47,7 @@ def test_lazy_modules_do_not_import_sglang():
         import sys
         import dual_graph_worker.engines.sglang.backlog, dual_graph_worker.engines.sglang.catch_up
         import dual_graph_worker.engines.sglang.config, dual_graph_worker.engines.sglang.stash_room
+        import dual_graph_worker.engines.sglang.queue_hook
         assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -822,10 +823,14 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
         return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
                                seq_lens=torch.zeros(bs, dtype=torch.int64))
 
-    def prefill(bs, running):
-        # The scheduler allocates the prefill's rows before it calls the worker.
+    def prefill(bs, running, queued=0):
+        # The scheduler allocates the prefill's rows before it calls the worker; its queue
+        # hook (queue_hook.py) leaves the number of requests still waiting on the batch.
         w.req_to_token_pool.used = running + bs
-        return w.forward_batch_generation(batch(bs, ForwardMode.EXTEND))
+        b = batch(bs, ForwardMode.EXTEND)
+        if queued:
+            b.dgw_queued_requests = queued
+        return w.forward_batch_generation(b)
 
     prefill(3, running=0)                # the batch will speculate (3 <= 4): EAGLE's prefill
     res = w.forward_batch_generation(batch(2))
@@ -850,6 +855,10 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
     assert calls == ["catch-up", "spec", "deferred", "decode", "prefill", "spec"]
     # previews committed nothing: the next step still follows the policy from its last mode
     assert w._selector.plan(3).mode.value == "spec"
+    # the first batch of a burst: 3 rows now, 6 requests still queued behind it -> deferred
+    calls.clear()
+    assert prefill(3, running=0, queued=6) == "deferred-result"
+    assert prefill(3, running=0) != "deferred-result"
 
     # a chunk continuing a deferred prompt is deferred whatever the mode
     calls.clear()

@@ -465,6 +465,41 @@ def test_registration_is_idempotent_and_mirrors_eagle3(registered):
     assert algo.create_worker.__func__ is not None
 
 
+def test_queue_hook_annotates_the_prefill_batch_through_sglangs_own_wrapper(registered):
+    """The AFTER hook on Scheduler.get_new_batch_prefill, wrapped the way HookRegistry wraps it,
+    around SGLang's real method: the returned prefill batch carries the queue length."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType, _wrap_fn
+
+    from dual_graph_worker.engines.sglang import queue_hook
+
+    hooks = HookRegistry._hooks.get(queue_hook.TARGET, [])
+    assert (HookType.AFTER, queue_hook.annotate_queued_requests) in [h[:2] for h in hooks]
+    ours = registered.from_string("DUAL_GRAPH_EAGLE3")
+    wrapped = _wrap_fn(Scheduler.get_new_batch_prefill, queue_hook.annotate_queued_requests,
+                       HookType.AFTER)
+
+    def scheduler(batch):
+        return SimpleNamespace(
+            prefill_delayer=None, waiting_queue=[object()] * 5,
+            _get_new_batch_prefill_raw=lambda prefill_delayer_single_pass, running_batch:
+            (batch, running_batch))
+
+    batch = SimpleNamespace(spec_algorithm=ours)
+    plan = wrapped(scheduler(batch), "running")
+    assert plan.batch_to_run is batch and plan.running_batch == "running"
+    assert queue_hook.queued_requests(batch) == 5
+    # Another algorithm's batch, no batch, or a scheduler without a queue: untouched, no error.
+    other = SimpleNamespace(spec_algorithm=registered.EAGLE3)
+    wrapped(scheduler(other), "running")
+    assert queue_hook.queued_requests(other) == 0
+    assert wrapped(scheduler(None), "running").batch_to_run is None
+    broken = SimpleNamespace(prefill_delayer=None,
+                             _get_new_batch_prefill_raw=lambda **kw: (batch, "r"))
+    assert wrapped(broken, "r").batch_to_run is batch
+    assert queue_hook.queued_requests(SimpleNamespace(dgw_queued_requests="7")) == 0
+
+
 def test_future_map_is_built_for_the_plugin(registered):
     from sglang.srt.managers.overlap_utils import FutureMap
 

@@ -84,15 +84,15 @@ Prefill, EAGLE's path (``on_prefill``): a request admitted by an extend batch ge
 state from EAGLE's own prefill draft extend (eagle_worker_v2.py:1106-1141), so its row starts
 current; this also resets a row a finished request left behind (rows are reused).
 
-Prefill, deferred (``defer_prefill``; the worker chooses it when the running batch the prefill
-joins will decode: it previews the policy at the batch size the prefill grows that batch to,
-ModeSelector.preview with decision.rows_in_use). Measured on the H200 (bench4,
-``--decode-step-time``): the dual worker's decode phase was within 0.1-2.1% of plain SGLang's but
-its prefill phase 4-6% slower, EAGLE's draft prefill over every prompt token. A request admitted
-to a batch that will decode may never speculate, so the draft's prefill is deferred like a
-decode step's draft extend: the target prefill runs as on EAGLE's path (FULL
-hidden capture, tp_worker.forward_batch_generation), then each prompt position p is filed in the
-stash as (target aux at p, token at p + 1), the ids EAGLE's prefill extend would feed
+Prefill, deferred (``defer_prefill``). The worker chooses it when the running batch the prefill
+joins will decode: it previews the policy at the batch size that batch grows to, the rows in use
+plus the requests still queued (ModeSelector.preview, decision.rows_in_use, queue_hook.py).
+Measured on the H200 (bench4, ``--decode-step-time``): the dual worker's decode phase was within
+0.1-2.1% of plain SGLang's but its prefill phase 4-6% slower, EAGLE's draft prefill over every
+prompt token. A request admitted to a batch that will decode may never speculate, so the draft's
+prefill is deferred like a decode step's draft extend: the target prefill runs as on EAGLE's
+path (FULL hidden capture, tp_worker.forward_batch_generation), then each prompt position p is
+filed in the stash as (target aux at p, token at p + 1), the ids EAGLE's prefill extend would feed
 (catch_up.shifted_prompt_tokens, with eagle_utils._eagle_prefill_tail_tokens for the last row),
 under the KV slot ``out_cache_loc`` gave it, and the row's backlog becomes the chunk
 (backlog.note_prefill). The result's next_draft_input holds placeholders of spec mode's shapes

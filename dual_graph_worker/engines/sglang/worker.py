@@ -14,8 +14,8 @@ step (super) or ``_decode_step``: one target DECODE replay (plain server's graph
 sampler, ``on_publish`` once, a one-token draft extend (a width-1 graph replay), and a result in the speculative layout
 (stride 1, accept length 1). Mixed and idle batches always take EAGLE-3's path; so do prefills,
 except that with lazy catch-up a prefill whose requests join a batch the policy will decode
-(previewed at the batch size the prefill grows it to) runs the target alone and stashes the
-prompt for a later catch-up (``_deferred_prefill``, lazy_sync.py).
+(previewed at the size that batch grows to, queued requests included: queue_hook.py) runs the
+target alone and stashes the prompt for a later catch-up (``_deferred_prefill``, lazy_sync.py).
 
 Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``lazy-catch-up`` (the default;
 lazy_sync.py) replaces the decode step's one-token draft extend by a stash of the target's
@@ -71,6 +71,7 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
 )
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
+from dual_graph_worker.engines.sglang.queue_hook import queued_requests
 from dual_graph_worker.engines.sglang.layout import (
     decode_lengths,
     decode_out_cache_loc,
@@ -279,19 +280,21 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         the next chunk of a prompt whose earlier chunks were deferred. A wrong guess costs one
         catch-up at the next speculative step: the same draft extend, later."""
         lazy = self._lazy
-        return (self._next_step_decodes() or lazy.must_defer(batch)) and lazy.can_defer(batch)
+        return ((self._next_step_decodes(batch) or lazy.must_defer(batch))
+                and lazy.can_defer(batch))
 
-    def _next_step_decodes(self) -> bool:
-        """Whether the step after this prefill runs in decode mode: the policy's choice,
-        previewed and not committed, at the batch size the prefill grows the running batch
-        to. Asking the policy, not the last step's mode, matters when a burst arrives at an
-        idle or speculating server: the burst's own prefill is then deferred too."""
+    def _next_step_decodes(self, batch) -> bool:
+        """Whether the running batch this prefill joins will run in decode mode: the policy's
+        choice, previewed and not committed, at the size that batch grows to, the rows in use
+        (running requests plus this prefill's) plus the requests still queued behind it
+        (queue_hook.py). Asking the policy, not the last step's mode, matters when a burst
+        arrives at an idle or speculating server: the burst's own prefills are deferred too."""
         if self._selector is None:
             return False
         rows = rows_in_use(self.req_to_token_pool)
         if rows is None:
             return self._selector.last_mode is Mode.DECODE
-        return self._selector.preview(rows) is Mode.DECODE
+        return self._selector.preview(rows + queued_requests(batch)) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
