@@ -859,6 +859,10 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
     calls.clear()
     assert prefill(3, running=0, queued=6) == "deferred-result"
     assert prefill(3, running=0) != "deferred-result"
+    # ... unless the server cannot admit them: a pool of 4 rows never runs 9 requests at once
+    w.req_to_token_pool.size = 4
+    assert prefill(3, running=0, queued=6) != "deferred-result"
+    w.req_to_token_pool.size = 64
 
     # a chunk continuing a deferred prompt is deferred whatever the mode
     calls.clear()

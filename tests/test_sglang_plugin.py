@@ -34,7 +34,7 @@ from dual_graph_worker.engines.sglang.decision import (
     StepLedger,
     StepPlan,
     policy_inputs,
-    rows_in_use,
+    expected_batch_size,
 )
 from dual_graph_worker.engines.sglang.layout import (
     DraftHandoff,
@@ -237,11 +237,14 @@ def test_preview_commits_nothing_dwell_and_probe_included():
     assert Mode.SPEC in modes and Mode.DECODE in modes
 
 
-def test_rows_in_use_reads_the_request_pool():
+def test_expected_batch_size_reads_the_request_pool_and_the_queue():
     pool = SimpleNamespace(size=10, available_size=lambda: 7)
-    assert rows_in_use(pool) == 3
-    assert rows_in_use(SimpleNamespace(size=10)) is None       # not a ReqToTokenPool
-    assert rows_in_use(None) is None
+    assert expected_batch_size(pool) == 3
+    assert expected_batch_size(pool, queued=4) == 7
+    # a server admits at most its pool's rows (max running requests), however long the queue
+    assert expected_batch_size(pool, queued=50) == 10
+    assert expected_batch_size(SimpleNamespace(size=10)) is None   # not a ReqToTokenPool
+    assert expected_batch_size(None, queued=3) is None
 
 
 def test_ledger_pairs_results_in_launch_order():

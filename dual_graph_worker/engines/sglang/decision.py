@@ -77,17 +77,19 @@ class ModeSelector:
                                                 self.graphs_enabled)).mode
 
 
-def rows_in_use(req_to_token_pool: object) -> Optional[int]:
-    """Request rows held in SGLang's ReqToTokenPool (``size - available_size()``), or None for
-    a pool without that interface. The scheduler allocates a prefill's rows before it calls the
-    worker and frees a finished request's row when it processes that request's result, so at a
-    prefill this is the running batch plus the new requests (plus any request that finished in
-    the step still in flight under overlap scheduling, or a chunked prompt between chunks)."""
+def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[int]:
+    """The size the running batch grows to once a prefill and the `queued` requests behind it
+    have joined: the request rows held in SGLang's ReqToTokenPool (``size - available_size()``)
+    plus `queued`, capped at the pool's size (a server's max running requests); None for a pool
+    without that interface. The scheduler allocates a prefill's rows before it calls the worker
+    and frees a finished request's row when it processes that request's result, so at a prefill
+    the rows held are the running batch plus the new requests (plus any request that finished
+    in the step still in flight under overlap scheduling, or a chunked prompt between chunks)."""
     size = getattr(req_to_token_pool, "size", None)
     available = getattr(req_to_token_pool, "available_size", None)
     if not isinstance(size, int) or not callable(available):
         return None
-    return max(size - int(available()), 0)
+    return min(max(size - int(available()), 0) + max(int(queued), 0), size)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ current; this also resets a row a finished request left behind (rows are reused)
 
 Prefill, deferred (``defer_prefill``). The worker chooses it when the running batch the prefill
 joins will decode: it previews the policy at the batch size that batch grows to, the rows in use
-plus the requests still queued (ModeSelector.preview, decision.rows_in_use, queue_hook.py).
+plus the requests still queued (ModeSelector.preview, decision.expected_batch_size, queue_hook.py).
 Measured on the H200 (bench4, ``--decode-step-time``): the dual worker's decode phase was within
 0.1-2.1% of plain SGLang's but its prefill phase 4-6% slower, EAGLE's draft prefill over every
 prompt token. A request admitted to a batch that will decode may never speculate, so the draft's

@@ -55,7 +55,7 @@ from dual_graph_worker.engines.sglang.decision import (
     ModeSelector,
     StepLedger,
     StepPlan,
-    rows_in_use,
+    expected_batch_size,
 )
 from dual_graph_worker.engines.sglang.decode_pool import (
     DecodePool,
@@ -287,14 +287,14 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         """Whether the running batch this prefill joins will run in decode mode: the policy's
         choice, previewed and not committed, at the size that batch grows to, the rows in use
         (running requests plus this prefill's) plus the requests still queued behind it
-        (queue_hook.py). Asking the policy, not the last step's mode, matters when a burst
+        (queue_hook.py), capped at the request pool (decision.expected_batch_size). Asking the policy, not the last step's mode, matters when a burst
         arrives at an idle or speculating server: the burst's own prefills are deferred too."""
         if self._selector is None:
             return False
-        rows = rows_in_use(self.req_to_token_pool)
-        if rows is None:
+        bs = expected_batch_size(self.req_to_token_pool, queued_requests(batch))
+        if bs is None:
             return self._selector.last_mode is Mode.DECODE
-        return self._selector.preview(rows + queued_requests(batch)) is Mode.DECODE
+        return self._selector.preview(bs) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
