@@ -168,7 +168,8 @@ def test_sweep_probe_times_a_one_token_batch_on_fresh_prompts():
     res = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)
     (point,) = res["points"]
     assert point["output_tokens"] == 64 and point["prefill_only_seconds"] >= 0
-    (main, n_main), (probe, n_probe) = calls
+    # the probe first: both runs start from the state the previous point left
+    (probe, n_probe), (main, n_main) = calls
     assert (n_main, n_probe) == (16, 1) and len(probe) == 4
     assert probe != main                     # no radix-cache hit on the probe's prefill
     calls.clear()

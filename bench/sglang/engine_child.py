@@ -74,6 +74,17 @@ def run_sweep(engine, task: dict, emit) -> dict:
         engine.generate(input_ids=random_prompts(2, 16, task["vocab"], seed=99),
                         sampling_params=_sampling(8))
     for c in task["concurrency"]:
+        probe_s = None
+        if task.get("prefill_probe"):
+            # The same batch shape generating one token: the prefill (and first step) alone.
+            # Fresh prompts (other seed) so the radix cache cannot shorten the prefill. Run
+            # first: one-token requests take no decode step, so the dual worker's policy state
+            # (which decides whether a prefill's draft prefill is deferred) is the one the
+            # previous point left for both runs, and the probe times the main run's prefill.
+            probe = random_prompts(c, task["input_len"], task["vocab"], seed=5000 + c)
+            t1 = time.perf_counter()
+            engine.generate(input_ids=probe, sampling_params=_sampling(1))
+            probe_s = time.perf_counter() - t1
         prompts = random_prompts(c, task["input_len"], task["vocab"], seed=1000 + c)
         t0w, t0 = time.time(), time.perf_counter()
         outs = _as_list(engine.generate(input_ids=prompts,
@@ -82,13 +93,8 @@ def run_sweep(engine, task: dict, emit) -> dict:
         tokens = sum(len(o["output_ids"]) for o in outs)
         point = {"concurrency": c, "seconds": dt, "output_tokens": tokens,
                  "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time()}
-        if task.get("prefill_probe"):
-            # The same batch shape generating one token: the prefill (and first step) alone.
-            # Fresh prompts (other seed) so the radix cache cannot shorten the prefill.
-            probe = random_prompts(c, task["input_len"], task["vocab"], seed=5000 + c)
-            t1 = time.perf_counter()
-            engine.generate(input_ids=probe, sampling_params=_sampling(1))
-            point["prefill_only_seconds"] = time.perf_counter() - t1
+        if probe_s is not None:
+            point["prefill_only_seconds"] = probe_s
         res["points"].append(point)
         emit(res)
     return res

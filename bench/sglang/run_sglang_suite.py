@@ -32,8 +32,9 @@ so one run measures the strategies side by side. An engine that runs lazy catch-
 show catch-ups (``catch_up`` events in its step log) for its correctness checks to pass.
 
 Phase split of the bench. ``--decode-step-time`` also times each sweep batch at one output
-token: the report gives the prefill phase (that time) and the decode phase per token, each as a
-ratio to plain. ``--decode-log-interval N`` has every bench engine log SGLang's own "Decode
+token, right before the batch itself (so the dual worker's deferral decisions start from the same
+policy state in both; until bench11 the probe ran after the batch, from decode mode): the report
+gives the prefill phase (that time) and the decode phase per token, each as a ratio to plain. ``--decode-log-interval N`` has every bench engine log SGLang's own "Decode
 batch" line every N decode steps; the report turns the decode-mode windows into a step time per
 running batch, the direct form of "decode step within 2% of plain at the same batch size".
 ``--engines a,b`` runs only the named engines (device time is scarce).
