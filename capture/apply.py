@@ -23,7 +23,6 @@ class TunedPools(NamedTuple):
     spec_bs: tuple[int, ...]
     decode_bs: tuple[int, ...]
     calibration: CalibrationTable
-    source: str
 
 
 def build_model_shape(*, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
@@ -61,4 +60,4 @@ def tuned_pools(path: str | Path, engine, gpu: Optional[GpuInfo] = None) -> Tune
     if gpu is None and engine.device.type == "cuda":
         gpu = GpuInfo.from_torch(engine.device.index or 0)
     cfg = load_capture_config(path, expected_gpu=gpu, expected_shape=model_shape(engine))
-    return TunedPools(cfg.spec_bs, cfg.decode_bs, cfg.calibration, str(path))
+    return TunedPools(cfg.spec_bs, cfg.decode_bs, cfg.calibration)

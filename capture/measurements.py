@@ -226,6 +226,13 @@ class Measurements:
     def num_draft_tokens(self) -> int:
         return self.model.num_draft_tokens
 
+    @property
+    def one_time_compile_s(self) -> Optional[float]:
+        """The warm-up capture and replay measured apart (meta), when it was measured."""
+        value = self.meta.get("one_time_compile_s")
+        return (float(value) if isinstance(value, (int, float)) and not isinstance(value, bool)
+                else None)
+
     def sizes(self, mode: Mode) -> tuple[int, ...]:
         return tuple(sorted(g.key.bs for g in self.graphs if g.key.mode is mode))
 

@@ -15,7 +15,6 @@ touches matplotlib's global figure registry or the process's display settings.
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -30,7 +29,8 @@ from capture.distribution import BatchDistribution
 from capture.measurements import Measurements
 from capture.padding import expected_waste, waste_curve
 from capture.tuner import (COMPILE_OUTLIER_FACTOR, Crossover, MemoryModel, find_compile_outliers,
-                           find_crossover, plan_pools, pool_problem, replace_capture_s)
+                           find_crossover, plan_pools, pool_problem, replace_capture_s, totals,
+                           wrap_note)
 from capture.units import format_bytes
 from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import GraphKey, Mode
@@ -86,23 +86,21 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     notes.append(f"{len(m.graphs)} graphs, {capture}")
     together = (f"measured together {format_bytes(m.total_pool_bytes)}; "
                 if m.total_pool_bytes is not None else "")
-    every = model.memory(g.pool_bytes for g in m.graphs)
-    notes.append(f"pool, every graph in one shared pool: {format_bytes(every)} by the tuner's model"
-                f" ({together}isolated sum {format_bytes(sum(g.pool_bytes for g in m.graphs))})")
+    every = totals(m.graphs, 0.0, model)
+    notes.append(f"pool, every graph in one shared pool: {format_bytes(every.memory_bytes)} by the "
+                 f"tuner's model ({together}isolated sum "
+                 f"{format_bytes(every.isolated_sum_bytes)})")
     notes.append(f"memory model: {model.describe()}")
     if chosen:
-        mine = [g for g in used.graphs if g.key in picked]
-        shared = model.memory(g.pool_bytes for g in mine)
-        notes.append(f"chosen: {len(mine)} graphs, {format_bytes(shared)} shared pool (isolated "
-                    f"sum {format_bytes(sum(g.pool_bytes for g in mine))}), "
-                    f"{sum(g.capture_s for g in mine):.2f} s capture")
-    compile_s = m.meta.get("one_time_compile_s")
-    if isinstance(compile_s, (int, float)) and not isinstance(compile_s, bool):
+        mine = totals([g for g in used.graphs if g.key in picked], 0.0, model)
+        notes.append(f"chosen: {mine.graphs} graphs, {format_bytes(mine.memory_bytes)} shared pool "
+                     f"(isolated sum {format_bytes(mine.isolated_sum_bytes)}), "
+                     f"{mine.capture_s:.2f} s capture")
+    if m.one_time_compile_s is not None:
         notes.append(f"one-time compile warm-up (measured apart, not in any key): "
-                     f"{compile_s:.2f} s")
+                     f"{m.one_time_compile_s:.2f} s")
     for note in notes:
-        rows += textwrap.wrap(note, 100, subsequent_indent="  ", break_long_words=False,
-                              break_on_hyphens=False)
+        rows += wrap_note(note)
     if m.synthetic:
         rows.append("SYNTHETIC measurements: " + (m.notes or "generated, not measured"))
     return "\n".join(rows)

@@ -243,7 +243,6 @@ class TuningResult:
     gpu_label: str
     fingerprint: str
     synthetic: bool
-    measured_total_pool_bytes: Optional[int]
     chosen: Totals             # both pools together (memory: one shared pool, not a sum)
     all_candidates: Totals
     memory_model: MemoryModel
@@ -334,25 +333,22 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
     spec_bs, decode_bs = sol.sizes
     by_key = measurements.by_key()
     chosen_by_mode, all_by_mode, useful = {}, {}, {}
+    chosen_graphs: list[GraphMeasurement] = []        # spec pool's, then decode pool's
     for prob, sizes, waste in zip((plan.spec, plan.decode), sol.sizes, sol.waste):
         mine = [by_key[GraphKey(prob.mode, b)] for b in sizes]
         every = [g for g in measurements.graphs if g.key.mode is prob.mode]
-        chosen_by_mode[prob.mode] = _totals(mine, waste, model)
-        all_by_mode[prob.mode] = _totals(
+        chosen_graphs += mine
+        chosen_by_mode[prob.mode] = totals(mine, waste, model)
+        all_by_mode[prob.mode] = totals(
             every, expected_waste(prob.candidates, probs, prob.tokens_per_request), model)
         useful[prob.mode] = prob.tokens_per_request * sum(
             p * b for b, p in probs.items() if b <= prob.top)
-    chosen_graphs = [by_key[GraphKey(p.mode, b)] for p, sizes in zip((plan.spec, plan.decode),
-                                                                     sol.sizes) for b in sizes]
-    chosen = _totals(chosen_graphs, sol.total_waste, model)
+    chosen = totals(chosen_graphs, sol.total_waste, model)
     assert chosen.memory_bytes == sol.memory_bytes   # the solver and the totals agree
-    all_candidates = _totals(measurements.graphs,
-                             sum(t.waste_tokens for t in all_by_mode.values()), model)
-    compile_s = measurements.meta.get("one_time_compile_s")
-    keys = [GraphKey(Mode.SPEC, b) for b in spec_bs] + [GraphKey(Mode.DECODE, b)
-                                                        for b in decode_bs]
+    all_candidates = totals(measurements.graphs,
+                            sum(t.waste_tokens for t in all_by_mode.values()), model)
     calibration = CalibrationTable(
-        {k: by_key[k].replay_s for k in keys}, measurements.num_draft_tokens,
+        {g.key: g.replay_s for g in chosen_graphs}, measurements.num_draft_tokens,
         source="synthetic" if measurements.synthetic else "measured")
     return TuningResult(
         spec_bs=spec_bs, decode_bs=decode_bs, crossover=plan.crossover, accept_len=accept_len,
@@ -361,14 +357,12 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
         chosen_by_mode=chosen_by_mode, all_by_mode=all_by_mode, useful_tokens_by_mode=useful,
         calibration=calibration, exact=sol.exact, gpu_label=measurements.gpu.describe(),
         fingerprint=measurements.model.fingerprint, synthetic=measurements.synthetic,
-        measured_total_pool_bytes=measurements.total_pool_bytes, chosen=chosen,
-        all_candidates=all_candidates, memory_model=model, capture_outliers=outliers,
-        exclude_compile_outlier=exclude_compile_outlier,
-        one_time_compile_s=(float(compile_s) if isinstance(compile_s, (int, float))
-                            and not isinstance(compile_s, bool) else None))
+        chosen=chosen, all_candidates=all_candidates, memory_model=model,
+        capture_outliers=outliers, exclude_compile_outlier=exclude_compile_outlier,
+        one_time_compile_s=measurements.one_time_compile_s)
 
 
-def _totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
+def totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
     return Totals(len(graphs), waste, model.memory(g.pool_bytes for g in graphs),
                   sum(g.capture_s for g in graphs), sum(g.pool_bytes for g in graphs))
 
@@ -420,10 +414,10 @@ def format_table(r: TuningResult) -> str:
         f"{r.time_budget_s:g} s"
         + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),
     ]
-    lines += _wrap(f"memory model: {r.memory_model.describe()}; 'isolated sum' is the old model "
+    lines += wrap_note(f"memory model: {r.memory_model.describe()}; 'isolated sum' is the old model "
                    "(each graph in its own pool), shown for comparison only")
     for note in _capture_notes(r):
-        lines += _wrap(note)
+        lines += wrap_note(note)
     lines += [
         "",
         f"{'':8}{'graphs':>8}{'waste tok/step':>16}{'waste %':>9}{'memory':>12}"
@@ -439,11 +433,11 @@ def format_table(r: TuningResult) -> str:
         _row("chosen", c, ""),
         _row("all", a, ""),
     ]
-    lines += _wrap("(spec, decode: each pool's graphs alone; chosen, all: both pools in one shared "
+    lines += wrap_note("(spec, decode: each pool's graphs alone; chosen, all: both pools in one shared "
                    "pool, so their memory is not the sum of the rows; all: every measured graph, "
                    "its waste over the same pool ranges)", indent="")
     saved_iso = (a.isolated_sum_bytes or 0) - (c.isolated_sum_bytes or 0)
-    lines += _wrap(f"saved {a.graphs - c.graphs} graphs, "
+    lines += wrap_note(f"saved {a.graphs - c.graphs} graphs, "
                    f"{format_bytes(a.memory_bytes - c.memory_bytes)} of shared-pool memory "
                    f"({format_bytes(saved_iso)} by the isolated sum) and "
                    f"{a.capture_s - c.capture_s:.2f} s of capture, for "
@@ -465,22 +459,21 @@ def _capture_notes(r: TuningResult) -> list[str]:
         listed = "; ".join(f"{o.key.mode.value} bs={o.key.bs} {o.measured_s:.3f} s -> "
                            f"{o.median_s:.3f} s" for o in r.capture_outliers)
         n = len(r.capture_outliers)
+        head = (f"capture time: {n} value{'s' if n > 1 else ''} over "
+                f"{COMPILE_OUTLIER_FACTOR:g}x {'their' if n > 1 else 'its'} mode's median ")
         if r.exclude_compile_outlier:
             once = sum(o.measured_s - o.median_s for o in r.capture_outliers)
-            out.append(f"capture time: {n} value{'s' if n > 1 else ''} over "
-                       f"{COMPILE_OUTLIER_FACTOR:g}x {'their' if n > 1 else 'its'} mode's median "
-                       f"REPLACED by that median: {listed}. The first capture of a mode pays "
-                       f"one-time Triton JIT compilation (~{once:.2f} s here), once at start-up "
-                       "whatever is chosen, not per graph, so it is not counted "
+            out.append(head + f"REPLACED by that median: {listed}. The first capture of a mode "
+                       f"pays one-time Triton JIT compilation (~{once:.2f} s here), once at "
+                       "start-up whatever is chosen, not per graph, so it is not counted "
                        "(--no-exclude-compile-outlier keeps the measured values)")
         else:
-            out.append(f"capture time: {n} value{'s' if n > 1 else ''} over "
-                       f"{COMPILE_OUTLIER_FACTOR:g}x {'their' if n > 1 else 'its'} mode's median "
-                       f"kept as measured (--no-exclude-compile-outlier): {listed}")
+            out.append(head + f"kept as measured (--no-exclude-compile-outlier): {listed}")
     return out
 
 
-def _wrap(text: str, indent: str = "  ") -> list[str]:
+def wrap_note(text: str, indent: str = "  ") -> list[str]:
+    """A note as report lines: the table's width, continuation lines indented."""
     return textwrap.wrap(text, _TABLE_WIDTH, subsequent_indent=indent, break_long_words=False,
                          break_on_hyphens=False)
 

@@ -86,8 +86,7 @@ def engine_profile(tl: Timeline, cfg: CheckConfig) -> engines.EngineProfile:
 def _stated_stage_calls(step: Step, profile: engines.EngineProfile) -> dict[int, str]:
     """{id of a call: its stage} for the step's calls inside the stages its engine states as
     deliberate eager work (engines.EngineProfile.stated_eager_stages)."""
-    return {id(c): s.name for s in step.stages if s.name in profile.stated_eager_stages
-            for c in s.calls}
+    return {id(c): s.name for s in profile.stated_spans(step) for c in s.calls}
 
 
 def _stage_label(stage: str) -> str:
@@ -143,8 +142,10 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             for stage, n in sorted(seen.items()):
                 if n > 1:
                     violations.append(f"{where}: stage {stage} ran {n} times")
+            in_stages = 0
             for span in graph_spans:
                 launches = [c for c in span.calls if api_names.is_graph_launch(c.name)]
+                in_stages += len(launches)
                 if len(launches) != 1:
                     violations.append(f"{where}: stage {span.name} has {len(launches)} graph "
                                       "launches, expected 1")
@@ -152,8 +153,7 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                     gid = tl.trace.graph_id(c)
                     if gid is not None:
                         graph_users[gid][(step.mode, span.name)].append(where)
-            stray = sum(api_names.is_graph_launch(c.name) for c in step.calls) - sum(
-                api_names.is_graph_launch(c.name) for s in graph_spans for c in s.calls)
+            stray = sum(api_names.is_graph_launch(c.name) for c in step.calls) - in_stages
             if stray:
                 violations.append(f"{where}: {stray} graph launches outside the "
                                   f"{'/'.join(names.GRAPH_STAGES)} stages")
@@ -325,12 +325,6 @@ def _names(calls: Iterable) -> Counter:
                    if n not in api_names.POLLING)
 
 
-def _own_names(step: Step, profile: engines.EngineProfile) -> Counter:
-    """`_names` of the step's calls outside its stated eager stages."""
-    stated_ids = _stated_stage_calls(step, profile)
-    return _names(c for c in step.calls if id(c) not in stated_ids)
-
-
 def _polls(calls: Iterable) -> int:
     return sum(api_names.base_name(c.name) in api_names.POLLING for c in calls)
 
@@ -355,6 +349,7 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
         steady = track.steady_steps
         base_by_key: dict[tuple, list[Counter]] = defaultdict(list)
         base_by_mode: dict[tuple, list[Counter]] = defaultdict(list)
+        own: dict[int, Counter] = {}     # step -> its API calls outside stated eager stages
         for s in steady:
             kind = "switch" if s.switch else "other"
             polls[f"{kind} polls"] += _polls(s.calls)
@@ -363,9 +358,10 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             if stated_ids:
                 stated[f"{kind} steps with"] += 1
                 stated["calls"] += len(stated_ids)
+            own[id(s)] = _names(c for c in s.calls if id(c) not in stated_ids)
             if not s.switch:
-                base_by_key[s.key].append(_own_names(s, profile))
-                base_by_mode[(s.mode, s.graph)].append(_own_names(s, profile))
+                base_by_key[s.key].append(own[id(s)])
+                base_by_mode[(s.mode, s.graph)].append(own[id(s)])
         for s in steady:
             if not s.switch:
                 continue
@@ -375,7 +371,7 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             if not baseline:
                 unverified.append(f"{where}: no non-switch {s.mode} step to compare with")
                 continue
-            extra = _extra(_own_names(s, profile), _typical(baseline))
+            extra = _extra(own[id(s)], _typical(baseline))
             if extra:
                 violations.append(f"{where} (switch into {s.mode}): API calls a typical "
                                   f"{s.label} step does not make: {_fmt(extra)}")

@@ -18,16 +18,18 @@ SGLang, so the checker runs anywhere.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from dual_graph_worker.continuity import Continuity
 from dual_graph_worker.modes import Mode, Stage
 from profiling import names
 
 AUTO = "auto"
-CONFIG_CONTINUITY = "continuity"          # config mark the SGLang worker emits
-LAZY_CATCH_UP = "lazy-catch-up"
+CONFIG_CONTINUITY = names.CONFIG_CONTINUITY   # config mark the SGLang worker emits
+LAZY_CATCH_UP = Continuity.LAZY_CATCH_UP.value
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,12 @@ class KernelFamily:
     def regex(self) -> str:
         return "|".join(f"(?:{p})" for p in self.patterns)
 
+    @functools.cached_property
+    def _compiled(self) -> re.Pattern:
+        return re.compile(self.regex)
+
     def matches(self, short: str, demangled: str) -> bool:
-        # re caches compiled patterns; a handful of families never evicts them.
-        return bool(re.search(self.regex, short) or re.search(self.regex, demangled))
+        return bool(self._compiled.search(short) or self._compiled.search(demangled))
 
     def describe(self) -> str:
         return f"{self.why}; patterns " + ", ".join(f"`{p}`" for p in self.patterns)
@@ -100,6 +105,10 @@ class EngineProfile:
     # in them still faces no_capture_instantiate_malloc.
     stated_eager_stages: tuple[str, ...] = ()
     stated_eager_why: str = ""
+
+    def stated_spans(self, step) -> list:
+        """The step's stage spans (timeline.StageSpan) of its stated eager stages that ran work."""
+        return [s for s in step.stages if s.name in self.stated_eager_stages and s.calls]
 
     def decode_stages(self, config: Mapping[str, str]) -> frozenset[str]:
         extra = self.decode_extra_stages

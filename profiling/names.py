@@ -42,6 +42,7 @@ CONFIG_ATTENTION_BACKEND = "attention_backend"
 CONFIG_NUM_DRAFT_TOKENS = "num_draft_tokens"
 CONFIG_GPU_NAME = "gpu_name"
 CONFIG_COMPUTE_CAPABILITY = "compute_capability"  # "9.0"; a fallback when the report has none
+CONFIG_CONTINUITY = "continuity"  # draft continuity: which graph stages a decode step has
 
 
 def _text(value: object) -> str:

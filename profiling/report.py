@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 from profiling import names
 from profiling.checks import (CheckConfig, CheckOutcome, engine_profile, gpu_identity,
                               num_draft_tokens)
+from profiling.engines import EngineProfile
 from profiling.timeline import Timeline
 
 _MAX_LISTED = 50
@@ -74,7 +75,7 @@ def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
         by_key.setdefault(s.key, []).append(s.duration_ns)
     groups = tuple(StepGroup(m, bs, g, len(d), statistics.median(d) / 1e3)
                    for (m, bs, g), d in sorted(by_key.items()))
-    gpu_groups = _gpu_time_groups(tl, steady, profile.stated_eager_stages)
+    gpu_groups = _gpu_time_groups(tl, steady, profile)
     return ProfileSummary(
         source=tl.trace.source,
         gpus=tuple(f"{g.name} ({g.sm or 'SM?'})" for g in gpus),
@@ -94,13 +95,13 @@ def summarize(tl: Timeline, cfg: CheckConfig) -> ProfileSummary:
     )
 
 
-def _gpu_time_groups(tl: Timeline, steady, stated_stages) -> tuple[GpuTimeGroup, ...]:
+def _gpu_time_groups(tl: Timeline, steady, profile: EngineProfile) -> tuple[GpuTimeGroup, ...]:
     if not tl.trace.has_gpu_times:
         return ()
     gpu = tl.trace.gpu_time_ns
     samples: dict[tuple, list[int]] = {}
     for s in steady:
-        stages = [sp for sp in s.stages if sp.name in stated_stages and sp.calls]
+        stages = profile.stated_spans(s)
         stage = ",".join(sorted({sp.name for sp in stages}))
         samples.setdefault((s.mode, s.padded_bs, s.graph, stage, False), []).append(
             sum(gpu(c) for c in s.calls))

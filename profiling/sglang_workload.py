@@ -95,13 +95,11 @@ class WorkloadSpec:
         }
 
     def engine_kwargs(self, target: Path, draft: Path) -> dict:
-        from bench.sglang.run_sglang_suite import ALGO, Suite
+        from bench.sglang.run_sglang_suite import ALGO, Suite, server_kwargs
 
-        # The GPU suite's bench engine (run_sglang_suite.py common() + spec_kwargs()).
-        return dict(model_path=str(target), load_format="dummy", skip_tokenizer_init=True,
-                    attention_backend="triton", sampling_backend="pytorch",
-                    cuda_graph_max_bs_decode=self.max_graph_bs, log_level=self.log_level,
-                    disable_radix_cache=True) | Suite.spec_kwargs(ALGO, draft)
+        # The GPU suite's bench engine.
+        return (server_kwargs(target, "dummy", self.max_graph_bs, log_level=self.log_level)
+                | Suite.spec_kwargs(ALGO, draft))
 
     def workload_argv(self) -> list[str]:
         """The flags that reproduce this spec (what --nsys passes to the profiled child)."""
@@ -187,9 +185,9 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cmd = nsys_command(out, spec)
     print("+ " + " ".join(cmd), flush=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    rc = subprocess.call(cmd, cwd=REPO_ROOT, env=env)
+    from bench.sglang.plugin_shim import pythonpath_env
+
+    rc = subprocess.call(cmd, cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT))
     report = out / f"{REPORT_STEM}.nsys-rep"
     if rc != 0 or not report.exists():
         print(f"error: the profiled workload exited with {rc}; report {report} "

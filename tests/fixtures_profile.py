@@ -375,9 +375,11 @@ SGLANG_CYCLES = 2
 
 
 def sglang_schedule(hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES) -> list[str]:
-    """The cycle policy's modes (dual_graph_worker.engines.sglang.cycle_policy)."""
-    one = ["spec"] * hold + ["decode"] * hold + ["spec", "decode"] * hold
-    return one * cycles
+    """The cycle policy's modes, from the policy itself."""
+    from dual_graph_worker.engines.sglang.cycle_policy import CyclePolicy
+
+    policy = CyclePolicy(hold)
+    return [policy.mode_at(i).value for i in range(policy.period * cycles)]
 
 
 SGLANG_FAULTS = (

@@ -19,6 +19,13 @@ NAME = "dual_graph_worker"
 TARGET = "dual_graph_worker.engines.sglang.plugin:register"
 
 
+def pythonpath_env(repo_root: str | Path) -> dict[str, str]:
+    """This process's environment with `repo_root` first on PYTHONPATH, for a child process
+    that must import the project (and so the plugin) from the work tree."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo_root)] + rest))
+
+
 def plugin_visible() -> bool:
     return any(ep.name == NAME and ep.value == TARGET
                for ep in importlib.metadata.entry_points(group=GROUP))

@@ -7,12 +7,22 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 
+def _sweep(res: Optional[Mapping]) -> Mapping:
+    """An engine result's sweep task ({} when it has none)."""
+    return (res or {}).get("tasks", {}).get("sweep") or {}
+
+
+def _table_head(first: str, levels: Sequence[int]) -> list[str]:
+    return ["| " + first + " | " + " | ".join(str(c) for c in levels) + " |",
+            "|---|" + "---|" * len(levels)]
+
+
 def throughput_rows(engines: Mapping[str, Mapping]) -> tuple[list[int], dict[str, dict[int, float]]]:
     """concurrency levels and {engine: {concurrency: tok/s}} from the sweep results."""
     table: dict[str, dict[int, float]] = {}
     levels: set[int] = set()
     for name, res in engines.items():
-        pts = ((res or {}).get("tasks", {}).get("sweep") or {}).get("points", [])
+        pts = _sweep(res).get("points", [])
         table[name] = {int(p["concurrency"]): float(p["tok_s"]) for p in pts}
         levels.update(table[name])
     return sorted(levels), table
@@ -20,9 +30,7 @@ def throughput_rows(engines: Mapping[str, Mapping]) -> tuple[list[int], dict[str
 
 def markdown_throughput(levels: Sequence[int], table: Mapping[str, Mapping[int, float]],
                         note: str = "") -> str:
-    head = "| engine | " + " | ".join(str(c) for c in levels) + " |"
-    sep = "|---|" + "---|" * len(levels)
-    rows = [head, sep]
+    rows = _table_head("engine", levels)
     for name, vals in table.items():
         cells = [f"{vals[c]:.0f}" if c in vals else "-" for c in levels]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -36,7 +44,8 @@ def markdown_throughput(levels: Sequence[int], table: Mapping[str, Mapping[int, 
 
 # Engines run with a server setting the plain and EAGLE-3 baselines do not have end in one of
 # these; each compares with the plain (and EAGLE-3) engine of the same suffix when it ran.
-SETTING_SUFFIXES = ("-radix",)
+RADIX = "-radix"
+SETTING_SUFFIXES = (RADIX,)
 
 
 def baseline(name: str, kind: str, names) -> str:
@@ -72,8 +81,7 @@ def markdown_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, floa
     ratios = dual_ratios(levels, table)
     if not ratios:
         return ""
-    rows = ["| ratio | " + " | ".join(str(c) for c in levels) + " |",
-            "|---|" + "---|" * len(levels)]
+    rows = _table_head("ratio", levels)
     for name, r in ratios.items():
         plain, eagle = baseline(name, "plain", table), baseline(name, "eagle3", table)
         for kind, label in (("vs_best", f"/ max({plain}, {eagle})"), ("vs_plain", f"/ {plain}")):
@@ -88,15 +96,19 @@ def decode_phase_ms(engines: Mapping[str, Mapping]) -> dict[str, dict[int, float
     worker in decode mode) it is the step time at bs = concurrency with the prefill taken out."""
     out: dict[str, dict[int, float]] = {}
     for name, res in engines.items():
-        sweep = (res or {}).get("tasks", {}).get("sweep") or {}
-        n = sweep.get("output_len")
+        n = _sweep(res).get("output_len")
         vals = {int(p["concurrency"]): 1000.0 * (p["seconds"] - p["prefill_only_seconds"])
                 / (n - 1)
-                for p in sweep.get("points", [])
-                if n and n > 1 and p.get("prefill_only_seconds") is not None}
+                for p in _probed_points(res) if n and n > 1}
         if vals:
             out[name] = vals
     return out
+
+
+def _probed_points(res: Optional[Mapping]) -> list[Mapping]:
+    """The sweep points timed with a prefill probe."""
+    return [p for p in _sweep(res).get("points", [])
+            if p.get("prefill_only_seconds") is not None]
 
 
 def prefill_phase_s(engines: Mapping[str, Mapping]) -> dict[str, dict[int, float]]:
@@ -104,9 +116,8 @@ def prefill_phase_s(engines: Mapping[str, Mapping]) -> dict[str, dict[int, float
     prefill and one token), the part of a sweep point the decode phase leaves out."""
     out: dict[str, dict[int, float]] = {}
     for name, res in engines.items():
-        sweep = (res or {}).get("tasks", {}).get("sweep") or {}
         vals = {int(p["concurrency"]): float(p["prefill_only_seconds"])
-                for p in sweep.get("points", []) if p.get("prefill_only_seconds") is not None}
+                for p in _probed_points(res)}
         if vals:
             out[name] = vals
     return out
@@ -116,9 +127,7 @@ def _markdown_phase(title: str, values: Mapping[str, Mapping[int, float]], fmt: 
     if not values:
         return ""
     levels = sorted(set().union(*(v.keys() for v in values.values())))
-    rows = [title, "",
-            "| engine | " + " | ".join(str(c) for c in levels) + " |",
-            "|---|" + "---|" * len(levels)]
+    rows = [title, ""] + _table_head("engine", levels)
     for name, vals in values.items():
         rows.append(f"| {name} | " + " | ".join(
             format(vals[c], fmt) if c in vals else "-" for c in levels) + " |")
@@ -152,9 +161,9 @@ def decode_log_step_ms(engines: Mapping[str, Mapping], min_windows: int = 2
     out: dict[str, dict[int, float]] = {}
     for name, res in engines.items():
         windows = (res or {}).get("decode_log") or {}
-        vals = {int(bs): 1000.0 * int(bs) / statistics.median(tputs)
-                for bs, tputs in windows.items()
-                if len(tputs) >= min_windows and statistics.median(tputs) > 0}
+        medians = {int(bs): statistics.median(tputs) for bs, tputs in windows.items()
+                   if len(tputs) >= min_windows}
+        vals = {bs: 1000.0 * bs / m for bs, m in medians.items() if m > 0}
         if vals:
             out[name] = vals
     return out

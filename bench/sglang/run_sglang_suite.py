@@ -63,6 +63,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.sglang import report  # noqa: E402
+from bench.sglang.plugin_shim import pythonpath_env  # noqa: E402
 from bench.sglang.model_configs import (  # noqa: E402
     llama3_8b_shapes,
     toy_shapes,
@@ -92,7 +93,18 @@ LAZY = "lazy-catch-up"
 KEEP_CURRENT = "keep-current"
 DEFAULT = "default"          # the worker's own default continuity: no DGW_CONTINUITY set
 SUFFIX = {DEFAULT: "", LAZY: "-lazy", KEEP_CURRENT: "-keep-current"}
-RADIX = "-radix"      # engines run with the radix cache on (report.SETTING_SUFFIXES)
+RADIX = report.RADIX  # engines run with the radix cache on
+
+
+def server_kwargs(model: Path, load_format: str, max_bs: int, *, log_level: str,
+                  radix_cache: bool = False) -> dict:
+    """sglang.Engine arguments every suite engine shares (the profiling workload's too). The
+    radix cache is off unless asked for: random prompts share no prefix, and the dual worker
+    defers draft prefills only without it (lazy_sync.py says why)."""
+    return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
+                attention_backend="triton", sampling_backend="pytorch",
+                cuda_graph_max_bs_decode=max_bs, log_level=log_level,
+                disable_radix_cache=not radix_cache)
 
 
 @dataclass
@@ -145,12 +157,10 @@ class Suite:
         timeout = max(30.0, self.remaining() - 5)
         print(f"[suite] start {er.name} ({self.remaining():.0f} s left)", flush=True)
         log = open(self.out / "engines" / f"{er.name}.log", "w")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                if p]))
         try:
             proc = subprocess.run([self.args.python, "-m", "bench.sglang.engine_child",
-                                   str(spec_path)], cwd=REPO_ROOT, env=env, stdout=log,
+                                   str(spec_path)], cwd=REPO_ROOT,
+                                  env=pythonpath_env(REPO_ROOT), stdout=log,
                                   stderr=subprocess.STDOUT, timeout=timeout)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
@@ -178,12 +188,8 @@ class Suite:
 
     def common(self, model: Path, load_format: str, max_bs: int,
                radix_cache: bool = False) -> dict:
-        # The radix cache is off unless asked for: random prompts share no prefix, and the
-        # dual worker defers draft prefills only without it (lazy_sync.py says why).
-        return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
-                    attention_backend="triton", sampling_backend="pytorch",
-                    cuda_graph_max_bs_decode=max_bs, log_level=self.args.log_level,
-                    disable_radix_cache=not radix_cache)
+        return server_kwargs(model, load_format, max_bs, log_level=self.args.log_level,
+                             radix_cache=radix_cache)
 
     @staticmethod
     def spec_kwargs(algo: str, draft: Path) -> dict:
@@ -192,39 +198,32 @@ class Suite:
                     speculative_num_draft_tokens=4)
 
     def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
+        env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
         if name.endswith("-bench") and not self.args.bench_step_log:
             # What a user runs: no per-step JSON line (the log costs host time every step).
-            return {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}, None
+            return env, None
         log = str(self.out / f"steps-{name}.jsonl")
         if os.path.exists(log):
             os.remove(log)
-        env = {"DGW_STEP_LOG": log}
-        env.update({f"DGW_{k.upper()}": str(v) for k, v in dgw.items()})
-        return env, log
+        return {"DGW_STEP_LOG": log} | env, log
 
     # ----------------------------------------------------------------------- phases
 
     def correctness(self) -> None:
         a = self.args
         toy = self.toy_checkpoints()
-        vocab = toy_shapes().vocab_size if toy is None else None
-        requests = None
         if toy is not None:
             perm = load_toy_permutation(toy / "target")
-            vocab = len(perm)
-            prompts = random_prompts(a.exact_requests, 16, vocab, seed=7)
-            requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s,
-                                          waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
+            prompts = random_prompts(a.exact_requests, 16, len(perm), seed=7)
+            requests = self.exact_requests(prompts)
             expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
             for continuity in self.continuities():
                 self.toy_check(toy, requests, expected, continuity)
             if a.with_radix_cache:
                 # SGLang's default server: the radix cache on, so no deferred prefill. The
                 # prompts share a prefix, so later requests reuse cached KV (target and draft).
-                shared = shared_prefix_prompts(prompts, a.radix_prefix_len)
-                requests = staggered_requests(shared, lengths=a.exact_lengths,
-                                              gap_s=a.exact_gap_s, waves=a.exact_waves,
-                                              wave_gap_s=a.wave_gap_s)
+                requests = self.exact_requests(shared_prefix_prompts(prompts,
+                                                                     a.radix_prefix_len))
                 expected = [greedy_chain(perm, p[-1], n) for _, p, n in requests]
                 self.toy_check(toy, requests, expected, DEFAULT, radix_cache=True)
 
@@ -234,13 +233,12 @@ class Suite:
         target = write_llama_config(models / "target", shapes)
         draft = write_eagle3_draft_config(models / "draft", shapes)
         prompts = random_prompts(a.exact_requests, 16, shapes.vocab_size, seed=11)
-        requests = staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s,
-                                      waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
-        task = [{"name": "exact", "kind": "exact", "requests": requests}]
+        task = [{"name": "exact", "kind": "exact", "requests": self.exact_requests(prompts)}]
         plain = self.run(EngineRun("plain-toy-dummy", "correctness",
                                    self.common(target, "dummy", 32), {}, task, est_s=25))
+        want = (plain.get("tasks", {}).get("exact") or {}).get("outputs")
         for continuity in self.continuities():
-            name = "dual-toy-dummy" + self.continuity_suffix(continuity)
+            name = "dual-toy-dummy" + SUFFIX[continuity]
             env, log = self.dual_env(name, policy="threshold",
                                      threshold=a.toy_threshold, band=0, min_dwell=0,
                                      **self.continuity_env(continuity))
@@ -248,7 +246,6 @@ class Suite:
                                       self.common(target, "dummy", 32)
                                       | self.spec_kwargs(ALGO, draft), env, task, est_s=30,
                                       step_log=log))
-            want = (plain.get("tasks", {}).get("exact") or {}).get("outputs")
             got = (dual.get("tasks", {}).get("exact") or {}).get("outputs")
             check = {"expected": "plain SGLang, same dummy weights (seeded), same requests"}
             if want is not None and got is not None:
@@ -263,13 +260,19 @@ class Suite:
             self.checks[f"dummy weights: {self.dual_label(continuity)} == plain SGLang"] = check
             self.write()
 
+    def exact_requests(self, prompts: list) -> list:
+        """The correctness requests: `prompts` staggered in waves (--exact-* flags)."""
+        a = self.args
+        return staggered_requests(prompts, lengths=a.exact_lengths, gap_s=a.exact_gap_s,
+                                  waves=a.exact_waves, wave_gap_s=a.wave_gap_s)
+
     def toy_check(self, toy: Path, requests: list, expected: list, continuity: str,
                   radix_cache: bool = False) -> None:
         """One dual engine on the constructed toy checkpoints against their known greedy
         continuation, under the threshold policy at --toy-threshold (many switches)."""
         a = self.args
         setting = RADIX if radix_cache else ""
-        name = "dual-toy" + self.continuity_suffix(continuity) + setting
+        name = "dual-toy" + SUFFIX[continuity] + setting
         env, log = self.dual_env(name, policy="threshold", threshold=a.toy_threshold,
                                  band=0, min_dwell=0, **self.continuity_env(continuity))
         er = EngineRun(name, "correctness",
@@ -329,35 +332,27 @@ class Suite:
         ramp_s = (2 * len(a.ramp_levels) - 1) * a.ramp_hold_s + 10 if with_ramp else 0
         self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
                            tasks, est_s=est * 1.5 + ramp_s, step_log=log))
+        def run_dual_variant(name: str, server: dict = base, **dgw: object) -> None:
+            env, log = self.dual_env(name + "-bench", policy=a.dual_policy, **dgw)
+            self.run(EngineRun(name, "bench", server | self.spec_kwargs(ALGO, draft), sim | env,
+                               [sweep], est_s=est * 1.5, step_log=log))
+
         if a.with_eager_draft:
             # The graphs switch only matters to keep-current's decode steps: name it, since
             # the worker's default (lazy catch-up) runs no draft extend in decode mode.
-            env, log = self.dual_env("dual-eager-draft-bench", policy=a.dual_policy,
-                                     draft_extend_graphs=0,
-                                     **self.continuity_env(KEEP_CURRENT))
-            self.run(EngineRun("dual-eager-draft", "bench", base | self.spec_kwargs(ALGO, draft),
-                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
+            run_dual_variant("dual-eager-draft", draft_extend_graphs=0,
+                             **self.continuity_env(KEEP_CURRENT))
         if a.with_radix_cache:
             # SGLang's default server (radix cache on): the dual worker defers no draft
             # prefill there, so this pair shows what a user who keeps the default gets.
-            radix = self.common(target, "dummy", 256, radix_cache=True) | (
-                {k: v for k, v in base.items() if k in ("log_level", "decode_log_interval")})
+            radix = base | {"disable_radix_cache": False}
             self.run(EngineRun("plain" + RADIX, "bench", radix, {}, [sweep], est_s=est))
-            env, log = self.dual_env("dual-radix-bench", policy=a.dual_policy)
-            self.run(EngineRun("dual" + RADIX, "bench", radix | self.spec_kwargs(ALGO, draft),
-                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
+            run_dual_variant("dual" + RADIX, server=radix)
         if a.with_no_defer:
             # The default worker less its deferred draft prefill: what the deferral buys.
-            env, log = self.dual_env("dual-no-defer-bench", policy=a.dual_policy,
-                                     defer_draft_prefill=0)
-            self.run(EngineRun("dual-no-defer", "bench", base | self.spec_kwargs(ALGO, draft),
-                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
+            run_dual_variant("dual-no-defer", defer_draft_prefill=0)
         for continuity in self.continuities()[1:]:
-            name = "dual" + SUFFIX[continuity]
-            env, log = self.dual_env(name + "-bench", policy=a.dual_policy,
-                                     **self.continuity_env(continuity))
-            self.run(EngineRun(name, "bench", base | self.spec_kwargs(ALGO, draft),
-                               sim | env, [sweep], est_s=est * 1.5, step_log=log))
+            run_dual_variant("dual" + SUFFIX[continuity], **self.continuity_env(continuity))
         if a.try_adaptive:
             adaptive_sweep = dict(sweep, concurrency=[1, 32])
             self.run(EngineRun("eagle3-adaptive", "bench",
@@ -395,10 +390,6 @@ class Suite:
         extra = list(self.args.with_continuity or []) + ([LAZY] if self.args.with_lazy else [])
         default = worker_default_continuity()
         return [DEFAULT] + [c for c in dict.fromkeys(extra) if c != default]
-
-    @staticmethod
-    def continuity_suffix(continuity: str) -> str:
-        return SUFFIX[continuity]
 
     @staticmethod
     def dual_label(continuity: str) -> str:

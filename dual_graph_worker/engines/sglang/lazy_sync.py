@@ -242,25 +242,26 @@ class LazyCatchUp:
         elem = torch.empty((), dtype=aux_dtype).element_size()
         free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
         budget = _stash_budget(stash_mb, free, slot_map_bytes=num_slots * 8)
-        # Per cell: the feature row, its token id and its cell id (the arange a step slices).
+        # Per cell: the feature row, its int64 token id and its int64 cell id (the arange a
+        # step slices): StashArena.allocate's tensors.
+        bookkeeping = 8 + 8
+        per_cell = aux_width * elem + bookkeeping
         cells = arena_cells_for_budget(budget, aux_width=aux_width,
-                                       aux_elem_bytes=elem, token_bytes=16)
+                                       aux_elem_bytes=elem, token_bytes=bookkeeping)
         cells = min(cells, num_slots)           # more cells than KV slots are never in use
         cells = _same_on_every_rank(cells, getattr(target_runner, "tp_group", None))
         if cells < num_rows:
-            need = -(-num_rows * (aux_width * elem + 16) // _MiB)
+            need = -(-num_rows * per_cell // _MiB)
             raise ConfigError(f"DGW_LAZY_STASH_MB={stash_mb} holds {cells} stashed tokens of "
                               f"{aux_width} x {aux_dtype} features, fewer than the "
                               f"{num_rows} request-pool rows one decode step may need; set "
                               f"DGW_LAZY_STASH_MB >= {need}")
-        per_cell = aux_width * elem + 8 + 8
         need_bytes = cells * per_cell + num_slots * 8
-        if free is not None:
-            if need_bytes > free // 2:
-                raise ConfigError(f"the lazy-catch-up stash needs {need_bytes / _MiB:.0f} MiB "
-                                  f"but only {free / _MiB:.0f} MiB are free after start-up; "
-                                  "lower DGW_LAZY_STASH_MB or --mem-fraction-static, or use "
-                                  "DGW_CONTINUITY=keep-current")
+        if free is not None and need_bytes > free // 2:
+            raise ConfigError(f"the lazy-catch-up stash needs {need_bytes / _MiB:.0f} MiB "
+                              f"but only {free / _MiB:.0f} MiB are free after start-up; "
+                              "lower DGW_LAZY_STASH_MB or --mem-fraction-static, or use "
+                              "DGW_CONTINUITY=keep-current")
         self.arena = StashArena.allocate(cells, aux_width, aux_dtype, num_slots, device)
         self.backlog = LazyBacklog(num_rows, cells)
         chunk = getattr(dr.server_args, "chunked_prefill_size", None)

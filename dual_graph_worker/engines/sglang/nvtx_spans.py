@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 STEADY_AFTER_ENV = "DGW_PROFILE_STEADY_AFTER_STEPS"
 STEPS_ENV = "DGW_PROFILE_STEPS"
-CONFIG_CONTINUITY = "continuity"    # read by profiling.engines (decode-mode stages)
+CONFIG_CONTINUITY = names.CONFIG_CONTINUITY    # read by profiling.engines (decode stages)
 CONFIG_POLICY = "policy"
 
 

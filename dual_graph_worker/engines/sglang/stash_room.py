@@ -23,8 +23,8 @@ def pending_slots(backlog: LazyBacklog, req_to_token: torch.Tensor, rows: np.nda
     pend = backlog.pending(exclude=rows)
     if pend.rows.size == 0:
         return None
-    return backlog_slots(req_pool_indices=to_device(pend.rows, device),
-                         ends=to_device(pend.ends, device), counts=pend.counts,
+    rows_d, ends_d = to_device(np.stack([pend.rows, pend.ends]), device).unbind(0)
+    return backlog_slots(req_pool_indices=rows_d, ends=ends_d, counts=pend.counts,
                          req_to_token=req_to_token)
 
 
