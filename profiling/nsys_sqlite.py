@@ -25,7 +25,7 @@ import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 from profiling.errors import NsysNotFound, ProfileInputError
 from profiling.events import EventKind, GpuInfo, KernelKey, Trace, TraceEvent
@@ -183,54 +183,49 @@ def _api_calls(db: _Db, strings: dict[int, str], warnings: list[str]) -> list[Tr
     return out
 
 
-def _kernel_names(db: _Db, strings: dict[int, str]
-                  ) -> tuple[dict[KernelKey, str], dict[KernelKey, str]]:
-    """(short names, demangled names) of eagerly launched kernels by (pid, correlation id)."""
-    if KERNEL_TABLE not in db.tables:
-        return {}, {}
-    short_names: dict[KernelKey, str] = {}
-    demangled_names: dict[KernelKey, str] = {}
-    for corr, short, demangled, name, gpid, node in db.select(
-            KERNEL_TABLE, ("correlationId", "shortName", "demangledName", "name", "globalPid",
-                           "graphNodeId")):
-        if corr is None or node:  # graph-node kernels share their graph launch's id
-            continue
-        key = (split_global_tid(gpid)[0], int(corr))
-        full = _resolve(demangled, strings) or _resolve(name, strings)
-        kname = _resolve(short, strings) or full
-        if kname:
-            short_names.setdefault(key, kname)
-        if full:
-            demangled_names.setdefault(key, full)
-    return short_names, demangled_names
+class _Launched(NamedTuple):
+    """What the launches made on the GPU, by each launch's (pid, correlation id)."""
+
+    short_names: dict[KernelKey, str]       # eager kernels
+    demangled_names: dict[KernelKey, str]   # eager kernels
+    graph_ids: dict[KernelKey, int]         # graph replays
+    gpu_ns: dict[KernelKey, int]            # eager kernels and graph replays
 
 
-def _graph_ids(db: _Db) -> dict[KernelKey, int]:
-    """The graph each graph launch replayed, by the launch's (pid, correlation id)."""
-    if GRAPH_TABLE not in db.tables:
-        return {}
-    out: dict[KernelKey, int] = {}
-    for corr, exec_id, graph_id, gpid in db.select(
-            GRAPH_TABLE, ("correlationId", "graphExecId", "graphId", "globalPid")):
-        gid = exec_id if exec_id is not None else graph_id
-        if corr is not None and gid is not None:
-            out.setdefault((split_global_tid(gpid)[0], int(corr)), int(gid))
-    return out
+def _add_gpu_time(gpu_ns: dict[KernelKey, int], key: KernelKey, start, end) -> None:
+    if start is not None and end is not None:
+        gpu_ns[key] = gpu_ns.get(key, 0) + max(int(end) - int(start), 0)
 
 
-def _gpu_durations(db: _Db) -> dict[KernelKey, int]:
-    """GPU time of each eager kernel and each graph replay, by its launch's (pid, correlation
-    id). Graph-node kernel rows are left out: their graph's row already spans them."""
-    out: dict[KernelKey, int] = {}
-    for table, node_col in ((KERNEL_TABLE, "graphNodeId"), (GRAPH_TABLE, None)):
-        if table not in db.tables:
-            continue
-        cols = ("correlationId", "start", "end", "globalPid") + ((node_col,) if node_col else ())
-        for corr, start, end, gpid, *node in db.select(table, cols):
-            if corr is None or start is None or end is None or (node and node[0]):
+def _launched(db: _Db, strings: dict[int, str]) -> _Launched:
+    """One pass over the kernel table and one over the graph table. Graph-node kernel rows are
+    left out: they share their graph launch's id, whose graph row already spans them."""
+    out = _Launched({}, {}, {}, {})
+    if KERNEL_TABLE in db.tables:
+        for corr, short, demangled, name, gpid, node, start, end in db.select(
+                KERNEL_TABLE, ("correlationId", "shortName", "demangledName", "name",
+                               "globalPid", "graphNodeId", "start", "end")):
+            if corr is None or node:
                 continue
             key = (split_global_tid(gpid)[0], int(corr))
-            out[key] = out.get(key, 0) + max(int(end) - int(start), 0)
+            full = _resolve(demangled, strings) or _resolve(name, strings)
+            kname = _resolve(short, strings) or full
+            if kname:
+                out.short_names.setdefault(key, kname)
+            if full:
+                out.demangled_names.setdefault(key, full)
+            _add_gpu_time(out.gpu_ns, key, start, end)
+    if GRAPH_TABLE in db.tables:
+        for corr, exec_id, graph_id, gpid, start, end in db.select(
+                GRAPH_TABLE, ("correlationId", "graphExecId", "graphId", "globalPid", "start",
+                              "end")):
+            if corr is None:
+                continue
+            key = (split_global_tid(gpid)[0], int(corr))
+            gid = exec_id if exec_id is not None else graph_id
+            if gid is not None:
+                out.graph_ids.setdefault(key, int(gid))
+            _add_gpu_time(out.gpu_ns, key, start, end)
     return out
 
 
@@ -264,10 +259,10 @@ def load_sqlite(path: Path) -> Trace:
         warnings: list[str] = []
         events = _nvtx_events(db, strings, warnings) + _api_calls(db, strings, warnings)
         events.sort(key=lambda e: (e.start_ns, -e.end_ns))
-        short_names, demangled_names = _kernel_names(db, strings)
-        return Trace(tuple(events), short_names, _gpus(db),
+        launched = _launched(db, strings)
+        return Trace(tuple(events), launched.short_names, _gpus(db),
                      source=f"nsys SQLite export {path}", warnings=tuple(warnings),
-                     kernel_demangled=demangled_names, graph_ids=_graph_ids(db),
-                     gpu_ns=_gpu_durations(db))
+                     kernel_demangled=launched.demangled_names, graph_ids=launched.graph_ids,
+                     gpu_ns=launched.gpu_ns)
     finally:
         conn.close()
