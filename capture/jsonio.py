@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.modes import Mode
 
 
 def read_json(path: str | Path, what: str) -> Any:
@@ -74,10 +75,8 @@ def need_int_list(d: Mapping, name: str, where: str) -> tuple[int, ...]:
     return tuple(v)
 
 
-def need_mode(d: Mapping, where: str):
+def need_mode(d: Mapping, where: str) -> Mode:
     """The 'mode' field as a dual_graph_worker Mode ('spec' or 'decode')."""
-    from dual_graph_worker.modes import Mode
-
     try:
         return Mode(d.get("mode"))
     except ValueError:
