@@ -870,6 +870,14 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
     prefill(3, running=0)
     assert calls == ["deferred"]
 
+    # DGW_STALL_TRACE's sampler hears one beat per call, prefill or step, whatever the path
+    w._stall_watch = SimpleNamespace(beats=0)
+    w._stall_watch.beat = lambda: setattr(w._stall_watch, "beats", w._stall_watch.beats + 1)
+    prefill(3, running=0)
+    w.forward_batch_generation(batch(2))
+    w.forward_batch_generation(batch(1, ForwardMode.IDLE))
+    assert w._stall_watch.beats == 3
+
 
 def test_deferred_prefill_stashes_the_prompt_and_returns_placeholders(sgl, tmp_path):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode

@@ -199,6 +199,10 @@ class Suite:
 
     def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
         env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
+        if self.args.stall_trace_s:
+            # Diagnostic: the scheduler thread's stack whenever no step starts for that long.
+            env |= {"DGW_STALL_TRACE": str(self.out / f"stall-{name}.jsonl"),
+                    "DGW_STALL_TRACE_S": str(self.args.stall_trace_s)}
         if name.endswith("-bench") and not self.args.bench_step_log:
             # What a user runs: no per-step JSON line (the log costs host time every step).
             return env, None
@@ -585,6 +589,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=None,
                    help="run only these engines (names as in the report, e.g. plain,dual); "
                         "the others are recorded as skipped")
+    p.add_argument("--stall-trace-s", type=float, default=0.0,
+                   help="diagnostic: every dual engine samples its scheduler thread's stack "
+                        "while no step starts for this many seconds (DGW_STALL_TRACE; "
+                        "OUT/stall-NAME.jsonl)")
     p.add_argument("--with-no-defer", action="store_true",
                    help="also bench the dual worker with DGW_DEFER_DRAFT_PREFILL=0, engine "
                         "'dual-no-defer' (EAGLE's draft prefill for every prompt)")

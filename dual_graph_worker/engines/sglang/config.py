@@ -27,6 +27,9 @@ the same environment, so every rank builds the same policy.
 |                      |                      |           | mode skip the draft's prefill (see below)    |
 | draft_extend_graphs  | DGW_DRAFT_EXTEND_GRAPHS | 1      | keep-current: replay the one-token draft     |
 |                      |                      |           | extend from CUDA graphs (0: run it eagerly)  |
+| stall_trace          | DGW_STALL_TRACE      | (off)     | diagnostic JSONL: the scheduler thread's     |
+|                      |                      |           | stack while no step starts (stall_watch.py)  |
+| stall_trace_s        | DGW_STALL_TRACE_S    | 1.0       | gap (s) without a step that counts as stall  |
 
 Why threshold by default: on the H200 (DESIGN.md) an EAGLE-3 step at bs 32 cost ~2.8x a plain
 decode step end to end, far more than its graph replays alone suggest (CPU-side tree/sampling
@@ -122,6 +125,8 @@ ENV_VARS: Mapping[str, str] = {
     "lazy_stash_mb": "DGW_LAZY_STASH_MB",
     "defer_draft_prefill": "DGW_DEFER_DRAFT_PREFILL",
     "draft_extend_graphs": "DGW_DRAFT_EXTEND_GRAPHS",
+    "stall_trace": "DGW_STALL_TRACE",
+    "stall_trace_s": "DGW_STALL_TRACE_S",
 }
 
 # What the SGLang worker implements; Continuity.NONE (no draft state at all) is the reference
@@ -148,6 +153,8 @@ class WorkerConfig:
     lazy_stash_mb: int = 0
     defer_draft_prefill: bool = True
     draft_extend_graphs: bool = True
+    stall_trace: Optional[str] = None
+    stall_trace_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.continuity not in SGLANG_CONTINUITY:
@@ -163,6 +170,9 @@ class WorkerConfig:
         if self.decode_max_bs is not None and self.decode_max_bs < 1:
             raise ConfigError(f"decode_max_bs must be >= 1, got {self.decode_max_bs} "
                               "(DGW_DECODE_MAX_BS); unset it to follow the server's decode max")
+        if self.stall_trace_s <= 0:
+            raise ConfigError(f"stall_trace_s must be > 0 seconds, got {self.stall_trace_s} "
+                              "(DGW_STALL_TRACE_S)")
         if self.calibrate_iters < 1:
             raise ConfigError(f"calibrate_iters must be >= 1, got {self.calibrate_iters}")
 
@@ -231,11 +241,11 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
             return PolicyKind(str(raw).strip().lower())
         if key == "continuity":
             return Continuity(str(raw).strip().lower())
-        if key in ("margin", "ema_alpha"):
+        if key in ("margin", "ema_alpha", "stall_trace_s"):
             return float(raw)
         if key in ("calibration",):
             return str(raw)
-        if key in ("step_log", "capture_config"):
+        if key in ("step_log", "capture_config", "stall_trace"):
             return str(raw) if raw not in (None, "") else None
         if key in ("draft_extend_graphs", "defer_draft_prefill"):
             return _boolean(raw)

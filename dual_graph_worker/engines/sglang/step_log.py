@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
+from dual_graph_worker.jsonl import json_lines
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import Reason
 from dual_graph_worker.results import StepRecord
@@ -41,28 +42,14 @@ class StepLogWriter:
 
 def read_step_log(path: str | Path) -> Iterator[tuple[StepRecord, float]]:
     """(record, launch wall time) for every step line; event lines and torn tails are skipped."""
-    with open(path) as fh:
-        for line in fh:
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue          # a line being written while we read
-            if "step" not in d:
-                continue
-            yield StepRecord(step=int(d["step"]), mode=Mode(d["mode"]), bs=int(d["bs"]),
-                             padded_bs=int(d["padded_bs"]), reason=Reason(d["reason"]),
-                             graph=bool(d["graph"]), tokens=int(d["tokens"]),
-                             mean_accept_len=float(d["mean_accept_len"])), float(d["t"])
+    for d in json_lines(path):
+        if "step" not in d:
+            continue
+        yield StepRecord(step=int(d["step"]), mode=Mode(d["mode"]), bs=int(d["bs"]),
+                         padded_bs=int(d["padded_bs"]), reason=Reason(d["reason"]),
+                         graph=bool(d["graph"]), tokens=int(d["tokens"]),
+                         mean_accept_len=float(d["mean_accept_len"])), float(d["t"])
 
 
 def read_step_events(path: str | Path) -> list[dict]:
-    out = []
-    with open(path) as fh:
-        for line in fh:
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "event" in d:
-                out.append(d)
-    return out
+    return [d for d in json_lines(path) if "event" in d]

@@ -65,6 +65,7 @@ from dual_graph_worker.engines.sglang.decode_pool import (
     graph_replay,
     plan_decode_batch_sizes,
 )
+from dual_graph_worker.engines.sglang.decode_warmup import warm_decode_positions
 from dual_graph_worker.engines.sglang.draft_extend_graph import (
     DraftSyncGraphs,
     build_draft_sync_graphs,
@@ -83,6 +84,7 @@ from dual_graph_worker.errors import ConfigError
 from dual_graph_worker.modes import Mode
 from dual_graph_worker.policy import CalibrationTable
 from profiling import names, nvtx_ranges
+from profiling.stall_watch import StallWatch
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     # Set in init_cuda_graphs: read-only int32 ones, one per request-pool row, that every
     # decode step's accept_lens slices (layout.decode_step_layout).
     _accept_ones: Optional[torch.Tensor] = None
+    # Set in __init__ when DGW_STALL_TRACE names a file (rank 0): the diagnostic stall sampler.
+    _stall_watch: Optional[StallWatch] = None
 
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
@@ -109,6 +113,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._step_log: Optional[StepLogWriter] = (
             StepLogWriter(self._dgw_config.step_log)
             if self._dgw_config.step_log and self._is_rank0 else None)
+        self._stall_watch = _stall_watch(self._dgw_config) if self._is_rank0 else None
         if self._draft_worker.seed_dsa_topk_from_draft_extend:
             raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
                               "sharing (index_share_for_mtp_iteration); use EAGLE3")
@@ -166,6 +171,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
         mr = self._target_worker.model_runner
+        # Before the graphs: a kernel SGLang JIT-builds on a decode step's first call
+        # (decode_warmup.py) would otherwise be built under load, at the first switch.
+        warm_decode_positions(mr.device)
         if self._graphs_enabled:
             self._decode_pool = build_decode_pool(mr, self._decode_bs)
             self._additional_graph_memory_usage["decode_pool"] = self._decode_pool.memory_gb
@@ -244,6 +252,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     # -------------------------------------------------------------------------- per step
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if self._stall_watch is not None:
+            self._stall_watch.beat()
         if (batch.forward_mode.is_extend() or batch.is_extend_in_batch
                 or batch.forward_mode.is_idle() or self._selector is None):
             if self._lazy is not None and batch.forward_mode.is_extend():
@@ -412,3 +422,17 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     @property
     def dual_graph_policy_kind(self) -> PolicyKind:
         return self._dgw_config.policy
+
+
+def _stall_watch(config: WorkerConfig) -> Optional[StallWatch]:
+    """The diagnostic stall sampler DGW_STALL_TRACE asks for (rank 0 only), else None."""
+    if not config.stall_trace:
+        return None
+    try:
+        out = open(config.stall_trace, "a")
+    except OSError as exc:
+        raise ConfigError(f"cannot open DGW_STALL_TRACE file {config.stall_trace}: "
+                          f"{exc.strerror}; fix the path or unset DGW_STALL_TRACE") from exc
+    logger.info("dual-graph: stall watch on (>= %.2f s without a step) -> %s",
+                config.stall_trace_s, config.stall_trace)
+    return StallWatch(out, threshold_s=config.stall_trace_s).start()
