@@ -184,9 +184,9 @@ def test_decode_step_time_flag_asks_the_sweep_for_prefill_probes(tmp_path, monke
         assert {er.tasks[0]["prefill_probe"] for er in ran} == {want}
 
 
-def _bench_envs(tmp_path, monkeypatch, flag):
-    """{engine: env} of a recorded bench with `flag`, and the suite."""
-    suite, ran = _recording_suite(tmp_path, [flag, "--no-adaptive"], monkeypatch)
+def _bench_envs(tmp_path, monkeypatch, *flags):
+    """{engine: env} of a recorded bench with `flags`, and the suite."""
+    suite, ran = _recording_suite(tmp_path, [*flags, "--no-adaptive"], monkeypatch)
     suite.bench(with_ramp=False)
     return {er.name: er.env for er in ran}, suite
 
@@ -442,3 +442,27 @@ def test_lazy_check_requires_catch_ups(tmp_path):
     check = {"ok": True}
     suite.check_catch_ups(check, "lazy-catch-up", str(log))
     assert check["ok"] is True and check["catch_ups"]["tokens"] == 4
+
+
+def test_stall_trace_flag_gives_every_dual_engine_a_stall_file(tmp_path, monkeypatch):
+    envs, suite = _bench_envs(tmp_path, monkeypatch, "--stall-trace-s", "1.5", "--with-no-defer")
+    for name in ("dual", "dual-no-defer"):
+        assert envs[name]["DGW_STALL_TRACE_S"] == "1.5"
+        assert envs[name]["DGW_STALL_TRACE"].endswith(f"stall-{name}-bench.jsonl")
+    assert "DGW_STALL_TRACE" not in envs["plain"] and "DGW_STALL_TRACE" not in envs["eagle3"]
+    envs, _ = _bench_envs(tmp_path, monkeypatch)
+    assert "DGW_STALL_TRACE" not in envs["dual"]                 # off unless asked for
+
+
+def test_gap_summary_names_the_longest_gaps_after_start_up(tmp_path):
+    log = tmp_path / "steps.jsonl"
+    log.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"event": "ready", "t": 0.0},
+        {"step": 0, "mode": "spec", "bs": 1, "t": 50.0},
+        {"event": "deferred_prefill", "t": 50.1},
+        {"step": 1, "mode": "decode", "bs": 128, "t": 58.8},
+        {"step": 2, "mode": "decode", "bs": 128, "t": 58.9}]))
+    gaps = Suite.gap_summary(str(log), top=2)
+    assert gaps == [{"gap_s": 8.7, "between": "deferred_prefill -> decode"},
+                    {"gap_s": 0.1, "between": "spec -> deferred_prefill"}]
+    assert Suite.gap_summary(None) == []

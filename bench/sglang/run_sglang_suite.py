@@ -39,6 +39,11 @@ batch" line every N decode steps; the report turns the decode-mode windows into 
 running batch, the direct form of "decode step within 2% of plain at the same batch size".
 ``--engines a,b`` runs only the named engines (device time is scarce).
 
+Stalls. Each dual bench engine's summary lists the longest gaps between its step-log lines (a
+scheduler that stood still shows there). ``--stall-trace-s S`` also has every dual engine sample
+its scheduler thread's stack while no step starts for S seconds (OUT/stall-NAME.jsonl);
+``python -m profiling.stall_report OUT`` reads both.
+
 Radix cache. Every engine runs ``--disable-radix-cache`` (random prompts share nothing; the dual
 worker's deferred draft prefill needs it) unless ``--with-radix-cache`` adds SGLang's default
 server: bench engines ``plain-radix`` and ``dual-radix`` (compared with each other: report.
@@ -86,6 +91,7 @@ from dual_graph_worker.engines.sglang.step_log import (  # noqa: E402
     read_step_events,
     read_step_log,
 )
+from profiling.stall_report import longest_gaps, read_log  # noqa: E402
 
 ALGO = "DUAL_GRAPH_EAGLE3"
 PHASES = ("correctness", "bench", "ramp", "startup")
@@ -436,6 +442,16 @@ class Suite:
         return toy
 
     @staticmethod
+    def gap_summary(log: Optional[str], top: int = 3) -> list[dict]:
+        """The longest gaps between consecutive step-log lines after start-up: a stall (a lazy
+        kernel build, a sync) shows here even without the stall watch (stall15)."""
+        if not log or not os.path.exists(log):
+            return []
+        _, lines = read_log(Path(log))
+        return [{"gap_s": round(g.gap_s, 3), "between": f"{g.before} -> {g.after}"}
+                for g in longest_gaps(lines, top)]
+
+    @staticmethod
     def step_summary(log: Optional[str]) -> dict:
         if not log or not os.path.exists(log):
             return {"error": "no step log"}
@@ -471,7 +487,8 @@ class Suite:
         # Per dual bench engine: its steps, and its catch-ups (lazy catch-up engines log them).
         data["dual_bench"] = {
             n: {"steps": self.step_summary(r.step_log),
-                "catch_ups": self.catch_up_summary(r.step_log)}
+                "catch_ups": self.catch_up_summary(r.step_log),
+                "longest_gaps": self.gap_summary(r.step_log)}
             for n, r in self.runs.items()
             if r.phase == "bench" and n.startswith("dual") and r.step_log}
         (self.out / "suite.json").write_text(json.dumps(data, indent=1, default=str))
@@ -490,7 +507,9 @@ class Suite:
                       f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")
         for n, info in data["dual_bench"].items():
             md.append(f"\n## {n} in the bench\n- steps: {json.dumps(info['steps'])}\n"
-                      f"- catch-ups: {json.dumps(info['catch_ups'])}")
+                      f"- catch-ups: {json.dumps(info['catch_ups'])}\n"
+                      f"- longest gaps between step-log lines: "
+                      f"{json.dumps(info['longest_gaps'])}")
         if data["startup"]:
             md.append("\n## start-up\n```\n" + json.dumps(data["startup"], indent=1) + "\n```")
         adaptive = self.runs.get("eagle3-adaptive")
