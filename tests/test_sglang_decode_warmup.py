@@ -41,3 +41,34 @@ def test_decode_dtype_is_the_schedule_batch_dtype(supported_sglang):
 
     assert "seq_lens, dtype=torch.int64" in inspect.getsource(schedule_batch.ScheduleBatch)
     assert DECODE_SEQ_LENS_DTYPE is torch.int64
+
+
+def test_worker_warms_the_decode_path_before_capturing_its_pool(supported_sglang, monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    from dual_graph_worker.engines.sglang import worker as worker_mod
+
+    order = []
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setattr(EAGLEWorkerV2, "init_cuda_graphs", lambda self: order.append("spec"))
+    monkeypatch.setattr(worker_mod, "warm_decode_positions",
+                        lambda device: order.append(("warm", device)))
+
+    def build_pool(mr, sizes):
+        order.append("decode pool")
+        raise Stop
+
+    monkeypatch.setattr(worker_mod, "build_decode_pool", build_pool)
+    w = object.__new__(worker_mod.DualGraphEagleWorker)
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(device="cuda"))
+    w._graphs_enabled, w._decode_bs = True, (1, 2)
+    try:
+        w.init_cuda_graphs()
+    except Stop:
+        pass
+    assert order == ["spec", ("warm", "cuda"), "decode pool"]
