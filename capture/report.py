@@ -77,7 +77,8 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
                     f"{format_bytes(g.pool_bytes):>13}{1e3 * g.replay_s:>11.3f}{mark:>8}")
     used = replace_capture_s(m, outliers) if exclude_compile_outlier else m
     model = MemoryModel.from_measurements(m)
-    capture = f"{sum(g.capture_s for g in m.graphs):.2f} s capture as measured"
+    every = totals(m.graphs, 0.0, model)
+    capture = f"{every.capture_s:.2f} s capture as measured"
     if outliers:
         capture += (f", {sum(g.capture_s for g in used.graphs):.2f} s with the * values (over "
                     f"{COMPILE_OUTLIER_FACTOR:g}x their mode's median: one-time compilation) "
@@ -86,7 +87,6 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     notes.append(f"{len(m.graphs)} graphs, {capture}")
     together = (f"measured together {format_bytes(m.total_pool_bytes)}; "
                 if m.total_pool_bytes is not None else "")
-    every = totals(m.graphs, 0.0, model)
     notes.append(f"pool, every graph in one shared pool: {format_bytes(every.memory_bytes)} by the "
                  f"tuner's model ({together}isolated sum "
                  f"{format_bytes(every.isolated_sum_bytes)})")

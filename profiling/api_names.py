@@ -8,6 +8,8 @@ compare `base_name`s only.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from typing import Optional
 
@@ -52,6 +54,7 @@ FORBIDDEN_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=None)   # a trace repeats a few dozen names ~1e5 times
 def base_name(raw: str) -> str:
     """`cudaLaunchKernel_ptsz_v7000` -> `cudaLaunchKernel`; `cuMemAlloc_v2` -> `cuMemAlloc`."""
     name = _VERSION_SUFFIX.sub("", raw.strip())

@@ -207,32 +207,35 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     by_family: dict[str, Counter] = defaultdict(Counter)     # family -> kernel name -> launches
     family_steps: dict[str, list[int]] = defaultdict(list)   # family -> launches per step
     per_step: list[int] = []
+    labels = ([f.label for f in profile.allowed_eager]
+              + [_stage_label(s) for s in profile.stated_eager_stages])
     for track in tl.tracks:
         pre = _track_prefix(tl, track)
         for step in track.steady_steps:
             if not step.graph:
                 continue
-            family_of = {}
+            family_of = {}        # id of every kernel launch -> its label (None: unlisted)
+            unlisted = []
+            in_step: Counter = Counter()
             # Kernels of a stated eager stage count under that stage, never as glue.
             in_stated = _stated_stage_calls(step, profile)
             for c in step.calls:
-                if api_names.is_kernel_launch(c.name):
-                    if id(c) in in_stated:
-                        family_of[id(c)] = _stage_label(in_stated[id(c)])
-                        continue
-                    fam = profile.eager_family(tl.trace.kernel_name(c),
-                                               tl.trace.kernel_demangled_name(c))
-                    family_of[id(c)] = fam.label if fam is not None else None
-            unlisted = [c for c in step.calls if id(c) in family_of and family_of[id(c)] is None]
-            per_step.append(len(unlisted))
-            in_step: Counter = Counter()
-            for c in step.calls:
-                label = family_of.get(id(c))
-                if label is not None:
-                    by_family[label][tl.trace.kernel_name(c)] += 1
+                if not api_names.is_kernel_launch(c.name):
+                    continue
+                kname = tl.trace.kernel_name(c)
+                if id(c) in in_stated:
+                    label = _stage_label(in_stated[id(c)])
+                else:
+                    fam = profile.eager_family(kname, tl.trace.kernel_demangled_name(c))
+                    label = fam.label if fam is not None else None
+                family_of[id(c)] = label
+                if label is None:
+                    unlisted.append(c)
+                else:
+                    by_family[label][kname] += 1
                     in_step[label] += 1
-            for label in [f.label for f in profile.allowed_eager] + [
-                    _stage_label(s) for s in profile.stated_eager_stages]:
+            per_step.append(len(unlisted))
+            for label in labels:
                 family_steps[label].append(in_step[label])
             for span in step.stages:
                 for c in span.calls:

@@ -28,7 +28,6 @@ from dual_graph_worker.modes import Mode, Stage
 from profiling import names
 
 AUTO = "auto"
-CONFIG_CONTINUITY = names.CONFIG_CONTINUITY   # config mark the SGLang worker emits
 LAZY_CATCH_UP = Continuity.LAZY_CATCH_UP.value
 
 
@@ -49,7 +48,8 @@ class KernelFamily:
         return re.compile(self.regex)
 
     def matches(self, short: str, demangled: str) -> bool:
-        return bool(self._compiled.search(short) or self._compiled.search(demangled))
+        return bool(self._compiled.search(short)
+                    or (demangled != short and self._compiled.search(demangled)))
 
     def describe(self) -> str:
         return f"{self.why}; patterns " + ", ".join(f"`{p}`" for p in self.patterns)
@@ -112,7 +112,7 @@ class EngineProfile:
 
     def decode_stages(self, config: Mapping[str, str]) -> frozenset[str]:
         extra = self.decode_extra_stages
-        continuity = config.get(CONFIG_CONTINUITY, "")
+        continuity = config.get(names.CONFIG_CONTINUITY, "")
         return frozenset((Stage.DECODE.value,) + extra.get(continuity, extra.get("", ())))
 
     def expected_stages(self, mode: str, k: Optional[int], config: Mapping[str, str]

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from profiling import checks
+from profiling.check import check_trace
+from profiling.nsys_sqlite import load_sqlite
 from profiling.api_names import base_name
 
 PID = 4242
@@ -495,3 +497,8 @@ def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-c
                 kw["unlisted_kernels"] = 5
         sglang_step(b, mode, **kw)
     return b
+
+
+def outcomes(path: Path, config: checks.CheckConfig = checks.CheckConfig()) -> dict:
+    """{check name: its outcome} for the trace at `path`."""
+    return {o.name: o for o in check_trace(load_sqlite(path), config)[1]}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from profiling import api_names, checks, names
-from profiling.check import CHECK_JSON, REPORT_MD, TIMELINE_PNG, check_report, check_trace, main
+from profiling.check import CHECK_JSON, REPORT_MD, TIMELINE_PNG, check_report, main
 from profiling.checks import CheckConfig
 from profiling.nsys_sqlite import load_sqlite, split_global_tid
 from profiling.timeline import build_timeline
@@ -20,6 +20,7 @@ from profiling.timeline import build_timeline
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_profile import (GLOBAL_TID, PID, PLANTED_FAULTS, TID,  # noqa: E402
                               standard_profile)
+from fixtures_profile import outcomes as _outcomes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,10 +28,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _sqlite(tmp_path: Path, violation=None, **kw) -> Path:
     return standard_profile(violation, **kw).write_sqlite(tmp_path / f"{violation}.sqlite")
-
-
-def _outcomes(path: Path, config: CheckConfig = CheckConfig()):
-    return {o.name: o for o in check_trace(load_sqlite(path), config)[1]}
 
 
 def test_passing_profile_passes_every_check(tmp_path):

@@ -9,21 +9,18 @@ from pathlib import Path
 import pytest
 
 from profiling import checks, engines
-from profiling.check import check_report, check_trace, main
+from profiling.check import check_report, main
 from profiling.checks import CheckConfig
 from profiling.nsys_sqlite import load_sqlite
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_profile import (GRAPH_LAUNCH, SGLANG_FAULTS, SGLANG_VIOLATIONS,  # noqa: E402
                               CatchUp, sglang_profile, standard_profile)
+from fixtures_profile import outcomes as _outcomes  # noqa: E402
 
 
 def _sqlite(tmp_path: Path, violation=None, **kw) -> Path:
     return sglang_profile(violation, **kw).write_sqlite(tmp_path / f"sglang-{violation}.sqlite")
-
-
-def _outcomes(path: Path, config: CheckConfig = CheckConfig()):
-    return {o.name: o for o in check_trace(load_sqlite(path), config)[1]}
 
 
 def test_sglang_profile_passes_with_the_engine_taken_from_the_trace(tmp_path):

@@ -111,6 +111,7 @@ def test_engine_agnostic_modules_do_not_import_sglang():
         import dual_graph_worker.engines.sglang.layout, dual_graph_worker.engines.sglang.calibration
         import dual_graph_worker.engines.sglang.step_log, dual_graph_worker.engines.sglang.plugin
         import dual_graph_worker.engines.sglang.server_args_hook
+        import dual_graph_worker.engines.sglang.capture_config
         assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules), \
             sorted(m for m in sys.modules if m.startswith('sglang'))
     """)

@@ -208,9 +208,7 @@ def test_make_nsys_profile_engine_sglang():
 # ============================================================ with SGLang 0.5.17 (CPU only)
 
 @pytest.fixture
-def eagle_module():
-    pytest.importorskip("sglang.srt.speculative.eagle_worker_v2",
-                        reason="SGLang 0.5.17 is not importable here")
+def eagle_module(supported_sglang):
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
     yield ew

@@ -12,8 +12,10 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 dir=/tmp/$name
 python3 -m bench.sglang.run_sglang_suite --out "$dir" --budget-s "$budget" "$@" 2>&1 \
   | tee "$dir.log" | grep -E "^\[suite\]|PASS|FAIL|tok/s|startup|elapsed" | tail -60
+rc=${PIPESTATUS[0]}
 for f in "$dir"/engines/*.log; do tail -c 20000 "$f" > "$f.tail" 2>/dev/null; done
 tar czf "$OUT/$name.tar.gz" -C /tmp "$name.log" \
   $(cd /tmp && ls -d "$name"/*.json "$name"/*.md "$name"/*.png "$name"/*.jsonl \
       "$name"/engines/*.json "$name"/engines/*.tail 2>/dev/null)
 cat "$dir/report.md" 2>/dev/null | head -80
+exit $rc

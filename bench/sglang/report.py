@@ -51,9 +51,9 @@ SETTING_SUFFIXES = (RADIX,)
 def baseline(name: str, kind: str, names) -> str:
     """The `kind` engine ("plain" or "eagle3") that `name` is compared with: the one run with
     the same server setting (e.g. dual-radix -> plain-radix) when the suite ran it, else the
-    default `kind`."""
+    default `kind`; a setting's own `kind` engine (plain-radix) is compared with the default."""
     for suffix in SETTING_SUFFIXES:
-        if name.endswith(suffix) and kind + suffix in names:
+        if name.endswith(suffix) and kind + suffix in names and name != kind + suffix:
             return kind + suffix
     return kind
 
@@ -132,8 +132,6 @@ def _markdown_phase(title: str, values: Mapping[str, Mapping[int, float]], fmt: 
         rows.append(f"| {name} | " + " | ".join(
             format(vals[c], fmt) if c in vals else "-" for c in levels) + " |")
         base = baseline(name, "plain", values)
-        if base == name:       # a setting's own plain engine: compared with the default one
-            base = "plain"
         plain = values.get(base, {})
         if name != base and plain:
             rows.append(f"| {name} / {base} | " + " | ".join(

@@ -123,6 +123,8 @@ class EngineRun:
     est_s: float
     step_log: Optional[str] = None
     result: dict = field(default_factory=dict)
+    # Its bench step log read once (Suite.log_summary): the log is complete once it has run.
+    log_summary: Optional[dict] = None
 
 
 class Suite:
@@ -207,15 +209,16 @@ class Suite:
         env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
         if self.args.stall_trace_s:
             # Diagnostic: the scheduler thread's stack whenever no step starts for that long.
-            env |= {"DGW_STALL_TRACE": str(self.out / f"stall-{name}.jsonl"),
+            trace = self.out / f"stall-{name}.jsonl"
+            trace.unlink(missing_ok=True)       # the worker appends
+            env |= {"DGW_STALL_TRACE": str(trace),
                     "DGW_STALL_TRACE_S": str(self.args.stall_trace_s)}
         if name.endswith("-bench") and not self.args.bench_step_log:
             # What a user runs: no per-step JSON line (the log costs host time every step).
             return env, None
-        log = str(self.out / f"steps-{name}.jsonl")
-        if os.path.exists(log):
-            os.remove(log)
-        return {"DGW_STEP_LOG": log} | env, log
+        log = self.out / f"steps-{name}.jsonl"
+        log.unlink(missing_ok=True)             # the worker appends
+        return {"DGW_STEP_LOG": str(log)} | env, str(log)
 
     # ----------------------------------------------------------------------- phases
 
@@ -249,9 +252,7 @@ class Suite:
         want = (plain.get("tasks", {}).get("exact") or {}).get("outputs")
         for continuity in self.continuities():
             name = "dual-toy-dummy" + SUFFIX[continuity]
-            env, log = self.dual_env(name, policy="threshold",
-                                     threshold=a.toy_threshold, band=0, min_dwell=0,
-                                     **self.continuity_env(continuity))
+            env, log = self.correctness_env(name, continuity)
             dual = self.run(EngineRun(name, "correctness",
                                       self.common(target, "dummy", 32)
                                       | self.spec_kwargs(ALGO, draft), env, task, est_s=30,
@@ -259,16 +260,28 @@ class Suite:
             got = (dual.get("tasks", {}).get("exact") or {}).get("outputs")
             check = {"expected": "plain SGLang, same dummy weights (seeded), same requests"}
             if want is not None and got is not None:
-                check["exactness"] = compare_outputs(want, got).to_json()
-                check["steps"] = self.step_summary(log)
-                check["ok"] = bool(check["exactness"]["ok"]
-                                   and check["steps"].get("switches_back", 0) >= 1)
-                self.check_catch_ups(check, continuity, log)
+                self.judge(check, want, got, log, continuity)
             else:
                 check["ok"] = False
                 check["error"] = dual.get("error") or plain.get("error") or "skipped"
             self.checks[f"dummy weights: {self.dual_label(continuity)} == plain SGLang"] = check
             self.write()
+
+    def correctness_env(self, name: str, continuity: str) -> tuple[dict, Optional[str]]:
+        """A correctness engine's worker env: the threshold policy at --toy-threshold with no
+        band and no dwell, so the running batch crosses it many times."""
+        return self.dual_env(name, policy="threshold", threshold=self.args.toy_threshold,
+                             band=0, min_dwell=0, **self.continuity_env(continuity))
+
+    def judge(self, check: dict, want: list, got: list, log: Optional[str],
+              continuity: str) -> None:
+        """The tokens equal, at least one decode -> spec switch happened, and a lazy engine
+        caught up: the verdict every correctness check shares."""
+        check["exactness"] = compare_outputs(want, got).to_json()
+        check["steps"] = self.step_summary(log)
+        check["ok"] = bool(check["exactness"]["ok"]
+                           and check["steps"].get("switches_back", 0) >= 1)
+        self.check_catch_ups(check, continuity, log)
 
     def exact_requests(self, prompts: list) -> list:
         """The correctness requests: `prompts` staggered in waves (--exact-* flags)."""
@@ -283,8 +296,7 @@ class Suite:
         a = self.args
         setting = RADIX if radix_cache else ""
         name = "dual-toy" + SUFFIX[continuity] + setting
-        env, log = self.dual_env(name, policy="threshold", threshold=a.toy_threshold,
-                                 band=0, min_dwell=0, **self.continuity_env(continuity))
+        env, log = self.correctness_env(name, continuity)
         er = EngineRun(name, "correctness",
                        self.common(toy / "target", "auto", 32, radix_cache=radix_cache)
                        | {"dtype": a.toy_dtype}
@@ -298,16 +310,12 @@ class Suite:
             check["server"] = ("radix cache on (SGLang's default; no deferred prefill), "
                                f"prompts sharing their first {a.radix_prefix_len} tokens")
         if got is not None:
-            check["exactness"] = compare_outputs(expected, got).to_json()
-            check["steps"] = self.step_summary(log)
+            self.judge(check, expected, got, log, continuity)
             k1 = 4.0
             back = check["steps"].get("min_accept_after_switch_back")
             check["draft_current_after_switch"] = (
                 None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
-            check["ok"] = bool(check["exactness"]["ok"]
-                               and check["steps"].get("switches_back", 0) >= 1
-                               and check["draft_current_after_switch"] is not False)
-            self.check_catch_ups(check, continuity, log)
+            check["ok"] = check["ok"] and check["draft_current_after_switch"] is not False
         else:
             check["ok"] = False
             check["error"] = res.get("error") or res.get("skipped")
@@ -342,6 +350,8 @@ class Suite:
         ramp_s = (2 * len(a.ramp_levels) - 1) * a.ramp_hold_s + 10 if with_ramp else 0
         self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
                            tasks, est_s=est * 1.5 + ramp_s, step_log=log))
+        if with_ramp:
+            self.plot_ramp(self.runs.get("dual"))
         def run_dual_variant(name: str, server: dict = base, **dgw: object) -> None:
             env, log = self.dual_env(name + "-bench", policy=a.dual_policy, **dgw)
             self.run(EngineRun(name, "bench", server | self.spec_kwargs(ALGO, draft), sim | env,
@@ -459,8 +469,8 @@ class Suite:
 
     def startup(self) -> dict:
         out = {}
-        for name in ("eagle3", "dual", "dual-lazy", "dual-keep-current", "dual-eager-draft",
-                     "plain"):
+        for name in ("eagle3", *("dual" + suffix for suffix in SUFFIX.values()),
+                     "dual-eager-draft", "plain"):
             r = self.runs.get(name)
             if r is None or "startup_s" not in r.result:
                 continue
@@ -475,28 +485,23 @@ class Suite:
         return out
 
     def write(self) -> None:
-        levels, table = report.throughput_rows(
-            {n: r.result for n, r in self.runs.items() if r.phase == "bench"})
+        bench_results = {n: r.result for n, r in self.runs.items() if r.phase == "bench"}
+        levels, table = report.throughput_rows(bench_results)
         data = {"elapsed_s": round(time.monotonic() - self.t0, 1), "notes": self.notes,
                 "checks": self.checks,
                 "throughput": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
                 "startup": self.startup(),
                 "engines": {n: {k: v for k, v in r.result.items() if k not in ("tasks",)}
                             for n, r in self.runs.items()}}
-        dual = self.runs.get("dual")
-        # Per dual bench engine: its steps, and its catch-ups (lazy catch-up engines log them).
+        # Per dual bench engine: its steps, catch-ups (lazy catch-up engines log them) and gaps.
         data["dual_bench"] = {
-            n: {"steps": self.step_summary(r.step_log),
-                "catch_ups": self.catch_up_summary(r.step_log),
-                "longest_gaps": self.gap_summary(r.step_log)}
-            for n, r in self.runs.items()
+            n: self.log_summary(r) for n, r in self.runs.items()
             if r.phase == "bench" and n.startswith("dual") and r.step_log}
         (self.out / "suite.json").write_text(json.dumps(data, indent=1, default=str))
         md = ["# SGLang dual-graph suite", ""]
         if table and any(table.values()):
             md.append(report.markdown_throughput(levels, table, self.notes.get("bench", "")))
             md.append(report.markdown_ratios(levels, table))
-            bench_results = {n: r.result for n, r in self.runs.items() if r.phase == "bench"}
             md.append(report.markdown_decode_phase(bench_results))
             md.append(report.markdown_prefill_phase(bench_results))
             md.append(report.markdown_decode_log(bench_results))
@@ -518,15 +523,27 @@ class Suite:
             md.append("\n## speculative_adaptive (EAGLE3)\n"
                       + str(r.get("error") or r.get("skipped") or "started and ran"))
         (self.out / "report.md").write_text("\n".join(md) + "\n")
-        if dual and dual.step_log and os.path.exists(dual.step_log):
-            ramp = (dual.result.get("tasks", {}).get("ramp") or {}).get("events", [])
-            phases = [e for e in ramp if "phase" in e]
-            if phases:
-                lo, hi = phases[0]["t_start"], phases[-1]["t_end"]
-                steps = [(t, r.bs, r.mode.value) for r, t in read_step_log(dual.step_log)
-                         if lo <= t <= hi]
-                report.plot_ramp(steps, phases, self.out / "ramp.png",
-                                 "dual worker: mode per step over a load ramp")
+
+    def log_summary(self, r: EngineRun) -> dict:
+        """Steps, catch-ups and longest gaps of a finished engine's step log, read once."""
+        if r.log_summary is None:
+            r.log_summary = {"steps": self.step_summary(r.step_log),
+                             "catch_ups": self.catch_up_summary(r.step_log),
+                             "longest_gaps": self.gap_summary(r.step_log)}
+        return r.log_summary
+
+    def plot_ramp(self, dual: Optional[EngineRun]) -> None:
+        """ramp.png: the dual engine's mode per step over its load ramp."""
+        if not (dual and dual.step_log and os.path.exists(dual.step_log)):
+            return
+        ramp = (dual.result.get("tasks", {}).get("ramp") or {}).get("events", [])
+        phases = [e for e in ramp if "phase" in e]
+        if phases:
+            lo, hi = phases[0]["t_start"], phases[-1]["t_end"]
+            steps = [(t, r.bs, r.mode.value) for r, t in read_step_log(dual.step_log)
+                     if lo <= t <= hi]
+            report.plot_ramp(steps, phases, self.out / "ramp.png",
+                             "dual worker: mode per step over a load ramp")
 
     def final_summary(self) -> str:
         rows = {}
@@ -607,7 +624,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engines", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                    default=None,
                    help="run only these engines (names as in the report, e.g. plain,dual); "
-                        "the others are recorded as skipped")
+                        "the others are not run and not reported")
     p.add_argument("--stall-trace-s", type=float, default=0.0,
                    help="diagnostic: every dual engine samples its scheduler thread's stack "
                         "while no step starts for this many seconds (DGW_STALL_TRACE; "

@@ -194,12 +194,39 @@ class CatchUpIndices(NamedTuple):
 def backlog_slots(*, req_pool_indices: torch.Tensor, ends: torch.Tensor, counts: Sequence[int],
                   req_to_token: torch.Tensor) -> torch.Tensor:
     """KV slots of every position behind, ``[ends[i] - counts[i], ends[i])`` per row, in row
-    order: the live cells a compaction keeps."""
-    counts = [int(n) for n in counts]
-    segments = [Segment(i, 0, n, True) for i, n in enumerate(counts)]
-    return build_catch_up_indices(segments, req_pool_indices=req_pool_indices, ends=ends,
-                                  counts=counts, batch_positions=range(len(counts)),
-                                  req_to_token=req_to_token).slots
+    order: the live cells a compaction keeps (one whole-backlog segment per row, without the
+    rest of a pass's indices)."""
+    n = np.asarray(counts, dtype=np.int64)
+    sn = to_device(n, ends.device)
+    rows = torch.arange(len(n), device=ends.device)
+    return _segment_tokens(rows, torch.zeros_like(sn), sn, sn, ends=ends,
+                           req_pool_indices=req_pool_indices, req_to_token=req_to_token,
+                           num_tokens=int(n.sum())).slots
+
+
+class _SegmentTokens(NamedTuple):
+    rows: torch.Tensor        # request-pool row per segment
+    prefix: torch.Tensor      # first position of each segment
+    cum: torch.Tensor         # inclusive cumulative segment lengths
+    positions: torch.Tensor   # per token
+    slots: torch.Tensor       # per token: its KV slot
+
+
+def _segment_tokens(sr: torch.Tensor, sb: torch.Tensor, sl: torch.Tensor, sn: torch.Tensor, *,
+                    ends: torch.Tensor, req_pool_indices: torch.Tensor,
+                    req_to_token: torch.Tensor, num_tokens: int) -> _SegmentTokens:
+    """Device indices of segments (request `sr`, begin `sb` and length `sl` inside a backlog of
+    `sn` positions that ends at ``ends[sr]``), one entry per token in segment order."""
+    start = ends.to(torch.int64)[sr] - sn                # first position behind
+    prefix = start + sb
+    cum = torch.cumsum(sl, 0)
+    seg_of_tok = torch.repeat_interleave(torch.arange(sr.shape[0], device=sr.device), sl,
+                                         output_size=num_tokens)
+    offset = torch.arange(num_tokens, device=sr.device) - (cum - sl)[seg_of_tok]
+    positions = prefix[seg_of_tok] + offset
+    rows = req_pool_indices.to(torch.int64)[sr]
+    slots = req_to_token[rows[seg_of_tok], positions].to(torch.int64)
+    return _SegmentTokens(rows, prefix, cum, positions, slots)
 
 
 def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: torch.Tensor,
@@ -216,7 +243,6 @@ def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: tor
     """
     if not segments:
         raise ValueError("a catch-up pass needs at least one segment")
-    device = ends.device
     counts = np.asarray(counts, dtype=np.int64)
     seg_req = np.asarray([g.req for g in segments], dtype=np.int64)
     begin = np.asarray([g.begin for g in segments], dtype=np.int64)
@@ -225,17 +251,9 @@ def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: tor
         raise ValueError("segment outside its request's backlog")
     num_tokens = int(lens.sum())
     sr, sb, sl, sn = to_device(np.stack([seg_req, begin, lens, counts[seg_req]]),
-                               device).unbind(0)
-    start = ends.to(torch.int64)[sr] - sn                # first position behind
-    prefix = start + sb
-    seq = prefix + sl
-    cum = torch.cumsum(sl, 0)
-    seg_of_tok = torch.repeat_interleave(torch.arange(len(segments), device=device), sl,
-                                         output_size=num_tokens)
-    offset = torch.arange(num_tokens, device=device) - (cum - sl)[seg_of_tok]
-    positions = prefix[seg_of_tok] + offset
-    rows = req_pool_indices.to(torch.int64)[sr]
-    slots = req_to_token[rows[seg_of_tok], positions].to(torch.int64)
+                               ends.device).unbind(0)
+    tok = _segment_tokens(sr, sb, sl, sn, ends=ends, req_pool_indices=req_pool_indices,
+                          req_to_token=req_to_token, num_tokens=num_tokens)
     prefix_cpu = seq_cpu = None
     if ends_cpu is not None:
         e = np.asarray(ends_cpu, dtype=np.int64)[seg_req]
@@ -243,9 +261,9 @@ def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: tor
         prefix_cpu = [int(x) for x in p]
         seq_cpu = torch.from_numpy(p + lens)
     return CatchUpIndices(
-        req_pool_indices=rows, positions=positions, slots=slots,
-        prefix_lens=prefix.to(torch.int32), extend_lens=sl.to(torch.int32), seq_lens=seq,
-        last_rows=cum - 1, extend_lens_cpu=[int(x) for x in lens], prefix_lens_cpu=prefix_cpu,
+        req_pool_indices=tok.rows, positions=tok.positions, slots=tok.slots,
+        prefix_lens=tok.prefix.to(torch.int32), extend_lens=sl.to(torch.int32),
+        seq_lens=tok.prefix + sl, last_rows=tok.cum - 1, extend_lens_cpu=[int(x) for x in lens], prefix_lens_cpu=prefix_cpu,
         seq_lens_cpu=seq_cpu, num_tokens=num_tokens,
         batch_positions=[int(batch_positions[i]) for i in seg_req],
         final=[bool(g.final) for g in segments])

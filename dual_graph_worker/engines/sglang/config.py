@@ -80,7 +80,7 @@ import enum
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from dual_graph_worker.continuity import Continuity
 from dual_graph_worker.engines.sglang.cycle_policy import CyclePolicy
@@ -197,12 +197,12 @@ class WorkerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "WorkerConfig":
+        settings = _user_settings(environ)
         base = cls()
-        path = environ.get(CONFIG_FILE_ENV)
-        if path:
-            base = cls.from_mapping(_read_json(path), source=f"{CONFIG_FILE_ENV}={path}")
-        overrides = {key: _coerce(key, environ[env], env)
-                     for key, env in ENV_VARS.items() if environ.get(env, "") != ""}
+        if settings.file is not None:
+            base = cls.from_mapping(settings.file,
+                                    source=f"{CONFIG_FILE_ENV}={environ[CONFIG_FILE_ENV]}")
+        overrides = {key: _coerce(key, raw, ENV_VARS[key]) for key, raw in settings.env.items()}
         return replace(base, **overrides)
 
     def to_json(self) -> dict:
@@ -215,10 +215,22 @@ class WorkerConfig:
 def explicit_keys(environ: Mapping[str, str]) -> frozenset[str]:
     """The keys a user set (in the DGW_CONFIG file or a DGW_* variable) rather than left at their
     defaults: a tuned capture config fills in only the others (``threshold`` today)."""
+    settings = _user_settings(environ)
+    return frozenset(set(settings.file or ()) | set(settings.env))
+
+
+class _UserSettings(NamedTuple):
+    file: Optional[Mapping[str, Any]]   # the DGW_CONFIG file's object, None without one
+    env: dict[str, str]                 # key -> raw value of every non-empty DGW_* variable
+
+
+def _user_settings(environ: Mapping[str, str]) -> _UserSettings:
+    """What the user set, before coercion: one reading for WorkerConfig.from_env and
+    explicit_keys, so the two cannot disagree on what counts as set."""
     path = environ.get(CONFIG_FILE_ENV)
-    from_file = set(_read_json(path)) if path else set()
-    return frozenset(from_file | {key for key, env in ENV_VARS.items()
-                                  if environ.get(env, "") != ""})
+    return _UserSettings(_read_json(path) if path else None,
+                         {key: environ[env] for key, env in ENV_VARS.items()
+                          if environ.get(env, "") != ""})
 
 
 def _read_json(path: str) -> Mapping[str, Any]:

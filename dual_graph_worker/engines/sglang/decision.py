@@ -14,7 +14,7 @@ from typing import Callable, Deque, Optional, Sequence
 
 from dual_graph_worker.dispatch import DispatchTable
 from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import ModePolicy, PolicyInputs, Reason
+from dual_graph_worker.policy import Decision, ModePolicy, PolicyInputs, Reason
 from dual_graph_worker.results import StepRecord
 
 
@@ -58,9 +58,12 @@ class ModeSelector:
         self.graphs_enabled = graphs_enabled
         self.last_mode: Optional[Mode] = None    # the mode of the latest plan (None: no step yet)
 
-    def plan(self, bs: int) -> StepPlan:
+    def _decide(self, bs: int) -> tuple[PolicyInputs, Decision]:
         inputs = policy_inputs(self.table, bs, self.graphs_enabled)
-        decision = self.policy.decide(inputs)
+        return inputs, self.policy.decide(inputs)
+
+    def plan(self, bs: int) -> StepPlan:
+        inputs, decision = self._decide(bs)
         self.policy.commit(decision.mode)
         padded = (inputs.spec_padded_bs if decision.mode is Mode.SPEC
                   else inputs.decode_padded_bs) or bs
@@ -73,8 +76,7 @@ class ModeSelector:
         will run once it has `bs` requests. Safe between plans because a policy's `commit`
         applies the latest `decide` (GoodputPolicy's probe flag), and every `plan` decides
         again right before it commits."""
-        return self.policy.decide(policy_inputs(self.table, max(bs, 1),
-                                                self.graphs_enabled)).mode
+        return self._decide(max(bs, 1))[1].mode
 
 
 def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[int]:

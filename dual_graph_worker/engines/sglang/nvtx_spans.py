@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 STEADY_AFTER_ENV = "DGW_PROFILE_STEADY_AFTER_STEPS"
 STEPS_ENV = "DGW_PROFILE_STEPS"
-CONFIG_CONTINUITY = names.CONFIG_CONTINUITY    # read by profiling.engines (decode stages)
 CONFIG_POLICY = "policy"
 
 
@@ -120,7 +119,7 @@ def worker_config_marks(worker: Any) -> dict[str, str]:
         names.CONFIG_ATTENTION_BACKEND: str(backend),
         # K as the checker means it: draft steps per spec step (no draft graph when K = 1).
         names.CONFIG_NUM_DRAFT_TOKENS: str(getattr(worker, "speculative_num_steps", "?")),
-        CONFIG_CONTINUITY: str(getattr(getattr(cfg, "continuity", None), "value", "?")),
+        names.CONFIG_CONTINUITY: str(getattr(getattr(cfg, "continuity", None), "value", "?")),
         CONFIG_POLICY: str(getattr(getattr(cfg, "policy", None), "value", "?")),
     }
 

@@ -288,17 +288,20 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         """Defer the draft's prefill when the running batch this prefill joins will decode (a
         request admitted now may finish before the worker speculates again), and always for
         the next chunk of a prompt whose earlier chunks were deferred. A wrong guess costs one
-        catch-up at the next speculative step: the same draft extend, later."""
+        catch-up at the next speculative step: the same draft extend, later. `can_defer` (a
+        host check: deferral on, an EXTEND batch, room in the stash) comes first, so a server
+        that cannot defer (radix cache on) previews no policy at any prefill."""
         lazy = self._lazy
-        return ((self._next_step_decodes(batch) or lazy.must_defer(batch))
-                and lazy.can_defer(batch))
+        return lazy.can_defer(batch) and (self._next_step_decodes(batch)
+                                          or lazy.must_defer(batch))
 
     def _next_step_decodes(self, batch) -> bool:
         """Whether the running batch this prefill joins will run in decode mode: the policy's
         choice, previewed and not committed, at the size that batch grows to, the rows in use
         (running requests plus this prefill's) plus the requests still queued behind it
-        (queue_hook.py), capped at the request pool (decision.expected_batch_size). Asking the policy, not the last step's mode, matters when a burst
-        arrives at an idle or speculating server: the burst's own prefills are deferred too."""
+        (queue_hook.py), capped at the request pool (decision.expected_batch_size). Asking the
+        policy, not the last step's mode, matters when a burst arrives at an idle or
+        speculating server: the burst's own prefills are deferred too."""
         if self._selector is None:
             return False
         bs = expected_batch_size(self.req_to_token_pool, queued_requests(batch))
