@@ -23,8 +23,8 @@ from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
 from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
 from capture.units import parse_duration, parse_size
-from dual_graph_worker.errors import DualGraphError
-from dual_graph_worker.modes import Mode
+from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.modes import Mode
 
 EXIT_BAD_INPUT = 2
 

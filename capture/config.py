@@ -41,17 +41,13 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
 from capture.distribution import BatchDistribution
-from capture.jsonio import (check_schema, need_field, need_int_list, need_mapping, need_mode, need_number,
-                            read_json, write_json)
-from capture.measurements import GpuInfo, Measurements, ModelInfo, model_fingerprint
+from capture.measurements import Measurements
 from capture.tuner import CaptureOutlier, MemoryModel, Totals, TuningResult
-from dual_graph_worker.dispatch import DispatchTable
-from dual_graph_worker.errors import ConfigError, StaleConfig
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import CalibrationTable
-
-SCHEMA = "dgw-capture-config/1"
-RETUNE = "re-run `make capture-tune`"
+from dual_graph_worker.core.capture_schema import SCHEMA, GpuInfo, ServingCapture, load_capture
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import (need_field, need_mapping, need_mode, need_number,
+                                           write_json)
+from dual_graph_worker.core.modes import GraphKey
 
 
 class Budgets(NamedTuple):
@@ -59,71 +55,18 @@ class Budgets(NamedTuple):
     capture_s: float
 
 
-@dataclass(frozen=True)
-class CaptureConfig:
-    gpu: GpuInfo
-    model: ModelInfo
-    num_draft_tokens: int
-    spec_bs: tuple[int, ...]
-    decode_bs: tuple[int, ...]
-    calibration: CalibrationTable
+@dataclass(frozen=True, kw_only=True)
+class CaptureConfig(ServingCapture):
+    """The whole file: the served part plus what the tuner chose it under, and what it saves."""
+
     budgets: Budgets
-    accept_len: float
-    crossover_bs: int
     distribution: BatchDistribution
     chosen: Totals
     all_candidates: Totals
     exact: bool = True
-    synthetic: bool = False
     memory_model: Optional[MemoryModel] = None      # None: written before the shared-pool model
     exclude_compile_outlier: Optional[bool] = None  # None: written before the option existed
     capture_outliers: tuple[CaptureOutlier, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name, sizes in (("spec_bs", self.spec_bs), ("decode_bs", self.decode_bs)):
-            if not sizes:
-                raise ConfigError(f"capture config: {name} is empty; each pool needs at least "
-                                  f"one batch size ({RETUNE})")
-            if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
-                raise ConfigError(f"capture config: {name} must be distinct batch sizes >= 1 in "
-                                  f"ascending order, got {list(sizes)}")
-        if self.decode_bs[-1] < self.spec_bs[-1]:
-            raise ConfigError(f"capture config: the decode pool tops out at bs={self.decode_bs[-1]}"
-                              f" below the spec pool's bs={self.spec_bs[-1]}; the decode pool must "
-                              f"cover the spec range ({RETUNE})")
-        k = self.num_draft_tokens
-        if self.model.num_draft_tokens != k or self.calibration.num_draft_tokens != k:
-            raise ConfigError(f"capture config: num_draft_tokens disagree (config {k}, model "
-                              f"shape {self.model.num_draft_tokens}, calibration "
-                              f"{self.calibration.num_draft_tokens}); {RETUNE}")
-        missing = [key.label() for key in self.keys() if key not in self.calibration.latency_s]
-        if missing:
-            raise ConfigError(f"capture config: the calibration table has no latency for "
-                              f"{missing}; {RETUNE}")
-
-    def keys(self) -> tuple[GraphKey, ...]:
-        return tuple(GraphKey(Mode.SPEC, b) for b in self.spec_bs) + tuple(
-            GraphKey(Mode.DECODE, b) for b in self.decode_bs)
-
-    def dispatch_table(self, allow_eager: bool = True) -> DispatchTable:
-        return DispatchTable.build(self.spec_bs, self.decode_bs, allow_eager)
-
-    def check_matches(self, expected_gpu: Optional[GpuInfo] = None,
-                      expected_shape: Optional[Mapping[str, Any]] = None,
-                      source: str = "capture config") -> None:
-        """Raise StaleConfig when this config was tuned on another GPU or model shape."""
-        if expected_gpu is not None and (expected_gpu.name.strip(),
-                                         expected_gpu.compute_capability) != (
-                self.gpu.name.strip(), self.gpu.compute_capability):
-            raise StaleConfig(f"{source} was tuned on {self.gpu.describe()} but this GPU is "
-                              f"{expected_gpu.describe()}; {RETUNE} on this GPU")
-        if expected_shape is not None:
-            fp = model_fingerprint(expected_shape)
-            if fp != self.model.fingerprint:
-                diff = _shape_diff(self.model.shape, expected_shape)
-                raise StaleConfig(f"{source} was tuned for model shape {self.model.fingerprint} "
-                                  f"but this model's shape is {fp} ({diff}); {RETUNE} for this "
-                                  "model")
 
     def to_json(self) -> dict:
         return {
@@ -157,14 +100,11 @@ class CaptureConfig:
 
     @classmethod
     def from_json(cls, data: Any) -> "CaptureConfig":
+        served = ServingCapture.serving_fields(data)
         d = need_mapping(data, "capture config")
-        check_schema(d, SCHEMA, "capture config")
         budgets = need_mapping(d.get("budgets"), "budgets")
         tuning = need_mapping(d.get("tuning"), "tuning")
         savings = need_mapping(d.get("savings"), "savings")
-        synthetic = d.get("synthetic", False)
-        if not isinstance(synthetic, bool):
-            raise ConfigError(f"capture config: synthetic must be true or false, got {synthetic!r}")
         exclude = tuning.get("exclude_compile_outlier")
         if exclude is not None and not isinstance(exclude, bool):
             raise ConfigError(f"tuning.exclude_compile_outlier must be true or false, got "
@@ -173,24 +113,15 @@ class CaptureConfig:
         if not isinstance(outliers_raw, list):
             raise ConfigError(f"tuning.capture_outliers must be a list, got {outliers_raw!r}")
         return cls(
-            gpu=GpuInfo.from_json(d.get("gpu")),
-            model=ModelInfo.from_json(d.get("model")),
-            num_draft_tokens=need_field(d, "num_draft_tokens", int, "capture config"),
-            spec_bs=need_int_list(d, "spec_bs", "capture config"),
-            decode_bs=need_int_list(d, "decode_bs", "capture config"),
-            calibration=CalibrationTable.from_json(need_mapping(d.get("calibration"),
-                                                                "calibration")),
+            **served,
             budgets=Budgets(need_field(budgets, "memory_bytes", int, "budgets"),
                             need_number(budgets, "capture_s", "budgets", allow_zero=False)),
-            accept_len=need_number(tuning, "accept_len", "tuning", allow_zero=False),
-            crossover_bs=need_field(tuning, "crossover_bs", int, "tuning"),
             distribution=BatchDistribution.from_json(need_mapping(tuning.get("distribution"),
                                                                   "tuning.distribution")),
             chosen=_totals_from_json(savings.get("chosen"), "savings.chosen"),
             all_candidates=_totals_from_json(savings.get("all_candidates"),
                                              "savings.all_candidates"),
             exact=bool(tuning.get("exact", True)),
-            synthetic=synthetic,
             memory_model=(MemoryModel.from_json(savings["memory_model"], "savings.memory_model")
                           if savings.get("memory_model") is not None else None),
             exclude_compile_outlier=exclude,
@@ -221,27 +152,8 @@ def save_capture_config(config: CaptureConfig, path: str | Path) -> None:
 
 def load_capture_config(path: str | Path, expected_gpu: Optional[GpuInfo] = None,
                         expected_shape: Optional[Mapping[str, Any]] = None) -> CaptureConfig:
-    """Read and check a capture config. ConfigError: unreadable, malformed or inconsistent;
-    StaleConfig: tuned on another GPU / model shape than the expected ones (when given)."""
-    source = f"capture config {path}"
-    try:
-        config = CaptureConfig.from_json(read_json(path, "capture config"))
-    except ConfigError as exc:
-        msg = str(exc)
-        # Name the file once, and always say how to get a good one back.
-        msg = msg if str(path) in msg else f"{source}: {msg}"
-        hint = "" if "make capture-tune" in msg else f"; {RETUNE} to regenerate it"
-        raise ConfigError(msg + hint) from exc
-    config.check_matches(expected_gpu, expected_shape, source)
-    return config
-
-
-def _shape_diff(tuned: Mapping[str, Any], now: Mapping[str, Any], limit: int = 4) -> str:
-    absent = "<absent>"
-    diffs = [f"{k}: {tuned.get(k, absent)!r} when tuned, {now.get(k, absent)!r} now"
-             for k in sorted(set(tuned) | set(now)) if tuned.get(k, absent) != now.get(k, absent)]
-    more = f", and {len(diffs) - limit} more" if len(diffs) > limit else ""
-    return "; ".join(diffs[:limit]) + more
+    """The whole config at `path` (capture_schema.load_capture has the refusals)."""
+    return load_capture(path, CaptureConfig, expected_gpu, expected_shape)
 
 
 def _totals_json(t: Totals) -> dict:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.core.errors import ConfigError
 
 _DEFAULT_GEOMETRIC_P = 0.02
 

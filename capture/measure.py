@@ -23,15 +23,16 @@ from typing import Optional
 
 import torch
 
-from capture.apply import model_shape
-from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelInfo, save_measurements
-from dual_graph_worker.calibration import measure_step_latency
-from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.reference.capture_config import model_shape
+from capture.measurements import GraphMeasurement, Measurements, save_measurements
+from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
+from dual_graph_worker.engines.reference.calibration import measure_step_latency
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import PinnedPolicy
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160,
               176, 192, 208, 224, 240, 256)
@@ -68,7 +69,7 @@ def measure(engine, candidates=CANDIDATES, context_len: int = 384, repeats: int 
             continuity: Continuity = Continuity.LAZY_CATCH_UP, log=print) -> Measurements:
     k = engine.limits.num_draft_tokens
     worker = DualGraphWorker(engine, WorkerConfig(candidates, candidates, True, continuity=continuity),
-                             PinnedPolicy(Mode.DECODE, k))
+                             PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=k))
     compile_s = warm_up(worker, context_len, log)
     graphs = []
     for key in sorted(worker.dispatch.keys(), key=lambda g: (g.mode.value, g.bs)):

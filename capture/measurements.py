@@ -43,116 +43,19 @@ shape would otherwise silently keep its old fingerprint), and raises ConfigError
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from capture.jsonio import (check_schema, need_field, need_mapping, need_mode, need_number,
+from dual_graph_worker.core.jsonio import (check_schema, need_field, need_mapping, need_mode, need_number,
                             read_json,
                             write_json)
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import GraphKey, Mode, Stage
+from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo, model_fingerprint
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 
 SCHEMA = "dgw-capture-measurements/1"
-
-# The shape keys the fingerprint must see; a file may add more (e.g. tp_size), all are hashed.
-REQUIRED_SHAPE_KEYS = (
-    "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-    "vocab_size", "dtype", "draft_hidden_size", "num_draft_tokens", "attention_backend",
-)
-_CC = re.compile(r"^\d+\.\d+$")
-
-
-def model_fingerprint(shape: Mapping[str, Any]) -> str:
-    """16 hex digits of sha256 over canonical JSON (sorted keys, no spaces): key order and
-    formatting of the source file do not matter; any value change does."""
-    try:
-        canonical = json.dumps(dict(shape), sort_keys=True, separators=(",", ":"),
-                               ensure_ascii=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"model shape must be plain JSON values (numbers, strings), got "
-                          f"{exc}") from exc
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    name: str
-    compute_capability: str   # "9.0" (H100/H200), "10.0" (B200), "12.0" (RTX PRO 6000 Blackwell)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ConfigError("gpu.name must be a non-empty string such as 'NVIDIA H200'")
-        if not isinstance(self.compute_capability, str) or not _CC.match(self.compute_capability):
-            raise ConfigError(f"gpu.compute_capability must look like '9.0', got "
-                              f"{self.compute_capability!r}")
-
-    @property
-    def sm(self) -> str:
-        return "SM" + self.compute_capability.replace(".", "")
-
-    def describe(self) -> str:
-        return f"'{self.name}' ({self.sm})"
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "compute_capability": self.compute_capability}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "gpu") -> "GpuInfo":
-        d = need_mapping(data, where)
-        return cls(need_field(d, "name", str, where),
-                   need_field(d, "compute_capability", str, where))
-
-    @classmethod
-    def from_torch(cls, device_index: int = 0) -> "GpuInfo":
-        """The GPU this process runs on (imports torch lazily: the tuner itself never needs it)."""
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(device_index)
-        return cls(torch.cuda.get_device_name(device_index), f"{major}.{minor}")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The model shape the graphs were captured for, and its fingerprint."""
-
-    shape: Mapping[str, Any]
-    fingerprint: str
-
-    @classmethod
-    def from_shape(cls, shape: Mapping[str, Any]) -> "ModelInfo":
-        return cls(dict(shape), model_fingerprint(shape))
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return int(self.shape["num_draft_tokens"])
-
-    def to_json(self) -> dict:
-        return {"shape": dict(self.shape), "fingerprint": self.fingerprint}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "model") -> "ModelInfo":
-        d = need_mapping(data, where)
-        shape = dict(need_mapping(d.get("shape"), f"{where}.shape"))
-        missing = [k for k in REQUIRED_SHAPE_KEYS if k not in shape]
-        if missing:
-            raise ConfigError(f"{where}.shape lacks {missing}; it must name at least "
-                              f"{list(REQUIRED_SHAPE_KEYS)}")
-        k = shape["num_draft_tokens"]
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ConfigError(f"{where}.shape.num_draft_tokens must be an integer >= 1, got {k!r}")
-        stored = need_field(d, "fingerprint", str, where)
-        actual = model_fingerprint(shape)
-        if stored != actual:
-            raise ConfigError(f"{where}.fingerprint is {stored!r} but the shape hashes to "
-                              f"{actual!r}: the shape was edited after recording; re-record it "
-                              "(or write the new fingerprint with capture.measurements."
-                              "model_fingerprint)")
-        return cls(shape, stored)
-
 
 @dataclass(frozen=True)
 class GraphMeasurement:

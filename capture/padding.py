@@ -47,8 +47,8 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Mode
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode
 
 DEFAULT_WORK_LIMIT = 1_000_000
 _PRICE_DIRECTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)   # weight of memory vs time in the price

@@ -32,8 +32,8 @@ from capture.tuner import (COMPILE_OUTLIER_FACTOR, Crossover, MemoryModel, find_
                            find_crossover, plan_pools, pool_problem, replace_capture_s, totals,
                            wrap_note)
 from capture.units import format_bytes
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
 
 _COLORS = {Mode.SPEC: "tab:orange", Mode.DECODE: "tab:blue"}
 MiB = float(1 << 20)

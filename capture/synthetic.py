@@ -19,8 +19,9 @@ from __future__ import annotations
 import random
 from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
-from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelInfo
-from dual_graph_worker.modes import GraphKey, Mode, Stage
+from capture.measurements import GraphMeasurement, Measurements
+from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
+from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 
 # SGLang's default CUDA-graph batch sizes (1, 2, 4, 8, 12, 16, 24, then every 8 up to 256).
 SGLANG_DEFAULT_BS = (1, 2, 4, 8, 12, 16) + tuple(range(24, 257, 8))

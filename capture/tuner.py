@@ -56,13 +56,13 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from capture.distribution import BatchDistribution
 from capture.measurements import GraphMeasurement, Measurements
-from capture.jsonio import need_field, need_mapping
+from dual_graph_worker.core.jsonio import need_field, need_mapping
 from capture.padding import (DEFAULT_WORK_LIMIT, PoolProblem, expected_waste, shared_pool_bytes,
                              solve)
 from capture.units import format_bytes
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import CalibrationTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.calibration import CalibrationTable
 
 
 # Shared-pool memory per graph when the measurements lack total_pool_bytes (module docstring).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.core.errors import ConfigError
 
 # Binary and decimal multipliers; a bare number is bytes. Kept as an immutable mapping of
 # lower-case suffix -> factor so parsing is case-insensitive ('4gib' and '4GiB' agree).

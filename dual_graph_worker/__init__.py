@@ -5,8 +5,8 @@ start-up into one graph memory pool, sharing static inputs sized for both. A mod
 table lookup; the "off" mode replays exactly the graph a plain server replays.
 """
 
-from dual_graph_worker.errors import DualGraphError
-from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.modes import GraphKey, Mode
 
 __all__ = ["DualGraphError", "GraphKey", "Mode"]
 __version__ = "0.1.0"

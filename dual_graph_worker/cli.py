@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from dual_graph_worker.errors import DualGraphError
+from dual_graph_worker.core.errors import DualGraphError
 
 
 def _make_toy(argv: Sequence[str]) -> int:
@@ -81,8 +81,8 @@ def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Calla
 
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "demo": (_forward("dual_graph_worker.demo"), "load ramp on a toy model with real acceptance"),
-    "bench": (_forward("dual_graph_worker.bench"), "concurrency sweep of every worker variant"),
+    "demo": (_forward("dual_graph_worker.engines.reference.demo"), "load ramp on a toy model with real acceptance"),
+    "bench": (_forward("dual_graph_worker.engines.reference.bench"), "concurrency sweep of every worker variant"),
     "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
     "profile": (_profile, "profile the scripted workload and check it"),
     "check-profile": (_forward("profiling.check"), "check an nsys report / torch trace"),

@@ -1,10 +1,10 @@
 """Profiling for the dual-graph worker.
 
-- `profiling.nvtx_ranges`: the NVTX ranges and marks the worker emits (domain "dgw"); free
+- `dual_graph_worker.core.nvtx`: the NVTX ranges and marks the worker emits (domain "dgw"); free
   when no profiler listens. Keep this import light: it is on the worker's hot path.
 - `profiling.check`: reads an nsys report (or a torch.profiler trace) and checks the steady
   state; `python -m profiling.check REPORT --out DIR`, or `check_report(...)` from code.
   `profiling.engines` says what a step of each engine (reference, sglang) should launch.
-- `profiling.workload` / `profiling.sglang_workload`: the scripted workloads `make nsys-profile`
+- `profiling.workload` / `bench.sglang.profile_workload`: the scripted workloads `make nsys-profile`
   runs (reference engine; `ENGINE=sglang`: the SGLang worker in a real SGLang engine).
 """

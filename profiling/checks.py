@@ -29,7 +29,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from profiling import api_names, engines, names
+from dual_graph_worker.core import nvtx_names as names
+from profiling import api_names, engines
 from profiling.events import GpuInfo
 from profiling.timeline import DEFAULT_WARMUP_STEPS, Step, Timeline, Track
 

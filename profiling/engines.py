@@ -23,9 +23,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.modes import Mode, Stage
-from profiling import names
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.modes import Mode, Stage
+from dual_graph_worker.core import nvtx_names as names
 
 AUTO = "auto"
 LAZY_CATCH_UP = Continuity.LAZY_CATCH_UP.value

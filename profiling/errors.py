@@ -1,6 +1,6 @@
 """Errors the profile checker raises on purpose; each message says what to do."""
 
-from dual_graph_worker.errors import DualGraphError
+from dual_graph_worker.core.errors import DualGraphError
 
 
 class ProfileInputError(DualGraphError):

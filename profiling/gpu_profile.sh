@@ -2,7 +2,7 @@
 # The SGLang worker under nsys on the GPU machine, after SGLang and nsys are staged (the device
 # README; SGLang: device-sglang-prep's two halves, nsys: device-nsys-prep):
 #   source .devlibs/nsys/env.sh && bash profiling/gpu_profile.sh NAME [WORKLOAD_ARGS...]
-# Runs `python -m profiling.sglang_workload --nsys --out /tmp/NAME --expect-sm SM90 ARGS` and
+# Runs `python -m bench.sglang.profile_workload --nsys --out /tmp/NAME --expect-sm SM90 ARGS` and
 # packs the verdict (check/), the workload summary and step log, and the gzipped SQLite export
 # into $OUT/NAME.tar.gz (one file: the device returns few files per call).
 set -uo pipefail
@@ -11,7 +11,7 @@ source .devlibs/sglang-tools/env.sh || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 dir=/tmp/$name
-python3 -m profiling.sglang_workload --nsys --out "$dir" --expect-sm SM90 "$@" 2>&1 \
+python3 -m bench.sglang.profile_workload --nsys --out "$dir" --expect-sm SM90 "$@" 2>&1 \
   | tee "$dir.log" | tail -40
 rc=${PIPESTATUS[0]}
 sqlite=$(ls "$dir"/check/*.sqlite 2>/dev/null | head -1)

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from profiling import names
+from dual_graph_worker.core import nvtx_names as names
 from profiling.checks import (CheckConfig, CheckOutcome, engine_profile, gpu_identity,
                               num_draft_tokens)
 from profiling.engines import EngineProfile

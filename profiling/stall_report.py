@@ -3,7 +3,7 @@
     python -m profiling.stall_report RUN_DIR [--name dual-bench] [--top 5]
 
 Reads RUN_DIR/steps-NAME.jsonl (DGW_STEP_LOG: one line per step and per worker event) and
-RUN_DIR/stall-NAME.jsonl (DGW_STALL_TRACE, profiling/stall_watch.py), prints the longest gaps
+RUN_DIR/stall-NAME.jsonl (DGW_STALL_TRACE, dual_graph_worker/core/stall_watch.py), prints the longest gaps
 between consecutive lines after the worker's "ready" event and each stall episode (consecutive
 samples of one gap) with the stack the serving thread spent it in, and writes
 RUN_DIR/stall_report.json and RUN_DIR/stall_timeline.png (steps by mode, episodes shaded).
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dual_graph_worker.jsonl import json_lines
-from profiling.stall_watch import StallSample, read_stall_samples
+from dual_graph_worker.core.jsonl import json_lines
+from dual_graph_worker.core.stall_watch import StallSample, read_stall_samples
 
 STDLIB_MARKERS = ("/lib/python3", "/usr/lib/python")
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from profiling import names
+from dual_graph_worker.core import nvtx_names as names
 from profiling.events import EventKind, Trace, TraceEvent
 
 DEFAULT_WARMUP_STEPS = 10

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from profiling import names
+from dual_graph_worker.core import nvtx_names as names
 from profiling.errors import ProfileInputError
 from profiling.events import EventKind, GpuInfo, KernelKey, Trace, TraceEvent
 

@@ -15,13 +15,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import Decision, PinnedPolicy, Reason
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
-from profiling import nvtx_ranges
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import Decision, PinnedPolicy, Reason
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.core import nvtx as nvtx_ranges
 
 
 class ScriptedPolicy(PinnedPolicy):
@@ -93,7 +93,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--alternate", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--continuity", default="keep-current",
-                    choices=[c.value for c in Continuity if c is not Continuity.NONE])
+                    choices=[c.value for c in Continuity])
     ap.add_argument("--torch-profile", help="write a torch.profiler Chrome trace here instead of "
                                             "relying on an external nsys")
     args = ap.parse_args(argv)

@@ -16,18 +16,19 @@ import numpy as np
 import pytest
 import torch
 
-from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_checkpoints,
                                                        engine_from_dummy)
 from dual_graph_worker.engines.reference.config import ModelPair, tiny_shape
 from dual_graph_worker.engines.reference.engine import ReferenceEngine
 from dual_graph_worker.engines.reference.weights import load_draft, load_target
 from dual_graph_worker.engines.reference.toy import ToyPermutations, toy_permutations, write_toy_checkpoints
-from dual_graph_worker.kv_slots import DUMMY_SLOT
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import AcceptLengthEMA, Decision, PolicyInputs, Reason
-from dual_graph_worker.results import StepResult
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.engines.reference.kv_slots import DUMMY_SLOT
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import (Accepted, AcceptLengthEMA, Decision, PolicyInputs,
+                                           PolicyState, Reason)
+from dual_graph_worker.engines.reference.results import StepResult
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 # Tiny models: per-op overhead dominates, and extra intra-op threads only add contention.
 torch.set_num_threads(1)
@@ -138,15 +139,18 @@ class RandomModePolicy:
             return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
         return Decision(Mode.SPEC if draw < self._p_spec else Mode.DECODE, Reason.PINNED)
 
-    def observe_accept(self, mean_accept_len: float) -> None:
-        self._ema.update(mean_accept_len)
+    def observe(self, event) -> None:
+        if isinstance(event, Accepted) and event.mode is Mode.SPEC:
+            self._ema.update(float(event.accept_lens.mean()))
 
-    def commit(self, mode: Mode) -> None:
-        self.committed.append(mode)
+    def exchange(self, reduce) -> None:
+        pass
 
-    @property
-    def accept_len_ema(self) -> float:
-        return self._ema.value
+    def state(self) -> PolicyState:
+        return PolicyState(self._ema.value)
+
+    def commit(self, decision: Decision) -> None:
+        self.committed.append(decision.mode)
 
     @property
     def num_switches(self) -> int:
@@ -166,7 +170,7 @@ def random_policy():
 def check_slots(worker: DualGraphWorker) -> None:
     """The allocator's own invariant, plus conservation: free + held by running requests ==
     every slot but the dummy; held slots are distinct, allocated, and never the dummy slot."""
-    alloc = worker.planner.allocator
+    alloc = worker.kv.allocator
     alloc.check()
     rows = worker.table.running
     lens = worker.table.seq_lens[rows]
@@ -269,3 +273,60 @@ def supported_sglang() -> None:
     if installed != version_mod.SUPPORTED_SGLANG_VERSION:
         pytest.skip(f"SGLang {installed} installed, tests need "
                     f"{version_mod.SUPPORTED_SGLANG_VERSION}")
+
+
+# ---------------------------------------------------------------- the SGLang worker, bare
+
+
+@pytest.fixture
+def bare_sglang_worker():
+    """Factory: a DualGraphEagleWorker holding only its per-step state (no model, no graphs, no
+    GPU), for tests of the worker's glue. Needs SGLang importable; `continuity` defaults to a
+    strategy with nothing to do."""
+
+    def make(policy, continuity=None, step_log=None):
+        from dual_graph_worker.core.dispatch import DispatchTable
+        from dual_graph_worker.core.planner import StepLedger, StepPlanner
+        from dual_graph_worker.core.settings import Settings
+        from dual_graph_worker.core.step_log import StepLogWriter
+        from dual_graph_worker.core.timing import ResultClock
+        from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
+        from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
+        from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
+        from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+
+        w = object.__new__(DualGraphEagleWorker)
+        w.adaptive_controller = None
+        w.settings = Settings()
+        w._ledger = StepLedger()
+        w._clock = ResultClock()
+        w.planner = StepPlanner(DispatchTable.build((1, 2, 3, 4, 6, 8, 16, 32, 48),
+                                                    (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128,
+                                                     256)), policy)
+        w.continuity = continuity or NoDraftWork()
+        w._stall_watch = None
+        w._step_log = None if step_log is None else StepLogWriter(step_log)
+        w._spans = StepSpans.from_settings(Settings())
+        w._decode_pool = eager_decode_pool()
+        w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
+        return w
+
+    return make
+
+
+class NoDraftWork:
+    """A continuity strategy with nothing to do (the worker's glue is under test)."""
+
+    defers_prefill = False
+
+    def pending_tokens(self, rows):
+        return 0
+
+    def defers_prefill_of(self, batch, next_step_decodes):
+        return False
+
+    def on_prefill(self, batch):
+        pass
+
+    def before_spec_step(self, batch):
+        return []

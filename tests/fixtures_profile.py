@@ -336,7 +336,7 @@ def standard_profile(violation: Optional[str] = None, *, steady_mark: bool = Tru
 
 
 # ----------------------------------------------------------------------------- SGLang worker
-# A profile shaped like the SGLang worker's (profiling.sglang_workload under nsys with a
+# A profile shaped like the SGLang worker's (bench.sglang.profile_workload under nsys with a
 # cudaProfilerApi capture range): config marks, one slack step, steady_state_begin, then the
 # cycle policy's schedule at one batch size. Spec steps run EAGLE-3's draft, verify and
 # draft-extend graphs with SGLang's eager glue around them; decode steps run the decode graph
@@ -378,9 +378,9 @@ SGLANG_CYCLES = 2
 
 def sglang_schedule(hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES) -> list[str]:
     """The cycle policy's modes, from the policy itself."""
-    from dual_graph_worker.engines.sglang.cycle_policy import CyclePolicy
+    from dual_graph_worker.core.policy import CyclePolicy
 
-    policy = CyclePolicy(hold)
+    policy = CyclePolicy(hold=hold)
     return [policy.mode_at(i).value for i in range(policy.period * cycles)]
 
 

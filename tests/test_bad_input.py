@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_checkpoints,
                                                        engine_from_dummy)
 from dual_graph_worker.engines.reference.config import (DraftConfig, ModelPair, TargetConfig,
@@ -18,11 +18,11 @@ from dual_graph_worker.engines.reference.config import (DraftConfig, ModelPair, 
 from dual_graph_worker.engines.reference.toy import toy_configs, toy_permutations
 from dual_graph_worker.engines.reference.weights import (draft_state_dict, load_draft, load_target,
                                                          save_folder)
-from dual_graph_worker.errors import (CheckpointError, ConfigError, ContextOverflow, DualGraphError,
+from dual_graph_worker.core.errors import (CheckpointError, ConfigError, ContextOverflow, DualGraphError,
                                       NoGraphForBatch)
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import PinnedPolicy
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 K = 3
 TOY_VOCAB = 64
@@ -45,19 +45,19 @@ def test_worker_without_eager_rejects_more_running_requests_than_any_graph(toy_e
     with pytest.raises(ConfigError, match="eager fallback disabled"):
         DualGraphWorker(toy_engine(), WorkerConfig(spec_bs=(1, 2), decode_bs=(1, 2, 4),
                                                    allow_eager=False, max_running=8),
-                        PinnedPolicy(Mode.DECODE, K))
+                        PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K))
 
 
 def test_worker_rejects_more_running_requests_than_request_rows(toy_engine):
     with pytest.raises(ConfigError, match="max_requests"):
         DualGraphWorker(toy_engine(max_requests=4), WorkerConfig(spec_bs=(1, 2), decode_bs=(1, 8)),
-                        PinnedPolicy(Mode.DECODE, K))
+                        PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K))
 
 
 def test_decode_pool_below_spec_pool_is_a_config_error_at_worker_construction(toy_engine):
     with pytest.raises(ConfigError, match="add larger decode batch sizes"):
         DualGraphWorker(toy_engine(), WorkerConfig(spec_bs=(1, 8), decode_bs=(1, 4)),
-                        PinnedPolicy(Mode.DECODE, K))
+                        PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K))
 
 
 def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm, make_worker,
@@ -69,14 +69,14 @@ def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm
     (The worker's constructor and max_running keep a real schedule from reaching this: here the
     dispatch table is swapped for a smaller eager-less one to drive the step's error path.)"""
     prompts = [[1, 2], [3], [4, 5, 6], [7]]
-    w = make_worker(toy_engine("f100"), PinnedPolicy(Mode.SPEC, K), spec_bs=(1, 2, 4),
+    w = make_worker(toy_engine("f100"), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K), spec_bs=(1, 2, 4),
                     decode_bs=(1, 2, 4))
     w.add_requests(prompts, 16)
     w.step()
     w.step()
     before_tokens = w.table.tokens.copy()
     before_lens = w.table.seq_lens.copy()
-    free_before = w.planner.allocator.num_free
+    free_before = w.kv.allocator.num_free
     good = w.dispatch
     w.dispatch = DispatchTable.build((1, 2), (1, 2), allow_eager=False)
     with pytest.raises(NoGraphForBatch, match="capture larger batch sizes"):
@@ -84,7 +84,7 @@ def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm
     assert w.num_running == 4
     assert (w.table.seq_lens == before_lens).all()
     assert (w.table.tokens == before_tokens).all()
-    assert w.planner.allocator.num_free == free_before
+    assert w.kv.allocator.num_free == free_before
     slot_check(w)
     w.dispatch = good
     while w.num_running:
@@ -100,10 +100,10 @@ def test_failure_inside_a_step_returns_its_slots_and_keeps_requests(mode, toy_en
                                                                     make_worker, slot_check):
     """An exception while the step runs (e.g. a device error) cancels the step's slot plan."""
     prompts = [[5, 6], [7, 8, 9]]
-    w = make_worker(toy_engine("f100"), PinnedPolicy(mode, K))
+    w = make_worker(toy_engine("f100"), PinnedPolicy(mode=mode, num_draft_tokens=K))
     w.add_requests(prompts, 12)
     w.step()
-    free_before, lens_before = w.planner.allocator.num_free, w.table.seq_lens.copy()
+    free_before, lens_before = w.kv.allocator.num_free, w.table.seq_lens.copy()
     real_run = w.runner.run
 
     def boom(*a, **kw):
@@ -112,7 +112,7 @@ def test_failure_inside_a_step_returns_its_slots_and_keeps_requests(mode, toy_en
     w.runner.run = boom
     with pytest.raises(RuntimeError, match="simulated"):
         w.step()
-    assert w.planner.allocator.num_free == free_before
+    assert w.kv.allocator.num_free == free_before
     assert (w.table.seq_lens == lens_before).all() and w.num_running == 2
     slot_check(w)
     w.runner.run = real_run
@@ -127,14 +127,14 @@ def test_custom_policy_asking_for_spec_beyond_the_spec_pool_gets_decode(toy_engi
                                                                        make_worker):
     """The spec pool's buffers cannot hold a bigger spec batch: the worker runs decode instead
     of crashing (or raising NoGraphForBatch when eager is off)."""
-    from dual_graph_worker.policy import Decision, Reason
+    from dual_graph_worker.core.policy import Decision, Reason
 
     class AlwaysSpec(PinnedPolicy):
         def decide(self, inputs):
             return Decision(Mode.SPEC, Reason.PINNED)     # ignores spec_padded_bs on purpose
 
     for allow_eager in (True, False):
-        w = make_worker(toy_engine("f100"), AlwaysSpec(Mode.SPEC, K), spec_bs=(1, 2),
+        w = make_worker(toy_engine("f100"), AlwaysSpec(mode=Mode.SPEC, num_draft_tokens=K), spec_bs=(1, 2),
                         decode_bs=(1, 2, 4, 8), allow_eager=allow_eager)
         prompts, max_new = [[1], [2], [3], [4]], [10, 12, 3, 4]
         w.add_requests(prompts, max_new)
@@ -152,12 +152,12 @@ def test_custom_policy_asking_for_spec_beyond_the_spec_pool_gets_decode(toy_engi
 
 
 def test_context_overflow_at_admission_names_the_limits(toy_engine, make_worker, slot_check):
-    w = make_worker(toy_engine(max_context=32), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine(max_context=32), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     with pytest.raises(ContextOverflow, match="max_context") as exc:
         w.add_requests([[1, 2, 3], [1] * 20], [8, 10])        # 20 + 10 + K = 33 > 32
     assert "max_new_tokens" in str(exc.value)
     assert w.num_running == 0
-    assert w.planner.allocator.num_free == w.planner.allocator.num_slots - 1
+    assert w.kv.allocator.num_free == w.kv.allocator.num_slots - 1
     w.add_requests([[1] * 20], 9)                             # 20 + 9 + 3 = 32: fits exactly
     while w.num_running:
         w.step()
@@ -167,16 +167,16 @@ def test_context_overflow_at_admission_names_the_limits(toy_engine, make_worker,
 @pytest.mark.parametrize("bad", [[1, 2, TOY_VOCAB], [-1, 3], [10 ** 6]])
 def test_out_of_vocab_prompt_ids_are_rejected_before_anything_is_admitted(bad, toy_engine,
                                                                          make_worker):
-    w = make_worker(toy_engine(), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     with pytest.raises(ValueError, match=rf"\[0, {TOY_VOCAB}\)"):
         w.add_requests([[1, 2], bad], 5)
     assert w.num_running == 0
-    assert w.planner.allocator.num_free == w.planner.allocator.num_slots - 1
+    assert w.kv.allocator.num_free == w.kv.allocator.num_slots - 1
 
 
 @pytest.mark.parametrize("n", [0, -3])
 def test_max_new_tokens_below_one_is_rejected(n, toy_engine, make_worker):
-    w = make_worker(toy_engine(), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         w.add_requests([[1, 2]], n)
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -185,14 +185,14 @@ def test_max_new_tokens_below_one_is_rejected(n, toy_engine, make_worker):
 
 
 def test_empty_prompt_is_rejected(toy_engine, make_worker):
-    w = make_worker(toy_engine(), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     with pytest.raises(ValueError, match="at least one token"):
         w.add_requests([[]], 4)
     assert w.num_running == 0
 
 
 def test_admitting_beyond_max_running_is_a_config_error(toy_engine, make_worker):
-    w = make_worker(toy_engine(), PinnedPolicy(Mode.SPEC, K), max_running=3)
+    w = make_worker(toy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K), max_running=3)
     w.add_requests([[1], [2]], 4)
     with pytest.raises(ConfigError, match="max_running=3"):
         w.add_requests([[3], [4]], 4)
@@ -200,7 +200,7 @@ def test_admitting_beyond_max_running_is_a_config_error(toy_engine, make_worker)
 
 
 def test_step_without_requests_says_what_to_do(toy_engine, make_worker):
-    w = make_worker(toy_engine(), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     with pytest.raises(RuntimeError, match="add_requests"):
         w.step()
 
@@ -371,24 +371,24 @@ def test_worker_config_errors(toy_engine):
     with pytest.raises(ConfigError, match="both pools are empty"):
         WorkerConfig(spec_bs=(), decode_bs=())
     with pytest.raises(ConfigError, match="spec_bs=()"):
-        WorkerConfig(spec_bs=(1, 2), decode_bs=(1, 2), continuity=Continuity.NONE)
+        WorkerConfig(spec_bs=(1, 2), decode_bs=(1, 2), continuity=None)
     with pytest.raises(ConfigError, match="remove the zero or negative entries"):
         DualGraphWorker(toy_engine(), WorkerConfig(spec_bs=(0, 1), decode_bs=(1, 2)),
-                        PinnedPolicy(Mode.SPEC, K))
+                        PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
 
 
 def test_failed_prefill_admits_nothing_and_leaks_nothing(monkeypatch):
     """An engine error during prefill (e.g. out of memory) leaves the worker as it was."""
     from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
     from dual_graph_worker.engines.reference.config import tiny_shape
-    from dual_graph_worker.modes import Mode
-    from dual_graph_worker.policy import PinnedPolicy
-    from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+    from dual_graph_worker.core.modes import Mode
+    from dual_graph_worker.core.policy import PinnedPolicy
+    from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
     engine = engine_from_dummy(tiny_shape(), EngineSpec(num_draft_tokens=3, max_requests=8, max_context=64))
-    w = DualGraphWorker(engine, WorkerConfig((1, 2, 4), (1, 2, 4, 8)), PinnedPolicy(Mode.SPEC, 3))
+    w = DualGraphWorker(engine, WorkerConfig((1, 2, 4), (1, 2, 4, 8)), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=3))
     w.add_requests([[1, 2, 3]], 5)
-    free_before, running_before = w.planner.allocator.num_free, w.num_running
+    free_before, running_before = w.kv.allocator.num_free, w.num_running
 
     def boom(*args, **kwargs):
         raise RuntimeError("CUDA out of memory (simulated)")
@@ -396,9 +396,9 @@ def test_failed_prefill_admits_nothing_and_leaks_nothing(monkeypatch):
     monkeypatch.setattr(engine, "prefill", boom)
     with pytest.raises(RuntimeError, match="out of memory"):
         w.add_requests([[4, 5, 6, 7], [8, 9]], 5)
-    assert w.planner.allocator.num_free == free_before
+    assert w.kv.allocator.num_free == free_before
     assert w.num_running == running_before
-    w.planner.allocator.check()
+    w.kv.allocator.check()
     monkeypatch.undo()
     while w.num_running:
         w.step()

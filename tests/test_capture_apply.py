@@ -6,17 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from capture.apply import model_shape, tuned_pools
+from dual_graph_worker.engines.reference.capture_config import model_shape, tuned_pools
 from capture.config import build_capture_config, save_capture_config
 from capture.distribution import parse_distribution
-from capture.measurements import GpuInfo, GraphMeasurement, Measurements, ModelInfo
+from capture.measurements import GraphMeasurement, Measurements
+from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from capture.tuner import tune
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import tiny_shape
-from dual_graph_worker.errors import StaleConfig
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import GoodputPolicy
-from dual_graph_worker.variants import PoolSizes, build_variant
+from dual_graph_worker.core.errors import StaleConfig
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.controller import GoodputController
+from dual_graph_worker.engines.reference.variants import PoolSizes, build_variant
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = GpuInfo("Synthetic GPU", "9.0")
@@ -52,8 +53,11 @@ def test_tuned_config_sets_pools_and_calibration(engine, tmp_path):
                           calib_context=8, progress=False, log=lambda s: None, tuned=tuned)
     assert built.worker.dispatch.spec_sizes == tuned.spec_bs
     assert built.worker.dispatch.decode_sizes == tuned.decode_bs
-    assert isinstance(built.worker.policy, GoodputPolicy)
-    assert built.worker.policy.calibration is tuned.calibration   # no re-measurement
+    assert isinstance(built.worker.policy, GoodputController)
+    assert built.calibration is tuned.calibration                 # no re-measurement
+    bs = tuned.spec_bs[0]
+    # Nothing measured yet: the controller's estimate is the tuned calibration (its prior).
+    assert built.worker.policy.step_time(Mode.SPEC, bs) == tuned.calibration.latency(Mode.SPEC, bs)
 
 
 def test_config_from_another_model_is_refused(engine):

@@ -12,8 +12,8 @@ from capture.config import (SCHEMA, CaptureConfig, build_capture_config, load_ca
 from capture.distribution import parse_distribution
 from capture.measurements import GpuInfo, Measurements, load_measurements
 from capture.tuner import tune
-from dual_graph_worker.errors import ConfigError, StaleConfig
-from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.core.errors import ConfigError, StaleConfig
+from dual_graph_worker.core.modes import GraphKey, Mode
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
 

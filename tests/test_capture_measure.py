@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 import capture.measure as measure_mod
-from capture.measurements import GpuInfo
+from dual_graph_worker.core.capture_schema import GpuInfo
 from capture.tuner import find_compile_outliers
-from dual_graph_worker.dispatch import DispatchTable
-from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.modes import GraphKey, Mode
 
 COMPILE_S = 2.0      # what the first capture of each mode costs, once
 CAPTURE_S = 0.07

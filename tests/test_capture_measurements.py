@@ -11,8 +11,8 @@ from capture.measurements import (SCHEMA, GpuInfo, Measurements, load_measuremen
                                   model_fingerprint, save_measurements)
 from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE, synthetic_h200_measurements
 from capture.units import format_bytes, parse_duration, parse_size
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Mode, Stage
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode, Stage
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
 

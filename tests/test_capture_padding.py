@@ -10,7 +10,7 @@ import pytest
 
 from capture.distribution import parse_distribution
 from capture.padding import PoolProblem, expected_waste, shared_pool_bytes, solve, waste_curve
-from dual_graph_worker.modes import Mode
+from dual_graph_worker.core.modes import Mode
 
 
 def _problem(mode: Mode, sizes, tpr: int, mem=None, cap=None) -> PoolProblem:

@@ -13,10 +13,10 @@ from capture.padding import expected_waste
 from capture.synthetic import SHARED_RESIDUE_BYTES, Cost, measurements_from_costs
 from capture.tuner import (FALLBACK_PER_GRAPH_BYTES, MemoryModel, TuningError,
                            find_compile_outliers, find_crossover, plan_pools, tune)
-from dual_graph_worker.dispatch import DispatchTable
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import GoodputPolicy
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
 REAL_H200 = (Path(__file__).resolve().parent.parent / "capture" / "results"
@@ -302,16 +302,17 @@ def test_first_h200_measurements_tune_to_many_graphs() -> None:
     assert len(r.spec_bs) >= 10 and len(r.decode_bs) >= 10
 
 
-def test_calibration_feeds_the_goodput_policy(h200) -> None:
-    # The policy looks latencies up at each mode's padded size: every one must be calibrated.
+def test_calibration_is_the_controllers_prior_at_every_padded_size(h200) -> None:
+    # The controller looks its prior up at each mode's padded size: every one must be there.
     r = tune(h200, 2 * GiB, 10.0, _uniform(256), 3.0)
-    policy = GoodputPolicy(r.calibration)
+    policy = GoodputController(ControllerConfig(3), {Mode.SPEC: r.spec_bs,
+                                                     Mode.DECODE: r.decode_bs}, r.calibration)
     table = DispatchTable.build(r.spec_bs, r.decode_bs)
 
     def tok_s(mode: Mode, bs: int, accept: float) -> float:
-        t = policy.predicted_tok_s(mode, bs, table.padded_bs(mode, bs), accept)
+        t = policy.step_time(mode, table.padded_bs(mode, bs))
         assert t is not None
-        return t
+        return bs * accept / t
 
     for bs in range(1, r.spec_bs[-1] + 1):
         tok_s(Mode.SPEC, bs, 3.0)

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from dual_graph_worker.dispatch import DispatchTable, EagerDispatch
-from dual_graph_worker.errors import ConfigError, NoGraphForBatch
-from dual_graph_worker.modes import GraphKey, Mode, Stage
-from dual_graph_worker.policy import PinnedPolicy
+from dual_graph_worker.core.dispatch import DispatchTable, EagerDispatch
+from dual_graph_worker.core.errors import ConfigError, NoGraphForBatch
+from dual_graph_worker.core.modes import GraphKey, Mode, Stage
+from dual_graph_worker.core.policy import PinnedPolicy
 
 
 def _brute_force(sizes, bs):
@@ -131,7 +131,7 @@ def test_stages_per_mode():
 def test_worker_steps_run_at_the_dispatched_padded_size(mode, dummy_engine, make_worker,
                                                         make_prompts, slot_check):
     """Each step's record carries the padded bs the table gives for its batch size."""
-    w = make_worker(dummy_engine(), PinnedPolicy(mode, 3), spec_bs=(2, 5), decode_bs=(3, 6, 9))
+    w = make_worker(dummy_engine(), PinnedPolicy(mode=mode, num_draft_tokens=3), spec_bs=(2, 5), decode_bs=(3, 6, 9))
     prompts = make_prompts(0, 9, 128)
     w.add_requests(prompts, [2 + i for i in range(9)])      # finish one by one: bs 9 .. 1
     seen = set()

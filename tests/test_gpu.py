@@ -15,16 +15,16 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 triton = pytest.importorskip("triton")
 
-from dual_graph_worker.continuity import Continuity  # noqa: E402
+from dual_graph_worker.core.continuity import Continuity  # noqa: E402
 from dual_graph_worker.engines.reference.attention import AttnBatch, TorchPagedAttention  # noqa: E402
 from dual_graph_worker.engines.reference.attention_triton import TritonPagedAttention  # noqa: E402
 from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_checkpoints,  # noqa: E402
                                                        engine_from_dummy)
 from dual_graph_worker.engines.reference.config import tiny_shape  # noqa: E402
 from dual_graph_worker.engines.reference.toy import toy_permutations, write_toy_checkpoints  # noqa: E402
-from dual_graph_worker.modes import Mode  # noqa: E402
-from dual_graph_worker.policy import Decision, PinnedPolicy, Reason  # noqa: E402
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig  # noqa: E402
+from dual_graph_worker.core.modes import Mode  # noqa: E402
+from dual_graph_worker.core.policy import Decision, PinnedPolicy, Reason  # noqa: E402
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig  # noqa: E402
 
 K = 3
 SPEC_BS = (1, 2, 4, 8)
@@ -92,15 +92,15 @@ def test_toy_tokens_equal_across_modes_graphs_and_eager(toy, draft, continuity):
     perms = toy_permutations(64, 1.0)
     expected = [tuple(perms.continuation(p[-1], 24)) for p in prompts]
     outs = {}
-    for label, policy, graphs in (("plain-graph", PinnedPolicy(Mode.DECODE, K), True),
-                                  ("spec-graph", PinnedPolicy(Mode.SPEC, K), True),
+    for label, policy, graphs in (("plain-graph", PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K), True),
+                                  ("spec-graph", PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K), True),
                                   ("dynamic-graph", RandomSwitchPolicy(1), True),
                                   ("dynamic-eager", RandomSwitchPolicy(2), False)):
         engine = engine_from_checkpoints(toy.target, toy.drafts[draft], spec)
         w = DualGraphWorker(engine, WorkerConfig(SPEC_BS, DECODE_BS, graphs, continuity=continuity), policy)
         res = _run(w, prompts, 24)
         outs[label] = [res[i] for i in sorted(res)]
-        assert w.planner.allocator.num_free == engine.limits.num_slots - 1, "KV slots leaked"
+        assert w.kv.allocator.num_free == engine.limits.num_slots - 1, "KV slots leaked"
     for label, got in outs.items():
         assert got == expected, label
 
@@ -135,7 +135,7 @@ def test_switching_adds_no_capture_allocation_or_sync(toy, monkeypatch):
     spec = EngineSpec(num_draft_tokens=K, max_requests=16, max_context=256, device="cuda",
                       dtype="float32", attention="triton")
     engine = engine_from_checkpoints(toy.target, toy.drafts["f50"], spec)
-    w = DualGraphWorker(engine, WorkerConfig(SPEC_BS, DECODE_BS, True), PinnedPolicy(Mode.SPEC, K))
+    w = DualGraphWorker(engine, WorkerConfig(SPEC_BS, DECODE_BS, True), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     w.capture(progress=False)
     w.add_requests(_prompts(6), 200)
     for _ in range(3):
@@ -171,5 +171,5 @@ def test_switching_adds_no_capture_allocation_or_sync(toy, monkeypatch):
     assert allocs == 0, f"{allocs} CUDA allocations while alternating"
     assert n_sync == 10, "exactly one host sync per step (the output copy)"
     assert n_replay == 5 * 3 + 5 * 1, "one replay per stage: spec = 3 stages, decode = 1"
-    _, allocs_held, n_sync_held, _ = run(PinnedPolicy(Mode.DECODE, K), 10)
+    _, allocs_held, n_sync_held, _ = run(PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K), 10)
     assert allocs_held == 0 and n_sync_held == 10

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.errors import ConfigError, KVPoolExhausted
-from dual_graph_worker.kv_slots import DUMMY_SLOT, KVSlotPlanner, SlotAccountingError, SlotAllocator
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import PinnedPolicy, Reason
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.errors import ConfigError, KVPoolExhausted
+from dual_graph_worker.engines.reference.kv_slots import DUMMY_SLOT, KVSlotPlanner, SlotAccountingError, SlotAllocator
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PinnedPolicy, Reason
 
 K = 3
 TOY_VOCAB = 64
@@ -189,7 +189,7 @@ def test_no_leak_over_random_steps_switches_finishes_and_aborts(continuity, toy_
         slot_check(w)
     for f in w.take_finished():
         finished[f.rid] = f
-    alloc = w.planner.allocator
+    alloc = w.kv.allocator
     assert alloc.num_free == num_slots - 1 and alloc.num_allocated == 0
     alloc.check()
 
@@ -213,13 +213,13 @@ def test_kv_pressure_falls_back_to_decode_without_leaks(continuity, toy_engine, 
     prompts = [[i, 2 * i + 1, 3 * i + 2] for i in range(6)]
     max_new = [22, 22, 23, 22, 24, 22]     # 1 + 4 + 4 + 4 + 4 + 4 = 21 < max_new: a short tail
     num_slots = 1 + sum(len(p) + m for p, m in zip(prompts, max_new))
-    w = make_worker(toy_engine("f100", num_slots=num_slots), PinnedPolicy(Mode.SPEC, K),
+    w = make_worker(toy_engine("f100", num_slots=num_slots), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K),
                     continuity=continuity)
     w.add_requests(prompts, max_new)
     slot_check(w)
     free_before = []
     while w.num_running:
-        free_before.append((w.planner.allocator.num_free, w.num_running))
+        free_before.append((w.kv.allocator.num_free, w.num_running))
         w.step()
         slot_check(w)
     outs = {f.rid: f.output for f in w.take_finished()}
@@ -234,33 +234,33 @@ def test_kv_pressure_falls_back_to_decode_without_leaks(continuity, toy_engine, 
             assert r.mode is Mode.DECODE and free < bs * (K + 1)
         else:
             assert r.mode is Mode.SPEC and free >= bs * (K + 1)
-    assert w.planner.allocator.num_free == num_slots - 1
+    assert w.kv.allocator.num_free == num_slots - 1
 
 
 def test_abort_returns_the_requests_slots(toy_engine, make_worker, slot_check):
-    w = make_worker(toy_engine("f100"), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine("f100"), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     pre = w.add_requests([[1, 2, 3], [4, 5]], 20)
     w.step()
     w.step()
     row = w.table.row(pre.rids[0])
     held = int(w.table.seq_lens[row])
-    free = w.planner.allocator.num_free
+    free = w.kv.allocator.num_free
     done = w.abort(pre.rids[0])
-    assert w.planner.allocator.num_free == free + held
+    assert w.kv.allocator.num_free == free + held
     assert done.reason == "abort" and len(done.output) == 1 + 2 * (K + 1)
     slot_check(w)
     with pytest.raises(KeyError, match="not running"):
         w.abort(pre.rids[0])
     w.abort(pre.rids[1])
-    assert w.planner.allocator.num_free == w.planner.allocator.num_slots - 1
+    assert w.kv.allocator.num_free == w.kv.allocator.num_slots - 1
 
 
 def test_admission_beyond_the_pool_admits_nothing(toy_engine, make_worker, slot_check):
-    w = make_worker(toy_engine("f100", num_slots=12), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_engine("f100", num_slots=12), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     with pytest.raises(KVPoolExhausted):
         w.add_requests([[1] * 6, [2] * 6], 4)
     assert w.num_running == 0
-    assert w.planner.allocator.num_free == 11
+    assert w.kv.allocator.num_free == 11
     slot_check(w)
 
 

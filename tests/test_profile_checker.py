@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from profiling import api_names, checks, names
+from dual_graph_worker.core import nvtx_names as names
+from profiling import api_names, checks
 from profiling.check import CHECK_JSON, REPORT_MD, TIMELINE_PNG, check_report, main
 from profiling.checks import CheckConfig
 from profiling.nsys_sqlite import load_sqlite, split_global_tid

@@ -7,9 +7,9 @@ import os
 import pytest
 from torch.profiler import ProfilerActivity, profile
 
-from dual_graph_worker.modes import Mode, Stage
-from profiling import names, nvtx_ranges
-from profiling.nvtx_ranges import NULL_CONTEXT, Annotator, Backend
+from dual_graph_worker.core.modes import Mode, Stage
+from dual_graph_worker.core import nvtx as nvtx_ranges, nvtx_names as names
+from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator, Backend
 
 attached = bool(os.environ.get("NVTX_INJECTION64_PATH"))
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from profiling import checks, nvtx_ranges
+from dual_graph_worker.core import nvtx as nvtx_ranges
+from profiling import checks
 from profiling.check import check_report, check_trace, main
 from profiling.checks import CheckConfig
 from profiling.events import EventKind

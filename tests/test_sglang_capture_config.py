@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from capture.apply import model_shape
-from capture.measurements import GpuInfo, model_fingerprint
+from dual_graph_worker.engines.reference.capture_config import model_shape
+from dual_graph_worker.core.capture_schema import GpuInfo, model_fingerprint
 from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE
 from dual_graph_worker.cli import main as dgw_main
 from dual_graph_worker.engines.sglang.capture_config import (
@@ -26,9 +26,9 @@ from dual_graph_worker.engines.sglang.capture_config import (
     sglang_model_shape,
     spec_list_warning,
 )
-from dual_graph_worker.engines.sglang.config import WorkerConfig, explicit_keys
+from dual_graph_worker.core.settings import Settings, explicit_keys
 from dual_graph_worker.engines.sglang.server_args_hook import fit_to_request_pool
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 ACC2 = ROOT / "capture/results/config_h200_llama3-8b_acc2.json"
@@ -80,44 +80,44 @@ def test_reference_model_shape_uses_the_shared_builder():
 
 def test_good_config_sets_the_decode_pool_and_the_threshold():
     capture = _load()
-    plan = plan_capture(WorkerConfig(), capture, frozenset(), str(ACC2))
+    plan = plan_capture(Settings(), capture, frozenset(), str(ACC2))
     assert plan.decode_bs == tuple(ACC2_JSON["decode_bs"])
     assert plan.spec_bs == tuple(ACC2_JSON["spec_bs"])
     crossover = ACC2_JSON["tuning"]["crossover_bs"]
-    assert crossover != WorkerConfig().threshold, "the test must see the threshold change"
+    assert crossover != Settings().threshold, "the test must see the threshold change"
     assert plan.config.threshold == crossover and not plan.threshold_explicit
     # Nothing else in the worker config moves.
-    assert plan.config == WorkerConfig(threshold=crossover)
+    assert plan.config == Settings(threshold=crossover)
     assert f"threshold {crossover}" in plan.describe()
 
 
 def test_decode_max_bs_caps_the_tuned_decode_list():
-    plan = plan_capture(WorkerConfig(decode_max_bs=128), _load(), frozenset(), str(ACC2))
+    plan = plan_capture(Settings(decode_max_bs=128), _load(), frozenset(), str(ACC2))
     assert plan.decode_bs == tuple(b for b in ACC2_JSON["decode_bs"] if b <= 128)
 
 
 def test_explicit_threshold_wins_over_the_crossover(tmp_path):
     capture = _load()
     env = {"DGW_CAPTURE_CONFIG": str(ACC2), "DGW_THRESHOLD": "24"}
-    plan = plan_capture(WorkerConfig.from_env(env), capture, explicit_keys(env), str(ACC2))
+    plan = plan_capture(Settings.from_env(env), capture, explicit_keys(env), str(ACC2))
     assert plan.config.threshold == 24 and plan.threshold_explicit
     assert plan.decode_bs == tuple(ACC2_JSON["decode_bs"])      # the pools still apply
     # A threshold in the DGW_CONFIG file is explicit too; the env var alone set nothing else.
     f = tmp_path / "dgw.json"
     f.write_text(json.dumps({"threshold": 16, "capture_config": str(ACC2)}))
     env = {"DGW_CONFIG": str(f)}
-    plan = plan_capture(WorkerConfig.from_env(env), capture, explicit_keys(env), str(ACC2))
+    plan = plan_capture(Settings.from_env(env), capture, explicit_keys(env), str(ACC2))
     assert plan.config.threshold == 16 and plan.config.capture_config == str(ACC2)
     env = {"DGW_CAPTURE_CONFIG": str(ACC2), "DGW_THRESHOLD": ""}     # empty = unset
     assert "threshold" not in explicit_keys(env)
-    plan = plan_capture(WorkerConfig.from_env(env), capture, explicit_keys(env), str(ACC2))
+    plan = plan_capture(Settings.from_env(env), capture, explicit_keys(env), str(ACC2))
     assert plan.config.threshold == ACC2_JSON["tuning"]["crossover_bs"]
 
 
 def test_capture_config_key_comes_from_env_or_file(tmp_path):
-    assert WorkerConfig().capture_config is None
-    assert WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": "/x.json"}).capture_config == "/x.json"
-    assert WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": ""}).capture_config is None
+    assert Settings().capture_config is None
+    assert Settings.from_env({"DGW_CAPTURE_CONFIG": "/x.json"}).capture_config == "/x.json"
+    assert Settings.from_env({"DGW_CAPTURE_CONFIG": ""}).capture_config is None
 
 
 # ------------------------------------------------------------------------------- refusals
@@ -167,7 +167,7 @@ def test_missing_or_garbage_file_is_refused(tmp_path):
 # ------------------------------------------------------------------ spec pool: warning, flags
 
 def test_spec_list_warning_names_both_lists_and_the_flag():
-    plan = plan_capture(WorkerConfig(), _load(), frozenset(), str(ACC2))
+    plan = plan_capture(Settings(), _load(), frozenset(), str(ACC2))
     assert spec_list_warning(ACC2_JSON["spec_bs"], plan) is None
     server = [1, 2, 4, 8, 16, 32, 48]                  # SGLang's default, capped at 48
     msg = spec_list_warning(server, plan)
@@ -176,12 +176,12 @@ def test_spec_list_warning_names_both_lists_and_the_flag():
     flag = "--cuda-graph-bs-decode " + " ".join(str(b) for b in ACC2_JSON["spec_bs"])
     assert flag in msg and "DGW_SPEC_MAX_BS=96" in msg
     # With spec_max_bs already large enough, only the flag is asked for.
-    roomy = plan._replace(config=WorkerConfig(spec_max_bs=256))
+    roomy = plan._replace(config=Settings(spec_max_bs=256))
     assert "DGW_SPEC_MAX_BS" not in spec_list_warning(server, roomy)
 
 
 def test_spec_list_warning_ignores_what_the_request_pool_clamps():
-    plan = plan_capture(WorkerConfig(), _load(), frozenset(), str(ACC2))
+    plan = plan_capture(Settings(), _load(), frozenset(), str(ACC2))
 
     def fit(sizes):
         return fit_to_request_pool(sizes, max_requests=32, alignment=1)
@@ -294,20 +294,20 @@ def test_worker_applies_the_capture_config_before_capture(sglang_registered, mon
     mr = SimpleNamespace(server_args=server_args, model_config=target,
                          decode_attention_backend_str="triton")
     w = object.__new__(DualGraphEagleWorker)
-    w._dgw_config = WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": str(ACC2)})
+    w.settings = Settings.from_env({"DGW_CAPTURE_CONFIG": str(ACC2)})
     w._draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(model_config=draft))
     w.speculative_num_steps, w.topk = 3, 1
     w._is_rank0, w._graphs_enabled = True, True
     with caplog.at_level(logging.INFO):
         decode_bs = w._apply_capture_config(mr)
     assert decode_bs == tuple(ACC2_JSON["decode_bs"])
-    assert w._dgw_config.threshold == ACC2_JSON["tuning"]["crossover_bs"]
+    assert w.settings.threshold == ACC2_JSON["tuning"]["crossover_bs"]
     warnings = [r.getMessage() for r in caplog.records
                 if r.levelno == logging.WARNING and r.name.startswith("dual_graph_worker")]
     assert len(warnings) == 1 and "--cuda-graph-bs-decode 1 2 3 4 6" in warnings[0]
     # Another GPU: refused before anything is allocated.
     monkeypatch.setattr(GpuInfo, "from_torch",
                         classmethod(lambda cls, index=0: GpuInfo("NVIDIA B200", "10.0")))
-    w._dgw_config = WorkerConfig.from_env({"DGW_CAPTURE_CONFIG": str(ACC2)})
+    w.settings = Settings.from_env({"DGW_CAPTURE_CONFIG": str(ACC2)})
     with pytest.raises(ConfigError, match="B200"):
         w._apply_capture_config(mr)

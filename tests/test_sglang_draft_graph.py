@@ -127,11 +127,11 @@ def test_decode_step_runs_eagerly_beyond_the_graphs_or_without_them(sgl, monkeyp
 
 
 def test_config_switch_for_the_graphs():
-    from dual_graph_worker.engines.sglang.config import WorkerConfig
-    from dual_graph_worker.errors import ConfigError
+    from dual_graph_worker.core.settings import Settings
+    from dual_graph_worker.core.errors import ConfigError
 
-    assert WorkerConfig.from_env({}).draft_extend_graphs is True
-    assert WorkerConfig.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "0"}).draft_extend_graphs is False
-    assert WorkerConfig.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "true"}).draft_extend_graphs is True
-    with pytest.raises(ConfigError, match="draft_extend_graphs"):
-        WorkerConfig.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "maybe"})
+    assert Settings.from_env({}).draft_extend_graphs is True
+    assert Settings.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "0"}).draft_extend_graphs is False
+    assert Settings.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "true"}).draft_extend_graphs is True
+    with pytest.raises(ConfigError, match="DGW_DRAFT_EXTEND_GRAPHS"):
+        Settings.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "maybe"})

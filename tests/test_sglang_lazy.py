@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.backlog import (
     LazyBacklog,
@@ -36,8 +36,11 @@ from dual_graph_worker.engines.sglang.catch_up import (
     plan_passes,
     shifted_prompt_tokens,
 )
-from dual_graph_worker.engines.sglang.config import WorkerConfig
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.planner import StepPlanner
+from dual_graph_worker.core.policy import ThresholdPolicy
+from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,8 +49,8 @@ def test_lazy_modules_do_not_import_sglang():
     code = textwrap.dedent("""
         import sys
         import dual_graph_worker.engines.sglang.backlog, dual_graph_worker.engines.sglang.catch_up
-        import dual_graph_worker.engines.sglang.config, dual_graph_worker.engines.sglang.stash_room
-        import dual_graph_worker.engines.sglang.queue_hook
+        import dual_graph_worker.core.settings, dual_graph_worker.engines.sglang.stash_room
+        import dual_graph_worker.engines.sglang.hooks
         assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -56,22 +59,23 @@ def test_lazy_modules_do_not_import_sglang():
 # ------------------------------------------------------------------------------------ config
 
 def test_continuity_config():
-    # Lazy catch-up is the default since the H200 bench (config.py); keep-current is one switch.
-    assert WorkerConfig().continuity is Continuity.LAZY_CATCH_UP and WorkerConfig().lazy
-    cfg = WorkerConfig.from_env({"DGW_CONTINUITY": "Keep-Current", "DGW_LAZY_STASH_MB": "64"})
+    # Lazy catch-up is the default since the H200 bench; keep-current is one switch.
+    assert Settings().continuity is Continuity.LAZY_CATCH_UP and Settings().lazy
+    cfg = Settings.from_env({"DGW_CONTINUITY": "Keep-Current", "DGW_LAZY_STASH_MB": "64"})
     assert not cfg.lazy and cfg.lazy_stash_mb == 64
     assert cfg.to_json()["continuity"] == "keep-current"
-    assert WorkerConfig.from_mapping({"continuity": "lazy-catch-up"}) == WorkerConfig()
+    assert Settings.from_mapping({"continuity": "lazy-catch-up"}) == Settings()
     with pytest.raises(ConfigError, match="keep-current"):
-        WorkerConfig.from_env({"DGW_CONTINUITY": "lazy"})
-    with pytest.raises(ConfigError, match="not available in the SGLang worker"):
-        WorkerConfig.from_env({"DGW_CONTINUITY": "none"})
+        Settings.from_env({"DGW_CONTINUITY": "lazy"})
+    with pytest.raises(ConfigError, match="DGW_CONTINUITY"):
+        Settings.from_env({"DGW_CONTINUITY": "none"})
     with pytest.raises(ConfigError, match="DGW_LAZY_STASH_MB"):
-        WorkerConfig(lazy_stash_mb=-1)
-    assert WorkerConfig().lazy_stash_mb == 0 and WorkerConfig().defer_draft_prefill   # auto, on
-    assert not WorkerConfig.from_env({"DGW_DEFER_DRAFT_PREFILL": "0"}).defer_draft_prefill
-    with pytest.raises(ConfigError, match="defer_draft_prefill"):
-        WorkerConfig.from_env({"DGW_DEFER_DRAFT_PREFILL": "sometimes"})
+        Settings(lazy_stash_mb=-1)
+    assert Settings().lazy_stash_mb == 0 and Settings().defer_draft_prefill   # auto, on
+    assert not Settings.from_env({"DGW_DEFER_DRAFT_PREFILL": "0"}).defer_draft_prefill
+    with pytest.raises(ConfigError, match="DGW_DEFER_DRAFT_PREFILL"):
+        Settings.from_env({"DGW_DEFER_DRAFT_PREFILL": "sometimes"})
+
 
 
 # ------------------------------------------------------------------------------------ backlog
@@ -766,27 +770,18 @@ def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
 
 # ------------------------------------------------------------------------- the worker glue
 
-def _worker(tmp_path, lazy):
-    from dual_graph_worker.dispatch import DispatchTable
-    from dual_graph_worker.engines.sglang.decision import ModeSelector, StepLedger
-    from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
-    from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
-    from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
-    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
-    from dual_graph_worker.policy import ThresholdPolicy
+@pytest.fixture
+def lazy_worker(bare_sglang_worker):
+    from dual_graph_worker.engines.sglang.continuity import KeepCurrent
 
-    w = object.__new__(DualGraphEagleWorker)
-    w.adaptive_controller = None
-    w._ledger = StepLedger()
-    w._selector = ModeSelector(DispatchTable.build([1, 2, 4], [1, 2, 4, 8, 16]),
-                               ThresholdPolicy(threshold=4, num_draft_tokens=3))
-    w._step_log = None
-    w._decode_pool = eager_decode_pool()
-    w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
-    w._spans = StepSpans.from_environment({})
-    w._lazy = lazy
-    w.req_to_token_pool = _RowPool(size=64)
-    return w
+    def make(lazy):
+        w = bare_sglang_worker(ThresholdPolicy(threshold=4, num_draft_tokens=3),
+                               continuity=lazy or KeepCurrent("draft-worker", "width-1-graphs"))
+        w.planner = StepPlanner(DispatchTable.build([1, 2, 4], [1, 2, 4, 8, 16]), w.planner.policy)
+        w.req_to_token_pool = _RowPool(size=64)
+        return w
+
+    return make
 
 
 class _RowPool:
@@ -800,32 +795,35 @@ class _RowPool:
         return self.size - self.used
 
 
-def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
+def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     calls = []
     continues = {"chunk": False}
+    can_defer = lambda b: b.seq_lens.shape[0] != 7                 # 7: no room
     lazy = SimpleNamespace(on_prefill=lambda b: calls.append("prefill"),
                            before_spec_step=lambda b: calls.append("catch-up") or ["fb"],
-                           must_defer=lambda b: continues["chunk"],
-                           can_defer=lambda b: b.seq_lens.shape[0] != 7)   # 7: no room
-    w = _worker(tmp_path, lazy)
+                           pending_tokens=lambda rows: 0,
+                           defers_prefill_of=lambda b, decodes: can_defer(b) and (
+                               decodes() or continues["chunk"]))
+    w = lazy_worker(lazy)
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         calls.append("spec") or SimpleNamespace(extra_keep_alive_refs=["x"]))
-    monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, plan, on_publish, gb:
+    monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, rows, on_publish, gb:
                         calls.append("decode") or "decode-result")
     monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish:
                         calls.append("deferred") or "deferred-result")
 
     def batch(bs, mode=ForwardMode.DECODE):
         return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
-                               seq_lens=torch.zeros(bs, dtype=torch.int64))
+                               seq_lens=torch.zeros(bs, dtype=torch.int64),
+                               req_pool_indices_cpu=torch.arange(bs), extend_num_tokens=bs)
 
     def prefill(bs, running, queued=0):
         # The scheduler allocates the prefill's rows before it calls the worker; its queue
-        # hook (queue_hook.py) leaves the number of requests still waiting on the batch.
+        # hook (hooks.py) leaves the number of requests still waiting on the batch.
         w.req_to_token_pool.used = running + bs
         b = batch(bs, ForwardMode.EXTEND)
         if queued:
@@ -854,7 +852,7 @@ def test_worker_routes_lazy_hooks(sgl, tmp_path, monkeypatch):
     prefill(1, running=0)
     assert calls == ["catch-up", "spec", "deferred", "decode", "prefill", "spec"]
     # previews committed nothing: the next step still follows the policy from its last mode
-    assert w._selector.plan(3).mode.value == "spec"
+    assert w.planner.plan(3).mode.value == "spec"
     # the first batch of a burst: 3 rows now, 6 requests still queued behind it -> deferred
     calls.clear()
     assert prefill(3, running=0, queued=6) == "deferred-result"
@@ -922,14 +920,15 @@ def test_deferred_prefill_stashes_the_prompt_and_returns_placeholders(sgl, tmp_p
                                          seq_lens=torch.zeros(1), prefix_lens=[7]))
 
 
-def _decode_fixture(sgl, monkeypatch, tmp_path, lazy):
+def _decode_fixture(lazy_worker, monkeypatch, lazy):
     """A worker whose target forward, ForwardBatch and draft extend are fakes, for _decode_step."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
+    from dual_graph_worker.engines.sglang import continuity as continuity_mod
     from dual_graph_worker.engines.sglang import worker as worker_mod
 
-    w = _worker(tmp_path, lazy)
+    w = lazy_worker(lazy)
     w.topk = 1
     w.req_to_token_pool = SimpleNamespace(
         req_to_token=torch.arange(8 * 32, dtype=torch.int32).reshape(8, 32))
@@ -951,7 +950,7 @@ def _decode_fixture(sgl, monkeypatch, tmp_path, lazy):
         sync_calls.append((dw, target_hidden, sampled, out_cache_loc))
         return SimpleNamespace(next_draft_input="kept-current", forward_batch="draft-fb")
 
-    monkeypatch.setattr(worker_mod, "run_one_token_draft_extend", fake_sync)
+    monkeypatch.setattr(continuity_mod, "run_one_token_draft_extend", fake_sync)
     di = EagleDraftInput(topk_p=torch.rand(2, 1), topk_index=torch.zeros(2, 1, dtype=torch.int64),
                          hidden_states=torch.rand(2, 6),
                          bonus_tokens=torch.tensor([7, 9], dtype=torch.int32))
@@ -965,9 +964,9 @@ def _decode_fixture(sgl, monkeypatch, tmp_path, lazy):
     return w, batch, aux, sync_calls, published
 
 
-def test_decode_step_keep_current_is_unchanged(sgl, monkeypatch, tmp_path):
-    w, batch, aux, sync_calls, published = _decode_fixture(sgl, monkeypatch, tmp_path, None)
-    res = w._decode_step(batch, None, published.append, None)
+def test_decode_step_keep_current_is_unchanged(sgl, lazy_worker, monkeypatch):
+    w, batch, aux, sync_calls, published = _decode_fixture(lazy_worker, monkeypatch, None)
+    res = w._decode_step(batch, np.array([3, 6]), published.append, None)
     assert res.next_draft_input == "kept-current"
     assert res.extra_keep_alive_refs == ["target-forward-batch", "draft-fb"]
     (dw, hidden, sampled, loc), = sync_calls
@@ -977,11 +976,11 @@ def test_decode_step_keep_current_is_unchanged(sgl, monkeypatch, tmp_path):
     assert res.speculative_num_draft_tokens == 1
 
 
-def test_decode_step_lazy_stashes_and_carries(sgl, monkeypatch, tmp_path):
+def test_decode_step_lazy_stashes_and_carries(sgl, lazy_worker, monkeypatch):
     lz = _bare_lazy(sgl, rows=8, cells=8)
-    w, batch, aux, sync_calls, published = _decode_fixture(sgl, monkeypatch, tmp_path, lz)
+    w, batch, aux, sync_calls, published = _decode_fixture(lazy_worker, monkeypatch, lz)
     di = batch.spec_info
-    res = w._decode_step(batch, None, published.append, None)
+    res = w._decode_step(batch, np.array([3, 6]), published.append, None)
     assert not sync_calls                                   # no draft forward in decode mode
     nd = res.next_draft_input
     assert nd.topk_p is di.topk_p and nd.hidden_states is di.hidden_states
@@ -1053,7 +1052,7 @@ def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeyp
     assert stored.shape == (4, 6)                               # FULL: every row, unpruned
 
 
-def test_worker_deferred_prefill_runs_the_target_alone_and_publishes_first(sgl, tmp_path):
+def test_worker_deferred_prefill_runs_the_target_alone_and_publishes_first(sgl, lazy_worker):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
     order = []
@@ -1064,9 +1063,9 @@ def test_worker_deferred_prefill_runs_the_target_alone_and_publishes_first(sgl, 
         order.append(("target", capture_hidden_mode))
         return out
 
-    lazy = SimpleNamespace(defer_prefill=lambda b, aux, next_token_ids:
+    lazy = SimpleNamespace(deferred_prefill=lambda b, aux, next_token_ids:
                            order.append(("stash", aux, next_token_ids)) or "placeholders")
-    w = _worker(tmp_path, lazy)
+    w = lazy_worker(lazy)
     w._target_worker = SimpleNamespace(forward_batch_generation=target)
     batch = SimpleNamespace(seq_lens="lengths")
     res = w._deferred_prefill(batch, lambda lens: order.append(("publish", lens)))

@@ -17,25 +17,17 @@ import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.engines.sglang import version as version_mod
-from dual_graph_worker.engines.sglang.calibration import measure_calibration, wall_clock_timer
-from dual_graph_worker.engines.sglang.config import (
-    ENV_VARS,
-    PolicyKind,
-    WorkerConfig,
-    build_policy,
-)
-from dual_graph_worker.engines.sglang.decision import (
-    ModeSelector,
-    StepLedger,
-    StepPlan,
-    policy_inputs,
-    expected_batch_size,
-)
+from dual_graph_worker.core.calibration import measure_calibration, wall_clock_timer
+from dual_graph_worker.core.controller import GoodputController
+from dual_graph_worker.core.planner import StepLedger, StepPlan, StepPlanner, expected_batch_size
+from dual_graph_worker.core.policies import PolicyContext, build_policy
+from dual_graph_worker.core.settings import PolicyKind, Settings
 from dual_graph_worker.engines.sglang.layout import (
     DraftHandoff,
     check_handoff,
@@ -50,21 +42,16 @@ from dual_graph_worker.engines.sglang.server_args_hook import (
     fit_to_request_pool,
     plain_decode_batch_sizes,
 )
-from dual_graph_worker.engines.sglang.step_log import (
+from dual_graph_worker.core.step_log import (
     StepLogWriter,
     read_step_events,
     read_step_log,
 )
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import (
-    CalibrationTable,
-    GoodputPolicy,
-    PinnedPolicy,
-    Reason,
-    ThresholdPolicy,
-)
-from dual_graph_worker.results import StepRecord
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.policy import PinnedPolicy, Reason, StepTime, ThresholdPolicy, accepted
+from dual_graph_worker.core.results import StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_BS = [1, 2, 3, 4, 6, 8, 16, 32, 48]
@@ -107,9 +94,9 @@ def test_entry_point_is_declared_and_callable():
 def test_engine_agnostic_modules_do_not_import_sglang():
     code = textwrap.dedent("""
         import sys
-        import dual_graph_worker.engines.sglang.config, dual_graph_worker.engines.sglang.decision
-        import dual_graph_worker.engines.sglang.layout, dual_graph_worker.engines.sglang.calibration
-        import dual_graph_worker.engines.sglang.step_log, dual_graph_worker.engines.sglang.plugin
+        import dual_graph_worker.core.settings, dual_graph_worker.core.planner
+        import dual_graph_worker.engines.sglang.layout, dual_graph_worker.core.calibration
+        import dual_graph_worker.core.step_log, dual_graph_worker.engines.sglang.plugin
         import dual_graph_worker.engines.sglang.server_args_hook
         import dual_graph_worker.engines.sglang.capture_config
         assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules), \
@@ -118,39 +105,7 @@ def test_engine_agnostic_modules_do_not_import_sglang():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-# ------------------------------------------------------------------------------------ config
-
-def test_config_defaults_and_env_overrides(tmp_path):
-    assert WorkerConfig.from_env({}) == WorkerConfig()
-    f = tmp_path / "dgw.json"
-    f.write_text(json.dumps({"policy": "goodput", "threshold": 7, "spec_max_bs": 16}))
-    cfg = WorkerConfig.from_env({"DGW_CONFIG": str(f), "DGW_THRESHOLD": "5",
-                                 "DGW_STEP_LOG": "/tmp/x.jsonl", "DGW_DECODE_MAX_BS": ""})
-    assert cfg.policy is PolicyKind.GOODPUT      # from the file
-    assert cfg.threshold == 5                    # env beats file
-    assert cfg.spec_max_bs == 16 and cfg.step_log == "/tmp/x.jsonl" and cfg.decode_max_bs is None
-    assert cfg.needs_calibration
-
-
-def test_config_errors_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="policy"):
-        WorkerConfig.from_env({"DGW_POLICY": "sometimes"})
-    with pytest.raises(ConfigError, match="unknown keys"):
-        WorkerConfig.from_mapping({"treshold": 3})
-    with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
-        WorkerConfig(spec_max_bs=0)
-    with pytest.raises(ConfigError, match="cannot read"):
-        WorkerConfig.from_env({"DGW_CONFIG": str(tmp_path / "missing.json")})
-    bad = tmp_path / "bad.json"
-    bad.write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="JSON object"):
-        WorkerConfig.from_env({"DGW_CONFIG": str(bad)})
-
-
-def test_every_config_field_has_an_env_var():
-    from dataclasses import fields
-    assert {f.name for f in fields(WorkerConfig)} == set(ENV_VARS)
-
+# --------------------------------------------------------------------------- policy, planner
 
 def _table(k=3):
     lat = {GraphKey(Mode.DECODE, b): 0.005 + b * 1e-5 for b in DECODE_BS}
@@ -158,33 +113,33 @@ def _table(k=3):
     return CalibrationTable(lat, num_draft_tokens=k)
 
 
+def _ctx(prior=None):
+    return PolicyContext(3, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS}, prior)
+
+
 def test_build_policy_kinds():
-    assert isinstance(build_policy(WorkerConfig(), 3, None), ThresholdPolicy)
-    pinned = build_policy(WorkerConfig(policy=PolicyKind.DECODE), 3, None)
+    assert isinstance(build_policy(Settings(), _ctx(_table())), GoodputController)
+    assert isinstance(build_policy(Settings(policy=PolicyKind.THRESHOLD), _ctx()),
+                      ThresholdPolicy)
+    pinned = build_policy(Settings(policy=PolicyKind.DECODE), _ctx())
     assert isinstance(pinned, PinnedPolicy) and pinned.mode is Mode.DECODE
-    assert isinstance(build_policy(WorkerConfig(policy=PolicyKind.GOODPUT), 3, _table()),
-                      GoodputPolicy)
-    with pytest.raises(ConfigError, match="calibration"):
-        build_policy(WorkerConfig(policy=PolicyKind.GOODPUT), 3, None)
-    with pytest.raises(ConfigError, match="K=2"):
-        build_policy(WorkerConfig(policy=PolicyKind.GOODPUT), 3, _table(k=2))
 
 
-# ------------------------------------------------------------------------- decision / ledger
-
-def test_policy_inputs_from_dispatch_table():
-    table = DispatchTable.build(SPEC_BS, DECODE_BS)
-    assert policy_inputs(table, 5).spec_padded_bs == 6
-    assert policy_inputs(table, 5).decode_padded_bs == 8
-    big = policy_inputs(table, 100)
+def test_planner_inputs_from_dispatch_table():
+    planner = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), ThresholdPolicy())
+    assert planner.inputs(5).spec_padded_bs == 6
+    assert planner.inputs(5).decode_padded_bs == 8
+    big = planner.inputs(100)
     assert big.spec_padded_bs is None and big.decode_padded_bs == 128
-    assert policy_inputs(table, 300).decode_padded_bs == 300     # eager beyond both pools
-    assert policy_inputs(table, 70, graphs_enabled=False).spec_padded_bs == 70
+    assert planner.inputs(300).decode_padded_bs == 300     # eager beyond both pools
+    eager = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), ThresholdPolicy(),
+                        graphs_enabled=False)
+    assert eager.inputs(70).spec_padded_bs == 70
 
 
-def test_threshold_selector_switches_on_a_load_ramp():
+def test_threshold_planner_switches_on_a_load_ramp():
     table = DispatchTable.build(SPEC_BS, DECODE_BS)
-    sel = ModeSelector(table, ThresholdPolicy(threshold=4, num_draft_tokens=3))
+    sel = StepPlanner(table, ThresholdPolicy(threshold=4, num_draft_tokens=3))
     ramp = [1, 2, 4, 8, 16, 8, 4, 2, 1, 8, 2]
     plans = [sel.plan(bs) for bs in ramp]
     modes = [p.mode for p in plans]
@@ -198,23 +153,23 @@ def test_threshold_selector_switches_on_a_load_ramp():
 
 def test_pinned_spec_falls_back_to_decode_beyond_the_spec_pool():
     table = DispatchTable.build(SPEC_BS, DECODE_BS)
-    sel = ModeSelector(table, PinnedPolicy(Mode.SPEC, 3))
+    sel = StepPlanner(table, PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=3))
     assert sel.plan(48) == StepPlan(Mode.SPEC, 48, 48, True, Reason.PINNED)
     assert sel.plan(49) == StepPlan(Mode.DECODE, 49, 64, True, Reason.NO_SPEC_GRAPH)
     assert sel.plan(300) == StepPlan(Mode.DECODE, 300, 300, False, Reason.NO_SPEC_GRAPH)
 
 
-def test_goodput_selector_uses_the_calibration():
+def test_goodput_planner_starts_from_the_calibration_prior():
     table = DispatchTable.build(SPEC_BS, DECODE_BS)
-    sel = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=0))
+    sel = StepPlanner(table, build_policy(Settings(min_dwell_steps=0), _ctx(_table())))
     assert sel.plan(1).mode is Mode.SPEC          # 4 tokens in 7 ms beat 1 in 5 ms
     assert sel.plan(64).mode is Mode.DECODE       # no spec graph
 
 
-def test_preview_commits_nothing_dwell_and_probe_included():
+def test_preview_commits_nothing_dwell_and_exploration_included():
     table = DispatchTable.build(SPEC_BS, DECODE_BS)
-    dwell = ModeSelector(table, ThresholdPolicy(threshold=4, num_draft_tokens=3,
-                                                min_dwell_steps=3))
+    dwell = StepPlanner(table, ThresholdPolicy(threshold=4, num_draft_tokens=3,
+                                               min_dwell_steps=3))
     assert dwell.plan(2).mode is Mode.SPEC
     assert dwell.preview(16) is Mode.SPEC            # dwell: 1 step in spec, 3 owed
     for _ in range(5):
@@ -222,19 +177,31 @@ def test_preview_commits_nothing_dwell_and_probe_included():
     assert [dwell.plan(16).mode for _ in range(3)] == [Mode.SPEC, Mode.SPEC, Mode.DECODE]
     assert dwell.preview(1) is Mode.DECODE and dwell.last_mode is Mode.DECODE
 
-    probing = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=2))
-    # bs 40: decode predicted faster, spec could win at full acceptance -> a probe when due
-    for _ in range(60):                               # EMA ~1.0
-        probing.policy.observe_accept(1.0)
-    modes = []
-    for _ in range(6):
-        probing.preview(40)
-        modes.append(probing.plan(40).mode)
-        probing.preview(40)                           # a preview after the plan, too
-    plain = ModeSelector(table, GoodputPolicy(_table(), min_dwell_steps=0, probe_every=2))
-    for _ in range(60):
-        plain.policy.observe_accept(1.0)
-    assert modes == [plain.plan(40).mode for _ in range(6)]
+    def controller():
+        return build_policy(Settings(min_dwell_steps=0, stale_after=2, explore_budget=0.5,
+                                     explore_steps=2), _ctx(_table()))
+
+    # Acceptance 1: decode is faster at bs 40, spec could win at full acceptance, so the
+    # controller re-measures spec now and then: previews must not change when it does.
+    previewed, planned = StepPlanner(table, controller()), StepPlanner(table, controller())
+    for p in (previewed, planned):
+        p.policy.observe(accepted(Mode.SPEC, [1.0] * 40))
+
+    def run(planner, preview):
+        modes = []
+        for _ in range(60):
+            if preview:
+                planner.preview(40)
+            plan = planner.plan(40)
+            if preview:
+                planner.preview(40)                   # a preview after the plan, too
+            planner.policy.observe(StepTime(plan.mode, plan.padded_bs,
+                                            _table().latency(plan.mode, plan.padded_bs)))
+            modes.append(plan.mode)
+        return modes
+
+    modes = run(previewed, preview=True)
+    assert modes == run(planned, preview=False)
     assert Mode.SPEC in modes and Mode.DECODE in modes
 
 
@@ -475,33 +442,34 @@ def test_queue_hook_annotates_the_prefill_batch_through_sglangs_own_wrapper(regi
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType, _wrap_fn
 
-    from dual_graph_worker.engines.sglang import queue_hook
+    from dual_graph_worker.engines.sglang import hooks
 
-    hooks = HookRegistry._hooks.get(queue_hook.TARGET, [])
-    assert (HookType.AFTER, queue_hook.annotate_queued_requests) in [h[:2] for h in hooks]
-    ours = registered.from_string("DUAL_GRAPH_EAGLE3")
-    wrapped = _wrap_fn(Scheduler.get_new_batch_prefill, queue_hook.annotate_queued_requests,
+    registered_hooks = HookRegistry._hooks.get(hooks.PREFILL_TARGET, [])
+    assert (HookType.AFTER, hooks.annotate_queued_requests) in [h[:2] for h in registered_hooks]
+    wrapped = _wrap_fn(Scheduler.get_new_batch_prefill, hooks.annotate_queued_requests,
                        HookType.AFTER)
 
-    def scheduler(batch):
+    def scheduler(batch, worker=SimpleNamespace(dgw_wants_queue_hint=True)):
         return SimpleNamespace(
-            prefill_delayer=None, waiting_queue=[object()] * 5,
+            prefill_delayer=None, waiting_queue=[object()] * 5, model_worker=worker,
             _get_new_batch_prefill_raw=lambda prefill_delayer_single_pass, running_batch:
             (batch, running_batch))
 
-    batch = SimpleNamespace(spec_algorithm=ours)
+    batch = SimpleNamespace()
     plan = wrapped(scheduler(batch), "running")
     assert plan.batch_to_run is batch and plan.running_batch == "running"
-    assert queue_hook.queued_requests(batch) == 5
-    # Another algorithm's batch, no batch, or a scheduler without a queue: untouched, no error.
-    other = SimpleNamespace(spec_algorithm=registered.EAGLE3)
-    wrapped(scheduler(other), "running")
-    assert queue_hook.queued_requests(other) == 0
+    assert hooks.queued_requests(batch) == 5
+    # Another worker (plain EAGLE-3), or no batch: untouched, no error.
+    other = SimpleNamespace()
+    wrapped(scheduler(other, worker=SimpleNamespace()), "running")
+    assert hooks.queued_requests(other) == 0
     assert wrapped(scheduler(None), "running").batch_to_run is None
-    broken = SimpleNamespace(prefill_delayer=None,
-                             _get_new_batch_prefill_raw=lambda **kw: (batch, "r"))
-    assert wrapped(broken, "r").batch_to_run is batch
-    assert queue_hook.queued_requests(SimpleNamespace(dgw_queued_requests="7")) == 0
+    # A scheduler whose queue cannot be read fails loudly (on every rank alike), never 0.
+    broken = SimpleNamespace(prefill_delayer=None, model_worker=SimpleNamespace(
+        dgw_wants_queue_hint=True), _get_new_batch_prefill_raw=lambda **kw: (batch, "r"))
+    with pytest.raises(AttributeError, match="waiting_queue"):
+        wrapped(broken, "r")
+    assert hooks.queued_requests(SimpleNamespace(dgw_queued_requests="7")) == 0
 
 
 def test_future_map_is_built_for_the_plugin(registered):
@@ -532,9 +500,9 @@ def test_server_args_through_the_real_sglang_hook(registered, tmp_path):
     assert eagle.max_running_requests == 48                # what static EAGLE-3 gets
     assert sa.max_running_requests is None                 # plain-server admission
     assert sa.max_running_requests == plain.max_running_requests
-    assert max(sa.cuda_graph_config.decode.bs) <= WorkerConfig().spec_max_bs
+    assert max(sa.cuda_graph_config.decode.bs) <= Settings().spec_max_bs
     assert sa.cuda_graph_config.decode.bs == [
-        b for b in eagle.cuda_graph_config.decode.bs if b <= WorkerConfig().spec_max_bs]
+        b for b in eagle.cuda_graph_config.decode.bs if b <= Settings().spec_max_bs]
     # The decode pool follows the plain server's list up to the same decode max.
     assert sa.cuda_graph_config.decode.max_bs == plain.cuda_graph_config.decode.max_bs
     assert plain_decode_batch_sizes(
@@ -635,54 +603,66 @@ def test_shared_logits_buffer_is_enlarged_before_capture(registered):
 
 # ------------------------------------------------ worker glue, with SGLang but no GPU / model
 
-def _bare_worker(tmp_path, policy):
-    """A DualGraphEagleWorker with only the per-step state (no model, no graphs)."""
-    from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
-    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+def _batch(bs, mode=None):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    w = object.__new__(DualGraphEagleWorker)
-    w.adaptive_controller = None
-    w._ledger = StepLedger()
-    w._selector = ModeSelector(DispatchTable.build(SPEC_BS, DECODE_BS), policy)
-    w._step_log = StepLogWriter(tmp_path / "steps.jsonl")
-    w._spans = StepSpans.from_environment({})
-    return w
+    return SimpleNamespace(forward_mode=mode or ForwardMode.DECODE, is_extend_in_batch=False,
+                           seq_lens=torch.zeros(bs, dtype=torch.int64),
+                           req_pool_indices_cpu=torch.arange(1, bs + 1), extend_num_tokens=16)
 
 
-def test_worker_routes_each_step_by_the_policy(registered, tmp_path, monkeypatch):
+def test_worker_routes_each_step_by_the_policy(registered, tmp_path, monkeypatch,
+                                              bare_sglang_worker):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    w = _bare_worker(tmp_path, ThresholdPolicy(threshold=4, num_draft_tokens=3))
+    w = bare_sglang_worker(ThresholdPolicy(threshold=4, num_draft_tokens=3))
     calls = []
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         calls.append(("spec", batch.seq_lens.shape[0])) or "spec-result")
     monkeypatch.setattr(type(w), "_decode_step",
-                        lambda self, batch, plan, on_publish, gb:
-                        calls.append(("decode", plan.padded_bs)) or "decode-result")
-
-    def batch(bs, mode=ForwardMode.DECODE):
-        return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
-                               seq_lens=torch.zeros(bs, dtype=torch.int64))
-
-    assert w.forward_batch_generation(batch(2)) == "spec-result"
-    assert w.forward_batch_generation(batch(10)) == "decode-result"
-    assert w.forward_batch_generation(batch(3, ForwardMode.EXTEND)) == "spec-result"   # prefill
-    assert calls == [("spec", 2), ("decode", 12), ("spec", 3)]
+                        lambda self, batch, rows, on_publish, gb:
+                        calls.append(("decode", len(rows))) or "decode-result")
+    assert w.forward_batch_generation(_batch(2)) == "spec-result"
+    assert w.forward_batch_generation(_batch(10)) == "decode-result"
+    assert w.forward_batch_generation(_batch(3, ForwardMode.EXTEND)) == "spec-result"  # prefill
+    assert calls == [("spec", 2), ("decode", 10), ("spec", 3)]
     assert w._ledger.in_flight == 2              # prefill is not a decode step
+    assert w._clock.in_flight == 3               # every launch is timed
 
 
-def test_worker_feeds_only_spec_accept_lengths_to_the_policy(registered, tmp_path):
-    policy = ThresholdPolicy(threshold=4, num_draft_tokens=3)
-    w = _bare_worker(tmp_path, policy)
-    w._ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD))
-    w._ledger.launched(StepPlan(Mode.DECODE, 2, 2, True, Reason.THRESHOLD))
-    before = policy.accept_len_ema                 # optimistic prior K + 1 = 4
+def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
+                                                       bare_sglang_worker):
+    """Accept lengths reach the policy when SGLang hands them back; each launched batch's cost
+    reaches it when the scheduler has processed that batch's result (hooks.py)."""
+    seen = []
+
+    class Recording(ThresholdPolicy):
+        def observe(self, event):
+            seen.append(event)
+            super().observe(event)
+
+    policy = Recording(threshold=4, num_draft_tokens=3)
+    w = bare_sglang_worker(policy, step_log=tmp_path / "steps.jsonl")
+    w._ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD), np.array([3, 4]))
+    w._ledger.launched(StepPlan(Mode.DECODE, 2, 2, True, Reason.THRESHOLD), np.array([3, 4]))
+    before = policy.state().accept_len                  # optimistic prior K + 1 = 4
     w.on_verify_complete_cpu([0, 0], batch_size=2)      # spec step that accepted nothing
-    after_spec = policy.accept_len_ema
+    after_spec = policy.state().accept_len
     w.on_verify_complete_cpu([0, 0], batch_size=2)      # decode step: must not move the EMA
-    assert after_spec < before and policy.accept_len_ema == after_spec
+    assert after_spec < before and policy.state().accept_len == after_spec
+    assert [type(e).__name__ for e in seen] == ["Accepted", "Accepted"]
+    assert seen[0].rows.tolist() == [3, 4] and seen[1].mode is Mode.DECODE
+    from dual_graph_worker.engines.sglang.worker import PrefillTag, StepTag
+
+    w._clock.launched(PrefillTag(64, draft=False))
+    w._clock.launched(StepTag(Mode.DECODE, 8, 0))
+    w.dgw_result_processed()
+    w.dgw_result_processed()
+    kinds = [type(e).__name__ for e in seen[2:]]
+    assert kinds == ["PrefillTime", "StepTime"]
+    assert seen[2].tokens == 64 and not seen[2].draft and seen[3].padded_bs == 8
     w._step_log.close()
     modes = [r.mode for r, _ in read_step_log(tmp_path / "steps.jsonl")]
     assert modes == [Mode.SPEC, Mode.DECODE]

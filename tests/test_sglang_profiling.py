@@ -11,18 +11,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.engines.sglang import nvtx_spans
-from dual_graph_worker.engines.sglang.config import PolicyKind, WorkerConfig, build_policy
-from dual_graph_worker.engines.sglang.cycle_policy import CyclePolicy
-from dual_graph_worker.engines.sglang.decision import ModeSelector, StepPlan
+from dual_graph_worker.core.planner import StepPlan, StepPlanner
+from dual_graph_worker.core.policies import PolicyContext, build_policy
+from dual_graph_worker.core.policy import CyclePolicy
+from dual_graph_worker.core.settings import PolicyKind, Settings
 from dual_graph_worker.engines.sglang.nvtx_spans import ProfileWindow, StepSpans
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import PolicyInputs, Reason
-from profiling import names
-from profiling.nvtx_ranges import NULL_CONTEXT, Annotator
-from profiling.sglang_workload import NSYS_FLAGS, WorkloadSpec, _parser, nsys_command
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PolicyInputs, Reason
+from dual_graph_worker.core import nvtx_names as names
+from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator
+from bench.sglang.profile_workload import NSYS_FLAGS, WorkloadSpec, _parser, nsys_command
 
 ROOT = Path(__file__).resolve().parents[1]
 S, D = Mode.SPEC, Mode.DECODE
@@ -33,7 +34,7 @@ class Recorder:
         self.log: list[tuple[str, str]] = []
 
     def annotator(self) -> Annotator:
-        from profiling.nvtx_ranges import Backend
+        from dual_graph_worker.core.nvtx import Backend
 
         return Annotator(Backend("recorder", lambda t: self.log.append(("start", t)) or t,
                                  lambda h: self.log.append(("end", h)),
@@ -62,7 +63,7 @@ def test_cycle_policy_holds_each_mode_then_alternates():
         d = p.decide(_inputs())
         assert d.reason is Reason.PINNED
         modes.append(d.mode)
-        p.commit(d.mode)
+        p.commit(d)
     assert modes == [S, S, D, D, S, D, S, D] * 2
 
 
@@ -75,13 +76,13 @@ def test_cycle_policy_advances_on_commit_only_and_respects_the_spec_pool():
         CyclePolicy(hold=0)
 
 
-def test_cycle_policy_from_the_worker_config():
-    cfg = WorkerConfig.from_env({"DGW_POLICY": "cycle", "DGW_MIN_DWELL": "4"})
+def test_cycle_policy_from_the_worker_settings():
+    cfg = Settings.from_env({"DGW_POLICY": "cycle", "DGW_MIN_DWELL": "4"})
     assert cfg.policy is PolicyKind.CYCLE
-    policy = build_policy(cfg, 3, None)
+    policy = build_policy(cfg, PolicyContext(3, {Mode.SPEC: (1, 2, 4, 8)}))
     assert isinstance(policy, CyclePolicy) and policy.hold == 4 and policy.period == 16
-    # Through the selector the worker uses: a fixed schedule at a constant batch size.
-    sel = ModeSelector(DispatchTable.build((1, 2, 4, 8), (1, 2, 4, 8, 16)), policy)
+    # Through the planner the worker uses: a fixed schedule at a constant batch size.
+    sel = StepPlanner(DispatchTable.build((1, 2, 4, 8), (1, 2, 4, 8, 16)), policy)
     plans = [sel.plan(8) for _ in range(16)]
     assert [p.mode for p in plans] == [S] * 4 + [D] * 4 + [S, D] * 4
     assert {p.padded_bs for p in plans} == {8}
@@ -89,17 +90,20 @@ def test_cycle_policy_from_the_worker_config():
 
 # --------------------------------------------------------------------------- profiling window
 
-def test_profile_window_from_env():
-    assert ProfileWindow.from_env({}) is None
-    w = ProfileWindow.from_env({"DGW_PROFILE_STEADY_AFTER_STEPS": "48",
-                                "DGW_PROFILE_STEPS": "192"})
+def _window(env):
+    return ProfileWindow.from_settings(Settings.from_env(env))
+
+
+def test_profile_window_from_settings():
+    assert _window({}) is None
+    w = _window({"DGW_PROFILE_STEADY_AFTER_STEPS": "48", "DGW_PROFILE_STEPS": "192"})
     assert (w.steady_after, w.steps, w.capture_start, w.capture_end) == (48, 192, 47, 240)
-    mark_only = ProfileWindow.from_env({"DGW_PROFILE_STEADY_AFTER_STEPS": "5"})
+    mark_only = _window({"DGW_PROFILE_STEADY_AFTER_STEPS": "5"})
     assert mark_only.capture_start is None and mark_only.capture_end is None
     with pytest.raises(ConfigError, match="needs DGW_PROFILE_STEADY_AFTER_STEPS"):
-        ProfileWindow.from_env({"DGW_PROFILE_STEPS": "10"})
-    with pytest.raises(ConfigError, match="integers"):
-        ProfileWindow.from_env({"DGW_PROFILE_STEADY_AFTER_STEPS": "ten"})
+        _window({"DGW_PROFILE_STEPS": "10"})
+    with pytest.raises(ConfigError, match="DGW_PROFILE_STEADY_AFTER_STEPS"):
+        _window({"DGW_PROFILE_STEADY_AFTER_STEPS": "ten"})
     with pytest.raises(ConfigError, match=">= 1"):
         ProfileWindow(3, 0)
 
@@ -111,7 +115,7 @@ def _plan(mode: Mode, bs: int = 8) -> StepPlan:
 WORKER = SimpleNamespace(server_args=SimpleNamespace(attention_backend="triton",
                                                      decode_attention_backend=None),
                          speculative_num_steps=3,
-                         _dgw_config=WorkerConfig(policy=PolicyKind.CYCLE))
+                         settings=Settings(policy=PolicyKind.CYCLE))
 
 
 def _run(spans: StepSpans, modes) -> None:
@@ -175,7 +179,7 @@ def test_nsys_command_records_only_the_window_and_round_trips_the_spec(tmp_path)
     assert cmd[:2] == ["nsys", "profile"] and set(NSYS_FLAGS) <= set(cmd)
     assert "--capture-range=cudaProfilerApi" in cmd and "--capture-range-end=stop" in cmd
     i = cmd.index("-m")
-    assert cmd[i - 1:i + 2] == ["py", "-m", "profiling.sglang_workload"]
+    assert cmd[i - 1:i + 2] == ["py", "-m", "bench.sglang.profile_workload"]
     args = _parser().parse_args(cmd[i + 2:])
     assert not args.nsys
     assert WorkloadSpec(**{k: getattr(args, k) for k in spec.__dataclass_fields__}) == spec
@@ -186,8 +190,8 @@ def test_workload_spec_env_and_validation(tmp_path):
     env = spec.worker_env(tmp_path / "steps.jsonl")
     assert env["DGW_POLICY"] == "cycle" and env["DGW_MIN_DWELL"] == "8"
     assert (env["DGW_PROFILE_STEADY_AFTER_STEPS"], env["DGW_PROFILE_STEPS"]) == ("48", "192")
-    assert WorkerConfig.from_env(env).policy is PolicyKind.CYCLE       # the worker accepts it
-    assert ProfileWindow.from_env(env).capture_end == 240
+    assert Settings.from_env(env).policy is PolicyKind.CYCLE       # the worker accepts it
+    assert _window(env).capture_end == 240
     # Even if every step accepted K+1 tokens, the profiled batch outlives the window.
     assert spec.profiled_tokens >= 4 * spec.needed_steps
     with pytest.raises(ValueError, match="graph in both pools"):
@@ -199,7 +203,7 @@ def test_workload_spec_env_and_validation(tmp_path):
 def test_make_nsys_profile_engine_sglang():
     out = subprocess.run(["make", "-n", "nsys-profile", "ENGINE=sglang", "EXPECT_SM=SM90"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert "-m profiling.sglang_workload --nsys" in out and "--expect-sm SM90" in out
+    assert "-m bench.sglang.profile_workload --nsys" in out and "--expect-sm SM90" in out
     ref = subprocess.run(["make", "-n", "nsys-profile"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert "dual_graph_worker.cli profile" in ref
@@ -235,12 +239,13 @@ def test_spec_stage_hooks_wrap_sglang_and_come_off_again(eagle_module, monkeypat
     assert ew.spec_stage_span is sglang_span
 
 
-def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_path):
+def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_path,
+                                              bare_sglang_worker):
     """forward_batch_generation puts a step range around each decode-family step; the spec
     step's stages come from EAGLE-3's own hooks, here called the way eagle_worker_v2 calls them."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from dual_graph_worker.engines.sglang.decision import StepLedger
+    from dual_graph_worker.core.planner import StepLedger
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
     ew = eagle_module
@@ -257,33 +262,31 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
 
     monkeypatch.setattr(ew.EAGLEWorkerV2, "forward_batch_generation", eagle_step)
     monkeypatch.setattr(DualGraphEagleWorker, "_decode_step",
-                        lambda self, batch, plan, on_publish, gb: "decode-result")
-    w = object.__new__(DualGraphEagleWorker)
+                        lambda self, batch, rows, on_publish, gb: "decode-result")
+    w = bare_sglang_worker(CyclePolicy(hold=1, num_draft_tokens=3))
     w._spans = StepSpans(rec.annotator())
-    w._lazy = None
-    w._ledger = StepLedger()
-    w._selector = ModeSelector(DispatchTable.build((1, 2, 4), (1, 2, 4, 8)),
-                               CyclePolicy(hold=1, num_draft_tokens=3))
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
-                            seq_lens=torch.zeros(3, dtype=torch.int64))
+                            seq_lens=torch.zeros(3, dtype=torch.int64),
+                            req_pool_indices_cpu=torch.arange(3))
     w.forward_batch_generation(batch)
     assert w.forward_batch_generation(batch) == "decode-result"
     spans = [(k, t) for k, t in rec.log if not t.startswith("config:")]
     assert spans == [
-        ("start", "step:spec:bs4"), ("start", "stage:draft"), ("end", "stage:draft"),
+        ("start", "step:spec:bs3"), ("start", "stage:draft"), ("end", "stage:draft"),
         ("start", "stage:verify"), ("end", "stage:verify"),
-        ("start", "stage:draft_extend"), ("end", "stage:draft_extend"), ("end", "step:spec:bs4"),
+        ("start", "stage:draft_extend"), ("end", "stage:draft_extend"), ("end", "step:spec:bs3"),
         ("mark", "switch:spec->decode"), ("start", "step:decode:bs4"), ("end", "step:decode:bs4"),
     ]
 
 
-def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch):
+def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch,
+                                                       bare_sglang_worker):
     """The spec step's catch-up (and a decode step's make_room) sit inside stage:catch_up,
     which the checker reports as stated eager work (profiling.engines SGLANG)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from dual_graph_worker.engines.sglang import worker as worker_mod
-    from dual_graph_worker.engines.sglang.decision import StepLedger
+    from dual_graph_worker.core.planner import StepLedger
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
     rec = Recorder()
@@ -293,15 +296,13 @@ def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         log.append(("body", "spec")) or SimpleNamespace(
                             extra_keep_alive_refs=None))
-    w = object.__new__(DualGraphEagleWorker)
+    w = bare_sglang_worker(CyclePolicy(hold=1, num_draft_tokens=3), continuity=SimpleNamespace(
+        pending_tokens=lambda rows: 0,
+        before_spec_step=lambda b: log.append(("body", "catch-up")) or ["kept"]))
     w._spans = StepSpans(Annotator(None))
-    w._lazy = SimpleNamespace(before_spec_step=lambda b: log.append(("body", "catch-up"))
-                              or ["kept"])
-    w._ledger = StepLedger()
-    w._selector = ModeSelector(DispatchTable.build((1, 2, 4), (1, 2, 4, 8)),
-                               CyclePolicy(hold=1, num_draft_tokens=3))
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
-                            seq_lens=torch.zeros(3, dtype=torch.int64))
+                            seq_lens=torch.zeros(3, dtype=torch.int64),
+                            req_pool_indices_cpu=torch.arange(3))
     res = w.forward_batch_generation(batch)
     assert res.extra_keep_alive_refs == ["kept"]
     assert log == [("start", "stage:catch_up"), ("body", "catch-up"), ("end", "stage:catch_up"),

@@ -36,9 +36,9 @@ from bench.sglang.workload import (  # noqa: E402
     summarize_catch_ups,
     summarize_steps,
 )
-from dual_graph_worker.modes import Mode  # noqa: E402
-from dual_graph_worker.policy import Reason  # noqa: E402
-from dual_graph_worker.results import StepRecord  # noqa: E402
+from dual_graph_worker.core.modes import Mode  # noqa: E402
+from dual_graph_worker.core.policy import Reason  # noqa: E402
+from dual_graph_worker.core.results import StepRecord  # noqa: E402
 
 
 def test_llama3_8b_configs(tmp_path):

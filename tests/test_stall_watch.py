@@ -1,4 +1,4 @@
-"""The stall watch (profiling/stall_watch.py) and its worker settings."""
+"""The stall watch (dual_graph_worker/core/stall_watch.py) and its worker settings."""
 
 import io
 import json
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from dual_graph_worker.engines.sglang.config import WorkerConfig
-from dual_graph_worker.errors import ConfigError
-from profiling.stall_watch import StallWatch, read_stall_samples
+from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.stall_watch import StallWatch, read_stall_samples
 
 
 class FakeClock:
@@ -83,11 +83,11 @@ def test_nonpositive_times_are_refused(kwargs):
 
 
 def test_worker_settings_for_the_stall_watch():
-    cfg = WorkerConfig.from_env({"DGW_STALL_TRACE": "/tmp/s.jsonl", "DGW_STALL_TRACE_S": "2.5"})
+    cfg = Settings.from_env({"DGW_STALL_TRACE": "/tmp/s.jsonl", "DGW_STALL_TRACE_S": "2.5"})
     assert (cfg.stall_trace, cfg.stall_trace_s) == ("/tmp/s.jsonl", 2.5)
-    assert WorkerConfig.from_env({}).stall_trace is None
+    assert Settings.from_env({}).stall_trace is None
     with pytest.raises(ConfigError, match="DGW_STALL_TRACE_S"):
-        WorkerConfig.from_env({"DGW_STALL_TRACE_S": "0"})
+        Settings.from_env({"DGW_STALL_TRACE_S": "0"})
 
 
 def test_stall_report_finds_the_gap_and_the_stack(tmp_path, capsys):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.dispatch import EagerDispatch
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import CalibrationTable, GoodputPolicy, PinnedPolicy, ThresholdPolicy
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.dispatch import EagerDispatch
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.policy import PinnedPolicy, ThresholdPolicy
 
 K = 3
 TOY_VOCAB = 64
@@ -33,9 +35,9 @@ def _prompts(seed: int, vocab: int) -> list[list[int]]:
 
 def _policy(kind: str, k: int, random_policy):
     if kind == "decode":
-        return PinnedPolicy(Mode.DECODE, k)
+        return PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=k)
     if kind == "spec":
-        return PinnedPolicy(Mode.SPEC, k)
+        return PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=k)
     return random_policy(int(kind.rsplit("-", 1)[1]), k)
 
 
@@ -53,7 +55,7 @@ def _assert_policies_match_plain(new_engine, k, continuity, prompts, kinds, make
                                  random_policy, run_schedule) -> dict:
     """Every policy kind gives plain greedy's tokens (a fresh engine each run); random kinds must
     really have switched. Returns the plain reference outputs."""
-    ref = run_schedule(make_worker(new_engine(), PinnedPolicy(Mode.DECODE, k),
+    ref = run_schedule(make_worker(new_engine(), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=k),
                                    continuity=continuity), prompts, MAX_NEW, ADMIT_AT).outputs
     for kind in kinds:
         policy = _policy(kind, k, random_policy)
@@ -95,7 +97,7 @@ def test_toy_accept_length_is_real_and_matches_agreement(level, toy_engine, toy_
 
     n_req, max_new = 16, 24
     prompts = [[(7 * i) % TOY_VOCAB, (4 * i + 1) % TOY_VOCAB] for i in range(n_req)]
-    w = make_worker(toy_engine(level, max_requests=n_req + 1), PinnedPolicy(Mode.SPEC, K),
+    w = make_worker(toy_engine(level, max_requests=n_req + 1), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K),
                     spec_bs=(1, 2, 4, 8, 16), decode_bs=(1, 2, 4, 8, 16))
     run = run_schedule(w, prompts, max_new)
     for i, p in enumerate(prompts):
@@ -169,7 +171,7 @@ def test_toy_attn_fixture_exercises_kv_and_multi_token_acceptance(toy_attn_engin
     """Guards the fixture behind the next test: tokens depend on the context (attention reads
     the paged KV) and spec steps accept several tokens."""
     prompts = _prompts(2, TOY_VOCAB)
-    w = make_worker(toy_attn_engine(), PinnedPolicy(Mode.SPEC, K))
+    w = make_worker(toy_attn_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
     run = run_schedule(w, prompts, MAX_NEW, ADMIT_AT)
     off_perm = sum(a != b for i, p in enumerate(prompts)
                    for a, b in zip(run.outputs[i], toy_perm.continuation(p[-1], MAX_NEW[i])))
@@ -209,10 +211,10 @@ def test_dummy_any_switch_sequence_gives_plain_greedy_tokens(k, continuity, dumm
 def test_dummy_request_tokens_do_not_depend_on_batch_mates(dummy_engine, make_worker, run_schedule):
     """Each request alone (one at a time) gets what it gets in the continuous batch."""
     prompts = _prompts(4, DUMMY_VOCAB)
-    batched = run_schedule(make_worker(dummy_engine(), PinnedPolicy(Mode.SPEC, K)),
+    batched = run_schedule(make_worker(dummy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K)),
                            prompts, MAX_NEW, ADMIT_AT).outputs
     for i, p in enumerate(prompts):
-        alone = run_schedule(make_worker(dummy_engine(), PinnedPolicy(Mode.DECODE, K)),
+        alone = run_schedule(make_worker(dummy_engine(), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K)),
                              [p], MAX_NEW[i]).outputs[0]
         assert alone == batched[i], f"request {i}"
 
@@ -237,11 +239,11 @@ def test_padded_exact_and_eager_batches_give_identical_tokens(engine_kind, dummy
     make_engine = dummy_engine if engine_kind == "dummy" else toy_attn_engine
     vocab = DUMMY_VOCAB if engine_kind == "dummy" else TOY_VOCAB
     prompts = _prompts(5, vocab)
-    ref = run_schedule(make_worker(make_engine(), PinnedPolicy(Mode.DECODE, K),
+    ref = run_schedule(make_worker(make_engine(), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K),
                                    **PADDING_LAYOUTS["exact"]), prompts, MAX_NEW, ADMIT_AT).outputs
     saw_padding = saw_eager = False
     for name, layout in PADDING_LAYOUTS.items():
-        for policy in (PinnedPolicy(Mode.SPEC, K), random_policy(7, K)):
+        for policy in (PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K), random_policy(7, K)):
             w = make_worker(make_engine(), policy, **layout)
             got = run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs
             assert got == ref, (name, type(policy).__name__)
@@ -262,17 +264,21 @@ def test_threshold_and_goodput_policies_give_plain_greedy_tokens(toy_attn_engine
                                                                  run_schedule):
     """Policies that switch on load (threshold crossed as requests come and go)."""
     prompts = _prompts(6, TOY_VOCAB)
-    ref = run_schedule(make_worker(toy_attn_engine(), PinnedPolicy(Mode.DECODE, K)),
+    ref = run_schedule(make_worker(toy_attn_engine(), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K)),
                        prompts, MAX_NEW, ADMIT_AT).outputs
     w = make_worker(toy_attn_engine(), ThresholdPolicy(threshold=3, num_draft_tokens=K))
     assert run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs == ref
     assert w.stats.switches >= 2
 
-    # decode latency flat, spec latency linear in the padded bs: with accept length a, spec
-    # wins while a > padded bs, i.e. at bs <= 2 here (a ~ 3.3), decode above
+    # The controller on a prior where decode latency is flat and spec latency linear in the
+    # padded bs: with accept length a, spec wins while a > padded bs, i.e. at bs <= 2 here
+    # (a ~ 3.3), decode above. It measures real (CPU) timings as it goes, and explores.
     lat = {GraphKey(Mode.DECODE, b): 1.0 for b in (1, 2, 4, 8, 16)}
     lat |= {GraphKey(Mode.SPEC, b): 1.0 * b for b in (1, 2, 4, 8)}
-    gp = GoodputPolicy(CalibrationTable(lat, K), margin=0.0, min_dwell_steps=1, probe_every=3)
+    gp = GoodputController(ControllerConfig(K, margin=0.0, min_dwell_steps=1, explore_budget=0.3,
+                                            explore_steps=1, stale_after=4, sync_every=2),
+                           {Mode.SPEC: (1, 2, 4, 8), Mode.DECODE: (1, 2, 4, 8, 16)},
+                           CalibrationTable(lat, K))
     w = make_worker(toy_attn_engine(), gp)
     assert run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs == ref
     assert {r.mode for r in w.stats.records} == {Mode.SPEC, Mode.DECODE}

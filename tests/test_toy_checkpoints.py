@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
                                                      write_toy_checkpoints)
 from dual_graph_worker.engines.reference.weights import load_draft, load_target
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import PinnedPolicy
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PinnedPolicy
 
 V = 64
 
@@ -96,7 +96,7 @@ def test_target_greedy_continuation_is_the_permutation(toy_engine, toy_perm, mak
                                                        run_schedule):
     """Every token, as a one-token prompt, continues along p (plain greedy decode)."""
     prompts = [[t] for t in range(V)]
-    w = make_worker(toy_engine("f0", max_requests=V + 1), PinnedPolicy(Mode.DECODE, 3),
+    w = make_worker(toy_engine("f0", max_requests=V + 1), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=3),
                     spec_bs=(1, 64), decode_bs=(1, 64))
     run = run_schedule(w, prompts, 3)
     for t in range(V):
@@ -109,7 +109,7 @@ def test_target_greedy_continuation_is_the_permutation(toy_engine, toy_perm, mak
 def test_longer_prompts_continue_from_their_last_token(toy_engine, toy_perm, make_worker,
                                                        run_schedule):
     prompts = [[5, 9, 2], [2], [63, 0, 0, 0, 2]]
-    run = run_schedule(make_worker(toy_engine("f100"), PinnedPolicy(Mode.DECODE, 3)), prompts, 10)
+    run = run_schedule(make_worker(toy_engine("f100"), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=3)), prompts, 10)
     assert run.outputs[0] == run.outputs[1] == run.outputs[2]
     assert list(run.outputs[0]) == toy_perm.continuation(2, 10)
 

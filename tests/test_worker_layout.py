@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import PinnedPolicy, Reason
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PinnedPolicy, Reason
 
 TOY_VOCAB = 64
 
@@ -20,7 +20,7 @@ TOY_VOCAB = 64
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("mode", [Mode.SPEC, Mode.DECODE])
 def test_step_result_has_the_speculative_layout_in_both_modes(mode, k, toy_engine, make_worker):
-    w = make_worker(toy_engine("f100", k=k), PinnedPolicy(mode, k))
+    w = make_worker(toy_engine("f100", k=k), PinnedPolicy(mode=mode, num_draft_tokens=k))
     pre = w.add_requests([[1, 2], [3], [4, 5, 6]], 30)
     res = w.step()
     assert res.stride == k + 1
@@ -63,7 +63,7 @@ def test_tokens_handed_back_are_exactly_what_requests_receive(toy_attn_engine, m
 
 def test_last_step_is_cut_at_max_new_tokens(toy_engine, toy_perm, make_worker):
     """A spec step may accept more than a request still wants: it receives only what is left."""
-    w = make_worker(toy_engine("f100"), PinnedPolicy(Mode.SPEC, 3))
+    w = make_worker(toy_engine("f100"), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=3))
     pre = w.add_requests([[9]], 7)                     # 1 (prefill) + 4 + 2 (of 4 accepted)
     r1 = w.step()
     assert r1.accept_lens.tolist() == [4] and r1.finished == ()
@@ -73,7 +73,7 @@ def test_last_step_is_cut_at_max_new_tokens(toy_engine, toy_perm, make_worker):
     (done,) = w.take_finished()
     assert done.reason == "length" and list(done.output) == toy_perm.continuation(9, 7)
     assert w.num_running == 0
-    assert w.planner.allocator.num_free == w.planner.allocator.num_slots - 1
+    assert w.kv.allocator.num_free == w.kv.allocator.num_slots - 1
 
 
 def _eos_case(toy_perm, prompt, index):
@@ -90,7 +90,7 @@ def test_eos_truncates_at_the_first_eos_and_returns_slots(mode, index, toy_engin
     prompt = [3, 17]
     eos, want = _eos_case(toy_perm, prompt, index)
     assert len(want) == index + 1
-    w = make_worker(toy_engine("f100"), PinnedPolicy(mode, 3), eos_token_id=eos)
+    w = make_worker(toy_engine("f100"), PinnedPolicy(mode=mode, num_draft_tokens=3), eos_token_id=eos)
     pre = w.add_requests([prompt], 30)
     (rid,) = pre.rids
     received = [pre.first_tokens[0]]
@@ -103,7 +103,7 @@ def test_eos_truncates_at_the_first_eos_and_returns_slots(mode, index, toy_engin
     (done,) = w.take_finished()
     assert done.reason == "eos"
     assert list(done.output) == want and received == want
-    assert w.planner.allocator.num_free == w.planner.allocator.num_slots - 1
+    assert w.kv.allocator.num_free == w.kv.allocator.num_slots - 1
 
 
 def test_eos_of_one_request_does_not_stop_its_batch_mates(toy_engine, toy_perm, make_worker,
@@ -112,7 +112,7 @@ def test_eos_of_one_request_does_not_stop_its_batch_mates(toy_engine, toy_perm, 
     eos, want_a = _eos_case(toy_perm, a, 5)
     cont_b = toy_perm.continuation(b[-1], 24)
     want_b = cont_b[: cont_b.index(eos) + 1] if eos in cont_b else cont_b
-    w = make_worker(toy_engine("f100"), PinnedPolicy(Mode.SPEC, 3), eos_token_id=eos,
+    w = make_worker(toy_engine("f100"), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=3), eos_token_id=eos,
                     continuity=Continuity.KEEP_CURRENT)
     w.add_requests([a, b], 24)
     finished_at = {}

@@ -24,7 +24,7 @@ Phases
   the step log (DGW_STEP_LOG) gives the mode of every step over time.
 - startup: start-up time and memory of the dual engine vs EAGLE-3 (from the bench engines).
 
-Draft continuity. The ``dual`` engines run the worker's default (``WorkerConfig().continuity``;
+Draft continuity. The ``dual`` engines run the worker's default (``Settings().continuity``;
 no DGW_CONTINUITY in their env). ``--with-continuity NAME`` (repeatable; ``--with-lazy`` is
 ``--with-continuity lazy-catch-up``) adds, next to every dual engine of the correctness and bench
 phases, the same engine with DGW_CONTINUITY=NAME (names suffixed ``-lazy`` / ``-keep-current``),
@@ -87,7 +87,7 @@ from bench.sglang.workload import (  # noqa: E402
     summarize_catch_ups,
     summarize_steps,
 )
-from dual_graph_worker.engines.sglang.step_log import (  # noqa: E402
+from dual_graph_worker.core.step_log import (  # noqa: E402
     read_step_events,
     read_step_log,
 )
@@ -563,9 +563,9 @@ class Suite:
 
 def worker_default_continuity() -> str:
     """What a dual engine without DGW_CONTINUITY runs (the worker's config default)."""
-    from dual_graph_worker.engines.sglang.config import WorkerConfig
+    from dual_graph_worker.core.settings import Settings
 
-    return WorkerConfig().continuity.value
+    return Settings().continuity.value
 
 
 def _ints(s: str) -> list[int]:

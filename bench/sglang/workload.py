@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.results import StepRecord
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.results import StepRecord
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int, low: int = 2) -> list[list[int]]:

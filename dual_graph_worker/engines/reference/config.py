@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
-from dual_graph_worker.errors import CheckpointError, ConfigError
+from dual_graph_worker.core.errors import CheckpointError, ConfigError
 
 
 def _require(d: Mapping[str, Any], key: str, where: str) -> Any:

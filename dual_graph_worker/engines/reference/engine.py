@@ -18,17 +18,17 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from dual_graph_worker.buffers import StaticInputs
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.engines.base import EngineLimits, StageFn
+from dual_graph_worker.engines.reference.buffers import StaticInputs
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.engines.reference.engine_api import EngineLimits, StageFn
 from dual_graph_worker.engines.reference.attention import (AttentionBackend, AttnBatch,
                                                            TorchPagedAttention)
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.kv_cache import KVPool, ReqToTokenTable
 from dual_graph_worker.engines.reference.model import DraftModel, Rope, TargetModel
 from dual_graph_worker.engines.reference.weights import DraftWeights, TargetWeights
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Stage
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Stage
 
 
 @dataclass

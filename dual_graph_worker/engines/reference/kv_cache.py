@@ -1,6 +1,6 @@
 """Paged KV storage, SGLang-style: a request -> token-slot table plus per-layer K/V pools.
 
-Slot ids come from dual_graph_worker.kv_slots; the target and draft pools share them. Row 0 of
+Slot ids come from dual_graph_worker.engines.reference.kv_slots; the target and draft pools share them. Row 0 of
 the request table and slot 0 of each pool belong to padding rows and are never real.
 """
 

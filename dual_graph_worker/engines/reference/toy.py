@@ -24,7 +24,7 @@ from dual_graph_worker.engines.reference.config import DraftConfig, TargetConfig
 from dual_graph_worker.engines.reference.weights import (DraftWeights, LayerWeights, TargetWeights,
                                                          draft_state_dict, save_folder,
                                                          target_state_dict)
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.core.errors import ConfigError
 
 GATE_GAIN = 8.0                       # k: silu(k) ~ k, so the MLP is close to linear on one-hots
 AGREEMENT_LEVELS = {"f100": 1.0, "f50": 0.5, "f0": 0.0}

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 import torch
 
 from dual_graph_worker.engines.reference.config import DraftConfig, ModelPair, TargetConfig
-from dual_graph_worker.errors import CheckpointError
+from dual_graph_worker.core.errors import CheckpointError
 
 
 @dataclass

@@ -188,6 +188,10 @@ class LazyBacklog:
         self.stats.stashed_tokens += int(r.size)
         return base
 
+    def pending_tokens(self, rows) -> int:
+        """Draft tokens a catch-up of `rows` would run."""
+        return int(self.count[self._rows(rows)].sum())
+
     def behind(self, rows) -> Behind:
         r = self._rows(rows)
         counts = self.count[r]

@@ -18,7 +18,7 @@ logs the flags to restart with; ``dgw capture-flags CONFIG`` prints them up fron
 Refusals, each a ConfigError naming the mismatch and the fix: an unreadable or malformed file;
 a config tuned on another GPU (name and compute capability, from torch.cuda); a config tuned
 for another model shape (built from SGLang's model config by ``sglang_model_shape`` with the
-same keys and fingerprint the capture tools use: capture.apply.build_model_shape).
+same keys and fingerprint the capture tools use: dual_graph_worker.engines.reference.capture_config.build_model_shape).
 
 Where the numbers come from: ``capture.measure`` times the REFERENCE engine's graphs; nothing
 measures SGLang's graphs yet. The committed H200 configs
@@ -40,16 +40,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from capture.apply import build_model_shape
-from capture.config import CaptureConfig, load_capture_config
-from capture.measurements import GpuInfo
-from dual_graph_worker.engines.sglang.config import ENV_VARS, WorkerConfig
+from dual_graph_worker.core.capture_schema import (GpuInfo, ServingCapture, build_model_shape,
+                                                   load_capture)
+from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.engines.sglang.server_args_hook import cap_batch_sizes
-from dual_graph_worker.errors import ConfigError, StaleConfig
+from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
-CAPTURE_CONFIG_ENV = ENV_VARS["capture_config"]
-SPEC_MAX_BS_ENV = ENV_VARS["spec_max_bs"]
-THRESHOLD_ENV = ENV_VARS["threshold"]
+CAPTURE_CONFIG_ENV = BY_KEY["capture_config"].env
+SPEC_MAX_BS_ENV = BY_KEY["spec_max_bs"].env
+THRESHOLD_ENV = BY_KEY["threshold"].env
 # SGLang 0.5.17's name for the decode-phase capture list, which every speculative runner reads.
 SPEC_BS_FLAG = "--cuda-graph-bs-decode"
 
@@ -58,7 +57,7 @@ class CapturePlan(NamedTuple):
     """What a capture config changes in the worker, decided before any capture."""
 
     source: str
-    config: WorkerConfig            # threshold = crossover unless set explicitly
+    config: Settings            # threshold = crossover unless set explicitly
     decode_bs: tuple[int, ...]      # the decode pool, before fitting to the request pool
     spec_bs: tuple[int, ...]        # what SGLang's spec list should be (the worker cannot set it)
     threshold_explicit: bool        # True: the user's threshold was kept over the crossover
@@ -76,7 +75,7 @@ class CaptureFlags(NamedTuple):
     server_args: tuple[str, ...]    # SGLang flags: the spec pool's batch sizes
     env: tuple[tuple[str, str], ...]  # DGW_* settings for the worker
 
-    def render(self, capture: CaptureConfig) -> str:
+    def render(self, capture: ServingCapture) -> str:
         k = capture.num_draft_tokens
         lines = [f"# SGLang server flags: the spec pool (target verify, draft, draft extend); "
                  f"pass with --speculative-num-steps {k}",
@@ -118,18 +117,18 @@ def sglang_model_shape(target: Any, draft: Any, *, num_steps: int, attention_bac
 
 
 def load_server_capture_config(path: str, *, gpu: Optional[GpuInfo] = None,
-                               shape: Optional[Mapping[str, Any]] = None) -> CaptureConfig:
+                               shape: Optional[Mapping[str, Any]] = None) -> ServingCapture:
     """Read `path`, refusing a malformed file or one tuned for another GPU / model shape.
     Without `gpu` / `shape` only the file itself is checked (the launch-time check)."""
     try:
-        return load_capture_config(path, expected_gpu=gpu, expected_shape=shape)
+        return load_capture(path, expected_gpu=gpu, expected_shape=shape)
     except (ConfigError, StaleConfig) as exc:
         # StaleConfig too: to the server both are a setting to fix before it can start.
         raise ConfigError(f"{CAPTURE_CONFIG_ENV}={path}: {exc}; or unset {CAPTURE_CONFIG_ENV} "
                           "to run with the default pools and threshold") from exc
 
 
-def plan_capture(config: WorkerConfig, capture: CaptureConfig, explicit: AbstractSet[str],
+def plan_capture(config: Settings, capture: ServingCapture, explicit: AbstractSet[str],
                  source: str) -> CapturePlan:
     """Apply `capture` to `config`; `explicit` holds the keys the user set (config.explicit_keys)."""
     decode_bs = (capture.decode_bs if config.decode_max_bs is None
@@ -184,7 +183,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="print only the SGLang flags, for $(dgw capture-flags --server-args F)")
     args = ap.parse_args(argv)
     path = str(Path(args.config).resolve())   # the server may start from another directory
-    capture = load_capture_config(path)    # a ConfigError here is one line from `dgw`
+    capture = load_capture(path)    # a ConfigError here is one line from `dgw`
     flags = capture_flags(capture.spec_bs, path)
     print(" ".join(flags.server_args) if args.server_args else flags.render(capture))
     return 0

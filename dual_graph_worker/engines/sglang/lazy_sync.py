@@ -181,8 +181,10 @@ from dual_graph_worker.engines.sglang.catch_up import (
     shifted_prompt_tokens,
 )
 from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.engines.sglang.continuity import DecodeDraft
 
 logger = logging.getLogger(__name__)
 
@@ -279,8 +281,39 @@ class LazyCatchUp:
                     cells, aux_width, aux_dtype, self.arena.nbytes / _MiB, num_slots,
                     self.max_pass_tokens, self.defer_prefill_off or "on")
 
+    kind = Continuity.LAZY_CATCH_UP
+
+    @property
+    def defers_prefill(self) -> bool:
+        return self.defer_prefill_off is None
+
+    def pending_tokens(self, rows: np.ndarray) -> int:
+        return self.backlog.pending_tokens(rows)
+
+    def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
+        """Defer when the running batch this prefill joins will decode (a request admitted now
+        may finish before the worker speculates again), and always for the next chunk of a
+        prompt whose earlier chunks were deferred. A wrong guess costs one catch-up at the next
+        speculative step: the same draft extend, later. `can_defer` (host-only) comes first, so
+        a server that cannot defer previews no policy."""
+        return self.can_defer(batch) and (next_step_decodes() or self.must_defer(batch))
+
+    def before_decode_step(self, batch: Any, rows: np.ndarray) -> list:
+        return self.make_room(batch, rows)
+
+    def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
+                          out_cache_loc: torch.Tensor) -> DecodeDraft:
+        self.stash(rows, aux=target.logits_output.hidden_states, sampled=target.next_token_ids,
+                   out_cache_loc=out_cache_loc)
+        return DecodeDraft(self.carried_draft_input(batch.spec_info, target.next_token_ids,
+                                                    self.dw.topk), [])
+
+    def deferred_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
+                         next_token_ids: torch.Tensor) -> EagleDraftInput:
+        return self.defer_prefill(batch, aux=aux, next_token_ids=next_token_ids)
+
     def describe(self) -> dict:
-        return {"stash_tokens": self.arena.cells, "stash_mib": round(self.arena.nbytes / _MiB, 1),
+        return {"continuity": self.kind.value, "stash_tokens": self.arena.cells, "stash_mib": round(self.arena.nbytes / _MiB, 1),
                 "aux_width": int(self.arena.aux.shape[1]),
                 "max_pass_tokens": self.max_pass_tokens,
                 "deferred_prefill": self.defer_prefill_off or "on"}

@@ -1,4 +1,4 @@
-"""NVTX for the SGLang worker: the dgw naming convention (profiling.names) on its decode steps.
+"""NVTX for the SGLang worker: the dgw naming convention (dual_graph_worker.core.nvtx_names) on its decode steps.
 
 What a profile of ``DualGraphEagleWorker`` shows, per decode-family step (prefill, mixed and idle
 batches are EAGLE-3's own and get no step range):
@@ -45,11 +45,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional
 
-from dual_graph_worker.engines.sglang.decision import StepPlan
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Mode
-from profiling import names, nvtx_ranges
-from profiling.nvtx_ranges import NULL_CONTEXT, Annotator
+from dual_graph_worker.core.planner import StepPlan
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core import nvtx as nvtx_ranges, nvtx_names as names
+from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator
+from dual_graph_worker.core.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -80,18 +81,14 @@ class ProfileWindow:
         return None if self.steps is None else self.steady_after + self.steps
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Optional["ProfileWindow"]:
-        raw_after, raw_steps = environ.get(STEADY_AFTER_ENV, ""), environ.get(STEPS_ENV, "")
-        if raw_after == "":
-            if raw_steps != "":
+    def from_settings(cls, settings: Settings) -> Optional["ProfileWindow"]:
+        after, steps = settings.profile_steady_after_steps, settings.profile_steps
+        if after is None:
+            if steps is not None:
                 raise ConfigError(f"{STEPS_ENV} needs {STEADY_AFTER_ENV} (where the window "
                                   "starts)")
             return None
-        try:
-            return cls(int(raw_after), int(raw_steps) if raw_steps != "" else None)
-        except ValueError:
-            raise ConfigError(f"{STEADY_AFTER_ENV}={raw_after!r} / {STEPS_ENV}={raw_steps!r} "
-                              "must be integers") from None
+        return cls(after, steps)
 
 
 class CudaProfilerRange(NamedTuple):
@@ -111,7 +108,7 @@ def _cudart_range() -> CudaProfilerRange:
 def worker_config_marks(worker: Any) -> dict[str, str]:
     """The config marks the checker reads, from a DualGraphEagleWorker (missing parts: "?")."""
     sa = getattr(worker, "server_args", None)
-    cfg = getattr(worker, "_dgw_config", None)
+    cfg = getattr(worker, "settings", None)
     backend = (getattr(sa, "decode_attention_backend", None)
                or getattr(sa, "attention_backend", None) or "?")
     return {
@@ -140,8 +137,8 @@ class StepSpans:
         self._hooks_tried = False           # install the spec-stage hooks once, when listened
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "StepSpans":
-        return cls(nvtx_ranges.DEFAULT, ProfileWindow.from_env(environ))
+    def from_settings(cls, settings: Settings) -> "StepSpans":
+        return cls(nvtx_ranges.DEFAULT, ProfileWindow.from_settings(settings))
 
     @property
     def steps_taken(self) -> int:

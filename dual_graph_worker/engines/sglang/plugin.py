@@ -32,7 +32,7 @@ def _register() -> None:
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from dual_graph_worker.engines.sglang.queue_hook import register_queue_hook
+    from dual_graph_worker.engines.sglang.hooks import register_hooks
     from dual_graph_worker.engines.sglang.spec_algo import (
         ALGORITHM_NAME,
         DualGraphEagle3Spec,
@@ -59,6 +59,6 @@ def _register() -> None:
         validate_server_args=validate_server_args,
         spec_class=DualGraphEagle3Spec,
     )(worker_factory)
-    # The queued-request hint the deferred draft prefill reads (queue_hook.py).
-    register_queue_hook()
+    # The queue-length hint and the result timestamps the worker reads (hooks.py).
+    register_hooks()
     logger.info("dual-graph-worker: registered --speculative-algorithm %s", ALGORITHM_NAME)

@@ -22,9 +22,9 @@ from typing import Any
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from dual_graph_worker.engines.sglang.config import WorkerConfig
+from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.sglang.server_args_hook import apply_dual_graph_server_args
-from dual_graph_worker.errors import ConfigError
+from dual_graph_worker.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def validate_server_args(server_args: Any) -> None:
                           "parallelism (--pp-size > 1); SGLang's spec workers do not either")
     # Parse the worker settings here too, so a typo in DGW_* fails at launch, not in a
     # scheduler process after the weights are loaded.
-    config = WorkerConfig.from_env(os.environ)
+    config = Settings.from_env(os.environ)
     if config.lazy:
         check_lazy_catch_up_server_args(server_args)
     if config.capture_config is not None:
@@ -127,7 +127,7 @@ class DualGraphEagle3Spec(CustomSpecAlgo):
         # EAGLE3's own handling: steps/topk/tokens defaults, tokens = steps + 1 at topk 1,
         # mixed chunk off, rejection-sampling checks (speculative_hook.py:525-681).
         SpeculativeAlgorithm.EAGLE3.handle_server_args(server_args)
-        config = WorkerConfig.from_env(os.environ)
+        config = Settings.from_env(os.environ)
         adjustment = apply_dual_graph_server_args(
             server_args, spec_max_bs=config.spec_max_bs,
             max_running_requests_was_unset=was_unset)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Optional
 
-from dual_graph_worker.errors import DualGraphError
+from dual_graph_worker.core.errors import DualGraphError
 
 SUPPORTED_SGLANG_VERSION = "0.5.17"
 INSTALL_HINT = "pip install 'dual-graph-worker[sglang]'"

@@ -1,26 +1,15 @@
 """DualGraphEagleWorker: EAGLEWorkerV2 plus a plain-decode graph pool, chosen per step.
 
-Start-up (scheduler.py:950-972 order: construct -> alloc_memory_pool -> init_attention_backends ->
-target init_cuda_graphs -> this worker's init_cuda_graphs):
-- ``init_attention_backends``: plan the decode pool's batch sizes and enlarge the shared logits
-  buffer *before* the target's verify capture (decode_pool.ensure_shared_logits_rows);
-- ``init_cuda_graphs``: EAGLE-3's graphs (super), then the decode pool into the same graph
-  memory pool, then (keep-current) width-1 draft-extend graphs for the decode pool's sizes
-  (draft_extend_graph.py), the DispatchTable of both captured lists, the calibration (goodput only), and
-  the policy. No capture or allocation happens after this: a mode switch is a table lookup.
+Start-up, in the scheduler's order: ``init_attention_backends`` plans the decode pool and
+enlarges the shared logits buffer before the target's verify capture; ``init_cuda_graphs``
+captures EAGLE-3's graphs, then the decode pool into the same graph memory pool, then
+(keep-current) width-1 draft-extend graphs, and builds the continuity strategy, the policy and
+the step planner. Nothing is captured or allocated afterwards: a mode switch is a table lookup.
 
-Per decode step (``forward_batch_generation``): ModeSelector.plan(bs) -> either EAGLE-3's own
-step (super) or ``_decode_step``: one target DECODE replay (plain server's graph), SGLang's
-sampler, ``on_publish`` once, a one-token draft extend (a width-1 graph replay), and a result in the speculative layout
-(stride 1, accept length 1). Mixed and idle batches always take EAGLE-3's path; so do prefills,
-except that with lazy catch-up a prefill whose requests join a batch the policy will decode
-(previewed at the size that batch grows to, queued requests included: queue_hook.py) runs the
-target alone and stashes the prompt for a later catch-up (``_deferred_prefill``, lazy_sync.py).
-
-Draft continuity (config ``continuity`` / ``DGW_CONTINUITY``): ``lazy-catch-up`` (the default;
-lazy_sync.py) replaces the decode step's one-token draft extend by a stash of the target's
-features, and runs one draft extend over each request's backlog right before the next
-speculative step; ``keep-current`` is the path above (config.py has the measured comparison).
+Per decode step: the planner picks the mode; SPEC runs EAGLE-3's own step after the continuity
+strategy brought the draft up to date; DECODE replays the plain decode graph, samples, and hands
+the draft's side to the strategy. Prefills take EAGLE-3's path unless the strategy defers the
+draft's prefill. docs/sglang-0.5.17.md lists the SGLang contracts this relies on.
 """
 
 from __future__ import annotations
@@ -29,8 +18,9 @@ import copy
 import logging
 import os
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
@@ -47,16 +37,23 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-from dual_graph_worker.dispatch import DispatchTable
+from dual_graph_worker.core import nvtx as nvtx_ranges
+from dual_graph_worker.core import nvtx_names as names
+from dual_graph_worker.core.calibration import (CalibrationTable, measure_calibration,
+                                                wall_clock_timer)
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.planner import StepLedger, StepPlan, StepPlanner, expected_batch_size
+from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
+from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepTime, accepted,
+                                           same_rank)
+from dual_graph_worker.core.settings import MEASURE, Settings
+from dual_graph_worker.core.stall_watch import StallWatch
+from dual_graph_worker.core.step_log import StepLogWriter
+from dual_graph_worker.core.timing import ResultClock
 from dual_graph_worker.engines.sglang import nvtx_spans
-from dual_graph_worker.engines.sglang.calibration import measure_calibration, wall_clock_timer
-from dual_graph_worker.engines.sglang.config import MEASURE, PolicyKind, WorkerConfig, build_policy
-from dual_graph_worker.engines.sglang.decision import (
-    ModeSelector,
-    StepLedger,
-    StepPlan,
-    expected_batch_size,
-)
+from dual_graph_worker.engines.sglang.continuity import KeepCurrent, SGLangContinuity
 from dual_graph_worker.engines.sglang.decode_pool import (
     DecodePool,
     build_decode_pool,
@@ -70,50 +67,59 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
     DraftSyncGraphs,
     build_draft_sync_graphs,
 )
-from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
-from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
-from dual_graph_worker.engines.sglang.queue_hook import queued_requests
+from dual_graph_worker.engines.sglang.hooks import queued_requests
 from dual_graph_worker.engines.sglang.layout import (
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
     per_request_logprobs,
 )
-from dual_graph_worker.engines.sglang.step_log import StepLogWriter
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import CalibrationTable
-from profiling import names, nvtx_ranges
-from profiling.stall_watch import StallWatch
+from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
 
 logger = logging.getLogger(__name__)
 
 
+class StepTag(NamedTuple):
+    """A launched decode step, as the timing of its result needs it."""
+
+    mode: Mode
+    padded_bs: int
+    catch_up_tokens: int
+
+
+class PrefillTag(NamedTuple):
+    tokens: int
+    draft: bool          # EAGLE's draft prefill ran (False: deferred)
+
+
 class DualGraphEagleWorker(EAGLEWorkerV2):
-    # Set in init_cuda_graphs when continuity is lazy-catch-up; None: keep-current.
-    _lazy: Optional[LazyCatchUp] = None
+    # Set in init_cuda_graphs; None before (prefills during start-up take EAGLE's path).
+    continuity: Optional[SGLangContinuity] = None
+    planner: Optional[StepPlanner] = None
     # Set in init_cuda_graphs: read-only int32 ones, one per request-pool row, that every
     # decode step's accept_lens slices (layout.decode_step_layout).
     _accept_ones: Optional[torch.Tensor] = None
     # Set in __init__ when DGW_STALL_TRACE names a file (rank 0): the diagnostic stall sampler.
     _stall_watch: Optional[StallWatch] = None
+    # Read by hooks.py: this worker wants the waiting queue's length on prefill batches.
+    dgw_wants_queue_hint = True
 
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
-        self._dgw_config = WorkerConfig.from_env(os.environ)
+        self.settings = Settings.from_env(os.environ)
         self._graphs_enabled = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
         self._decode_bs: tuple[int, ...] = ()
         self._decode_pool: DecodePool = eager_decode_pool()
         self._draft_sync = DraftSyncGraphs(runner=None)
         # NVTX step ranges and the profiling window of this scheduler process (one per TP rank).
-        self._spans = nvtx_spans.StepSpans.from_environment()
-        self._selector: Optional[ModeSelector] = None
+        self._spans = nvtx_spans.StepSpans.from_settings(self.settings)
         self._ledger = StepLedger()
+        self._clock: ResultClock = ResultClock()
         self._is_rank0 = get_parallel().tp_rank == 0
         self._step_log: Optional[StepLogWriter] = (
-            StepLogWriter(self._dgw_config.step_log)
-            if self._dgw_config.step_log and self._is_rank0 else None)
-        self._stall_watch = _stall_watch(self._dgw_config) if self._is_rank0 else None
+            StepLogWriter(self.settings.step_log)
+            if self.settings.step_log and self._is_rank0 else None)
+        self._stall_watch = _stall_watch(self.settings) if self._is_rank0 else None
         if self._draft_worker.seed_dsa_topk_from_draft_extend:
             raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
                               "sharing (index_share_for_mtp_iteration); use EAGLE3")
@@ -126,7 +132,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         tuned_decode_bs = self._apply_capture_config(mr)
         super().init_attention_backends()
         if self._graphs_enabled:
-            self._decode_bs = tuple(plan_decode_batch_sizes(mr, self._dgw_config.decode_max_bs,
+            self._decode_bs = tuple(plan_decode_batch_sizes(mr, self.settings.decode_max_bs,
                                                             tuned_decode_bs))
             rows = ensure_shared_logits_rows(mr, rows=max(self._decode_bs))
             logger.info("dual-graph: decode pool will capture bs=%s; shared logits buffer "
@@ -134,20 +140,18 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def _apply_capture_config(self, mr) -> Optional[tuple[int, ...]]:
         """DGW_CAPTURE_CONFIG (capture_config.py): refuse a config tuned for another GPU or model
-        shape, take its threshold into the config init_cuda_graphs builds the policy from, warn
-        when SGLang's spec list is not the tuned one. Returns the tuned decode list, or None."""
-        path = self._dgw_config.capture_config
+        shape, take its decode list, warn when SGLang's spec list is not the tuned one."""
+        path = self.settings.capture_config
         if path is None:
             return None
-        # Imported here: servers without a capture config never load the capture package.
-        from capture.measurements import GpuInfo
+        from dual_graph_worker.core.capture_schema import GpuInfo
+        from dual_graph_worker.core.settings import explicit_keys
         from dual_graph_worker.engines.sglang.capture_config import (
             load_server_capture_config,
             plan_capture,
             sglang_model_shape,
             spec_list_warning,
         )
-        from dual_graph_worker.engines.sglang.config import explicit_keys
         from dual_graph_worker.engines.sglang.decode_pool import fit_to_server_request_pool
 
         sa = mr.server_args
@@ -157,8 +161,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                    tp_size=sa.tp_size, topk=self.topk)
         capture = load_server_capture_config(
             path, gpu=GpuInfo.from_torch(torch.cuda.current_device()), shape=shape)
-        plan = plan_capture(self._dgw_config, capture, explicit_keys(os.environ), path)
-        self._dgw_config = plan.config
+        plan = plan_capture(self.settings, capture, explicit_keys(os.environ), path)
+        self.settings = plan.config
         if self._is_rank0:
             logger.info("dual-graph: %s", plan.describe())
         if self._is_rank0 and self._graphs_enabled:
@@ -178,32 +182,40 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._decode_pool = build_decode_pool(mr, self._decode_bs)
             self._additional_graph_memory_usage["decode_pool"] = self._decode_pool.memory_gb
             self._additional_graph_time_usage["decode_pool"] = self._decode_pool.capture_time_s
-            if self._dgw_config.draft_extend_graphs and not self._dgw_config.lazy:
+            if self.settings.draft_extend_graphs and not self.settings.lazy:
                 self._draft_sync = self._capture_draft_sync_graphs()
         spec_bs = tuple(getattr(mr.decode_cuda_graph_runner, "capture_bs", None) or ())
         table = DispatchTable.build(spec_bs if self._graphs_enabled else (),
                                     self._decode_pool.capture_bs)
-        calibration = self._calibration(spec_bs) if self._dgw_config.needs_calibration else None
-        policy = build_policy(self._dgw_config, self.speculative_num_steps, calibration)
-        self._selector = ModeSelector(table, policy, graphs_enabled=self._graphs_enabled)
         r2t = self.req_to_token_pool.req_to_token
         self._accept_ones = torch.ones(r2t.shape[0], dtype=torch.int32, device=r2t.device)
-        if self._dgw_config.lazy:
-            # After every capture, so the graphs (and their pool) are those of keep-current.
-            self._lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
-                                     stash_mb=self._dgw_config.lazy_stash_mb,
-                                     defer_prefill=self._dgw_config.defer_draft_prefill,
-                                     on_event=self._log_lazy_event)
-        summary = dict(policy=type(policy).__name__, config=self._dgw_config.to_json(),
+        # After every capture, so the graphs (and their pool) are those of keep-current.
+        self.continuity = self._build_continuity(mr)
+        prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
+        policy = build_policy(self.settings, PolicyContext(
+            self.speculative_num_steps,
+            {Mode.SPEC: table.spec_sizes or tuple(range(1, table.max_decode_bs + 1)),
+             Mode.DECODE: table.decode_sizes or tuple(range(1, r2t.shape[0]))},
+            prior, defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0])))
+        self.planner = StepPlanner(table, policy, graphs_enabled=self._graphs_enabled,
+                                   reduce=_tp_mean(mr.tp_group))
+        summary = dict(policy=type(policy).__name__, config=self.settings.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
                        draft_sync_bs=list(self._draft_sync.capture_bs),
                        num_steps=self.speculative_num_steps, topk=self.topk,
-                       calibration=None if calibration is None else calibration.to_json())
-        if self._lazy is not None:
-            summary["lazy_catch_up"] = self._lazy.describe()
+                       calibration=None if prior is None else prior.to_json(),
+                       continuity=self.continuity.describe())
         logger.info("dual-graph: ready: %s", summary)
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
+
+    def _build_continuity(self, mr) -> SGLangContinuity:
+        if not self.settings.lazy:
+            return KeepCurrent(self._draft_worker, self._draft_sync.runner)
+        return LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
+                           stash_mb=self.settings.lazy_stash_mb,
+                           defer_prefill=self.settings.defer_draft_prefill,
+                           on_event=self._log_lazy_event)
 
     def _capture_draft_sync_graphs(self) -> DraftSyncGraphs:
         """Keep-current's one-token draft extend as width-1 graphs, last into the shared pool."""
@@ -216,9 +228,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return graphs
 
     def _calibration(self, spec_bs: tuple[int, ...]) -> Optional[CalibrationTable]:
-        cfg = self._dgw_config
+        """The controller's prior: replays of each pool's graphs (or a table from a file)."""
+        cfg = self.settings
         if cfg.calibration != MEASURE:
             return CalibrationTable.load(cfg.calibration)
+        if not self._graphs_enabled:
+            return None
         mr = self._target_worker.model_runner
         dw = self._draft_worker
         decode_steps = {bs: [f] for bs in self._decode_pool.capture_bs
@@ -234,7 +249,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                       graph_replay(dw.cuda_graph_runner_for_draft_extend, bs)]
             spec_steps[bs] = [f for f in stages if f is not None]
         # Every TP rank replays (the graphs hold collectives); rank 0's numbers are broadcast
-        # so all ranks decide from one table.
+        # so all ranks start from one prior.
         table = measure_calibration(decode_steps, spec_steps,
                                     num_draft_tokens=self.speculative_num_steps,
                                     timer=wall_clock_timer(time.perf_counter,
@@ -254,83 +269,78 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if self._stall_watch is not None:
             self._stall_watch.beat()
+        if batch.forward_mode.is_extend() and self.planner is not None and \
+                not batch.is_extend_in_batch:
+            return self._prefill(batch, on_publish, grammar_barrier)
         if (batch.forward_mode.is_extend() or batch.is_extend_in_batch
-                or batch.forward_mode.is_idle() or self._selector is None):
-            if self._lazy is not None and batch.forward_mode.is_extend():
-                if self._defers_prefill(batch):
-                    return self._deferred_prefill(batch, on_publish)
-                # Admitted by EAGLE's prefill (its draft extend runs below): rows start current.
-                self._lazy.on_prefill(batch)
+                or batch.forward_mode.is_idle() or self.planner is None):
+            self._clock.launched(None)
             return super().forward_batch_generation(batch, on_publish=on_publish,
                                                     grammar_barrier=grammar_barrier)
-        plan = self._selector.plan(batch.seq_lens.shape[0])
+        rows = rows_of(batch)
+        continuity = self.continuity
+        pending = continuity.pending_tokens(rows)
+        plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=pending)
         # NVTX step range, switch mark, profiling window (nvtx_spans); free without a profiler.
         # Spec steps' draft/verify/draft_extend stage ranges come from SGLang's own stage hooks.
         with self._spans.step(plan, self):
             if plan.mode is Mode.SPEC:
-                keep_alive = None
-                if self._lazy is not None:
-                    # Its own NVTX stage: the checker reports this eager draft extend as the
-                    # deferred draft work, apart from glue and switch cost (profiling.engines).
-                    with nvtx_ranges.stage_range(names.CATCH_UP):
-                        keep_alive = self._lazy.before_spec_step(batch)
+                # Its own NVTX stage: the checker reports this eager draft extend as the
+                # deferred draft work, apart from glue and switch cost (profiling.engines).
+                with nvtx_ranges.stage_range(names.CATCH_UP):
+                    keep_alive = continuity.before_spec_step(batch)
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                           grammar_barrier=grammar_barrier)
                 if keep_alive:
                     result.extra_keep_alive_refs = (list(result.extra_keep_alive_refs or [])
                                                     + keep_alive)
             else:
-                result = self._decode_step(batch, plan, on_publish, grammar_barrier)
-        self._ledger.launched(plan)
+                pending = 0
+                result = self._decode_step(batch, rows, on_publish, grammar_barrier)
+        self._ledger.launched(plan, rows)
+        self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending))
         return result
 
-    def _defers_prefill(self, batch) -> bool:
-        """Defer the draft's prefill when the running batch this prefill joins will decode (a
-        request admitted now may finish before the worker speculates again), and always for
-        the next chunk of a prompt whose earlier chunks were deferred. A wrong guess costs one
-        catch-up at the next speculative step: the same draft extend, later. `can_defer` (a
-        host check: deferral on, an EXTEND batch, room in the stash) comes first, so a server
-        that cannot defer (radix cache on) previews no policy at any prefill."""
-        lazy = self._lazy
-        return lazy.can_defer(batch) and (self._next_step_decodes(batch)
-                                          or lazy.must_defer(batch))
+    def _prefill(self, batch, on_publish, grammar_barrier):
+        tokens = int(batch.extend_num_tokens)
+        self.planner.policy.observe(Admitted(tokens, rows_of(batch)))
+        if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(batch)):
+            result = self._deferred_prefill(batch, on_publish)
+            self._clock.launched(PrefillTag(tokens, draft=False))
+            return result
+        self.continuity.on_prefill(batch)
+        self._clock.launched(PrefillTag(tokens, draft=True))
+        return super().forward_batch_generation(batch, on_publish=on_publish,
+                                                grammar_barrier=grammar_barrier)
 
     def _next_step_decodes(self, batch) -> bool:
         """Whether the running batch this prefill joins will run in decode mode: the policy's
         choice, previewed and not committed, at the size that batch grows to, the rows in use
-        (running requests plus this prefill's) plus the requests still queued behind it
-        (queue_hook.py), capped at the request pool (decision.expected_batch_size). Asking the
-        policy, not the last step's mode, matters when a burst arrives at an idle or
-        speculating server: the burst's own prefills are deferred too."""
-        if self._selector is None:
-            return False
+        plus the requests still queued behind it (hooks.py), capped at the request pool."""
         bs = expected_batch_size(self.req_to_token_pool, queued_requests(batch))
         if bs is None:
-            return self._selector.last_mode is Mode.DECODE
-        return self._selector.preview(bs) is Mode.DECODE
+            return self.planner.last_mode is Mode.DECODE
+        return self.planner.preview(bs) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
-        capture, eagle_worker_v2.py:1106-1120), the prompt's features stashed instead."""
+        capture), the prompt's features handed to the continuity strategy."""
         out = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         out.new_seq_lens = batch.seq_lens      # spec v2: the length before this iter's tokens
         if on_publish is not None:
             on_publish(out.new_seq_lens)
-        out.next_draft_input = self._lazy.defer_prefill(
+        out.next_draft_input = self.continuity.deferred_prefill(
             batch, aux=out.logits_output.hidden_states, next_token_ids=out.next_token_ids)
         return out
 
-    def _decode_step(self, batch, plan: StepPlan, on_publish, grammar_barrier):
+    def _decode_step(self, batch, rows: np.ndarray, on_publish, grammar_barrier):
         draft_input = batch.spec_info
         if not isinstance(draft_input, EagleDraftInput) or draft_input.bonus_tokens is None:
             raise RuntimeError("dual-graph decode step needs the previous step's bonus tokens "
                                f"in batch.spec_info (got {type(draft_input).__name__})")
-        lazy = self._lazy
-        if lazy is not None:
-            rows = rows_of(batch)
-            with nvtx_ranges.stage_range(names.CATCH_UP):
-                lazy_keep_alive = lazy.make_room(batch, rows)  # a catch-up if the stash is full
+        with nvtx_ranges.stage_range(names.CATCH_UP):
+            room_keep_alive = self.continuity.before_decode_step(batch, rows)
         mr = self._target_worker.model_runner
         out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
                                              batch.req_pool_indices, batch.seq_lens)
@@ -349,21 +359,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         layout = decode_step_layout(batch.seq_lens, self._accept_ones)
         if on_publish is not None:
             on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
-        if lazy is None:
-            with nvtx_ranges.stage_range("draft_extend"):
-                draft = run_one_token_draft_extend(self._draft_worker, batch,
-                                                   target_hidden=logits_output.hidden_states,
-                                                   sampled=target.next_token_ids,
-                                                   out_cache_loc=out_cache_loc,
-                                                   graph_runner=self._draft_sync.runner)
-            next_draft_input = draft.next_draft_input
-            keep_alive = [forward_batch, draft.forward_batch]
-        else:
-            lazy.stash(rows, aux=logits_output.hidden_states, sampled=target.next_token_ids,
-                       out_cache_loc=out_cache_loc)
-            next_draft_input = lazy.carried_draft_input(draft_input, target.next_token_ids,
-                                                        self.topk)
-            keep_alive = [forward_batch] + lazy_keep_alive
+        with nvtx_ranges.stage_range("draft_extend"):
+            draft = self.continuity.after_decode_step(batch, rows, target=target,
+                                                      out_cache_loc=out_cache_loc)
         if batch.return_logprob and logits_output.next_token_logprobs is not None:
             logits_output.next_token_logprobs = per_request_logprobs(
                 logits_output.next_token_logprobs)
@@ -372,12 +370,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             next_token_ids=target.next_token_ids,
             can_run_cuda_graph=target.can_run_cuda_graph,
             speculative_num_draft_tokens=layout.stride,
-            next_draft_input=next_draft_input,
+            next_draft_input=draft.next_draft_input,
             accept_lens=layout.accept_lens,
             new_seq_lens=layout.new_seq_lens,
             routed_experts_output=target.routed_experts_output,
             indexer_topk_output=target.indexer_topk_output,
-            extra_keep_alive_refs=keep_alive,
+            extra_keep_alive_refs=[forward_batch] + room_keep_alive + draft.keep_alive,
         )
 
     @staticmethod
@@ -401,41 +399,65 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     # ------------------------------------------------------------------------- accounting
 
+    def dgw_result_processed(self) -> None:
+        """hooks.py: the scheduler processed the oldest launched batch's result."""
+        done = self._clock.processed()
+        if done is None or done[0] is None or self.planner is None:
+            return
+        tag, seconds = done
+        if isinstance(tag, StepTag):
+            self.planner.policy.observe(StepTime(tag.mode, tag.padded_bs, seconds,
+                                                 tag.catch_up_tokens))
+        else:
+            self.planner.policy.observe(PrefillTime(tag.tokens, seconds, tag.draft))
+
     def _log_lazy_event(self, kind: str, info: dict) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
         totals (backlog.BacklogStats), into the step log."""
         logger.debug("dual-graph lazy %s: %s", kind, info)
-        if self._step_log is not None and self._lazy is not None:
+        if self._step_log is not None and isinstance(self.continuity, LazyCatchUp):
             self._step_log.write_event(kind, time.time(), **info,
-                                       totals=self._lazy.backlog.stats.to_json())
+                                       totals=self.continuity.backlog.stats.to_json())
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
         done = self._ledger.completed(num_correct_drafts_per_req, batch_size)
-        if done is None or self._selector is None:
+        if done is None or self.planner is None:
             return
-        if done.record.mode is Mode.SPEC:
-            # Decode steps report accept length 1 by construction; only speculative steps
-            # measure the draft.
-            self._selector.policy.observe_accept(done.record.mean_accept_len)
+        policy = self.planner.policy
+        policy.observe(accepted(done.record.mode, done.accept_lens, done.rows))
         if self._step_log is not None:
+            state = policy.state()
             self._step_log.write(done.record, done.wall_time,
-                                 accept_ema=round(self._selector.policy.accept_len_ema, 4))
-
-    @property
-    def dual_graph_policy_kind(self) -> PolicyKind:
-        return self._dgw_config.policy
+                                 accept_ema=round(state.accept_len, 4),
+                                 goodput_spec=state.spec_goodput,
+                                 goodput_decode=state.decode_goodput)
 
 
-def _stall_watch(config: WorkerConfig) -> Optional[StallWatch]:
+def _tp_mean(tp_group) -> Reducer:
+    """The mean over TP ranks of a vector of local measurements, on the CPU group (gloo)."""
+    world = int(getattr(tp_group, "world_size", 1) or 1)
+    if world <= 1:
+        return same_rank
+    import torch.distributed as dist
+
+    def reduce(vec: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float64))
+        dist.all_reduce(t, group=tp_group.cpu_group)
+        return (t / world).numpy()
+
+    return reduce
+
+
+def _stall_watch(settings: Settings) -> Optional[StallWatch]:
     """The diagnostic stall sampler DGW_STALL_TRACE asks for (rank 0 only), else None."""
-    if not config.stall_trace:
+    if not settings.stall_trace:
         return None
     try:
-        out = open(config.stall_trace, "a")
+        out = open(settings.stall_trace, "a")
     except OSError as exc:
-        raise ConfigError(f"cannot open DGW_STALL_TRACE file {config.stall_trace}: "
+        raise ConfigError(f"cannot open DGW_STALL_TRACE file {settings.stall_trace}: "
                           f"{exc.strerror}; fix the path or unset DGW_STALL_TRACE") from exc
     logger.info("dual-graph: stall watch on (>= %.2f s without a step) -> %s",
-                config.stall_trace_s, config.stall_trace)
-    return StallWatch(out, threshold_s=config.stall_trace_s).start()
+                settings.stall_trace_s, settings.stall_trace)
+    return StallWatch(out, threshold_s=settings.stall_trace_s).start()

@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional, TextIO
 
-from dual_graph_worker.jsonl import json_lines
+from dual_graph_worker.core.jsonl import json_lines
 
 
 @dataclass(frozen=True)

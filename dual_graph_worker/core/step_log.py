@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
-from dual_graph_worker.jsonl import json_lines
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import Reason
-from dual_graph_worker.results import StepRecord
+from dual_graph_worker.core.jsonl import json_lines
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import Reason
+from dual_graph_worker.core.results import StepRecord
 
 
 class StepLogWriter:

@@ -1,6 +1,6 @@
 """The NVTX naming convention of the worker: one place that formats and parses every name.
 
-The emitter (`profiling.nvtx_ranges`) formats names with these functions and the checker parses
+The emitter (`dual_graph_worker.core.nvtx`) formats names with these functions and the checker parses
 them back with `parse`, so the two can never drift apart. All names live in the NVTX domain
 `DOMAIN`; with the torch.profiler fallback they are `record_function` names.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Optional, Union
 
-from dual_graph_worker.modes import Stage
+from dual_graph_worker.core.modes import Stage
 
 DOMAIN = "dgw"
 

@@ -22,8 +22,8 @@ import torch
 from dual_graph_worker.engines.reference.build import EngineSpec, default_device, engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
                                                      write_toy_checkpoints)
-from dual_graph_worker.loadgen import Phase, run_phase
-from dual_graph_worker.variants import PoolSizes, build_variant
+from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
+from dual_graph_worker.engines.reference.variants import PoolSizes, build_variant
 
 DEMO_VARIANTS = ("plain", "static-spec", "dynamic")
 

@@ -15,10 +15,10 @@ from typing import Mapping, Optional, Protocol
 
 import torch
 
-from dual_graph_worker.dispatch import DispatchTable
-from dual_graph_worker.engines.base import StageFn
-from dual_graph_worker.modes import GraphKey, Mode, Stage
-from profiling import nvtx_ranges
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.engines.reference.engine_api import StageFn
+from dual_graph_worker.core.modes import GraphKey, Mode, Stage
+from dual_graph_worker.core import nvtx as nvtx_ranges
 
 
 class StageRunner(Protocol):

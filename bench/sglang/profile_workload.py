@@ -1,7 +1,7 @@
 """The scripted SGLang profiling workload: the dual-graph worker inside a real SGLang engine.
 
-    python -m profiling.sglang_workload --out DIR --nsys [--expect-sm SM90]  # profile + check
-    python -m profiling.sglang_workload --out DIR        # the workload alone (what nsys runs)
+    python -m bench.sglang.profile_workload --out DIR --nsys [--expect-sm SM90]  # profile + check
+    python -m bench.sglang.profile_workload --out DIR        # the workload alone (what nsys runs)
 
 Needs a GPU, SGLang 0.5.17 importable and (with --nsys) nsys on PATH. The engine is the GPU
 suite's (bench/sglang): Llama-3-8B-shaped target and EAGLE-3 draft with dummy weights, triton
@@ -112,11 +112,11 @@ class WorkloadSpec:
 
 def nsys_command(out: Path, spec: WorkloadSpec, python: str = sys.executable) -> list[str]:
     return (["nsys", "profile", *NSYS_FLAGS, "-o", str(out / REPORT_STEM), python, "-m",
-             "profiling.sglang_workload", "--out", str(out)] + spec.workload_argv())
+             "bench.sglang.profile_workload", "--out", str(out)] + spec.workload_argv())
 
 
 def _steps_logged(step_log: Path) -> list:
-    from dual_graph_worker.engines.sglang.step_log import read_step_log
+    from dual_graph_worker.core.step_log import read_step_log
 
     return [r for r, _ in read_step_log(step_log)] if step_log.exists() else []
 
@@ -200,7 +200,7 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m profiling.sglang_workload", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.profile_workload", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--nsys", action="store_true", help="run the workload under nsys, then check")

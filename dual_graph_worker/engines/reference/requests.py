@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from dual_graph_worker.errors import ContextOverflow, DualGraphError
+from dual_graph_worker.core.errors import ContextOverflow, DualGraphError
 
 
 class RequestPoolFull(DualGraphError):

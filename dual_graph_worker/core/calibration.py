@@ -12,12 +12,61 @@ share is the larger, which is why the default policy is the threshold.
 
 from __future__ import annotations
 
+import json
 import statistics
-from typing import Callable, Mapping, Protocol, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import CalibrationTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
+
+@dataclass(frozen=True)
+class CalibrationTable:
+    """Measured step latency (seconds) per captured (mode, padded bs); broadcast to all ranks."""
+
+    latency_s: Mapping[GraphKey, float]
+    num_draft_tokens: int
+    source: str = "measured"
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.latency_s.items() if not v > 0}
+        if bad:
+            raise ConfigError(f"calibration latencies must be > 0 seconds, got {bad}; "
+                              "re-run the calibration (make capture-tune)")
+
+    def latency(self, mode: Mode, padded_bs: int) -> Optional[float]:
+        return self.latency_s.get(GraphKey(mode, padded_bs))
+
+    def to_json(self) -> dict:
+        return {"num_draft_tokens": self.num_draft_tokens, "source": self.source,
+                "latency_s": [{"mode": k.mode.value, "bs": k.bs, "seconds": v}
+                              for k, v in sorted(self.latency_s.items())]}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "CalibrationTable":
+        try:
+            lat = {GraphKey(Mode(e["mode"]), int(e["bs"])): float(e["seconds"])
+                   for e in data["latency_s"]}
+            return cls(lat, int(data["num_draft_tokens"]), str(data.get("source", "measured")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"calibration table is malformed ({exc!r}); expected "
+                              "{'num_draft_tokens': K, 'latency_s': [{'mode','bs','seconds'}]}; "
+                              "regenerate it with `make capture-tune`") from exc
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibrationTable":
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read calibration table {path}: {exc.strerror}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"calibration table {path} is not valid JSON ({exc}); "
+                              "regenerate it with `make capture-tune`") from exc
+        return cls.from_json(data)
+
 
 Replay = Callable[[], object]
 

@@ -8,9 +8,9 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 import torch
 
-from dual_graph_worker.buffers import StaticInputs
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.modes import Stage
+from dual_graph_worker.engines.reference.buffers import StaticInputs
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.modes import Stage
 
 # One stage at a padded batch size: reads the static inputs, writes static outputs and the
 # engine's per-request state. Only device ops on static storage, so it can be captured.

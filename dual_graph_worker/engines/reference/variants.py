@@ -2,7 +2,8 @@
 
 - plain:        decode pool only, no draft state: what a plain (non-speculative) server runs;
 - static-spec:  spec pool only, always speculating: a static EAGLE-3 server;
-- dynamic:      both pools in one graph pool, goodput policy (calibrated at start-up);
+- dynamic:      both pools in one graph pool, the measured-goodput controller (calibration as
+                its prior) or whatever `Settings` names;
 - dual-off:     the dynamic worker's graphs pinned to decode mode: its "off" mode at every load;
 - verify-off:   "off" through the speculative machinery, as SGLang 0.5.x's adaptive tier runs
                 it: the target at one token per request plus a draft extend every step (here:
@@ -15,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from dual_graph_worker.calibration import calibrate
-from dual_graph_worker.continuity import Continuity
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import GoodputPolicy, PinnedPolicy, ThresholdPolicy
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
+from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.engines.reference.calibration import calibrate
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 VARIANTS = ("plain", "static-spec", "dynamic", "dual-off", "verify-off")
 
@@ -48,26 +51,27 @@ class BuiltWorker:
 
 
 def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
-                  calib_context: int, threshold: Optional[int] = None,
+                  calib_context: int, settings: Settings = Settings(),
                   dynamic_continuity: Continuity = Continuity.LAZY_CATCH_UP,
                   progress: bool = True, log: Callable[[str], None] = print,
                   tuned=None, calib_repeats: int = 5) -> BuiltWorker:
-    """`tuned` (capture.apply.TunedPools) replaces the dual-pool variants' batch sizes and the
+    """`settings` chooses the dynamic worker's policy exactly as DGW_* variables do on a server;
+    `tuned` (capture_config.TunedPools) replaces the dual-pool variants' batch sizes and the
     start-up calibration with a tuned capture config's."""
     k = engine.limits.num_draft_tokens
     if tuned is not None:
         sizes = PoolSizes(tuned.spec_bs, tuned.decode_bs, sizes.static_spec)
+    spec, decode = (PinnedPolicy(mode=m, num_draft_tokens=k) for m in (Mode.SPEC, Mode.DECODE))
     cfgs = {
-        "plain": (WorkerConfig((), sizes.decode, use_cuda_graphs, continuity=Continuity.NONE),
-                  PinnedPolicy(Mode.DECODE, k)),
+        "plain": (WorkerConfig((), sizes.decode, use_cuda_graphs, continuity=None), decode),
         "static-spec": (WorkerConfig(sizes.static_spec, (), use_cuda_graphs,
-                                     continuity=Continuity.KEEP_CURRENT), PinnedPolicy(Mode.SPEC, k)),
+                                     continuity=Continuity.KEEP_CURRENT), spec),
         "dynamic": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
-                                 continuity=dynamic_continuity), PinnedPolicy(Mode.SPEC, k)),
+                                 continuity=dynamic_continuity), spec),
         "dual-off": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
-                                  continuity=dynamic_continuity), PinnedPolicy(Mode.DECODE, k)),
+                                  continuity=dynamic_continuity), decode),
         "verify-off": (WorkerConfig((), sizes.decode, use_cuda_graphs,
-                                    continuity=Continuity.KEEP_CURRENT), PinnedPolicy(Mode.DECODE, k)),
+                                    continuity=Continuity.KEEP_CURRENT), decode),
     }
     if name not in cfgs:
         raise ValueError(f"unknown variant '{name}'; choose from {', '.join(VARIANTS)}")
@@ -76,11 +80,12 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
     report = worker.capture(progress=progress)
     table = None
     if name == "dynamic":
-        if threshold is not None:
-            worker.policy = ThresholdPolicy(threshold, k, band=max(1, threshold // 8), min_dwell_steps=4)
-        else:
-            table = tuned.calibration if tuned is not None else calibrate(worker, calib_context, calib_repeats)
-            worker.policy = GoodputPolicy(table)
+        if needs_prior(settings):
+            table = tuned.calibration if tuned is not None else calibrate(worker, calib_context,
+                                                                          calib_repeats)
             log(f"  calibration ({table.source}): " + ", ".join(
                 f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
+        worker.policy = build_policy(settings, PolicyContext(
+            k, {Mode.SPEC: sizes.spec, Mode.DECODE: sizes.decode}, table,
+            defers_prefill=worker.continuity.defers_prefill, max_rows=engine.limits.max_requests))
     return BuiltWorker(name, worker, report, table)

@@ -14,32 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from capture.config import load_capture_config
-from capture.measurements import GpuInfo
-from dual_graph_worker.policy import CalibrationTable
+from dual_graph_worker.core.capture_schema import GpuInfo, build_model_shape, load_capture
+from dual_graph_worker.core.calibration import CalibrationTable
 
 
 class TunedPools(NamedTuple):
     spec_bs: tuple[int, ...]
     decode_bs: tuple[int, ...]
     calibration: CalibrationTable
-
-
-def build_model_shape(*, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
-                      head_dim: int, intermediate_size: Optional[int], vocab_size: int,
-                      dtype: Any, draft_hidden_size: int, num_draft_tokens: int,
-                      attention_backend: str, **extra: Any) -> dict:
-    """The shape keys a capture config is fingerprinted on, for any engine (the reference worker
-    and the SGLang plugin build theirs here, so the two cannot drift apart). `dtype` may be a
-    torch dtype; `num_draft_tokens` is K, the draft steps per speculative step. `extra` keys
-    (e.g. tp_size) are hashed too; pass them only when they differ from what a reference run
-    records, so a config tuned there still matches a server that runs the same shapes."""
-    shape = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
-             "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-             "intermediate_size": intermediate_size, "vocab_size": vocab_size,
-             "dtype": str(dtype).removeprefix("torch."), "draft_hidden_size": draft_hidden_size,
-             "num_draft_tokens": num_draft_tokens, "attention_backend": attention_backend}
-    return {**shape, **extra}
 
 
 def model_shape(engine) -> dict:
@@ -59,5 +41,5 @@ def tuned_pools(path: str | Path, engine, gpu: Optional[GpuInfo] = None) -> Tune
     `gpu` defaults to the current CUDA device (none on CPU: then only the model is checked)."""
     if gpu is None and engine.device.type == "cuda":
         gpu = GpuInfo.from_torch(engine.device.index or 0)
-    cfg = load_capture_config(path, expected_gpu=gpu, expected_shape=model_shape(engine))
+    cfg = load_capture(path, expected_gpu=gpu, expected_shape=model_shape(engine))
     return TunedPools(cfg.spec_bs, cfg.decode_bs, cfg.calibration)

@@ -14,9 +14,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.errors import DualGraphError
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import CalibrationTable
+from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.calibration import CalibrationTable
 
 
 def _time_once(run, device: torch.device) -> float:
@@ -37,7 +37,7 @@ def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int =
     """Median seconds of one step of `key` over synthetic requests of `context_len` tokens."""
     if worker.num_running:
         raise DualGraphError("calibrate before admitting requests: it borrows request rows and slots")
-    engine, alloc = worker.engine, worker.planner.allocator
+    engine, alloc = worker.engine, worker.kv.allocator
     P, width = key.bs, key.mode.tokens_per_request(worker.k)
     rows = np.arange(1, P + 1, dtype=np.int64)
     ctx_slots = alloc.alloc(P * context_len)

@@ -1,14 +1,15 @@
-"""The dual-graph worker: one step = choose mode -> plan slots -> fill static inputs -> run
-(graph replay, or eager where no graph exists) -> accept -> commit.
+"""The reference engine's dual-graph worker: one step = plan (core.planner) -> slots -> fill
+static inputs -> run (graph replay, or eager where no graph exists) -> accept -> commit.
 
-Engine-agnostic: it owns the dispatch table, the static buffers, the KV slot planner, the mode
-policy, the draft-continuity bookkeeping and the host request table; the engine supplies the stage
-functions (captured once into one graph pool) and the eager prefill / catch-up.
+It owns the static buffers, the KV slot planner, the continuity strategy and the host request
+table; the engine supplies the stage functions (captured once into one graph pool) and the eager
+prefill / catch-up. Steps run synchronously, so each one's wall time is its measured cost.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -16,18 +17,22 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from dual_graph_worker.buffers import BufferSizes, StaticInputs
-from dual_graph_worker.continuity import Continuity, DraftBacklog
-from dual_graph_worker.dispatch import DispatchTable
-from dual_graph_worker.engines.base import Engine
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.kv_slots import KVSlotPlanner, SlotAllocator, SlotPlan
-from dual_graph_worker.modes import GraphKey, Mode
-from dual_graph_worker.policy import Decision, ModePolicy, PolicyInputs, Reason
-from dual_graph_worker.requests import FinishedRequest, RequestTable
-from dual_graph_worker.results import PrefillResult, StepRecord, StepResult
-from dual_graph_worker.runners import CudaGraphRunner, EagerRunner, StageRunner
-from profiling import nvtx_ranges
+from dual_graph_worker.core import nvtx as nvtx_ranges
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.planner import StepPlan, StepPlanner
+from dual_graph_worker.core.policy import (Admitted, ModePolicy, PrefillTime, Reason, StepTime,
+                                           accepted)
+from dual_graph_worker.core.results import StepRecord
+from dual_graph_worker.engines.reference.buffers import BufferSizes, StaticInputs
+from dual_graph_worker.engines.reference.continuity import make_continuity
+from dual_graph_worker.engines.reference.engine_api import Engine
+from dual_graph_worker.engines.reference.kv_slots import KVSlotPlanner, SlotAllocator, SlotPlan
+from dual_graph_worker.engines.reference.requests import FinishedRequest, RequestTable
+from dual_graph_worker.engines.reference.results import PrefillResult, StepResult
+from dual_graph_worker.engines.reference.runners import CudaGraphRunner, EagerRunner, StageRunner
 
 
 @dataclass(frozen=True)
@@ -37,14 +42,15 @@ class WorkerConfig:
     use_cuda_graphs: bool = False       # False: the eager runner at the same padded sizes
     allow_eager: bool = True            # batches beyond every pool run eagerly (else: error)
     max_running: int = 0                # 0: the decode pool's top
-    continuity: Continuity = Continuity.KEEP_CURRENT
+    # None: no draft state at all (a plain server), so the spec pool must be empty.
+    continuity: Optional[Continuity] = Continuity.KEEP_CURRENT
     eos_token_id: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.decode_bs and not self.spec_bs:
             raise ConfigError("both pools are empty: give decode_bs and/or spec_bs batch sizes")
-        if self.continuity is Continuity.NONE and self.spec_bs:
-            raise ConfigError("continuity 'none' keeps no draft state, so the spec pool must be "
+        if self.continuity is None and self.spec_bs:
+            raise ConfigError("continuity None keeps no draft state, so the spec pool must be "
                               "empty (spec_bs=()); use keep-current or lazy-catch-up to speculate")
 
 
@@ -63,9 +69,10 @@ class WorkerStats:
 class DualGraphWorker:
     def __init__(self, engine: Engine, config: WorkerConfig, policy: ModePolicy) -> None:
         lim = engine.limits
-        self.engine, self.config, self.policy = engine, config, policy
+        self.engine, self.config = engine, config
         self.k = lim.num_draft_tokens
         self.dispatch = DispatchTable.build(config.spec_bs, config.decode_bs, config.allow_eager)
+        self.planner = StepPlanner(self.dispatch, policy, graphs_enabled=True)
         top = max(self.dispatch.max_decode_bs, self.dispatch.max_spec_bs)
         max_running = config.max_running or top
         if max_running > lim.max_requests - 1:
@@ -78,9 +85,9 @@ class DualGraphWorker:
         self.bufs = StaticInputs.allocate(
             BufferSizes.for_pools(self.dispatch.max_spec_bs, self.dispatch.max_decode_bs, self.k,
                                   max_running), engine.device)
-        self.planner = KVSlotPlanner(SlotAllocator(lim.num_slots), self.k)
+        self.kv = KVSlotPlanner(SlotAllocator(lim.num_slots), self.k)
         self.table = RequestTable(lim.max_requests, lim.max_context, self.k)
-        self.backlog = DraftBacklog(lim.max_requests)
+        self.continuity = make_continuity(config.continuity, engine, self.table)
         stage_fns = engine.bind(self.bufs, config.continuity, self.dispatch.max_spec_bs)
         self.runner: StageRunner
         if config.use_cuda_graphs:
@@ -103,7 +110,7 @@ class DualGraphWorker:
         nvtx_ranges.mark_config("num_draft_tokens", self.k)
         if not isinstance(self.runner, CudaGraphRunner):
             return None
-        # The caller marks steady state (profiling.nvtx_ranges.mark_steady_state) once its own
+        # The caller marks steady state (dual_graph_worker.core.nvtx.mark_steady_state) once its own
         # warm-up (first prefills, first steps) is over: capture alone is not the end of it.
         return self.runner.capture(progress=progress)
 
@@ -114,6 +121,14 @@ class DualGraphWorker:
     @property
     def num_running(self) -> int:
         return len(self.table.running)
+
+    @property
+    def policy(self) -> ModePolicy:
+        return self.planner.policy
+
+    @policy.setter
+    def policy(self, policy: ModePolicy) -> None:
+        self.planner = StepPlanner(self.dispatch, policy)
 
     def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
                      ) -> PrefillResult:
@@ -131,7 +146,7 @@ class DualGraphWorker:
                 raise ValueError(f"prompt token ids must be in [0, {vocab}), got "
                                  f"min {a.min()} max {a.max()}")
         need = sum(len(a) for a in arrays)
-        plan_slots = self.planner.allocator.alloc(need)    # raises KVPoolExhausted, nothing admitted
+        plan_slots = self.kv.allocator.alloc(need)    # raises KVPoolExhausted, nothing admitted
         rows, slot_lists, off = [], [], 0
         for a, n in zip(arrays, max_new_tokens):
             row = self.table.admit(next(self._rids), a, n)
@@ -141,14 +156,19 @@ class DualGraphWorker:
             rows.append(row)
             slot_lists.append(s)
         rows_np = np.asarray(rows, dtype=np.int64)
+        t0 = time.perf_counter()
         try:
             first = self.engine.prefill(rows_np, arrays, slot_lists)
         except BaseException:
             # Nothing was admitted: give back the rows and the prompt slots, then re-raise.
             for row in rows:
                 self.table.release(row, "abort", 0)
-            self.planner.allocator.free(plan_slots)
+            self.kv.allocator.free(plan_slots)
             raise
+        # The engine's prefill returns host tokens, so it has finished: its wall time is its cost.
+        self.policy.observe(PrefillTime(need, time.perf_counter() - t0,
+                                        draft=self.continuity.kind is not None))
+        self.policy.observe(Admitted(need, rows_np))
         lens = np.asarray([len(a) for a in arrays])
         self.table.tokens[rows_np, lens] = first
         self.table.seq_lens[rows_np] = lens
@@ -164,41 +184,39 @@ class DualGraphWorker:
         if row is None:
             raise KeyError(f"request {rid} is not running")
         done, held = self.table.release(row, "abort", int(self.table.generated(np.asarray([row]))[0]))
-        self.planner.allocator.free(held)
-        self.backlog.clear(np.asarray([row]))
+        self.kv.allocator.free(held)
+        self.continuity.release(np.asarray([row]))
         return done
 
     # ------------------------------------------------------------------ one step
-    def decide(self, bs: int) -> Decision:
-        has_spec = self.dispatch.has_graph(Mode.SPEC, bs)
-        decision = self.policy.decide(PolicyInputs(
-            bs, self.dispatch.padded_bs(Mode.SPEC, bs) if has_spec else None,
-            self.dispatch.padded_bs(Mode.DECODE, bs)))
-        if decision.mode is Mode.SPEC and not has_spec:
-            # The static buffers and verify features are sized for the spec pool: a spec step
-            # beyond it cannot run (eagerly or not), whatever a custom policy asks for.
-            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
-        if decision.mode is Mode.SPEC and not self.planner.can_run(Mode.SPEC, bs):
-            return Decision(Mode.DECODE, Reason.KV_PRESSURE)
-        return decision
+    def plan(self, rows: np.ndarray) -> StepPlan:
+        """The planner's choice for the running `rows`; the spec pool's buffers cannot take a
+        spec step beyond it, and free KV slots must cover K+1 slots a request."""
+        bs = len(rows)
+        return self.planner.plan(bs, rows=rows,
+                                 catch_up_tokens=self.continuity.pending_tokens(rows),
+                                 spec_fits_kv=self.kv.can_run(Mode.SPEC, bs))
 
     def step(self) -> StepResult:
         rows = self.table.running.copy()
         bs = len(rows)
         if bs == 0:
             raise RuntimeError("step() with no running requests: add_requests first")
-        decision = self.decide(bs)
-        mode, reason = decision.mode, decision.reason
+        t0 = time.perf_counter()
+        step_plan = self.plan(rows)
+        mode, reason = step_plan.mode, step_plan.reason
         where = self.dispatch.lookup(mode, bs)            # raises NoGraphForBatch if not allowed
         use_graph = isinstance(where, GraphKey) and self.config.use_cuda_graphs
         padded = where.bs
         if self._last_mode is not None and mode is not self._last_mode:
             nvtx_ranges.mark_switch(self._last_mode.value, mode.value)
             self.stats.switches += 1
+        caught_up = 0
         with nvtx_ranges.step_range(mode.value, padded, use_graph):
             if mode is Mode.SPEC:
-                self._catch_up(rows)
-            plan = self.planner.plan(mode, bs)
+                caught_up = self.continuity.before_spec_step(rows)
+                self.stats.catch_up_tokens += caught_up
+            plan = self.kv.plan(mode, bs)
             seq_before = self.table.seq_lens[rows].copy()
             try:
                 self.bufs.stage(rows, seq_before, plan.slots, padded)
@@ -209,29 +227,21 @@ class DualGraphWorker:
                     tokens = tokens[:bs, : plan.width].copy()
                     accept = accept[:bs].copy()
             except BaseException:
-                self.planner.cancel(plan)                  # nothing committed: no slot leaks
+                self.kv.cancel(plan)                  # nothing committed: no slot leaks
                 raise
             with nvtx_ranges.stage_range("commit"):
                 result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
                                       padded, use_graph)
+        # download() waited for the device, so the wall time is the step's whole cost.
+        self.policy.observe(StepTime(mode, padded, time.perf_counter() - t0, caught_up))
         self._last_mode = mode
         return result
-
-    def _catch_up(self, rows: np.ndarray) -> None:
-        behind = self.backlog.rows_behind(rows)
-        if behind.size == 0:
-            return
-        starts = self.backlog.start[behind]
-        ends = self.table.seq_lens[behind]
-        self.engine.catch_up(behind, starts, ends, self.table.tokens[behind], self.table.slots[behind])
-        self.stats.catch_up_tokens += int((ends - starts).sum())
-        self.backlog.clear(behind)
 
     def _commit(self, rows, seq_before, plan: SlotPlan, tokens, accept, mode: Mode,
                 reason: Reason, padded: int, use_graph: bool) -> StepResult:
         bs, width = len(rows), plan.width
         rids = tuple(self.table.rid_of_row[rows].tolist())
-        keep = self.planner.commit(plan, accept)
+        keep = self.kv.commit(plan, accept)
         # Host mirror of the slot table and the token history, for every request at once.
         rows2d = np.repeat(rows, width).reshape(bs, width)
         cols = seq_before[:, None] + np.arange(width)[None, :]
@@ -239,11 +249,9 @@ class DualGraphWorker:
         self.table.tokens[rows2d[keep], cols[keep] + 1] = tokens[keep]
         generated_before = self.table.generated(rows)
         self.table.seq_lens[rows] = seq_before + accept
-        if mode is Mode.DECODE and self.config.continuity is Continuity.LAZY_CATCH_UP:
-            self.backlog.note_decode_step(rows, seq_before)
-        if mode is Mode.SPEC:
-            self.policy.observe_accept(float(accept.mean()))
-        self.policy.commit(mode)
+        if mode is Mode.DECODE:
+            self.continuity.after_decode_step(rows, seq_before)
+        self.policy.observe(accepted(mode, accept, rows))
         emitted, finished = self._finish_done(rows, tokens, accept, generated_before)
         flat = np.zeros((bs, self.k + 1), dtype=np.int64)
         flat[:, :width] = tokens
@@ -271,8 +279,8 @@ class DualGraphWorker:
         finished = []
         for row, by_eos, out_len in zip(rows[done], hit_eos[done], (generated_before + emitted)[done]):
             record, held = self.table.release(int(row), "eos" if by_eos else "length", int(out_len))
-            self.planner.allocator.free(held)
-            self.backlog.clear(np.asarray([row]))
+            self.kv.allocator.free(held)
             finished.append(record)
+        self.continuity.release(rows[done])
         self.finished.extend(finished)
         return emitted, finished

@@ -21,12 +21,13 @@ import torch
 
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.loadgen import Phase, run_phase
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import Decision, PinnedPolicy, Reason
-from dual_graph_worker.variants import VARIANTS, PoolSizes, build_variant
-from dual_graph_worker.worker import DualGraphWorker, WorkerConfig
-from dual_graph_worker.continuity import Continuity
+from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import CyclePolicy, PinnedPolicy
+from dual_graph_worker.engines.reference.variants import VARIANTS, PoolSizes, build_variant
+from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.settings import PolicyKind, Settings
 
 
 def _free(*objs) -> None:
@@ -36,28 +37,14 @@ def _free(*objs) -> None:
         torch.cuda.empty_cache()
 
 
-class AlternatingPolicy(PinnedPolicy):
-    """spec, decode, spec, ... : the worst case for a mode switch."""
-
-    def __init__(self, k: int) -> None:
-        super().__init__(Mode.SPEC, k)
-        self._next = Mode.SPEC
-
-    def decide(self, inputs):
-        return Decision(self._next, Reason.PINNED)
-
-    def commit(self, mode: Mode) -> None:
-        self._next = Mode.DECODE if mode is Mode.SPEC else Mode.SPEC
-
-
 def measure_switch(worker: DualGraphWorker, bs: int, steps: int, input_len: int, vocab: int) -> dict:
     """Host cost of choosing a mode, and step time when alternating vs holding each mode."""
     k = worker.k
     n = 20000
     t0 = time.perf_counter_ns()
     for i in range(n):
-        d = worker.decide(bs)
-        worker.dispatch.lookup(d.mode, bs)
+        mode = worker.planner.preview(bs)
+        worker.dispatch.lookup(mode, bs)
     select_us = (time.perf_counter_ns() - t0) / n / 1e3
     out = {"bs": bs, "select_host_us": select_us}
     saved = worker.policy
@@ -65,8 +52,8 @@ def measure_switch(worker: DualGraphWorker, bs: int, steps: int, input_len: int,
     input_len = min(input_len, worker.table.max_context // 4)
     max_new = worker.table.max_context - input_len - k - 1
     steps = max(2, min(steps, max_new // (k + 1) - 4))
-    for label, policy in (("spec", PinnedPolicy(Mode.SPEC, k)), ("decode", PinnedPolicy(Mode.DECODE, k)),
-                          ("alternate", AlternatingPolicy(k))):
+    for label, policy in (("spec", PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=k)), ("decode", PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=k)),
+                          ("alternate", CyclePolicy(hold=1, num_draft_tokens=k))):
         worker.policy = policy
         worker.add_requests(rng.integers(0, vocab, size=(bs, input_len)).tolist(), max_new)
         for _ in range(3):
@@ -94,7 +81,7 @@ def measure_memory(engine, sizes: PoolSizes, dynamic_continuity: Continuity) -> 
     for label, spec_bs, decode_bs in (("spec_only", sizes.spec, ()), ("decode_only", (), sizes.decode),
                                       ("both", sizes.spec, sizes.decode)):
         w = DualGraphWorker(engine, WorkerConfig(spec_bs, decode_bs, True, continuity=dynamic_continuity),
-                            PinnedPolicy(Mode.DECODE, engine.limits.num_draft_tokens))
+                            PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=engine.limits.num_draft_tokens))
         rep = w.capture(progress=False)
         out[label] = {"pool_bytes": rep.pool_bytes, "capture_s": rep.total_seconds,
                       "graphs": sum(len([s for s in w.runner.graphs if s[0] == kc.key]) for kc in rep.keys),
@@ -149,7 +136,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="top of the dynamic worker's spec pool (the goodput policy decides within it)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--dynamic-continuity", default="lazy-catch-up",
-                    choices=[c.value for c in Continuity if c is not Continuity.NONE])
+                    choices=[c.value for c in Continuity])
     ap.add_argument("--repeats", type=int, default=1, help="measurements per (variant, concurrency)")
     ap.add_argument("--capture-config", help="tuned capture config (make capture-tune) for the "
                                              "dual-pool variants: its pools and calibration")
@@ -187,7 +174,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # reversed on each repeat) so slow drifts of the machine hit all of them alike.
     tuned = None
     if args.capture_config:
-        from capture.apply import tuned_pools
+        from dual_graph_worker.engines.reference.capture_config import tuned_pools
         tuned = tuned_pools(args.capture_config, engine)
         results["capture_config"] = {"path": args.capture_config, "spec": tuned.spec_bs,
                                      "decode": tuned.decode_bs}
@@ -231,7 +218,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "dynamic" in built and not args.skip_switch:
         results["switch"] = {}
         keep = build_variant("dynamic", engine, sizes, use_cuda_graphs=cuda, calib_context=64,
-                             threshold=1, dynamic_continuity=Continuity.KEEP_CURRENT, progress=False)
+                             settings=Settings(policy=PolicyKind.THRESHOLD, threshold=1),
+                             dynamic_continuity=Continuity.KEEP_CURRENT, progress=False)
         for label, w in (("lazy-catch-up", built["dynamic"].worker), ("keep-current", keep.worker)):
             sw = measure_switch(w, bs=min(16, max_bs), steps=20, input_len=64, vocab=vocab)
             results["switch"][label] = sw

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dual_graph_worker.errors import ConfigError, KVPoolExhausted
-from dual_graph_worker.modes import Mode
+from dual_graph_worker.core.errors import ConfigError, KVPoolExhausted
+from dual_graph_worker.core.modes import Mode
 
 DUMMY_SLOT = 0
 

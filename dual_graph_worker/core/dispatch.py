@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from dual_graph_worker.errors import ConfigError, NoGraphForBatch
-from dual_graph_worker.modes import GraphKey, Mode
+from dual_graph_worker.core.errors import ConfigError, NoGraphForBatch
+from dual_graph_worker.core.modes import GraphKey, Mode
 
 
 @dataclass(frozen=True)

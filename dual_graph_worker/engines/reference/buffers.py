@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dual_graph_worker.kv_slots import DUMMY_SLOT
+from dual_graph_worker.engines.reference.kv_slots import DUMMY_SLOT
 
 DUMMY_ROW = 0
 

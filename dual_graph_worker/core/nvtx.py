@@ -16,7 +16,7 @@ Listeners, decided once at import except the last:
 When none listens, every range is one shared `nullcontext` and no name string is built.
 DGW_NVTX=0 in the environment switches all emission off.
 
-Names come from `profiling.names`, which the checker parses with the same code.
+Names come from `dual_graph_worker.core.nvtx_names`, which the checker parses with the same code.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import os
 import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional
 
-from profiling import names
+from dual_graph_worker.core import nvtx_names as names
+from dual_graph_worker.core.settings import BY_KEY
 
 NULL_CONTEXT: ContextManager[None] = contextlib.nullcontext()
 _STAGES = frozenset(names.STAGES)
@@ -127,7 +128,7 @@ class Annotator:
 
     @classmethod
     def from_environment(cls) -> "Annotator":
-        if os.environ.get("DGW_NVTX", "1").strip() == "0":
+        if not BY_KEY["nvtx"].parse(os.environ.get("DGW_NVTX", "1"), "DGW_NVTX"):
             return cls(None, None)
         found = _nvtx_package_backend() or _torch_nvtx_backend()
         backend = found[0] if found is not None and found[1] else None

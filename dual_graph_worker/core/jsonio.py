@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from dual_graph_worker.errors import ConfigError
-from dual_graph_worker.modes import Mode
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode
 
 
 def read_json(path: str | Path, what: str) -> Any:

@@ -1,4 +1,5 @@
-"""Typed results a step hands back, and the per-step record kept for metrics."""
+"""What the reference worker hands back: a step's tokens in the speculative layout, a prefill's
+first tokens."""
 
 from __future__ import annotations
 
@@ -7,27 +8,7 @@ from typing import Optional
 
 import torch
 
-from dual_graph_worker.modes import Mode
-from dual_graph_worker.policy import Reason
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one step did and why: exported as metrics (mode, padded bs, reason, graph or eager)."""
-
-    step: int
-    mode: Mode
-    bs: int
-    padded_bs: int
-    reason: Reason
-    graph: bool                 # False: ran eagerly (no graph covered bs)
-    tokens: int                 # tokens emitted to requests this step
-    mean_accept_len: float      # 1.0 for decode-mode steps
-
-    def to_json(self) -> dict:
-        return {"step": self.step, "mode": self.mode.value, "bs": self.bs,
-                "padded_bs": self.padded_bs, "reason": self.reason.value, "graph": self.graph,
-                "tokens": self.tokens, "mean_accept_len": self.mean_accept_len}
+from dual_graph_worker.core.results import StepRecord
 
 
 @dataclass(frozen=True)

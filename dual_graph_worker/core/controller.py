@@ -1,0 +1,389 @@
+"""The goodput controller: each step runs the mode the server measured to be faster.
+
+Per step it compares the expected seconds per output token of each mode at this batch:
+
+    decode: t_decode(pad) / bs                 + q * delta * (0 if decode defers the draft prefill)
+    spec:   t_spec(pad) / (a * bs)             + q * delta
+            + kappa * catch_up / (H * a * bs)    (only when leaving decode: the switch's catch-up)
+
+t_mode(pad): end-to-end step seconds per (mode, padded bs), measured while serving (start-up
+calibration is only the prior); a: expected accept length of the requests in the batch; q: prompt
+tokens per output token; delta: the draft's extra seconds per prompt token; kappa: catch-up
+seconds per draft token; H: the steps a switch is amortised over. docs/design.md derives it.
+Exploration re-measures the mode not chosen within a step-time budget so stale estimates heal.
+Timings are rank-local: they reach the estimates only through `exchange`, so decisions read
+only rank-common values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import (Accepted, Admitted, CatchUpTime, Decision, DwellState,
+                                           Observation, PolicyInputs, PolicyState, PrefillTime,
+                                           Reason, Reducer, StepTime)
+
+_OTHER = {Mode.SPEC: Mode.DECODE, Mode.DECODE: Mode.SPEC}
+# A sample this many times the current estimate is an idle gap, not a step.
+_OUTLIER = 8.0
+_NO_ESTIMATE_MAX_S = 2.0
+# Per exchange, how much of the prompt/output token history is kept (~20 exchanges).
+_WORKLOAD_DECAY = 0.95
+# Acceptance: each observation's weight halves every ~22 steps, whatever mode ran meanwhile, so
+# the first speculative steps after a long decode period speak for the present.
+_ACCEPT_DECAY = 1.0 / 32.0
+_ROW_ALPHA = 0.3
+# Local scalar slots after the per-key sums and counts.
+_PF_DRAFT_S, _PF_DRAFT_T, _PF_PLAIN_S, _PF_PLAIN_T, _CU_S, _CU_T = range(6)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    num_draft_tokens: int
+    margin: float = 0.03
+    min_dwell_steps: int = 8
+    explore_budget: float = 0.015
+    explore_steps: int = 4
+    stale_after: int = 256
+    sync_every: int = 8
+    ema_alpha: float = 0.2
+    switch_horizon: int = 64
+    # Decode-mode prefills skip the draft's prefill (lazy catch-up's deferral): only spec mode
+    # pays the draft per prompt token.
+    defers_prefill: bool = False
+    max_rows: int = 0                 # request rows tracked for per-request acceptance
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 1:
+            raise ConfigError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if not (0 <= self.margin <= 1 and 0 <= self.explore_budget <= 0.5
+                and 0 < self.ema_alpha <= 1):
+            raise ConfigError("margin must be in [0, 1], explore_budget in [0, 0.5] and "
+                              f"ema_alpha in (0, 1]; got {self.margin}, {self.explore_budget}, "
+                              f"{self.ema_alpha}")
+        if min(self.explore_steps, self.stale_after, self.sync_every, self.switch_horizon) < 1 \
+                or self.min_dwell_steps < 0 or self.max_rows < 0:
+            raise ConfigError("explore_steps, stale_after, sync_every and switch_horizon must be "
+                              ">= 1, min_dwell_steps and max_rows >= 0")
+
+
+class _Rate:
+    """A shared (rank-common) seconds-per-token estimate folded from exchanged sums."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = math.nan
+
+    def fold(self, seconds: float, tokens: float, alpha: float) -> None:
+        if tokens <= 0:
+            return
+        x = seconds / tokens
+        self.value = x if math.isnan(self.value) else self.value + alpha * (x - self.value)
+
+    def known(self) -> bool:
+        return not math.isnan(self.value)
+
+    def get(self) -> float:
+        return max(self.value, 0.0)
+
+
+class GoodputController:
+    """A ModePolicy; `sizes` are the captured batch sizes of each pool (the estimate table's
+    keys), `prior` the start-up calibration or None."""
+
+    def __init__(self, config: ControllerConfig, sizes: Mapping[Mode, Sequence[int]],
+                 prior: Optional[CalibrationTable] = None) -> None:
+        self.config = config
+        self._keys = [(m, int(b)) for m in (Mode.SPEC, Mode.DECODE) for b in sorted(sizes.get(m, ()))]
+        self._index = {k: i for i, k in enumerate(self._keys)}
+        self._by_mode = {m: np.asarray([i for i, k in enumerate(self._keys) if k[0] is m],
+                                       dtype=np.int64) for m in (Mode.SPEC, Mode.DECODE)}
+        self._pb = np.asarray([b for _, b in self._keys], dtype=np.float64)
+        n = len(self._keys)
+        self._prior = np.full(n, math.nan)
+        if prior is not None:
+            for i, (m, b) in enumerate(self._keys):
+                t = prior.latency(m, b)
+                self._prior[i] = math.nan if t is None else t
+        # Shared estimates: read by decisions.
+        self._est = np.full(n, math.nan)
+        self._samples = np.zeros(n)
+        self._last = np.full(n, -np.inf)         # step of the last fold with samples
+        self._prefill = {True: _Rate(), False: _Rate()}
+        self._catch_up = _Rate()
+        self._prompt = 0.0
+        self._output = 0.0
+        # Rank-local sums since the last exchange: never read by a decision.
+        self._local = np.zeros(2 * n + 6)
+        # Rank-common facts, applied at once.
+        k1 = config.num_draft_tokens + 1.0
+        # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
+        self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
+        self._rows = np.full(config.max_rows, np.nan) if config.max_rows else None
+        self._prompt_window = 0.0
+        self._output_window = 0.0
+        # Decision state.
+        self._dwell = DwellState()
+        self._step = 0
+        self._allowance = float(config.explore_steps)   # the first re-measurement is free
+        self._explore_left = 0
+        self._goodput = (None, None)
+
+    # ------------------------------------------------------------------------------ decide
+
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        if inputs.spec_padded_bs is None:
+            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
+        if self._explore_left:
+            return Decision(_OTHER[self._dwell.mode], Reason.EXPLORE)
+        cur = self._dwell.mode
+        a = self.expected_accept(inputs.rows)
+        pads = {Mode.SPEC: inputs.spec_padded_bs, Mode.DECODE: inputs.decode_padded_bs}
+        cost = {Mode.SPEC: self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs, a,
+                                      inputs.catch_up_tokens if cur is Mode.DECODE else 0),
+                Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, 0)}
+        self._goodput = tuple(None if cost[m] is None else 1.0 / cost[m]
+                              for m in (Mode.SPEC, Mode.DECODE))
+        other = _OTHER[cur]
+        if cost[cur] is None:
+            # Nothing known of the current mode: measure it by staying.
+            return Decision(cur, Reason.EXPLORE)
+        if cost[other] is None:
+            return self._explore(other, pads, inputs) or Decision(cur, Reason.GOODPUT)
+        want = other if cost[other] * (1 + self.config.margin) < cost[cur] else cur
+        if want is not cur:
+            if self._dwell.must_dwell(self.config.min_dwell_steps):
+                return Decision(cur, Reason.DWELL)
+            return Decision(want, Reason.GOODPUT)
+        # Re-measure the other mode once this one is measured at this size (it is the
+        # reference), when the other's estimate here is stale and could change the answer.
+        if self._measured(cur, pads[cur]) and self._stale(other, pads[other]) and \
+                self._plausible(other, pads, inputs, cost):
+            return self._explore(other, pads, inputs) or Decision(cur, Reason.GOODPUT)
+        return Decision(cur, Reason.GOODPUT)
+
+    def commit(self, decision: Decision) -> None:
+        self._step += 1
+        self._allowance = min(self._allowance + self.config.explore_budget,
+                              4.0 * self.config.explore_steps)
+        if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
+            if not self._explore_left:
+                self._explore_left = self.config.explore_steps
+                self._allowance -= decision.price
+            self._explore_left -= 1
+            return
+        self._explore_left = 0
+        self._dwell.commit(decision.mode)
+
+    @property
+    def _accept(self) -> float:
+        return self._accept_sum / self._accept_weight
+
+    def expected_accept(self, rows: Optional[np.ndarray] = None) -> float:
+        """Accept length expected of a batch: its requests' own estimates, the running mean for
+        requests not measured yet."""
+        if rows is None or self._rows is None or not len(rows):
+            return self._accept
+        v = self._rows[rows]
+        known = ~np.isnan(v)
+        if not known.any():
+            return self._accept
+        return float(np.where(known, v, self._accept).mean())
+
+    def step_time(self, mode: Mode, padded_bs: int) -> Optional[float]:
+        """Expected seconds of a step: measured, else the prior scaled by the measured/prior
+        ratio of the nearest measured sizes, else the nearest measured size."""
+        i = self._index.get((mode, int(padded_bs)))
+        if i is None:
+            return None
+        if self._samples[i] > 0:
+            return float(self._est[i])
+        idx = self._by_mode[mode]
+        seen = idx[self._samples[idx] > 0]
+        prior = self._prior[i]
+        if not len(seen):
+            return None if math.isnan(prior) else float(prior)
+        pb = self._pb[i]
+        below, above = seen[self._pb[seen] < pb], seen[self._pb[seen] > pb]
+        near = [j for j in (below[-1] if len(below) else None, above[0] if len(above) else None)
+                if j is not None]
+        if not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near):
+            ratios = [self._est[j] / self._prior[j] for j in near]
+        else:
+            ratios = None
+        if len(near) == 2:
+            lo, hi = near
+            w = (pb - self._pb[lo]) / (self._pb[hi] - self._pb[lo])
+            if ratios is not None:
+                return float(prior * (ratios[0] + w * (ratios[1] - ratios[0])))
+            return float(self._est[lo] + w * (self._est[hi] - self._est[lo]))
+        j = near[0]
+        return float(prior * ratios[0]) if ratios is not None else float(self._est[j])
+
+    def state(self) -> PolicyState:
+        return PolicyState(self._accept, *self._goodput)
+
+    # ------------------------------------------------------------------------------ observe
+
+    def observe(self, event: Observation) -> None:
+        if isinstance(event, Accepted):
+            self._observe_accept(event)
+        elif isinstance(event, Admitted):
+            self._prompt_window += event.tokens
+            if event.rows is not None and self._rows is not None:
+                self._rows[event.rows] = np.nan
+        elif isinstance(event, StepTime):
+            self._observe_step(event)
+        elif isinstance(event, PrefillTime):
+            if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
+                s, t = (_PF_DRAFT_S, _PF_DRAFT_T) if event.draft else (_PF_PLAIN_S, _PF_PLAIN_T)
+                self._local[-6 + s] += event.seconds
+                self._local[-6 + t] += event.tokens
+        elif isinstance(event, CatchUpTime):
+            if event.tokens > 0 and event.seconds > 0:
+                self._local[-6 + _CU_S] += event.seconds
+                self._local[-6 + _CU_T] += event.tokens
+
+    def _observe_accept(self, event: Accepted) -> None:
+        lens = event.accept_lens
+        if not len(lens):
+            return
+        self._output_window += float(lens.sum())
+        if event.mode is not Mode.SPEC:
+            return
+        k1 = self.config.num_draft_tokens + 1.0
+        x = np.clip(lens, 1.0, k1)
+        decay = (1.0 - _ACCEPT_DECAY) ** (self._step - self._accept_at)
+        self._accept_sum = decay * self._accept_sum + float(x.sum())
+        self._accept_weight = decay * self._accept_weight + float(len(x))
+        self._accept_at = self._step
+        if event.rows is not None and self._rows is not None:
+            r = self._rows[event.rows]
+            self._rows[event.rows] = np.where(np.isnan(r), x, r + _ROW_ALPHA * (x - r))
+
+    def _observe_step(self, event: StepTime) -> None:
+        i = self._index.get((event.mode, int(event.padded_bs)))
+        if i is None or not event.seconds > 0:
+            return
+        expected = self.step_time(event.mode, event.padded_bs)
+        if event.catch_up_tokens > 0:
+            # The step's excess over a measured step of its size is the catch-up's (noise of
+            # either sign averages out over the token-weighted sums; only the rate is clamped).
+            if self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
+                    _NO_ESTIMATE_MAX_S:
+                self._local[-6 + _CU_S] += event.seconds - expected
+                self._local[-6 + _CU_T] += event.catch_up_tokens
+            return
+        # Only a measured estimate can call a sample an outlier: a prior may be off by any factor.
+        limit = _OUTLIER * expected if self._samples[i] > 0 else _NO_ESTIMATE_MAX_S
+        if event.seconds > limit:
+            return
+        n = len(self._keys)
+        self._local[i] += event.seconds
+        self._local[n + i] += 1.0
+
+    # ------------------------------------------------------------------------------ exchange
+
+    @property
+    def sync_every(self) -> int:
+        return self.config.sync_every
+
+    def exchange(self, reduce: Reducer) -> None:
+        """Fold every rank's local measurements into the shared estimates: all ranks call this
+        at the same step with the same `reduce` (the mean over ranks)."""
+        vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
+        self._local[:] = 0.0
+        n = len(self._keys)
+        sums, counts = vec[:n], vec[n:2 * n]
+        got = counts > 0
+        if got.any():
+            mean = sums[got] / counts[got]
+            w = 1.0 - (1.0 - self.config.ema_alpha) ** counts[got]
+            old = self._est[got]
+            self._est[got] = np.where(np.isnan(old), mean, old + w * (mean - old))
+            self._samples[got] += counts[got]
+            self._last[got] = self._step
+        tail = vec[2 * n:]
+        self._prefill[True].fold(tail[_PF_DRAFT_S], tail[_PF_DRAFT_T], self.config.ema_alpha)
+        self._prefill[False].fold(tail[_PF_PLAIN_S], tail[_PF_PLAIN_T], self.config.ema_alpha)
+        self._catch_up.fold(tail[_CU_S], tail[_CU_T], self.config.ema_alpha)
+        self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
+        self._output = _WORKLOAD_DECAY * self._output + self._output_window
+        self._prompt_window = self._output_window = 0.0
+
+    # ------------------------------------------------------------------------------ model
+
+    def prompt_per_output(self) -> float:
+        return self._prompt / self._output if self._output > 0 else 0.0
+
+    def draft_prefill_s_per_token(self) -> float:
+        """delta: the draft's extra seconds per prompt token (0 while unknown)."""
+        with_draft, plain = self._prefill[True], self._prefill[False]
+        if with_draft.known() and plain.known():
+            return max(with_draft.value - plain.value, 0.0)
+        return self._catch_up.get() if self._catch_up.known() else 0.0
+
+    def catch_up_s_per_token(self) -> float:
+        """kappa: seconds per caught-up draft token (the draft prefill's delta while unknown)."""
+        if self._catch_up.known():
+            return self._catch_up.get()
+        with_draft, plain = self._prefill[True], self._prefill[False]
+        if with_draft.known() and plain.known():
+            return max(with_draft.value - plain.value, 0.0)
+        return 0.0
+
+    def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float,
+              catch_up_tokens: int) -> Optional[float]:
+        t = self.step_time(mode, padded_bs)
+        if t is None:
+            return None
+        tokens = bs * (accept if mode is Mode.SPEC else 1.0)
+        cost = t / tokens
+        if mode is Mode.SPEC or not self.config.defers_prefill:
+            cost += self.prompt_per_output() * self.draft_prefill_s_per_token()
+        if catch_up_tokens:
+            cost += self.catch_up_s_per_token() * catch_up_tokens / (
+                self.config.switch_horizon * tokens)
+        return cost
+
+    def _measured(self, mode: Mode, padded_bs: int) -> bool:
+        i = self._index.get((mode, int(padded_bs)))
+        return i is not None and self._samples[i] > 0
+
+    def _stale(self, mode: Mode, padded_bs: int) -> bool:
+        i = self._index.get((mode, int(padded_bs)))
+        return i is not None and self._step - self._last[i] > self.config.stale_after
+
+    def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs,
+                   cost: Mapping[Mode, Optional[float]]) -> bool:
+        """Worth re-measuring: decode always (it has no hidden parameter to refresh besides its
+        time); spec only if it would win at the best possible acceptance."""
+        if mode is Mode.DECODE:
+            return True
+        best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
+                          self.config.num_draft_tokens + 1.0, 0)
+        return best is not None and best * (1 + self.config.margin) < cost[Mode.DECODE]
+
+    def _explore(self, mode: Mode, pads: Mapping[Mode, int],
+                 inputs: PolicyInputs) -> Optional[Decision]:
+        """A re-measurement of `mode` if the budget allows one now. Its price in steps of the
+        current mode: its own steps, plus a catch-up's worth when it enters spec with a
+        backlog."""
+        if self.config.explore_budget <= 0:
+            return None
+        price = float(self.config.explore_steps)
+        if mode is Mode.SPEC and inputs.catch_up_tokens:
+            t = self.step_time(Mode.DECODE, pads[Mode.DECODE])
+            if t:
+                price += self.catch_up_s_per_token() * inputs.catch_up_tokens / t
+        if self._allowance < price:
+            return None
+        return Decision(mode, Reason.EXPLORE, price)

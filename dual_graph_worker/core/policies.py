@@ -1,0 +1,57 @@
+"""The policy a `Settings` names, built the same way for every engine.
+
+A new policy is a class that satisfies `policy.ModePolicy` plus one entry in `BUILDERS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import CyclePolicy, ModePolicy, PinnedPolicy, ThresholdPolicy
+from dual_graph_worker.core.settings import PolicyKind, Settings
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know of the server it runs in."""
+
+    num_draft_tokens: int                      # K: accept lengths lie in 1..K+1
+    sizes: Mapping[Mode, Sequence[int]]        # captured batch sizes of each pool
+    prior: Optional[CalibrationTable] = None   # start-up calibration (goodput's prior)
+    defers_prefill: bool = False               # decode-mode prefills skip the draft's prefill
+    max_rows: int = 0                          # request rows, for per-request acceptance
+
+
+def _goodput(s: Settings, ctx: PolicyContext) -> ModePolicy:
+    return GoodputController(ControllerConfig(
+        ctx.num_draft_tokens, margin=s.margin, min_dwell_steps=s.min_dwell_steps,
+        explore_budget=s.explore_budget, explore_steps=s.explore_steps,
+        stale_after=s.stale_after, sync_every=s.sync_every, ema_alpha=s.ema_alpha,
+        switch_horizon=s.switch_horizon, defers_prefill=ctx.defers_prefill,
+        max_rows=ctx.max_rows), ctx.sizes, ctx.prior)
+
+
+BUILDERS: Mapping[PolicyKind, Callable[[Settings, PolicyContext], ModePolicy]] = {
+    PolicyKind.GOODPUT: _goodput,
+    PolicyKind.THRESHOLD: lambda s, ctx: ThresholdPolicy(
+        threshold=s.threshold, band=s.band, min_dwell_steps=s.min_dwell_steps,
+        num_draft_tokens=ctx.num_draft_tokens),
+    PolicyKind.SPEC: lambda s, ctx: PinnedPolicy(mode=Mode.SPEC,
+                                                 num_draft_tokens=ctx.num_draft_tokens),
+    PolicyKind.DECODE: lambda s, ctx: PinnedPolicy(mode=Mode.DECODE,
+                                                   num_draft_tokens=ctx.num_draft_tokens),
+    PolicyKind.CYCLE: lambda s, ctx: CyclePolicy(hold=s.min_dwell_steps,
+                                                 num_draft_tokens=ctx.num_draft_tokens),
+}
+
+
+def build_policy(settings: Settings, ctx: PolicyContext) -> ModePolicy:
+    return BUILDERS[settings.policy](settings, ctx)
+
+
+def needs_prior(settings: Settings) -> bool:
+    return settings.policy is PolicyKind.GOODPUT

@@ -1,0 +1,49 @@
+"""Each batch's cost from two timestamps the server already has: when the batch was launched and
+when its result had been processed (the scheduler's own wait for that result is the only sync).
+
+Results are processed in launch order. A batch's cost is the time from the later of its launch
+and the previous batch's processing to its own processing: under overlap scheduling that is its
+device time (or the host's step time when the host is the bottleneck); without overlap it is its
+whole turn; after an idle gap it starts at its launch, so the gap never counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Deque, Generic, Optional, TypeVar
+
+T = TypeVar("T")
+
+
+class ResultClock(Generic[T]):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 max_in_flight: int = 8) -> None:
+        self._clock = clock
+        self._launched: Deque[tuple[T, float]] = deque()
+        self._max_in_flight = max_in_flight
+        self._last_processed = -float("inf")
+        self.dropped = 0
+
+    def launched(self, tag: T) -> None:
+        self._launched.append((tag, self._clock()))
+        while len(self._launched) > self._max_in_flight:
+            # A result that never came back (the scheduler dropped it): forget the oldest
+            # rather than pair every later result with the wrong launch.
+            self._launched.popleft()
+            self.dropped += 1
+
+    def processed(self) -> Optional[tuple[T, float]]:
+        """The oldest launched batch's result was processed: (its tag, its cost in seconds)."""
+        now = self._clock()
+        if not self._launched:
+            self._last_processed = now
+            return None
+        tag, t_launch = self._launched.popleft()
+        cost = now - max(self._last_processed, t_launch)
+        self._last_processed = now
+        return tag, cost
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._launched)

@@ -1,0 +1,103 @@
+"""The reference engine's continuity strategies (core.continuity): what the worker calls before
+a speculative step, after a decode step and when a request leaves.
+
+The engine's decode graph carries each strategy's per-step draft work (keep-current: a draft
+forward; lazy: a feature stash); these classes hold the host side.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import numpy as np
+
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.engines.reference.engine_api import Engine
+from dual_graph_worker.engines.reference.requests import RequestTable
+
+NO_BACKLOG = -1
+
+
+class ReferenceContinuity(Protocol):
+    kind: Optional[Continuity]      # None: no draft state at all (the plain baseline)
+    defers_prefill: bool
+
+    def pending_tokens(self, rows: np.ndarray) -> int: ...
+
+    def before_spec_step(self, rows: np.ndarray) -> int:
+        """Bring the draft up to date over `rows`; returns the draft tokens it caught up."""
+
+    def after_decode_step(self, rows: np.ndarray, seq_lens_before: np.ndarray) -> None: ...
+
+    def release(self, rows: np.ndarray) -> None: ...
+
+
+class NoDraft:
+    """A plain server: no draft state, so a speculative step can never run."""
+
+    kind = None
+    defers_prefill = False
+
+    def pending_tokens(self, rows: np.ndarray) -> int:
+        return 0
+
+    def before_spec_step(self, rows: np.ndarray) -> int:
+        raise RuntimeError("a worker without draft state cannot speculate (continuity None)")
+
+    def after_decode_step(self, rows: np.ndarray, seq_lens_before: np.ndarray) -> None:
+        pass
+
+    def release(self, rows: np.ndarray) -> None:
+        pass
+
+
+class KeepCurrent(NoDraft):
+    """The decode graph runs the draft on every new token: nothing is ever behind."""
+
+    kind = Continuity.KEEP_CURRENT
+
+    def before_spec_step(self, rows: np.ndarray) -> int:
+        return 0
+
+
+class LazyCatchUp:
+    """Per request row, the first position the draft has not seen; one draft extend over each
+    row's backlog before it speculates again."""
+
+    kind = Continuity.LAZY_CATCH_UP
+    defers_prefill = False           # the reference engine always prefills the draft
+
+    def __init__(self, engine: Engine, table: RequestTable) -> None:
+        self.engine, self.table = engine, table
+        self.start = np.full(engine.limits.max_requests, NO_BACKLOG, dtype=np.int64)
+
+    def pending_tokens(self, rows: np.ndarray) -> int:
+        s = self.start[rows]
+        behind = s != NO_BACKLOG
+        return int((self.table.seq_lens[rows][behind] - s[behind]).sum())
+
+    def before_spec_step(self, rows: np.ndarray) -> int:
+        behind = rows[self.start[rows] != NO_BACKLOG]
+        if behind.size == 0:
+            return 0
+        starts, ends = self.start[behind], self.table.seq_lens[behind]
+        self.engine.catch_up(behind, starts, ends, self.table.tokens[behind],
+                             self.table.slots[behind])
+        self.start[behind] = NO_BACKLOG
+        return int((ends - starts).sum())
+
+    def after_decode_step(self, rows: np.ndarray, seq_lens_before: np.ndarray) -> None:
+        current = self.start[rows] == NO_BACKLOG
+        self.start[rows[current]] = seq_lens_before[current]
+
+    def release(self, rows: np.ndarray) -> None:
+        self.start[rows] = NO_BACKLOG
+
+
+def make_continuity(kind: Optional[Continuity], engine: Engine,
+                    table: RequestTable) -> ReferenceContinuity:
+    if kind is None:
+        return NoDraft()
+    if kind is Continuity.KEEP_CURRENT:
+        return KeepCurrent()
+    return LazyCatchUp(engine, table)

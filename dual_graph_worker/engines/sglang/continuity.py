@@ -1,0 +1,84 @@
+"""The SGLang worker's continuity strategies behind one protocol (core.continuity): the worker
+calls them at fixed points of a prefill, a speculative step and a decode step.
+
+`KeepCurrent` is here; `LazyCatchUp` is lazy_sync.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Protocol
+
+import numpy as np
+import torch
+
+from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
+from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
+
+
+class DecodeDraft(NamedTuple):
+    next_draft_input: Any        # the EagleDraftInput the result hands the scheduler
+    keep_alive: list             # tensors / batches the scheduler keeps two iterations
+
+
+class SGLangContinuity(ContinuityStrategy, Protocol):
+    def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
+        """Whether this prefill batch runs the target alone (the draft's prefill deferred)."""
+
+    def on_prefill(self, batch: Any) -> None:
+        """EAGLE's own prefill, draft included, runs for `batch`."""
+
+    def deferred_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
+                         next_token_ids: torch.Tensor) -> Any:
+        """After a target-only prefill: the result's next_draft_input."""
+
+    def before_spec_step(self, batch: Any) -> list:
+        """Bring every row of `batch` up to date; returns keep-alive references."""
+
+    def before_decode_step(self, batch: Any, rows: np.ndarray) -> list: ...
+
+    def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
+                          out_cache_loc: torch.Tensor) -> DecodeDraft: ...
+
+    def describe(self) -> dict: ...
+
+
+class KeepCurrent:
+    """A one-token draft extend in every decode-mode step (draft_sync.py), replayed from width-1
+    graphs when they were captured (draft_extend_graph.py)."""
+
+    kind = Continuity.KEEP_CURRENT
+    defers_prefill = False
+
+    def __init__(self, draft_worker: Any, graph_runner: Optional[Any]) -> None:
+        self.dw, self.graph_runner = draft_worker, graph_runner
+
+    def pending_tokens(self, rows: np.ndarray) -> int:
+        return 0
+
+    def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
+        return False
+
+    def on_prefill(self, batch: Any) -> None:
+        pass
+
+    def deferred_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
+                         next_token_ids: torch.Tensor) -> Any:
+        raise RuntimeError("keep-current never defers a prefill")
+
+    def before_spec_step(self, batch: Any) -> list:
+        return []
+
+    def before_decode_step(self, batch: Any, rows: np.ndarray) -> list:
+        return []
+
+    def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
+                          out_cache_loc: torch.Tensor) -> DecodeDraft:
+        draft = run_one_token_draft_extend(self.dw, batch,
+                                           target_hidden=target.logits_output.hidden_states,
+                                           sampled=target.next_token_ids,
+                                           out_cache_loc=out_cache_loc,
+                                           graph_runner=self.graph_runner)
+        return DecodeDraft(draft.next_draft_input, [draft.forward_batch])
+
+    def describe(self) -> dict:
+        return {"continuity": self.kind.value, "draft_sync_graphs": self.graph_runner is not None}

@@ -1,0 +1,55 @@
+"""Scheduler facts the worker cannot see from its own calls, through SGLang's HookRegistry.
+
+- The waiting queue's length at a prefill (AFTER ``Scheduler.get_new_batch_prefill``): a burst
+  arrives as several prefill batches, and the deferral decision previews the policy at the
+  size the whole burst grows the batch to. Written onto the prefill batch.
+- When each batch's result has been processed (AFTER ``Scheduler.process_batch_result``): with
+  the launch time, a batch's cost without a device sync of its own (core.timing).
+
+Hooks are applied in every scheduler process after the plugins registered. They act only for a
+worker that declares the matching ``dgw_*`` method, and they do not swallow errors: every TP
+rank runs the same code on the same state, so a failure is loud on all of them rather than a
+silent 0 on one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
+RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
+QUEUED_ATTR = "dgw_queued_requests"
+
+
+def _worker_method(scheduler: Any, name: str):
+    return getattr(getattr(scheduler, "model_worker", None), name, None)
+
+
+def annotate_queued_requests(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook: returns None, so SGLang keeps `result`."""
+    batch = getattr(result, "batch_to_run", None)
+    if batch is not None and _worker_method(scheduler, "dgw_wants_queue_hint"):
+        setattr(batch, QUEUED_ATTR, len(scheduler.waiting_queue))
+    return None
+
+
+def note_result_processed(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    notify = _worker_method(scheduler, "dgw_result_processed")
+    if notify is not None:
+        notify()
+    return None
+
+
+def queued_requests(batch: Any) -> int:
+    """The hint `annotate_queued_requests` left on `batch`, 0 when there is none."""
+    value = getattr(batch, QUEUED_ATTR, 0)
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def register_hooks() -> None:
+    """Register with SGLang's HookRegistry; load_plugins applies them once every plugin has
+    registered (plugin.register calls this once a process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(PREFILL_TARGET, annotate_queued_requests, HookType.AFTER)
+    HookRegistry.register(RESULT_TARGET, note_result_processed, HookType.AFTER)

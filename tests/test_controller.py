@@ -1,0 +1,379 @@
+"""The goodput controller, driven through the step planner by a simulated server whose true step
+times, acceptance and prompt costs the test sets: it converges from a wrong prior, follows
+acceptance, prices prompts and catch-ups, keeps exploration within its budget, and decides the
+same on two TP ranks whose timings differ."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import pytest
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.planner import StepPlanner
+from dual_graph_worker.core.policy import (Admitted, PolicyInputs, PrefillTime, Reason, StepTime,
+                                           accepted)
+
+K = 3
+SPEC = (1, 2, 4, 8, 16, 24, 32, 48)
+DECODE = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128)
+
+
+def t_decode(pb: int) -> float:
+    """A plain decode step: bandwidth-bound, nearly flat in the batch (seconds)."""
+    return 0.010 + 0.00005 * pb
+
+
+def t_spec(pb: int) -> float:
+    """A speculative step: K+1 tokens a request plus the draft; grows fast with the batch.
+    Spec wins while accept > t_spec / t_decode: 1.8 at bs 1, 2.3 at 16, 2.75 at 32, 3.15 at 48
+    (the H200's shape: accept 1.5 never wins, 2.0 up to bs ~8, 3.0 up to ~40)."""
+    return 0.0175 + 0.00045 * pb
+
+
+def replay_prior(spec_factor: float = 0.35) -> CalibrationTable:
+    """What graph replays at start-up report: the spec step's host work and draft stages are
+    missing, so it looks far cheaper than it is (a wrong prior)."""
+    lat = {GraphKey(Mode.DECODE, b): 0.8 * t_decode(b) for b in DECODE}
+    lat |= {GraphKey(Mode.SPEC, b): spec_factor * t_spec(b) for b in SPEC}
+    return CalibrationTable(lat, K, source="synthetic replay prior")
+
+
+def controller(prior: Optional[CalibrationTable] = None, **kw) -> GoodputController:
+    cfg = dict(num_draft_tokens=K, min_dwell_steps=4, max_rows=512)
+    cfg.update(kw)
+    return GoodputController(ControllerConfig(**cfg), {Mode.SPEC: SPEC, Mode.DECODE: DECODE},
+                             prior)
+
+
+@dataclass
+class SimServer:
+    """One rank of a server: plans each step, 'runs' it at the true cost (plus this rank's own
+    timing noise), and reports what an engine reports. Acceptance is rank-common."""
+
+    policy: GoodputController
+    accept: Callable[[int], float] = lambda step: 3.0
+    noise: float = 0.0
+    seed: int = 0
+    catch_up_s_per_token: float = 2e-6
+    reduce: Callable = lambda v: v
+    planner: StepPlanner = field(init=False)
+    backlog: int = 0           # lazy catch-up: draft tokens behind
+    modes: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)
+    seconds: float = 0.0
+    tokens: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.planner = StepPlanner(DispatchTable.build(SPEC, DECODE), self.policy,
+                                   reduce=self.reduce)
+        self.rng = random.Random(self.seed)
+
+    def step(self, bs: int, rows: Optional[np.ndarray] = None) -> Mode:
+        rows = np.arange(bs) if rows is None else rows
+        plan = self.planner.plan(bs, rows=rows, catch_up_tokens=self.backlog)
+        truth = (t_spec if plan.mode is Mode.SPEC else t_decode)(plan.padded_bs)
+        caught = 0
+        if plan.mode is Mode.SPEC and self.backlog:
+            caught, truth = self.backlog, truth + self.backlog * self.catch_up_s_per_token
+            self.backlog = 0
+        elif plan.mode is Mode.DECODE:
+            self.backlog += bs
+        seconds = truth * (1.0 + self.noise * self.rng.uniform(-1, 1))
+        self.policy.observe(StepTime(plan.mode, plan.padded_bs, seconds, caught))
+        a = self.accept(len(self.modes)) if plan.mode is Mode.SPEC else 1.0
+        self.policy.observe(accepted(plan.mode, np.full(bs, a), rows))
+        self.modes.append(plan.mode)
+        self.reasons.append(plan.reason)
+        self.seconds += truth
+        self.tokens += a * bs
+        return plan.mode
+
+    def run(self, bs: int, steps: int) -> list[Mode]:
+        return [self.step(bs) for _ in range(steps)]
+
+
+def best_mode(bs: int, a: float) -> Mode:
+    pad_s = min(s for s in SPEC if s >= bs) if bs <= SPEC[-1] else None
+    pad_d = min(s for s in DECODE if s >= bs)
+    if pad_s is None:
+        return Mode.DECODE
+    return Mode.SPEC if bs * a / t_spec(pad_s) > bs / t_decode(pad_d) else Mode.DECODE
+
+
+def settled(modes: list[Mode], last: int = 100) -> Mode:
+    tail = modes[-last:]
+    return max(set(tail), key=tail.count)
+
+
+# ---------------------------------------------------------------- convergence
+
+
+@pytest.mark.parametrize("bs,accept", [(2, 3.0), (8, 3.0), (32, 3.0), (48, 3.0), (2, 1.5),
+                                       (16, 2.0), (4, 2.0)])
+def test_converges_to_the_faster_mode_from_a_wrong_prior(bs, accept):
+    sim = SimServer(controller(replay_prior()), accept=lambda s: accept, noise=0.05)
+    sim.run(bs, 600)
+    assert settled(sim.modes) is best_mode(bs, accept), (bs, accept)
+
+
+def test_without_any_prior_it_measures_both_modes_then_settles():
+    sim = SimServer(controller(None), accept=lambda s: 3.0)
+    sim.run(48, 300)
+    assert {Mode.SPEC, Mode.DECODE} <= set(sim.modes[:100])
+    assert settled(sim.modes) is best_mode(48, 3.0) is Mode.DECODE
+    sim2 = SimServer(controller(None), accept=lambda s: 3.0)
+    sim2.run(2, 300)
+    assert settled(sim2.modes) is best_mode(2, 3.0) is Mode.SPEC
+
+
+def test_goodput_is_within_a_few_percent_of_the_best_static_mode():
+    """Across loads and acceptances, what the controller serves vs the best pinned mode."""
+    for bs in (1, 4, 16, 24, 32, 64):
+        for a in (1.5, 2.0, 3.0, 3.5):
+            sim = SimServer(controller(replay_prior()), accept=lambda s, a=a: a, noise=0.03)
+            sim.run(bs, 400)            # warm
+            sim.seconds = sim.tokens = 0.0
+            sim.run(bs, 800)
+            best = max(bs * a / t_spec(min(s for s in SPEC if s >= bs)) if bs <= SPEC[-1]
+                       else 0.0, bs / t_decode(min(s for s in DECODE if s >= bs)))
+            assert sim.tokens / sim.seconds >= 0.97 * best, (bs, a)
+
+
+def test_follows_acceptance_that_changes_while_serving():
+    """Acceptance drops from 3.5 to 1.2 and comes back: the controller leaves speculation once
+    the spec steps report it, and finds it again through exploration."""
+    phase = lambda s: 3.5 if s < 400 or s >= 1400 else 1.2
+    sim = SimServer(controller(replay_prior(), stale_after=128), accept=phase)
+    sim.run(8, 2400)
+    assert best_mode(8, 3.5) is Mode.SPEC and best_mode(8, 1.2) is Mode.DECODE
+    assert settled(sim.modes[:400]) is Mode.SPEC
+    drop = sim.modes[400:]
+    assert Mode.DECODE in drop[:20], "left speculation within 20 steps of the drop"
+    assert settled(sim.modes[1000:1400]) is Mode.DECODE
+    back = sim.modes[1400:]
+    first_spec_run = next(i for i in range(len(back) - 20)
+                          if all(m is Mode.SPEC for m in back[i:i + 20]))
+    assert first_spec_run <= 400, "found speculation again within the staleness window"
+    assert settled(sim.modes) is Mode.SPEC
+
+
+def test_per_request_acceptance_weighs_the_batch_it_holds():
+    p = controller()
+    easy, hard = np.arange(0, 8), np.arange(8, 16)
+    p.observe(Admitted(64, np.arange(16)))
+    for _ in range(20):
+        p.observe(accepted(Mode.SPEC, np.full(8, 4.0), easy))
+        p.observe(accepted(Mode.SPEC, np.full(8, 1.0), hard))
+    assert p.expected_accept(easy) == pytest.approx(4.0, abs=0.05)
+    assert p.expected_accept(hard) == pytest.approx(1.0, abs=0.05)
+    mixed = p.expected_accept(np.concatenate([easy[:4], hard]))
+    assert 1.5 < mixed < 2.5
+    # A new request in a reused row starts from the running estimate, not the old request's.
+    p.observe(Admitted(16, easy[:1]))
+    assert p.expected_accept(easy[:1]) == pytest.approx(p.state().accept_len)
+
+
+# ---------------------------------------------------------------- prompts and catch-ups
+
+
+def _learned(p: GoodputController, bs: int) -> GoodputController:
+    """Teach `p` the true step times at bs (both modes) through its own exchange."""
+    for mode, t, pb in ((Mode.SPEC, t_spec, 16), (Mode.DECODE, t_decode, 16)):
+        for _ in range(4):
+            p.observe(StepTime(mode, pb, t(pb)))
+    p.exchange(lambda v: v)
+    return p
+
+
+def test_long_prompts_price_the_drafts_prefill_into_speculation():
+    """At bs 16 and accept 3 speculation wins on decode steps alone; with 2048-token prompts
+    for 64-token answers the draft's prefill of every prompt token makes decode the winner."""
+    inputs = PolicyInputs(16, 16, 16, 0, None)
+    short = _learned(controller(defers_prefill=True), 16)
+    for _ in range(8):
+        short.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    short.exchange(lambda v: v)
+    assert short.decide(inputs).mode is Mode.SPEC
+    long = _learned(controller(defers_prefill=True), 16)
+    long.observe(PrefillTime(32768, 32768 * 30e-6, draft=True))     # target + draft prefill
+    long.observe(PrefillTime(32768, 32768 * 24e-6, draft=False))    # target only (deferred)
+    long.observe(Admitted(32768))
+    for _ in range(8):
+        long.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    long.exchange(lambda v: v)
+    assert long.prompt_per_output() == pytest.approx(32768 / (8 * 16 * 3))
+    assert long.draft_prefill_s_per_token() == pytest.approx(6e-6)
+    assert long.decide(inputs).mode is Mode.DECODE
+
+
+def test_a_switchs_catch_up_is_amortised_over_the_horizon():
+    """In decode with a backlog: a marginal spec win does not pay for a large catch-up, a
+    clear one does, and so does the same win once the backlog is small."""
+    p = _learned(controller(min_dwell_steps=0, switch_horizon=32, margin=0.0), 16)
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 200_000 * 1e-6, catch_up_tokens=200_000))
+    p.exchange(lambda v: v)
+    assert p.catch_up_s_per_token() == pytest.approx(1e-6, rel=0.01)
+    p.commit(p.decide(PolicyInputs(16, 16, 16)))       # spec
+    # Force decode, as after a burst beyond the spec pool.
+    p.commit(p.decide(PolicyInputs(64, None, 64)))
+    spec_wins = 3.0 * 16 / t_spec(16) > 16 / t_decode(16)
+    assert spec_wins
+    assert p.decide(PolicyInputs(16, 16, 16, catch_up_tokens=10)).mode is Mode.SPEC
+    assert p.decide(PolicyInputs(16, 16, 16, catch_up_tokens=400_000)).mode is Mode.DECODE
+
+
+# ---------------------------------------------------------------- exploration
+
+
+def test_exploration_stays_within_its_budget_and_heals_a_stale_estimate():
+    budget = 0.02
+    sim = SimServer(controller(replay_prior(), explore_budget=budget, stale_after=64),
+                    accept=lambda s: 3.0)
+    assert best_mode(48, 3.0) is Mode.DECODE and best_mode(48, 4.0) is Mode.SPEC
+    sim.run(48, 3000)                    # decode wins, spec would at the best acceptance
+    explored = sum(r is Reason.EXPLORE for r in sim.reasons[200:])
+    assert 0 < explored <= budget * len(sim.reasons[200:]) + 2 * 4
+    # No exploration at all with a zero budget.
+    quiet = SimServer(controller(replay_prior(), explore_budget=0.0), accept=lambda s: 3.0)
+    quiet.run(48, 1000)
+    assert all(r is not Reason.EXPLORE for r in quiet.reasons[50:])
+
+
+def test_spec_is_not_explored_where_it_could_not_win_at_any_acceptance():
+    p = _learned(controller(stale_after=1, explore_budget=0.5), 16)
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 1.0)))
+    p.exchange(lambda v: v)
+    slow = SimServer(p, accept=lambda s: 1.0)
+    slow.run(16, 50)
+    # Measured: spec at bs 16 would not win even at accept K+1 = 4 if it cost 6x; make it so.
+    for _ in range(40):
+        p.observe(StepTime(Mode.SPEC, 16, 6 * t_spec(16)))
+    p.exchange(lambda v: v)
+    assert 4.0 * 16 / p.step_time(Mode.SPEC, 16) < 16 / p.step_time(Mode.DECODE, 16)
+    slow.run(16, 300)
+    assert all(m is Mode.DECODE for m in slow.modes[-280:])
+    beyond = SimServer(controller(replay_prior(), stale_after=16), accept=lambda s: 4.0)
+    beyond.run(128, 300)                                 # beyond the spec pool
+    assert all(m is Mode.DECODE for m in beyond.modes)
+
+
+# ---------------------------------------------------------------- tensor-parallel ranks
+
+
+class ThreadAllReduce:
+    """An all-reduce (mean) between ranks running in threads, as gloo's would be."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world)
+        self.slots: list[Optional[np.ndarray]] = [None] * world
+
+    def reducer(self, rank: int) -> Callable[[np.ndarray], np.ndarray]:
+        def reduce(vec: np.ndarray) -> np.ndarray:
+            self.slots[rank] = vec.copy()
+            self.barrier.wait()
+            mean = sum(self.slots) / self.world
+            self.barrier.wait()
+            return mean
+        return reduce
+
+
+def test_two_ranks_with_different_timings_decide_the_same():
+    """Each rank measures its own step times (rank 1 runs 20% slower, with other noise); they
+    meet only in the planner's exchange. Over a load that wanders and an acceptance that
+    drops, both ranks make every decision alike."""
+    allreduce = ThreadAllReduce(2)
+    traces: list[list] = [[], []]
+
+    def rank(r: int) -> None:
+        policy = controller(replay_prior())
+        planner = StepPlanner(DispatchTable.build(SPEC, DECODE), policy,
+                              reduce=allreduce.reducer(r))
+        noise, load = random.Random(10 + r), random.Random(7)
+        bs, backlog = 8, 0
+        for step in range(1500):
+            bs = min(max(1, bs + load.randint(-2, 2)), 64)
+            rows = np.arange(bs)
+            plan = planner.plan(bs, rows=rows, catch_up_tokens=backlog)
+            traces[r].append(plan)
+            t = (t_spec if plan.mode is Mode.SPEC else t_decode)(plan.padded_bs)
+            seconds = t * (1.2 if r else 1.0) * (1 + 0.2 * noise.uniform(-1, 1))
+            caught = backlog if plan.mode is Mode.SPEC else 0
+            policy.observe(StepTime(plan.mode, plan.padded_bs, seconds, caught))
+            a = (3.0 if step < 700 else 1.4) if plan.mode is Mode.SPEC else 1.0
+            policy.observe(accepted(plan.mode, np.full(bs, a), rows))
+            backlog = 0 if plan.mode is Mode.SPEC else backlog + bs
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(traces[0]) == len(traces[1]) == 1500
+    assert traces[0] == traces[1]
+    assert {p.mode for p in traces[0]} == {Mode.SPEC, Mode.DECODE}
+
+
+def test_a_local_timing_reaches_no_decision_before_the_exchange():
+    p = controller(replay_prior(), min_dwell_steps=0)
+    probe = PolicyInputs(24, 24, 24)
+    before = p.decide(probe)
+    for _ in range(50):                           # this rank alone saw spec steps as very slow
+        p.observe(StepTime(Mode.SPEC, 24, 10.0 * t_spec(24)))
+    assert p.decide(probe) == before
+    assert p.step_time(Mode.SPEC, 24) == pytest.approx(replay_prior().latency(Mode.SPEC, 24))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 24) > replay_prior().latency(Mode.SPEC, 24)
+
+
+def test_the_planner_exchanges_at_the_same_steps_on_every_rank():
+    calls = []
+    p = controller(sync_every=5)
+    planner = StepPlanner(DispatchTable.build(SPEC, DECODE), p,
+                          reduce=lambda v: calls.append(len(calls)) or v)
+    for _ in range(21):
+        planner.plan(4)
+    assert len(calls) == 4                         # before steps 5, 10, 15, 20
+
+
+# ---------------------------------------------------------------- estimates and config
+
+
+def test_unmeasured_sizes_follow_the_prior_scaled_by_measured_neighbours():
+    p = controller(replay_prior())
+    for pb in (8, 32):
+        p.observe(StepTime(Mode.SPEC, pb, t_spec(pb)))
+    p.exchange(lambda v: v)
+    # 16 and 24 lie between: the prior's shape times the measured/prior ratio (here 1/0.35).
+    assert p.step_time(Mode.SPEC, 16) == pytest.approx(t_spec(16), rel=1e-6)
+    assert p.step_time(Mode.SPEC, 48) == pytest.approx(t_spec(48), rel=1e-6)
+    assert p.step_time(Mode.SPEC, 5) is None        # not a captured size
+
+
+def test_idle_gaps_are_not_step_samples():
+    p = controller(replay_prior())
+    p.observe(StepTime(Mode.DECODE, 8, t_decode(8)))
+    p.exchange(lambda v: v)
+    p.observe(StepTime(Mode.DECODE, 8, 30.0))      # the server sat idle before this result
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 8) == pytest.approx(t_decode(8))
+
+
+@pytest.mark.parametrize("kw", [dict(margin=-0.1), dict(min_dwell_steps=-1),
+                                dict(explore_budget=0.9), dict(explore_steps=0),
+                                dict(ema_alpha=0.0), dict(sync_every=0), dict(num_draft_tokens=0)])
+def test_bad_parameters_are_config_errors(kw):
+    with pytest.raises(ConfigError):
+        controller(**kw)
