@@ -1081,7 +1081,11 @@ def test_why_prefills_are_not_deferred_and_the_auto_stash_budget(sgl):
     kw = dict(cells=10_000, rows=100, reserve=8192, draft_hidden=(4096, torch.bfloat16))
     assert why(True, radix_off, **kw) is None
     assert "DGW_DEFER_DRAFT_PREFILL=0" in why(False, radix_off, **kw)
-    assert "radix cache" in why(True, SimpleNamespace(disable_radix_cache=False), **kw)
+    # The radix cache on: deferral needs the draft-valid tree (radix.py), not another backend.
+    draft_valid = SimpleNamespace(disable_radix_cache=False, radix_cache_backend="dual_graph")
+    assert why(True, draft_valid, **kw) is None
+    other = SimpleNamespace(disable_radix_cache=False, radix_cache_backend="lmcache")
+    assert "--radix-cache-backend" in why(True, other, **kw)
     assert "STANDALONE" in why(True, radix_off, **{**kw, "draft_hidden": (None, None)})
     assert "DGW_LAZY_STASH_MB" in why(True, radix_off, **{**kw, "cells": 8000})
     mib = 1 << 20

@@ -185,6 +185,7 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft
+from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +290,10 @@ class LazyCatchUp:
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return self.backlog.pending_tokens(rows)
+
+    def behind(self, row: int) -> int:
+        """Draft tokens request-pool row `row` is behind (the radix cache's clamp, radix.py)."""
+        return int(self.backlog.count[row])
 
     def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
         """Defer when the running batch this prefill joins will decode (a request admitted now
@@ -576,9 +581,11 @@ def _why_not_defer_prefills(enabled: bool, server_args: Any, *, cells: int, rows
     """None when prefills may be deferred, else why not (logged at start-up)."""
     if not enabled:
         return "off (DGW_DEFER_DRAFT_PREFILL=0)"
-    if not getattr(server_args, "disable_radix_cache", False):
-        return ("off: the radix cache is on (a cached prompt prefix would hold no draft KV); "
-                "--disable-radix-cache enables it")
+    if not getattr(server_args, "disable_radix_cache", False) and \
+            getattr(server_args, "radix_cache_backend", None) != RADIX_BACKEND:
+        return (f"off: the radix cache backend {server_args.radix_cache_backend!r} may cache "
+                "prefixes without draft KV; leave --radix-cache-backend unset (the worker then "
+                f"uses {RADIX_BACKEND!r}) or pass --disable-radix-cache")
     if draft_hidden[0] is None:
         return "off: the draft carries no hidden state (STANDALONE)"
     if cells < rows + reserve:

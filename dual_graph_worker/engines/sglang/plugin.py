@@ -61,4 +61,8 @@ def _register() -> None:
     )(worker_factory)
     # The queue-length hint and the result timestamps the worker reads (hooks.py).
     register_hooks()
+    # The draft-valid radix tree lazy catch-up uses when the radix cache is on (radix.py).
+    from dual_graph_worker.engines.sglang.radix import register_backend
+
+    register_backend()
     logger.info("dual-graph-worker: registered --speculative-algorithm %s", ALGORITHM_NAME)

@@ -15,6 +15,9 @@ pickled to the scheduler processes).
    would reach the decode max (256 on an H200), so it is capped at ``spec_max_bs``; the spec
    pool then matches what static EAGLE-3 captures at its defaults.
    ``cuda_graph_config.decode.max_bs`` is left alone: it is the decode pool's top.
+3. The radix cache: with lazy catch-up and the radix cache on, the tree is SGLang's RadixCache
+   made draft-valid (radix.py: only prefixes with draft KV are inserted), through
+   ``--radix-cache-backend``, unless the user named another backend.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class ServerArgsAdjustment:
     spec_bs_before: Optional[tuple[int, ...]]
     spec_bs_after: Optional[tuple[int, ...]]
     decode_max_bs: Optional[int]
+    radix_cache_backend: Optional[str] = None   # set: the draft-valid tree (radix.py)
 
     def describe(self) -> str:
         parts = []
@@ -39,6 +43,9 @@ class ServerArgsAdjustment:
         if self.spec_bs_before != self.spec_bs_after:
             parts.append(f"spec pool capped to bs {list(self.spec_bs_after or ())}")
         parts.append(f"decode pool up to bs {self.decode_max_bs}")
+        if self.radix_cache_backend:
+            parts.append(f"radix cache backend {self.radix_cache_backend!r} (only prefixes "
+                         "with draft KV are cached)")
         return "; ".join(parts)
 
 
@@ -50,8 +57,10 @@ def cap_batch_sizes(sizes: Sequence[int], cap: int) -> list[int]:
 
 
 def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
-                                 max_running_requests_was_unset: bool) -> ServerArgsAdjustment:
-    """Apply (1) and (2) above to `server_args` in place; returns what changed."""
+                                 max_running_requests_was_unset: bool,
+                                 draft_valid_backend: Optional[str] = None
+                                 ) -> ServerArgsAdjustment:
+    """Apply (1), (2) and (3) above to `server_args` in place; returns what changed."""
     restored = False
     if max_running_requests_was_unset and server_args.max_running_requests is not None:
         server_args.max_running_requests = None
@@ -64,7 +73,11 @@ def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
         after = tuple(cap_batch_sizes(decode_cfg.bs, spec_max_bs))
         decode_cfg.bs = list(after)
         max_bs = decode_cfg.max_bs
-    return ServerArgsAdjustment(restored, before, after, max_bs)
+    backend = None
+    if (draft_valid_backend and not getattr(server_args, "disable_radix_cache", False)
+            and getattr(server_args, "radix_cache_backend", None) is None):
+        server_args.radix_cache_backend = backend = draft_valid_backend
+    return ServerArgsAdjustment(restored, before, after, max_bs, backend)
 
 
 def plain_decode_batch_sizes(generate: Callable[[Any, int], list[int]], *, max_bs: int,

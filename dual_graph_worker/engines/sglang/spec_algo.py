@@ -22,9 +22,10 @@ from typing import Any
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.engines.sglang.server_args_hook import apply_dual_graph_server_args
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
+from dual_graph_worker.engines.sglang.server_args_hook import apply_dual_graph_server_args
 
 logger = logging.getLogger(__name__)
 
@@ -130,5 +131,6 @@ class DualGraphEagle3Spec(CustomSpecAlgo):
         config = Settings.from_env(os.environ)
         adjustment = apply_dual_graph_server_args(
             server_args, spec_max_bs=config.spec_max_bs,
-            max_running_requests_was_unset=was_unset)
+            max_running_requests_was_unset=was_unset,
+            draft_valid_backend=RADIX_BACKEND if config.lazy else None)
         logger.info("%s: %s", ALGORITHM_NAME, adjustment.describe())

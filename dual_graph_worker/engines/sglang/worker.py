@@ -75,6 +75,7 @@ from dual_graph_worker.engines.sglang.layout import (
     per_request_logprobs,
 )
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
+from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._accept_ones = torch.ones(r2t.shape[0], dtype=torch.int32, device=r2t.device)
         # After every capture, so the graphs (and their pool) are those of keep-current.
         self.continuity = self._build_continuity(mr)
+        if isinstance(self.continuity, LazyCatchUp):
+            # The radix cache is built after the workers; its factory finds this here.
+            setattr(self._target_worker, BEHIND_ATTR, self.continuity.behind)
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps,
