@@ -285,6 +285,7 @@ def bare_sglang_worker():
     strategy with nothing to do."""
 
     def make(policy, continuity=None, step_log=None):
+        from dual_graph_worker.core.counters import WorkerCounters
         from dual_graph_worker.core.dispatch import DispatchTable
         from dual_graph_worker.core.planner import StepLedger, StepPlanner
         from dual_graph_worker.core.settings import Settings
@@ -300,6 +301,8 @@ def bare_sglang_worker():
         w.settings = Settings()
         w._ledger = StepLedger()
         w._clock = ResultClock()
+        w.counters = WorkerCounters()
+        w._last_result_decode = False
         w.planner = StepPlanner(DispatchTable.build((1, 2, 3, 4, 6, 8, 16, 32, 48),
                                                     (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128,
                                                      256)), policy)

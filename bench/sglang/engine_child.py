@@ -144,7 +144,16 @@ def run_ramp(engine, task: dict, emit) -> dict:
     return {"profile": task["profile"], "events": events}
 
 
-TASKS = {"sweep": run_sweep, "exact": run_exact, "ramp": run_ramp}
+def run_set_accept(engine, task: dict, emit) -> dict:
+    """Benchmark only: the forced accept length from now on (acc_control.py)."""
+    from bench.sglang.acc_control import ENV, set_accept
+
+    acks = set_accept(os.environ[ENV], float(task["accept_len"]))
+    return {"accept_len": float(task["accept_len"]), "acks": len(acks)}
+
+
+TASKS = {"sweep": run_sweep, "exact": run_exact, "ramp": run_ramp,
+         "set_accept": run_set_accept}
 
 
 def main(spec_path: str) -> int:

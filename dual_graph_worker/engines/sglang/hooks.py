@@ -5,6 +5,9 @@
   size the whole burst grows the batch to. Written onto the prefill batch.
 - When each batch's result has been processed (AFTER ``Scheduler.process_batch_result``): with
   the launch time, a batch's cost without a device sync of its own (core.timing).
+- The worker's counters in ``/get_server_info`` (AFTER ``Scheduler.get_internal_state``), and
+  SGLang's speculative accept-length metrics over speculative steps only (AROUND
+  ``SchedulerMetricsReporter.update_spec_metrics``: a decode-mode step is skipped).
 
 Hooks are applied in every scheduler process after the plugins registered. They act only for a
 worker that declares the matching ``dgw_*`` method, and they do not swallow errors: every TP
@@ -18,6 +21,10 @@ from typing import Any
 
 PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
 RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
+STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+SPEC_METRICS_TARGET = ("sglang.srt.managers.scheduler_components.metrics_reporter."
+                       "SchedulerMetricsReporter.update_spec_metrics")
+STATE_KEY = "dual_graph"
 QUEUED_ATTR = "dgw_queued_requests"
 
 
@@ -40,6 +47,23 @@ def note_result_processed(result: Any, scheduler: Any, *args: Any, **kwargs: Any
     return None
 
 
+def add_internal_state(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook: the worker's counters and controller state in /get_server_info."""
+    state = _worker_method(scheduler, "dgw_internal_state")
+    if state is not None and isinstance(getattr(result, "internal_state", None), dict):
+        result.internal_state[STATE_KEY] = state()
+    return None
+
+
+def spec_metrics_skip_decode_steps(original, reporter: Any, *args: Any, **kwargs: Any):
+    """AROUND hook: SGLang's speculative accept-length metrics count speculative steps only;
+    a decode-mode step (accept length 1 by construction) would read as a worse draft."""
+    skip = _worker_method(getattr(reporter, "scheduler", None), "dgw_last_result_was_decode")
+    if skip is not None and skip():
+        return None
+    return original(reporter, *args, **kwargs)
+
+
 def queued_requests(batch: Any) -> int:
     """The hint `annotate_queued_requests` left on `batch`, 0 when there is none."""
     value = getattr(batch, QUEUED_ATTR, 0)
@@ -53,3 +77,5 @@ def register_hooks() -> None:
 
     HookRegistry.register(PREFILL_TARGET, annotate_queued_requests, HookType.AFTER)
     HookRegistry.register(RESULT_TARGET, note_result_processed, HookType.AFTER)
+    HookRegistry.register(STATE_TARGET, add_internal_state, HookType.AFTER)
+    HookRegistry.register(SPEC_METRICS_TARGET, spec_metrics_skip_decode_steps, HookType.AROUND)

@@ -41,6 +41,7 @@ from dual_graph_worker.core import nvtx as nvtx_ranges
 from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.calibration import (CalibrationTable, measure_calibration,
                                                 wall_clock_timer)
+from dual_graph_worker.core.counters import WorkerCounters
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
@@ -116,6 +117,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._spans = nvtx_spans.StepSpans.from_settings(self.settings)
         self._ledger = StepLedger()
         self._clock: ResultClock = ResultClock()
+        self.counters = WorkerCounters()
+        self._last_result_decode = False
         self._is_rank0 = get_parallel().tp_rank == 0
         self._step_log: Optional[StepLogWriter] = (
             StepLogWriter(self.settings.step_log)
@@ -303,6 +306,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
         self._ledger.launched(plan, rows)
         self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending))
+        self.counters.launched(plan, pending)
         return result
 
     def _prefill(self, batch, on_publish, grammar_barrier):
@@ -311,9 +315,11 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(batch)):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
+            self.counters.prefilled(tokens, deferred=True)
             return result
         self.continuity.on_prefill(batch)
         self._clock.launched(PrefillTag(tokens, draft=True))
+        self.counters.prefilled(tokens, deferred=False)
         return super().forward_batch_generation(batch, on_publish=on_publish,
                                                 grammar_barrier=grammar_barrier)
 
@@ -426,16 +432,34 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
         done = self._ledger.completed(num_correct_drafts_per_req, batch_size)
+        self._last_result_decode = done is not None and done.record.mode is Mode.DECODE
         if done is None or self.planner is None:
             return
+        rec = done.record
+        self.counters.completed(rec.mode, rec.bs, rec.tokens)
         policy = self.planner.policy
-        policy.observe(accepted(done.record.mode, done.accept_lens, done.rows))
+        policy.observe(accepted(rec.mode, done.accept_lens, done.rows))
         if self._step_log is not None:
             state = policy.state()
             self._step_log.write(done.record, done.wall_time,
                                  accept_ema=round(state.accept_len, 4),
                                  goodput_spec=state.spec_goodput,
                                  goodput_decode=state.decode_goodput)
+
+
+    def dgw_last_result_was_decode(self) -> bool:
+        """hooks.py: the result SGLang is accounting for came from a decode-mode step."""
+        return self._last_result_decode
+
+    def dgw_internal_state(self) -> dict:
+        """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
+        state = self.counters.to_json()
+        if self.planner is not None:
+            p = self.planner.policy.state()
+            state |= {"policy": self.settings.policy.value, "accept_len_estimate": p.accept_len,
+                      "expected_goodput_spec": p.spec_goodput,
+                      "expected_goodput_decode": p.decode_goodput}
+        return state
 
 
 def _tp_mean(tp_group) -> Reducer:
