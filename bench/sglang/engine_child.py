@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 
 def _write(path: str, result: dict) -> None:
@@ -58,6 +59,29 @@ def _server_info(engine) -> dict:
             "version": info.get("version")}
 
 
+def _dual_state(engine) -> Optional[dict]:
+    """The dual-graph worker's counters (hooks.py, /get_server_info), None for other engines."""
+    try:
+        states = engine.get_server_info().get("internal_states") or [{}]
+    except Exception:
+        return None
+    return (states[0] if isinstance(states, list) and states else {}).get("dual_graph")
+
+
+def _counter_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+    """What the worker did during one point: steps by mode and reason, catch-ups, prefills."""
+    if not before or not after:
+        return after
+    out = {k: after[k] for k in ("accept_len_estimate", "expected_goodput_spec",
+                                 "expected_goodput_decode", "mode") if k in after}
+    for key in ("switches", "catch_ups", "catch_up_tokens", "prefills", "deferred_prefills"):
+        out[key] = after.get(key, 0) - before.get(key, 0)
+    for key in ("steps", "steps_by_reason"):
+        b, a = before.get(key) or {}, after.get(key) or {}
+        out[key] = {k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)}
+    return out
+
+
 def _sampling(max_new_tokens: int) -> dict:
     return {"max_new_tokens": int(max_new_tokens), "temperature": 0.0, "ignore_eos": True}
 
@@ -86,6 +110,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
             engine.generate(input_ids=probe, sampling_params=_sampling(1))
             probe_s = time.perf_counter() - t1
         prompts = random_prompts(c, task["input_len"], task["vocab"], seed=1000 + c)
+        before = _dual_state(engine)
         t0w, t0 = time.time(), time.perf_counter()
         outs = _as_list(engine.generate(input_ids=prompts,
                                         sampling_params=_sampling(task["output_len"])))
@@ -95,6 +120,8 @@ def run_sweep(engine, task: dict, emit) -> dict:
                  "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time()}
         if probe_s is not None:
             point["prefill_only_seconds"] = probe_s
+        if before is not None:
+            point["dual_graph"] = _counter_delta(before, _dual_state(engine))
         res["points"].append(point)
         emit(res)
     return res
@@ -144,6 +171,24 @@ def run_ramp(engine, task: dict, emit) -> dict:
     return {"profile": task["profile"], "events": events}
 
 
+def run_multiturn(engine, task: dict, emit) -> dict:
+    """Conversations whose every turn resends the whole history plus a short user message, so
+    each turn's prompt is the previous turn's prefix (the radix cache serves it) followed by
+    the previous answer. All conversations' turn k go out as one batch."""
+    histories = [list(p) for p in task["prompts"]]
+    turns = []
+    for k, user in enumerate(task["user_messages"]):
+        prompts = [h + list(user[i]) for i, h in enumerate(histories)] if k else histories
+        outs = _as_list(engine.generate(input_ids=prompts,
+                                        sampling_params=_sampling(task["output_len"])))
+        turns.append({"prompts": prompts, "outputs": [list(o["output_ids"]) for o in outs],
+                      "cached_tokens": [int((o.get("meta_info") or {}).get("cached_tokens", 0))
+                                        for o in outs]})
+        histories = [p + list(o["output_ids"]) for p, o in zip(prompts, outs)]
+        emit({"turns": turns})
+    return {"turns": turns}
+
+
 def run_set_accept(engine, task: dict, emit) -> dict:
     """Benchmark only: the forced accept length from now on (acc_control.py)."""
     from bench.sglang.acc_control import ENV, set_accept
@@ -153,7 +198,7 @@ def run_set_accept(engine, task: dict, emit) -> dict:
 
 
 TASKS = {"sweep": run_sweep, "exact": run_exact, "ramp": run_ramp,
-         "set_accept": run_set_accept}
+         "set_accept": run_set_accept, "multiturn": run_multiturn}
 
 
 def main(spec_path: str) -> int:

@@ -20,6 +20,8 @@ Phases
   1..256, 256 in / 256 out, accept length forced by SGLANG_SIMULATE_ACC_LEN (stated in the
   output; it changes tokens, so no exactness here); then SGLang's speculative_adaptive is tried
   and its failure, if any, recorded.
+- multiturn: the radix cache on, conversations resending each answer as the next prompt's
+  prefix, the cycle policy switching every few steps; tokens, cache hits, accept length 4.0.
 - ramp: on the bench's dual engine, closed-loop clients up and down a concurrency profile;
   the step log (DGW_STEP_LOG) gives the mode of every step over time.
 - startup: start-up time and memory of the dual engine vs EAGLE-3 (from the bench engines).
@@ -94,7 +96,7 @@ from dual_graph_worker.core.step_log import (  # noqa: E402
 from profiling.stall_report import longest_gaps, read_log  # noqa: E402
 
 ALGO = "DUAL_GRAPH_EAGLE3"
-PHASES = ("correctness", "bench", "ramp", "startup")
+PHASES = ("correctness", "multiturn", "bench", "ramp", "startup")
 LAZY = "lazy-catch-up"
 KEEP_CURRENT = "keep-current"
 DEFAULT = "default"          # the worker's own default continuity: no DGW_CONTINUITY set
@@ -266,6 +268,50 @@ class Suite:
                 check["error"] = dual.get("error") or plain.get("error") or "skipped"
             self.checks[f"dummy weights: {self.dual_label(continuity)} == plain SGLang"] = check
             self.write()
+
+    def multiturn(self) -> None:
+        """The radix cache on, conversations that resend each answer as the next prompt's
+        prefix, a policy that switches every few steps (cycle) so answers end in decode mode:
+        tokens equal the known chain, later turns hit the cache, and with the 100% draft
+        every speculative step accepts K+1 = 4 (a prefix with stale draft KV would not)."""
+        a = self.args
+        toy = self.toy_checkpoints()
+        if toy is None:
+            return
+        perm = load_toy_permutation(toy / "target")
+        convs, turns = a.multiturn_conversations, a.multiturn_turns
+        prompts = random_prompts(convs, 16, len(perm), seed=21)
+        users = [random_prompts(convs, 4, len(perm), seed=100 + k) for k in range(turns)]
+        task = {"name": "multiturn", "kind": "multiturn", "prompts": prompts,
+                "user_messages": users, "output_len": a.multiturn_output_len}
+        name = "dual-toy-multiturn" + RADIX
+        env, log = self.dual_env(name, policy="cycle", min_dwell=a.multiturn_hold)
+        er = EngineRun(name, "multiturn",
+                       self.common(toy / "target", "auto", 32, radix_cache=True)
+                       | {"dtype": a.toy_dtype} | self.spec_kwargs(ALGO, toy / "draft-f100"),
+                       env, [task], est_s=40, step_log=log)
+        res = self.run(er)
+        got = (res.get("tasks", {}).get("multiturn") or {}).get("turns")
+        check = {"server": "radix cache on (SGLang's default), DGW_POLICY=cycle "
+                           f"(hold {a.multiturn_hold}), {convs} conversations x {turns} turns"}
+        if not got:
+            check |= {"ok": False, "error": res.get("error") or res.get("skipped")}
+        else:
+            want = [[greedy_chain(perm, pr[-1], len(out)) for pr, out in
+                     zip(t["prompts"], t["outputs"])] for t in got]
+            equal = sum(w == t_out for tw, t in zip(want, got)
+                        for w, t_out in zip(tw, t["outputs"]))
+            steps = self.step_summary(log)
+            check |= {"tokens_equal": f"{equal}/{convs * len(got)} answers",
+                      "cached_tokens_per_turn": [sum(t["cached_tokens"]) for t in got],
+                      "steps": steps}
+            check["ok"] = bool(equal == convs * len(got) and steps.get("switches_back", 0) >= 1
+                               and (steps.get("min_accept_after_switch_back") or 0) >= 3.5
+                               and (steps.get("spec_mean_accept") or 0) >= 3.5
+                               and sum(got[-1]["cached_tokens"]) > 0)
+            self.check_catch_ups(check, DEFAULT, log)
+        self.checks["multi-turn, radix cache on: tokens, cache hits, accept 4.0"] = check
+        self.write()
 
     def correctness_env(self, name: str, continuity: str) -> tuple[dict, Optional[str]]:
         """A correctness engine's worker env: the threshold policy at --toy-threshold with no
@@ -639,6 +685,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "'dual-toy-radix' whose prompts share a prefix")
     p.add_argument("--radix-prefix-len", type=int, default=12,
                    help="with --with-radix-cache: ids the correctness prompts share (of 16)")
+    p.add_argument("--multiturn-conversations", type=int, default=16)
+    p.add_argument("--multiturn-turns", type=int, default=4)
+    p.add_argument("--multiturn-output-len", type=int, default=40)
+    p.add_argument("--multiturn-hold", type=int, default=6,
+                   help="cycle policy: steps each mode holds before alternating")
     p.add_argument("--with-continuity", action="append", choices=[LAZY, KEEP_CURRENT],
                    help="also run every dual engine with DGW_CONTINUITY=NAME (repeatable)")
     p.add_argument("--with-lazy", action="store_true",
@@ -656,6 +707,8 @@ def main(argv=None) -> int:
     suite = Suite(args)
     if "correctness" in args.phases:
         suite.correctness()
+    if "multiturn" in args.phases:
+        suite.multiturn()
     if "bench" in args.phases or "ramp" in args.phases or "startup" in args.phases:
         suite.bench(with_ramp="ramp" in args.phases)
     suite.write()

@@ -136,6 +136,7 @@ class GoodputController:
         self._allowance = float(config.explore_steps)   # the first re-measurement is free
         self._explore_left = 0
         self._goodput = (None, None)
+        self._step_time_memo: dict[tuple[Mode, int], Optional[float]] = {}
 
     # ------------------------------------------------------------------------------ decide
 
@@ -193,15 +194,29 @@ class GoodputController:
         if rows is None or self._rows is None or not len(rows):
             return self._accept
         v = self._rows[rows]
-        known = ~np.isnan(v)
-        if not known.any():
+        known = v == v                                   # not NaN
+        k = int(np.count_nonzero(known))
+        if k == 0:
             return self._accept
-        return float(np.where(known, v, self._accept).mean())
+        n = len(v)
+        if k == n:
+            return float(v.sum()) / n
+        return (float(v[known].sum()) + (n - k) * self._accept) / n
 
     def step_time(self, mode: Mode, padded_bs: int) -> Optional[float]:
         """Expected seconds of a step: measured, else the prior scaled by the measured/prior
-        ratio of the nearest measured sizes, else the nearest measured size."""
-        i = self._index.get((mode, int(padded_bs)))
+        ratio of the nearest measured sizes, else the nearest measured size. Estimates change
+        only at an exchange, so each answer is kept until the next one."""
+        key = (mode, int(padded_bs))
+        if key in self._step_time_memo:
+            return self._step_time_memo[key]
+        t = self._step_time(key)
+        self._step_time_memo[key] = t
+        return t
+
+    def _step_time(self, key: tuple[Mode, int]) -> Optional[float]:
+        mode = key[0]
+        i = self._index.get(key)
         if i is None:
             return None
         if self._samples[i] > 0:
@@ -254,20 +269,21 @@ class GoodputController:
 
     def _observe_accept(self, event: Accepted) -> None:
         lens = event.accept_lens
-        if not len(lens):
+        n = len(lens)
+        if not n:
             return
-        self._output_window += float(lens.sum())
+        total = float(lens.sum())
+        self._output_window += total
         if event.mode is not Mode.SPEC:
             return
-        k1 = self.config.num_draft_tokens + 1.0
-        x = np.clip(lens, 1.0, k1)
+        # Accept lengths lie in 1..K+1 by construction (the engine counts accepted tokens).
         decay = (1.0 - _ACCEPT_DECAY) ** (self._step - self._accept_at)
-        self._accept_sum = decay * self._accept_sum + float(x.sum())
-        self._accept_weight = decay * self._accept_weight + float(len(x))
+        self._accept_sum = decay * self._accept_sum + total
+        self._accept_weight = decay * self._accept_weight + n
         self._accept_at = self._step
         if event.rows is not None and self._rows is not None:
             r = self._rows[event.rows]
-            self._rows[event.rows] = np.where(np.isnan(r), x, r + _ROW_ALPHA * (x - r))
+            self._rows[event.rows] = np.where(r == r, r + _ROW_ALPHA * (lens - r), lens)
 
     def _observe_step(self, event: StepTime) -> None:
         i = self._index.get((event.mode, int(event.padded_bs)))
@@ -301,6 +317,7 @@ class GoodputController:
         at the same step with the same `reduce` (the mean over ranks)."""
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
+        self._step_time_memo.clear()
         n = len(self._keys)
         sums, counts = vec[:n], vec[n:2 * n]
         got = counts > 0

@@ -1,0 +1,81 @@
+"""Host cost of the goodput controller per decode step, as the SGLang worker drives it: one
+plan (decide + commit; an exchange every sync_every steps), one StepTime and one Accepted
+observation, at the batch sizes a server runs. CPU only; prints a table, writes JSON.
+
+    python -m bench.controller_cost [--out out/controller-cost.json] [--steps 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.planner import StepPlanner
+from dual_graph_worker.core.policies import PolicyContext, build_policy
+from dual_graph_worker.core.policy import StepTime, accepted
+from dual_graph_worker.core.settings import Settings
+
+SPEC = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 40, 44, 48)
+DECODE = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136,
+          144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256)
+
+
+def planner() -> StepPlanner:
+    prior = {GraphKey(Mode.SPEC, b): 0.01 + 1e-4 * b for b in SPEC}
+    prior |= {GraphKey(Mode.DECODE, b): 0.008 + 2e-5 * b for b in DECODE}
+    table = DispatchTable.build(SPEC, DECODE)
+    policy = build_policy(Settings(), PolicyContext(3, {Mode.SPEC: SPEC, Mode.DECODE: DECODE},
+                                                    CalibrationTable(prior, 3), True, 512))
+    return StepPlanner(table, policy)
+
+
+def per_step_us(bs: int, steps: int) -> list[float]:
+    p = planner()
+    rows = np.arange(1, bs + 1)
+    accept = np.full(bs, 3.0)
+    samples = []
+    for i in range(steps):
+        t0 = time.perf_counter_ns()
+        plan = p.plan(bs, rows=rows, catch_up_tokens=0)
+        p.policy.observe(StepTime(plan.mode, plan.padded_bs, 0.01))
+        p.policy.observe(accepted(plan.mode, accept if plan.mode is Mode.SPEC else
+                                  np.ones(bs), rows))
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return samples[steps // 10:]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.controller_cost", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/controller-cost.json")
+    ap.add_argument("--steps", type=int, default=20000)
+    args = ap.parse_args(argv)
+    if args.steps < 100:
+        ap.error("--steps must be at least 100")
+    rows = []
+    print(f"{'bs':>5} {'median us':>10} {'p99 us':>8}  (plan + StepTime + Accepted, one step)")
+    for bs in (1, 16, 64, 256):
+        s = per_step_us(bs, args.steps)
+        med, p99 = statistics.median(s), float(np.percentile(s, 99))
+        rows.append({"bs": bs, "median_us": round(med, 2), "p99_us": round(p99, 2)})
+        print(f"{bs:5d} {med:10.2f} {p99:8.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": "python -m bench.controller_cost",
+                               "machine": platform.processor() or platform.machine(),
+                               "python": platform.python_version(), "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,288 @@
+"""The policy matrix: plain SGLang, EAGLE-3 and the dual-graph worker at its defaults, over
+accept lengths x workloads x concurrency, on a Llama-3-8B-shaped dummy target.
+
+    python -m bench.sglang.policy_matrix --out DIR [--accept 1.5,2,3,3.5] [--engines ...]
+
+One engine process per kind serves every cell (engine_child.py): plain once (acceptance does not
+touch it), EAGLE-3 and the worker once each, with the forced accept length switched between
+phases inside the running engine (acc_control.py; SGLANG_SIMULATE_ACC_LEN FORCES acceptance,
+dummy weights accept nothing). A cell is one batch of C requests sent at once (T=0, ignore_eos);
+tok/s = output tokens / wall time, prefill included. The worker keeps what it learned from one
+phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
+(one record per cell), DIR/heatmap.png (worker / max(plain, EAGLE-3)) and DIR/report.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.sglang.acc_control import ENV as ACC_ENV  # noqa: E402
+from bench.sglang.model_configs import (  # noqa: E402
+    llama3_8b_shapes,
+    write_eagle3_draft_config,
+    write_llama_config,
+)
+from bench.sglang.plugin_shim import pythonpath_env  # noqa: E402
+
+ALGO = "DUAL_GRAPH_EAGLE3"
+ENGINES = ("plain", "eagle3", "dual")
+
+
+@dataclass(frozen=True)
+class Workload:
+    input_len: int
+    output_len: int
+    concurrency: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.input_len}x{self.output_len}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Workload":
+        """'256x256@1,4,8' -> Workload(256, 256, (1, 4, 8))."""
+        try:
+            shape, levels = text.split("@")
+            i, o = shape.split("x")
+            conc = tuple(int(c) for c in levels.split(","))
+            if min(int(i), int(o), *conc) < 1:
+                raise ValueError
+            return cls(int(i), int(o), conc)
+        except ValueError:
+            raise SystemExit(f"error: bad workload {text!r}; write IN x OUT @ C,C,... as "
+                             "256x256@1,4,8") from None
+
+
+DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
+                     "2048x64@1,16,64")
+
+
+def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: str) -> dict:
+    base = dict(model_path=str(target), load_format="dummy", skip_tokenizer_init=True,
+                attention_backend="triton", sampling_backend="pytorch",
+                cuda_graph_max_bs_decode=256, log_level=log_level,
+                disable_radix_cache=not radix)
+    spec = dict(speculative_draft_model_path=str(draft), speculative_num_steps=3,
+                speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    if kind == "plain":
+        return base
+    if kind == "eagle3":
+        # EAGLE-3 with its 48-request default lifted, so it runs every concurrency as it is.
+        return base | spec | {"speculative_algorithm": "EAGLE3", "max_running_requests": 256}
+    return base | spec | {"speculative_algorithm": ALGO}
+
+
+def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int) -> list:
+    def sweep(w: Workload, name: str) -> dict:
+        return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
+                "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
+                "warmup": True}
+
+    if kind == "plain":
+        return [sweep(w, w.name) for w in workloads]
+    tasks = []
+    for a in accepts:
+        tasks.append({"name": f"set-a{a}", "kind": "set_accept", "accept_len": a})
+        tasks += [sweep(w, f"a{a}-{w.name}") for w in workloads]
+    return tasks
+
+
+def run_engine(args, kind: str, spec: dict, out: Path, deadline: float) -> dict:
+    spec_path = out / f"{kind}.spec.json"
+    result_path = out / f"{kind}.json"
+    spec |= {"name": kind, "result_path": str(result_path), "shim_dir": str(out / "shim"),
+             "repo_root": str(REPO_ROOT)}
+    spec_path.write_text(json.dumps(spec, indent=1))
+    print(f"[matrix] start {kind} ({deadline - time.time():.0f} s left)", flush=True)
+    with open(out / f"{kind}.log", "w") as log:
+        try:
+            rc = subprocess.run([sys.executable, "-m", "bench.sglang.engine_child",
+                                 str(spec_path)], cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT),
+                                stdout=log, stderr=subprocess.STDOUT,
+                                timeout=max(10.0, deadline - time.time())).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    try:
+        res = json.loads(result_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        res = {"ok": False}
+    res["returncode"] = rc
+    print(f"[matrix] done {kind}: rc={rc} startup={res.get('startup_s')}", flush=True)
+    return res
+
+
+def records(kind: str, res: dict, accepts: list[float], workloads: list[Workload]) -> list:
+    out = []
+    by_name = {w.name: w for w in workloads}
+    for name, task in (res.get("tasks") or {}).items():
+        if not isinstance(task, dict) or "points" not in task:
+            continue
+        accept, _, wname = name.partition("-") if kind != "plain" else (None, "", name)
+        w = by_name.get(wname)
+        if w is None:
+            continue
+        for p in task["points"]:
+            rec = {"accept_len": None if accept is None else float(accept[1:]),
+                   "input_len": w.input_len, "output_len": w.output_len,
+                   "concurrency": int(p["concurrency"]), "engine": kind,
+                   "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
+            if p.get("dual_graph"):
+                rec["dual_graph"] = p["dual_graph"]
+            out.append(rec)
+    return out
+
+
+def ratios(recs: list[dict], accepts: list[float]) -> list[dict]:
+    """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran."""
+    plain = {(r["input_len"], r["output_len"], r["concurrency"]): r["tok_s"]
+             for r in recs if r["engine"] == "plain"}
+    keyed = {(r["engine"], r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]):
+             r["tok_s"] for r in recs if r["engine"] != "plain"}
+    out = []
+    for (engine, a, i, o, c), tok_s in sorted(keyed.items(), key=lambda kv: str(kv[0])):
+        if engine != "dual" or (i, o, c) not in plain or ("eagle3", a, i, o, c) not in keyed:
+            continue
+        best = max(plain[(i, o, c)], keyed[("eagle3", a, i, o, c)])
+        out.append({"accept_len": a, "input_len": i, "output_len": o, "concurrency": c,
+                    "plain": plain[(i, o, c)], "eagle3": keyed[("eagle3", a, i, o, c)],
+                    "dual": tok_s, "ratio": round(tok_s / best, 4)})
+    return out
+
+
+def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
+           note: str) -> str:
+    lines = [f"# Policy matrix: worker / max(plain, EAGLE-3)\n\n{note}\n"]
+    cols = [(w, c) for w in workloads for c in w.concurrency]
+    lines.append("| accept | " + " | ".join(f"{w.name} C={c}" for w, c in cols) + " |")
+    lines.append("|---|" + "---|" * len(cols))
+    index = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r
+             for r in cells}
+    for a in accepts:
+        row = []
+        for w, c in cols:
+            r = index.get((a, w.input_len, w.output_len, c))
+            row.append("-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
+                                               else f"{r['ratio']:.3f}"))
+        lines.append(f"| {a:g} | " + " | ".join(row) + " |")
+    if cells:
+        worst = min(cells, key=lambda r: r["ratio"])
+        lines.append(f"\nLowest: {worst['ratio']:.3f} at accept {worst['accept_len']:g}, "
+                     f"{worst['input_len']} in / {worst['output_len']} out, "
+                     f"C={worst['concurrency']}; cells below 0.98: "
+                     f"{sum(r['ratio'] < 0.98 for r in cells)} of {len(cells)}.")
+    return "\n".join(lines) + "\n"
+
+
+def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
+            path: Path, note: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols = [(w, c) for w in workloads for c in w.concurrency]
+    index = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r["ratio"]
+             for r in cells}
+    grid = np.full((len(accepts), len(cols)), np.nan)
+    for i, a in enumerate(accepts):
+        for j, (w, c) in enumerate(cols):
+            grid[i, j] = index.get((a, w.input_len, w.output_len, c), np.nan)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(cols), 1.6 + 0.6 * len(accepts)))
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=0.85, vmax=1.15, aspect="auto")
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                        fontweight="bold" if grid[i, j] < 0.98 else "normal")
+    ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
+    ax.set_yticks(range(len(accepts)), [f"accept {a:g}" for a in accepts])
+    ax.set_title("dual-graph worker / max(plain, EAGLE-3) tok/s\n" + note, fontsize=8)
+    fig.colorbar(im, ax=ax, fraction=0.02)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.policy_matrix",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--accept", default="1.5,2.0,3.0,3.5")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--workload", action="append", help="IN x OUT @ C,...; repeatable")
+    ap.add_argument("--budget-s", type=float, default=560.0)
+    ap.add_argument("--radix-cache", action="store_true",
+                    help="SGLang's default radix cache on (off: --disable-radix-cache)")
+    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--dual-env", action="append", default=[],
+                    help="DGW_NAME=VALUE for the worker (default: none, its defaults)")
+    args = ap.parse_args(argv)
+    try:
+        accepts = [float(a) for a in args.accept.split(",")]
+    except ValueError:
+        print(f"error: --accept wants numbers like 1.5,2,3, got {args.accept!r}",
+              file=sys.stderr)
+        return 2
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        print(f"error: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}",
+              file=sys.stderr)
+        return 2
+    workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    deadline = time.time() + args.budget_s
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = llama3_8b_shapes()
+    target = write_llama_config(out / "models" / "target", shapes)
+    draft = write_eagle3_draft_config(out / "models" / "draft", shapes)
+    matrix_path = out / "policy-matrix.json"
+    previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
+    recs = [r for r in previous.get("records", []) if r["engine"] not in engines]
+    dual_env = dict(kv.split("=", 1) for kv in args.dual_env)
+    note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
+            f"(SGLANG_SIMULATE_ACC_LEN, switched in-process), triton attention, 3 steps topk 1, "
+            f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
+            f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}")
+    for kind in engines:
+        env = {}
+        if kind != "plain":
+            acc_file = out / f"acc-{kind}"
+            acc_file.write_text(str(accepts[0]))
+            env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file)}
+        if kind == "dual":
+            env |= dual_env
+        spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
+                                               args.log_level),
+                "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
+        res = run_engine(args, kind, spec, out, deadline)
+        recs += records(kind, res, accepts, workloads)
+        cells = ratios(recs, accepts)
+        matrix = {"note": note, "accepts": accepts,
+                  "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
+                                for w in workloads],
+                  "records": recs, "cells": cells,
+                  "startup_s": previous.get("startup_s", {}) | {kind: res.get("startup_s")}}
+        previous = matrix
+        matrix_path.write_text(json.dumps(matrix, indent=1))
+        (out / "report.md").write_text(report(cells, accepts, workloads, note))
+        if cells:
+            heatmap(cells, accepts, workloads, out / "heatmap.png", note)
+    print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
