@@ -40,14 +40,14 @@ test: setup-test                 ## CPU test suite, SGLang plugin included (GPU 
 test-gpu:                        ## GPU tests only (on a CUDA machine, with the system torch)
 	$(PY) -m pytest -q -m gpu tests/test_gpu.py
 
-bench:                           ## GPU: every worker variant across concurrency -> bench/results
-	$(PY) -m dual_graph_worker.engines.reference.bench --accept-len 3 --repeats 2 --out bench/results
-	$(PY) -m dual_graph_worker.engines.reference.bench --accept-len 2 --variants plain,static-spec,dynamic --skip-memory --skip-switch --out bench/results
+bench:                           ## GPU: every worker variant across concurrency -> results/reference
+	$(PY) -m dual_graph_worker.engines.reference.bench --accept-len 3 --repeats 2 --out results/reference
+	$(PY) -m dual_graph_worker.engines.reference.bench --accept-len 2 --variants plain,static-spec,dynamic --skip-memory --skip-switch --out results/reference
 
 capture-measure:                 ## GPU: capture time, memory, step latency of every candidate graph
-	$(PY) -m capture.measure --out capture/results/measurements.json
+	$(PY) -m capture.measure --out results/capture/measurements.json
 
-MEASUREMENTS ?= capture/results/measurements_h200_llama3-8b.json
+MEASUREMENTS ?= results/capture/measurements_h200_llama3-8b.json
 MEMORY_BUDGET ?= 1GiB
 TIME_BUDGET ?= 4
 ACCEPT_LEN ?= 3.0

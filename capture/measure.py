@@ -9,7 +9,7 @@ against ~0.07 s for every other key) land there, not in any key's capture_s. Its
 (the compilation plus two ordinary captures and replays, ~0.2 s) is recorded as
 meta.one_time_compile_s.
 
-    python -m capture.measure --out capture/results/measurements_h200.json
+    python -m capture.measure --out results/capture/measurements_h200.json
 
 Writes `dgw-capture-measurements/1` (capture/measurements.py), which `make capture-tune` reads.
 """

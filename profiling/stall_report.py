@@ -112,14 +112,21 @@ def plot(lines: Sequence[LogLine], eps: Sequence[Episode], t0: float, path: Path
     return True
 
 
+def _log(run_dir: Path, name: str) -> Path:
+    """A log as the worker wrote it, or gzipped as results/ keeps it."""
+    plain = run_dir / name
+    packed = plain.with_name(name + ".gz")
+    return packed if packed.exists() and not plain.exists() else plain
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--name", default="dual-bench", help="the engine's log suffix")
     p.add_argument("--top", type=int, default=5, help="longest gaps to list")
     a = p.parse_args(argv)
-    steps_path = a.run_dir / f"steps-{a.name}.jsonl"
-    stall_path = a.run_dir / f"stall-{a.name}.jsonl"
+    steps_path = _log(a.run_dir, f"steps-{a.name}.jsonl")
+    stall_path = _log(a.run_dir, f"stall-{a.name}.jsonl")
     missing = [str(x) for x in (steps_path, stall_path) if not x.exists()]
     if missing:
         p.error(f"missing {', '.join(missing)}: run the suite with --stall-trace-s (dual "

@@ -61,7 +61,7 @@ def test_tuned_config_sets_pools_and_calibration(engine, tmp_path):
 
 
 def test_config_from_another_model_is_refused(engine):
-    h200 = REPO / "capture/results/config_h200_llama3-8b_acc2.json"
+    h200 = REPO / "results/capture/config_h200_llama3-8b_acc2.json"
     with pytest.raises(StaleConfig, match="capture-tune"):
         tuned_pools(h200, engine, gpu=GpuInfo("NVIDIA H200", "9.0"))
 

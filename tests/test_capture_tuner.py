@@ -19,7 +19,7 @@ from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
-REAL_H200 = (Path(__file__).resolve().parent.parent / "capture" / "results"
+REAL_H200 = (Path(__file__).resolve().parent.parent / "results" / "capture"
              / "measurements_h200_llama3-8b.json")
 GiB = 1 << 30
 MiB = 1 << 20

@@ -31,7 +31,7 @@ from dual_graph_worker.engines.sglang.server_args_hook import fit_to_request_poo
 from dual_graph_worker.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-ACC2 = ROOT / "capture/results/config_h200_llama3-8b_acc2.json"
+ACC2 = ROOT / "results/capture/config_h200_llama3-8b_acc2.json"
 H200 = GpuInfo("NVIDIA H200", "9.0")
 ACC2_JSON = json.loads(ACC2.read_text())
 

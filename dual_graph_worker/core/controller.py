@@ -135,6 +135,7 @@ class GoodputController:
         self._step = 0
         self._allowance = float(config.explore_steps)   # the first re-measurement is free
         self._explore_left = 0
+        self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         self._goodput = (None, None)
         self._step_time_memo: dict[tuple[Mode, int], Optional[float]] = {}
 
@@ -158,7 +159,7 @@ class GoodputController:
             # Nothing known of the current mode: measure it by staying.
             return Decision(cur, Reason.EXPLORE)
         if cost[other] is None:
-            return self._explore(other, pads, inputs) or Decision(cur, Reason.GOODPUT)
+            return self._explore(other, 1.0, pads, inputs) or Decision(cur, Reason.GOODPUT)
         want = other if cost[other] * (1 + self.config.margin) < cost[cur] else cur
         if want is not cur:
             if self._dwell.must_dwell(self.config.min_dwell_steps):
@@ -168,7 +169,8 @@ class GoodputController:
         # reference), when the other's estimate here is stale and could change the answer.
         if self._measured(cur, pads[cur]) and self._stale(other, pads[other]) and \
                 self._plausible(other, pads, inputs, cost):
-            return self._explore(other, pads, inputs) or Decision(cur, Reason.GOODPUT)
+            loss = 1.0 - cost[cur] / cost[other]
+            return self._explore(other, loss, pads, inputs) or Decision(cur, Reason.GOODPUT)
         return Decision(cur, Reason.GOODPUT)
 
     def commit(self, decision: Decision) -> None:
@@ -179,6 +181,7 @@ class GoodputController:
             if not self._explore_left:
                 self._explore_left = self.config.explore_steps
                 self._allowance -= decision.price
+                self._explored_at[decision.mode] = self._step
             self._explore_left -= 1
             return
         self._explore_left = 0
@@ -376,8 +379,14 @@ class GoodputController:
         return i is not None and self._samples[i] > 0
 
     def _stale(self, mode: Mode, padded_bs: int) -> bool:
+        """Not measured at this size lately; for spec, or no acceptance seen lately."""
         i = self._index.get((mode, int(padded_bs)))
-        return i is not None and self._step - self._last[i] > self.config.stale_after
+        if i is None:
+            return False
+        horizon = self._step - self.config.stale_after
+        if self._explored_at[mode] >= horizon:
+            return False             # re-measured lately; its samples may still be on the way
+        return self._last[i] < horizon or (mode is Mode.SPEC and self._accept_at < horizon)
 
     def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs,
                    cost: Mapping[Mode, Optional[float]]) -> bool:
@@ -389,14 +398,15 @@ class GoodputController:
                           self.config.num_draft_tokens + 1.0, 0)
         return best is not None and best * (1 + self.config.margin) < cost[Mode.DECODE]
 
-    def _explore(self, mode: Mode, pads: Mapping[Mode, int],
+    def _explore(self, mode: Mode, loss: float, pads: Mapping[Mode, int],
                  inputs: PolicyInputs) -> Optional[Decision]:
-        """A re-measurement of `mode` if the budget allows one now. Its price in steps of the
-        current mode: its own steps, plus a catch-up's worth when it enters spec with a
-        backlog."""
+        """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
+        current mode: the share of each of its steps the estimates expect to lose (`loss`,
+        at least 5%: nothing is free), plus a catch-up's worth when it enters spec with a
+        backlog. So cheap re-measurements come often and costly ones rarely."""
         if self.config.explore_budget <= 0:
             return None
-        price = float(self.config.explore_steps)
+        price = self.config.explore_steps * min(max(loss, 0.05), 1.0)
         if mode is Mode.SPEC and inputs.catch_up_tokens:
             t = self.step_time(Mode.DECODE, pads[Mode.DECODE])
             if t:

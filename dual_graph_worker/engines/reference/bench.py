@@ -142,7 +142,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                              "dual-pool variants: its pools and calibration")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-switch", action="store_true")
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="results/reference")
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()

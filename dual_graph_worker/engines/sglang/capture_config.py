@@ -22,7 +22,7 @@ same keys and fingerprint the capture tools use: dual_graph_worker.engines.refer
 
 Where the numbers come from: ``capture.measure`` times the REFERENCE engine's graphs; nothing
 measures SGLang's graphs yet. The committed H200 configs
-(capture/results/config_h200_llama3-8b_acc{2,3}.json) are of that kind: their model shape is
+(results/capture/config_h200_llama3-8b_acc{2,3}.json) are of that kind: their model shape is
 the one an SGLang server of Llama-3-8B + EAGLE-3, K=3, triton attention, TP 1, bf16 reports, so
 they load, but their crossover (bs 96 at accept length 2, 256 at 3) is a graph-replay
 prediction. SGLang's end-to-end EAGLE-3 step costs far more than its replays (config.py, "Why

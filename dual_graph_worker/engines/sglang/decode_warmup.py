@@ -8,7 +8,7 @@ no speculative step does: ``ForwardBatch.init_new`` computes a DECODE batch's po
 spec_info. A plain server builds it on its warm-up request; this worker's warm-up request
 speculates, so its first decode-mode step built it under load: on a fresh H200 the scheduler
 stood still for 8.4 s inside that build, with 128 requests waiting
-(bench/results/sglang/stall15: the stall watch's stack and the tvm-ffi cache's timestamps).
+(results/sglang/stall15: the stall watch's stack and the tvm-ffi cache's timestamps).
 
 So the worker calls it once while it starts, on the dtype a decode step passes (ScheduleBatch
 holds seq_lens as int64, schedule_batch.py:2215; the decode view keeps that dtype). On a machine
