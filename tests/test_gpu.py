@@ -33,7 +33,7 @@ DECODE_BS = (1, 2, 4, 8, 16)
 
 class RandomSwitchPolicy(PinnedPolicy):
     def __init__(self, seed: int) -> None:
-        super().__init__(Mode.SPEC, K)
+        super().__init__(mode=Mode.SPEC, num_draft_tokens=K)
         self.rng = np.random.default_rng(seed)
 
     def decide(self, inputs):
@@ -158,7 +158,7 @@ def test_switching_adds_no_capture_allocation_or_sync(toy, monkeypatch):
 
     class Alternate(PinnedPolicy):
         def __init__(self):
-            super().__init__(Mode.SPEC, K)
+            super().__init__(mode=Mode.SPEC, num_draft_tokens=K)
             self.i = 0
 
         def decide(self, inputs):

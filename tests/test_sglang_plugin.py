@@ -687,33 +687,21 @@ def test_decode_view_is_a_plain_decode_batch_and_leaves_the_batch_alone(register
     assert batch.seq_lens.tolist() == [5, 8] and batch.spec_info is draft   # untouched
 
 
-def test_server_info_and_speculative_metrics_hooks(registered, bare_sglang_worker):
-    """/get_server_info carries the worker's counters; SGLang's accept-length metrics count
-    speculative steps only (decode-mode steps would read as a worse draft)."""
-    from sglang.srt.managers.scheduler_components.metrics_reporter import SchedulerMetricsReporter as MetricsReporter
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType, _wrap_fn
+def test_server_info_carries_the_workers_counters(registered, bare_sglang_worker):
+    """/get_server_info carries the worker's counters, accept length over speculative steps
+    only (SGLang's own counts decode-mode steps at 1)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
     from dual_graph_worker.engines.sglang import hooks
 
-    for target, fn in ((hooks.STATE_TARGET, hooks.add_internal_state),
-                       (hooks.SPEC_METRICS_TARGET, hooks.spec_metrics_skip_decode_steps)):
-        assert fn in [h[1] for h in HookRegistry._hooks.get(target, [])]
+    assert hooks.add_internal_state in [h[1] for h in
+                                        HookRegistry._hooks.get(hooks.STATE_TARGET, [])]
     w = bare_sglang_worker(ThresholdPolicy(threshold=4, num_draft_tokens=3))
-    reporter = object.__new__(MetricsReporter)
-    reporter.scheduler = SimpleNamespace(model_worker=w)
-    for name in ("spec_num_accept_tokens", "spec_num_forward_ct", "spec_num_block_accept_tokens",
-                 "spec_num_cap_tokens", "num_generated_tokens"):
-        setattr(reporter, name, 0)
-    update = _wrap_fn(MetricsReporter.update_spec_metrics, hooks.spec_metrics_skip_decode_steps,
-                      HookType.AROUND)
     for mode, drafts in ((Mode.SPEC, [2, 2]), (Mode.DECODE, [0, 0])):
         plan = StepPlan(mode, 2, 2, True, Reason.THRESHOLD)
         w._ledger.launched(plan, np.array([1, 2]))
         w.counters.launched(plan)
-        w.on_verify_complete_cpu(drafts, batch_size=2)        # as _resolve_spec_v2_tokens does
-        update(reporter, 2, sum(drafts))                      # then the metrics update
-    # Only the speculative step counted: accept length 3.0, not (6 + 2) / 4 = 2.0.
-    assert reporter.spec_num_accept_tokens / reporter.spec_num_forward_ct == 3.0
+        w.on_verify_complete_cpu(drafts, batch_size=2)
     result = SimpleNamespace(internal_state={"memory_usage": 1})
     hooks.add_internal_state(result, SimpleNamespace(model_worker=w), "req")
     state = result.internal_state[hooks.STATE_KEY]
@@ -728,7 +716,6 @@ def test_every_hook_target_exists_in_the_supported_sglang(supported_sglang):
 
     from dual_graph_worker.engines.sglang import hooks
 
-    for target in (hooks.PREFILL_TARGET, hooks.RESULT_TARGET, hooks.STATE_TARGET,
-                   hooks.SPEC_METRICS_TARGET):
+    for target in (hooks.PREFILL_TARGET, hooks.RESULT_TARGET, hooks.STATE_TARGET):
         module, cls, method = target.rsplit(".", 2)
         assert callable(getattr(getattr(importlib.import_module(module), cls), method)), target

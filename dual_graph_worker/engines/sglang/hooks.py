@@ -5,9 +5,10 @@
   size the whole burst grows the batch to. Written onto the prefill batch.
 - When each batch's result has been processed (AFTER ``Scheduler.process_batch_result``): with
   the launch time, a batch's cost without a device sync of its own (core.timing).
-- The worker's counters in ``/get_server_info`` (AFTER ``Scheduler.get_internal_state``), and
-  SGLang's speculative accept-length metrics over speculative steps only (AROUND
-  ``SchedulerMetricsReporter.update_spec_metrics``: a decode-mode step is skipped).
+- The worker's counters in ``/get_server_info`` (AFTER ``Scheduler.get_internal_state``),
+  among them the accept length over speculative steps only. SGLang's own accept-length
+  metrics keep counting decode-mode steps at length 1 (docs/sglang-0.5.17.md says how to read
+  them): leaving those steps out of its window breaks its decode log's division.
 
 Hooks are applied in every scheduler process after the plugins registered. They act only for a
 worker that declares the matching ``dgw_*`` method, and they do not swallow errors: every TP
@@ -22,8 +23,6 @@ from typing import Any
 PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
 RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
-SPEC_METRICS_TARGET = ("sglang.srt.managers.scheduler_components.metrics_reporter."
-                       "SchedulerMetricsReporter.update_spec_metrics")
 STATE_KEY = "dual_graph"
 QUEUED_ATTR = "dgw_queued_requests"
 
@@ -55,15 +54,6 @@ def add_internal_state(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -
     return None
 
 
-def spec_metrics_skip_decode_steps(original, reporter: Any, *args: Any, **kwargs: Any):
-    """AROUND hook: SGLang's speculative accept-length metrics count speculative steps only;
-    a decode-mode step (accept length 1 by construction) would read as a worse draft."""
-    skip = _worker_method(getattr(reporter, "scheduler", None), "dgw_last_result_was_decode")
-    if skip is not None and skip():
-        return None
-    return original(reporter, *args, **kwargs)
-
-
 def queued_requests(batch: Any) -> int:
     """The hint `annotate_queued_requests` left on `batch`, 0 when there is none."""
     value = getattr(batch, QUEUED_ATTR, 0)
@@ -78,4 +68,3 @@ def register_hooks() -> None:
     HookRegistry.register(PREFILL_TARGET, annotate_queued_requests, HookType.AFTER)
     HookRegistry.register(RESULT_TARGET, note_result_processed, HookType.AFTER)
     HookRegistry.register(STATE_TARGET, add_internal_state, HookType.AFTER)
-    HookRegistry.register(SPEC_METRICS_TARGET, spec_metrics_skip_decode_steps, HookType.AROUND)

@@ -118,7 +118,6 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._ledger = StepLedger()
         self._clock: ResultClock = ResultClock()
         self.counters = WorkerCounters()
-        self._last_result_decode = False
         self._is_rank0 = get_parallel().tp_rank == 0
         self._step_log: Optional[StepLogWriter] = (
             StepLogWriter(self.settings.step_log)
@@ -432,7 +431,6 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
         done = self._ledger.completed(num_correct_drafts_per_req, batch_size)
-        self._last_result_decode = done is not None and done.record.mode is Mode.DECODE
         if done is None or self.planner is None:
             return
         rec = done.record
@@ -446,10 +444,6 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                  goodput_spec=state.spec_goodput,
                                  goodput_decode=state.decode_goodput)
 
-
-    def dgw_last_result_was_decode(self) -> bool:
-        """hooks.py: the result SGLang is accounting for came from a decode-mode step."""
-        return self._last_result_decode
 
     def dgw_internal_state(self) -> dict:
         """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
