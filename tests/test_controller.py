@@ -204,8 +204,12 @@ def test_long_prompts_price_the_drafts_prefill_into_speculation():
     short.exchange(lambda v: v)
     assert short.decide(inputs).mode is Mode.SPEC
     long = _learned(controller(defers_prefill=True), 16)
-    long.observe(PrefillTime(32768, 32768 * 30e-6, draft=True))     # target + draft prefill
-    long.observe(PrefillTime(32768, 32768 * 24e-6, draft=False))    # target only (deferred)
+    # Prefill batches of several sizes, each with a fixed 5 ms overhead: the slopes (30 and
+    # 24 us a token) are what the draft adds, not the per-token averages (which the overhead
+    # skews for small batches).
+    for tokens in (2048, 8192, 32768):
+        long.observe(PrefillTime(tokens, 0.005 + tokens * 30e-6, draft=True))   # with draft
+        long.observe(PrefillTime(tokens, 0.005 + tokens * 24e-6, draft=False))  # deferred
     long.observe(Admitted(32768))
     for _ in range(8):
         long.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
@@ -213,6 +217,10 @@ def test_long_prompts_price_the_drafts_prefill_into_speculation():
     assert long.prompt_per_output() == pytest.approx(32768 / (8 * 16 * 3))
     assert long.draft_prefill_s_per_token() == pytest.approx(6e-6)
     assert long.decide(inputs).mode is Mode.DECODE
+    # A measured catch-up (the same draft extend over many tokens) takes precedence.
+    long.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 100_000 * 1e-6, catch_up_tokens=100_000))
+    long.exchange(lambda v: v)
+    assert long.draft_prefill_s_per_token() == pytest.approx(1e-6, rel=0.01)
 
 
 def test_a_switchs_catch_up_is_amortised_over_the_horizon():
@@ -248,7 +256,7 @@ def test_exploration_stays_within_its_budget_and_heals_a_stale_estimate():
     assert explored > 0
     # The budget caps the time lost to re-measuring, not the number of steps.
     best = 48 / t_decode(48)
-    assert sim.tokens / sim.seconds >= (1 - budget - 0.005) * best
+    assert sim.tokens / sim.seconds >= (1 - budget - 0.01) * best
     # No exploration at all with a zero budget.
     quiet = SimServer(controller(replay_prior(), explore_budget=0.0), accept=lambda s: 3.0)
     quiet.run(48, 1000)
@@ -335,8 +343,8 @@ def test_a_local_timing_reaches_no_decision_before_the_exchange():
     p = controller(replay_prior(), min_dwell_steps=0)
     probe = PolicyInputs(24, 24, 24)
     before = p.decide(probe)
-    for _ in range(50):                           # this rank alone saw spec steps as very slow
-        p.observe(StepTime(Mode.SPEC, 24, 10.0 * t_spec(24)))
+    for _ in range(50):                           # this rank alone saw spec steps as slow
+        p.observe(StepTime(Mode.SPEC, 24, 2.0 * t_spec(24)))
     assert p.decide(probe) == before
     assert p.step_time(Mode.SPEC, 24) == pytest.approx(replay_prior().latency(Mode.SPEC, 24))
     p.exchange(lambda v: v)

@@ -252,10 +252,10 @@ def test_printed_flags_give_sglang_the_tuned_spec_pool(sglang_registered, tmp_pa
         monkeypatch.setenv(name, value)
     sa = _server_args(tmp_path, cuda_graph_bs_decode=bs)
     assert sa.cuda_graph_config.decode.bs == ACC2_JSON["spec_bs"]
-    # Without DGW_SPEC_MAX_BS the plugin's cap (48) would cut the tuned list: why it is printed.
+    # Without DGW_SPEC_MAX_BS the plugin's cap (64) would cut the tuned list: why it is printed.
     monkeypatch.delenv("DGW_SPEC_MAX_BS")
     sa = _server_args(tmp_path / "capped", cuda_graph_bs_decode=bs)
-    assert max(sa.cuda_graph_config.decode.bs) <= 48
+    assert max(sa.cuda_graph_config.decode.bs) <= Settings().spec_max_bs < max(bs)
 
 
 def test_validator_rejects_a_broken_capture_config_at_launch(sglang_registered, tmp_path,

@@ -105,11 +105,14 @@ def run_sweep(engine, task: dict, emit) -> dict:
             # first: one-token requests take no decode step, so the dual worker's policy state
             # (which decides whether a prefill's draft prefill is deferred) is the one the
             # previous point left for both runs, and the probe times the main run's prefill.
-            probe = random_prompts(c, task["input_len"], task["vocab"], seed=5000 + c)
+            probe = random_prompts(c, task["input_len"], task["vocab"],
+                                   seed=task.get("seed", 1000) + 4000 + c)
             t1 = time.perf_counter()
             engine.generate(input_ids=probe, sampling_params=_sampling(1))
             probe_s = time.perf_counter() - t1
-        prompts = random_prompts(c, task["input_len"], task["vocab"], seed=1000 + c)
+        # Fresh prompts for every task: a repeated one would be served from the radix cache.
+        prompts = random_prompts(c, task["input_len"], task["vocab"],
+                                 seed=task.get("seed", 1000) + c)
         before = _dual_state(engine)
         t0w, t0 = time.time(), time.perf_counter()
         outs = _as_list(engine.generate(input_ids=prompts,

@@ -84,17 +84,18 @@ def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: 
 
 
 def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int) -> list:
-    def sweep(w: Workload, name: str) -> dict:
+    def sweep(w: Workload, name: str, phase: int) -> dict:
+        # Prompts unique to each (phase, workload): the radix cache must serve none of them.
         return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
                 "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
-                "warmup": True}
+                "warmup": True, "seed": 1000 + 100_000 * phase + 10_000 * workloads.index(w)}
 
     if kind == "plain":
-        return [sweep(w, w.name) for w in workloads]
+        return [sweep(w, w.name, 0) for w in workloads]
     tasks = []
-    for a in accepts:
+    for phase, a in enumerate(accepts):
         tasks.append({"name": f"set-a{a}", "kind": "set_accept", "accept_len": a})
-        tasks += [sweep(w, f"a{a}-{w.name}") for w in workloads]
+        tasks += [sweep(w, f"a{a}-{w.name}", phase) for w in workloads]
     return tasks
 
 

@@ -40,8 +40,11 @@ _WORKLOAD_DECAY = 0.95
 # the first speculative steps after a long decode period speak for the present.
 _ACCEPT_DECAY = 1.0 / 32.0
 _ROW_ALPHA = 0.3
-# Local scalar slots after the per-key sums and counts.
-_PF_DRAFT_S, _PF_DRAFT_T, _PF_PLAIN_S, _PF_PLAIN_T, _CU_S, _CU_T = range(6)
+# Local slots after the per-key sums and counts: prefill regressions (with and without the
+# draft: n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds), then catch-up sums.
+_PF = {True: 0, False: 5}
+_CU_S, _CU_T = 10, 11
+_TAIL = 12
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class ControllerConfig:
     num_draft_tokens: int
     margin: float = 0.03
     min_dwell_steps: int = 8
-    explore_budget: float = 0.015
+    explore_budget: float = 0.01
     explore_steps: int = 4
     stale_after: int = 256
     sync_every: int = 8
@@ -95,6 +98,26 @@ class _Rate:
         return max(self.value, 0.0)
 
 
+class _Slope:
+    """Seconds per token of prefill batches, as the slope of a decayed least-squares line (a
+    batch's fixed overhead is the intercept, so small and large batches agree)."""
+
+    __slots__ = ("sums",)
+
+    def __init__(self) -> None:
+        self.sums = np.zeros(5)
+
+    def fold(self, window: np.ndarray) -> None:
+        self.sums = _WORKLOAD_DECAY * self.sums + window
+
+    def value(self) -> Optional[float]:
+        n, sx, sy, sxx, sxy = self.sums
+        var = n * sxx - sx * sx
+        if n < 3 or var <= 1e-9 * max(n * sxx, 1e-30):
+            return None
+        return (n * sxy - sx * sy) / var
+
+
 class GoodputController:
     """A ModePolicy; `sizes` are the captured batch sizes of each pool (the estimate table's
     keys), `prior` the start-up calibration or None."""
@@ -117,12 +140,12 @@ class GoodputController:
         self._est = np.full(n, math.nan)
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
-        self._prefill = {True: _Rate(), False: _Rate()}
+        self._prefill = {True: _Slope(), False: _Slope()}
         self._catch_up = _Rate()
         self._prompt = 0.0
         self._output = 0.0
         # Rank-local sums since the last exchange: never read by a decision.
-        self._local = np.zeros(2 * n + 6)
+        self._local = np.zeros(2 * n + _TAIL)
         # Rank-common facts, applied at once.
         k1 = config.num_draft_tokens + 1.0
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
@@ -133,7 +156,7 @@ class GoodputController:
         # Decision state.
         self._dwell = DwellState()
         self._step = 0
-        self._allowance = float(config.explore_steps)   # the first re-measurement is free
+        self._allowance = float(config.explore_steps)   # the first re-measurement is paid for
         self._explore_left = 0
         self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         self._goodput = (None, None)
@@ -175,8 +198,10 @@ class GoodputController:
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
+        # At most two full-price re-measurements banked: spent in a burst they would cost more
+        # than the budget's share of a short workload.
         self._allowance = min(self._allowance + self.config.explore_budget,
-                              4.0 * self.config.explore_steps)
+                              1.0 * self.config.explore_steps)
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
             if not self._explore_left:
                 self._explore_left = self.config.explore_steps
@@ -262,13 +287,13 @@ class GoodputController:
             self._observe_step(event)
         elif isinstance(event, PrefillTime):
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
-                s, t = (_PF_DRAFT_S, _PF_DRAFT_T) if event.draft else (_PF_PLAIN_S, _PF_PLAIN_T)
-                self._local[-6 + s] += event.seconds
-                self._local[-6 + t] += event.tokens
+                x, y = float(event.tokens), float(event.seconds)
+                at = -_TAIL + _PF[event.draft]
+                self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
         elif isinstance(event, CatchUpTime):
             if event.tokens > 0 and event.seconds > 0:
-                self._local[-6 + _CU_S] += event.seconds
-                self._local[-6 + _CU_T] += event.tokens
+                self._local[-_TAIL + _CU_S] += event.seconds
+                self._local[-_TAIL + _CU_T] += event.tokens
 
     def _observe_accept(self, event: Accepted) -> None:
         lens = event.accept_lens
@@ -298,12 +323,14 @@ class GoodputController:
             # either sign averages out over the token-weighted sums; only the rate is clamped).
             if self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
                     _NO_ESTIMATE_MAX_S:
-                self._local[-6 + _CU_S] += event.seconds - expected
-                self._local[-6 + _CU_T] += event.catch_up_tokens
+                self._local[-_TAIL + _CU_S] += event.seconds - expected
+                self._local[-_TAIL + _CU_T] += event.catch_up_tokens
             return
-        # Only a measured estimate can call a sample an outlier: a prior may be off by any factor.
-        limit = _OUTLIER * expected if self._samples[i] > 0 else _NO_ESTIMATE_MAX_S
-        if event.seconds > limit:
+        # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
+        # (measured, else the prior: start-up replays are off by a few times, not by eight).
+        if expected is not None and event.seconds > _OUTLIER * expected:
+            return
+        if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
         n = len(self._keys)
         self._local[i] += event.seconds
@@ -332,8 +359,8 @@ class GoodputController:
             self._samples[got] += counts[got]
             self._last[got] = self._step
         tail = vec[2 * n:]
-        self._prefill[True].fold(tail[_PF_DRAFT_S], tail[_PF_DRAFT_T], self.config.ema_alpha)
-        self._prefill[False].fold(tail[_PF_PLAIN_S], tail[_PF_PLAIN_T], self.config.ema_alpha)
+        for draft, at in _PF.items():
+            self._prefill[draft].fold(tail[at:at + 5])
         self._catch_up.fold(tail[_CU_S], tail[_CU_T], self.config.ema_alpha)
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
@@ -345,20 +372,20 @@ class GoodputController:
         return self._prompt / self._output if self._output > 0 else 0.0
 
     def draft_prefill_s_per_token(self) -> float:
-        """delta: the draft's extra seconds per prompt token (0 while unknown)."""
-        with_draft, plain = self._prefill[True], self._prefill[False]
-        if with_draft.known() and plain.known():
-            return max(with_draft.value - plain.value, 0.0)
-        return self._catch_up.get() if self._catch_up.known() else 0.0
-
-    def catch_up_s_per_token(self) -> float:
-        """kappa: seconds per caught-up draft token (the draft prefill's delta while unknown)."""
+        """delta: the draft's extra seconds per prompt token. The catch-up's rate when known
+        (the same draft extend over the same kind of tokens, measured on large batches), else
+        the difference of the prefill slopes with and without the draft, else 0."""
         if self._catch_up.known():
             return self._catch_up.get()
-        with_draft, plain = self._prefill[True], self._prefill[False]
-        if with_draft.known() and plain.known():
-            return max(with_draft.value - plain.value, 0.0)
+        with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
+        if with_draft is not None and plain is not None:
+            return max(with_draft - plain, 0.0)
         return 0.0
+
+    def catch_up_s_per_token(self) -> float:
+        """kappa: seconds per caught-up draft token (the prefill slopes' difference while no
+        catch-up was measured)."""
+        return self.draft_prefill_s_per_token()
 
     def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float,
               catch_up_tokens: int) -> Optional[float]:
@@ -384,9 +411,11 @@ class GoodputController:
         if i is None:
             return False
         horizon = self._step - self.config.stale_after
-        if self._explored_at[mode] >= horizon:
+        if self._explored_at[mode] >= self._step - self.config.stale_after // 4:
             return False             # re-measured lately; its samples may still be on the way
-        return self._last[i] < horizon or (mode is Mode.SPEC and self._accept_at < horizon)
+        # Acceptance moves faster than step times do: a quarter of the window makes it stale.
+        return self._last[i] < horizon or (
+            mode is Mode.SPEC and self._accept_at < self._step - self.config.stale_after // 4)
 
     def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs,
                    cost: Mapping[Mode, Optional[float]]) -> bool:

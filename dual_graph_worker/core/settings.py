@@ -149,7 +149,7 @@ class Settings:
                                     "may switch (cycle: steps per phase)", minimum=0)
     margin: float = _setting("DGW_MARGIN", 0.03, "goodput: relative win the other mode needs "
                              "before a switch", minimum=0.0, maximum=1.0)
-    explore_budget: float = _setting("DGW_EXPLORE_BUDGET", 0.015, "goodput: share of step "
+    explore_budget: float = _setting("DGW_EXPLORE_BUDGET", 0.01, "goodput: share of step "
                                      "time spent re-measuring the mode not chosen",
                                      minimum=0.0, maximum=0.5)
     explore_steps: int = _setting("DGW_EXPLORE_STEPS", 4, "goodput: consecutive steps of one "
@@ -166,7 +166,7 @@ class Settings:
                                 "replays at start-up) or a calibration JSON path")
     calibrate_iters: int = _setting("DGW_CALIBRATE_ITERS", 5, "timed replays per graph when "
                                     "measuring the prior", minimum=1, maximum=1000)
-    spec_max_bs: int = _setting("DGW_SPEC_MAX_BS", 48, "SGLang: largest batch the spec pool "
+    spec_max_bs: int = _setting("DGW_SPEC_MAX_BS", 64, "SGLang: largest batch the spec pool "
                                 "captures", minimum=1)
     decode_max_bs: Optional[int] = _setting("DGW_DECODE_MAX_BS", None, "SGLang: largest batch "
                                             "the decode pool captures (unset: the server's)",

@@ -162,7 +162,7 @@ def spec_list_warning(server_bs: Sequence[int], plan: CapturePlan,
 def capture_flags(spec_bs: Sequence[int], path: str, spec_max_bs: Optional[int] = None
                   ) -> CaptureFlags:
     """The flags and settings that make a server capture `spec_bs` and read the config at
-    `path`. DGW_SPEC_MAX_BS is set to the list's top so server_args_hook's cap (48 by default)
+    `path`. DGW_SPEC_MAX_BS is set to the list's top so server_args_hook's cap (64 by default)
     keeps the whole list; `spec_max_bs`, when already that large, is left alone."""
     top = max(spec_bs)
     env = [(CAPTURE_CONFIG_ENV, str(path))]
