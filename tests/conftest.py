@@ -302,6 +302,8 @@ def bare_sglang_worker():
         w._ledger = StepLedger()
         w._clock = ResultClock()
         w.counters = WorkerCounters()
+        w._metrics = None
+        w._completed = 0
         w.planner = StepPlanner(DispatchTable.build((1, 2, 3, 4, 6, 8, 16, 32, 48),
                                                     (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128,
                                                      256)), policy)

@@ -390,7 +390,8 @@ class _Sim:
         slots = [self.slot(row, p) for p in range(start, start + n)]
         want = self.lazy and self.defer and (b.continues_deferred_chunk([row], [start])
                                              or self.defer_rng.random() < 0.6)
-        if want and b.room_for(n + (0 if final else self.reserve)):
+        if want and b.can_defer(n, reserve=0 if final else self.reserve,
+                                chunked_prompt=None if final else total):
             base = b.note_prefill([row], [start], [n], chunked=-1 if final else 0)
             self.arena.write(base, torch.tensor([self.aux(rid, p) for p in range(start, start + n)]),
                              torch.tensor([self.token(rid, p + 1)
@@ -536,6 +537,42 @@ def test_deferred_prefills_and_compactions_leave_the_draft_state_keep_current_le
         assert s.chunk_restarts == 0            # room for every deferred prompt's next chunk
     if cells == 24:
         assert s.compactions > 0                # orphans reclaimed without draft work
+
+
+def test_a_deferred_chunked_prompt_never_fills_the_arena_under_a_large_batch():
+    """The reported crash: 24 cells, a reserve of 4, a 40-token prompt in chunks of 20 while
+    five requests decode between its chunks. Deferring the first chunk would leave 20 pending
+    cells that no catch-up frees, and a decode step of 5 would find no room (20 + 5 > 24). The
+    deferral rule now refuses that chunk (EAGLE's prefill runs), so nothing overflows."""
+    sim = _Sim(True, rows=6, cells=24, defer=True, reserve=4, chunk=20, max_prompt=8, seed=3)
+    sim.defer_rng.random = lambda: 0.0                  # every chunk would like to defer
+    for row in range(5):
+        sim.admit(row, 6)
+    sim.admit(5, 40)                                     # chunk 1 of 2: 20 tokens
+    for _ in range(12):
+        sim.decode()                                     # five rows, between the chunks
+    sim.prefill(5)                                       # chunk 2: the prompt completes
+    for _ in range(6):
+        sim.decode()
+    sim.spec()                                           # catches up; drafts from current state
+    b = sim.backlog
+    assert b.pending_cells() == 0 and b.cursor <= b.arena_cells
+    # The rule itself: the first chunk is refused only when the whole prompt plus a decode
+    # step of every row could not stay in the arena.
+    fresh = LazyBacklog(6, 24)
+    assert not fresh.can_defer(20, reserve=4, chunked_prompt=40)
+    assert fresh.can_defer(8, reserve=4, chunked_prompt=16)       # 16 + 6 <= 24
+    assert fresh.can_defer(20)                                    # a whole prompt: no pending
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_deferred_chunked_prompts_under_a_small_arena_never_overflow(seed):
+    """Random lifetimes with long chunked prompts in a small arena: no 'stash arena full'."""
+    lazy = _Sim(True, rows=6, cells=30, defer=True, reserve=4, chunk=10, max_prompt=40,
+                max_tokens=9, seed=seed).run(600)
+    rows = lazy.running()
+    lazy.catch_up(rows, forced=False)
+    lazy.assert_current(rows)
 
 
 # ============================================================ with SGLang 0.5.17 (CPU only)
@@ -766,6 +803,14 @@ def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
     with pytest.raises(ConfigError, match="unified-memory"):
         check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null",
                                                         enable_unified_memory=True))
+    # Hopper's default (fa3) or any other backend: refused before the weights load, naming
+    # the flag to add; triton, or left to the draft's default, passes.
+    for name in ("attention_backend", "decode_attention_backend",
+                 "speculative_draft_attention_backend"):
+        with pytest.raises(ConfigError, match="--attention-backend triton"):
+            check_lazy_catch_up_server_args(SimpleNamespace(**{name: "fa3"}))
+    check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="triton",
+                                                    prefill_attention_backend=None))
 
 
 # ------------------------------------------------------------------------- the worker glue
@@ -882,7 +927,8 @@ def test_deferred_prefill_stashes_the_prompt_and_returns_placeholders(sgl, tmp_p
 
     lz = _bare_lazy(sgl, rows=8, cells=64, slots=64, aux_width=4)
     lz.prefill_reserve = 16
-    req_a, req_b = object(), object()
+    req_a = object()
+    req_b = SimpleNamespace(origin_input_ids=list(range(20)))   # 20-token prompt, 7 prefilled
     ids = torch.arange(200, 209)
     batch = SimpleNamespace(
         forward_mode=ForwardMode.EXTEND, multimodal_inputs=[None, None], reqs=[req_a, req_b],
@@ -893,6 +939,11 @@ def test_deferred_prefill_stashes_the_prompt_and_returns_placeholders(sgl, tmp_p
     assert lz.can_defer(batch)                          # 9 tokens + a 16-token reserve fit
     lz.backlog.cursor = 40
     assert not lz.can_defer(batch)
+    lz.backlog.cursor = 0
+    # The chunked prompt stays pending until its last chunk: the arena must hold it whole
+    # plus a decode step of every row (20 + 8 <= 64 here; a 60-token prompt would not fit).
+    long = SimpleNamespace(origin_input_ids=list(range(60)))
+    assert not lz.can_defer(SimpleNamespace(**{**vars(batch), "chunked_req": long}))
     assert lz.can_defer(SimpleNamespace(**{**vars(batch), "chunked_req": None}))
     lz.backlog.cursor = 0
     assert not lz.can_defer(SimpleNamespace(**{**vars(batch), "multimodal_inputs": [1, None]}))
@@ -1126,7 +1177,7 @@ def test_deferred_chunked_prompt_then_decode_then_catch_up(fake_sglang_forward):
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft)
     r2t = lz.req_to_token
     prompt = [50, 51, 52, 53, 54, 55]
-    req = object()
+    req = SimpleNamespace(origin_input_ids=prompt)
 
     def prefill(start, n, chunked):
         ids = torch.tensor(prompt[start:start + n])
@@ -1171,3 +1222,19 @@ def test_deferred_chunked_prompt_then_decode_then_catch_up(fake_sglang_forward):
     assert di.topk_index[:, 0].tolist() == [6, 10]          # proposals from each last row
     assert not lz.backlog.count.any() and lz.backlog.cursor == 0
     assert lz.backlog.stats.deferred_prefills == 2 and lz.backlog.stats.chunk_restarts == 0
+
+
+def test_a_prompt_aborted_between_its_chunks_leaves_nothing_behind():
+    """Abort mid-chunk: SGLang frees the row without telling the worker. The next prefill batch
+    (which would have carried the next chunk) drops the pending marker; the next compaction
+    reclaims its cells; a new request in the reused row starts clean."""
+    b = LazyBacklog(4, 64)
+    b.note_prefill([2], [0], [10], chunked=0)          # chunk 1 of row 2, deferred
+    assert b.pending_cells() == 10 and b.pending_end[2] == 10
+    # The next prefill batch holds other rows only: row 2's request is gone.
+    assert b.drop_abandoned_pending([0, 1]) == 1
+    assert b.pending_cells() == 0 and b.count[2] == 0 and b.pending_end[2] == -1
+    assert b.live_after_reclaim([0, 1]) == 0            # a compaction keeps none of its cells
+    # A pending row that is in the batch (its next chunk) is kept.
+    b.note_prefill([3], [0], [8], chunked=0)
+    assert b.drop_abandoned_pending([3, 0]) == 0 and b.pending_cells() == 8

@@ -719,3 +719,32 @@ def test_every_hook_target_exists_in_the_supported_sglang(supported_sglang):
     for target in (hooks.PREFILL_TARGET, hooks.RESULT_TARGET, hooks.STATE_TARGET):
         module, cls, method = target.rsplit(".", 2)
         assert callable(getattr(getattr(importlib.import_module(module), cls), method)), target
+
+
+def test_prometheus_series_follow_the_counters():
+    from prometheus_client import CollectorRegistry
+
+    from dual_graph_worker.core.counters import WorkerCounters
+    from dual_graph_worker.core.policy import PolicyState
+    from dual_graph_worker.engines.sglang.metrics import PrometheusSeries
+
+    reg = CollectorRegistry()
+    series = PrometheusSeries({"tp_rank": "0"}, registry=reg)
+    c = WorkerCounters()
+    for mode, reason in ((Mode.SPEC, Reason.GOODPUT), (Mode.DECODE, Reason.EXPLORE),
+                         (Mode.DECODE, Reason.GOODPUT)):
+        c.launched(StepPlan(mode, 4, 4, True, reason), catch_up_tokens=0)
+        c.completed(mode, 4, 12 if mode is Mode.SPEC else 4)
+    c.prefilled(64, deferred=True)
+    series.push(c, PolicyState(3.0, spec_goodput=900.0, decode_goodput=800.0))
+    series.push(c, None)                          # no change: nothing added twice
+
+    def value(name, **labels):
+        return reg.get_sample_value(name, {"tp_rank": "0", **labels})
+
+    assert value("dgw_steps_total", mode="spec", reason="goodput") == 1
+    assert value("dgw_steps_total", mode="decode", reason="explore") == 1
+    assert value("dgw_switches_total") == 1 and value("dgw_output_tokens_total") == 20
+    assert value("dgw_prefills_total", draft="deferred") == 1
+    assert value("dgw_spec_mode") == 0.0 and value("dgw_spec_accept_length") == 3.0
+    assert value("dgw_expected_goodput_tokens_per_s", mode="spec") == 900.0

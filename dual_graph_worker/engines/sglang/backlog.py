@@ -40,7 +40,7 @@ the emitted tokens would not change (the target verifies every draft at T=0).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import enum
 
@@ -173,6 +173,37 @@ class LazyBacklog:
     def room_for(self, bs: int) -> bool:
         """Whether a decode step of `bs` requests can stash without a catch-up first."""
         return self.cursor + int(bs) <= self.arena_cells
+
+    def drop_abandoned_pending(self, batch_rows) -> int:
+        """A prefill batch arrived: SGLang puts a chunked prompt's next chunk first into the
+        next prefill batch, so a pending row absent from `batch_rows` was aborted (or retracted)
+        between its chunks. Forget it; its cells go at the next compaction. Returns how many."""
+        gone = self.pending_end >= 0
+        gone[self._rows(batch_rows)] = False
+        n = int(np.count_nonzero(gone))
+        if n:
+            self.count[gone] = 0
+            self.pending_end[gone] = -1
+            self.stats.orphans_dropped += n
+        return n
+
+    def pending_cells(self) -> int:
+        """Cells held by prompts between their chunks: no catch-up can free them."""
+        return int(self.count[self.pending_end >= 0].sum())
+
+    def can_defer(self, tokens: int, *, reserve: int = 0,
+                  chunked_prompt: Optional[int] = None) -> bool:
+        """Whether a prefill of `tokens` may stash instead of running the draft. A prompt that
+        continues in later chunks (`chunked_prompt`: its whole length) stays pending until its
+        last chunk, and pending cells cannot be caught up: the arena must hold every pending
+        prompt whole plus one decode step of every row, or a decode step between the chunks
+        would find no room (a catch-up frees all but the pending cells)."""
+        if not self.room_for(int(tokens) + int(reserve)):
+            return False
+        if chunked_prompt is None:
+            return True
+        return self.pending_cells() + int(chunked_prompt) + self.count.shape[0] \
+            <= self.arena_cells
 
     def note_decode_step(self, rows) -> int:
         """Record a lazy decode step over `rows` (unique request-pool rows, batch order) and

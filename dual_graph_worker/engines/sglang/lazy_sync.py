@@ -327,7 +327,9 @@ class LazyCatchUp:
 
     def on_prefill(self, batch: Any) -> None:
         """EAGLE's own prefill (with its draft extend) runs for `batch`."""
-        self.backlog.reset(rows_of(batch), prefix_lens=getattr(batch, "prefix_lens", None))
+        rows = rows_of(batch)
+        self.backlog.drop_abandoned_pending(rows)
+        self.backlog.reset(rows, prefix_lens=getattr(batch, "prefix_lens", None))
 
     def must_defer(self, batch: Any) -> bool:
         """The batch continues a chunked prompt whose earlier chunks were deferred: EAGLE's
@@ -342,14 +344,18 @@ class LazyCatchUp:
             return False
         if any(m is not None for m in (getattr(batch, "multimodal_inputs", None) or ())):
             return False
-        reserve = self.prefill_reserve if batch.chunked_req is not None else 0
-        return self.backlog.room_for(int(batch.extend_num_tokens) + reserve)
+        chunked = batch.chunked_req
+        if chunked is None:
+            return self.backlog.can_defer(int(batch.extend_num_tokens))
+        return self.backlog.can_defer(int(batch.extend_num_tokens), reserve=self.prefill_reserve,
+                                      chunked_prompt=len(chunked.origin_input_ids))
 
     def defer_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
                       next_token_ids: torch.Tensor) -> EagleDraftInput:
         """After the target prefill of `batch`: stash its features instead of EAGLE's draft
         extend, and return placeholder proposals of spec mode's shapes (module docstring)."""
         rows = rows_of(batch)
+        self.backlog.drop_abandoned_pending(rows)
         ext, prefix = list(batch.extend_lens), list(batch.prefix_lens)
         num_tokens = int(batch.input_ids.shape[0])
         if aux is None or aux.shape[0] != num_tokens or aux.shape[1:] != self.arena.aux.shape[1:]:

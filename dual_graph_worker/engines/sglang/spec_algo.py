@@ -73,8 +73,22 @@ def validate_server_args(server_args: Any) -> None:
         load_server_capture_config(config.capture_config)
 
 
+# The server arguments that choose an attention backend the catch-up's draft extend may run on.
+_BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
+                 "speculative_draft_attention_backend")
+
+
 def check_lazy_catch_up_server_args(server_args: Any) -> None:
-    """What DGW_CONTINUITY=lazy-catch-up cannot run with (lazy_sync.py says why)."""
+    """What DGW_CONTINUITY=lazy-catch-up cannot run with (lazy_sync.py says why). Checked in the
+    main process, after SGLang resolved the attention backend and before any weight loads."""
+    other = {name: getattr(server_args, name, None) for name in _BACKEND_ARGS
+             if getattr(server_args, name, None) not in (None, "triton")}
+    if other:
+        name, value = next(iter(other.items()))
+        raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend over "
+                          f"per-request ranges) on the triton attention backend, but this "
+                          f"server's {name} is {value!r}: add --attention-backend triton, or "
+                          "set DGW_CONTINUITY=keep-current")
     if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
         raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
                           "(prebuilt decode batches bypass the worker, so a reused request row "

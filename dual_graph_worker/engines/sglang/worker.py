@@ -76,6 +76,7 @@ from dual_graph_worker.engines.sglang.layout import (
     per_request_logprobs,
 )
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
+from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._ledger = StepLedger()
         self._clock: ResultClock = ResultClock()
         self.counters = WorkerCounters()
+        self._metrics: Optional[PrometheusSeries] = (
+            PrometheusSeries({"tp_rank": str(get_parallel().tp_rank)})
+            if getattr(server_args, "enable_metrics", False) else None)
+        self._completed = 0
         self._is_rank0 = get_parallel().tp_rank == 0
         self._step_log: Optional[StepLogWriter] = (
             StepLogWriter(self.settings.step_log)
@@ -437,6 +442,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self.counters.completed(rec.mode, rec.bs, rec.tokens)
         policy = self.planner.policy
         policy.observe(accepted(rec.mode, done.accept_lens, done.rows))
+        self._completed += 1
+        if self._metrics is not None and self._completed % PUSH_EVERY == 0:
+            self._metrics.push(self.counters, policy.state())
         if self._step_log is not None:
             state = policy.state()
             self._step_log.write(done.record, done.wall_time,
