@@ -1,7 +1,7 @@
 """SYNTHETIC measurements, for tests and demos only: never tune a deployment on them.
 
 The numbers imitate an H200 running a Llama-3-8B-shaped target with an EAGLE-3 draft, K = 3
-(DESIGN.md's SGLang table: plain decode 203 tok/s at bs 1 and 13870 at 256; EAGLE-3 at accept
+(docs/design.md's SGLang table: plain decode 203 tok/s at bs 1 and 13870 at 256; EAGLE-3 at accept
 length 3.0 wins up to about bs 32 and loses from 64 on):
 - decode step  = 4.6 ms + 0.054 ms * bs (weight-bandwidth bound: grows slowly with bs);
 - spec step    = 7.3 ms + 0.30 ms * bs + 0.0007 ms * bs^2 (verify computes K+1 = 4 tokens a

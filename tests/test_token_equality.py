@@ -1,4 +1,4 @@
-"""The correctness contract (DESIGN.md): at temperature 0 a request receives the same tokens
+"""The correctness contract (docs/design.md): at temperature 0 a request receives the same tokens
 whichever mode ran each step, across any sequence of switches, with either continuity strategy,
 with or without padding, and whatever else shares its batch. On the toy checkpoints the answer is
 also known in advance (the target's permutation), and acceptance is real: the measured accept

@@ -1,4 +1,4 @@
-"""The toy checkpoints (DESIGN.md, "Real acceptance without trained weights"): HF folders that
+"""The toy checkpoints (docs/design.md, "Real acceptance without trained weights"): HF folders that
 SGLang's loaders accept, with vocab == hidden, an 8-layer target whose greedy continuation is a
 known permutation, and EAGLE-3 drafts that agree with it on a chosen fraction of tokens."""
 

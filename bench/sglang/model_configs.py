@@ -28,7 +28,7 @@ def llama3_8b_shapes() -> LlamaShapes:
 
 
 def toy_shapes(vocab: int = 1024) -> LlamaShapes:
-    # vocab == hidden and 8 layers, as DESIGN.md's constructed pair (three distinct aux layers).
+    # vocab == hidden and 8 layers, as docs/design.md's constructed pair (three distinct aux layers).
     return LlamaShapes(hidden_size=vocab, intermediate_size=2 * vocab, num_hidden_layers=8,
                        num_attention_heads=8, num_key_value_heads=4, vocab_size=vocab,
                        max_position_embeddings=4096, rope_theta=10000.0)

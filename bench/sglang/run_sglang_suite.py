@@ -8,7 +8,7 @@ PNGs), so a run killed at a time limit keeps what it finished. ``--budget-s`` sk
 that would not finish in time (recorded as skipped).
 
 Phases
-- correctness: (1) the dual worker on the constructed toy pair (DESIGN.md; written by
+- correctness: (1) the dual worker on the constructed toy pair (docs/design.md; written by
   dual_graph_worker.engines.reference.toy.write_toy_checkpoints, or --toy-dir) under a low
   threshold and staggered, mixed-length requests, so the running batch crosses the threshold
   many times while requests are in flight (``--exact-waves N``: in N bursts); T=0 tokens must
@@ -632,7 +632,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--toy-dir", default=None)
     p.add_argument("--toy-draft", default="f100", choices=["f100", "f50", "f0"])
     p.add_argument("--toy-hidden", type=int, default=1024,
-                   help="vocab == hidden of the constructed pair (DESIGN.md used 1024)")
+                   help="vocab == hidden of the constructed pair (docs/design.md used 1024)")
     p.add_argument("--toy-dtype", default="auto",
                    help="engine dtype for the constructed pair (checkpoints are float32)")
     p.add_argument("--toy-threshold", type=int, default=4)

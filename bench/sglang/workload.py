@@ -33,7 +33,7 @@ def shared_prefix_prompts(prompts: Sequence[Sequence[int]], prefix_len: int) -> 
 
 
 def greedy_chain(perm: Sequence[int], last_token: int, n: int) -> list[int]:
-    """The constructed target's greedy continuation: next(t) = perm[t] (DESIGN.md)."""
+    """The constructed target's greedy continuation: next(t) = perm[t] (docs/design.md)."""
     out, t = [], last_token
     for _ in range(n):
         t = perm[t]
@@ -56,7 +56,7 @@ def load_toy_permutation(target_dir: str | Path) -> list[int]:
                 return permutation_from_lm_head(fh.get_tensor("lm_head.weight"))
     raise FileNotFoundError(f"no lm_head.weight in {[str(f) for f in files]} under "
                             f"{target_dir}: the constructed target must carry its permutation "
-                            "as an untied lm_head (DESIGN.md)")
+                            "as an untied lm_head (docs/design.md)")
 
 
 @dataclass

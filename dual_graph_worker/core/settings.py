@@ -310,3 +310,30 @@ def _read_json(path: str) -> Mapping[str, Any]:
         raise ConfigError(f"{CONFIG_FILE_ENV} file {path} must hold a JSON object, "
                           f"got {type(data).__name__}")
     return data
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`dgw settings`: every DGW_* variable (the docs table), or `--check`: validate this
+    environment's DGW_* variables and DGW_CONFIG file as a server would at launch."""
+    import argparse
+    import os
+    import sys
+
+    ap = argparse.ArgumentParser(prog="dgw settings", description=main.__doc__)
+    ap.add_argument("--check", action="store_true",
+                    help="validate the DGW_* environment and print the effective settings")
+    args = ap.parse_args(argv)
+    if not args.check:
+        print(docs_table(), end="")
+        return 0
+    try:
+        settings = Settings.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(settings.to_json(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

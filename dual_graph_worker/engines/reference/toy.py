@@ -1,6 +1,6 @@
 """Toy checkpoints with a known answer: real (not simulated) acceptance at a chosen rate.
 
-Construction (DESIGN.md, "Real acceptance without trained weights"), with vocab V == hidden H:
+Construction (docs/design.md, "Real acceptance without trained weights"), with vocab V == hidden H:
 - target: embedding = identity, every attention and MLP weight zero, norms one, so the residual
   stream and every aux hidden state at a token t is e_t; lm_head = permutation matrix of a fixed
   permutation p, so greedy next(t) = p(t) and any prompt's continuation is known in advance;

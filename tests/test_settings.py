@@ -1,0 +1,100 @@
+"""The one registry of DGW_* settings: types, bounds, precedence, unknown names, and the docs
+table generated from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.settings import (BY_ENV, REGISTRY, PolicyKind, Settings, docs_table,
+                                             explicit_keys, main)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_precedence_and_explicit_keys(tmp_path):
+    assert Settings.from_env({}) == Settings()
+    f = tmp_path / "dgw.json"
+    f.write_text(json.dumps({"policy": "threshold", "threshold": 7, "spec_max_bs": 16}))
+    env = {"DGW_CONFIG": str(f), "DGW_THRESHOLD": "5", "DGW_STEP_LOG": "/tmp/x.jsonl",
+           "DGW_DECODE_MAX_BS": ""}
+    cfg = Settings.from_env(env)
+    assert cfg.policy is PolicyKind.THRESHOLD        # from the file
+    assert cfg.threshold == 5                        # the variable beats the file
+    assert cfg.spec_max_bs == 16 and cfg.step_log == "/tmp/x.jsonl" and cfg.decode_max_bs is None
+    assert explicit_keys(env) == {"policy", "threshold", "spec_max_bs", "step_log"}
+    assert Settings().continuity is Continuity.LAZY_CATCH_UP and Settings().lazy
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"DGW_TRESHOLD": "8"}, "did you mean DGW_THRESHOLD"),       # misspelt: never ignored
+    ({"DGW_THRESHOLD": "16.7"}, "DGW_THRESHOLD"),
+    ({"DGW_THRESHOLD": "true"}, "DGW_THRESHOLD"),
+    ({"DGW_THRESHOLD": "-1"}, "minimum"),
+    ({"DGW_MARGIN": "nan"}, "DGW_MARGIN"),
+    ({"DGW_STALL_TRACE_S": "inf"}, "DGW_STALL_TRACE_S"),
+    ({"DGW_STALL_TRACE_S": "0"}, "minimum"),
+    ({"DGW_EXPLORE_BUDGET": "0.9"}, "maximum"),
+    ({"DGW_POLICY": "sometimes"}, "one of goodput"),
+    ({"DGW_CONTINUITY": "none"}, "keep-current"),
+    ({"DGW_DEFER_DRAFT_PREFILL": "maybe"}, "1/0 or true/false"),
+    ({"DGW_POLICY": "cycle", "DGW_MIN_DWELL": "0"}, "DGW_MIN_DWELL"),
+])
+def test_bad_values_are_refused_with_the_variable_and_what_it_accepts(env, match):
+    with pytest.raises(ConfigError, match=match):
+        Settings.from_env(env)
+
+
+@pytest.mark.parametrize("content,match", [
+    ({"threshold": 16.7}, "whole number"),
+    ({"threshold": True}, "boolean"),
+    ({"treshold": 3}, "did you mean threshold"),
+    ([1, 2], "JSON object"),
+])
+def test_bad_config_files_are_refused(tmp_path, content, match):
+    f = tmp_path / "dgw.json"
+    f.write_text(json.dumps(content))
+    with pytest.raises(ConfigError, match=match):
+        Settings.from_env({"DGW_CONFIG": str(f)})
+
+
+def test_a_missing_or_broken_config_file_names_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.from_env({"DGW_CONFIG": str(tmp_path / "missing.json")})
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        Settings.from_env({"DGW_CONFIG": str(bad)})
+
+
+def test_settings_built_in_code_obey_the_same_rules():
+    with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
+        Settings(spec_max_bs=0)
+    with pytest.raises(ConfigError, match="DGW_THRESHOLD"):
+        Settings(threshold=True)
+
+
+def test_every_field_is_registered_once_with_help():
+    assert len(REGISTRY) == len({s.env for s in REGISTRY}) == len(Settings.__dataclass_fields__)
+    assert all(s.env.startswith("DGW_") and s.help for s in REGISTRY)
+    assert set(BY_ENV) == {s.env for s in REGISTRY}
+
+
+def test_the_docs_table_is_generated_from_the_registry():
+    doc = (ROOT / "docs" / "settings.md").read_text()
+    assert doc.endswith(docs_table()), "regenerate: dgw settings > docs/settings.md (see its header)"
+    assert all(f"`{s.env}`" in doc for s in REGISTRY)
+
+
+def test_settings_check_validates_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("DGW_THRESHOLD", "12")
+    assert main(["--check"]) == 0
+    assert json.loads(capsys.readouterr().out)["threshold"] == 12
+    monkeypatch.setenv("DGW_TRESHOLD", "8")
+    assert main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "DGW_THRESHOLD" in err and "Traceback" not in err
