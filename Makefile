@@ -1,18 +1,30 @@
-# dual-graph-worker: the user's entry points. `make setup` once, then `make demo` / `make test`.
+# dual-graph-worker: the user's entry points. `make demo` (CPU) and `make test` set themselves up.
+#
+# Two interpreters, one rule each:
+#   CPU targets run in .venv (made by `make setup`: CPU torch 2.13, the project, its test deps).
+#   GPU targets run in GPU_PY, a Python that already has CUDA torch (and SGLang 0.5.17 for the
+#   SGLang ones): `make bench GPU_PY=/path/to/python`. Every target writes under $(OUT).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
+GPU_PY  ?= python3
 OUT     ?= out
 # CPU machines: the pinned CPU build of torch first, so `pip install -e .` never pulls a CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup setup-test demo test test-gpu bench capture-measure capture-tune capture-report capture-flags nsys-profile nsys-check toy clean
+.PHONY: help setup setup-test demo test settings toy capture-tune capture-report capture-flags \
+        controller-cost nsys-check test-gpu bench capture-measure nsys-profile serve-bench policy-matrix \
+        clean
 
-$(BIN)/dgw:
+help:                            ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+
+$(BIN)/dgw: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_CPU)"
 	$(BIN)/pip install -q -e ".[test]"
+	touch $@
 
 # Real SGLang 0.5.17 on the CPU, so its plugin tests run: its own wheel without dependencies
 # (they pin torch 2.11 with CUDA), then the light packages its imports need (extra sglang-cpu).
@@ -27,59 +39,77 @@ $(VENV)/.sglang-cpu: $(BIN)/dgw pyproject.toml
 	$(BIN)/python -c "import sglang.srt.speculative.eagle_worker_v2, torch; assert torch.__version__.endswith('+cpu')"
 	touch $@
 
-setup: $(BIN)/dgw
+setup: $(BIN)/dgw                ## CPU venv: torch 2.13 (CPU), the project, pytest
 
-setup-test: $(VENV)/.sglang-cpu
+setup-test: $(VENV)/.sglang-cpu  ## setup + SGLang 0.5.17 without its GPU dependencies
 
-demo: setup                      ## load ramp, plain vs static spec vs dynamic (CPU by default)
+# ---- CPU targets (run in .venv) --------------------------------------------------------------
+demo: setup                      ## load ramp on a toy model: plain vs static spec vs the worker
 	$(BIN)/dgw demo --out $(OUT)/demo
 
 test: setup-test                 ## CPU test suite, SGLang plugin included (GPU tests skip)
 	$(BIN)/python -m pytest -q
 
-test-gpu:                        ## GPU tests only (on a CUDA machine, with the system torch)
-	$(PY) -m pytest -q -m gpu tests/test_gpu.py
+settings: setup                  ## every DGW_* setting; validates the current environment
+	$(BIN)/dgw settings --check
 
-bench:                           ## GPU: every worker variant across concurrency -> results/reference
-	$(PY) -m dual_graph_worker.engines.reference.bench --accept-len 3 --repeats 2 --out results/reference
-	$(PY) -m dual_graph_worker.engines.reference.bench --accept-len 2 --variants plain,static-spec,dynamic --skip-memory --skip-switch --out results/reference
-
-capture-measure:                 ## GPU: capture time, memory, step latency of every candidate graph
-	$(PY) -m capture.measure --out results/capture/measurements.json
+toy: setup                       ## toy checkpoints with known acceptance -> $(OUT)/toy
+	$(BIN)/dgw make-toy-checkpoints $(OUT)/toy
 
 MEASUREMENTS ?= results/capture/measurements_h200_llama3-8b.json
 MEMORY_BUDGET ?= 1GiB
 TIME_BUDGET ?= 4
 ACCEPT_LEN ?= 3.0
 DISTRIBUTION ?= uniform:1-256
-capture-tune:                    ## choose pool batch sizes under budgets -> capture/config.json
-	$(PY) -m capture.cli tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \
-	  --time-budget $(TIME_BUDGET) --distribution $(DISTRIBUTION) --accept-len $(ACCEPT_LEN) --out capture/config.json
+CAPTURE_CONFIG ?= $(OUT)/capture/config.json
+capture-tune: setup              ## choose pool batch sizes under budgets -> $(CAPTURE_CONFIG)
+	@mkdir -p $(dir $(CAPTURE_CONFIG))
+	$(BIN)/dgw capture-tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \
+	  --time-budget $(TIME_BUDGET) --distribution $(DISTRIBUTION) --accept-len $(ACCEPT_LEN) \
+	  --out $(CAPTURE_CONFIG)
 
-capture-report:                  ## tables and plots of the measurements and the chosen config
-	$(PY) -m capture.cli report --measurements $(MEASUREMENTS) --config capture/config.json --out-dir $(OUT)/capture-report
+capture-report: setup            ## tables and plots of measurements + config -> $(OUT)/capture
+	$(BIN)/dgw capture-report --measurements $(MEASUREMENTS) --config $(CAPTURE_CONFIG) \
+	  --out-dir $(OUT)/capture/report
 
-CAPTURE_CONFIG ?= capture/config.json
-capture-flags:                   ## SGLang flags + DGW_* env that run a capture config on a server
-	$(PY) -m dual_graph_worker.engines.sglang.capture_config $(CAPTURE_CONFIG)
+capture-flags: setup             ## SGLang flags + DGW_* env that run $(CAPTURE_CONFIG) on a server
+	$(BIN)/dgw capture-flags $(CAPTURE_CONFIG)
 
-PROFILE_MODEL ?= llama3-8b
-# ENGINE=sglang: the SGLang worker in an SGLang 0.5.17 engine (GPU, nsys) -> $(OUT)/profile-sglang
-ENGINE ?= reference
-EXPECT_SM ?=
-nsys-profile:                    ## nsys profile of the scripted workload + its check -> $(OUT)/profile
-ifeq ($(ENGINE),sglang)
-	$(PY) -m bench.sglang.profile_workload --nsys --out $(OUT)/profile-sglang $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
-else
-	$(PY) -m dual_graph_worker.cli profile --model $(PROFILE_MODEL) --out $(OUT)/profile $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
-endif
+controller-cost: setup          ## host time of one controller decision -> $(OUT)/controller-cost.json
+	$(BIN)/python -m bench.controller_cost --out $(OUT)/controller-cost.json
 
 REPORT ?= $(OUT)/profile/workload.nsys-rep
-nsys-check:                      ## check an existing report: make nsys-check REPORT=path.nsys-rep
-	$(PY) -m profiling.check $(REPORT) --out $(OUT)/profile-check
+nsys-check: setup                ## verdict on a profile: make nsys-check REPORT=path.nsys-rep
+	$(BIN)/dgw check-profile $(REPORT) --out $(OUT)/profile-check
 
-toy:                             ## toy checkpoints with known acceptance -> $(OUT)/toy
-	$(BIN)/dgw make-toy-checkpoints $(OUT)/toy
+# ---- GPU targets (run in $(GPU_PY): CUDA torch; SGLang 0.5.17 for serve-bench/policy-matrix)
+test-gpu:                        ## GPU: the GPU tests only
+	$(GPU_PY) -m pytest -q -m gpu tests/test_gpu.py
+
+bench:                           ## GPU: reference worker variants across concurrency -> $(OUT)/bench
+	$(GPU_PY) -m dual_graph_worker.engines.reference.bench --accept-len 3 --repeats 2 --out $(OUT)/bench
+
+capture-measure:                 ## GPU: capture time, memory, step latency of every candidate graph
+	$(GPU_PY) -m capture.measure --out $(OUT)/capture/measurements.json
+
+PROFILE_MODEL ?= llama3-8b
+# ENGINE=sglang: the SGLang worker in an SGLang 0.5.17 engine (GPU, nsys)
+ENGINE ?= reference
+EXPECT_SM ?=
+nsys-profile:                    ## GPU: nsys profile of the scripted workload + its check -> $(OUT)/profile
+ifeq ($(ENGINE),sglang)
+	$(GPU_PY) -m bench.sglang.profile_workload --nsys --out $(OUT)/profile-sglang $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
+else
+	$(GPU_PY) -m dual_graph_worker.cli profile --model $(PROFILE_MODEL) --out $(OUT)/profile $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
+endif
+
+SERVE_ARGS ?=
+serve-bench:                     ## GPU: HTTP servers (plain, EAGLE-3, worker) under bench_serving -> $(OUT)/serve-bench
+	$(GPU_PY) -m bench.sglang.serve_bench --out $(OUT)/serve-bench $(SERVE_ARGS)
+
+MATRIX_ARGS ?= --radix-cache
+policy-matrix:                   ## GPU: accept lengths x workloads x concurrency -> $(OUT)/policy-matrix
+	$(GPU_PY) -m bench.sglang.policy_matrix --out $(OUT)/policy-matrix $(MATRIX_ARGS)
 
 clean:
 	rm -rf $(OUT) .pytest_cache

@@ -59,3 +59,21 @@ def write_eagle3_draft_config(path: str | Path, target: LlamaShapes) -> Path:
                              "target_hidden_size": target.hidden_size}
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path
+
+
+def write_word_tokenizer(path: str | Path, vocab_size: int) -> Path:
+    """A word-level tokenizer whose token i is the word `t<i>` (0-2: the special tokens): an
+    HTTP server of a dummy-weight checkpoint needs one, and token ids round-trip exactly."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    special = ("<s>", "</s>", "<unk>")     # ids 0, 1, 2, as the configs' bos/eos ids
+    vocab = {(special[i] if i < len(special) else f"t{i}"): i for i in range(vocab_size)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                  unk_token="<unk>")
+    tok.save_pretrained(str(path))
+    return path

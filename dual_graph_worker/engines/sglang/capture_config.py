@@ -80,8 +80,8 @@ class CaptureFlags(NamedTuple):
         lines = [f"# SGLang server flags: the spec pool (target verify, draft, draft extend); "
                  f"pass with --speculative-num-steps {k}",
                  " ".join(self.server_args),
-                 "# environment of the dual-graph worker: decode pool and threshold "
-                 "(the threshold follows the crossover unless DGW_THRESHOLD is set)"]
+                 "# environment of the dual-graph worker: the pools (the goodput controller "
+                 "chooses per step; DGW_POLICY=threshold would use the crossover)"]
         lines += [f"export {name}={value}" for name, value in self.env]
         lines.append(f"# tuned on {capture.gpu.describe()} for model shape "
                      f"{capture.model.fingerprint}, accept length {capture.accept_len:g}, "

@@ -1,0 +1,303 @@
+"""`make serve-bench`: plain SGLang, EAGLE-3 and the dual-graph worker as HTTP servers, measured
+the way SGLang users compare servers.
+
+    python -m bench.sglang.serve_bench --out DIR [--engines plain,eagle3,dual]
+        [--concurrency 1,4,16,64,128,256] [--input-len 256] [--output-len 256] [--accept 3.0]
+        [--model PATH --draft PATH]
+
+Each engine is one `python -m sglang.launch_server` (radix cache on, as SGLang ships) serving
+`python -m sglang.benchmark.serving --dataset-name random-ids` at every --max-concurrency in
+turn; after each level the server's /metrics is scraped for the worker's dgw_* series. Without
+--model the target is a Llama-3-8B-shaped checkpoint with DUMMY weights and a word-level
+tokenizer, and acceptance is FORCED with SGLANG_SIMULATE_ACC_LEN (dummy weights accept
+nothing); the report says so. Writes DIR/serve-bench.json, DIR/report.md and DIR/serve-bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.sglang.model_configs import (  # noqa: E402
+    llama3_8b_shapes,
+    write_eagle3_draft_config,
+    write_llama_config,
+    write_word_tokenizer,
+)
+from bench.sglang.plugin_shim import ensure_plugin_discoverable  # noqa: E402
+
+ENGINES = ("plain", "eagle3", "dual")
+# bench_serving's result keys the table keeps, in its order.
+FIELDS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+          "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "p99_tpot_ms", "accept_length",
+          "completed", "duration")
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    out: Path
+    engines: tuple[str, ...] = ENGINES
+    concurrency: tuple[int, ...] = (1, 4, 16, 64, 128, 256)
+    input_len: int = 256
+    output_len: int = 256
+    accept: Optional[float] = 3.0
+    model: Optional[str] = None
+    draft: Optional[str] = None
+    port: int = 30000
+    prompts_per_level: int = 4
+    min_prompts: int = 16
+    start_timeout_s: float = 600.0
+    server_args: tuple[str, ...] = ("--attention-backend", "triton", "--cuda-graph-max-bs", "256",
+                                    "--enable-metrics")
+
+    @property
+    def dummy(self) -> bool:
+        return self.model is None
+
+    def num_prompts(self, concurrency: int) -> int:
+        return max(self.min_prompts, self.prompts_per_level * concurrency)
+
+
+@dataclass
+class ServePoint:
+    engine: str
+    concurrency: int
+    metrics: dict = field(default_factory=dict)
+    dgw: dict = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+def server_command(kind: str, cfg: ServeBenchConfig, target: str, draft: str) -> list[str]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target,
+           "--host", "127.0.0.1", "--port", str(cfg.port), *cfg.server_args]
+    if cfg.dummy:
+        cmd += ["--load-format", "dummy"]
+    if kind == "plain":
+        return cmd
+    algo = "EAGLE3" if kind == "eagle3" else "DUAL_GRAPH_EAGLE3"
+    cmd += ["--speculative-algorithm", algo, "--speculative-draft-model-path", draft,
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4"]
+    # EAGLE-3's 48-request default lifted, so it serves every concurrency as it is.
+    return cmd + (["--max-running-requests", "256"] if kind == "eagle3" else [])
+
+
+def client_command(cfg: ServeBenchConfig, concurrency: int, tokenizer: str, out_file: Path,
+                   tag: str) -> list[str]:
+    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
+            "--host", "127.0.0.1", "--port", str(cfg.port), "--tokenizer", tokenizer,
+            "--dataset-name", "random-ids", "--random-input-len", str(cfg.input_len),
+            "--random-output-len", str(cfg.output_len), "--random-range-ratio", "1.0",
+            "--num-prompts", str(cfg.num_prompts(concurrency)),
+            "--max-concurrency", str(concurrency), "--seed", str(concurrency),
+            "--warmup-requests", "1", "--disable-tqdm", "--tag", tag,
+            "--output-file", str(out_file)]
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    """bench_serving's JSONL (one line appended per run) -> {tag: the kept fields}."""
+    rows = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        rows[rec.get("tag")] = {k: rec.get(k) for k in FIELDS}
+    return rows
+
+
+def dgw_series(metrics_text: str) -> dict[str, float]:
+    """The worker's series from a /metrics page: name{labels} -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name.startswith("dgw_") and not s.name.endswith("_created"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def write_dummy_checkpoints(folder: Path) -> tuple[str, str]:
+    shapes = llama3_8b_shapes()
+    target, draft = folder / "target", folder / "draft"
+    write_llama_config(target, shapes)
+    write_word_tokenizer(target, shapes.vocab_size)
+    write_eagle3_draft_config(draft, shapes)
+    return str(target), str(draft)
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def _wait_ready(cfg: ServeBenchConfig, proc: subprocess.Popen) -> None:
+    deadline = time.time() + cfg.start_timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            _get(f"http://127.0.0.1:{cfg.port}/health_generate", timeout=30)
+            return
+        except OSError:
+            time.sleep(2)
+    raise RuntimeError(f"server not ready after {cfg.start_timeout_s:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str) -> list[ServePoint]:
+    env = dict(os.environ)
+    if cfg.accept is not None and kind != "plain":
+        env["SGLANG_SIMULATE_ACC_LEN"] = str(cfg.accept)
+    raw = cfg.out / "raw" / f"{kind}.jsonl"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(cfg.out / f"{kind}.server.log", "w") as log:
+        proc = subprocess.Popen(server_command(kind, cfg, target, draft), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        points = []
+        try:
+            _wait_ready(cfg, proc)
+            print(f"[serve-bench] {kind} ready in {time.time() - started:.0f} s", flush=True)
+            for c in cfg.concurrency:
+                tag = f"{kind}-c{c}"
+                rc = subprocess.call(client_command(cfg, c, target, raw, tag), env=env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+                point = ServePoint(kind, c, read_results(raw).get(tag, {}))
+                point.dgw = dgw_series(_get(f"http://127.0.0.1:{cfg.port}/metrics"))
+                point.error = None if rc == 0 and point.metrics else f"client exited with {rc}"
+                print(f"[serve-bench] {tag}: {point.metrics.get('output_throughput')} tok/s",
+                      flush=True)
+                points.append(point)
+        except RuntimeError as exc:
+            points.append(ServePoint(kind, 0, error=str(exc)))
+            print(f"[serve-bench] {kind}: {exc} (see {log.name})", flush=True)
+        finally:
+            _stop(proc)
+    return points
+
+
+def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
+    by = {(p.engine, p.concurrency): p.metrics for p in points if p.metrics}
+    forced = (f"accept length FORCED to {cfg.accept} (SGLANG_SIMULATE_ACC_LEN); "
+              if cfg.accept is not None else "")
+    weights = "DUMMY weights, " if cfg.dummy else ""
+    lines = [f"# serve-bench: {cfg.input_len} in / {cfg.output_len} out, random-ids",
+             "", f"{weights}{forced}radix cache on; server flags `{' '.join(cfg.server_args)}`.",
+             "", "| engine | C | req/s | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | "
+             "TPOT p50 | TPOT p99 | accept |", "|" + "---|" * 11]
+    for p in points:
+        m = p.metrics
+        if not m:
+            lines.append(f"| {p.engine} | {p.concurrency} | {p.error} |" + " |" * 8)
+            continue
+        cells = [f"{m[k]:.2f}" if isinstance(m.get(k), (int, float)) else "-"
+                 for k in FIELDS[:9]]
+        lines.append(f"| {p.engine} | {p.concurrency} | " + " | ".join(cells) + " |")
+    ratios = []
+    for c in cfg.concurrency:
+        dual = by.get(("dual", c), {}).get("output_throughput")
+        best = max((by.get((e, c), {}).get("output_throughput") or 0.0)
+                   for e in ("plain", "eagle3"))
+        if dual and best:
+            ratios.append(f"| {c} | {dual / best:.3f} |")
+    if ratios:
+        lines += ["", "dual / max(plain, EAGLE-3), output tok/s:", "", "| C | ratio |",
+                  "|---|---|", *ratios]
+    return "\n".join(lines) + "\n"
+
+
+def plot(cfg: ServeBenchConfig, points: list[ServePoint], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for engine in cfg.engines:
+        pts = [p for p in points if p.engine == engine and p.metrics]
+        xs = [p.concurrency for p in pts]
+        axes[0].plot(xs, [p.metrics["output_throughput"] for p in pts], "o-", label=engine)
+        axes[1].plot(xs, [p.metrics["median_tpot_ms"] for p in pts], "o-", label=engine)
+    for ax, label in zip(axes, ("output tok/s", "TPOT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("max concurrency")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle("serve-bench" + (" (dummy weights, forced acceptance)" if cfg.dummy else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.serve_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/serve-bench")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--concurrency", default="1,4,16,64,128,256")
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--accept", type=float, default=3.0,
+                    help="forced accept length with dummy weights; ignored with --model")
+    ap.add_argument("--model", help="a real target checkpoint (then --draft is required)")
+    ap.add_argument("--draft", help="its EAGLE-3 draft")
+    ap.add_argument("--port", type=int, default=30000)
+    args = ap.parse_args(argv)
+    engines = tuple(e for e in args.engines.split(",") if e)
+    if bad := [e for e in engines if e not in ENGINES]:
+        ap.error(f"unknown engine {bad[0]!r}; choose from {', '.join(ENGINES)}")
+    try:
+        levels = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        ap.error(f"--concurrency {args.concurrency!r}: write integers separated by commas, "
+                 "e.g. 1,16,128")
+    if min(levels) < 1 or min(args.input_len, args.output_len) < 1:
+        ap.error("--concurrency, --input-len and --output-len must be >= 1")
+    if bool(args.model) != bool(args.draft):
+        ap.error("--model and --draft go together (a real target and its EAGLE-3 draft)")
+    return ServeBenchConfig(out=Path(args.out), engines=engines, concurrency=levels,
+                            input_len=args.input_len, output_len=args.output_len,
+                            accept=None if args.model else args.accept, model=args.model,
+                            draft=args.draft, port=args.port)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    cfg = parse_args(argv)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    ensure_plugin_discoverable(cfg.out / "shim", REPO_ROOT)
+    target, draft = ((cfg.model, cfg.draft) if not cfg.dummy
+                     else write_dummy_checkpoints(cfg.out / "checkpoints"))
+    points = [p for kind in cfg.engines for p in run_engine(kind, cfg, target, draft)]
+    (cfg.out / "serve-bench.json").write_text(json.dumps(
+        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+         "points": [asdict(p) for p in points]}, indent=1))
+    text = report(cfg, points)
+    (cfg.out / "report.md").write_text(text)
+    if any(p.metrics for p in points):
+        plot(cfg, points, cfg.out / "serve-bench.png")
+    print(text)
+    return 0 if all(p.error is None for p in points) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

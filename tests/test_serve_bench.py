@@ -1,0 +1,107 @@
+"""serve-bench's commands, its reading of bench_serving's JSONL and /metrics, its report."""
+
+import json
+
+import pytest
+
+from bench.sglang import serve_bench as sb
+
+
+def _cfg(tmp_path, **kw):
+    return sb.ServeBenchConfig(out=tmp_path, **kw)
+
+
+def test_each_engine_gets_its_own_server_flags(tmp_path):
+    cfg = _cfg(tmp_path)
+    plain = sb.server_command("plain", cfg, "T", "D")
+    eagle = sb.server_command("eagle3", cfg, "T", "D")
+    dual = sb.server_command("dual", cfg, "T", "D")
+    assert "--speculative-algorithm" not in plain and "--load-format" in plain
+    assert eagle[eagle.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert eagle[eagle.index("--max-running-requests") + 1] == "256"
+    assert dual[dual.index("--speculative-algorithm") + 1] == "DUAL_GRAPH_EAGLE3"
+    assert "--max-running-requests" not in dual
+    for cmd in (plain, eagle, dual):
+        assert cmd[cmd.index("--attention-backend") + 1] == "triton"
+        assert "--enable-metrics" in cmd and "--disable-radix-cache" not in cmd
+    real = sb.server_command("dual", _cfg(tmp_path, model="M", draft="D"), "M", "D")
+    assert "--load-format" not in real
+
+
+def test_client_sends_exact_lengths_and_enough_prompts(tmp_path):
+    cfg = _cfg(tmp_path, input_len=128, output_len=64)
+    cmd = sb.client_command(cfg, 64, "T", tmp_path / "x.jsonl", "dual-c64")
+    arg = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert arg("--dataset-name") == "random-ids" and arg("--random-range-ratio") == "1.0"
+    assert arg("--random-input-len") == "128" and arg("--random-output-len") == "64"
+    assert arg("--max-concurrency") == "64" and arg("--num-prompts") == "256"
+    one = sb.client_command(cfg, 1, "T", tmp_path / "x.jsonl", "dual-c1")
+    assert one[one.index("--num-prompts") + 1] == str(cfg.min_prompts)
+
+
+def test_results_are_read_by_tag_from_the_appended_jsonl(tmp_path):
+    path = tmp_path / "raw.jsonl"
+    recs = [{"tag": "dual-c1", "output_throughput": 210.5, "median_ttft_ms": 20.0,
+             "server_info": {"big": "blob"}},
+            {"tag": "dual-c4", "output_throughput": 800.0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = sb.read_results(path)
+    assert rows["dual-c1"]["output_throughput"] == 210.5
+    assert "server_info" not in rows["dual-c1"] and rows["dual-c4"]["median_ttft_ms"] is None
+    assert sb.read_results(tmp_path / "missing.jsonl") == {}
+
+
+def test_the_workers_series_are_scraped_from_a_metrics_page():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from dual_graph_worker.core.counters import WorkerCounters
+    from dual_graph_worker.core.policy import PolicyState
+    from dual_graph_worker.engines.sglang.metrics import PrometheusSeries
+
+    reg = CollectorRegistry()
+    series = PrometheusSeries({"tp_rank": "0"}, registry=reg)
+    counters = WorkerCounters(switches=3, output_tokens=40)
+    series.push(counters, PolicyState(3.0, spec_goodput=900.0, decode_goodput=800.0))
+    page = generate_latest(reg).decode() + "sglang_other_total 5.0\n"
+    got = sb.dgw_series(page)
+    assert got["dgw_switches_total{tp_rank=0}"] == 3.0
+    assert got["dgw_expected_goodput_tokens_per_s{mode=spec,tp_rank=0}"] == 900.0
+    assert not any(k.startswith("sglang") or "_created" in k for k in got)
+
+
+def test_report_shows_ratios_against_the_better_baseline_and_failures(tmp_path):
+    cfg = _cfg(tmp_path, concurrency=(1, 128))
+    m = lambda tps: {k: 1.0 for k in sb.FIELDS} | {"output_throughput": tps}  # noqa: E731
+    points = [sb.ServePoint("plain", 1, m(200.0)), sb.ServePoint("eagle3", 1, m(400.0)),
+              sb.ServePoint("dual", 1, m(396.0)), sb.ServePoint("plain", 128, m(10000.0)),
+              sb.ServePoint("eagle3", 128, m(6000.0)), sb.ServePoint("dual", 128, m(9900.0)),
+              sb.ServePoint("dual", 0, error="server exited with 1 before it was ready")]
+    text = sb.report(cfg, points)
+    assert "| 1 | 0.990 |" in text and "| 128 | 0.990 |" in text
+    assert "FORCED to 3.0" in text and "DUMMY weights" in text
+    assert "server exited with 1" in text
+    sb.plot(cfg, points, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engines", "plain,vllm"], "unknown engine 'vllm'"),
+    (["--concurrency", "1,x"], "write integers separated by commas"),
+    (["--concurrency", "0"], "must be >= 1"),
+    (["--model", "M"], "--model and --draft go together"),
+])
+def test_bad_arguments_get_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sb.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_dummy_checkpoints_carry_a_tokenizer_that_round_trips(tmp_path):
+    pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    target, draft = sb.write_dummy_checkpoints(tmp_path)
+    tok = transformers.AutoTokenizer.from_pretrained(target)
+    ids = [3, 5, 128255, 1000, 77]
+    assert tok.encode(tok.decode(ids)) == ids and tok.num_special_tokens_to_add() == 0
+    assert json.loads((tmp_path / "draft" / "config.json").read_text())["architectures"] == [
+        "LlamaForCausalLMEagle3"]
