@@ -15,6 +15,7 @@ pytest.importorskip("sglang.srt.mem_cache.radix_cache",
 
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.chunk_cache import ChunkCache  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
@@ -159,9 +160,30 @@ def test_the_registered_factory_wraps_only_sglangs_plain_radix_cache(monkeypatch
                              token_to_kv_pool_allocator=Allocator(), page_size=1, is_eagle=True)
     monkeypatch.setattr(registry, "default_radix_cache_factory",
                         lambda ctx: RadixCache(ctx.params))
-    lazy = SimpleNamespace(params=params, tp_worker=SimpleNamespace(dgw_draft_behind=Backlog()))
+    unclamped = []
+    lazy = SimpleNamespace(params=params, tp_worker=SimpleNamespace(
+        dgw_draft_behind=Backlog(), dgw_tree_unclamped=unclamped.append))
     assert type(tree_cache_factory(lazy)) is DraftValidRadixCache
     keep_current = SimpleNamespace(params=params, tp_worker=SimpleNamespace())
     assert type(tree_cache_factory(keep_current)) is RadixCache
-    monkeypatch.setattr(registry, "default_radix_cache_factory", lambda ctx: "chunk-cache")
-    assert tree_cache_factory(lazy) == "chunk-cache"      # radix off: SGLang's own choice
+    chunk = ChunkCache(params)
+    monkeypatch.setattr(registry, "default_radix_cache_factory", lambda ctx: chunk)
+    assert tree_cache_factory(lazy) is chunk and not unclamped   # radix off: no tree to clamp
+
+    class HiRadixLike(RadixCache):
+        pass
+
+    monkeypatch.setattr(registry, "default_radix_cache_factory",
+                        lambda ctx: HiRadixLike(ctx.params))
+    assert type(tree_cache_factory(lazy)) is HiRadixLike and unclamped == ["HiRadixLike"]
+
+
+def test_an_unclamped_tree_turns_prefill_deferral_off():
+    from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp
+
+    lazy = LazyCatchUp.__new__(LazyCatchUp)          # only the deferral state matters here
+    lazy.defer_prefill_off, lazy.prefill_reserve = None, 8192
+    assert lazy.defers_prefill
+    lazy.tree_unclamped("HiRadixCache")
+    assert not lazy.defers_prefill and lazy.prefill_reserve == 0
+    assert "HiRadixCache" in lazy.defer_prefill_off

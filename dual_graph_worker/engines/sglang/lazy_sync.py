@@ -291,6 +291,15 @@ class LazyCatchUp:
     def pending_tokens(self, rows: np.ndarray) -> int:
         return self.backlog.pending_tokens(rows)
 
+    def tree_unclamped(self, cache_name: str) -> None:
+        """The radix cache SGLang built cannot be kept draft-valid (radix.py): a deferred
+        prompt's prefix would become matchable without draft KV, so stop deferring."""
+        if self.defer_prefill_off is None:
+            self.defer_prefill_off = (f"off: the radix cache is {cache_name}, which the worker "
+                                      "cannot keep draft-valid; --disable-radix-cache defers")
+            self.prefill_reserve = 0
+            logger.warning("dual-graph: deferred draft prefill %s", self.defer_prefill_off)
+
     def behind(self, row: int) -> int:
         """Draft tokens request-pool row `row` is behind (the radix cache's clamp, radix.py)."""
         return int(self.backlog.count[row])

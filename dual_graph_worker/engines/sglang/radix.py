@@ -21,9 +21,10 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixPara
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 BACKEND = "dual_graph"
-# The attribute the worker publishes on its target TpModelWorker (the factory's only handle):
-# row -> draft tokens that row is behind.
+# What the worker publishes on its target TpModelWorker (the factory's only handle): row -> draft
+# tokens that row is behind, and whom to tell when the tree SGLang builds cannot be clamped.
 BEHIND_ATTR = "dgw_draft_behind"
+UNCLAMPED_ATTR = "dgw_tree_unclamped"
 
 
 def draft_valid_slots(tokens: int, behind: int) -> int:
@@ -108,14 +109,26 @@ class DraftValidRadixCache(RadixCache):
 
 def tree_cache_factory(ctx: Any):
     """The registered backend: SGLang's own choice, made draft-valid when it is the plain
-    RadixCache and the worker publishes how far behind each row is (lazy catch-up)."""
+    RadixCache and the worker publishes how far behind each row is (lazy catch-up). Any other
+    tree that matches prefixes (HiCache, SWA, C++, unified) is reported to the worker, which
+    then stops deferring draft prefills."""
     from sglang.srt.mem_cache.registry import default_radix_cache_factory
 
     cache = default_radix_cache_factory(ctx)
     behind: Optional[Callable[[int], int]] = getattr(ctx.tp_worker, BEHIND_ATTR, None)
-    if type(cache) is RadixCache and behind is not None:
+    if behind is None:
+        return cache
+    if type(cache) is RadixCache:
         return DraftValidRadixCache(ctx.params, behind)
+    if _matches_prefixes(cache):
+        getattr(ctx.tp_worker, UNCLAMPED_ATTR)(type(cache).__name__)
     return cache
+
+
+def _matches_prefixes(cache: Any) -> bool:
+    from sglang.srt.mem_cache.chunk_cache import ChunkCache
+
+    return not isinstance(cache, ChunkCache) and not getattr(cache, "disable", False)
 
 
 def register_backend() -> None:

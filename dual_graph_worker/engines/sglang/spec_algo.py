@@ -80,15 +80,21 @@ _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_atten
 
 def check_lazy_catch_up_server_args(server_args: Any) -> None:
     """What DGW_CONTINUITY=lazy-catch-up cannot run with (lazy_sync.py says why). Checked in the
-    main process, after SGLang resolved the attention backend and before any weight loads."""
-    other = {name: getattr(server_args, name, None) for name in _BACKEND_ARGS
-             if getattr(server_args, name, None) not in (None, "triton")}
+    main process before any weight loads, on the backends SGLang resolved (its defaults are
+    declared, not yet written to the fields, when the validator runs)."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    resolved = resolved_view(server_args)
+    other = {name: getattr(resolved, name, None) for name in _BACKEND_ARGS
+             if getattr(resolved, name, None) not in (None, "triton")}
     if other:
         name, value = next(iter(other.items()))
+        chosen = ("SGLang's default for this GPU" if getattr(server_args, name, None) is None
+                  else "set by the launch command")
         raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend over "
                           f"per-request ranges) on the triton attention backend, but this "
-                          f"server's {name} is {value!r}: add --attention-backend triton, or "
-                          "set DGW_CONTINUITY=keep-current")
+                          f"server's {name} is {value!r} ({chosen}): add --attention-backend "
+                          "triton, or set DGW_CONTINUITY=keep-current")
     if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
         raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
                           "(prebuilt decode batches bypass the worker, so a reused request row "

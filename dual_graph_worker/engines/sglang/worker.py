@@ -77,7 +77,7 @@ from dual_graph_worker.engines.sglang.layout import (
 )
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
-from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR
+from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +202,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if isinstance(self.continuity, LazyCatchUp):
             # The radix cache is built after the workers; its factory finds this here.
             setattr(self._target_worker, BEHIND_ATTR, self.continuity.behind)
+            setattr(self._target_worker, UNCLAMPED_ATTR, self.continuity.tree_unclamped)
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps,
