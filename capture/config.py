@@ -1,37 +1,9 @@
 """The capture config: the one file the worker and the SGLang plugin read at start-up.
 
-Schema `dgw-capture-config/1`:
-
-    {
-      "schema": "dgw-capture-config/1",
-      "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
-      "model": {"shape": {...}, "fingerprint": "6ace395f5678ea42"},   # as in the measurements
-      "num_draft_tokens": 3,
-      "spec_bs": [4, 8, 16, 24, 32, 40],          # sorted, non-empty
-      "decode_bs": [4, 8, ..., 256],              # sorted, non-empty, top >= spec top
-      "calibration": {CalibrationTable.to_json()},# replay latency of every chosen (mode, bs)
-      "budgets": {"memory_bytes": 2147483648, "capture_s": 10.0},
-      "tuning": {"accept_len": 3.0, "crossover_bs": 40, "exact": true,
-                 "distribution": {"description": "uniform:1-256", "weights": {"1": 0.0039, ...}},
-                 "exclude_compile_outlier": true,  # capture times of one-time compilation ...
-                 "capture_outliers": [{"mode": "decode", "bs": 1, "measured_s": 2.4,
-                                       "used_s": 0.074}]},          # ... replaced by the median
-      "savings": {"chosen": {"graphs", "waste_tokens_per_step", "memory_bytes", "capture_s",
-                             "isolated_sum_bytes"},
-                  "all_candidates": {...same keys...},
-                  "memory_model": {"kind": "shared-pool", "per_graph_bytes": 77673,
-                                   "source": "total_pool_bytes", ...}},
-      "synthetic": false                          # tuned on synthetic measurements: tests only
-    }
-
-`savings.*.memory_bytes` is the shared-pool model (`capture.tuner.MemoryModel`: the largest
-isolated pool of the graphs + per_graph_bytes a graph, both pools in one pool);
-`isolated_sum_bytes` is the sum of isolated pools (the model of configs written before it, which
-lack `memory_model`, `isolated_sum_bytes` and the tuning's outlier fields: those still load, with
-memory_model None). Savings are informational: the worker reads the sizes and the calibration.
-
-`load_capture_config` refuses a malformed file with ConfigError and a stale one (another GPU,
-another model shape) with StaleConfig; both messages name the problem and the fix.
+Schema ``dgw-capture-config/1``: the GPU and model shape it was tuned for, each pool's batch
+sizes, the calibration of every chosen key, the budgets, the tuning inputs and outcome, and
+informational savings. ``load_capture_config`` refuses a malformed file (ConfigError) and a
+stale one (StaleConfig), naming the fix. docs/design.md, "Choosing the batch sizes".
 """
 
 from __future__ import annotations

@@ -1,44 +1,10 @@
 """Recorded capture measurements: what the GPU run writes and the tuner reads.
 
-One JSON file per (GPU, model shape, K). Schema `dgw-capture-measurements/1`:
-
-    {
-      "schema": "dgw-capture-measurements/1",
-      "synthetic": false,            # true for generated files (tests, demos): never tune on one
-      "notes": "free text",          # optional
-      "meta": {...},                 # optional, free-form (torch version, ...), kept verbatim;
-                                     # "one_time_compile_s": the warm-up capture and replay of
-                                     # the smallest key of each mode (one-time compilation), kept
-                                     # out of every capture_s (capture.measure)
-      "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
-      "model": {
-        "shape": {                   # what determines graph memory and latency; extra keys allowed
-          "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_heads": 8,
-          "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-          "dtype": "bfloat16", "draft_hidden_size": 4096, "num_draft_tokens": 3,
-          "attention_backend": "triton"
-        },
-        "fingerprint": "<model_fingerprint(shape)>"
-      },
-      "graphs": [                    # one entry per candidate key (mode, bs), no duplicates
-        {"mode": "spec", "bs": 8,
-         "capture_s": 0.41,          # wall time to capture every stage graph of this key
-         "pool_bytes": 52428800,     # graph-pool growth capturing this key ALONE into a fresh
-                                     # pool (isolated). Graphs captured together into one pool,
-                                     # largest first, reuse its blocks: the tuner models the
-                                     # shared pool as max(pool_bytes) + a per-graph residue
-                                     # (capture.tuner.MemoryModel), not as their sum
-         "replay_s": 0.0081,         # median step latency replaying this key's graphs
-         "stage_replay_s": {"draft": 0.002, "verify": 0.005, "draft_extend": 0.001}  # optional
-        },
-        ...
-      ],
-      "total_pool_bytes": 488636416  # optional: pool growth capturing every key together into
-                                     # one pool; gives the tuner its per-graph residue
-    }
-
-Loading checks the schema, types and ranges, that the fingerprint matches the shape (a hand-edited
-shape would otherwise silently keep its old fingerprint), and raises ConfigError naming the field.
+One JSON file per (GPU, model shape, K), schema ``dgw-capture-measurements/1``: per candidate
+(mode, bs) key its capture time, isolated pool growth and replay latency, plus optional totals.
+Loading checks the schema, types, ranges and the shape's fingerprint, and raises ConfigError
+naming the field. docs/design.md, "Choosing the batch sizes", gives every field's meaning;
+tests/data/capture/ holds an example.
 """
 
 from __future__ import annotations
@@ -59,7 +25,7 @@ SCHEMA = "dgw-capture-measurements/1"
 
 @dataclass(frozen=True)
 class GraphMeasurement:
-    """One candidate key: see the module docstring for how each number must be measured."""
+    """One candidate key: docs/design.md ("Measurements") says how each number is measured."""
 
     key: GraphKey
     capture_s: float       # capture of every stage graph of the key

@@ -1,42 +1,10 @@
 """Padding waste of a set of captured batch sizes, and the optimisers that choose the set.
 
-A step of `bs` requests replays the smallest captured size p >= bs and computes (p - bs) padded
-requests for nothing, each `tokens_per_request` tokens wide (K+1 in spec mode, 1 in decode). The
-expected waste of a pool with sizes S (top = max S) is
-
-    W(S) = tokens_per_request * sum_{bs <= top} P(bs) * (pad_S(bs) - bs)      [tokens per step]
-
-Mass above the top is not this pool's concern (the tuner decides what serves it). W splits into
-independent segments between consecutive chosen sizes a < b:  seg(a, b) = sum_{a < bs <= b}
-P(bs) * (b - bs), so choosing S is a shortest path over the sorted candidates:
-- `waste_curve`: the classic 1-D optimal partition DP, min W with exactly k sizes, for every k;
-- `solve`: min total W over several pools sharing a memory and a capture-time budget, each pool
-  keeping its top. Every pool is captured into ONE shared graph pool, largest graph first, so
-  the graphs reuse the same blocks: the memory of a chosen set is the shared-pool model
-
-      M(S) = max_{g in S} isolated_bytes(g) + per_graph_bytes * |S|       (`shared_pool_bytes`)
-
-  (the max is over the graphs of ALL pools together). The max term is fixed by a "peak level"
-  L: with L given, a candidate of isolated bytes > L is filtered out and memory is additive
-  again (per_graph_bytes a graph, budget - L to spend). The tops are always chosen, so L starts
-  at the largest top; a non-top candidate larger than every top opens one more level. `solve`
-  runs the additive search below at every level and keeps the best (exact: the optimum's own
-  peak is one of the levels). Capture time is additive per chosen graph, so each level is a
-  resource-constrained shortest path, solved in two stages:
-  1. a Lagrangian heuristic: price memory and time, solve each pool's shortest path for a few
-     price directions and bisected price levels, keep the best feasible choice, then greedily
-     add the graphs that still fit (best waste reduction per unit of budget first);
-  2. an exact branch-and-bound: at every candidate keep the Pareto set of (waste, memory, time)
-     partial choices, dropping those that break a budget (with room left for the tops still to
-     come) or cannot beat the stage-1 choice. The bound on the waste still to come is the larger
-     of: every remaining candidate chosen for free; and, for each stage-1 price, the priced
-     shortest path to the end minus the price of the budget left (the Lagrangian dual bound).
-  Stage 2 proves optimality on realistic inputs (SGLang's 36 default sizes: ~0.05 s; ~50
-  candidates a pool: ~2 s). On pathological ones (hundreds of candidates) it stops after
-  `work_limit` label extensions (a few seconds, all peak levels together) and returns the
-  stage-1 choice with `exact=False` (within a few % of optimal in our checks); budgets always
-  hold. Measured pools grow with bs, so there is normally one peak level; each extra one costs
-  another stage 1 (~0.1 s on 150 candidates).
+``expected_waste`` is W(S), the padded tokens per step a pool's sizes cost under a batch-size
+distribution; ``waste_curve`` is the 1-D optimal-partition DP (least waste for every size count);
+``solve`` chooses several pools' sizes under a shared memory and capture-time budget (a
+Lagrangian heuristic, then an exact branch-and-bound per peak level, ``exact=False`` past
+``work_limit``). docs/design.md, "Choosing the batch sizes", derives it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ length 3.0 wins up to about bs 32 and loses from 64 on):
   request, plus the draft chain and the draft extend);
 - pool memory  = isolated capture: a fixed workspace plus activations and fp32 logits per token;
 - total_pool_bytes (every key captured together into one pool, largest first): the largest
-  isolated footprint plus SHARED_RESIDUE_BYTES a graph, the shape the first real H200 run showed
+  isolated footprint plus SHARED_RESIDUE_BYTES a graph, the shape measured on an H200
   (54 keys together 466 MiB, the largest alone 462 MiB: ~76 KiB a graph; 128 KiB here);
 - capture time = a fixed cost per captured stage plus a little per request.
 A seeded +-1% jitter keeps them from looking too clean; the same seed gives the same file.

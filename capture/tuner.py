@@ -1,47 +1,10 @@
 """Choose the batch sizes of each graph pool from recorded measurements.
 
-Inputs: measurements (capture time, pool memory and replay latency per candidate (mode, bs)), a
-memory budget, a capture-time budget, the expected batch-size distribution and the expected
-accepted length (tokens per request per spec step, 1..K+1).
-
-1. Crossover: the largest measured bs where speculation is predicted to beat plain decode,
-   bs * accept_len / t_spec(bs) > bs / t_decode(bs) (the goodput policy's own prediction). Spec
-   graphs above it would never be replayed by the goodput policy: they are memory for nothing.
-2. Pool tops. Decode: the smallest decode candidate covering the largest batch size the
-   distribution can produce. A batch above the decode top would run eagerly; the measurements do
-   not price an eager step (its cost is launch overhead, not padding), so the tuner FORBIDS it
-   rather than guessing a penalty: a distribution reaching past every decode candidate is an
-   error telling the user to measure larger sizes or cap the distribution. Spec: the crossover,
-   or less when the distribution never reaches it; the decode top is raised to cover the spec top.
-3. Inside each pool, choose the sizes below the top that minimise expected padding waste
-   (padded tokens per step, `capture.padding`) with both budgets shared by the two pools: a
-   resource-constrained shortest path over the candidates, proven optimal on realistic inputs
-   (`TuningResult.exact`), a Lagrangian near-optimum past a work limit.
-Each pool's waste is taken over the distribution restricted to its range 1..top: the decode pool
-also serves small batches whenever speculation is off (low acceptance, KV pressure, a user pin),
-so its small sizes matter too.
-
-Memory: both pools are captured into ONE shared graph pool, largest graph first
-(`CudaGraphRunner.capture`), so smaller graphs reuse the blocks of larger ones. The memory of a
-set of graphs is the shared-pool model (`MemoryModel`):
-
-    memory(S) = max_{g in S} isolated pool_bytes(g) + per_graph_bytes * |S|
-
-with the max over the graphs of both pools together. per_graph_bytes comes from the
-measurements' `total_pool_bytes` (every key captured together into one pool):
-(total_pool_bytes - max isolated pool_bytes) / number of measured keys, rounded up, at least 0;
-on the first H200 run that is 4 MiB over 54 keys, ~76 KiB a graph. Without `total_pool_bytes`
-it falls back to FALLBACK_PER_GRAPH_BYTES = 2 MiB a graph: the caching allocator's small-block
-segment size, i.e. one fresh segment per graph for what a graph keeps to itself (its outputs),
-~26x the measured H200 figure, so conservative without being the absurd sum of isolated pools
-(5.68 GiB for the 466 MiB the same 54 keys measured together). The old sum is still reported as
-`isolated_sum_bytes`, for transparency.
-
-Capture time: the first key captured in a process pays one-time Triton JIT compilation (on the
-first H200 run: decode bs=1 2.4 s and spec bs=1 0.79 s against ~0.07 s for every other key).
-`capture.measure` now excludes it with a warm-up; for files measured without one,
-`exclude_compile_outlier` (default on) replaces, per mode, a capture_s above
-COMPILE_OUTLIER_FACTOR x the mode's median by that median, and the table says which and why.
+From the measurements, a memory and a capture-time budget, the expected batch-size
+distribution and accept length: (1) the crossover, (2) each pool's top, (3) the sizes below each
+top that minimise padding waste within both shared budgets (capture.padding), under the
+shared-pool memory model (``MemoryModel``) and with one-time compilation kept out of capture
+times. docs/design.md, "Choosing the batch sizes", says why each step is as it is.
 """
 
 from __future__ import annotations
@@ -65,7 +28,7 @@ from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
 
 
-# Shared-pool memory per graph when the measurements lack total_pool_bytes (module docstring).
+# Shared-pool memory per graph when the measurements lack total_pool_bytes (docs/design.md).
 FALLBACK_PER_GRAPH_BYTES = 2 << 20
 # A capture_s above this multiple of its mode's median is one-time compilation, not per graph.
 COMPILE_OUTLIER_FACTOR = 5.0
@@ -281,7 +244,7 @@ def find_crossover(measurements: Measurements, accept_len: float) -> Crossover:
 
 def plan_pools(measurements: Measurements, distribution: BatchDistribution,
                accept_len: float) -> PoolPlan:
-    """Crossover and pool tops (steps 1-2 of the module docstring); raises TuningError."""
+    """Crossover and pool tops (steps 1-2, docs/design.md); raises TuningError."""
     k = measurements.num_draft_tokens
     if not 1.0 <= accept_len <= k + 1:
         raise TuningError(f"accept length must be in 1..K+1 = 1..{k + 1} tokens per request per "
@@ -316,7 +279,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
          distribution: BatchDistribution, accept_len: float,
          work_limit: int = DEFAULT_WORK_LIMIT,
          exclude_compile_outlier: bool = True) -> TuningResult:
-    """Steps 1-3 of the module docstring. Raises TuningError when no valid choice exists."""
+    """Steps 1-3 (docs/design.md). Raises TuningError when no valid choice exists."""
     if memory_budget_bytes <= 0 or time_budget_s <= 0:
         raise TuningError(f"budgets must be > 0, got memory {memory_budget_bytes} bytes and "
                           f"capture time {time_budget_s} s")

@@ -1,26 +1,8 @@
 """The steady-state checks. Each takes a `Timeline` and a `CheckConfig` and returns one outcome.
 
-1. graph_launches_per_stage: every graph step has its mode's stages (the engine profile's,
-   see `profiling.engines`), each exactly one graph launch (cudaGraphLaunch / cuGraphLaunch),
-   no graph launch outside them, and (where the trace says which graph a launch replayed) each
-   captured graph is launched by one (mode, stage) only: a decode step that replays a verify
-   graph is caught even inside a `decode` range.
-2. eager_kernels_in_graph_steps: a graph step launches at most `max_eager_kernels` kernels
-   eagerly outside the engine's stated set (none for the reference engine: accept/commit
-   bookkeeping; SGLang's host glue for the SGLang worker); every name is listed, the stated
-   set's launches counted per family. Kernels inside a stage the engine states as deliberate
-   eager work (the SGLang worker's lazy `catch_up`) are counted and reported on their own.
-3. no_capture_instantiate_malloc: no stream capture, graph instantiation/update or memory
-   allocation in steady state, on any thread of the process.
-4. switch_adds_no_api_calls: a step whose mode differs from the previous step's makes no API
-   call a typical non-switch step of the same key does not make (per name, more than the
-   median count), and the same holds for the calls between steps around a switch. Status
-   polls (api_names.POLLING) are reported in the notes but not compared: their count follows
-   how long the host polls, not what it submits. Calls inside a stated eager stage (lazy
-   `catch_up`: draft work deferred from decode steps, due at the switch back by design) are
-   left out of the comparison and reported; check 3 still covers them.
-5. gpu_identity: GPU name, SM{major}{minor}, engine and attention backend (fails only when an
-   expected SM is given and differs).
+graph_launches_per_stage, eager_kernels_in_graph_steps, no_capture_instantiate_malloc,
+switch_adds_no_api_calls, gpu_identity: what each asserts and why is in docs/design.md,
+"Seeing what the worker does" (profile checks).
 """
 
 from __future__ import annotations

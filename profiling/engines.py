@@ -1,19 +1,10 @@
 """What a step of each engine is expected to launch: the checker's engine expectation profiles.
 
-    reference  the reference engine (dual_graph_worker/engines/reference): spec = draft, verify,
-               draft_extend graphs; decode = the decode graph; no eager kernel is expected, so
-               every eager launch counts against --max-eager-kernels (accept/commit bookkeeping).
-    sglang     the SGLang worker (dual_graph_worker/engines/sglang): spec = EAGLE-3's own draft,
-               verify and draft-extend graphs (eagle_worker_v2.py:1103-1198); decode = the decode
-               pool's graph plus, with keep-current continuity, the width-1 draft-extend graph
-               (draft_sync.py). SGLang runs host glue between its graphs eagerly (input
-               preparation, attention metadata, tree building, verify sampling, argmax), so the
-               kernels of a stated set below are allowed, counted and reported; only kernels
-               outside it count against --max-eager-kernels.
-
-A trace names its engine in a `config:engine=...` mark; `--engine auto` (the default) follows it.
-The SGLang set was read from SGLang 0.5.17's source (file names below); nothing here imports
-SGLang, so the checker runs anywhere.
+``reference`` and ``sglang``: each mode's graph stages, and the eager kernel families an engine
+states as its host glue (allowed, counted and reported rather than counted against
+--max-eager-kernels). A trace names its engine in a ``config:engine=...`` mark; ``--engine auto``
+(the default) follows it. The SGLang set was read from SGLang 0.5.17's source (file names
+below); nothing here imports SGLang. docs/design.md, "Seeing what the worker does".
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Nsight Systems report -> `Trace`, through its SQLite export.
 
-Tables read (each one optional; nsys creates tables lazily, and columns vary by version, so
-every SELECT names only the columns that exist):
-- StringIds(id, value): text behind every *Id column.
-- NVTX_EVENTS(start, end, eventType, text, textId, globalTid, domainId): eventType 34 is a
-  mark, 59 a push/pop range, 60 a start/end range, 75 creates a domain (text = its name);
-  a registered-string message has NULL `text` and its text in StringIds via `textId`.
-- CUPTI_ACTIVITY_KIND_RUNTIME (and CUPTI_ACTIVITY_KIND_DRIVER where a version writes driver
-  calls apart): start, end, nameId -> StringIds, correlationId, globalTid.
-- CUPTI_ACTIVITY_KIND_KERNEL(correlationId, shortName/demangledName -> StringIds, globalPid,
-  graphNodeId): names the kernel an eager launch ran. With --cuda-graph-trace=graph, graph
-  replays are whole-graph rows in CUPTI_ACTIVITY_KIND_GRAPH_TRACE and their kernels are absent
-  here; with =node they are here with a graphNodeId, and are skipped. Both names are kept:
-  the short one for display, the demangled one for namespace patterns (at::native::...).
-- CUPTI_ACTIVITY_KIND_GRAPH_TRACE(correlationId, graphExecId, graphId, globalPid): which graph
-  each graph launch replayed.
-- TARGET_INFO_GPU(name, computeMajor, computeMinor): the GPU identity.
-globalTid packs the process id in bits 24..47 and the thread id in bits 0..23.
+Every table is optional and every SELECT names only the columns that exist, since nsys creates
+tables lazily and columns vary by version. Which tables and columns are read, and how
+``globalTid`` packs process and thread: docs/design.md, "Seeing what the worker does".
 """
 
 from __future__ import annotations

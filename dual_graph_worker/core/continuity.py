@@ -1,15 +1,9 @@
 """Keeping the draft model's state valid while speculation is off: the strategies' contract.
 
-- KEEP_CURRENT: every decode-mode step also runs a one-token draft extend, so a switch back to
-  speculation is free and every step pays the draft.
-- LAZY_CATCH_UP: decode-mode steps only stash the target's EAGLE-3 features; before the next
-  speculative step one draft extend catches each request up. Prompts admitted while decoding
-  may skip the draft's prefill the same way.
-
-Each engine implements both behind its own protocol (a subclass of `ContinuityStrategy` whose
-call points take that engine's batch): the worker calls them at fixed points (prefill, before a
-speculative step, around a decode step) and never asks which one it holds. The draft never
-drafts from a stale state: a speculative step first catches up every row that is behind.
+KEEP_CURRENT runs a one-token draft extend in every decode-mode step; LAZY_CATCH_UP stashes the
+target's features and catches the draft up before the next speculative step. Each engine
+implements both behind its own subclass of `ContinuityStrategy`, called at fixed points; the
+worker never asks which it holds. docs/design.md, "Draft state across switches".
 """
 
 from __future__ import annotations

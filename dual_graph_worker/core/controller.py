@@ -1,18 +1,11 @@
 """The goodput controller: each step runs the mode the server measured to be faster.
 
-Per step it compares the expected seconds per output token of each mode at this batch:
-
-    decode: t_decode(pad) / bs                 + q * delta * (0 if decode defers the draft prefill)
-    spec:   t_spec(pad) / (a * bs)             + q * delta
-            + kappa * catch_up / (H * a * bs)    (only when leaving decode: the switch's catch-up)
-
-t_mode(pad): end-to-end step seconds per (mode, padded bs), measured while serving (start-up
-calibration is only the prior); a: expected accept length of the requests in the batch; q: prompt
-tokens per output token; delta: the draft's extra seconds per prompt token; kappa: catch-up
-seconds per draft token; H: the steps a switch is amortised over. docs/design.md derives it.
-Exploration re-measures the mode not chosen within a step-time budget so stale estimates heal.
-Timings are rank-local: they reach the estimates only through `exchange`, so decisions read
-only rank-common values.
+Per step it compares the expected seconds per output token of each mode at this batch, from
+step times measured while serving (the start-up calibration is only the prior), each request's
+expected accept length, the prompt share and the draft's prefill and catch-up costs; exploration
+re-measures the mode not chosen within a step-time budget. Timings are rank-local and reach the
+estimates only through `exchange`, so decisions read only rank-common values. docs/design.md,
+"The controller", derives the cost model.
 """
 
 from __future__ import annotations

@@ -2,21 +2,11 @@
 
     with step_range("spec", padded_bs=8, graph=True):
         with stage_range("draft"): ...
-        with stage_range("verify"): ...
     mark_switch("spec", "decode")
 
-Listeners, decided once at import except the last:
-- the `nvtx` package (domain "dgw"): it hands back a dummy domain when no tool (nsys) is
-  injected, so "listening" is exactly "a profiler is attached";
-- else `torch.cuda.nvtx` (default domain; it cannot report whether a tool is attached, so it
-  is used when Nsight's injection variable NVTX_INJECTION64_PATH is set);
-- a running torch.profiler (checked per call, ~0.1 us, without importing torch): names go out
-  as `record_function` ranges so `profiling.torch_trace` can check a Chrome trace when nsys
-  is missing.
-When none listens, every range is one shared `nullcontext` and no name string is built.
-DGW_NVTX=0 in the environment switches all emission off.
-
-Names come from `dual_graph_worker.core.nvtx_names`, which the checker parses with the same code.
+Listeners: the ``nvtx`` package, else ``torch.cuda.nvtx`` under Nsight, and a running
+torch.profiler; ``DGW_NVTX=0`` switches emission off. Names come from ``nvtx_names``.
+docs/design.md, "Seeing what the worker does", says how listening is decided.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The NVTX naming convention of the worker: one place that formats and parses every name.
 
-The emitter (`dual_graph_worker.core.nvtx`) formats names with these functions and the checker parses
-them back with `parse`, so the two can never drift apart. All names live in the NVTX domain
-`DOMAIN`; with the torch.profiler fallback they are `record_function` names.
-
-    step:{mode}:bs{padded_bs}        a step that replays graphs (range)
-    step:{mode}:eager-bs{bs}         a step that ran eagerly (range)
-    stage:{stage}                    draft, verify, draft_extend, decode, accept, commit,
-                                     catch_up (range)
-    switch:{old}->{new}              the worker changed mode (mark)
-    capture:{label}                  a graph was captured (mark)
-    steady_state_begin               warm-up and capture are over (mark, once)
-    config:{key}={value}             engine, attention_backend, num_draft_tokens, ... (mark)
+The emitter (``dual_graph_worker.core.nvtx``) formats names with these functions and the checker
+parses them back with ``parse``, so the two cannot drift apart. All names live in the NVTX domain
+``DOMAIN``. The table of names: docs/design.md, "Seeing what the worker does".
 """
 
 from __future__ import annotations

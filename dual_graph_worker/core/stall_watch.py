@@ -1,19 +1,13 @@
 """Stall watch: where a serving thread is when it stops starting steps.
 
 A diagnostic, off unless asked for (the SGLang worker: ``DGW_STALL_TRACE=path``). The serving
-thread calls `beat()` at the start of every step (one float store). A daemon thread checks every
-``period_s``; while no beat has come for ``threshold_s`` it samples the serving thread's Python
-stack (``sys._current_frames``) and appends one JSON line per sample:
+thread calls `beat()` at the start of every step; while no beat has come for ``threshold_s`` a
+daemon thread appends the serving thread's Python stack as JSON lines:
 
     {"t": wall time, "gap_s": seconds since the last beat, "steps": beats so far,
      "stack": ["file:line function", ...]}   # innermost frame first
 
-Why not faulthandler.dump_traceback_later: it starts a thread per call (too dear per step) and
-writes no timestamps, and a stall is only useful lined up with the step log's clock. Why a
-sampler and not a profiler: the question is a one-time gap of seconds (a lazy compile, a sync,
-a lock) that a per-step profile averages away. The serving thread must release the GIL for the
-sampler to run, which it does in any wait worth finding (CUDA syncs, subprocess compiles, I/O)
-and every few ms in Python code.
+Why a sampler, and not faulthandler or a profiler: docs/design.md, "Seeing what the worker does".
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """Lazy catch-up, host side: who is behind, by how much, and where the stash has room.
 
-Engine-agnostic (numpy only, no SGLang, no torch), so it is unit-tested on CPU. Part of the
-``lazy-catch-up`` continuity strategy (see lazy_sync.py).
-
-State per request-pool row (SGLang's ``req_pool_idx``): ``count[row]`` = how many tokens the
-draft has not seen. A decode-mode step at pre-step length L for a row leaves position L behind
-(the target wrote its KV; the draft did not), so after k decode steps since the row was last
-current, the draft is missing exactly positions ``[seq_len - k, seq_len)`` where ``seq_len`` is
-the row's committed length at the next step. Counts are all the host needs: positions follow
-from the device-side ``seq_lens`` of whichever batch runs the catch-up, so no device->host copy
-is ever needed here.
-
-A deferred prefill (``note_prefill``) puts a whole prompt chunk behind at once: the target
-prefilled positions ``[prefix, prefix + extend)`` and the draft saw none of them, so the row's
-count becomes ``extend`` (plus what an earlier deferred chunk of the same prompt left). That
-keeps the invariant "the draft misses exactly the last ``count`` positions before the committed
-length". A request whose prompt is split over several prefill batches (chunked prefill) is
-"pending" between its chunks: it is in no decode batch yet, so its backlog must survive the
-catch-ups and compactions of the running batch; ``pending_end[row]`` is its committed length
-so far (host-known: prefix + extend of its last chunk).
-
-The stash those positions' features live in is a bump-allocated arena of ``arena_cells`` rows
-(catch_up.StashArena): a decode step of ``bs`` requests takes cells ``[cursor, cursor + bs)``.
-Cells are reclaimed all at once: a catch-up covers every row of its batch that is behind, and
-SGLang runs every decoding request in one batch (the running batch), so after it nothing that is
-still alive is behind, and the arena restarts at cell 0. Rows that are behind but absent from
-that batch are requests that finished, were aborted or were retracted (their pool row is freed
-and reused; a re-admitted request is prefilled again, which resets its row): their backlog is
-dropped and counted as ``orphans_dropped``. Pending rows (above) are the one exception: their
-cells are kept, moved to the arena's front (``live_after_reclaim`` says how many).
-
-A compaction reclaims the orphans' cells without any draft work: the live rows' cells move to
-the arena's front (catch_up.StashArena.compact) and the cursor restarts after them
-(``compacted``). ``plan_room`` chooses between nothing, a compaction and a catch-up. If that assumption were ever wrong for a live
-request, its draft would draft from a stale state until its next prefill; acceptance would drop,
-the emitted tokens would not change (the target verifies every draft at T=0).
+Engine-agnostic (numpy only), so it is unit-tested on CPU. ``count[row]`` is how many of the
+row's last committed positions the draft has not seen; ``pending_end[row]`` marks a chunked
+prompt between deferred chunks, whose backlog survives the running batch's catch-ups and
+compactions. The invariants and why the arena is reclaimed all at once: docs/sglang-0.5.17.md
+§6 ("The stash and its room", "Chunked prompts keep their row").
 """
 
 from __future__ import annotations
@@ -231,7 +201,7 @@ class LazyBacklog:
 
     def caught_up(self, rows, *, forced: bool) -> CatchUpDone:
         """A catch-up ran for `rows` (every row of the batch that was behind). Clears them,
-        drops every other backlog (orphans, see the module docstring) but the pending rows',
+        drops every other backlog (orphans: requests gone while behind) but the pending rows',
         and restarts the arena after the pending cells (the caller moves those to the front).
         With no rows it only drops orphans (an arena filled by requests that are gone)."""
         r = self._rows(rows)

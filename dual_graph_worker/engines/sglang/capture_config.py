@@ -1,36 +1,10 @@
 """A tuned capture config (capture/config.py, ``make capture-tune``) applied to the SGLang worker.
 
-Named by ``DGW_CAPTURE_CONFIG`` (or ``capture_config`` in the ``DGW_CONFIG`` file) and read in
-``init_attention_backends``, before any graph is captured. It sets:
-
-- the decode pool's batch sizes: the config's ``decode_bs`` (capped at ``decode_max_bs`` when
-  that is set), then fitted to the request pool exactly as the default list is;
-- the threshold policy's threshold: the config's crossover (``tuning.crossover_bs``, the largest
-  batch size where speculation was predicted to pay), unless a threshold was set explicitly.
-  Precedence: ``DGW_THRESHOLD`` / ``threshold`` in the DGW_CONFIG file > the crossover > 32.
-
-It cannot set the spec pool. SGLang captures the target-verify, draft and draft-extend graphs
-from its own ``--cuda-graph-bs-decode`` list (the deprecated alias ``--cuda-graph-bs`` works
-too) before and inside the worker's construction, capped at ``spec_max_bs`` by
-server_args_hook.py. So the worker compares that list with the config's and, when they differ,
-logs the flags to restart with; ``dgw capture-flags CONFIG`` prints them up front.
-
-Refusals, each a ConfigError naming the mismatch and the fix: an unreadable or malformed file;
-a config tuned on another GPU (name and compute capability, from torch.cuda); a config tuned
-for another model shape (built from SGLang's model config by ``sglang_model_shape`` with the
-same keys and fingerprint the capture tools use: dual_graph_worker.engines.reference.capture_config.build_model_shape).
-
-Where the numbers come from: ``capture.measure`` times the REFERENCE engine's graphs; nothing
-measures SGLang's graphs yet. The committed H200 configs
-(results/capture/config_h200_llama3-8b_acc{2,3}.json) are of that kind: their model shape is
-the one an SGLang server of Llama-3-8B + EAGLE-3, K=3, triton attention, TP 1, bf16 reports, so
-they load, but their crossover (bs 96 at accept length 2, 256 at 3) is a graph-replay
-prediction. SGLang's end-to-end EAGLE-3 step costs far more than its replays (config.py, "Why
-threshold by default": measured, EAGLE-3 already loses to plain decode by bs 64 at accept 3),
-so on SGLang those thresholds are too high; set DGW_THRESHOLD to keep the decode list and pick
-the threshold yourself.
-
-Nothing here imports SGLang: the worker passes its model configs in, tests pass fakes.
+Read from ``DGW_CAPTURE_CONFIG`` before any graph is captured: it sets the decode pool's batch
+sizes and the threshold policy's threshold, refuses a config tuned for another GPU or model
+shape, and, since the spec pool is SGLang's to capture, prints or logs the server flags that
+match it (``dgw capture-flags``). Nothing here imports SGLang. docs/sglang-0.5.17.md §2,
+"A tuned capture config", says why and where its numbers fall short.
 """
 
 from __future__ import annotations

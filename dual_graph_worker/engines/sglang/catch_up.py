@@ -1,31 +1,10 @@
 """Lazy catch-up, device side but engine-agnostic: the stash and the catch-up batch's indices.
 
 Plain torch (no SGLang), so every index computed here is unit-tested on CPU against a direct
-loop. Part of the ``lazy-catch-up`` continuity strategy (lazy_sync.py runs these tensors through
-SGLang's draft model).
-
-EAGLE-3's draft reads, at position p, the token at p+1 and the target's aux hidden states at p
-(the prefill draft extend shifts the prompt by one; the verify draft extend feeds the target's
-own outputs). A decode-mode step at pre-step length L writes the target KV of position L and
-emits the token at L+1, so it stashes exactly one draft input: (aux at L, token at L+1), filed
-under the KV slot of position L. A catch-up over a request's positions ``[start, end)`` then
-needs, per position, its KV slot (``req_to_token[row, p]``, the same slot the target wrote, also
-the draft KV slot since both pools share one index space) and the stash entry filed under it.
-
-StashArena: ``aux`` [cells, A] and ``tokens`` [cells] hold the features; ``cell_of_slot``
-[KV slots] maps a slot to its cell. A step's cells are a contiguous range handed out by
-backlog.LazyBacklog, so writing them is two slice copies and one ``index_copy_`` by the step's
-``out_cache_loc``; nothing is allocated per step. (A feature row per KV slot, as the reference
-engine keeps, would need KV-slots x 3H x 2 bytes: 21 GB for the 855k slots x 12288 bf16 of the
-measured Llama-3-8B-shaped config, about twice the free memory left after start-up. The arena
-is sized by a memory budget instead, and a full arena triggers a catch-up.)
-
-plan_passes: a catch-up covers each request's backlog with one or more segments; a pass (one
-draft forward) holds at most ``max_tokens`` tokens, and a request's later segments always come
-in later passes, so each segment's prefix (earlier positions) is already in the draft KV when it
-runs. build_catch_up_indices: the index tensors of one pass, computed on the device from the
-batch's device-side ``seq_lens`` (no device->host copy); host mirrors only where the host
-already knows the lengths.
+loop; lazy_sync.py runs these tensors through SGLang's draft model. ``StashArena`` holds the
+(target aux at p, token at p+1) draft inputs filed under position p's KV slot; ``plan_passes``
+splits the backlogs into draft forwards; ``build_catch_up_indices`` computes one pass's indices
+on the device from the batch's ``seq_lens``. docs/sglang-0.5.17.md §6 says why.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The decode pool: a second target CUDA-graph runner in plain DECODE mode, width 1.
 
-Built after the EAGLE-3 graphs, into the same process-wide graph memory pool (FullCudaGraphBackend
-takes it from get_or_create_global_graph_memory_pool), following map section 5:
-
-- its own target attention backend (``_get_attention_backend(init_new_workspace=True)``,
-  restoring ``init_new_workspace`` as eagle_worker_v2.py:1318-1325 does): calling
-  ``init_cuda_graph_state`` again on the verify backend would replace buffers that the verify
-  graphs captured (trap 7);
-- ``speculative_num_draft_tokens=1``: the width comes from the CustomSpecAlgo hook
-  ``get_num_tokens_per_req_for_target_verify`` (spec_utils.resolve_num_tokens_per_req), = 1;
-- ``capture()`` sets DECODE mode (SGLang derives TARGET_VERIFY from the algorithm,
-  decode_cuda_graph_runner.py:264-280) and FULL hidden capture, so EAGLE-3's aux hidden states
-  come out of the graph (llama.py:574-585 -> logits_processor.py:667-680);
-- ``get_spec_info`` returns None: triton asserts a decode batch has none (triton_backend.py:1180);
-- its batch sizes are the plain server's list up to the decode max, not the spec list (see
-  ``capture_bs`` below).
-
-Static inputs: DecodeInputBuffers sizes input_ids/positions/out_cache_loc by this runner's own
-``max_bs * 1`` tokens and seq_lens/req_pool_indices by ``max_bs``; ``share_buffers`` aliases a
-buffer with another runner's only when name, size and dtype all match (input_buffers.py:16-41),
-which is safe because forwards are sequential and every replay refills its inputs first. The
-one buffer that must be *sized* for both pools is the shared logits buffer (GraphSharedOutput):
-``ensure_shared_logits_rows`` enlarges it before the target's verify capture.
+Captured after the EAGLE-3 graphs into the same process-wide graph memory pool, with its own
+attention backend, and swapped into the target ModelRunner's runner slot for one forward.
+docs/sglang-0.5.17.md §3 gives the SGLang contracts (width, mode, batch list, shared logits
+buffer, dispatch).
 """
 
 from __future__ import annotations
@@ -81,11 +63,12 @@ def ensure_shared_logits_rows(model_runner: Any, rows: int) -> int:
 
     Every decode-family runner takes its logits rows from one GraphSharedOutput sized at the
     target's capture as max(spec capture bs) x verify width (model_runner.py:763-767,
-    graph_shared_output.py:28-59), e.g. 48 x 4 = 192. A width-1 decode pool with more rows
-    than that (256 on an H200) would fail its ``get_logits_buffer`` assertion, and a buffer
-    replaced after the verify capture would strand the verify graphs on the old one. So the
-    singleton is installed here, large enough for both, and ``create_for_model_runner`` then
-    reuses it (it keeps any shared buffer with enough rows). Returns the rows installed.
+    graph_shared_output.py:28-59), e.g. 64 x 4 = 256 at the default spec cap. A width-1 decode
+    pool with more rows than that (decode max 512 at TP >= 4, or a smaller spec cap) would fail
+    its ``get_logits_buffer`` assertion, and a buffer replaced after the verify capture would
+    strand the verify graphs on the old one. So the singleton is installed here, large enough
+    for both, and ``create_for_model_runner`` then reuses it (it keeps any shared buffer with
+    enough rows). Returns the rows installed.
     """
     need = max(int(rows), int(model_runner.max_decode_logits_rows()))
     import torch
@@ -147,12 +130,12 @@ class DecodePool:
 
         ``ModelRunner._forward_raw`` replays ``decode_cuda_graph_runner`` whenever its
         ``can_run_graph`` passes and never compares modes (model_runner.py:1526-1562), and a
-        DECODE batch passes the verify runner's check (trap 6); the eager fallback plans on
-        ``model_runner.attn_backend``. So both slots are swapped together, as
+        DECODE batch passes the verify runner's check (docs/sglang-0.5.17.md §3); the eager
+        fallback plans on ``model_runner.attn_backend``. So both slots are swapped together, as
         apply_runtime_state does (eagle_worker_v2.py:1412-1415), and restored in ``finally``
         before any speculative step reads them (eagle_utils.py:558-567,
         eagle_worker_common.py:348, 527-534). Whatever is in the slots on entry is what is
-        restored, so a runner SGLang re-captured meanwhile (trap 12) is kept.
+        restored, so a runner SGLang re-captured meanwhile (init_decode_cuda_graph) is kept.
         """
         saved = (model_runner.decode_cuda_graph_runner, model_runner.attn_backend)
         model_runner.decode_cuda_graph_runner = self.runner

@@ -1,28 +1,9 @@
 """Keep-current's one-token draft extend, replayed from CUDA graphs of width 1.
 
-The first GPU run ran the decode-mode draft extend eagerly (draft_sync.py) and lost ~11% of
-decode-mode throughput to plain SGLang at bs >= 64: one draft layer is little GPU work, but its
-eager launches are not. EAGLE-3's own draft-extend graphs cannot serve a decode step: they are
-captured at width K+1 (num_draft_tokens rows a request) and ``can_run_graph`` refuses a batch of
-another width (eagle_draft_extend_cuda_graph_runner.py:280-292). So this module captures a second
-set of DRAFT_EXTEND_V2 graphs at width 1, for the decode pool's batch sizes, into the same
-process-wide graph memory pool (FullCudaGraphBackend takes the global pool), after every other
-capture. It composes SGLang's runner rather than copying it:
-
-- ``captured_req_width`` and ``capture_bs`` are pinned (pinned_attr.py): the values
-  ``EAGLEDraftExtendCudaGraphRunner.__init__`` derives are ignored (num_draft_tokens from the pristine
-  server_args, and the speculative batch list), so its buffers, backend state and capture loop
-  are all sized for width 1 and the decode pool's list (the decode pool's trick, decode_pool.py);
-- a private draft-extend attention backend from SGLang's own DraftBackendFactory, built while
-  ``speculative_num_draft_tokens`` reads 1 (backends read the width once at init, e.g.
-  triton_backend.py:171, and use it for the graph's qo layout, :540-570 and :1137-1150).
-  Calling ``init_cuda_graph_state`` on EAGLE-3's draft-extend backend instead would replace the
-  buffers its width-K+1 graphs captured (map trap 7). The width is restored before any step runs.
-
-Replay goes through the runner's own ``execute`` (it pads the batch, refreshes the static inputs
-and the backend's metadata outside the graph, publishes the WAR read-done event), so the decode
-step calls it exactly as ``_draft_extend_for_decode`` calls EAGLE-3's runner
-(eagle_worker_v2.py:900-932).
+EAGLE-3's own draft-extend graphs are captured at width K+1 and refuse any other width, so this
+composes SGLang's ``EAGLEDraftExtendCudaGraphRunner`` with a pinned width of 1 and the decode
+pool's batch sizes, a private draft-extend backend built while the width reads 1, and SGLang's
+own ``execute`` for replay. Captured last, into the shared graph pool. docs/sglang-0.5.17.md §7.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Keep the draft current through decode-mode steps: a one-token draft extend per step.
 
-A decode step commits one token at position ``seq_lens`` (its target forward wrote that KV slot).
-EAGLE-3's draft state after a speculative step with accept length 1 is exactly: draft KV at
-``seq_lens`` computed from (the token the target just emitted, the target's aux hidden state at
-``seq_lens``), and the proposal/hidden state of that row for the next draft chain. This module
-runs that same draft-extend (DRAFT_EXTEND_V2, what SGLang's steps=0 path runs,
-eagle_worker_v2.py:854-1003) at width 1, so when speculation returns the draft is never stale.
-
-It is composed from SGLang's own pieces: ``EagleDraftExtendInput``, ``prepare_for_draft_extend``
-(with no graph runner, so it plans on the draft-extend backend eagerly; its DRAFT_EXTEND_V2 eager
-metadata reads extend lengths from the batch, triton_backend.py:714-960, so width 1 is valid on
-the backend built for width K+1), ``draft_runner.forward``, and the same proposal step as
-``_draft_extend_for_decode`` (argmax at topk 1, else renormalised top-k). With a width-1 graph
-runner (draft_extend_graph.py) the forward is a graph replay, chosen exactly as
-``_draft_extend_for_decode`` chooses EAGLE-3's (eagle_worker_v2.py:900-932); without one, or for a
-batch beyond its sizes, it runs eagerly.
+Each decode step runs the DRAFT_EXTEND_V2 that an accept-1 speculative step would leave behind
+(draft KV at ``seq_lens`` from the emitted token and the target's aux state there, plus the
+row's next proposal), so when speculation returns the draft is never stale. Composed from
+SGLang's own pieces; replayed from width-1 graphs (draft_extend_graph.py) when they cover the
+batch, else eager. docs/sglang-0.5.17.md §7.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Scheduler facts the worker cannot see from its own calls, through SGLang's HookRegistry.
 
-- The waiting queue's length at a prefill (AFTER ``Scheduler.get_new_batch_prefill``): a burst
-  arrives as several prefill batches, and the deferral decision previews the policy at the
-  size the whole burst grows the batch to. Written onto the prefill batch.
-- When each batch's result has been processed (AFTER ``Scheduler.process_batch_result``): with
-  the launch time, a batch's cost without a device sync of its own (core.timing).
-- The worker's counters in ``/get_server_info`` (AFTER ``Scheduler.get_internal_state``),
-  among them the accept length over speculative steps only. SGLang's own accept-length
-  metrics keep counting decode-mode steps at length 1 (docs/sglang-0.5.17.md says how to read
-  them): leaving those steps out of its window breaks its decode log's division.
-
-Hooks are applied in every scheduler process after the plugins registered. They act only for a
-worker that declares the matching ``dgw_*`` method, and they do not swallow errors: every TP
-rank runs the same code on the same state, so a failure is loud on all of them rather than a
-silent 0 on one.
+AFTER hooks on the scheduler: the waiting queue's length at a prefill (the deferral preview),
+when each batch's result has been processed (a batch's cost, core/timing.py), and the worker's
+counters in ``/get_server_info``. Each acts only for a worker with the matching ``dgw_*`` method
+and swallows no error, so a failure is loud on every TP rank. docs/sglang-0.5.17.md §1.
 """
 
 from __future__ import annotations

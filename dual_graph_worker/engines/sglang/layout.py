@@ -1,15 +1,8 @@
 """Tensors of a decode-mode step, in the layout SGLang's speculative scheduler expects.
 
-Engine-agnostic (plain torch) so the arithmetic is unit-tested on CPU. The contract (map
-section 4, checked against scheduler.py / batch_result_processor.py of SGLang 0.5.17):
-
-- request i's tokens are ``next_token_ids[i*S : i*S + accept_lens[i]]`` with the stride
-  ``S = result.speculative_num_draft_tokens`` read per result, so a decode step reports S = 1,
-  ``next_token_ids`` of shape [bs] and ``accept_lens`` int32 ones;
-- ``new_seq_lens = seq_lens + 1`` (spec v2 keeps seq_lens at the pre-step length);
-- the next draft input carries ``bonus_tokens`` [bs], ``topk_p`` [bs, topk] fp32,
-  ``topk_index`` [bs, topk] int64 and ``hidden_states`` [bs, draft_hidden]: the FutureMap
-  relay fixes these shapes at the first stash, so a decode step must match spec mode exactly.
+Engine-agnostic (plain torch) so the arithmetic is unit-tested on CPU: stride 1, accept lengths
+of one, ``new_seq_lens = seq_lens + 1``, and a next draft input of exactly spec mode's shapes and
+dtypes. The contract: docs/sglang-0.5.17.md §4.
 """
 
 from __future__ import annotations

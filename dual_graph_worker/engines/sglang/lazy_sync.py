@@ -1,144 +1,11 @@
 """Lazy catch-up of the draft (``DGW_CONTINUITY=lazy-catch-up``, the default continuity).
 
-``keep-current`` (draft_sync.py) runs a one-token draft extend in every decode-mode step; on the
-H200 the dual worker was then ~11% slower than plain SGLang at concurrency 64-256. This strategy
-does what the reference engine does (continuity.py, engines/reference/engine.py): a decode-mode
-step only files the target's EAGLE-3 features of its token, and the draft catches up in one
-draft extend per request backlog before the next speculative step (H200, bench-run2/3:
-0.96-0.97 of plain at concurrency 64-256; bench4 showed the rest is the prefill, hence the
-deferred draft prefill below).
-
-Designed by reading SGLang 0.5.17's source; citations are to 0.5.17 (paths under
-``sglang/srt/``). The decode/catch-up path ran on the H200 (correctness-run2/3: exact tokens,
-accept length 4.0 after switching back on the f100 toy).
-
-Decode-mode step (worker._decode_step, lazy branch):
-1. ``make_room``: if the stash arena cannot take this step (backlog.LazyBacklog.plan_room),
-   drop the cells of requests that are gone by a compaction, or, when the live backlog itself
-   does not fit, catch up every row of the batch that is behind first (a "forced" catch-up,
-   proposals discarded). "Room in the arena" below.
-2. The target DECODE replay runs as before. Its ``logits_output.hidden_states`` is the packed
-   aux hidden states [bs, A] (FULL capture; llama.py:574-585 -> logits_processor.py:667-680),
-   sliced to the real batch by the graph runner (decode_cuda_graph_runner.py:1259), and lives in
-   graph-pool memory the next replay may reuse (map trap 10); ``stash`` copies it into the
-   arena right after the forward, before any other replay, in stream order.
-3. ``stash``: arena.write(base, aux, sampled token, out_cache_loc) = two slice copies and one
-   ``index_copy_``, nothing allocated; the host counts the row as one token further behind.
-4. ``carried_draft_input``: the result's next_draft_input must hold four real tensors of spec
-   mode's shapes (the FutureMap fixes them at the first stash, overlap_utils.py:297-340, and
-   filter/merge slice them, eagle_info.py:208-269). The topk_p / topk_index / hidden_states the
-   batch arrived with are already exactly that, so they are carried unchanged (no allocation);
-   bonus_tokens is the sampled token, int32 as the verify path writes it. The carried proposal
-   is stale, and is never drafted from: every row of a lazy decode step is behind afterwards,
-   and ``before_spec_step`` replaces the proposal of every row that is behind.
-
-Speculative step (``before_spec_step``, then EAGLEWorkerV2.forward_batch_generation):
-- Rows behind: ``count`` tokens each, positions ``[seq_lens - count, seq_lens)`` where
-  ``batch.seq_lens`` is the committed length (spec v2 keeps the pre-step length; a decode step
-  published ``seq_lens + 1``). One draft extend (``_run_pass`` per pass of at most
-  ``max_pass_tokens``, usually one pass) feeds, per position p, (token at p+1, target aux at p)
-  from the stash, writes the draft KV at the position's slot ``req_to_token[row, p]`` and takes
-  each request's last row: argmax (topk 1, not HIP) or softmax + fast_topk, as
-  _draft_extend_for_decode does (eagle_worker_v2.py:966-985), plus that row's draft hidden
-  state. These replace the batch's ``spec_info`` topk_p / topk_index / hidden_states rows
-  (out-of-place ``index_copy``; new tensors are bound, none is written in place), then the
-  normal EAGLE-3 step runs and drafts from them.
-- The pass is built the way prepare_for_draft_extend builds SGLang's own draft extend
-  (eagle_worker_common.py:105-209), on a shallow copy of the batch (EAGLE's step still needs the
-  batch): ForwardMode.DRAFT_EXTEND_V2, FULL hidden capture, ``ForwardBatch.init_new``, the
-  draft-extend backend's ``init_forward_metadata`` then ``mark_forward_metadata_ready``, then
-  ``draft_runner.forward``. What differs: per-request extend lengths, and
-  ``EagleDraftExtendInput.select_index`` = each request's last row, so the LM head runs on one
-  row per request (logits_processor.py:500-510; the FULL hidden states stay unpruned and are
-  gathered at the same rows here).
-- Why DRAFT_EXTEND_V2 with variable lengths is valid eagerly on triton: the triton backend's
-  eager ``init_forward_metadata`` treats every extend-family mode alike (the ``else`` branch,
-  triton_backend.py:869-922): kv_indptr from ``extend_prefix_lens``, ``qo_indptr =
-  cumsum(extend_seq_lens)``, no custom mask (causal), ``max_extend_len`` from
-  ``extend_seq_lens_cpu``; ``forward_extend`` is mode-blind (:1250-1420). Positions come from
-  ``compute_position(prefix, extend)`` in init_new (forward_batch_info.py:902-931). The draft's
-  prefill CUDA graph never takes it: it is captured at LAST or NULL hidden capture
-  (prefill_cuda_graph_runner.py:286-295) and refuses a FULL batch (:1081-1085), so
-  ``_forward_raw`` (model_runner.py:1587-1617) runs it eagerly, the same route the keep-current
-  one-token extend takes. Other attention backends are refused at start-up (not verified).
-- Host lengths: with ``batch.seq_lens_cpu`` (triton keeps ``needs_cpu_seq_lens`` True, so the
-  FutureMap publishes it, overlap_utils.py:419-468) the extend lengths go to init_new as host
-  lists; without it, as device tensors plus ``extend_seq_lens_cpu`` (which the host knows from
-  the counts), the gpu_only path prepare_for_draft_extend itself uses.
-
-Stash: a bump-allocated arena of ``DGW_LAZY_STASH_MB`` (default 0 = auto: 40% of the GPU memory
-free once every graph is captured, ~4 GiB = ~175k tokens of a Llama-3-8B-shaped 3 x 4096 bf16
-feature on the H200 bench) plus a KV-slot -> cell map (catch_up.StashArena). A row per KV slot,
-as the reference engine keeps, would need 21 GB at the H200 bench's 855,835-slot pool, twice
-what is free after start-up. It is allocated once, after every CUDA graph capture (so the graphs
-are those of keep-current), and needs at least one cell per request-pool row.
-Also relied on: a committed position's ``req_to_token`` entry never changes while its request
-lives (eagle_prepare_for_decode only allocates beyond ``kv_allocated_len``, eagle_utils.py:
-879-951; rejected slots lie beyond the committed length), so the slot a decode step stashed
-under is the slot the catch-up looks up; and the scheduler's WAR barrier (scheduler.py:
-1664-1679) only takes a fast path on an event a draft-runner *graph* replay publishes
-(eagle_draft_extend_cuda_graph_runner.py:593-596), so the eager catch-up passes leave it as
-keep-current's eager extend does (decode steps: coarse wait; spec steps: EAGLE's own extend).
-
-Prefill, EAGLE's path (``on_prefill``): a request admitted by an extend batch gets its draft
-state from EAGLE's own prefill draft extend (eagle_worker_v2.py:1106-1141), so its row starts
-current; this also resets a row a finished request left behind (rows are reused).
-
-Prefill, deferred (``defer_prefill``). The worker chooses it when the running batch the prefill
-joins will decode: it previews the policy at the batch size that batch grows to, the rows in use
-plus the requests still queued (ModeSelector.preview, decision.expected_batch_size, queue_hook.py).
-Measured on the H200 (bench4, ``--decode-step-time``): the dual worker's decode phase was within
-0.1-2.1% of plain SGLang's but its prefill phase 4-6% slower, EAGLE's draft prefill over every
-prompt token. A request admitted to a batch that will decode may never speculate, so the draft's
-prefill is deferred like a decode step's draft extend: the target prefill runs as on EAGLE's
-path (FULL hidden capture, tp_worker.forward_batch_generation), then each prompt position p is
-filed in the stash as (target aux at p, token at p + 1), the ids EAGLE's prefill extend would feed
-(catch_up.shifted_prompt_tokens, with eagle_utils._eagle_prefill_tail_tokens for the last row),
-under the KV slot ``out_cache_loc`` gave it, and the row's backlog becomes the chunk
-(backlog.note_prefill). The result's next_draft_input holds placeholders of spec mode's shapes
-and dtypes (what _draft_extend_for_prefill returns: topk_p fp32 / topk_index int64 [bs, topk],
-hidden_states [bs, spec hidden]); every such row is behind, so ``before_spec_step`` replaces them
-before anything drafts from them, exactly as for a lazy decode step. Not deferred: mixed or
-DP-extend batches, multimodal batches (EAGLE's prefill extend feeds the image embeddings, the
-stash only token ids), a batch the arena cannot take, and servers with the radix cache on (a
-prompt prefix cached by a request that finished without a catch-up would hold no draft KV, and
-every later request sharing it would draft from that hole). A chunked prompt (one request split
-over prefill batches) stays deferred chunk after chunk: the worker defers any batch that
-continues one, and the backlog keeps it "pending" across the running batch's catch-ups and
-compactions (backlog.py).
-
-Room in the arena: before each lazy decode step, ``make_room`` asks backlog.plan_room. Cells of
-requests that are gone (orphans) are reclaimed by a compaction, which moves the live cells to the
-front (catch_up.StashArena.compact: a sort and chunked gathers, no draft work); only when the
-live backlog itself does not fit is the batch caught up ("forced"). A reserve of one prefill
-chunk (``chunked_prefill_size``) is kept free when a compaction can provide it, so that the next
-prefill can be deferred.
-
-Overlap scheduler (scheduler.py:3560-3650). What this relies on:
-- The worker runs on the forward stream; every kernel here is enqueued there, in launch order.
-- At entry, ``batch.seq_lens`` was gathered from the FutureMap's published lengths after waiting
-  on ``publish_ready`` (resolve_seq_lens_cpu, overlap_utils.py:412-468, called in run_batch before
-  the forward), i.e. the previous forward's ``new_seq_lens``, which a decode step publishes once
-  as ``seq_lens + 1`` (unchanged ``on_publish`` contract).
-- ``batch.spec_info``'s topk_p / topk_index / hidden_states / bonus_tokens were gathered into
-  fresh tensors from the FutureMap buffers on the forward stream (resolve_forward_inputs ->
-  _resolve_spec_extras, overlap_utils.py:365-409), i.e. what the previous forward (possibly
-  still in flight) stashed. Replacing the object's fields is what the resolver itself does; the
-  FutureMap buffers are never written here, only by the scheduler's stash of this step's result.
-- Host bookkeeping happens at launch time, in launch order, which is also the forward stream's
-  order; it never waits on the device. Proposals of in-flight steps are never read on the host.
-- Tensors built for a catch-up are returned to the worker, which parks them in the result's
-  ``extra_keep_alive_refs`` (scheduler.py:3600-3606), as the keep-current path does with its
-  forward batch.
-Non-overlap path (scheduler.py:3658-3680): the same, with ``batch.seq_lens = new_seq_lens`` and
-``batch.spec_info = next_draft_input`` set directly by the scheduler.
-
-Refused with lazy-catch-up (spec_algo.validate_server_args / start-up): PD disaggregation
-(prebuilt decode batches bypass the worker, so a reused row would not be reset), the unified KV
-pool (its virtual slot ids are not known to stay below the pool size), a non-triton draft-extend
-attention backend. Known limit: with the radix cache on, a request that finishes with a backlog
-leaves draft KV that was never written at its last decode-mode positions; a later request that
-reuses that prefix drafts from it. Only acceptance suffers (the target verifies every token).
+A decode-mode step only stashes the target's EAGLE-3 features of its token; before the next
+speculative step one eager draft extend (DRAFT_EXTEND_V2, triton) catches every row that is
+behind up and installs its proposal. A prompt joining a batch that will decode may skip the
+draft's prefill the same way (deferred prefill); with the radix cache on, only under the
+``dual_graph`` radix backend (radix.py). Design: docs/design.md, "Draft state across switches";
+the SGLang contracts relied on: docs/sglang-0.5.17.md §6 and §8.
 """
 
 from __future__ import annotations
@@ -348,7 +215,7 @@ class LazyCatchUp:
                                                                             prefix)
 
     def can_defer(self, batch: Any) -> bool:
-        """Whether this prefill batch's draft extend may be deferred (module docstring)."""
+        """Whether this prefill batch's draft extend may be deferred (docs/sglang-0.5.17.md §6)."""
         if self.defer_prefill_off or batch.forward_mode != ForwardMode.EXTEND:
             return False
         if any(m is not None for m in (getattr(batch, "multimodal_inputs", None) or ())):
@@ -362,7 +229,8 @@ class LazyCatchUp:
     def defer_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
                       next_token_ids: torch.Tensor) -> EagleDraftInput:
         """After the target prefill of `batch`: stash its features instead of EAGLE's draft
-        extend, and return placeholder proposals of spec mode's shapes (module docstring)."""
+        extend, and return placeholder proposals of spec mode's shapes (docs/sglang-0.5.17.md
+        §4, §6)."""
         rows = rows_of(batch)
         self.backlog.drop_abandoned_pending(rows)
         ext, prefix = list(batch.extend_lens), list(batch.prefix_lens)

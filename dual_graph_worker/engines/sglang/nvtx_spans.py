@@ -1,39 +1,8 @@
-"""NVTX for the SGLang worker: the dgw naming convention (dual_graph_worker.core.nvtx_names) on its decode steps.
+"""NVTX for the SGLang worker: the dgw naming convention (core/nvtx_names.py) on its decode steps.
 
-What a profile of ``DualGraphEagleWorker`` shows, per decode-family step (prefill, mixed and idle
-batches are EAGLE-3's own and get no step range):
-
-    step:{mode}:bs{padded_bs}        the whole step (StepSpans.step, in forward_batch_generation)
-    switch:{old}->{new}              a mark before a step whose mode differs from the last one
-    decode mode: stage:decode        target DECODE replay + sampling        (worker._decode_step)
-                 stage:draft_extend  the one-token draft extend (draft_sync) (worker._decode_step)
-    spec mode:   stage:draft, stage:verify, stage:draft_extend  EAGLE-3's own stages, below
-
-The spec step is SGLang's code (EAGLEWorkerV2.forward_batch_generation, eagle_worker_v2.py:
-1103-1198). Instead of copying it to put ranges between its stages, ``install_spec_stage_ranges``
-routes two names that method looks up in its module at call time: ``spec_stage_span(name)``,
-which SGLang already wraps around "draft" and "draft_extend" (:1173, :1194; a torch.profiler-only
-span in 0.5.17), and ``run_eagle_verify``, the whole verify stage (:1495-1496). Both keep doing
-what SGLang's did; they add a dgw stage range. They are installed only once a profiler listens:
-without one nothing in SGLang is touched. draft_sync.py and lazy_sync.py bound their own
-``spec_stage_span`` at import and are not affected, so the decode step's draft extend is not
-ranged twice.
-
-Profiling window (read once per process from the environment; a profiling aid):
-
-    DGW_PROFILE_STEADY_AFTER_STEPS=N  mark steady_state_begin before decode-family step N+1
-                                      (warm-up and the first requests' prefill come first),
-                                      with the config marks (engine, attention backend, K,
-                                      continuity, policy)
-    DGW_PROFILE_STEPS=M               also open an nsys capture range (cudaProfilerStart) one step
-                                      before that mark and close it (cudaProfilerStop) after M
-                                      steady steps; profile with
-                                      nsys --capture-range=cudaProfilerApi --capture-range-end=stop
-
-The capture range is why the worker, not the driver, owns the window: SGLang's Engine.shutdown
-SIGKILLs the scheduler process (kill_process_tree), which could lose the events nsys still
-buffers there; closing the range from inside that process lets nsys collect them while it lives,
-and leaves start-up (weight init, every graph capture) out of the report, which keeps it small.
+Step ranges and switch marks per decode-family step, EAGLE-3's own spec stages routed to dgw
+stage ranges while a profiler listens, and the profiling window (steady-state mark, nsys capture
+range). docs/sglang-0.5.17.md §13 says what is ranged and why the worker owns the window.
 """
 
 from __future__ import annotations
@@ -186,7 +155,7 @@ def _nested(outer: ContextManager[Any], inner: ContextManager[Any]) -> Iterator[
 
 
 def install_spec_stage_ranges(annotator: Annotator) -> bool:
-    """Route EAGLE-3's spec-step stages to dgw stage ranges (see the module docstring).
+    """Route EAGLE-3's spec-step stages to dgw stage ranges (docs/sglang-0.5.17.md §13).
     Idempotent; False when SGLang is not importable (nothing installed)."""
     try:
         from sglang.srt.speculative import eagle_worker_v2 as ew

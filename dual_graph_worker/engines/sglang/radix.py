@@ -1,15 +1,10 @@
 """A radix cache that never makes stale draft KV matchable.
 
-Under lazy catch-up a request's last positions (a deferred prompt, decode-mode tokens) have
-target KV but no draft KV until a catch-up writes it. SGLang inserts a request into the radix
-tree at the end of its prefill, after each chunk and when it finishes; a later request that
-matched such a prefix would draft against draft KV nobody wrote (tokens stay right, acceptance
-silently drops). This cache inserts only the prefix whose draft KV is valid; the rest is freed
-by SGLang's own code, as an unaligned tail is. With the tree kept valid, deferral is safe with
-the radix cache on.
-
-``cache_finished_req`` and ``cache_unfinished_req`` are SGLang 0.5.17's
-(mem_cache/radix_cache.py:434-553) with one added line each: the key clamp.
+Under lazy catch-up a request's last positions can have target KV but no draft KV yet; this
+cache inserts only the prefix whose draft KV is valid and lets SGLang free the rest as an
+unaligned tail, so deferral is safe with the radix cache on. ``cache_finished_req`` and
+``cache_unfinished_req`` are SGLang 0.5.17's (mem_cache/radix_cache.py:434-553) with one added
+line each, the key clamp. docs/sglang-0.5.17.md §8.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Server-argument adjustments that make one server hold both pools.
 
-Runs in the main process only, from the spec class's ``handle_server_args`` right after
-EAGLE3's own handling (``_handle_eagle_family``, speculative_hook.py:525-681), while ServerArgs
-still accepts plain assignment (it is frozen by ``materialize_declarations`` afterwards and then
-pickled to the scheduler processes).
-
-1. ``max_running_requests``: ``_handle_eagle_family`` defaults it to 48 when unset. The decode
-   mode must admit as many requests as a plain server, so an unset value is put back to unset
-   (the KV-sized default, kv_cache_configurator.resolve_max_num_reqs). A user's explicit value
-   is kept.
-2. The spec pool: every speculative runner (target verify, draft chain, draft extend) sizes its
-   capture list from ``cuda_graph_config.decode.bs`` clamped to the request pool
-   (base_cuda_graph_runner.get_batch_sizes_to_capture). Once the 48 cap is lifted that list
-   would reach the decode max (256 on an H200), so it is capped at ``spec_max_bs``; the spec
-   pool then matches what static EAGLE-3 captures at its defaults.
-   ``cuda_graph_config.decode.max_bs`` is left alone: it is the decode pool's top.
-3. The radix cache: with lazy catch-up and the radix cache on, the tree is SGLang's RadixCache
-   made draft-valid (radix.py: only prefixes with draft KV are inserted), through
-   ``--radix-cache-backend``, unless the user named another backend.
+Runs in the main process only, right after EAGLE3's own handling: lifts the 48-request default,
+caps the spec capture list at ``spec_max_bs`` (leaving ``decode.max_bs``, the decode pool's top,
+alone) and, under lazy catch-up with the radix cache on, names the ``dual_graph`` radix backend.
+docs/sglang-0.5.17.md §2 gives the SGLang contracts and the reasons.
 """
 
 from __future__ import annotations

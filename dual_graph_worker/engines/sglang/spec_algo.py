@@ -1,16 +1,9 @@
 """The registered algorithm: a CustomSpecAlgo that SGLang treats exactly like EAGLE3.
 
-SGLang dispatches on the algorithm's predicates, never on its type (spec_info.py:30-60), so
-mirroring EAGLE3's predicates (spec_info.py:95-245) keeps every EAGLE-3 branch: aux hidden-state
-capture in the target, FULL hidden capture for verify, the 3H draft input, draft KV budgeting,
-bigram radix keys, the FutureMap relay of topk/hidden states. Three methods the registry's
-conformance check does not cover are called unconditionally by the scheduler
-(`carries_draft_hidden_states`, `create_future_map`, `need_topk`): without them a plain
-CustomSpecAlgo dies with AttributeError at scheduler init (map trap 1).
-
-What differs from EAGLE3, on purpose: `handle_server_args` runs EAGLE3's handling and then lifts
-the 48-request default and caps the spec pool (server_args_hook.py). Features SGLang gates on the
-literal string "EAGLE3" (adaptive speculation, rejection sampling) stay off; the validator says so.
+It mirrors EAGLE3's predicates (SGLang dispatches on them, never on the type), adds the three
+methods the scheduler calls unconditionally but CustomSpecAlgo lacks, runs EAGLE3's server-args
+handling then server_args_hook.py's, and refuses the flags the worker does not support.
+docs/sglang-0.5.17.md §1-2.
 """
 
 from __future__ import annotations

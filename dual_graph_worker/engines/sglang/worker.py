@@ -1,15 +1,11 @@
 """DualGraphEagleWorker: EAGLEWorkerV2 plus a plain-decode graph pool, chosen per step.
 
-Start-up, in the scheduler's order: ``init_attention_backends`` plans the decode pool and
-enlarges the shared logits buffer before the target's verify capture; ``init_cuda_graphs``
-captures EAGLE-3's graphs, then the decode pool into the same graph memory pool, then
-(keep-current) width-1 draft-extend graphs, and builds the continuity strategy, the policy and
-the step planner. Nothing is captured or allocated afterwards: a mode switch is a table lookup.
-
-Per decode step: the planner picks the mode; SPEC runs EAGLE-3's own step after the continuity
-strategy brought the draft up to date; DECODE replays the plain decode graph, samples, and hands
-the draft's side to the strategy. Prefills take EAGLE-3's path unless the strategy defers the
-draft's prefill. docs/sglang-0.5.17.md lists the SGLang contracts this relies on.
+Start-up captures EAGLE-3's graphs, then the decode pool into the same graph memory pool, then
+(keep-current) width-1 draft-extend graphs; nothing is captured or allocated afterwards, so a
+mode switch is a table lookup. Per decode step the planner picks the mode: SPEC runs EAGLE-3's
+own step once the continuity strategy brought the draft up to date; DECODE replays the plain
+decode graph and hands the draft's side to the strategy. docs/sglang-0.5.17.md lists the SGLang
+contracts this relies on; docs/design.md the design.
 """
 
 from __future__ import annotations
