@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from capture.config import build_capture_config, load_capture_config, save_capture_config
@@ -23,10 +24,32 @@ from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
 from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
 from capture.units import parse_duration, parse_size
-from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.modes import Mode
 
 EXIT_BAD_INPUT = 2
+
+
+def _accept_len(text: str) -> float:
+    """A finite number >= 1 (the measurements' K bounds it above: the tuner checks that)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"expected accepted tokens per request per spec step, a number in 1..K+1 such as "
+            f"3.0, got {text!r}")
+    return value
+
+
+def _need_measurements(path: str) -> None:
+    """A missing file or a folder, said with the fix (reading and parsing: load_measurements)."""
+    p = Path(path)
+    if not p.is_file():
+        why = "it is a folder" if p.is_dir() else "no such file"
+        raise ConfigError(f"cannot read measurements file {path}: {why}; pass the JSON that "
+                          "`dgw capture-measure` wrote (e.g. results/capture/measurements_*.json)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Choose and report CUDA graph pool batch sizes.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("tune", help="choose spec/decode batch sizes and write a capture config")
+    # Each subcommand's usage names it as `dgw` runs it (dgw capture-tune / capture-report).
+    t = sub.add_parser("tune", prog="dgw capture-tune",
+                       help="choose spec/decode batch sizes and write a capture config")
     t.add_argument("--measurements", required=True, help="recorded measurements JSON")
     t.add_argument("--memory-budget", required=True,
                    help="graph pool memory budget, e.g. 4GiB or 512MiB")
@@ -43,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distribution", default="uniform:1-256",
                    help="expected batch sizes: uniform:LO-HI, geometric[:P], fixed:N, "
                         "inline JSON {\"bs\": weight} or @file.json (default: %(default)s)")
-    t.add_argument("--accept-len", required=True, type=float,
+    t.add_argument("--accept-len", required=True, type=_accept_len,
                    help="expected accepted tokens per request per spec step, 1..K+1")
     t.add_argument("--out", default="capture/config.json",
                    help="capture config to write (default: %(default)s)")
@@ -55,13 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the table lists what was replaced; default: on)")
     t.set_defaults(run=_run_tune)
 
-    r = sub.add_parser("report", help="table and PNG plots of measurements (and a config)")
+    r = sub.add_parser("report", prog="dgw capture-report",
+                       help="table and PNG plots of measurements (and a config)")
     r.add_argument("--measurements", required=True, help="recorded measurements JSON")
     r.add_argument("--config", help="a capture config tuned from these measurements")
     r.add_argument("--distribution",
                    help="batch-size distribution (default: the config's, else uniform over 1.."
                         "the largest measured decode bs)")
-    r.add_argument("--accept-len", type=float,
+    r.add_argument("--accept-len", type=_accept_len,
                    help="accept length for the crossover (default: the config's)")
     r.add_argument("--out-dir", required=True, help="folder for report.txt and the PNGs")
     r.set_defaults(run=_run_report)
@@ -80,6 +106,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run_tune(args: argparse.Namespace) -> int:
+    if Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out} is a folder; pass the config file's path, e.g. "
+                          f"{Path(args.out) / 'config.json'}")
+    _need_measurements(args.measurements)
     memory = parse_size(args.memory_budget)
     seconds = parse_duration(args.time_budget)
     m = load_measurements(args.measurements)
@@ -96,6 +126,9 @@ def _run_tune(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+        raise ConfigError(f"--out-dir {args.out_dir} is a file; pass a folder for the report")
+    _need_measurements(args.measurements)
     m = load_measurements(args.measurements)
     config = (load_capture_config(args.config, expected_gpu=m.gpu, expected_shape=m.model.shape)
               if args.config else None)

@@ -27,6 +27,7 @@ from dual_graph_worker.engines.reference.capture_config import model_shape
 from capture.measurements import GraphMeasurement, Measurements, save_measurements
 from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from dual_graph_worker.engines.reference.calibration import measure_step_latency
+from dual_graph_worker.core.argtypes import output_file, positive_int
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
@@ -95,16 +96,22 @@ def measure(engine, candidates=CANDIDATES, context_len: int = 384, repeats: int 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m capture.measure", description=__doc__,
+    ap = argparse.ArgumentParser(prog="dgw capture-measure", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
-    ap.add_argument("--num-draft-tokens", type=int, default=3)
-    ap.add_argument("--context", type=int, default=384)
-    ap.add_argument("--max-bs", type=int, default=256)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
+    ap.add_argument("--context", type=positive_int, default=384)
+    ap.add_argument("--max-bs", type=positive_int, default=256,
+                    help="largest candidate batch size (candidates: "
+                         f"{', '.join(map(str, CANDIDATES))})")
+    ap.add_argument("--out", type=output_file, required=True, help="measurements JSON to write")
     args = ap.parse_args(argv)
+    if args.max_bs < min(CANDIDATES):
+        ap.error(f"--max-bs {args.max_bs} leaves no candidate batch size; pass at least "
+                 f"{min(CANDIDATES)}")
     if not torch.cuda.is_available():
-        ap.error("capture measurement needs a CUDA GPU (it captures CUDA graphs)")
+        ap.error("capture measurement needs a CUDA GPU (it captures CUDA graphs); run it on a GPU "
+                 "machine, or tune on CPU from a recorded file (dgw capture-tune --measurements)")
     cands = tuple(b for b in CANDIDATES if b <= args.max_bs)
     pair = named_shape(args.model)
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=args.num_draft_tokens,

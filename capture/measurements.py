@@ -9,7 +9,6 @@ tests/data/capture/ holds an example.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -17,7 +16,7 @@ from typing import Any, Mapping, Optional
 from dual_graph_worker.core.jsonio import (check_schema, need_field, need_mapping, need_mode, need_number,
                             read_json,
                             write_json)
-from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo, model_fingerprint
+from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo, model_fingerprint  # noqa: F401 (re-exported)
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 
@@ -146,7 +145,7 @@ class Measurements:
 
 
 def load_measurements(path: str | Path) -> Measurements:
-    return Measurements.from_json(read_json(path, "measurements file"))
+    return Measurements.from_json(read_json(path, "measurements file", "`make capture-measure` on the GPU"))
 
 
 def save_measurements(measurements: Measurements, path: str | Path) -> None:

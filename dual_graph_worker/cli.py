@@ -8,6 +8,11 @@
     dgw capture-measure           GPU: capture time, pool memory and step latency of every candidate
     dgw capture-tune / capture-report   choose the pools' batch sizes under budgets; plots
     dgw capture-flags CONFIG      SGLang server flags + DGW_* env that run a tuned capture config
+    dgw settings [--check]        every DGW_* setting (the docs table), or validate this environment
+    dgw --version                 the package version
+
+`dgw CMD --help` describes a command's options. A bad argument stops the command with one line
+naming the problem and the fix, and exit status 2.
 """
 
 from __future__ import annotations
@@ -19,16 +24,19 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from dual_graph_worker import __version__
 from dual_graph_worker.core.errors import DualGraphError
 
 
 def _make_toy(argv: Sequence[str]) -> int:
+    from dual_graph_worker.core.argtypes import output_dir, positive_int, seed_int
     ap = argparse.ArgumentParser(prog="dgw make-toy-checkpoints",
                                  description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
-    ap.add_argument("dir")
-    ap.add_argument("--hidden", type=int, default=64, help="hidden size = vocab size")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("dir", type=output_dir, help="folder to write (created if missing)")
+    ap.add_argument("--hidden", type=positive_int, default=64,
+                    help="hidden size = vocab size, a multiple of 8")
+    ap.add_argument("--layers", type=positive_int, default=8, help="target layers, at least 4")
+    ap.add_argument("--seed", type=seed_int, default=0)
     args = ap.parse_args(argv)
     from dual_graph_worker.engines.reference.toy import write_toy_checkpoints
     ck = write_toy_checkpoints(args.dir, hidden=args.hidden, layers=args.layers, seed=args.seed)
@@ -39,24 +47,30 @@ def _make_toy(argv: Sequence[str]) -> int:
 
 
 def _profile(argv: Sequence[str]) -> int:
+    from dual_graph_worker.core.argtypes import output_dir, positive_int
+    from profiling.check import sm_name
     ap = argparse.ArgumentParser(
         prog="dgw profile",
         description="Profile the scripted workload (warm-up, hold spec, hold decode, alternate) "
                     "under nsys when it is on PATH, else torch.profiler; then check the profile.")
     ap.add_argument("--model", choices=["tiny", "llama3-8b"], default="tiny")
-    ap.add_argument("--bs", type=int, default=8)
-    ap.add_argument("--out", default="out/profile")
+    ap.add_argument("--bs", type=positive_int, default=8)
+    ap.add_argument("--out", type=output_dir, default="out/profile")
     ap.add_argument("--backend", choices=["auto", "nsys", "torch"], default="auto")
-    ap.add_argument("--expect-sm", help="fail unless the GPU is this one, e.g. SM90 or SM120")
+    ap.add_argument("--expect-sm", type=sm_name,
+                    help="fail unless the GPU is this one, e.g. SM90 or SM120")
     args = ap.parse_args(argv)
+    use_nsys = args.backend == "nsys" or (args.backend == "auto" and shutil.which("nsys"))
+    if use_nsys and not shutil.which("nsys"):
+        ap.error("nsys is not on PATH; install Nsight Systems or use --backend torch")
+    if args.model == "llama3-8b":
+        import torch
+        if not torch.cuda.is_available():
+            ap.error("the Llama-3-8B-shaped workload needs a CUDA GPU; use --model tiny on CPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workload = [sys.executable, "-m", "profiling.workload", "--model", args.model, "--bs", str(args.bs)]
-    use_nsys = args.backend == "nsys" or (args.backend == "auto" and shutil.which("nsys"))
     if use_nsys:
-        if not shutil.which("nsys"):
-            print("error: nsys is not on PATH; install Nsight Systems or use --backend torch", file=sys.stderr)
-            return 2
         report = out / "workload.nsys-rep"
         cmd = ["nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=graph",
                "--force-overwrite=true", "-o", str(report.with_suffix(""))] + workload
@@ -66,7 +80,8 @@ def _profile(argv: Sequence[str]) -> int:
     print("+ " + " ".join(cmd))
     rc = subprocess.call(cmd)
     if rc != 0:
-        print(f"error: the profiled workload exited with {rc}", file=sys.stderr)
+        print(f"error: the profiled workload exited with {rc} (its output is above)",
+              file=sys.stderr)
         return rc
     from profiling.check import main as check_main
     extra = ["--expect-sm", args.expect_sm] if args.expect_sm else []
@@ -91,6 +106,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "capture-report": (_forward("capture.cli", prefix=("report",)), "tables and plots of measurements"),
     "capture-flags": (_forward("dual_graph_worker.engines.sglang.capture_config"),
                       "SGLang flags and env for a tuned capture config"),
+    "settings": (_forward("dual_graph_worker.core.settings"),
+                 "every DGW_* setting, or --check this environment"),
 }
 
 
@@ -99,9 +116,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"dgw {__version__}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command '{name}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        what = "option" if name.startswith("-") else "command"
+        print(f"error: unknown {what} '{name}'; commands: {', '.join(COMMANDS)} "
+              "(or --help, --version)", file=sys.stderr)
         return 2
     try:
         return COMMANDS[name][0](rest) or 0

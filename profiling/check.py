@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,8 @@ from typing import Optional, Sequence
 from profiling import engines, nsys_sqlite, torch_trace
 from profiling.checks import (CheckConfig, CheckOutcome, DEFAULT_MAX_EAGER_KERNELS,
                               normalize_sm, run_checks)
+from dual_graph_worker.core.argtypes import non_negative_int, output_dir, positive_int
+from dual_graph_worker.core.errors import DualGraphError
 from profiling.errors import ProfileInputError
 from profiling.events import Trace
 try:
@@ -65,13 +69,33 @@ def load_trace(path: Path, work_dir: Path, source: str = "auto") -> Trace:
     if source not in SOURCES:
         raise ProfileInputError(f"unknown source {source!r}; use one of {', '.join(SOURCES)}")
     if not path.exists():
-        raise ProfileInputError(f"{path} does not exist")
-    if source == "torch" or (source == "auto" and _looks_like_torch_trace(path)):
-        return torch_trace.load_chrome_trace(path)
-    if path.name.endswith(nsys_sqlite.REPORT_SUFFIXES):
-        return nsys_sqlite.load_sqlite(nsys_sqlite.export_sqlite(path, work_dir))
-    if nsys_sqlite.is_sqlite(path):
-        return nsys_sqlite.load_sqlite(path)
+        raise ProfileInputError(f"{path} does not exist; check the path (an .nsys-rep, its "
+                                ".sqlite export or a torch trace .json)")
+    if path.is_dir():
+        raise ProfileInputError(f"{path} is a folder; pass the report file inside it "
+                                "(.nsys-rep, .sqlite or a torch trace .json)")
+    try:
+        if source == "torch" or (source == "auto" and _looks_like_torch_trace(path)):
+            try:
+                return torch_trace.load_chrome_trace(path)
+            except ProfileInputError as exc:
+                raise ProfileInputError(
+                    f"{exc}; pass the file torch.profiler's export_chrome_trace wrote (.json or "
+                    ".json.gz), or name another format with --source") from None
+        if path.name.endswith(nsys_sqlite.REPORT_SUFFIXES):
+            return nsys_sqlite.load_sqlite(nsys_sqlite.export_sqlite(path, work_dir))
+        if nsys_sqlite.is_sqlite(path):
+            return nsys_sqlite.load_sqlite(path)
+    except DualGraphError:
+        raise
+    except sqlite3.DatabaseError as exc:
+        raise ProfileInputError(
+            f"{path} is a damaged SQLite file ({exc}); export it again with `nsys export "
+            "--type sqlite --force-overwrite true` or pass the .nsys-rep") from None
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ProfileInputError(
+            f"{path} holds malformed events ({type(exc).__name__}: {exc}); pass an unmodified "
+            "profiler output (torch.profiler's export_chrome_trace, or nsys)") from None
     raise ProfileInputError(
         f"cannot tell what {path} is: pass an nsys report (.nsys-rep), its SQLite export, or a "
         "torch.profiler Chrome trace (.json), or name the format with --source")
@@ -109,26 +133,45 @@ def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckCo
     return CheckResult(list(outcomes), summary, md, png, js)
 
 
+# ---------------------------------------------------------------- argument types
+# argparse `type=` functions for the profiling command lines (this one, stall_report, and
+# `dgw profile`), torch-free like the checker; the reference engine's CLIs have their own in
+# dual_graph_worker/engines/reference/demo.py (profiling may not import the `dgw` entry point).
+
+
+def sm_name(text: str) -> str:
+    """A GPU architecture as SM90, sm_90, 9.0 or 90."""
+    try:
+        ok = re.fullmatch(r"SM\d+", normalize_sm(text)) is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU architecture like SM90, 9.0 "
+                                         "or 90 (SM120 for a 12.0 GPU)")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m profiling.check",
+        prog="dgw check-profile",
         description="Check an nsys report (or torch.profiler trace) of the dual-graph worker: one "
                     "graph launch per stage, few eager kernels, no capture/instantiate/malloc "
                     "in steady state, switches that cost only a selection, and the GPU.")
     p.add_argument("report", type=Path, help=".nsys-rep, its .sqlite export, or a torch trace "
                                              ".json")
-    p.add_argument("--out", type=Path, required=True, help="directory for report.md, "
-                                                           "timeline.png, check.json")
+    p.add_argument("--out", type=output_dir, required=True, help="directory for report.md, "
+                                                                "timeline.png, check.json")
     p.add_argument("--source", choices=SOURCES, default="auto")
-    p.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS,
+    p.add_argument("--warmup-steps", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
                    help="steps skipped when the trace has no steady_state_begin mark "
                         f"(default {DEFAULT_WARMUP_STEPS})")
-    p.add_argument("--max-eager-kernels", type=int, default=DEFAULT_MAX_EAGER_KERNELS,
+    p.add_argument("--max-eager-kernels", type=non_negative_int, default=DEFAULT_MAX_EAGER_KERNELS,
                    help="eager kernel launches allowed per graph step "
                         f"(default {DEFAULT_MAX_EAGER_KERNELS})")
-    p.add_argument("--num-draft-tokens", type=int, default=None,
+    p.add_argument("--num-draft-tokens", type=positive_int, default=None,
                    help="K, when the trace lacks a config:num_draft_tokens mark")
-    p.add_argument("--expect-sm", default=None, help="fail unless the GPU is this, e.g. SM90")
+    p.add_argument("--expect-sm", type=sm_name, default=None,
+                   help="fail unless the GPU is this, e.g. SM90")
     p.add_argument("--engine", choices=engines.CHOICES, default=engines.AUTO,
                    help="what a step is expected to launch (profiling/engines.py); auto: the "
                         "trace's config:engine mark, reference when it has none")
@@ -136,21 +179,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.expect_sm is not None:
-        try:
-            normalize_sm(args.expect_sm)
-        except ValueError:
-            print(f"error: --expect-sm {args.expect_sm!r} is not like SM90, 9.0 or 90",
-                  file=sys.stderr)
-            return 2
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        # Bad values (argparse printed usage and one error line) and --help: an exit status
+        # returned, as for every other outcome, so in-process callers get 2 and not an exception.
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     config = CheckConfig(warmup_steps=args.warmup_steps,
                          max_eager_kernels=args.max_eager_kernels,
                          num_draft_tokens=args.num_draft_tokens, expect_sm=args.expect_sm,
                          engine=args.engine)
     try:
         result = check_report(args.report, args.out, config, source=args.source)
-    except ProfileInputError as e:
+    except DualGraphError as e:
+        # ProfileInputError and the like: one line naming the problem and the fix.
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(result.outcomes, result.summary))

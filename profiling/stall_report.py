@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.stall_watch import StallSample, read_stall_samples
+from dual_graph_worker.core.argtypes import positive_int
 
 STDLIB_MARKERS = ("/lib/python3", "/usr/lib/python")
 
@@ -119,11 +120,20 @@ def _log(run_dir: Path, name: str) -> Path:
     return packed if packed.exists() and not plain.exists() else plain
 
 
+def _run_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {what}; pass the suite's run folder (the one "
+                                         "holding steps-*.jsonl and stall-*.jsonl)")
+    return path
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=_run_dir)
     p.add_argument("--name", default="dual-bench", help="the engine's log suffix")
-    p.add_argument("--top", type=int, default=5, help="longest gaps to list")
+    p.add_argument("--top", type=positive_int, default=5, help="longest gaps to list")
     a = p.parse_args(argv)
     steps_path = _log(a.run_dir, f"steps-{a.name}.jsonl")
     stall_path = _log(a.run_dir, f"stall-{a.name}.jsonl")

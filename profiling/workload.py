@@ -18,6 +18,7 @@ import torch
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
+from dual_graph_worker.core.argtypes import non_negative_int, output_file, positive_int
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, PinnedPolicy, Reason
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
@@ -28,7 +29,7 @@ class ScriptedPolicy(PinnedPolicy):
     """Follows a fixed list of modes (then decode)."""
 
     def __init__(self, script: list[Mode], k: int) -> None:
-        super().__init__(Mode.DECODE, k)
+        super().__init__(mode=Mode.DECODE, num_draft_tokens=k)
         self.script = list(script)
 
     def decide(self, inputs):
@@ -88,15 +89,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m profiling.workload", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="tiny")
-    ap.add_argument("--bs", type=int, default=8)
-    ap.add_argument("--hold", type=int, default=10)
-    ap.add_argument("--alternate", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--bs", type=positive_int, default=8)
+    ap.add_argument("--hold", type=positive_int, default=10)
+    ap.add_argument("--alternate", type=positive_int, default=20)
+    ap.add_argument("--warmup", type=non_negative_int, default=3)
     ap.add_argument("--continuity", default="keep-current",
                     choices=[c.value for c in Continuity])
-    ap.add_argument("--torch-profile", help="write a torch.profiler Chrome trace here instead of "
-                                            "relying on an external nsys")
+    ap.add_argument("--torch-profile", type=output_file,
+                    help="write a torch.profiler Chrome trace here instead of relying on an "
+                         "external nsys")
     args = ap.parse_args(argv)
+    if args.model == "llama3-8b" and not torch.cuda.is_available():
+        ap.error("the Llama-3-8B-shaped workload needs a CUDA GPU; use --model tiny on CPU")
     run(args.model, args.bs, args.hold, args.alternate, args.warmup, Continuity(args.continuity),
         args.torch_profile)
     return 0

@@ -9,7 +9,6 @@ import shutil
 import pytest
 import torch
 
-from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_checkpoints,
                                                        engine_from_dummy)

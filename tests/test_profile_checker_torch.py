@@ -110,3 +110,18 @@ def test_real_torch_profiler_run_with_the_emitter(tmp_path):
     assert not by_name[checks.GRAPH_LAUNCHES].passed
     assert "stage verify has 0 graph launches" in by_name[checks.GRAPH_LAUNCHES].violations[0]
     assert by_name[checks.NO_CAPTURE].passed
+
+
+def test_the_scripted_workload_runs_on_cpu_and_its_trace_has_both_modes(tmp_path, capsys):
+    """`dgw profile`'s child process, in-process: the scripted policy drives the reference worker
+    through both modes and the torch trace it writes parses into steps of each."""
+    from profiling.workload import main as workload_main
+
+    trace_path = tmp_path / "w.trace.json"
+    assert workload_main(["--model", "tiny", "--bs", "2", "--hold", "3", "--alternate", "4",
+                          "--warmup", "1", "--torch-profile", str(trace_path)]) == 0
+    assert "switches: " in capsys.readouterr().out
+    from profiling.check import load_trace
+
+    timeline, _ = check_trace(load_trace(trace_path, tmp_path), CheckConfig())
+    assert {"spec", "decode"} <= {s.mode for s in timeline.steps}

@@ -8,7 +8,6 @@ ServerArgs handling and plugin discovery against the real registry.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -245,7 +245,6 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
     step's stages come from EAGLE-3's own hooks, here called the way eagle_worker_v2 calls them."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from dual_graph_worker.core.planner import StepLedger
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
     ew = eagle_module
@@ -286,8 +285,6 @@ def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from dual_graph_worker.engines.sglang import worker as worker_mod
-    from dual_graph_worker.core.planner import StepLedger
-    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
     rec = Recorder()
     monkeypatch.setattr(worker_mod, "nvtx_ranges", rec.annotator())

@@ -12,7 +12,8 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 
 
-def read_json(path: str | Path, what: str) -> Any:
+def read_json(path: str | Path, what: str, made_by: str) -> Any:
+    """`made_by`: the command that writes such a file, named in the error."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -21,7 +22,7 @@ def read_json(path: str | Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{what} {path} is not valid JSON (line {exc.lineno}, column "
-                          f"{exc.colno}: {exc.msg})") from exc
+                          f"{exc.colno}: {exc.msg}); re-run {made_by}") from exc
 
 
 def write_json(data: Any, path: str | Path) -> None:

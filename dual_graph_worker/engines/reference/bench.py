@@ -12,6 +12,7 @@ import argparse
 import gc
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,6 +22,9 @@ import torch
 
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
+from dual_graph_worker.core.argtypes import (existing_file, int_list, name_list, output_dir,
+                                             positive_float, positive_int)
+from dual_graph_worker.core.errors import DualGraphError
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import CyclePolicy, PinnedPolicy
@@ -121,34 +125,55 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dgw bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
-    ap.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--requests-per-level", type=float, default=1.0,
+    ap.add_argument("--concurrency", type=int_list, default="1,2,4,8,16,32,64,128,256",
+                    help="comma-separated integers >= 1")
+    ap.add_argument("--input-len", type=positive_int, default=256)
+    ap.add_argument("--output-len", type=positive_int, default=256)
+    ap.add_argument("--requests-per-level", type=positive_float, default=1.0,
                     help="requests per concurrency level, as a multiple of the concurrency")
-    ap.add_argument("--num-draft-tokens", type=int, default=3)
-    ap.add_argument("--accept-len", type=int, default=3, help="forced accepted length (1..K+1)")
-    ap.add_argument("--spec-max-bs", type=int, default=256,
+    ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
+    ap.add_argument("--accept-len", type=positive_int, default=3,
+                    help="forced accepted length (1..K+1)")
+    ap.add_argument("--spec-max-bs", type=positive_int, default=256,
                     help="top of the dynamic worker's spec pool (the goodput policy decides within it)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", type=name_list(VARIANTS), default=",".join(VARIANTS),
+                    help="comma-separated, from " + ", ".join(VARIANTS))
     ap.add_argument("--dynamic-continuity", default="lazy-catch-up",
                     choices=[c.value for c in Continuity])
-    ap.add_argument("--repeats", type=int, default=1, help="measurements per (variant, concurrency)")
-    ap.add_argument("--capture-config", help="tuned capture config (make capture-tune) for the "
-                                             "dual-pool variants: its pools and calibration")
+    ap.add_argument("--repeats", type=positive_int, default=1,
+                    help="measurements per (variant, concurrency)")
+    ap.add_argument("--capture-config", type=existing_file,
+                    help="tuned capture config (make capture-tune) for the "
+                         "dual-pool variants: its pools and calibration")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-switch", action="store_true")
-    ap.add_argument("--out", default="results/reference")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", type=output_dir, default="results/reference")
+    return ap
 
-    cuda = torch.cuda.is_available()
-    if args.model == "llama3-8b" and not cuda:
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)   # bad values: usage and one error line, exit 2
+    if args.accept_len > args.num_draft_tokens + 1:
+        ap.error(f"--accept-len {args.accept_len} is more than K+1 = {args.num_draft_tokens + 1} "
+                 "tokens a spec step can accept; lower it or raise --num-draft-tokens")
+    if args.model == "llama3-8b" and not torch.cuda.is_available():
         ap.error("the Llama-3-8B-shaped bench needs a CUDA GPU; use --model tiny on CPU")
-    conc = [int(c) for c in args.concurrency.split(",")]
+    try:
+        return _run(args, argv)
+    except DualGraphError as exc:
+        # Errors a user can act on: one line naming the problem and the fix, no traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
+    cuda = torch.cuda.is_available()
+    conc = args.concurrency
     max_bs = max(conc)
     pair = named_shape(args.model)
     ctx = args.input_len + args.output_len + args.num_draft_tokens + 8
@@ -169,7 +194,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                "torch": torch.__version__, "pools": {"spec": sizes.spec, "decode": sizes.decode},
                "variants": {}, "capture": {}, "command": "dgw bench " + " ".join(argv or [])}
     vocab = pair.target.vocab_size
-    names = args.variants.split(",")
+    names = args.variants
     # Build every variant first, then measure them interleaved at each concurrency (order
     # reversed on each repeat) so slow drifts of the machine hit all of them alike.
     tuned = None

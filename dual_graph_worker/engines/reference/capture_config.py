@@ -12,7 +12,7 @@ with its shape built by `build_model_shape` from SGLang's model config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 from dual_graph_worker.core.capture_schema import GpuInfo, build_model_shape, load_capture
 from dual_graph_worker.core.calibration import CalibrationTable

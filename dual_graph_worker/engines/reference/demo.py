@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,9 +20,11 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dual_graph_worker.core.argtypes import int_list, output_dir, positive_float, positive_int, torch_device
+from dual_graph_worker.core.errors import DualGraphError
 from dual_graph_worker.engines.reference.build import EngineSpec, default_device, engine_from_checkpoints
-from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
-                                                     write_toy_checkpoints)
+from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
+                                                     toy_permutations, write_toy_checkpoints)
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.engines.reference.variants import PoolSizes, build_variant
 
@@ -54,23 +57,48 @@ def _plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dgw demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ramp", default="1,4,16,32,16,4,1", help="concurrency of each phase")
-    ap.add_argument("--requests-per-phase", type=float, default=2.0, help="x concurrency")
-    ap.add_argument("--input-len", type=int, default=16)
-    ap.add_argument("--output-len", type=int, default=24)
+    ap.add_argument("--ramp", type=int_list, default="1,4,16,32,16,4,1",
+                    help="concurrency of each phase, comma-separated integers >= 1")
+    ap.add_argument("--requests-per-phase", type=positive_float, default=2.0,
+                    help="x concurrency (> 0)")
+    ap.add_argument("--input-len", type=positive_int, default=16)
+    ap.add_argument("--output-len", type=positive_int, default=24)
     ap.add_argument("--agreement", choices=sorted(AGREEMENT_LEVELS), default="f50",
                     help="toy draft: share of tokens where it agrees with the target")
-    ap.add_argument("--hidden", type=int, default=256, help="toy model width (= vocab)")
-    ap.add_argument("--num-draft-tokens", type=int, default=3)
-    ap.add_argument("--device", default=default_device())
-    ap.add_argument("--out", default="out/demo")
-    args = ap.parse_args(argv)
+    ap.add_argument("--hidden", type=positive_int, default=256,
+                    help="toy model width (= vocab), a multiple of 8")
+    ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
+    ap.add_argument("--device", type=torch_device, default=default_device(), help="cpu or cuda[:N]")
+    ap.add_argument("--out", type=output_dir, default="out/demo")
+    return ap
 
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)   # bad values: usage and one error line, exit 2
+    try:
+        target_cfg, _ = toy_configs(args.hidden)
+    except DualGraphError as exc:
+        ap.error(f"--hidden: {exc}")
+    context = args.input_len + args.output_len + args.num_draft_tokens + 4
+    if context > target_cfg.max_position_embeddings:
+        ap.error(f"--input-len + --output-len + --num-draft-tokens + 4 = {context} is over the toy "
+                 f"model's context of {target_cfg.max_position_embeddings}; lower --input-len or "
+                 "--output-len")
+    try:
+        return _run(args, argv)
+    except DualGraphError as exc:
+        # Errors a user can act on: one line naming the problem and the fix, no traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    ramp = [int(c) for c in args.ramp.split(",")]
+    ramp = args.ramp
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = write_toy_checkpoints(Path(tempfile.mkdtemp(prefix="dgw-toy-")), hidden=args.hidden)

@@ -61,6 +61,23 @@ def toy_permutations(vocab: int, agreement: float, seed: int = 0) -> ToyPermutat
     return ToyPermutations(p, s, agreement)
 
 
+def two_cycle_permutations(vocab: int, seed: int = 0) -> tuple[ToyPermutations, torch.Tensor]:
+    """A target chain of two cycles over halves of the vocabulary, and a draft that agrees on
+    the first (accept length K+1) and never on the second (1). A request stays in the cycle its
+    prompt ends in, so the prompt sets its acceptance. Returns the pair and the easy-token mask."""
+    if vocab < 4 or vocab % 2:
+        raise ConfigError(f"a two-cycle toy needs an even vocabulary >= 4, got {vocab}")
+    order = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+    easy, hard = order[: vocab // 2], order[vocab // 2:]
+    p = torch.empty(vocab, dtype=torch.long)
+    p[easy], p[hard] = easy.roll(-1), hard.roll(-1)
+    s = p.clone()
+    s[hard] = p[p[hard]]              # two ahead: never p(a) in a cycle longer than one
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[easy] = True
+    return ToyPermutations(p, s, 0.5), mask
+
+
 def _perm_matrix(perm: torch.Tensor) -> torch.Tensor:
     """M with M @ e_t = e_{perm[t]}."""
     v = perm.numel()
@@ -77,6 +94,11 @@ def _zero_layer(h_in: int, hidden: int, heads: int, kvh: int, hd: int, inter: in
 
 def toy_configs(hidden: int = 64, layers: int = 8, heads: int = 4, kv_heads: int = 2,
                 max_pos: int = 2048) -> tuple[TargetConfig, DraftConfig]:
+    # hidden = vocab, split into `heads` heads of an even width (rotary embedding pairs).
+    step = 2 * heads
+    if heads < 1 or hidden < step or hidden % step:
+        raise ConfigError(f"toy hidden size (= vocab) must be a positive multiple of {step} "
+                          f"({heads} heads of an even width), got {hidden}; e.g. 64 or 256")
     t = TargetConfig(vocab_size=hidden, hidden_size=hidden, num_layers=layers, num_heads=heads,
                      num_kv_heads=kv_heads, intermediate_size=hidden, max_position_embeddings=max_pos)
     d = DraftConfig(vocab_size=hidden, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
@@ -131,3 +153,20 @@ def write_toy_checkpoints(root: str | Path, hidden: int = 64, layers: int = 8, h
         drafts[name] = save_folder(root / f"draft-{name}", cfg,
                                    draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)))
     return ToyCheckpoints(root, target, drafts)
+
+
+def write_two_cycle_checkpoints(root: str | Path, hidden: int = 64, layers: int = 8,
+                                seed: int = 0) -> tuple[ToyCheckpoints, ToyPermutations,
+                                                        torch.Tensor]:
+    """DIR/target and DIR/draft-two-cycle of `two_cycle_permutations`; returns the folders, the
+    permutations and the easy-token mask."""
+    root = Path(root)
+    tcfg, dcfg = toy_configs(hidden, layers)
+    perms, easy = two_cycle_permutations(hidden, seed)
+    meta = {"seed": seed, "two_cycle": True}
+    target = save_folder(root / "target", tcfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": meta},
+                         target_state_dict(tcfg, toy_target_weights(tcfg, perms)))
+    draft = save_folder(root / "draft-two-cycle",
+                        dcfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": meta},
+                        draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)))
+    return ToyCheckpoints(root, target, {"two-cycle": draft}), perms, easy

@@ -10,9 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional
+from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Optional
 
 from dual_graph_worker.core.planner import StepPlan
 from dual_graph_worker.core.errors import ConfigError

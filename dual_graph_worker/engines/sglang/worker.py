@@ -41,7 +41,7 @@ from dual_graph_worker.core.counters import WorkerCounters
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.planner import StepLedger, StepPlan, StepPlanner, expected_batch_size
+from dual_graph_worker.core.planner import StepLedger, StepPlanner, expected_batch_size
 from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
 from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepTime, accepted,
                                            same_rank)
