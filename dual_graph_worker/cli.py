@@ -1,6 +1,7 @@
 """`dgw`: the command line.
 
     dgw demo                      load ramp on a toy model (CPU default): plain vs static spec vs dynamic
+    dgw accept-shift              acceptance that changes while serving (real, toy two-cycle chain)
     dgw bench                     GPU sweep: tok/s and TPOT per concurrency for every worker variant
     dgw make-toy-checkpoints DIR  HF-format toy target + EAGLE-3 drafts with known acceptance
     dgw profile                   nsys (or torch.profiler) run of a scripted workload, then the check
@@ -97,6 +98,8 @@ def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Calla
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "demo": (_forward("dual_graph_worker.engines.reference.demo"), "load ramp on a toy model with real acceptance"),
+    "accept-shift": (_forward("dual_graph_worker.engines.reference.accept_shift"),
+                     "acceptance that changes while serving, on a toy model"),
     "bench": (_forward("dual_graph_worker.engines.reference.bench"), "concurrency sweep of every worker variant"),
     "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
     "profile": (_profile, "profile the scripted workload and check it"),

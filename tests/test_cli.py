@@ -65,6 +65,10 @@ CASES: list = [
     # dgw itself
     (["nosuch"], "unknown command 'nosuch'; commands: demo"),
     (["--bogus"], "unknown option '--bogus'"),
+    # dgw accept-shift
+    (["accept-shift", "--phases", "easy,medium"], "expected comma-separated easy/hard"),
+    (["accept-shift", "--concurrency", "0"], "expected an integer >= 1, got 0"),
+    (["accept-shift", "--device", "tpu"], "use cpu or cuda[:N]"),
     # dgw demo
     (["demo", "--output-len", "0"], "expected an integer >= 1, got 0"),
     (["demo", "--output-len", "-5"], "expected an integer >= 1, got -5"),

@@ -33,6 +33,7 @@ _WORKLOAD_DECAY = 0.95
 # the first speculative steps after a long decode period speak for the present.
 _ACCEPT_DECAY = 1.0 / 32.0
 _ROW_ALPHA = 0.3
+_RUN_ALPHA = 0.3
 # Local slots after the per-key sums and counts: prefill regressions (with and without the
 # draft: n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds), then catch-up sums.
 _PF = {True: 0, False: 5}
@@ -144,6 +145,10 @@ class GoodputController:
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
         self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
         self._rows = np.full(config.max_rows, np.nan) if config.max_rows else None
+        # What a request not measured yet is expected to accept: the first measurements of the
+        # latest requests (per request, so one long phase of many steps does not outweigh the
+        # requests that came after it). Optimistic until a request is measured.
+        self._fresh = k1
         self._prompt_window = 0.0
         self._output_window = 0.0
         # Decision state.
@@ -152,6 +157,9 @@ class GoodputController:
         self._allowance = float(config.explore_steps)   # the first re-measurement is paid for
         self._explore_left = 0
         self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
+        # Steps a mode has recently run between switches: a switch's catch-up is spread over
+        # this, not over a fixed horizon, so flipping near a tie pays what it really costs.
+        self._run_len = float(config.switch_horizon)
         self._goodput = (None, None)
         self._step_time_memo: dict[tuple[Mode, int], Optional[float]] = {}
 
@@ -203,6 +211,8 @@ class GoodputController:
             self._explore_left -= 1
             return
         self._explore_left = 0
+        if decision.mode is not self._dwell.mode and not self._dwell.dwell_waived:
+            self._run_len += _RUN_ALPHA * (self._dwell.steps_in_mode - self._run_len)
         self._dwell.commit(decision.mode)
 
     @property
@@ -210,19 +220,17 @@ class GoodputController:
         return self._accept_sum / self._accept_weight
 
     def expected_accept(self, rows: Optional[np.ndarray] = None) -> float:
-        """Accept length expected of a batch: its requests' own estimates, the running mean for
-        requests not measured yet."""
+        """Accept length expected of a batch: its requests' own estimates, what the latest
+        requests first measured for requests not measured yet."""
         if rows is None or self._rows is None or not len(rows):
             return self._accept
         v = self._rows[rows]
         known = v == v                                   # not NaN
         k = int(np.count_nonzero(known))
-        if k == 0:
-            return self._accept
         n = len(v)
         if k == n:
             return float(v.sum()) / n
-        return (float(v[known].sum()) + (n - k) * self._accept) / n
+        return (float(v[known].sum()) + (n - k) * self._fresh) / n
 
     def step_time(self, mode: Mode, padded_bs: int) -> Optional[float]:
         """Expected seconds of a step: measured, else the prior scaled by the measured/prior
@@ -304,7 +312,11 @@ class GoodputController:
         self._accept_at = self._step
         if event.rows is not None and self._rows is not None:
             r = self._rows[event.rows]
-            self._rows[event.rows] = np.where(r == r, r + _ROW_ALPHA * (lens - r), lens)
+            first = r != r
+            if first.any():
+                w = 1.0 - (1.0 - _ROW_ALPHA) ** int(np.count_nonzero(first))
+                self._fresh += w * (float(lens[first].mean()) - self._fresh)
+            self._rows[event.rows] = np.where(first, lens, r + _ROW_ALPHA * (lens - r))
 
     def _observe_step(self, event: StepTime) -> None:
         i = self._index.get((event.mode, int(event.padded_bs)))
@@ -390,8 +402,9 @@ class GoodputController:
         if mode is Mode.SPEC or not self.config.defers_prefill:
             cost += self.prompt_per_output() * self.draft_prefill_s_per_token()
         if catch_up_tokens:
-            cost += self.catch_up_s_per_token() * catch_up_tokens / (
-                self.config.switch_horizon * tokens)
+            horizon = min(max(self._run_len, self.config.min_dwell_steps, 1.0),
+                          self.config.switch_horizon)
+            cost += self.catch_up_s_per_token() * catch_up_tokens / (horizon * tokens)
         return cost
 
     def _measured(self, mode: Mode, padded_bs: int) -> bool:
@@ -423,12 +436,12 @@ class GoodputController:
     def _explore(self, mode: Mode, loss: float, pads: Mapping[Mode, int],
                  inputs: PolicyInputs) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
-        current mode: the share of each of its steps the estimates expect to lose (`loss`,
-        at least 5%: nothing is free), plus a catch-up's worth when it enters spec with a
-        backlog. So cheap re-measurements come often and costly ones rarely."""
+        current mode: the share of each of its steps the estimates expect to lose (`loss`, at
+        least 5%: nothing is free), plus a catch-up's worth when it enters spec with a backlog.
+        So cheap re-measurements come often and costly ones rarely."""
         if self.config.explore_budget <= 0:
             return None
-        price = self.config.explore_steps * min(max(loss, 0.05), 1.0)
+        price = self.config.explore_steps * max(min(loss, 1.0), 0.05)
         if mode is Mode.SPEC and inputs.catch_up_tokens:
             t = self.step_time(Mode.DECODE, pads[Mode.DECODE])
             if t:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -20,6 +21,14 @@ class Phase:
     num_requests: int
     input_len: int
     output_len: int
+    output_spread: float = 0.0      # output lengths uniform in output_len * (1 -/+ spread)
+
+    def output_lens(self, rng: np.random.Generator, n: int) -> list[int]:
+        if not self.output_spread:
+            return [self.output_len] * n
+        lo = max(1, round(self.output_len * (1 - self.output_spread)))
+        hi = max(lo, round(self.output_len * (1 + self.output_spread)))
+        return rng.integers(lo, hi + 1, size=n).tolist()
 
 
 @dataclass(frozen=True)
@@ -62,34 +71,83 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_phase(worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: int = 64,
-              collect_outputs: bool = False) -> PhaseResult:
-    rng = np.random.default_rng(seed)
-    device = worker.engine.device
-    admitted = tokens = 0
-    step_seconds = 0.0
-    done, recs = [], []
-    _sync(device)
-    t0 = time.perf_counter()
-    while admitted < phase.num_requests or worker.num_running:
-        room = min(phase.concurrency - worker.num_running, phase.num_requests - admitted, prefill_chunk)
+# (rng, number of prompts, prompt length) -> prompts
+PromptSource = Callable[[np.random.Generator, int, int], list]
+
+
+def uniform_prompts(vocab: int) -> PromptSource:
+    return lambda rng, n, length: rng.integers(0, vocab, size=(n, length)).tolist()
+
+
+class PhaseRun:
+    """One worker's way through a phase, one action (an admission or a step) per `advance`, so
+    several workers can share a noisy machine fairly (`run_side_by_side`). Seconds are the
+    worker's own actions, not the wall time between them."""
+
+    def __init__(self, worker, phase: Phase, vocab: int, seed: int = 0, prefill_chunk: int = 64,
+                 collect_outputs: bool = False, prompts: Optional[PromptSource] = None,
+                 on_step: Optional[Callable[[object], None]] = None) -> None:
+        self.worker, self.phase, self.prefill_chunk = worker, phase, prefill_chunk
+        self.collect_outputs, self.on_step = collect_outputs, on_step
+        self.rng = np.random.default_rng(seed)
+        self.prompts = prompts or uniform_prompts(vocab)
+        self.admitted = self.tokens = 0
+        self.seconds = self.step_seconds = 0.0
+        self.done, self.recs = [], []
+
+    @property
+    def finished(self) -> bool:
+        return self.admitted >= self.phase.num_requests and not self.worker.num_running
+
+    def advance(self) -> None:
+        w, phase = self.worker, self.phase
+        device = w.engine.device
+        t0 = time.perf_counter()
+        room = min(phase.concurrency - w.num_running, phase.num_requests - self.admitted,
+                   self.prefill_chunk)
         if room > 0:
-            prompts = rng.integers(0, vocab, size=(room, phase.input_len)).tolist()
-            res = worker.add_requests(prompts, phase.output_len)
-            tokens += len(res.first_tokens)
-            admitted += room
-            continue
-        ts = time.perf_counter()
-        result = worker.step()
-        step_seconds += time.perf_counter() - ts      # step() waits for its outputs
-        tokens += int(result.accept_lens.sum())
-        recs.append(result.record)
-        done.extend(worker.take_finished())
-    _sync(device)
-    seconds = time.perf_counter() - t0
-    spec = [r.mean_accept_len for r in recs if r.mode.value == "spec"]
-    return PhaseResult(phase.concurrency, admitted, tokens, sum(r.tokens for r in recs), seconds,
-                       step_seconds, len(recs), dict(Counter(r.mode.value for r in recs)),
-                       float(np.mean(spec)) if spec else 0.0,
-                       tuple((f.prompt, f.output) for f in sorted(done, key=lambda f: f.rid))
-                       if collect_outputs else ())
+            res = w.add_requests(self.prompts(self.rng, room, phase.input_len),
+                                 phase.output_lens(self.rng, room))
+            _sync(device)
+            self.tokens += len(res.first_tokens)
+            self.admitted += room
+            self.seconds += time.perf_counter() - t0
+            return
+        result = w.step()                  # step() waits for its outputs
+        dt = time.perf_counter() - t0
+        self.seconds += dt
+        self.step_seconds += dt
+        self.tokens += int(result.accept_lens.sum())
+        self.recs.append(result.record)
+        self.done.extend(w.take_finished())
+        if self.on_step is not None:
+            self.on_step(result)
+
+    def result(self) -> PhaseResult:
+        recs = self.recs
+        spec = [r.mean_accept_len for r in recs if r.mode.value == "spec"]
+        outputs = (tuple((f.prompt, f.output) for f in sorted(self.done, key=lambda f: f.rid))
+                   if self.collect_outputs else ())
+        return PhaseResult(self.phase.concurrency, self.admitted, self.tokens,
+                           sum(r.tokens for r in recs), self.seconds, self.step_seconds,
+                           len(recs), dict(Counter(r.mode.value for r in recs)),
+                           float(np.mean(spec)) if spec else 0.0, outputs)
+
+
+def run_phase(worker, phase: Phase, vocab: int, **kwargs) -> PhaseResult:
+    """One worker through `phase` (PhaseRun's arguments): `prompts` draws the prompts (default:
+    uniform over the vocabulary); `on_step` sees every StepResult after its step."""
+    run = PhaseRun(worker, phase, vocab, **kwargs)
+    while not run.finished:
+        run.advance()
+    return run.result()
+
+
+def run_side_by_side(runs: dict[str, PhaseRun]) -> dict[str, PhaseResult]:
+    """Advance every run one action in turn until all are done: a slow spell of a shared
+    machine then falls on every worker alike, and their ratios stay meaningful."""
+    while not all(r.finished for r in runs.values()):
+        for r in runs.values():
+            if not r.finished:
+                r.advance()
+    return {name: r.result() for name, r in runs.items()}
