@@ -24,16 +24,14 @@ from pathlib import Path
 from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
-from bench.sglang.acc_control import ENV as ACC_ENV  # noqa: E402
-from bench.sglang.model_configs import (  # noqa: E402
+from bench.sglang.acc_control import ENV as ACC_ENV
+from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_eagle3_draft_config,
     write_llama_config,
 )
-from bench.sglang.plugin_shim import pythonpath_env  # noqa: E402
+from bench.sglang.plugin_shim import pythonpath_env
 
 ALGO = "DUAL_GRAPH_EAGLE3"
 ENGINES = ("plain", "eagle3", "dual")

@@ -28,16 +28,14 @@ from pathlib import Path
 from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
-from bench.sglang.model_configs import (  # noqa: E402
+from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_eagle3_draft_config,
     write_llama_config,
     write_word_tokenizer,
 )
-from bench.sglang.plugin_shim import ensure_plugin_discoverable  # noqa: E402
+from bench.sglang.plugin_shim import ensure_plugin_discoverable
 
 ENGINES = ("plain", "eagle3", "dual")
 # bench_serving's result keys the table keeps, in its order.
