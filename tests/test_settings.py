@@ -86,7 +86,7 @@ def test_every_field_is_registered_once_with_help():
 
 def test_the_docs_table_is_generated_from_the_registry():
     doc = (ROOT / "docs" / "settings.md").read_text()
-    assert doc.endswith(docs_table()), "regenerate: dgw settings > docs/settings.md (see its header)"
+    assert doc.endswith(docs_table()), "replace the table in docs/settings.md with what `dgw settings` prints"
     assert all(f"`{s.env}`" in doc for s in REGISTRY)
 
 

@@ -19,7 +19,6 @@ from dual_graph_worker.core.capture_schema import GpuInfo, model_fingerprint
 from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE
 from dual_graph_worker.cli import main as dgw_main
 from dual_graph_worker.engines.sglang.capture_config import (
-    capture_flags,
     load_server_capture_config,
     main as flags_main,
     plan_capture,
@@ -166,18 +165,14 @@ def test_missing_or_garbage_file_is_refused(tmp_path):
 
 # ------------------------------------------------------------------ spec pool: warning, flags
 
-def test_spec_list_warning_names_both_lists_and_the_flag():
+def test_spec_list_warning_names_both_lists():
     plan = plan_capture(Settings(), _load(), frozenset(), str(ACC2))
     assert spec_list_warning(ACC2_JSON["spec_bs"], plan) is None
-    server = [1, 2, 4, 8, 16, 32, 48]                  # SGLang's default, capped at 48
+    server = [1, 2, 4, 8, 16, 32, 48]
     msg = spec_list_warning(server, plan)
     assert msg is not None
     assert str(server) in msg and str(ACC2_JSON["spec_bs"]) in msg
-    flag = "--cuda-graph-bs-decode " + " ".join(str(b) for b in ACC2_JSON["spec_bs"])
-    assert flag in msg and "DGW_SPEC_MAX_BS=96" in msg
-    # With spec_max_bs already large enough, only the flag is asked for.
-    roomy = plan._replace(config=Settings(spec_max_bs=256))
-    assert "DGW_SPEC_MAX_BS" not in spec_list_warning(server, roomy)
+    assert "DGW_CAPTURE_CONFIG" in msg
 
 
 def test_spec_list_warning_ignores_what_the_request_pool_clamps():
@@ -191,30 +186,25 @@ def test_spec_list_warning_ignores_what_the_request_pool_clamps():
     assert spec_list_warning([1, 2, 4, 8, 16, 32], plan, fit=fit) is not None
 
 
-def test_capture_flags_cli_prints_server_flags_and_env(capsys):
+def test_capture_flags_cli_prints_a_complete_launch_line(capsys):
     assert flags_main([str(ACC2)]) == 0
     out = capsys.readouterr().out.splitlines()
-    spec = " ".join(str(b) for b in ACC2_JSON["spec_bs"])
-    assert f"--cuda-graph-bs-decode {spec}" in out
-    assert f"export DGW_CAPTURE_CONFIG={ACC2}" in out
-    assert "export DGW_SPEC_MAX_BS=96" in out
+    launch = next(line for line in out if "sglang.launch_server" in line)
+    assert launch.startswith(f"DGW_CAPTURE_CONFIG={ACC2} python -m sglang.launch_server")
+    for flag in ("--speculative-algorithm DUAL_GRAPH_EAGLE3", "--speculative-num-steps 3",
+                 "--speculative-num-draft-tokens 4", "--attention-backend triton"):
+        assert flag in launch
+    assert "--cuda-graph-bs-decode" not in launch          # the plugin sets the spec list
     assert any("reference engine" in line for line in out)       # honest about the source
-    assert any("--speculative-num-steps 3" in line for line in out)
     # The one-line form, for $(dgw capture-flags --server-args F), through the dgw entry point.
     assert dgw_main(["capture-flags", "--server-args", str(ACC2)]) == 0
-    assert capsys.readouterr().out == f"--cuda-graph-bs-decode {spec}\n"
+    assert capsys.readouterr().out.startswith("--speculative-algorithm DUAL_GRAPH_EAGLE3 ")
 
 
 def test_capture_flags_cli_fails_cleanly_on_a_bad_file(tmp_path, capsys):
     assert dgw_main(["capture-flags", str(tmp_path / "nope.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "nope.json" in err and "Traceback" not in err
-
-
-def test_capture_flags_leave_a_large_enough_spec_max_bs_alone():
-    flags = capture_flags([1, 2, 4, 8], "/c.json", spec_max_bs=48)
-    assert flags.env == (("DGW_CAPTURE_CONFIG", "/c.json"),)
-    assert flags.server_args == ("--cuda-graph-bs-decode", "1", "2", "4", "8")
 
 
 # ============================================================ with SGLang 0.5.17 (CPU only)
@@ -244,18 +234,14 @@ def _server_args(tmp_path, **extra):
                       speculative_eagle_topk=1, speculative_num_draft_tokens=4, **extra)
 
 
-def test_printed_flags_give_sglang_the_tuned_spec_pool(sglang_registered, tmp_path,
-                                                       monkeypatch):
-    flags = capture_flags(ACC2_JSON["spec_bs"], str(ACC2))
-    bs = [int(b) for b in flags.server_args[1:]]
-    for name, value in flags.env:
-        monkeypatch.setenv(name, value)
-    sa = _server_args(tmp_path, cuda_graph_bs_decode=bs)
-    assert sa.cuda_graph_config.decode.bs == ACC2_JSON["spec_bs"]
-    # Without DGW_SPEC_MAX_BS the plugin's cap (64) would cut the tuned list: why it is printed.
-    monkeypatch.delenv("DGW_SPEC_MAX_BS")
-    sa = _server_args(tmp_path / "capped", cuda_graph_bs_decode=bs)
-    assert max(sa.cuda_graph_config.decode.bs) <= Settings().spec_max_bs < max(bs)
+def test_the_config_sets_sglangs_spec_list_at_argument_validation(sglang_registered, tmp_path,
+                                                                  monkeypatch):
+    default = _server_args(tmp_path / "default").cuda_graph_config.decode.bs
+    monkeypatch.setenv("DGW_CAPTURE_CONFIG", str(ACC2))
+    sa = _server_args(tmp_path)
+    assert sa.cuda_graph_config.decode.bs == ACC2_JSON["spec_bs"] != default
+    # Above the plugin's default cap (64): the tuned list is the pool, as tuned.
+    assert max(ACC2_JSON["spec_bs"]) > Settings().spec_max_bs
 
 
 def test_validator_rejects_a_broken_capture_config_at_launch(sglang_registered, tmp_path,
@@ -304,7 +290,8 @@ def test_worker_applies_the_capture_config_before_capture(sglang_registered, mon
     assert w.settings.threshold == ACC2_JSON["tuning"]["crossover_bs"]
     warnings = [r.getMessage() for r in caplog.records
                 if r.levelno == logging.WARNING and r.name.startswith("dual_graph_worker")]
-    assert len(warnings) == 1 and "--cuda-graph-bs-decode 1 2 3 4 6" in warnings[0]
+    # A spec list other than the config's (the plugin sets it at argument validation) is named.
+    assert len(warnings) == 1 and "[1, 2, 4, 8, 16, 32, 48]" in warnings[0]
     # Another GPU: refused before anything is allocated.
     monkeypatch.setattr(GpuInfo, "from_torch",
                         classmethod(lambda cls, index=0: GpuInfo("NVIDIA B200", "10.0")))

@@ -21,10 +21,7 @@ from dual_graph_worker.engines.sglang.server_args_hook import cap_batch_sizes
 from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
 CAPTURE_CONFIG_ENV = BY_KEY["capture_config"].env
-SPEC_MAX_BS_ENV = BY_KEY["spec_max_bs"].env
 THRESHOLD_ENV = BY_KEY["threshold"].env
-# SGLang 0.5.17's name for the decode-phase capture list, which every speculative runner reads.
-SPEC_BS_FLAG = "--cuda-graph-bs-decode"
 
 
 class CapturePlan(NamedTuple):
@@ -44,23 +41,22 @@ class CapturePlan(NamedTuple):
 
 
 class CaptureFlags(NamedTuple):
-    """How to start an SGLang server that runs a capture config's pools."""
+    """How to start an SGLang server that runs a capture config's pools: the plugin reads both
+    lists from the config (the spec list through SGLang's arguments, the decode list itself)."""
 
-    server_args: tuple[str, ...]    # SGLang flags: the spec pool's batch sizes
-    env: tuple[tuple[str, str], ...]  # DGW_* settings for the worker
+    env: tuple[tuple[str, str], ...]    # DGW_* settings for the worker
+    server_args: tuple[str, ...]        # the speculative flags the config was tuned with
 
     def render(self, capture: ServingCapture) -> str:
-        k = capture.num_draft_tokens
-        lines = [f"# SGLang server flags: the spec pool (target verify, draft, draft extend); "
-                 f"pass with --speculative-num-steps {k}",
-                 " ".join(self.server_args),
-                 "# environment of the dual-graph worker: the pools (the goodput controller "
-                 "chooses per step; DGW_POLICY=threshold would use the crossover)"]
-        lines += [f"export {name}={value}" for name, value in self.env]
-        lines.append(f"# tuned on {capture.gpu.describe()} for model shape "
-                     f"{capture.model.fingerprint}, accept length {capture.accept_len:g}, "
-                     f"crossover bs={capture.crossover_bs}; measured on the reference engine's "
-                     "graphs (capture.measure), not SGLang's")
+        env = " ".join(f"{name}={value}" for name, value in self.env)
+        lines = [f"# spec pool bs={list(capture.spec_bs)}, decode pool bs="
+                 f"{list(capture.decode_bs)}: the plugin applies both at start-up; the goodput "
+                 "controller chooses the mode per step",
+                 f"{env} python -m sglang.launch_server --model-path TARGET "
+                 f"--speculative-draft-model-path EAGLE3_DRAFT {' '.join(self.server_args)}",
+                 f"# tuned on {capture.gpu.describe()} for model shape "
+                 f"{capture.model.fingerprint}, accept length {capture.accept_len:g}; measured "
+                 "on the reference engine's graphs (capture.measure), not SGLang's"]
         if capture.synthetic:
             lines.append("# WARNING: tuned on SYNTHETIC measurements (tests and demos only)")
         return "\n".join(lines)
@@ -116,49 +112,41 @@ def spec_list_warning(server_bs: Sequence[int], plan: CapturePlan,
                       fit: Callable[[Sequence[int]], Sequence[int]] = list) -> Optional[str]:
     """A warning when the spec pool SGLang captures is not the config's, or None.
 
-    `server_bs` is SGLang's list (``cuda_graph_config.decode.bs``, after the spec_max_bs cap);
-    `fit` clamps a list to the request pool as SGLang's runners do, and is applied to both, so a
-    small request pool alone never triggers the warning.
+    `server_bs` is SGLang's list (``cuda_graph_config.decode.bs``, which the plugin set from the
+    config at argument validation); `fit` clamps a list to the request pool as SGLang's runners
+    do, and is applied to both, so a small request pool alone never triggers the warning.
     """
     have, want = sorted(set(fit(server_bs))), sorted(set(fit(plan.spec_bs)))
     if have == want:
         return None
-    flags = capture_flags(plan.spec_bs, plan.source, plan.config.spec_max_bs)
-    env = " ".join(f"{name}={value}" for name, value in flags.env if name == SPEC_MAX_BS_ENV)
-    return (f"dual-graph: the server captures its speculative pool at bs={have}, but {plan.source} "
-            f"was tuned for bs={want}. SGLang sizes that pool before the worker starts: restart "
-            f"with `{' '.join(flags.server_args)}`"
-            + (f" and {env} (the plugin caps SGLang's list at spec_max_bs)" if env else "")
-            + f" to use the tuned spec pool (`dgw capture-flags {plan.source}` prints every "
-            "setting)")
+    return (f"dual-graph: the server captures its speculative pool at bs={have}, but "
+            f"{plan.source} was tuned for bs={want}: was {CAPTURE_CONFIG_ENV} set in the "
+            "launching shell (the plugin sets SGLang's list from it before the scheduler starts)?")
 
 
-def capture_flags(spec_bs: Sequence[int], path: str, spec_max_bs: Optional[int] = None
-                  ) -> CaptureFlags:
-    """The flags and settings that make a server capture `spec_bs` and read the config at
-    `path`. DGW_SPEC_MAX_BS is set to the list's top so server_args_hook's cap (64 by default)
-    keeps the whole list; `spec_max_bs`, when already that large, is left alone."""
-    top = max(spec_bs)
-    env = [(CAPTURE_CONFIG_ENV, str(path))]
-    if spec_max_bs is None or spec_max_bs < top:
-        env.append((SPEC_MAX_BS_ENV, str(top)))
-    return CaptureFlags((SPEC_BS_FLAG,) + tuple(str(b) for b in sorted(spec_bs)), tuple(env))
+def capture_flags(capture: ServingCapture, path: str) -> CaptureFlags:
+    """The environment and flags that make a server run the config at `path`."""
+    k = capture.num_draft_tokens
+    flags = ("--speculative-algorithm", "DUAL_GRAPH_EAGLE3", "--speculative-num-steps", str(k),
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1),
+             "--attention-backend", capture.model.shape.get("attention_backend", "triton"))
+    return CaptureFlags(((CAPTURE_CONFIG_ENV, str(path)),), flags)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``dgw capture-flags CONFIG``: what to pass to SGLang and the worker for a capture config."""
     ap = argparse.ArgumentParser(
         prog="dgw capture-flags",
-        description="Print the SGLang server flags (the spec pool's batch sizes) and the DGW_* "
-                    "environment (decode pool, threshold) that run a tuned capture config. The "
-                    "GPU / model-shape check happens when the server starts.")
+        description="Print the launch line that runs a tuned capture config: DGW_CAPTURE_CONFIG "
+                    "and the speculative flags it was tuned with. The GPU / model-shape check "
+                    "happens when the server starts.")
     ap.add_argument("config", help="capture config JSON (make capture-tune)")
     ap.add_argument("--server-args", action="store_true",
                     help="print only the SGLang flags, for $(dgw capture-flags --server-args F)")
     args = ap.parse_args(argv)
     path = str(Path(args.config).resolve())   # the server may start from another directory
     capture = load_capture(path)    # a ConfigError here is one line from `dgw`
-    flags = capture_flags(capture.spec_bs, path)
+    flags = capture_flags(capture, path)
     print(" ".join(flags.server_args) if args.server_args else flags.render(capture))
     return 0
 

@@ -27,7 +27,8 @@ class ServerArgsAdjustment:
             parts.append("max_running_requests left unset (plain-server admission) instead of "
                          "EAGLE's default 48")
         if self.spec_bs_before != self.spec_bs_after:
-            parts.append(f"spec pool capped to bs {list(self.spec_bs_after or ())}")
+            parts.append(f"spec pool bs {list(self.spec_bs_after or ())} (was "
+                         f"{list(self.spec_bs_before or ())})")
         parts.append(f"decode pool up to bs {self.decode_max_bs}")
         if self.radix_cache_backend:
             parts.append(f"radix cache backend {self.radix_cache_backend!r} (only prefixes "
@@ -44,7 +45,8 @@ def cap_batch_sizes(sizes: Sequence[int], cap: int) -> list[int]:
 
 def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
                                  max_running_requests_was_unset: bool,
-                                 draft_valid_backend: Optional[str] = None
+                                 draft_valid_backend: Optional[str] = None,
+                                 spec_bs: Optional[Sequence[int]] = None
                                  ) -> ServerArgsAdjustment:
     """Apply (1), (2) and (3) above to `server_args` in place; returns what changed."""
     restored = False
@@ -56,7 +58,9 @@ def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
     max_bs = None
     if decode_cfg is not None and getattr(decode_cfg, "bs", None):
         before = tuple(sorted(decode_cfg.bs))
-        after = tuple(cap_batch_sizes(decode_cfg.bs, spec_max_bs))
+        # A tuned capture config's spec list is the pool, as tuned; else SGLang's, capped.
+        after = (tuple(sorted(set(int(b) for b in spec_bs))) if spec_bs
+                 else tuple(cap_batch_sizes(decode_cfg.bs, spec_max_bs)))
         decode_cfg.bs = list(after)
         max_bs = decode_cfg.max_bs
     backend = None

@@ -142,8 +142,14 @@ class DualGraphEagle3Spec(CustomSpecAlgo):
         # mixed chunk off, rejection-sampling checks (speculative_hook.py:525-681).
         SpeculativeAlgorithm.EAGLE3.handle_server_args(server_args)
         config = Settings.from_env(os.environ)
+        spec_bs = None
+        if config.capture_config is not None:
+            # The file only here; its GPU and model shape are checked in each scheduler.
+            from dual_graph_worker.engines.sglang.capture_config import load_server_capture_config
+
+            spec_bs = load_server_capture_config(config.capture_config).spec_bs
         adjustment = apply_dual_graph_server_args(
             server_args, spec_max_bs=config.spec_max_bs,
             max_running_requests_was_unset=was_unset,
-            draft_valid_backend=RADIX_BACKEND if config.lazy else None)
+            draft_valid_backend=RADIX_BACKEND if config.lazy else None, spec_bs=spec_bs)
         logger.info("%s: %s", ALGORITHM_NAME, adjustment.describe())
