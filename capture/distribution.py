@@ -7,6 +7,7 @@ Presets (`parse_distribution`):
     fixed:N              always bs = N
     {"1": 0.5, "64": 2}  inline JSON object bs -> weight (normalised)
     @path.json           the same object read from a file
+    steplog:PATH         the batch sizes a server ran, from its step log (DGW_STEP_LOG; .gz ok)
 `max_bs` (the top of geometric, when not given as `geometric:P,max=N`) comes from the caller:
 the CLI passes the largest measured decode batch size.
 """
@@ -100,12 +101,32 @@ def parse_distribution(text: str, max_bs: int) -> BatchDistribution:
             raise ConfigError(f"{text!r}: need 0 < P <= 1 and max >= 1")
         weights = {b: (1 - p) ** (b - 1) for b in range(1, top + 1)}
         return BatchDistribution.from_weights(weights, f"geometric:{p:g},max={top}")
+    if name == "steplog":
+        return _from_step_log(Path(arg), s)
     if name == "fixed":
         if not arg.isdigit() or int(arg) < 1:
             raise ConfigError(f"cannot read {text!r}: write fixed:N with N >= 1, e.g. fixed:64")
         return BatchDistribution.from_weights({int(arg): 1.0}, s)
     raise ConfigError(f"unknown batch-size distribution {text!r}; use uniform:LO-HI, "
-                      "geometric[:P], fixed:N, an inline JSON object {\"bs\": weight} or @file.json")
+                      "geometric[:P], fixed:N, steplog:PATH, an inline JSON object "
+                      "{\"bs\": weight} or @file.json")
+
+
+def _from_step_log(path: Path, description: str) -> BatchDistribution:
+    """Every decode-family step's batch size in a worker's step log, counted."""
+    from dual_graph_worker.core.step_log import read_step_log
+
+    counts: dict[int, float] = {}
+    try:
+        for record, _ in read_step_log(path):
+            counts[record.bs] = counts.get(record.bs, 0.0) + 1.0
+    except OSError as exc:
+        raise ConfigError(f"cannot read step log {path}: {exc.strerror or exc}; write one with "
+                          "DGW_STEP_LOG=PATH on the server") from exc
+    if not counts:
+        raise ConfigError(f"step log {path} holds no steps; write one with DGW_STEP_LOG=PATH on "
+                          "a server under its usual load")
+    return BatchDistribution.from_weights(counts, description)
 
 
 def _from_json_text(body: str, what: str, description: str) -> BatchDistribution:

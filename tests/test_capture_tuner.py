@@ -358,12 +358,32 @@ def test_distribution_presets(tmp_path: Path) -> None:
     assert sum(g.probs.values()) == pytest.approx(1.0)
 
 
+def test_a_servers_step_log_is_a_distribution(tmp_path: Path) -> None:
+    from dual_graph_worker.core.modes import Mode
+    from dual_graph_worker.core.policy import Reason
+    from dual_graph_worker.core.results import StepRecord
+    from dual_graph_worker.core.step_log import StepLogWriter
+
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    for i, bs in enumerate([4, 4, 4, 32]):
+        log.write(StepRecord(i, Mode.DECODE, bs, bs, Reason.GOODPUT, True, bs, 1.0), float(i))
+    log.write_event("catch_up", 9.0, tokens=12)            # events are not steps
+    log.close()
+    assert parse_distribution(f"steplog:{tmp_path / 'steps.jsonl'}", 256).probs == {4: 0.75,
+                                                                                    32: 0.25}
+    # The committed H200 step log (gzipped) reads the same way.
+    logged = parse_distribution(
+        f"steplog:{Path(__file__).parents[1] / 'results/sglang/stall15/steps-dual-bench.jsonl.gz'}", 256)
+    assert sum(logged.probs.values()) == pytest.approx(1.0) and logged.max_bs >= 1
+
+
 @pytest.mark.parametrize("text, message", [
     ("uniform:0-5", "uniform:LO-HI"), ("uniform:9-3", "uniform:LO-HI"),
     ("uniform:abc", "uniform:LO-HI"), ("poisson:3", "unknown batch-size distribution"),
     ("{bad", "not valid JSON"), ('{"x": 1}', "not an integer"), ('{"4": -1}', ">= 0"),
     ('{"4": 0}', "no positive weight"), ("geometric:2", "geometric:P"),
     ("fixed:0", "fixed:N"), ("@/nonexistent/d.json", "cannot read distribution file"),
+    ("steplog:/nonexistent/steps.jsonl", "DGW_STEP_LOG=PATH"),
 ])
 def test_bad_distributions(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
