@@ -332,5 +332,5 @@ class NoDraftWork:
     def on_prefill(self, batch):
         pass
 
-    def before_spec_step(self, batch):
+    def before_spec_step(self, batch, rows):
         return []

@@ -739,7 +739,7 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
         seq_lens_cpu=torch.tensor([seq[r] for r in batch_rows]) if host_lens else None,
         seq_lens_sum=20, spec_info=di, forward_mode=ForwardMode.DECODE, input_ids=None,
         out_cache_loc=None, sampling_info=None)
-    keep = lz.before_spec_step(batch)
+    keep = lz.before_spec_step(batch, sgl.rows_of(batch))
     assert keep and runner.forwards and all(fb.ready for fb in runner.forwards)
     fb = runner.forwards[0]
     v = fb.view
@@ -767,7 +767,7 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
     assert not lz.backlog.count.any() and lz.backlog.cursor == 0
     assert events == [{"forced": False, "requests": 2, "tokens": 4, "passes": 1,
                        "max_backlog": 3, "orphans": 0}]
-    assert lz.before_spec_step(batch) == [] and len(runner.forwards) == 1   # nothing behind
+    assert lz.before_spec_step(batch, sgl.rows_of(batch)) == [] and len(runner.forwards) == 1   # nothing behind
 
 
 def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward):
@@ -790,7 +790,7 @@ def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward):
                             req_pool_indices=torch.tensor([3, 0]),
                             seq_lens=torch.tensor([25, 25]), seq_lens_cpu=None, spec_info=di,
                             sampling_info=None)
-    lz.before_spec_step(batch)
+    lz.before_spec_step(batch, sgl.rows_of(batch))
     assert [f.positions.tolist() for f in runner.forwards] == [[20, 21], [24], [22, 23], [24]]
     assert di.topk_index[:, 0].tolist() == [24, 24] and di.topk_index.shape == (2, 2)
     assert di.hidden_states[:, 0].tolist() == [24., 24.]
@@ -850,7 +850,7 @@ def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     continues = {"chunk": False}
     can_defer = lambda b: b.seq_lens.shape[0] != 7                 # 7: no room
     lazy = SimpleNamespace(on_prefill=lambda b: calls.append("prefill"),
-                           before_spec_step=lambda b: calls.append("catch-up") or ["fb"],
+                           before_spec_step=lambda b, r: calls.append("catch-up") or ["fb"],
                            pending_tokens=lambda rows: 0,
                            defers_prefill_of=lambda b, decodes: can_defer(b) and (
                                decodes() or continues["chunk"]))
@@ -998,7 +998,7 @@ def _decode_fixture(lazy_worker, monkeypatch, lazy):
                         staticmethod(lambda view, mr, **kw: "target-forward-batch"))
     sync_calls = []
 
-    def fake_sync(dw, batch, *, target_hidden, sampled, out_cache_loc, graph_runner):
+    def fake_sync(dw, batch, *, target_hidden, sampled, out_cache_loc, graph_runner, counts=None):
         assert graph_runner == "width-1-graphs"          # the worker's captured graphs
         sync_calls.append((dw, target_hidden, sampled, out_cache_loc))
         return SimpleNamespace(next_draft_input="kept-current", forward_batch="draft-fb")
@@ -1043,6 +1043,29 @@ def test_decode_step_lazy_stashes_and_carries(sgl, lazy_worker, monkeypatch):
     got_aux, got_tok = lz.arena.gather(torch.tensor([3 * 32 + 5, 6 * 32 + 8]))
     assert torch.equal(got_aux, aux) and got_tok.tolist() == [41, 42]
     assert published[0].tolist() == [6, 9]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_only_keep_currents_draft_extend_is_a_draft_extend_stage(sgl, lazy_worker, monkeypatch,
+                                                                 lazy):
+    """A decode step's stages as the profile checker expects them (profiling.engines): the
+    one-token draft extend of keep-current in stage:draft_extend, and lazy's stash in none."""
+    import contextlib
+
+    from dual_graph_worker.core import nvtx
+
+    stages = []
+
+    @contextlib.contextmanager
+    def stage_range(name):
+        stages.append(name)
+        yield
+
+    monkeypatch.setattr(nvtx, "stage_range", stage_range)
+    lz = _bare_lazy(sgl, rows=8, cells=8) if lazy else None
+    w, batch, _, _, published = _decode_fixture(lazy_worker, monkeypatch, lz)
+    w._decode_step(batch, np.array([3, 6]), published.append, None)
+    assert ("draft_extend" in stages) is not lazy and "decode" in stages
 
 
 @pytest.mark.parametrize("host_lens", [True, False])
@@ -1213,7 +1236,7 @@ def test_deferred_chunked_prompt_then_decode_then_catch_up(fake_sglang_forward):
         seq_lens=torch.tensor([7, 11]), seq_lens_cpu=torch.tensor([7, 11]), seq_lens_sum=18,
         spec_info=di, forward_mode=ForwardMode.DECODE, input_ids=None, out_cache_loc=None,
         sampling_info=None)
-    lz.before_spec_step(batch)
+    lz.before_spec_step(batch, sgl.rows_of(batch))
     fb, = runner.forwards
     v = fb.view
     assert fb.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 9, 10]

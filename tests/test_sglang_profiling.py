@@ -295,7 +295,7 @@ def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch
                             extra_keep_alive_refs=None))
     w = bare_sglang_worker(CyclePolicy(hold=1, num_draft_tokens=3), continuity=SimpleNamespace(
         pending_tokens=lambda rows: 0,
-        before_spec_step=lambda b: log.append(("body", "catch-up")) or ["kept"]))
+        before_spec_step=lambda b, r: log.append(("body", "catch-up")) or ["kept"]))
     w._spans = StepSpans(Annotator(None))
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
                             seq_lens=torch.zeros(3, dtype=torch.int64),

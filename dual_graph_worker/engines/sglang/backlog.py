@@ -210,7 +210,7 @@ class LazyBacklog:
         self.count[r] = 0
         self.pending_end[r] = -1
         orphans = self._drop_orphans(keep=r[:0])
-        self.cursor = self.live_after_reclaim(r[:0])
+        self.cursor = self.pending_cells()
         s = self.stats
         if r.size:
             s.catch_ups += 1

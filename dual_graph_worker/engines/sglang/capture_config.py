@@ -100,7 +100,7 @@ def load_server_capture_config(path: str, *, gpu: Optional[GpuInfo] = None,
 
 def plan_capture(config: Settings, capture: ServingCapture, explicit: AbstractSet[str],
                  source: str) -> CapturePlan:
-    """Apply `capture` to `config`; `explicit` holds the keys the user set (config.explicit_keys)."""
+    """Apply `capture` to `config`; `explicit`: the keys the user set (settings.explicit_keys)."""
     decode_bs = (capture.decode_bs if config.decode_max_bs is None
                  else tuple(cap_batch_sizes(capture.decode_bs, config.decode_max_bs)))
     keep = "threshold" in explicit

@@ -237,12 +237,12 @@ def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: tor
     if ends_cpu is not None:
         e = np.asarray(ends_cpu, dtype=np.int64)[seg_req]
         p = e - counts[seg_req] + begin
-        prefix_cpu = [int(x) for x in p]
+        prefix_cpu = p.tolist()
         seq_cpu = torch.from_numpy(p + lens)
     return CatchUpIndices(
         req_pool_indices=tok.rows, positions=tok.positions, slots=tok.slots,
         prefix_lens=tok.prefix.to(torch.int32), extend_lens=sl.to(torch.int32),
-        seq_lens=tok.prefix + sl, last_rows=tok.cum - 1, extend_lens_cpu=[int(x) for x in lens], prefix_lens_cpu=prefix_cpu,
-        seq_lens_cpu=seq_cpu, num_tokens=num_tokens,
-        batch_positions=[int(batch_positions[i]) for i in seg_req],
+        seq_lens=tok.prefix + sl, last_rows=tok.cum - 1, extend_lens_cpu=lens.tolist(),
+        prefix_lens_cpu=prefix_cpu, seq_lens_cpu=seq_cpu, num_tokens=num_tokens,
+        batch_positions=np.asarray(batch_positions, dtype=np.int64)[seg_req].tolist(),
         final=[bool(g.final) for g in segments])

@@ -11,6 +11,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol
 import numpy as np
 import torch
 
+from dual_graph_worker.core import nvtx as nvtx_ranges
 from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
 
@@ -31,8 +32,9 @@ class SGLangContinuity(ContinuityStrategy, Protocol):
                          next_token_ids: torch.Tensor) -> Any:
         """After a target-only prefill: the result's next_draft_input."""
 
-    def before_spec_step(self, batch: Any) -> list:
-        """Bring every row of `batch` up to date; returns keep-alive references."""
+    def before_spec_step(self, batch: Any, rows: np.ndarray) -> list:
+        """Bring every row of `batch` (request-pool `rows`) up to date; returns keep-alive
+        references."""
 
     def before_decode_step(self, batch: Any, rows: np.ndarray) -> list: ...
 
@@ -49,8 +51,11 @@ class KeepCurrent:
     kind = Continuity.KEEP_CURRENT
     defers_prefill = False
 
-    def __init__(self, draft_worker: Any, graph_runner: Optional[Any]) -> None:
+    def __init__(self, draft_worker: Any, graph_runner: Optional[Any],
+                 ones: Optional[torch.Tensor] = None) -> None:
         self.dw, self.graph_runner = draft_worker, graph_runner
+        # Each step's accept counts (0 drafts, 1 token), sliced from tensors made once.
+        self._counts = None if ones is None else (torch.zeros_like(ones), ones)
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return 0
@@ -65,7 +70,7 @@ class KeepCurrent:
                          next_token_ids: torch.Tensor) -> Any:
         raise RuntimeError("keep-current never defers a prefill")
 
-    def before_spec_step(self, batch: Any) -> list:
+    def before_spec_step(self, batch: Any, rows: np.ndarray) -> list:
         return []
 
     def before_decode_step(self, batch: Any, rows: np.ndarray) -> list:
@@ -73,11 +78,13 @@ class KeepCurrent:
 
     def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
                           out_cache_loc: torch.Tensor) -> DecodeDraft:
-        draft = run_one_token_draft_extend(self.dw, batch,
-                                           target_hidden=target.logits_output.hidden_states,
-                                           sampled=target.next_token_ids,
-                                           out_cache_loc=out_cache_loc,
-                                           graph_runner=self.graph_runner)
+        with nvtx_ranges.stage_range("draft_extend"):
+            draft = run_one_token_draft_extend(self.dw, batch,
+                                               target_hidden=target.logits_output.hidden_states,
+                                               sampled=target.next_token_ids,
+                                               out_cache_loc=out_cache_loc,
+                                               graph_runner=self.graph_runner,
+                                               counts=self._counts)
         return DecodeDraft(draft.next_draft_input, [draft.forward_batch])
 
     def describe(self) -> dict:

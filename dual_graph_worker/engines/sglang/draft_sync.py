@@ -33,21 +33,27 @@ class DraftSyncOutput(NamedTuple):
 def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: torch.Tensor,
                                sampled: torch.Tensor,
                                out_cache_loc: torch.Tensor,
-                               graph_runner: Optional[Any] = None) -> DraftSyncOutput:
+                               graph_runner: Optional[Any] = None,
+                               counts: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                               ) -> DraftSyncOutput:
     """Draft-extend one token per request at position ``batch.seq_lens``.
 
     `batch` is the ScheduleBatch of the step (seq_lens at the pre-step length); it is edited in
     place the way SGLang's own draft extend edits it, and the scheduler's _forward_isolation
     restores it afterwards. `target_hidden` is the target's packed aux hidden states [bs, 3H],
     `sampled` the token the step emitted [bs], `out_cache_loc` the step's KV slot [bs],
-    `graph_runner` the width-1 draft-extend graphs (or None: eager).
+    `graph_runner` the width-1 draft-extend graphs (or None: eager), `counts` preallocated int32
+    (zeros, ones) of at least bs rows, read only (None: made here).
     """
     bs = batch.seq_lens.shape[0]
-    device = batch.seq_lens.device
+    if counts is None:
+        device = batch.seq_lens.device
+        counts = (torch.zeros(bs, dtype=torch.int32, device=device),
+                  torch.ones(bs, dtype=torch.int32, device=device))
     extend_input = EagleDraftExtendInput(
         hidden_states=target_hidden,
-        num_correct_drafts=torch.zeros(bs, dtype=torch.int32, device=device),
-        num_accept_tokens=torch.ones(bs, dtype=torch.int32, device=device),
+        num_correct_drafts=counts[0][:bs],
+        num_accept_tokens=counts[1][:bs],
         num_tokens_per_req=1,
         num_tokens_for_logprob_per_req=1,
     )

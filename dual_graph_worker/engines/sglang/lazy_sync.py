@@ -194,7 +194,8 @@ class LazyCatchUp:
         return self.defer_prefill(batch, aux=aux, next_token_ids=next_token_ids)
 
     def describe(self) -> dict:
-        return {"continuity": self.kind.value, "stash_tokens": self.arena.cells, "stash_mib": round(self.arena.nbytes / _MiB, 1),
+        return {"continuity": self.kind.value, "stash_tokens": self.arena.cells,
+                "stash_mib": round(self.arena.nbytes / _MiB, 1),
                 "aux_width": int(self.arena.aux.shape[1]),
                 "max_pass_tokens": self.max_pass_tokens,
                 "deferred_prefill": self.defer_prefill_off or "on"}
@@ -302,9 +303,9 @@ class LazyCatchUp:
         return EagleDraftInput(topk_p=draft_input.topk_p, topk_index=draft_input.topk_index,
                                hidden_states=hs, bonus_tokens=sampled.to(torch.int32))
 
-    def before_spec_step(self, batch: Any) -> list:
-        """Catch up every row of `batch` that is behind and install its proposal."""
-        rows = rows_of(batch)
+    def before_spec_step(self, batch: Any, rows: np.ndarray) -> list:
+        """Catch up every row of `batch` (request-pool `rows`) that is behind and install its
+        proposal."""
         behind = self.backlog.behind(rows)
         if behind.positions.size == 0:
             return []

@@ -17,6 +17,7 @@ Counters are pushed from the worker's host totals every few completed steps, not
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 from dual_graph_worker.core.counters import WorkerCounters
@@ -53,17 +54,14 @@ class PrometheusSeries:
         self.goodput = gauge("dgw_expected_goodput_tokens_per_s",
                              "The controller's expected tokens/s of each mode", ("mode",))
         self._pushed = WorkerCounters()
-        self._pushed_steps: dict = {}
 
     def push(self, counters: WorkerCounters, state: Optional[PolicyState]) -> None:
         """Add what happened since the last push; set the gauges."""
         lb = self._labels
+        last, self._pushed = self._pushed, copy.deepcopy(counters)
         for (mode, reason), n in counters.steps.items():
-            delta = n - self._pushed_steps.get((mode, reason), 0)
-            if delta:
-                self.steps.labels(**lb, mode=mode, reason=reason).inc(delta)
-                self._pushed_steps[(mode, reason)] = n
-        last = self._pushed
+            if n > last.steps[mode, reason]:
+                self.steps.labels(**lb, mode=mode, reason=reason).inc(n - last.steps[mode, reason])
         for series, now, before in (
                 (self.switches.labels(**lb), counters.switches, last.switches),
                 (self.catch_ups.labels(**lb), counters.catch_ups, last.catch_ups),
@@ -77,11 +75,6 @@ class PrometheusSeries:
                  last.prefills - last.deferred_prefills)):
             if now > before:
                 series.inc(now - before)
-        self._pushed = WorkerCounters(switches=counters.switches, catch_ups=counters.catch_ups,
-                                      catch_up_tokens=counters.catch_up_tokens,
-                                      prefills=counters.prefills,
-                                      deferred_prefills=counters.deferred_prefills,
-                                      output_tokens=counters.output_tokens)
         if counters.mode is not None:
             self.spec_mode.labels(**lb).set(1.0 if counters.mode.value == "spec" else 0.0)
         if counters.spec_accept_len is not None:

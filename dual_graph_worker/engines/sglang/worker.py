@@ -85,10 +85,16 @@ class StepTag(NamedTuple):
     padded_bs: int
     catch_up_tokens: int
 
+    def observation(self, seconds: float) -> StepTime:
+        return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens)
+
 
 class PrefillTag(NamedTuple):
     tokens: int
     draft: bool          # EAGLE's draft prefill ran (False: deferred)
+
+    def observation(self, seconds: float) -> PrefillTime:
+        return PrefillTime(self.tokens, seconds, self.draft)
 
 
 class DualGraphEagleWorker(EAGLEWorkerV2):
@@ -195,10 +201,6 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._accept_ones = torch.ones(r2t.shape[0], dtype=torch.int32, device=r2t.device)
         # After every capture, so the graphs (and their pool) are those of keep-current.
         self.continuity = self._build_continuity(mr)
-        if isinstance(self.continuity, LazyCatchUp):
-            # The radix cache is built after the workers; its factory finds this here.
-            setattr(self._target_worker, BEHIND_ATTR, self.continuity.behind)
-            setattr(self._target_worker, UNCLAMPED_ATTR, self.continuity.tree_unclamped)
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps,
@@ -219,11 +221,15 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def _build_continuity(self, mr) -> SGLangContinuity:
         if not self.settings.lazy:
-            return KeepCurrent(self._draft_worker, self._draft_sync.runner)
-        return LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
+            return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones)
+        lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
                            stash_mb=self.settings.lazy_stash_mb,
-                           defer_prefill=self.settings.defer_draft_prefill,
-                           on_event=self._log_lazy_event)
+                           defer_prefill=self.settings.defer_draft_prefill)
+        lazy.on_event = lambda kind, info: self._log_lazy_event(kind, info, lazy.backlog.stats)
+        # The radix cache is built after the workers; its factory finds these here.
+        setattr(self._target_worker, BEHIND_ATTR, lazy.behind)
+        setattr(self._target_worker, UNCLAMPED_ATTR, lazy.tree_unclamped)
+        return lazy
 
     def _capture_draft_sync_graphs(self) -> DraftSyncGraphs:
         """Keep-current's one-token draft extend as width-1 graphs, last into the shared pool."""
@@ -277,14 +283,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if self._stall_watch is not None:
             self._stall_watch.beat()
-        if batch.forward_mode.is_extend() and self.planner is not None and \
-                not batch.is_extend_in_batch:
-            return self._prefill(batch, on_publish, grammar_barrier)
-        if (batch.forward_mode.is_extend() or batch.is_extend_in_batch
-                or batch.forward_mode.is_idle() or self.planner is None):
+        if self.planner is None or batch.is_extend_in_batch or batch.forward_mode.is_idle():
             self._clock.launched(None)
             return super().forward_batch_generation(batch, on_publish=on_publish,
                                                     grammar_barrier=grammar_barrier)
+        if batch.forward_mode.is_extend():
+            return self._prefill(batch, on_publish, grammar_barrier)
         rows = rows_of(batch)
         continuity = self.continuity
         pending = continuity.pending_tokens(rows)
@@ -296,7 +300,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 # Its own NVTX stage: the checker reports this eager draft extend as the
                 # deferred draft work, apart from glue and switch cost (profiling.engines).
                 with nvtx_ranges.stage_range(names.CATCH_UP):
-                    keep_alive = continuity.before_spec_step(batch)
+                    keep_alive = continuity.before_spec_step(batch, rows)
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                           grammar_barrier=grammar_barrier)
                 if keep_alive:
@@ -370,9 +374,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         layout = decode_step_layout(batch.seq_lens, self._accept_ones)
         if on_publish is not None:
             on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
-        with nvtx_ranges.stage_range("draft_extend"):
-            draft = self.continuity.after_decode_step(batch, rows, target=target,
-                                                      out_cache_loc=out_cache_loc)
+        draft = self.continuity.after_decode_step(batch, rows, target=target,
+                                                  out_cache_loc=out_cache_loc)
         if batch.return_logprob and logits_output.next_token_logprobs is not None:
             logits_output.next_token_logprobs = per_request_logprobs(
                 logits_output.next_token_logprobs)
@@ -416,19 +419,14 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if done is None or done[0] is None or self.planner is None:
             return
         tag, seconds = done
-        if isinstance(tag, StepTag):
-            self.planner.policy.observe(StepTime(tag.mode, tag.padded_bs, seconds,
-                                                 tag.catch_up_tokens))
-        else:
-            self.planner.policy.observe(PrefillTime(tag.tokens, seconds, tag.draft))
+        self.planner.policy.observe(tag.observation(seconds))
 
-    def _log_lazy_event(self, kind: str, info: dict) -> None:
+    def _log_lazy_event(self, kind: str, info: dict, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
         totals (backlog.BacklogStats), into the step log."""
         logger.debug("dual-graph lazy %s: %s", kind, info)
-        if self._step_log is not None and isinstance(self.continuity, LazyCatchUp):
-            self._step_log.write_event(kind, time.time(), **info,
-                                       totals=self.continuity.backlog.stats.to_json())
+        if self._step_log is not None:
+            self._step_log.write_event(kind, time.time(), **info, totals=totals.to_json())
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
