@@ -145,7 +145,7 @@ class Measurements:
 
 
 def load_measurements(path: str | Path) -> Measurements:
-    return Measurements.from_json(read_json(path, "measurements file", "`make capture-measure` on the GPU"))
+    return Measurements.from_json(read_json(path, "measurements file", "re-run `make capture-measure` on the GPU"))
 
 
 def save_measurements(measurements: Measurements, path: str | Path) -> None:

@@ -12,13 +12,13 @@ share is the larger, which is why the default policy is the threshold.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import read_json
 from dual_graph_worker.core.modes import GraphKey, Mode
 
 @dataclass(frozen=True)
@@ -56,16 +56,7 @@ class CalibrationTable:
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationTable":
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read calibration table {path}: {exc.strerror}") from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"calibration table {path} is not valid JSON ({exc}); "
-                              "regenerate it with `make capture-tune`") from exc
-        return cls.from_json(data)
+        return cls.from_json(read_json(path, "calibration table", "re-run `make capture-tune`"))
 
 
 Replay = Callable[[], object]

@@ -235,7 +235,7 @@ def load_capture(path: str | Path, cls: type = ServingCapture,
     unreadable, malformed or inconsistent; StaleConfig: tuned on another GPU / model shape."""
     source = f"capture config {path}"
     try:
-        config = cls.from_json(read_json(path, "capture config", "`make capture-tune`"))
+        config = cls.from_json(read_json(path, "capture config", "re-run `make capture-tune`"))
     except ConfigError as exc:
         msg = str(exc)
         # Name the file once, and always say how to get a good one back.

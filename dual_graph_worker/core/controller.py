@@ -11,15 +11,16 @@ estimates only through `exchange`, so decisions read only rank-common values. do
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import (Accepted, Admitted, CatchUpTime, Decision, DwellState,
+from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellState,
                                            Observation, PolicyInputs, PolicyState, PrefillTime,
                                            Reason, Reducer, StepTime)
 
@@ -41,17 +42,24 @@ _CU_S, _CU_T = 10, 11
 _TAIL = 12
 
 
+def _default(key: str):
+    return BY_KEY[key].default
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
+    """The controller's knobs; those a server sets come from the DGW_* registry (settings.py),
+    defaults included, through `from_settings`."""
+
     num_draft_tokens: int
-    margin: float = 0.03
-    min_dwell_steps: int = 8
-    explore_budget: float = 0.01
-    explore_steps: int = 4
-    stale_after: int = 256
-    sync_every: int = 8
-    ema_alpha: float = 0.2
-    switch_horizon: int = 64
+    margin: float = _default("margin")
+    min_dwell_steps: int = _default("min_dwell_steps")
+    explore_budget: float = _default("explore_budget")
+    explore_steps: int = _default("explore_steps")
+    stale_after: int = _default("stale_after")
+    sync_every: int = _default("sync_every")
+    ema_alpha: float = _default("ema_alpha")
+    switch_horizon: int = _default("switch_horizon")
     # Decode-mode prefills skip the draft's prefill (lazy catch-up's deferral): only spec mode
     # pays the draft per prompt token.
     defers_prefill: bool = False
@@ -69,6 +77,13 @@ class ControllerConfig:
                 or self.min_dwell_steps < 0 or self.max_rows < 0:
             raise ConfigError("explore_steps, stale_after, sync_every and switch_horizon must be "
                               ">= 1, min_dwell_steps and max_rows >= 0")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, num_draft_tokens: int, **engine: Any
+                      ) -> "ControllerConfig":
+        """`engine`: what the engine knows (defers_prefill, max_rows)."""
+        shared = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name in BY_KEY}
+        return cls(num_draft_tokens, **shared, **engine)
 
 
 class _Rate:
@@ -138,6 +153,9 @@ class GoodputController:
         self._catch_up = _Rate()
         self._prompt = 0.0
         self._output = 0.0
+        # Derived from the above at each exchange (they change nowhere else), read every step.
+        self._prompt_per_output = 0.0
+        self._delta = 0.0
         # Rank-local sums since the last exchange: never read by a decision.
         self._local = np.zeros(2 * n + _TAIL)
         # Rank-common facts, applied at once.
@@ -291,10 +309,6 @@ class GoodputController:
                 x, y = float(event.tokens), float(event.seconds)
                 at = -_TAIL + _PF[event.draft]
                 self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
-        elif isinstance(event, CatchUpTime):
-            if event.tokens > 0 and event.seconds > 0:
-                self._local[-_TAIL + _CU_S] += event.seconds
-                self._local[-_TAIL + _CU_T] += event.tokens
 
     def _observe_accept(self, event: Accepted) -> None:
         lens = event.accept_lens
@@ -370,16 +384,22 @@ class GoodputController:
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
+        self._prompt_per_output = self._prompt / self._output if self._output > 0 else 0.0
+        self._delta = self._draft_prefill_rate()
 
     # ------------------------------------------------------------------------------ model
 
     def prompt_per_output(self) -> float:
-        return self._prompt / self._output if self._output > 0 else 0.0
+        return self._prompt_per_output
 
     def draft_prefill_s_per_token(self) -> float:
-        """delta: the draft's extra seconds per prompt token. The catch-up's rate when known
-        (the same draft extend over the same kind of tokens, measured on large batches), else
-        the difference of the prefill slopes with and without the draft, else 0."""
+        """delta: the draft's extra seconds per prompt token (as of the latest exchange)."""
+        return self._delta
+
+    def _draft_prefill_rate(self) -> float:
+        """The catch-up's rate when known (the same draft extend over the same kind of tokens,
+        measured on large batches), else the difference of the prefill slopes with and without
+        the draft, else 0."""
         if self._catch_up.known():
             return self._catch_up.get()
         with_draft, plain = self._prefill[True].value(), self._prefill[False].value()

@@ -12,17 +12,17 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 
 
-def read_json(path: str | Path, what: str, made_by: str) -> Any:
-    """`made_by`: the command that writes such a file, named in the error."""
+def read_json(path: str | Path, what: str, fix: str) -> Any:
+    """`fix`: what to do about a file that cannot be read or parsed, ending each error."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}; {fix}") from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{what} {path} is not valid JSON (line {exc.lineno}, column "
-                          f"{exc.colno}: {exc.msg}); re-run {made_by}") from exc
+                          f"{exc.colno}: {exc.msg}); {fix}") from exc
 
 
 def write_json(data: Any, path: str | Path) -> None:

@@ -124,20 +124,18 @@ class StepLedger:
 
     def __init__(self, clock: Callable[[], float] = time.time, max_in_flight: int = 8) -> None:
         self._clock = clock
-        self._pending: Deque[_Launched] = deque()
-        self._max_in_flight = max_in_flight
+        self._pending: Deque[_Launched] = deque(maxlen=max_in_flight)
         self._next_step = 0
         self.mismatches = 0
 
     def launched(self, plan: StepPlan, rows: Optional[np.ndarray] = None) -> int:
         step = self._next_step
         self._next_step += 1
-        self._pending.append(_Launched(step, plan, self._clock(), rows))
         # Overlap scheduling keeps at most two results in flight; anything older was never
         # reported (e.g. a result the scheduler dropped) and would shift every later pairing.
-        while len(self._pending) > self._max_in_flight:
-            self._pending.popleft()
+        if len(self._pending) == self._pending.maxlen:
             self.mismatches += 1
+        self._pending.append(_Launched(step, plan, self._clock(), rows))
         return step
 
     def completed(self, num_correct_drafts_per_req: Sequence[int],

@@ -27,12 +27,10 @@ class PolicyContext:
 
 
 def _goodput(s: Settings, ctx: PolicyContext) -> ModePolicy:
-    return GoodputController(ControllerConfig(
-        ctx.num_draft_tokens, margin=s.margin, min_dwell_steps=s.min_dwell_steps,
-        explore_budget=s.explore_budget, explore_steps=s.explore_steps,
-        stale_after=s.stale_after, sync_every=s.sync_every, ema_alpha=s.ema_alpha,
-        switch_horizon=s.switch_horizon, defers_prefill=ctx.defers_prefill,
-        max_rows=ctx.max_rows), ctx.sizes, ctx.prior)
+    config = ControllerConfig.from_settings(s, ctx.num_draft_tokens,
+                                            defers_prefill=ctx.defers_prefill,
+                                            max_rows=ctx.max_rows)
+    return GoodputController(config, ctx.sizes, ctx.prior)
 
 
 BUILDERS: Mapping[PolicyKind, Callable[[Settings, PolicyContext], ModePolicy]] = {

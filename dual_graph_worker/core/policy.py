@@ -91,15 +91,7 @@ class PrefillTime:
     draft: bool
 
 
-@dataclass(frozen=True)
-class CatchUpTime:
-    """A catch-up timed apart from its step (rank-local)."""
-
-    tokens: int
-    seconds: float
-
-
-Observation = Union[Accepted, Admitted, StepTime, PrefillTime, CatchUpTime]
+Observation = Union[Accepted, Admitted, StepTime, PrefillTime]
 # Makes a vector of rank-local sums common: every rank gets the mean over ranks.
 Reducer = Callable[[np.ndarray], np.ndarray]
 
@@ -155,18 +147,21 @@ class DwellState:
 
     mode: Mode = Mode.SPEC
     steps_in_mode: int = 0
-    # No dwell is owed before the first committed step (the initial mode was never chosen).
-    dwell_waived: bool = True
 
-    def commit(self, mode: Mode, waive: bool = False) -> None:
+    @property
+    def dwell_waived(self) -> bool:
+        """No dwell is owed before the first committed step (the initial mode was never
+        chosen)."""
+        return self.steps_in_mode == 0
+
+    def commit(self, mode: Mode) -> None:
         if mode is self.mode:
             self.steps_in_mode += 1
         else:
             self.mode, self.steps_in_mode = mode, 1
-        self.dwell_waived = waive
 
     def must_dwell(self, min_dwell_steps: int) -> bool:
-        return not self.dwell_waived and self.steps_in_mode < min_dwell_steps
+        return 0 < self.steps_in_mode < min_dwell_steps
 
 
 @dataclass(kw_only=True)

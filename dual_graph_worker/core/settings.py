@@ -15,11 +15,11 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import need_mapping, read_json
 
 CONFIG_FILE_ENV = "DGW_CONFIG"
 ENV_PREFIX = "DGW_"
@@ -300,17 +300,9 @@ def _plain(value: Any) -> Any:
 
 
 def _read_json(path: str) -> Mapping[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {CONFIG_FILE_ENV} file {path}: {exc.strerror}; "
-                          f"fix the path or unset {CONFIG_FILE_ENV}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{CONFIG_FILE_ENV} file {path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{CONFIG_FILE_ENV} file {path} must hold a JSON object, "
-                          f"got {type(data).__name__}")
-    return data
+    what = f"{CONFIG_FILE_ENV} file"
+    return need_mapping(read_json(path, what, f"fix it or unset {CONFIG_FILE_ENV}"),
+                        f"{what} {path}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

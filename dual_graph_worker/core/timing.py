@@ -20,18 +20,13 @@ class ResultClock(Generic[T]):
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
                  max_in_flight: int = 8) -> None:
         self._clock = clock
-        self._launched: Deque[tuple[T, float]] = deque()
-        self._max_in_flight = max_in_flight
+        # A result that never came back (the scheduler dropped it) falls off the front rather
+        # than pair every later result with the wrong launch.
+        self._launched: Deque[tuple[T, float]] = deque(maxlen=max_in_flight)
         self._last_processed = -float("inf")
-        self.dropped = 0
 
     def launched(self, tag: T) -> None:
         self._launched.append((tag, self._clock()))
-        while len(self._launched) > self._max_in_flight:
-            # A result that never came back (the scheduler dropped it): forget the oldest
-            # rather than pair every later result with the wrong launch.
-            self._launched.popleft()
-            self.dropped += 1
 
     def processed(self) -> Optional[tuple[T, float]]:
         """The oldest launched batch's result was processed: (its tag, its cost in seconds)."""
