@@ -63,7 +63,6 @@ ACCEPT_LEN ?= 3.0
 DISTRIBUTION ?= uniform:1-256
 CAPTURE_CONFIG ?= $(OUT)/capture/config.json
 capture-tune: setup              ## choose pool batch sizes under budgets -> $(CAPTURE_CONFIG)
-	@mkdir -p $(dir $(CAPTURE_CONFIG))
 	$(BIN)/dgw capture-tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \
 	  --time-budget $(TIME_BUDGET) --distribution $(DISTRIBUTION) --accept-len $(ACCEPT_LEN) \
 	  --out $(CAPTURE_CONFIG)

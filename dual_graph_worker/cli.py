@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dual_graph_worker import __version__
-from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.errors import report_user_errors
 
 
 def _make_toy(argv: Sequence[str]) -> int:
@@ -128,12 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: unknown {what} '{name}'; commands: {', '.join(COMMANDS)} "
               "(or --help, --version)", file=sys.stderr)
         return 2
-    try:
-        return COMMANDS[name][0](rest) or 0
-    except DualGraphError as exc:
-        # Errors a user can act on: one line naming the problem and the fix, no traceback.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return report_user_errors(COMMANDS[name][0], rest) or 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """One engine, one process: start sglang.Engine once, run every task on it, write JSON as it goes.
 
-Run by run_sglang_suite.py as ``python -m bench.sglang.engine_child SPEC.json``. A process per
-engine because (1) SGLANG_SIMULATE_ACC_LEN is read when spec_utils is imported, so engines with
-and without it must not share an interpreter, and exiting frees every GPU byte before the next
-engine starts; (2) a crash (the adaptive mode's illegal memory access) then costs one phase,
-not the suite. The env in the spec is applied before SGLang is imported; SGLang's scheduler
-processes (spawn) inherit it.
+Run by run_sglang_suite.py and policy_matrix.py (`run_child`) as ``python -m
+bench.sglang.engine_child SPEC.json``. A process per engine because (1) SGLANG_SIMULATE_ACC_LEN
+is read when spec_utils is imported, so engines with and without it must not share an
+interpreter, and exiting frees every GPU byte before the next engine starts; (2) a crash (the
+adaptive mode's illegal memory access) then costs one phase, not the suite. The env in the spec
+is applied before SGLang is imported; SGLang's scheduler processes (spawn) inherit it.
 
 Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root.
 Task kinds: "sweep" (batch of c requests at once per concurrency; with "prefill_probe" the same
@@ -26,6 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 def _write(path: str, result: dict) -> None:
     tmp = path + ".tmp"
@@ -45,13 +47,18 @@ def gpu_used_mib() -> float | None:
         return None
 
 
+def _internal_state(info: dict) -> dict:
+    """The first scheduler's internal state in a get_server_info() answer ({} if none)."""
+    states = info.get("internal_states") or [{}]
+    return states[0] if isinstance(states, list) and states else {}
+
+
 def _server_info(engine) -> dict:
     try:
         info = engine.get_server_info()
     except Exception as exc:          # informational only
         return {"error": repr(exc)}
-    states = info.get("internal_states") or [{}]
-    st = states[0] if isinstance(states, list) and states else {}
+    st = _internal_state(info)
     return {"memory_usage": st.get("memory_usage"), "startup_time": info.get("startup_time"),
             "effective_max_running_requests": st.get("effective_max_running_requests_per_dp"),
             "max_running_requests": info.get("max_running_requests"),
@@ -62,10 +69,10 @@ def _server_info(engine) -> dict:
 def _dual_state(engine) -> Optional[dict]:
     """The dual-graph worker's counters (hooks.py, /get_server_info), None for other engines."""
     try:
-        states = engine.get_server_info().get("internal_states") or [{}]
+        state = _internal_state(engine.get_server_info())
     except Exception:
         return None
-    return (states[0] if isinstance(states, list) and states else {}).get("dual_graph")
+    return state.get("dual_graph")
 
 
 def _counter_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
@@ -202,6 +209,34 @@ def run_set_accept(engine, task: dict, emit) -> dict:
 
 TASKS = {"sweep": run_sweep, "exact": run_exact, "ramp": run_ramp,
          "set_accept": run_set_accept, "multiturn": run_multiturn}
+
+
+def run_child(folder: Path, spec: dict, *, shim_dir: Path, timeout: float,
+              python: str = sys.executable) -> dict:
+    """One engine process, run from the parent: writes FOLDER/NAME.spec.json (`spec`: name,
+    engine_kwargs, env, tasks; plus the paths main() needs), runs this module on it with its
+    output in FOLDER/NAME.log, and returns the result the child wrote to FOLDER/NAME.json
+    ({"name": NAME, "ok": False} if none) with "returncode": its exit status or "timeout"."""
+    from bench.sglang.plugin_shim import pythonpath_env
+
+    name = spec["name"]
+    spec_path, result_path = folder / f"{name}.spec.json", folder / f"{name}.json"
+    spec = spec | {"result_path": str(result_path), "shim_dir": str(shim_dir),
+                   "repo_root": str(REPO_ROOT)}
+    spec_path.write_text(json.dumps(spec, indent=1))
+    with open(folder / f"{name}.log", "w") as log:
+        try:
+            rc = subprocess.run([python, "-m", "bench.sglang.engine_child", str(spec_path)],
+                                cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT), stdout=log,
+                                stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        result = {"name": name, "ok": False}
+    result["returncode"] = rc
+    return result
 
 
 def main(spec_path: str) -> int:

@@ -8,6 +8,15 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# The dual-graph worker's speculative algorithm (the plugin registers it with SGLang).
+ALGO = "DUAL_GRAPH_EAGLE3"
+# Every speculative engine's settings, EAGLE-3's and the worker's: sglang.Engine keyword
+# arguments (launch_server flags: --speculative-num-steps 3 ...).
+SPEC_ARGS = {"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+             "speculative_num_draft_tokens": 4}
+# EAGLE-3 with its 48-request default lifted, so it runs every concurrency as it is.
+EAGLE3_MAX_RUNNING_REQUESTS = 256
+
 
 @dataclass(frozen=True)
 class LlamaShapes:
@@ -59,6 +68,15 @@ def write_eagle3_draft_config(path: str | Path, target: LlamaShapes) -> Path:
                              "target_hidden_size": target.hidden_size}
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path
+
+
+def write_dummy_pair(folder: str | Path, shapes: LlamaShapes, target: str = "target",
+                     draft: str = "draft") -> tuple[Path, Path]:
+    """FOLDER/TARGET (a Llama config of `shapes`) and FOLDER/DRAFT (its EAGLE-3 draft's): a
+    dummy-weight pair (load_format="dummy")."""
+    folder = Path(folder)
+    return (write_llama_config(folder / target, shapes),
+            write_eagle3_draft_config(folder / draft, shapes))
 
 
 def write_word_tokenizer(path: str | Path, vocab_size: int) -> Path:

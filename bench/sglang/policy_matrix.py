@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 from bench.sglang.acc_control import ENV as ACC_ENV
+from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import (
+    ALGO,
+    EAGLE3_MAX_RUNNING_REQUESTS,
+    SPEC_ARGS,
     llama3_8b_shapes,
-    write_eagle3_draft_config,
-    write_llama_config,
+    write_dummy_pair,
 )
-from bench.sglang.plugin_shim import pythonpath_env
 
-ALGO = "DUAL_GRAPH_EAGLE3"
 ENGINES = ("plain", "eagle3", "dual")
 
 
@@ -71,13 +69,12 @@ def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: 
                 attention_backend="triton", sampling_backend="pytorch",
                 cuda_graph_max_bs_decode=256, log_level=log_level,
                 disable_radix_cache=not radix)
-    spec = dict(speculative_draft_model_path=str(draft), speculative_num_steps=3,
-                speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    spec = dict(speculative_draft_model_path=str(draft), **SPEC_ARGS)
     if kind == "plain":
         return base
     if kind == "eagle3":
-        # EAGLE-3 with its 48-request default lifted, so it runs every concurrency as it is.
-        return base | spec | {"speculative_algorithm": "EAGLE3", "max_running_requests": 256}
+        return base | spec | {"speculative_algorithm": "EAGLE3",
+                              "max_running_requests": EAGLE3_MAX_RUNNING_REQUESTS}
     return base | spec | {"speculative_algorithm": ALGO}
 
 
@@ -97,31 +94,16 @@ def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab:
     return tasks
 
 
-def run_engine(args, kind: str, spec: dict, out: Path, deadline: float) -> dict:
-    spec_path = out / f"{kind}.spec.json"
-    result_path = out / f"{kind}.json"
-    spec |= {"name": kind, "result_path": str(result_path), "shim_dir": str(out / "shim"),
-             "repo_root": str(REPO_ROOT)}
-    spec_path.write_text(json.dumps(spec, indent=1))
+def run_engine(kind: str, spec: dict, out: Path, deadline: float) -> dict:
     print(f"[matrix] start {kind} ({deadline - time.time():.0f} s left)", flush=True)
-    with open(out / f"{kind}.log", "w") as log:
-        try:
-            rc = subprocess.run([sys.executable, "-m", "bench.sglang.engine_child",
-                                 str(spec_path)], cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT),
-                                stdout=log, stderr=subprocess.STDOUT,
-                                timeout=max(10.0, deadline - time.time())).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    try:
-        res = json.loads(result_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        res = {"ok": False}
-    res["returncode"] = rc
-    print(f"[matrix] done {kind}: rc={rc} startup={res.get('startup_s')}", flush=True)
+    res = run_child(out, spec | {"name": kind}, shim_dir=out / "shim",
+                    timeout=max(10.0, deadline - time.time()))
+    print(f"[matrix] done {kind}: rc={res['returncode']} startup={res.get('startup_s')}",
+          flush=True)
     return res
 
 
-def records(kind: str, res: dict, accepts: list[float], workloads: list[Workload]) -> list:
+def records(kind: str, res: dict, workloads: list[Workload]) -> list:
     out = []
     by_name = {w.name: w for w in workloads}
     for name, task in (res.get("tasks") or {}).items():
@@ -142,7 +124,7 @@ def records(kind: str, res: dict, accepts: list[float], workloads: list[Workload
     return out
 
 
-def ratios(recs: list[dict], accepts: list[float]) -> list[dict]:
+def ratios(recs: list[dict]) -> list[dict]:
     """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran."""
     plain = {(r["input_len"], r["output_len"], r["concurrency"]): r["tok_s"]
              for r in recs if r["engine"] == "plain"}
@@ -245,8 +227,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     shapes = llama3_8b_shapes()
-    target = write_llama_config(out / "models" / "target", shapes)
-    draft = write_eagle3_draft_config(out / "models" / "draft", shapes)
+    target, draft = write_dummy_pair(out / "models", shapes)
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     recs = [r for r in previous.get("records", []) if r["engine"] not in engines]
@@ -266,9 +247,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
                                                args.log_level),
                 "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
-        res = run_engine(args, kind, spec, out, deadline)
-        recs += records(kind, res, accepts, workloads)
-        cells = ratios(recs, accepts)
+        res = run_engine(kind, spec, out, deadline)
+        recs += records(kind, res, workloads)
+        cells = ratios(recs)
         matrix = {"note": note, "accepts": accepts,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in workloads],

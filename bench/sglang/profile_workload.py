@@ -95,7 +95,8 @@ class WorkloadSpec:
         }
 
     def engine_kwargs(self, target: Path, draft: Path) -> dict:
-        from bench.sglang.run_sglang_suite import ALGO, Suite, server_kwargs
+        from bench.sglang.model_configs import ALGO
+        from bench.sglang.run_sglang_suite import Suite, server_kwargs
 
         # The GPU suite's bench engine.
         return (server_kwargs(target, "dummy", self.max_graph_bs, log_level=self.log_level)
@@ -123,8 +124,7 @@ def _steps_logged(step_log: Path) -> list:
 
 def run_workload(spec: WorkloadSpec, out: Path) -> dict:
     """Start the engine, warm up, run the profiled batch; returns the summary it writes."""
-    from bench.sglang.model_configs import (llama3_8b_shapes, write_eagle3_draft_config,
-                                            write_llama_config)
+    from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
     from bench.sglang.workload import random_prompts, summarize_steps
 
     out.mkdir(parents=True, exist_ok=True)
@@ -132,8 +132,8 @@ def run_workload(spec: WorkloadSpec, out: Path) -> dict:
     if step_log.exists():
         step_log.unlink()
     shapes = llama3_8b_shapes()
-    target = write_llama_config(out / "models" / "llama3-8b-shape", shapes)
-    draft = write_eagle3_draft_config(out / "models" / "llama3-8b-shape-eagle3", shapes)
+    target, draft = write_dummy_pair(out / "models", shapes, "llama3-8b-shape",
+                                     "llama3-8b-shape-eagle3")
     os.environ.update(spec.worker_env(step_log))
     from bench.sglang.engine_child import _sampling
     from bench.sglang.plugin_shim import ensure_plugin_discoverable

@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -70,12 +69,13 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.sglang import report  # noqa: E402
-from bench.sglang.plugin_shim import pythonpath_env  # noqa: E402
+from bench.sglang.engine_child import run_child  # noqa: E402
 from bench.sglang.model_configs import (  # noqa: E402
+    ALGO,
+    SPEC_ARGS,
     llama3_8b_shapes,
     toy_shapes,
-    write_eagle3_draft_config,
-    write_llama_config,
+    write_dummy_pair,
 )
 from bench.sglang.workload import (  # noqa: E402
     compare_outputs,
@@ -95,7 +95,6 @@ from dual_graph_worker.core.step_log import (  # noqa: E402
 )
 from profiling.stall_report import longest_gaps, read_log  # noqa: E402
 
-ALGO = "DUAL_GRAPH_EAGLE3"
 PHASES = ("correctness", "multiturn", "bench", "ramp", "startup")
 LAZY = "lazy-catch-up"
 KEEP_CURRENT = "keep-current"
@@ -158,31 +157,13 @@ class Suite:
             self.runs[er.name] = er
             self.write()
             return er.result
-        spec_path = self.out / "engines" / f"{er.name}.spec.json"
-        result_path = self.out / "engines" / f"{er.name}.json"
-        spec = dict(name=er.name, engine_kwargs=er.engine_kwargs, env=er.env, tasks=er.tasks,
-                    result_path=str(result_path), shim_dir=str(self.out / "plugin_shim"),
-                    repo_root=str(REPO_ROOT))
-        spec_path.write_text(json.dumps(spec, indent=1))
         timeout = max(30.0, self.remaining() - 5)
         print(f"[suite] start {er.name} ({self.remaining():.0f} s left)", flush=True)
-        log = open(self.out / "engines" / f"{er.name}.log", "w")
-        try:
-            proc = subprocess.run([self.args.python, "-m", "bench.sglang.engine_child",
-                                   str(spec_path)], cwd=REPO_ROOT,
-                                  env=pythonpath_env(REPO_ROOT), stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        finally:
-            log.close()
+        spec = dict(name=er.name, engine_kwargs=er.engine_kwargs, env=er.env, tasks=er.tasks)
+        er.result = run_child(self.out / "engines", spec, shim_dir=self.out / "plugin_shim",
+                              timeout=timeout, python=self.args.python)
+        rc = er.result["returncode"]
         self.first_start = False
-        try:
-            er.result = json.loads(result_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            er.result = {"name": er.name, "ok": False}
-        er.result["returncode"] = rc
         if er.phase == "bench" and self.args.decode_log_interval:
             with open(self.out / "engines" / f"{er.name}.log", errors="replace") as f:
                 er.result["decode_log"] = parse_decode_log(f)
@@ -204,8 +185,7 @@ class Suite:
     @staticmethod
     def spec_kwargs(algo: str, draft: Path) -> dict:
         return dict(speculative_algorithm=algo, speculative_draft_model_path=str(draft),
-                    speculative_num_steps=3, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=4)
+                    **SPEC_ARGS)
 
     def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
         env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
@@ -244,9 +224,7 @@ class Suite:
 
         # Dummy weights: plain SGLang is the reference.
         shapes = toy_shapes()
-        models = self.out / "models" / "toy-dummy"
-        target = write_llama_config(models / "target", shapes)
-        draft = write_eagle3_draft_config(models / "draft", shapes)
+        target, draft = write_dummy_pair(self.out / "models" / "toy-dummy", shapes)
         prompts = random_prompts(a.exact_requests, 16, shapes.vocab_size, seed=11)
         task = [{"name": "exact", "kind": "exact", "requests": self.exact_requests(prompts)}]
         plain = self.run(EngineRun("plain-toy-dummy", "correctness",
@@ -372,9 +350,8 @@ class Suite:
     def bench(self, with_ramp: bool) -> None:
         a = self.args
         shapes = llama3_8b_shapes()
-        models = self.out / "models"
-        target = write_llama_config(models / "llama3-8b-shape", shapes)
-        draft = write_eagle3_draft_config(models / "llama3-8b-shape-eagle3", shapes)
+        target, draft = write_dummy_pair(self.out / "models", shapes, "llama3-8b-shape",
+                                         "llama3-8b-shape-eagle3")
         sweep = {"name": "sweep", "kind": "sweep", "concurrency": a.concurrency,
                  "input_len": a.input_len, "output_len": a.output_len,
                  "vocab": shapes.vocab_size, "prefill_probe": a.decode_step_time}

@@ -30,9 +30,11 @@ from typing import Optional
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 from bench.sglang.model_configs import (
+    ALGO,
+    EAGLE3_MAX_RUNNING_REQUESTS,
+    SPEC_ARGS,
     llama3_8b_shapes,
-    write_eagle3_draft_config,
-    write_llama_config,
+    write_dummy_pair,
     write_word_tokenizer,
 )
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
@@ -85,12 +87,17 @@ def server_command(kind: str, cfg: ServeBenchConfig, target: str, draft: str) ->
         cmd += ["--load-format", "dummy"]
     if kind == "plain":
         return cmd
-    algo = "EAGLE3" if kind == "eagle3" else "DUAL_GRAPH_EAGLE3"
+    algo = "EAGLE3" if kind == "eagle3" else ALGO
     cmd += ["--speculative-algorithm", algo, "--speculative-draft-model-path", draft,
-            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "4"]
-    # EAGLE-3's 48-request default lifted, so it serves every concurrency as it is.
-    return cmd + (["--max-running-requests", "256"] if kind == "eagle3" else [])
+            *_flags(SPEC_ARGS)]
+    if kind == "eagle3":
+        cmd += _flags({"max_running_requests": EAGLE3_MAX_RUNNING_REQUESTS})
+    return cmd
+
+
+def _flags(kwargs: dict) -> list[str]:
+    """sglang.Engine keyword arguments as launch_server flags: num_steps=3 -> --num-steps 3."""
+    return [a for k, v in kwargs.items() for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def client_command(cfg: ServeBenchConfig, concurrency: int, tokenizer: str, out_file: Path,
@@ -129,10 +136,8 @@ def dgw_series(metrics_text: str) -> dict[str, float]:
 
 def write_dummy_checkpoints(folder: Path) -> tuple[str, str]:
     shapes = llama3_8b_shapes()
-    target, draft = folder / "target", folder / "draft"
-    write_llama_config(target, shapes)
+    target, draft = write_dummy_pair(folder, shapes)
     write_word_tokenizer(target, shapes.vocab_size)
-    write_eagle3_draft_config(draft, shapes)
     return str(target), str(draft)
 
 

@@ -1,5 +1,10 @@
 """Errors a user can act on. Each message names the problem and the fix."""
 
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
 
 class DualGraphError(Exception):
     """Base class: every error this package raises on purpose."""
@@ -27,3 +32,14 @@ class KVPoolExhausted(DualGraphError):
 
 class StaleConfig(DualGraphError):
     """A capture config was measured on another GPU or model shape."""
+
+
+def report_user_errors(fn: Callable[..., int], *args: Any, **kwargs: Any) -> int:
+    """`fn(*args, **kwargs)`, for a command's entry point: a DualGraphError (an error a user can
+    act on) becomes one stderr line `error: <message>` naming the problem and the fix, no
+    traceback, and exit status 2."""
+    try:
+        return fn(*args, **kwargs)
+    except DualGraphError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

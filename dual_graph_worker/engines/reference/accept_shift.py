@@ -26,16 +26,15 @@ from typing import Optional
 
 import numpy as np
 
-from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.engines.reference.build import (EngineSpec, default_device,
-                                                       engine_from_checkpoints)
+from dual_graph_worker.engines.reference.build import default_device, engine_from_checkpoints
 from dual_graph_worker.core.argtypes import output_dir, positive_int, torch_device
 from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
-from dual_graph_worker.engines.reference.variants import PoolSizes, build_variant
+from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
+                                                          toy_engine_spec)
 
-WORKERS = ("plain", "static-spec", "dynamic")
 KINDS = ("easy", "hard")
 
 
@@ -101,13 +100,13 @@ def _shift_run(worker, cfg: ShiftConfig, pools: dict, easy: np.ndarray) -> tuple
     spent = [0.0]
 
     def record(result) -> None:
-        firsts = [result.tokens_for(i)[0] for i in range(len(result.rids))]
+        firsts = result.token_ids[::result.stride].numpy()    # each request's first token
         state = worker.policy.state()
         trace.append({"step": len(trace), "phase": source.phase,
                       "seconds": run.seconds - spent[0], "tokens": int(result.accept_lens.sum()),
                       "mode": result.record.mode.value, "reason": result.record.reason.value,
                       "bs": result.record.bs, "accept": result.record.mean_accept_len,
-                      "easy_share": float(np.mean(easy[firsts])) if firsts else 0.0,
+                      "easy_share": float(np.mean(easy[firsts])) if len(firsts) else 0.0,
                       "est_accept": state.accept_len, "spec_goodput": state.spec_goodput,
                       "decode_goodput": state.decode_goodput})
         spent[0] = run.seconds
@@ -123,38 +122,34 @@ def _shift_run(worker, cfg: ShiftConfig, pools: dict, easy: np.ndarray) -> tuple
 def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> dict:
     ckpt, perms, easy = write_two_cycle_checkpoints(
         Path(tempfile.mkdtemp(prefix="dgw-shift-")), hidden=cfg.hidden)
-    cuda = cfg.device.startswith("cuda")
     context = cfg.input_len + cfg.output_len * 3 // 2 + cfg.num_draft_tokens + 4
-    spec = EngineSpec(num_draft_tokens=cfg.num_draft_tokens, max_requests=cfg.concurrency,
-                      max_context=context, device=cfg.device, dtype="float32",
-                      attention="triton" if cuda else "torch")
-    sizes = PoolSizes.up_to(cfg.concurrency, cfg.concurrency)
+    spec = toy_engine_spec(cfg.device, cfg.num_draft_tokens, cfg.concurrency, context)
     easy_np = easy.numpy()
     pools = {"easy": np.flatnonzero(easy_np), "hard": np.flatnonzero(~easy_np)}
+
+    def engine():
+        return engine_from_checkpoints(ckpt.target, ckpt.drafts["two-cycle"], spec,
+                                       note="toy checkpoint, two-cycle chain")
+
+    sizes = PoolSizes.up_to(cfg.concurrency, cfg.concurrency)
     runs, traces = {}, {}
-    for name in WORKERS:
-        # One engine per worker: they take turns step by step, each with its own KV cache.
-        engine = engine_from_checkpoints(ckpt.target, ckpt.drafts["two-cycle"], spec,
-                                         note="toy checkpoint, two-cycle chain")
-        worker = build_variant(name, engine, sizes, use_cuda_graphs=cuda, settings=settings,
-                               calib_context=cfg.input_len + cfg.output_len // 2,
-                               progress=False, log=lambda s: None,
-                               calib_repeats=5 if cuda else 21).worker
-        runs[name], traces[name] = _shift_run(worker, cfg, pools, easy_np)
+    for built in build_trio(engine, sizes, cuda=cfg.device.startswith("cuda"),
+                            calib_context=cfg.input_len + cfg.output_len // 2, settings=settings):
+        runs[built.name], traces[built.name] = _shift_run(built.worker, cfg, pools, easy_np)
     results = run_side_by_side(runs)
     exact = all(list(o) == perms.continuation(p[-1], len(o))
                 for r in results.values() for p, o in r.outputs)
     rows = []
     for k, kind in enumerate(cfg.phases):
         row = {"phase": k, "kind": kind}
-        for name in WORKERS:
+        for name in TRIO:
             steps = [s for s in traces[name] if s["phase"] == k]
             row[name] = {"tok_s": sum(s["tokens"] for s in steps) / sum(s["seconds"] for s in steps),
                          "modes": {m: sum(s["mode"] == m for s in steps) for m in ("spec", "decode")}}
         best = max(row["plain"]["tok_s"], row["static-spec"]["tok_s"])
         row["dynamic_over_best"] = row["dynamic"]["tok_s"] / best
         rows.append(row)
-        log(f"{k:5d} {kind:>5s} | " + " | ".join(f"{row[n]['tok_s']:8.1f}" for n in WORKERS)
+        log(f"{k:5d} {kind:>5s} | " + " | ".join(f"{row[n]['tok_s']:8.1f}" for n in TRIO)
             + f" | {row['dynamic_over_best']:6.3f} | {row['dynamic']['modes']}")
     return {"config": cfg.__dict__ | {"phases": list(cfg.phases)},
             "settings": settings.to_json(), "phases": rows,
@@ -218,19 +213,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     cfg = ShiftConfig(tuple(args.phases), args.concurrency, args.requests_per_phase,
                       args.input_len, args.output_len, args.hidden, device=args.device)
-    out = Path(args.out)
+    return report_user_errors(_run, cfg, Path(args.out), argv)
+
+
+def _run(cfg: ShiftConfig, out: Path, argv: Optional[list[str]]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"dgw accept-shift on {cfg.device}: toy two-cycle pair (hidden=vocab={cfg.hidden}), "
           f"C={cfg.concurrency}, {cfg.requests_per_phase} requests per phase; REAL acceptance")
-    print(f"{'phase':>5} {'kind':>5} | " + " | ".join(f"{n:>8s}" for n in WORKERS)
+    print(f"{'phase':>5} {'kind':>5} | " + " | ".join(f"{n:>8s}" for n in TRIO)
           + " | dyn/best | dynamic modes (steps)")
     t0 = time.perf_counter()
-    try:
-        settings = Settings.from_env(os.environ)
-        result = run_shift(cfg, settings)
-    except DualGraphError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = run_shift(cfg, Settings.from_env(os.environ))
     result["command"] = "dgw accept-shift " + " ".join(argv if argv is not None else sys.argv[1:])
     result["seconds"] = time.perf_counter() - t0
     (out / "accept-shift.json").write_text(json.dumps(result, indent=1))

@@ -12,7 +12,6 @@ import argparse
 import gc
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -24,7 +23,7 @@ from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_du
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import (existing_file, int_list, name_list, output_dir,
                                              positive_float, positive_int)
-from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import CyclePolicy, PinnedPolicy
@@ -163,12 +162,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "tokens a spec step can accept; lower it or raise --num-draft-tokens")
     if args.model == "llama3-8b" and not torch.cuda.is_available():
         ap.error("the Llama-3-8B-shaped bench needs a CUDA GPU; use --model tiny on CPU")
-    try:
-        return _run(args, argv)
-    except DualGraphError as exc:
-        # Errors a user can act on: one line naming the problem and the fix, no traceback.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return report_user_errors(_run, args, argv)
 
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:

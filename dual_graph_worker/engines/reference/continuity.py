@@ -11,18 +11,15 @@ from typing import Optional, Protocol
 
 import numpy as np
 
-from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
 from dual_graph_worker.engines.reference.engine_api import Engine
 from dual_graph_worker.engines.reference.requests import RequestTable
 
 NO_BACKLOG = -1
 
 
-class ReferenceContinuity(Protocol):
+class ReferenceContinuity(ContinuityStrategy, Protocol):
     kind: Optional[Continuity]      # None: no draft state at all (the plain baseline)
-    defers_prefill: bool
-
-    def pending_tokens(self, rows: np.ndarray) -> int: ...
 
     def before_spec_step(self, rows: np.ndarray) -> int:
         """Bring the draft up to date over `rows`; returns the draft tokens it caught up."""

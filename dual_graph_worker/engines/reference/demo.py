@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,14 +20,13 @@ import numpy as np
 import torch
 
 from dual_graph_worker.core.argtypes import int_list, output_dir, positive_float, positive_int, torch_device
-from dual_graph_worker.core.errors import DualGraphError
-from dual_graph_worker.engines.reference.build import EngineSpec, default_device, engine_from_checkpoints
+from dual_graph_worker.core.errors import DualGraphError, report_user_errors
+from dual_graph_worker.engines.reference.build import default_device, engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
                                                      toy_permutations, write_toy_checkpoints)
 from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
-from dual_graph_worker.engines.reference.variants import PoolSizes, build_variant
-
-DEMO_VARIANTS = ("plain", "static-spec", "dynamic")
+from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
+                                                          toy_engine_spec)
 
 
 def _plot(result: dict, path: Path) -> None:
@@ -40,7 +38,7 @@ def _plot(result: dict, path: Path) -> None:
     x = np.arange(len(phases))
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 7), height_ratios=[3, 1.3])
     width = 0.26
-    for i, name in enumerate(DEMO_VARIANTS):
+    for i, name in enumerate(TRIO):
         ax.bar(x + (i - 1) * width, [p[name]["tok_s"] for p in phases], width, label=name)
     ax.set_xticks(x, [f"c={p['concurrency']}" for p in phases])
     ax.set_ylabel("tokens/s (prefill included)")
@@ -88,27 +86,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--input-len + --output-len + --num-draft-tokens + 4 = {context} is over the toy "
                  f"model's context of {target_cfg.max_position_embeddings}; lower --input-len or "
                  "--output-len")
-    try:
-        return _run(args, argv)
-    except DualGraphError as exc:
-        # Errors a user can act on: one line naming the problem and the fix, no traceback.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return report_user_errors(_run, args, argv, context)
 
 
-def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
+def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     ramp = args.ramp
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = write_toy_checkpoints(Path(tempfile.mkdtemp(prefix="dgw-toy-")), hidden=args.hidden)
-    cuda = args.device.startswith("cuda")
-    spec = EngineSpec(num_draft_tokens=args.num_draft_tokens, max_requests=max(ramp),
-                      max_context=args.input_len + args.output_len + args.num_draft_tokens + 4,
-                      device=args.device, dtype="float32", attention="triton" if cuda else "torch")
+    spec = toy_engine_spec(args.device, args.num_draft_tokens, max(ramp), context)
 
     def engine():
-        # One engine per worker: they take turns step by step, each with its own KV cache.
         return engine_from_checkpoints(ckpt.target, ckpt.drafts[args.agreement], spec,
                                        note=f"toy checkpoint, draft {args.agreement}")
     f = AGREEMENT_LEVELS[args.agreement]
@@ -119,29 +108,27 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
           f"EAGLE-3 draft; {acceptance}")
     sizes = PoolSizes.up_to(max(ramp), max(ramp))
     workers = {}
-    for name in DEMO_VARIANTS:
+    t0 = time.perf_counter()
+    for built in build_trio(engine, sizes, cuda=args.device.startswith("cuda"),
+                            calib_context=args.input_len + args.output_len // 2):
+        workers[built.name] = built
+        print(f"  {built.name:12s} ready in {time.perf_counter() - t0:.1f}s")
         t0 = time.perf_counter()
-        workers[name] = build_variant(name, engine(), sizes, use_cuda_graphs=cuda,
-                                      calib_context=args.input_len + args.output_len // 2,
-                                      progress=False, log=lambda s: None,
-                                      # CPU timings are noisy: a longer median for the table.
-                                      calib_repeats=5 if cuda else 21)
-        print(f"  {name:12s} ready in {time.perf_counter() - t0:.1f}s")
     vocab = args.hidden
     # One unmeasured phase at the ramp's top, as a server warms up before it takes traffic:
     # first-call kernel set-up on the CPU, and the dynamic worker's first measurements.
     warm = Phase(max(ramp), max(ramp), args.input_len, args.output_len)
     run_side_by_side({n: PhaseRun(b.worker, warm, vocab, seed=len(ramp))
                       for n, b in workers.items()})
-    phases, outputs = [], {n: [] for n in DEMO_VARIANTS}
+    phases, outputs = [], {n: [] for n in TRIO}
     print("\ntokens/s, prompts' prefill included; the workers take turns step by step, so a slow "
           "spell of the machine falls on all three alike")
-    print(f"{'phase':>5} {'conc':>5} | " + " | ".join(f"{n:>12s}" for n in DEMO_VARIANTS) +
+    print(f"{'phase':>5} {'conc':>5} | " + " | ".join(f"{n:>12s}" for n in TRIO) +
           " | dyn/best | dynamic mode (spec/decode steps)")
     for i, c in enumerate(ramp):
         phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len, args.output_len)
         results = run_side_by_side({n: PhaseRun(workers[n].worker, phase, vocab, seed=i,
-                                                collect_outputs=True) for n in DEMO_VARIANTS})
+                                                collect_outputs=True) for n in TRIO})
         row = {"concurrency": c} | {n: r.to_json() for n, r in results.items()}
         for n, r in results.items():
             outputs[n].extend(r.outputs)
@@ -149,13 +136,13 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
             row["plain"]["tok_s"], row["static-spec"]["tok_s"])
         phases.append(row)
         m = row["dynamic"]["modes"]
-        print(f"{i:5d} {c:5d} | " + " | ".join(f"{row[n]['tok_s']:8.1f} t/s" for n in DEMO_VARIANTS) +
+        print(f"{i:5d} {c:5d} | " + " | ".join(f"{row[n]['tok_s']:8.1f} t/s" for n in TRIO) +
               f" | {row['dynamic_over_best']:8.3f} | {m.get('spec', 0)}/{m.get('decode', 0)}"
               f"{'  (accept %.2f)' % row['dynamic']['mean_accept_len'] if m.get('spec') else ''}")
     # The correctness contract, end to end: every worker returned the target's greedy tokens.
     perms = toy_permutations(args.hidden, 1.0)
     known = [tuple(perms.continuation(p[-1], args.output_len)) for p, _ in outputs["plain"]]
-    same = {name: [o for _, o in outputs[name]] == known for name in DEMO_VARIANTS}
+    same = {name: [o for _, o in outputs[name]] == known for name in TRIO}
     dyn = workers["dynamic"].worker
     calib = workers["dynamic"].calibration
     result = {"device": args.device, "acceptance": acceptance, "ramp": ramp, "phases": phases,

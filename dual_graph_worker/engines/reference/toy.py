@@ -137,21 +137,25 @@ class ToyCheckpoints:
     drafts: dict[str, Path]           # "f100" / "f50" / "f0" -> folder
 
 
+def _save_toy(folder: Path, cfg: TargetConfig | DraftConfig, tensors: dict, meta: dict) -> Path:
+    """One HF folder: the config (float32; `meta` under "dgw_toy") and the tensors."""
+    return save_folder(folder, cfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": meta}, tensors)
+
+
 def write_toy_checkpoints(root: str | Path, hidden: int = 64, layers: int = 8, heads: int = 4,
                           kv_heads: int = 2, seed: int = 0) -> ToyCheckpoints:
     """Write DIR/target and DIR/draft-f100, draft-f50, draft-f0 (HF format, float32 tensors)."""
     root = Path(root)
     tcfg, dcfg = toy_configs(hidden, layers, heads, kv_heads)
     base = toy_permutations(hidden, 1.0, seed)
-    target_cfg = tcfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": {"seed": seed}}
-    target = save_folder(root / "target", target_cfg,
-                         target_state_dict(tcfg, toy_target_weights(tcfg, base)))
+    target = _save_toy(root / "target", tcfg,
+                       target_state_dict(tcfg, toy_target_weights(tcfg, base)), {"seed": seed})
     drafts = {}
     for name, f in AGREEMENT_LEVELS.items():
         perms = toy_permutations(hidden, f, seed)
-        cfg = dcfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": {"seed": seed, "agreement": f}}
-        drafts[name] = save_folder(root / f"draft-{name}", cfg,
-                                   draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)))
+        drafts[name] = _save_toy(root / f"draft-{name}", dcfg,
+                                 draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)),
+                                 {"seed": seed, "agreement": f})
     return ToyCheckpoints(root, target, drafts)
 
 
@@ -164,9 +168,8 @@ def write_two_cycle_checkpoints(root: str | Path, hidden: int = 64, layers: int 
     tcfg, dcfg = toy_configs(hidden, layers)
     perms, easy = two_cycle_permutations(hidden, seed)
     meta = {"seed": seed, "two_cycle": True}
-    target = save_folder(root / "target", tcfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": meta},
-                         target_state_dict(tcfg, toy_target_weights(tcfg, perms)))
-    draft = save_folder(root / "draft-two-cycle",
-                        dcfg.to_hf() | {"torch_dtype": "float32", "dgw_toy": meta},
-                        draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)))
+    target = _save_toy(root / "target", tcfg,
+                       target_state_dict(tcfg, toy_target_weights(tcfg, perms)), meta)
+    draft = _save_toy(root / "draft-two-cycle", dcfg,
+                      draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)), meta)
     return ToyCheckpoints(root, target, {"two-cycle": draft}), perms, easy

@@ -1,4 +1,5 @@
-"""The worker variants compared by `dgw demo` and `dgw bench`, built the same way everywhere.
+"""The worker variants compared by `dgw demo`, `dgw accept-shift` and `dgw bench`, built the
+same way everywhere.
 
 - plain:        decode pool only, no draft state: what a plain (non-speculative) server runs;
 - static-spec:  spec pool only, always speculating: a static EAGLE-3 server;
@@ -14,17 +15,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
 from dual_graph_worker.core.policy import PinnedPolicy
 from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.engines.reference.build import EngineSpec
 from dual_graph_worker.engines.reference.calibration import calibrate
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 VARIANTS = ("plain", "static-spec", "dynamic", "dual-off", "verify-off")
+# The three `dgw demo` and `dgw accept-shift` run side by side on a toy model.
+TRIO = ("plain", "static-spec", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -89,3 +93,22 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
             k, {Mode.SPEC: sizes.spec, Mode.DECODE: sizes.decode}, table,
             defers_prefill=worker.continuity.defers_prefill, max_rows=engine.limits.max_requests))
     return BuiltWorker(name, worker, report, table)
+
+
+def toy_engine_spec(device: str, num_draft_tokens: int, max_requests: int,
+                    max_context: int) -> EngineSpec:
+    """The engine a toy checkpoint runs on: float32, Triton attention on CUDA, torch on the CPU."""
+    return EngineSpec(num_draft_tokens=num_draft_tokens, max_requests=max_requests,
+                      max_context=max_context, device=device, dtype="float32",
+                      attention="triton" if device.startswith("cuda") else "torch")
+
+
+def build_trio(make_engine: Callable[[], object], sizes: PoolSizes, *, cuda: bool,
+               calib_context: int, settings: Settings = Settings()) -> Iterator[BuiltWorker]:
+    """The TRIO, built quietly, each on its own engine from `make_engine()` (they take turns
+    step by step, each with its own KV cache); yields each worker once it is ready."""
+    for name in TRIO:
+        yield build_variant(name, make_engine(), sizes, use_cuda_graphs=cuda, settings=settings,
+                            calib_context=calib_context, progress=False, log=lambda s: None,
+                            # CPU timings are noisy: a longer median.
+                            calib_repeats=5 if cuda else 21)

@@ -217,15 +217,18 @@ class DualGraphWorker:
                 caught_up = self.continuity.before_spec_step(rows)
                 self.stats.catch_up_tokens += caught_up
             plan = self.kv.plan(mode, bs)
-            seq_before = self.table.seq_lens[rows].copy()
+            seq_before = self.table.seq_lens[rows]            # fancy indexing: a copy
             try:
                 self.bufs.stage(rows, seq_before, plan.slots, padded)
                 self.bufs.upload()
                 self.runner.run(mode, padded, use_graph)
                 with nvtx_ranges.stage_range("accept"):
-                    tokens, accept = self.bufs.download()
-                    tokens = tokens[:bs, : plan.width].copy()
-                    accept = accept[:bs].copy()
+                    staged_tokens, staged_accept = self.bufs.download()
+                    # Out of the staging buffer (the next step reuses it) straight into the
+                    # speculative layout [bs, K+1]: columns past this mode's width stay zero.
+                    tokens = np.zeros((bs, self.k + 1), dtype=np.int64)
+                    tokens[:, : plan.width] = staged_tokens[:bs, : plan.width]
+                    accept = staged_accept[:bs].copy()
             except BaseException:
                 self.kv.cancel(plan)                  # nothing committed: no slot leaks
                 raise
@@ -237,13 +240,16 @@ class DualGraphWorker:
         self._last_mode = mode
         return result
 
-    def _commit(self, rows, seq_before, plan: SlotPlan, tokens, accept, mode: Mode,
+    def _commit(self, rows, seq_before, plan: SlotPlan, layout, accept, mode: Mode,
                 reason: Reason, padded: int, use_graph: bool) -> StepResult:
+        """`layout` is [bs, K+1] (the speculative layout); this mode wrote its first `width`
+        columns."""
         bs, width = len(rows), plan.width
+        tokens = layout[:, :width]
         rids = tuple(self.table.rid_of_row[rows].tolist())
         keep = self.kv.commit(plan, accept)
         # Host mirror of the slot table and the token history, for every request at once.
-        rows2d = np.repeat(rows, width).reshape(bs, width)
+        rows2d = np.broadcast_to(rows[:, None], (bs, width))
         cols = seq_before[:, None] + np.arange(width)[None, :]
         self.table.slots[rows2d[keep], cols[keep]] = plan.slots[keep]
         self.table.tokens[rows2d[keep], cols[keep] + 1] = tokens[keep]
@@ -253,13 +259,11 @@ class DualGraphWorker:
             self.continuity.after_decode_step(rows, seq_before)
         self.policy.observe(accepted(mode, accept, rows))
         emitted, finished = self._finish_done(rows, tokens, accept, generated_before)
-        flat = np.zeros((bs, self.k + 1), dtype=np.int64)
-        flat[:, :width] = tokens
         record = StepRecord(self._step, mode, bs, padded, reason, use_graph, int(emitted.sum()),
                             float(accept.mean()))
         self.stats.records.append(record)
         self._step += 1
-        return StepResult(torch.from_numpy(flat.reshape(-1)),
+        return StepResult(torch.from_numpy(layout.reshape(-1)),
                           torch.from_numpy(emitted.astype(np.int32)), self.k + 1, rids,
                           tuple(f.rid for f in finished), record)
 
@@ -267,7 +271,8 @@ class DualGraphWorker:
                      generated_before: np.ndarray) -> tuple[np.ndarray, list[FinishedRequest]]:
         """Tokens each request receives this step (cut at max_new_tokens and at the first EOS),
         and the requests that finished; their KV slots go back to the pool."""
-        limit = self.table.max_new[rows] - generated_before
+        max_new = self.table.max_new[rows]
+        limit = max_new - generated_before
         emitted = np.minimum(accept, limit)
         eos = self.config.eos_token_id
         hit_eos = np.zeros(len(rows), dtype=bool)
@@ -275,7 +280,7 @@ class DualGraphWorker:
             hit = (tokens == eos) & (np.arange(tokens.shape[1])[None, :] < emitted[:, None])
             hit_eos = hit.any(1)
             emitted = np.where(hit_eos, hit.argmax(1) + 1, emitted)
-        done = hit_eos | (generated_before + emitted >= self.table.max_new[rows])
+        done = hit_eos | (generated_before + emitted >= max_new)
         finished = []
         for row, by_eos, out_len in zip(rows[done], hit_eos[done], (generated_before + emitted)[done]):
             record, held = self.table.release(int(row), "eos" if by_eos else "length", int(out_len))
