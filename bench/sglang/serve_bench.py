@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -37,6 +38,7 @@ from bench.sglang.model_configs import (
     write_dummy_pair,
     write_word_tokenizer,
 )
+from bench.sglang import soak
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
 
 ENGINES = ("plain", "eagle3", "dual")
@@ -62,10 +64,21 @@ class ServeBenchConfig:
     start_timeout_s: float = 600.0
     server_args: tuple[str, ...] = ("--attention-backend", "triton", "--cuda-graph-max-bs", "256",
                                     "--enable-metrics")
+    soak: Optional[soak.SoakConfig] = None
 
     @property
     def dummy(self) -> bool:
         return self.model is None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def vocab(self) -> int:
+        if self.dummy:
+            return llama3_8b_shapes().vocab_size
+        return int(json.loads((Path(self.model) / "config.json").read_text())["vocab_size"])
 
     def num_prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, self.prompts_per_level * concurrency)
@@ -134,6 +147,14 @@ def dgw_series(metrics_text: str) -> dict[str, float]:
     return out
 
 
+def metric_total(metrics_text: str, family: str) -> float:
+    """Sum of one counter family's samples (every label set) on a /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(metrics_text)
+               for s in f.samples if s.name == f"{family}_total")
+
+
 def write_dummy_checkpoints(folder: Path) -> tuple[str, str]:
     shapes = llama3_8b_shapes()
     target, draft = write_dummy_pair(folder, shapes)
@@ -152,7 +173,7 @@ def _wait_ready(cfg: ServeBenchConfig, proc: subprocess.Popen) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
         try:
-            _get(f"http://127.0.0.1:{cfg.port}/health_generate", timeout=30)
+            _get(f"{cfg.url}/health_generate", timeout=30)
             return
         except OSError:
             time.sleep(2)
@@ -168,36 +189,102 @@ def _stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str) -> list[ServePoint]:
+@contextmanager
+def launched(kind: str, cfg: ServeBenchConfig, target: str, draft: str, env: dict,
+             log_path: Path, extra_args: tuple[str, ...] = ()):
+    """One launch_server process, ready to serve; stopped (its whole group) on leaving."""
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*server_command(kind, cfg, target, draft), *extra_args],
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            _wait_ready(cfg, proc)
+            print(f"[serve-bench] {log_path.stem} ready in {time.time() - started:.0f} s",
+                  flush=True)
+            yield proc
+        finally:
+            _stop(proc)
+
+
+def engine_env(kind: str, cfg: ServeBenchConfig) -> dict:
     env = dict(os.environ)
     if cfg.accept is not None and kind != "plain":
         env["SGLANG_SIMULATE_ACC_LEN"] = str(cfg.accept)
+    return env
+
+
+def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
+               soak_ref: Optional[dict] = None) -> list[ServePoint]:
+    """bench_serving at every level; with soak_ref (plain only) also the soak's T=0 reference."""
+    env = engine_env(kind, cfg)
     raw = cfg.out / "raw" / f"{kind}.jsonl"
     raw.parent.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    with open(cfg.out / f"{kind}.server.log", "w") as log:
-        proc = subprocess.Popen(server_command(kind, cfg, target, draft), env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        points = []
-        try:
-            _wait_ready(cfg, proc)
-            print(f"[serve-bench] {kind} ready in {time.time() - started:.0f} s", flush=True)
+    log_path = cfg.out / f"{kind}.server.log"
+    points = []
+    try:
+        with launched(kind, cfg, target, draft, env, log_path):
             for c in cfg.concurrency:
                 tag = f"{kind}-c{c}"
-                rc = subprocess.call(client_command(cfg, c, target, raw, tag), env=env,
-                                     stdout=log, stderr=subprocess.STDOUT)
+                with open(log_path, "a") as log:
+                    rc = subprocess.call(client_command(cfg, c, target, raw, tag), env=env,
+                                         stdout=log, stderr=subprocess.STDOUT)
                 point = ServePoint(kind, c, read_results(raw).get(tag, {}))
-                point.dgw = dgw_series(_get(f"http://127.0.0.1:{cfg.port}/metrics"))
+                point.dgw = dgw_series(_get(f"{cfg.url}/metrics"))
                 point.error = None if rc == 0 and point.metrics else f"client exited with {rc}"
                 print(f"[serve-bench] {tag}: {point.metrics.get('output_throughput')} tok/s",
                       flush=True)
                 points.append(point)
-        except RuntimeError as exc:
-            points.append(ServePoint(kind, 0, error=str(exc)))
-            print(f"[serve-bench] {kind}: {exc} (see {log.name})", flush=True)
-        finally:
-            _stop(proc)
+            if soak_ref is not None:
+                soak_ref["outputs"] = soak.generate_batch(
+                    cfg.url, soak.check_prompts(cfg.soak, cfg.vocab), cfg.soak.check_output_len)
+    except (RuntimeError, OSError) as exc:
+        points.append(ServePoint(kind, 0, error=str(exc)))
+        print(f"[serve-bench] {kind}: {exc} (see {log_path})", flush=True)
     return points
+
+
+SOAK_ENV = {"DGW_POLICY": "cycle", "DGW_MIN_DWELL": "4"}
+# Small KV pool so SGLang retracts; chunked prefill so long prompts span several chunks.
+SOAK_ARGS = ("--chunked-prefill-size", "512", "--max-total-tokens", "16384")
+
+
+def run_soak_server(cfg: ServeBenchConfig, target: str, draft: str,
+                    reference: Optional[list]) -> dict:
+    """The worker under the soak: acceptance NOT forced (its T=0 answers must equal plain's),
+    a policy switching every 4 steps, a KV pool small enough to retract, radix cache on."""
+    env = dict(os.environ) | SOAK_ENV
+    env.pop("SGLANG_SIMULATE_ACC_LEN", None)
+    log_path = cfg.out / "soak.server.log"
+    requests = soak.make_requests(cfg.soak, cfg.vocab)
+    out: dict = {"server_env": SOAK_ENV, "server_args": list(SOAK_ARGS)}
+    try:
+        with launched("dual", cfg, target, draft, env, log_path, SOAK_ARGS) as proc:
+            res = soak.run_soak(cfg.url, cfg.soak, requests, alive=lambda: proc.poll() is None)
+            quiet = (soak.generate_batch(cfg.url, soak.check_prompts(cfg.soak, cfg.vocab),
+                                         cfg.soak.check_output_len)
+                     if proc.poll() is None else [])
+            page = _get(f"{cfg.url}/metrics") if proc.poll() is None else ""
+            out["dgw"] = dgw_series(page)
+            out["retracted_requests"] = metric_total(page, "sglang:num_retracted_requests")
+            out["alive_at_end"] = proc.poll() is None
+    except (RuntimeError, OSError) as exc:
+        print(f"[serve-bench] soak: {exc} (see {log_path})", flush=True)
+        return out | {"error": str(exc)}
+    log_text = log_path.read_text(errors="replace")
+    out["leak_reports"] = sum(line.count("memory leak detected") + line.count("double free")
+                              + line.count("use-after-free") for line in log_text.splitlines())
+    out["retraction_logs"] = log_text.count("KV cache pool is full. Retract")
+    checks = {}
+    if reference:
+        checks["quiet"] = soak.agreement(reference, dict(enumerate(quiet)))
+        checks["under_load"] = soak.agreement(reference, res.loaded_check_outputs)
+    out |= soak.summary(cfg.soak, res, checks)
+    print(f"[serve-bench] soak: {res.sent} sent, {res.completed} completed, {res.aborted} "
+          f"aborted, {res.errors} errors in {res.seconds:.0f} s; leak reports "
+          f"{out['leak_reports']}; " + "; ".join(a.line(k) for k, a in checks.items()),
+          flush=True)
+    return out
 
 
 def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
@@ -265,6 +352,12 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
     ap.add_argument("--model", help="a real target checkpoint (then --draft is required)")
     ap.add_argument("--draft", help="its EAGLE-3 draft")
     ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--prompts-per-level", type=int, default=4,
+                    help="prompts per level = max(--min-prompts, this x concurrency)")
+    ap.add_argument("--min-prompts", type=int, default=16)
+    ap.add_argument("--soak", type=int, default=0, metavar="N",
+                    help="after the engines, N requests against a worker under a switching "
+                         "policy, random lengths and aborts; T=0 checks against plain")
     args = ap.parse_args(argv)
     engines = tuple(e for e in args.engines.split(",") if e)
     if bad := [e for e in engines if e not in ENGINES]:
@@ -274,14 +367,21 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
     except ValueError:
         ap.error(f"--concurrency {args.concurrency!r}: write integers separated by commas, "
                  "e.g. 1,16,128")
-    if min(levels) < 1 or min(args.input_len, args.output_len) < 1:
-        ap.error("--concurrency, --input-len and --output-len must be >= 1")
+    if min(*levels, args.input_len, args.output_len, args.prompts_per_level,
+           args.min_prompts) < 1:
+        ap.error("--concurrency, --input-len, --output-len, --prompts-per-level and "
+                 "--min-prompts must be >= 1")
+    if args.soak < 0:
+        ap.error("--soak wants a request count >= 0 (0: no soak)")
     if bool(args.model) != bool(args.draft):
         ap.error("--model and --draft go together (a real target and its EAGLE-3 draft)")
     return ServeBenchConfig(out=Path(args.out), engines=engines, concurrency=levels,
                             input_len=args.input_len, output_len=args.output_len,
                             accept=None if args.model else args.accept, model=args.model,
-                            draft=args.draft, port=args.port)
+                            draft=args.draft, port=args.port,
+                            prompts_per_level=args.prompts_per_level,
+                            min_prompts=args.min_prompts,
+                            soak=soak.SoakConfig(requests=args.soak) if args.soak else None)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -290,16 +390,60 @@ def main(argv: Optional[list[str]] = None) -> int:
     ensure_plugin_discoverable(cfg.out / "shim", REPO_ROOT)
     target, draft = ((cfg.model, cfg.draft) if not cfg.dummy
                      else write_dummy_checkpoints(cfg.out / "checkpoints"))
-    points = [p for kind in cfg.engines for p in run_engine(kind, cfg, target, draft)]
+    points: list[ServePoint] = []
+    soak_ref: Optional[dict] = {} if cfg.soak else None
+    soaked: dict = {}
+    for kind in cfg.engines:
+        points += run_engine(kind, cfg, target, draft, soak_ref if kind == "plain" else None)
+        write_results(cfg, points, soaked)
+    if cfg.soak:
+        soaked = run_soak_server(cfg, target, draft, (soak_ref or {}).get("outputs"))
+        write_results(cfg, points, soaked)
+    print((cfg.out / "report.md").read_text())
+    soak_ok = not cfg.soak or (soaked.get("alive_at_end") and not soaked.get("leak_reports")
+                               and not (soaked.get("result") or {}).get("errors"))
+    return 0 if soak_ok and all(p.error is None for p in points) else 1
+
+
+def write_results(cfg: ServeBenchConfig, points: list[ServePoint], soaked: dict) -> None:
+    """Everything so far, after each server: a run cut short keeps what it measured."""
     (cfg.out / "serve-bench.json").write_text(json.dumps(
         {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-         "points": [asdict(p) for p in points]}, indent=1))
-    text = report(cfg, points)
-    (cfg.out / "report.md").write_text(text)
+         "points": [asdict(p) for p in points], "soak": soaked}, indent=1))
+    (cfg.out / "report.md").write_text(report(cfg, points) + soak_report(soaked))
     if any(p.metrics for p in points):
         plot(cfg, points, cfg.out / "serve-bench.png")
-    print(text)
-    return 0 if all(p.error is None for p in points) else 1
+
+
+def soak_report(soaked: dict) -> str:
+    if not soaked:
+        return ""
+    if "error" in soaked:
+        return f"\n## Soak\n\nserver failed: {soaked['error']}\n"
+    r, c = soaked["result"], soaked["config"]
+    rows = [("requests sent / completed / aborted / aborted too late / errors",
+             f"{r['sent']} / {r['completed']} / {r['aborted']} / {r['abort_too_late']} / "
+             f"{r['errors']}"),
+            ("output tokens, seconds", f"{r['output_tokens']}, {r['seconds']:.0f}"),
+            ("idle pauses (SGLang's strict leak check runs when idle)", str(r["idle_pauses"])),
+            ("leak / double-free reports in the server log", str(soaked["leak_reports"])),
+            ("server alive at the end", str(soaked["alive_at_end"])),
+            ("retracted requests (sglang:num_retracted_requests_total)",
+             f"{soaked.get('retracted_requests', 0):g}"),
+            ("switches (dgw_switches_total)",
+             f"{sum(v for k, v in soaked['dgw'].items() if k.startswith('dgw_switches_total')):g}")]
+    rows += [(f"T=0 checks {k} vs plain", f"{v['equal']} / {v['compared']}")
+             for k, v in soaked["checks"].items()]
+    if r["first_error"]:
+        rows.append(("first error", r["first_error"]))
+    return ("\n## Soak\n\n"
+            f"The worker with {soaked['server_env']} and `{' '.join(soaked['server_args'])}`, "
+            f"radix cache on, acceptance NOT forced (dummy weights); random input "
+            f"{c['short_input']} or {c['long_input']} tokens, output {c['output_len']}, "
+            f"{c['abort_share']:.0%} aborted within {c['abort_within_s']} s, "
+            f"{c['prefix_share']:.0%} sharing one of {c['prefixes']} prefixes, "
+            f"concurrency {c['concurrency']}.\n\n| what | figure |\n|---|---|\n"
+            + "".join(f"| {a} | {b} |\n" for a, b in rows))
 
 
 if __name__ == "__main__":
