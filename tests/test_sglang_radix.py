@@ -163,7 +163,11 @@ def test_the_registered_factory_wraps_only_sglangs_plain_radix_cache(monkeypatch
     unclamped = []
     lazy = SimpleNamespace(params=params, tp_worker=SimpleNamespace(
         dgw_draft_behind=Backlog(), dgw_tree_unclamped=unclamped.append))
+    built = []
+    monkeypatch.setattr(registry, "default_radix_cache_factory",
+                        lambda ctx: built.append(RadixCache(ctx.params)) or built[-1])
     assert type(tree_cache_factory(lazy)) is DraftValidRadixCache
+    assert tree_cache_factory(lazy) is built[-1]     # SGLang's own tree, adopted, not rebuilt
     keep_current = SimpleNamespace(params=params, tp_worker=SimpleNamespace())
     assert type(tree_cache_factory(keep_current)) is RadixCache
     chunk = ChunkCache(params)
@@ -176,6 +180,35 @@ def test_the_registered_factory_wraps_only_sglangs_plain_radix_cache(monkeypatch
     monkeypatch.setattr(registry, "default_radix_cache_factory",
                         lambda ctx: HiRadixLike(ctx.params))
     assert type(tree_cache_factory(lazy)) is HiRadixLike and unclamped == ["HiRadixLike"]
+
+
+def test_the_factory_builds_one_tree_so_metrics_register_once(monkeypatch):
+    """--enable-metrics: a tree registers its Prometheus series at construction, so a second
+    tree built beside SGLang's raised DuplicateTimeseries and the server died at start-up."""
+    import sglang.srt.mem_cache.base_prefix_cache as base
+    import sglang.srt.mem_cache.registry as registry
+    import sglang.srt.runtime_context as runtime_context
+    from prometheus_client import REGISTRY
+    from prometheus_client.metrics import MetricWrapperBase
+
+    monkeypatch.setattr(runtime_context, "get_server_args", lambda: None)
+    monkeypatch.setattr(base, "get_observability",
+                        lambda: SimpleNamespace(extra_metric_labels=None))
+    monkeypatch.setattr(registry, "default_radix_cache_factory",
+                        lambda ctx: RadixCache(ctx.params))
+    pool = ReqToTokenPool(size=4, max_context_len=16, device="cpu", enable_memory_saver=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=pool, enable_metrics=True,
+                             token_to_kv_pool_allocator=Allocator(), page_size=1, is_eagle=True)
+    lazy = SimpleNamespace(params=params, tp_worker=SimpleNamespace(
+        dgw_draft_behind=Backlog(), dgw_tree_unclamped=lambda name: None))
+    before = set(REGISTRY._collector_to_names)
+    try:
+        cache = tree_cache_factory(lazy)
+        assert type(cache) is DraftValidRadixCache and cache.metrics_collector is not None
+    finally:
+        for c in set(REGISTRY._collector_to_names) - before:
+            if isinstance(c, MetricWrapperBase):
+                REGISTRY.unregister(c)
 
 
 def test_an_unclamped_tree_turns_prefill_deferral_off():

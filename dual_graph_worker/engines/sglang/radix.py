@@ -33,6 +33,14 @@ class DraftValidRadixCache(RadixCache):
         super().__init__(params)
         self._behind = behind
 
+    @classmethod
+    def adopt(cls, cache: RadixCache, behind: Callable[[int], int]) -> "DraftValidRadixCache":
+        """SGLang's own tree, made draft-valid in place: a second construction would register
+        the tree's Prometheus series twice (--enable-metrics fails at start-up)."""
+        cache.__class__ = cls
+        cache._behind = behind
+        return cache
+
     def _clamp(self, req: Any, key: RadixKey, tokens: int) -> RadixKey:
         """`key` cut to the slots with valid draft KV, page-floored, never below what the tree
         already holds for this request (those slots are tree-owned)."""
@@ -114,7 +122,7 @@ def tree_cache_factory(ctx: Any):
     if behind is None:
         return cache
     if type(cache) is RadixCache:
-        return DraftValidRadixCache(ctx.params, behind)
+        return DraftValidRadixCache.adopt(cache, behind)
     if _matches_prefixes(cache):
         getattr(ctx.tp_worker, UNCLAMPED_ATTR)(type(cache).__name__)
     return cache
