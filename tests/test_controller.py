@@ -242,6 +242,63 @@ def test_a_switchs_catch_up_is_amortised_over_the_horizon():
     assert p.decide(PolicyInputs(16, 16, 16, catch_up_tokens=400_000)).mode is Mode.DECODE
 
 
+def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
+    """A catch-up is one more draft forward (~2 ms whatever its size) plus a per-token rate:
+    small catch-ups must not make the draft's prompt cost look 100x larger, which priced
+    speculation out everywhere on the H200 (policy matrix run 2)."""
+    p = _learned(controller(defers_prefill=True), 16)
+    for tokens in (4, 16, 4, 2080, 13792, 8):
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + tokens * 2e-6,
+                           catch_up_tokens=tokens))
+        p.exchange(lambda v: v)
+    assert p.draft_prefill_s_per_token() == pytest.approx(2e-6, rel=0.05)
+    assert p.catch_up_s_per_token() == pytest.approx(2e-6, rel=0.05)
+    assert p.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
+    # Only tiny catch-ups of one size: no rate can be told from their fixed cost, so none is
+    # charged per prompt token; a switch still pays what such a catch-up cost.
+    q = _learned(controller(defers_prefill=True), 16)
+    for _ in range(6):
+        q.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + 4 * 2e-6, catch_up_tokens=4))
+        q.exchange(lambda v: v)
+    assert q.draft_prefill_s_per_token() == 0.0
+    assert q.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
+
+
+def test_a_runs_first_step_is_not_a_step_sample():
+    """The step after a switch carries the switch; the estimates are of steps within a run."""
+    p = _learned(controller(), 8)
+    p.observe(StepTime(Mode.SPEC, 8, t_spec(8)))
+    p.observe(StepTime(Mode.DECODE, 8, 3 * t_decode(8)))      # first after the switch
+    for _ in range(3):
+        p.observe(StepTime(Mode.DECODE, 8, t_decode(8)))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 8) == pytest.approx(t_decode(8))
+
+
+def test_a_costly_draft_prefill_still_lets_speculation_be_re_measured():
+    """Long prompts price spec's steps out through the draft's prefill, but its steps would win
+    at this acceptance: spec is still re-measured now and then (only its runs' catch-ups
+    re-measure the prefill rate, so a rate that went stale must not keep it out for good)."""
+    p = _learned(controller(defers_prefill=True, stale_after=16, explore_budget=0.05), 16)
+    for tokens in (2048, 8192, 32768):
+        p.observe(PrefillTime(tokens, 0.005 + tokens * 60e-6, draft=True))
+        p.observe(PrefillTime(tokens, 0.005 + tokens * 24e-6, draft=False))
+    p.observe(Admitted(65536))
+    p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    p.exchange(lambda v: v)
+    inputs = PolicyInputs(16, 16, 16)
+    assert p.decide(inputs).mode is Mode.DECODE
+    seen = []
+    for _ in range(200):
+        d = p.decide(inputs)
+        p.commit(d)
+        seen.append(d)
+        p.observe(StepTime(d.mode, 16, (t_spec if d.mode is Mode.SPEC else t_decode)(16)))
+        if p.sync_every and len(seen) % p.sync_every == 0:
+            p.exchange(lambda v: v)
+    assert any(d.reason is Reason.EXPLORE and d.mode is Mode.SPEC for d in seen)
+
+
 # ---------------------------------------------------------------- exploration
 
 

@@ -31,6 +31,7 @@ DECODE = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 
           144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256)
 PREFILL_S_PER_TOKEN = 26e-6        # target prefill (2048x64 C=64, plain: 4.0 s, ~0.6 s decode)
 DRAFT_S_PER_TOKEN = 2e-6           # the draft's extend over a token (prefill or catch-up)
+CATCH_UP_FIXED_S = 2e-3            # a catch-up is one more (eager) draft forward, whatever its size
 CHUNK = 8192
 
 
@@ -98,7 +99,7 @@ class Server:
             caught = 0
             if plan.mode is Mode.SPEC:
                 caught = int(behind.sum())
-                seconds += caught * DRAFT_S_PER_TOKEN
+                seconds += caught * DRAFT_S_PER_TOKEN + (CATCH_UP_FIXED_S if caught else 0.0)
                 behind[:] = 0
                 got = np.full(c, accept)
             else:

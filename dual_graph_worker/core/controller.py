@@ -35,11 +35,16 @@ _WORKLOAD_DECAY = 0.95
 _ACCEPT_DECAY = 1.0 / 32.0
 _ROW_ALPHA = 0.3
 _RUN_ALPHA = 0.3
-# Local slots after the per-key sums and counts: prefill regressions (with and without the
-# draft: n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds), then catch-up sums.
+# Catch-ups are rarer than prefills: their regression keeps ~100 exchanges of history.
+_CATCH_UP_DECAY = 0.99
+# Below this many tokens per catch-up, a catch-up's fixed cost (one more draft forward) hides
+# its per-token rate: the plain ratio is no rate then.
+_RATIO_MIN_TOKENS = 512
+# Local slots after the per-key sums and counts: regressions (n, sum x, sum y, sum xx, sum xy
+# with x = tokens, y = seconds) of prefills with and without the draft, then of catch-ups.
 _PF = {True: 0, False: 5}
-_CU_S, _CU_T = 10, 11
-_TAIL = 12
+_CU = 10
+_TAIL = 15
 
 
 def _default(key: str):
@@ -86,45 +91,43 @@ class ControllerConfig:
         return cls(num_draft_tokens, **shared, **engine)
 
 
-class _Rate:
-    """A shared (rank-common) seconds-per-token estimate folded from exchanged sums."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = math.nan
-
-    def fold(self, seconds: float, tokens: float, alpha: float) -> None:
-        if tokens <= 0:
-            return
-        x = seconds / tokens
-        self.value = x if math.isnan(self.value) else self.value + alpha * (x - self.value)
-
-    def known(self) -> bool:
-        return not math.isnan(self.value)
-
-    def get(self) -> float:
-        return max(self.value, 0.0)
-
-
 class _Slope:
-    """Seconds per token of prefill batches, as the slope of a decayed least-squares line (a
-    batch's fixed overhead is the intercept, so small and large batches agree)."""
+    """Seconds per token of batches, as the slope of a decayed least-squares line: a batch's
+    fixed cost (launches, metadata, one more forward) is the intercept, so small and large
+    batches agree on the rate."""
 
-    __slots__ = ("sums",)
+    __slots__ = ("sums", "events", "decay")
 
-    def __init__(self) -> None:
+    def __init__(self, decay: float = _WORKLOAD_DECAY) -> None:
         self.sums = np.zeros(5)
+        self.events = 0.0
+        self.decay = decay
 
     def fold(self, window: np.ndarray) -> None:
-        self.sums = _WORKLOAD_DECAY * self.sums + window
+        self.sums = self.decay * self.sums + window
+        self.events += window[0]
 
-    def value(self) -> Optional[float]:
+    def fit(self) -> Optional[tuple[float, float]]:
+        """(intercept, slope), or None while the sizes seen cannot separate the two."""
         n, sx, sy, sxx, sxy = self.sums
         var = n * sxx - sx * sx
-        if n < 3 or var <= 1e-9 * max(n * sxx, 1e-30):
+        if self.events < 3 or n <= 0 or var <= 1e-9 * max(n * sxx, 1e-30):
             return None
-        return (n * sxy - sx * sy) / var
+        slope = (n * sxy - sx * sy) / var
+        return (sy - slope * sx) / n, slope
+
+    def value(self) -> Optional[float]:
+        fit = self.fit()
+        return None if fit is None else fit[1]
+
+    def ratio(self) -> Optional[float]:
+        """Seconds per token over every batch seen (fixed costs included)."""
+        n, sx, sy = self.sums[:3]
+        return sy / sx if sx > 0 else None
+
+    def mean_tokens(self) -> float:
+        n, sx = self.sums[:2]
+        return sx / n if n > 0 else 0.0
 
 
 class GoodputController:
@@ -150,12 +153,14 @@ class GoodputController:
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
         self._prefill = {True: _Slope(), False: _Slope()}
-        self._catch_up = _Rate()
+        self._catch_up = _Slope(_CATCH_UP_DECAY)
+        self._last_step_mode: Optional[Mode] = None      # rank-local: which samples to keep
         self._prompt = 0.0
         self._output = 0.0
         # Derived from the above at each exchange (they change nowhere else), read every step.
         self._prompt_per_output = 0.0
         self._delta = 0.0
+        self._catch_up_fit: tuple[float, float] = (0.0, 0.0)    # (fixed s, s per token)
         # Rank-local sums since the last exchange: never read by a decision.
         self._local = np.zeros(2 * n + _TAIL)
         # Rank-common facts, applied at once.
@@ -337,13 +342,19 @@ class GoodputController:
         if i is None or not event.seconds > 0:
             return
         expected = self.step_time(event.mode, event.padded_bs)
+        switched = self._last_step_mode not in (None, event.mode)
+        self._last_step_mode = event.mode
         if event.catch_up_tokens > 0:
-            # The step's excess over a measured step of its size is the catch-up's (noise of
-            # either sign averages out over the token-weighted sums; only the rate is clamped).
+            # The step's excess over a measured step of its size is the catch-up's, fixed cost
+            # and switch included (noise of either sign averages out in the regression).
             if self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
                     _NO_ESTIMATE_MAX_S:
-                self._local[-_TAIL + _CU_S] += event.seconds - expected
-                self._local[-_TAIL + _CU_T] += event.catch_up_tokens
+                x, y = float(event.catch_up_tokens), event.seconds - expected
+                at = len(self._local) - _TAIL + _CU
+                self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
+            return
+        # A run's first step carries the switch; the estimates are of steps within a run.
+        if switched and self.config.explore_steps > 1:
             return
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
@@ -380,12 +391,13 @@ class GoodputController:
         tail = vec[2 * n:]
         for draft, at in _PF.items():
             self._prefill[draft].fold(tail[at:at + 5])
-        self._catch_up.fold(tail[_CU_S], tail[_CU_T], self.config.ema_alpha)
+        self._catch_up.fold(tail[_CU:_CU + 5])
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
         self._prompt_per_output = self._prompt / self._output if self._output > 0 else 0.0
         self._delta = self._draft_prefill_rate()
+        self._catch_up_fit = self._fit_catch_up()
 
     # ------------------------------------------------------------------------------ model
 
@@ -397,34 +409,51 @@ class GoodputController:
         return self._delta
 
     def _draft_prefill_rate(self) -> float:
-        """The catch-up's rate when known (the same draft extend over the same kind of tokens,
-        measured on large batches), else the difference of the prefill slopes with and without
-        the draft, else 0."""
-        if self._catch_up.known():
-            return self._catch_up.get()
+        """The catch-ups' per-token slope (the same draft extend over the same kind of tokens),
+        else their plain ratio when they are large enough for it to be a rate, else the
+        difference of the prefill slopes with and without the draft, else 0."""
+        fit = self._catch_up.fit()
+        if fit is not None and fit[1] >= 0:
+            return fit[1]
+        ratio = self._catch_up.ratio()
+        if ratio is not None and self._catch_up.mean_tokens() >= _RATIO_MIN_TOKENS:
+            return max(ratio, 0.0)
         with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
         if with_draft is not None and plain is not None:
             return max(with_draft - plain, 0.0)
         return 0.0
 
+    def _fit_catch_up(self) -> tuple[float, float]:
+        fit = self._catch_up.fit()
+        if fit is not None and fit[1] >= 0:
+            return max(fit[0], 0.0), fit[1]
+        ratio = self._catch_up.ratio()
+        if ratio is not None:
+            return 0.0, max(ratio, 0.0)       # the catch-ups seen so far, fixed cost spread in
+        return 0.0, self._delta
+
     def catch_up_s_per_token(self) -> float:
-        """kappa: seconds per caught-up draft token (the prefill slopes' difference while no
-        catch-up was measured)."""
-        return self.draft_prefill_s_per_token()
+        """kappa: seconds per caught-up draft token beyond a catch-up's fixed cost."""
+        return self._catch_up_fit[1]
+
+    def catch_up_seconds(self, tokens: int) -> float:
+        """Expected seconds of one catch-up over `tokens` draft tokens."""
+        fixed, rate = self._catch_up_fit
+        return fixed + rate * tokens if tokens > 0 else 0.0
 
     def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float,
-              catch_up_tokens: int) -> Optional[float]:
+              catch_up_tokens: int, prompt_share: bool = True) -> Optional[float]:
         t = self.step_time(mode, padded_bs)
         if t is None:
             return None
         tokens = bs * (accept if mode is Mode.SPEC else 1.0)
         cost = t / tokens
-        if mode is Mode.SPEC or not self.config.defers_prefill:
+        if prompt_share and (mode is Mode.SPEC or not self.config.defers_prefill):
             cost += self.prompt_per_output() * self.draft_prefill_s_per_token()
         if catch_up_tokens:
             horizon = min(max(self._run_len, self.config.min_dwell_steps, 1.0),
                           self.config.switch_horizon)
-            cost += self.catch_up_s_per_token() * catch_up_tokens / (horizon * tokens)
+            cost += self.catch_up_seconds(catch_up_tokens) / (horizon * tokens)
         return cost
 
     def _measured(self, mode: Mode, padded_bs: int) -> bool:
@@ -446,11 +475,13 @@ class GoodputController:
     def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs,
                    cost: Mapping[Mode, Optional[float]]) -> bool:
         """Worth re-measuring: decode always (it has no hidden parameter to refresh besides its
-        time); spec only if it would win at the best possible acceptance."""
+        time); spec only if its steps would win at the best possible acceptance. The draft's
+        prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
+        overestimate of it must not keep spec from ever being tried."""
         if mode is Mode.DECODE:
             return True
         best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
-                          self.config.num_draft_tokens + 1.0, 0)
+                          self.config.num_draft_tokens + 1.0, 0, prompt_share=False)
         return best is not None and best * (1 + self.config.margin) < cost[Mode.DECODE]
 
     def _explore(self, mode: Mode, loss: float, pads: Mapping[Mode, int],
@@ -465,7 +496,7 @@ class GoodputController:
         if mode is Mode.SPEC and inputs.catch_up_tokens:
             t = self.step_time(Mode.DECODE, pads[Mode.DECODE])
             if t:
-                price += self.catch_up_s_per_token() * inputs.catch_up_tokens / t
+                price += self.catch_up_seconds(inputs.catch_up_tokens) / t
         if self._allowance < price:
             return None
         return Decision(mode, Reason.EXPLORE, price)
