@@ -149,6 +149,9 @@ class RandomModePolicy:
     def state(self) -> PolicyState:
         return PolicyState(self._ema.value)
 
+    def estimates(self):
+        return None
+
     def commit(self, decision: Decision) -> None:
         self.committed.append(decision.mode)
 

@@ -254,6 +254,9 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     assert p.draft_prefill_s_per_token() == pytest.approx(2e-6, rel=0.05)
     assert p.catch_up_s_per_token() == pytest.approx(2e-6, rel=0.05)
     assert p.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
+    shown = p.estimates()                           # what /get_server_info reports
+    assert shown["catch_up_fixed_s"] == pytest.approx(2e-3, rel=0.05)
+    assert shown["step_s"]["spec"][16][1] > 0 and shown["step_s"]["decode"][16][1] > 0
     # Only tiny catch-ups of one size: no rate can be told from their fixed cost, so none is
     # charged per prompt token; a switch still pays what such a catch-up cost.
     q = _learned(controller(defers_prefill=True), 16)

@@ -707,6 +707,7 @@ def test_server_info_carries_the_workers_counters(registered, bare_sglang_worker
     assert state["steps"] == {"spec": 1, "decode": 1} and state["switches"] == 1
     assert state["spec_accept_len"] == 3.0 and state["output_tokens"] == 8
     assert state["policy"] == "goodput" and result.internal_state["memory_usage"] == 1
+    assert "estimates" not in state                 # a threshold has no cost model to show
 
 
 def test_every_hook_target_exists_in_the_supported_sglang(supported_sglang):

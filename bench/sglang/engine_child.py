@@ -80,7 +80,7 @@ def _counter_delta(before: Optional[dict], after: Optional[dict]) -> Optional[di
     if not before or not after:
         return after
     out = {k: after[k] for k in ("accept_len_estimate", "expected_goodput_spec",
-                                 "expected_goodput_decode", "mode") if k in after}
+                                 "expected_goodput_decode", "mode", "estimates") if k in after}
     for key in ("switches", "catch_ups", "catch_up_tokens", "prefills", "deferred_prefills"):
         out[key] = after.get(key, 0) - before.get(key, 0)
     for key in ("steps", "steps_by_reason"):

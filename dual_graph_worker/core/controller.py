@@ -298,6 +298,20 @@ class GoodputController:
     def state(self) -> PolicyState:
         return PolicyState(self._accept, *self._goodput)
 
+    def estimates(self) -> dict:
+        """For /get_server_info, not per step: per measured (mode, padded bs) the step seconds, its
+        sample count and prior; the prompt and catch-up terms."""
+        steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
+        for i, (m, b) in enumerate(self._keys):
+            if self._samples[i] > 0:
+                prior = None if math.isnan(self._prior[i]) else float(self._prior[i])
+                steps[m.value][b] = [float(self._est[i]), int(self._samples[i]), prior]
+        fixed, rate = self._catch_up_fit
+        return {"step_s": steps, "prompt_per_output": self._prompt_per_output,
+                "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
+                "catch_up_s_per_token": rate, "fresh_accept": self._fresh,
+                "run_len": self._run_len}
+
     # ------------------------------------------------------------------------------ observe
 
     def observe(self, event: Observation) -> None:

@@ -116,6 +116,7 @@ class ModePolicy(Protocol):
     def observe(self, event: Observation) -> None: ...
     def exchange(self, reduce: Reducer) -> None: ...
     def state(self) -> PolicyState: ...
+    def estimates(self) -> Optional[dict]: ...
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -183,6 +184,9 @@ class _Observing:
 
     def state(self) -> PolicyState:
         return PolicyState(self._ema.value)
+
+    def estimates(self) -> Optional[dict]:
+        return None          # no cost model behind these decisions
 
 
 @dataclass(kw_only=True)

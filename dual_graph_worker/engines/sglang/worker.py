@@ -456,6 +456,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             state |= {"policy": self.settings.policy.value, "accept_len_estimate": p.accept_len,
                       "expected_goodput_spec": p.spec_goodput,
                       "expected_goodput_decode": p.decode_goodput}
+            if (estimates := self.planner.policy.estimates()) is not None:
+                state["estimates"] = estimates
         return state
 
 
