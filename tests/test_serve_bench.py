@@ -105,3 +105,83 @@ def test_dummy_checkpoints_carry_a_tokenizer_that_round_trips(tmp_path):
     assert tok.encode(tok.decode(ids)) == ids and tok.num_special_tokens_to_add() == 0
     assert json.loads((tmp_path / "draft" / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLMEagle3"]
+
+
+class SGLangStandIn:
+    """The HTTP surface bench_serving's sglang backend uses, answering like a server that emits
+    one word a token: /v1/models, streamed /generate, /get_server_info, /flush_cache."""
+
+    def __init__(self):
+        import asyncio
+        import socket
+        import threading
+
+        from aiohttp import web
+
+        self.web, self.asyncio = web, asyncio
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        ready = threading.Event()
+
+        def serve():
+            loop = asyncio.new_event_loop()
+            app = web.Application()
+            app.router.add_get("/v1/models", self.answer({"data": [{"id": "stand-in"}]}))
+            app.router.add_post("/generate", self.generate)
+            app.router.add_get("/get_server_info", self.answer(
+                {"internal_states": [{"avg_spec_accept_length": 3.0}]}))
+            app.router.add_post("/flush_cache", self.answer({}))
+            runner = web.AppRunner(app)
+            loop.run_until_complete(runner.setup())
+            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        assert ready.wait(10)
+
+    def answer(self, body):
+        async def handler(request):
+            return self.web.json_response(body)
+        return handler
+
+    async def generate(self, request):
+        body = await request.json()
+        n = body["sampling_params"]["max_new_tokens"]
+        resp = self.web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for k in range(1, n + 1):
+            await self.asyncio.sleep(0.001)
+            chunk = {"text": "w " * k, "meta_info": {"completion_tokens": k}}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+def test_the_client_command_measures_a_server_in_this_environment(tmp_path):
+    """bench_serving as serve-bench runs it (its environment included: the H200 image lacks
+    Hugging Face `datasets`, which bench_serving imports at start-up) against a stand-in."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("sglang.benchmark")      # its serving module: in the child, stubbed
+    pytest.importorskip("transformers")
+    pytest.importorskip("aiohttp")
+    server = SGLangStandIn()
+    target, _ = sb.write_dummy_checkpoints(tmp_path / "ck")
+    cfg = _cfg(tmp_path, input_len=16, output_len=8, port=server.port, min_prompts=4)
+    raw = tmp_path / "raw.jsonl"
+    env = sb.client_env(dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    run = subprocess.run(sb.client_command(cfg, 2, target, raw, "stand-in-c2"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, sb.last_error(run.stdout + run.stderr)
+    row = sb.read_results(raw)["stand-in-c2"]
+    assert row["completed"] == cfg.num_prompts(2) and row["output_throughput"] > 0
+    assert row["median_itl_ms"] is not None
+
+
+def test_a_failed_client_names_its_error():
+    log = "Traceback (most recent call last):\n  File x\nModuleNotFoundError: No module named 'datasets'\n"
+    assert sb.last_error(log) == "ModuleNotFoundError: No module named 'datasets'"

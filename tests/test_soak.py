@@ -130,9 +130,9 @@ def test_soak_section_of_the_report(tmp_path):
                           idle_pauses=3)
     soaked = {"server_env": sb.SOAK_ENV, "server_args": list(sb.SOAK_ARGS), "dgw": {
         "dgw_switches_total{tp_rank=0}": 41.0}, "alive_at_end": True, "leak_reports": 0,
-        "retracted_requests": 7.0} | soak.summary(cfg, res, {"quiet": soak.Agreement(3, 3)})
+        "retracted_requests": 7.0} | soak.summary(cfg, res, {"quiet vs plain": soak.Agreement(3, 3)})
     text = sb.soak_report(soaked)
-    assert "| 300 / 250 / 50 / 0 / 0 |" in text and "| T=0 checks quiet vs plain | 3 / 3 |" in text
+    assert "| 300 / 250 / 50 / 0 / 0 |" in text and "| T=0 checks, quiet vs plain | 3 / 3 |" in text
     assert "| switches (dgw_switches_total) | 41 |" in text and "NOT forced" in text
     assert "| retracted requests (sglang:num_retracted_requests_total) | 7 |" in text
     assert sb.soak_report({"error": "server exited with 1"}).strip().endswith("exited with 1")

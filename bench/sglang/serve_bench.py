@@ -117,12 +117,33 @@ def client_command(cfg: ServeBenchConfig, concurrency: int, tokenizer: str, out_
                    tag: str) -> list[str]:
     return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
             "--host", "127.0.0.1", "--port", str(cfg.port), "--tokenizer", tokenizer,
+            "--model", tokenizer,
             "--dataset-name", "random-ids", "--random-input-len", str(cfg.input_len),
             "--random-output-len", str(cfg.output_len), "--random-range-ratio", "1.0",
             "--num-prompts", str(cfg.num_prompts(concurrency)),
             "--max-concurrency", str(concurrency), "--seed", str(concurrency),
             "--warmup-requests", "1", "--disable-tqdm", "--tag", tag,
             "--output-file", str(out_file)]
+
+
+CLIENT_STUBS = Path(__file__).resolve().parent / "client_stubs"
+
+
+def client_env(env: dict) -> dict:
+    """bench_serving's environment: the `datasets` stand-in where the real one is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is not None:
+        return env
+    path = env.get("PYTHONPATH")
+    return env | {"PYTHONPATH": str(CLIENT_STUBS) + (os.pathsep + path if path else "")}
+
+
+def last_error(log_text: str) -> str:
+    """The last line of a traceback or error in a client's output, for the report."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    hits = [ln for ln in lines if "Error" in ln or "error" in ln or ln.startswith("Exception")]
+    return (hits or lines or [""])[-1][:300]
 
 
 def read_results(path: Path) -> dict[str, dict]:
@@ -226,12 +247,16 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
         with launched(kind, cfg, target, draft, env, log_path):
             for c in cfg.concurrency:
                 tag = f"{kind}-c{c}"
-                with open(log_path, "a") as log:
-                    rc = subprocess.call(client_command(cfg, c, target, raw, tag), env=env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+                client_log = cfg.out / f"{tag}.client.log"
+                with open(client_log, "w") as log:
+                    rc = subprocess.call(client_command(cfg, c, target, raw, tag),
+                                         env=client_env(env), stdout=log,
+                                         stderr=subprocess.STDOUT)
                 point = ServePoint(kind, c, read_results(raw).get(tag, {}))
                 point.dgw = dgw_series(_get(f"{cfg.url}/metrics"))
-                point.error = None if rc == 0 and point.metrics else f"client exited with {rc}"
+                if rc != 0 or not point.metrics:
+                    point.error = (f"client exited with {rc}: "
+                                   f"{last_error(client_log.read_text(errors='replace'))}")
                 print(f"[serve-bench] {tag}: {point.metrics.get('output_throughput')} tok/s",
                       flush=True)
                 points.append(point)
@@ -259,10 +284,12 @@ def run_soak_server(cfg: ServeBenchConfig, target: str, draft: str,
     requests = soak.make_requests(cfg.soak, cfg.vocab)
     out: dict = {"server_env": SOAK_ENV, "server_args": list(SOAK_ARGS)}
     try:
+        prompts = soak.check_prompts(cfg.soak, cfg.vocab)
         with launched("dual", cfg, target, draft, env, log_path, SOAK_ARGS) as proc:
+            # Without plain's answers, the server's own before the soak are the reference.
+            fresh = soak.generate_batch(cfg.url, prompts, cfg.soak.check_output_len)
             res = soak.run_soak(cfg.url, cfg.soak, requests, alive=lambda: proc.poll() is None)
-            quiet = (soak.generate_batch(cfg.url, soak.check_prompts(cfg.soak, cfg.vocab),
-                                         cfg.soak.check_output_len)
+            quiet = (soak.generate_batch(cfg.url, prompts, cfg.soak.check_output_len)
                      if proc.poll() is None else [])
             page = _get(f"{cfg.url}/metrics") if proc.poll() is None else ""
             out["dgw"] = dgw_series(page)
@@ -275,10 +302,10 @@ def run_soak_server(cfg: ServeBenchConfig, target: str, draft: str,
     out["leak_reports"] = sum(line.count("memory leak detected") + line.count("double free")
                               + line.count("use-after-free") for line in log_text.splitlines())
     out["retraction_logs"] = log_text.count("KV cache pool is full. Retract")
-    checks = {}
-    if reference:
-        checks["quiet"] = soak.agreement(reference, dict(enumerate(quiet)))
-        checks["under_load"] = soak.agreement(reference, res.loaded_check_outputs)
+    against = "plain" if reference else "itself before the soak"
+    reference = reference or fresh
+    checks = {f"quiet vs {against}": soak.agreement(reference, dict(enumerate(quiet))),
+              f"under load vs {against}": soak.agreement(reference, res.loaded_check_outputs)}
     out |= soak.summary(cfg.soak, res, checks)
     print(f"[serve-bench] soak: {res.sent} sent, {res.completed} completed, {res.aborted} "
           f"aborted, {res.errors} errors in {res.seconds:.0f} s; leak reports "
@@ -432,7 +459,7 @@ def soak_report(soaked: dict) -> str:
              f"{soaked.get('retracted_requests', 0):g}"),
             ("switches (dgw_switches_total)",
              f"{sum(v for k, v in soaked['dgw'].items() if k.startswith('dgw_switches_total')):g}")]
-    rows += [(f"T=0 checks {k} vs plain", f"{v['equal']} / {v['compared']}")
+    rows += [(f"T=0 checks, {k}", f"{v['equal']} / {v['compared']}")
              for k, v in soaked["checks"].items()]
     if r["first_error"]:
         rows.append(("first error", r["first_error"]))
