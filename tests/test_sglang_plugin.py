@@ -665,6 +665,10 @@ def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
     w._step_log.close()
     modes = [r.mode for r, _ in read_step_log(tmp_path / "steps.jsonl")]
     assert modes == [Mode.SPEC, Mode.DECODE]
+    costs = [e for e in read_step_events(tmp_path / "steps.jsonl") if e["event"] == "cost"]
+    assert [(e["kind"], e.get("mode"), e.get("padded_bs")) for e in costs] == [
+        ("PrefillTime", None, None), ("StepTime", "decode", 8)]
+    assert all(e["seconds"] >= 0 for e in costs) and costs[0]["tokens"] == 64
 
 
 def test_decode_view_is_a_plain_decode_batch_and_leaves_the_batch_alone(registered):

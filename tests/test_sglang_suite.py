@@ -466,3 +466,28 @@ def test_gap_summary_names_the_longest_gaps_after_start_up(tmp_path):
     assert gaps == [{"gap_s": 8.7, "between": "deferred_prefill -> decode"},
                     {"gap_s": 0.1, "between": "spec -> deferred_prefill"}]
     assert Suite.gap_summary(None) == []
+
+
+def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
+    """The cost events a worker's step log carries, grouped by place in the run since a switch."""
+    from bench.sglang import step_costs
+    from dual_graph_worker.core.step_log import StepLogWriter
+
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    seq = [("spec", 0.007, 0)] * 6 + [("decode", 0.012, 0), ("decode", 0.009, 0)] + \
+        [("decode", 0.005, 0)] * 10 + [("spec", 0.020, 300)]      # a catch-up step: left out
+    for mode, seconds, caught in seq:
+        log.write_event("cost", 0.0, kind="StepTime", mode=mode, padded_bs=1, seconds=seconds,
+                        catch_up_tokens=caught)
+    log.write_event("cost", 0.0, kind="PrefillTime", tokens=64, seconds=0.01, draft=True)
+    log.close()
+    groups = step_costs.group_costs(step_costs.read_step_events(tmp_path / "steps.jsonl"))
+    assert groups[("decode", 1, "1st")] == [0.012]
+    assert groups[("decode", 1, "2nd-4th")] == [0.009, 0.005, 0.005]
+    assert len(groups[("decode", 1, "5th+")]) == 8 and ("spec", 1, "1st") in groups
+    assert sum(len(v) for k, v in groups.items() if k[0] == "spec") == 6
+    text = step_costs.report(groups)
+    assert "| decode | 1 | 12.00 (1) | 5.00 (3) | 5.00 (8) |" in text
+    assert step_costs.main([str(tmp_path / "steps.jsonl")]) == 0
+    with pytest.raises(SystemExit):
+        step_costs.main([str(tmp_path / "missing.jsonl")])

@@ -9,7 +9,9 @@ phases inside the running engine (acc_control.py; SGLANG_SIMULATE_ACC_LEN FORCES
 dummy weights accept nothing). A cell is one batch of C requests sent at once (T=0, ignore_eos);
 tok/s = output tokens / wall time, prefill included. The worker keeps what it learned from one
 phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
-(one record per cell), DIR/heatmap.png (worker / max(plain, EAGLE-3)) and DIR/report.md.
+(one record per cell, the worker's with its controller's cost model), DIR/heatmap.png (worker /
+max(plain, EAGLE-3)), DIR/report.md; with --step-log also the worker's step log and its
+per-step costs by place in a run (DIR/step-costs.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from bench.sglang import step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import (
@@ -207,6 +210,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--radix-cache", action="store_true",
                     help="SGLang's default radix cache on (off: --disable-radix-cache)")
     ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--step-log", action="store_true",
+                    help="the worker writes DIR/dual.steps.jsonl (modes and measured step "
+                         "costs; a little host time a step) and DIR/step-costs.md")
     ap.add_argument("--dual-env", action="append", default=[],
                     help="DGW_NAME=VALUE for the worker (default: none, its defaults)")
     args = ap.parse_args(argv)
@@ -243,6 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             acc_file.write_text(str(accepts[0]))
             env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file)}
         if kind == "dual":
+            if args.step_log:
+                env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
             env |= dual_env
         spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
                                                args.log_level),
@@ -261,6 +269,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if cells:
             heatmap(cells, accepts, workloads, out / "heatmap.png", note)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
+    if (out / "dual.steps.jsonl").exists():
+        costs = step_costs.report(step_costs.group_costs(
+            step_costs.read_step_events(out / "dual.steps.jsonl")))
+        (out / "step-costs.md").write_text(costs)
+        print("worker step costs by place in a run (step-costs.md):\n" + costs)
     return 0
 
 

@@ -419,7 +419,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if done is None or done[0] is None or self.planner is None:
             return
         tag, seconds = done
-        self.planner.policy.observe(tag.observation(seconds))
+        event = tag.observation(seconds)
+        self.planner.policy.observe(event)
+        if self._step_log is not None:
+            # Each batch's measured cost, as the controller saw it: what its estimates came from.
+            self._step_log.write_event("cost", time.time(), kind=type(event).__name__,
+                                       **{k: getattr(v, "value", v)
+                                          for k, v in event.__dict__.items()})
 
     def _log_lazy_event(self, kind: str, info: dict, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
