@@ -267,15 +267,63 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     assert q.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
 
 
-def test_a_runs_first_step_is_not_a_step_sample():
-    """The step after a switch carries the switch; the estimates are of steps within a run."""
-    p = _learned(controller(), 8)
-    p.observe(StepTime(Mode.SPEC, 8, t_spec(8)))
-    p.observe(StepTime(Mode.DECODE, 8, 3 * t_decode(8)))      # first after the switch
-    for _ in range(3):
-        p.observe(StepTime(Mode.DECODE, 8, t_decode(8)))
-    p.exchange(lambda v: v)
-    assert p.step_time(Mode.DECODE, 8) == pytest.approx(t_decode(8))
+def test_catch_up_rates_come_only_from_sizes_far_enough_apart_and_runs_without_a_switch():
+    rng = random.Random(1)
+    # Sizes 4 and 8 with 0.2 ms of noise: no slope can be told; no rate is made up from them.
+    p = _learned(controller(defers_prefill=True), 16)
+    for k in range(12):
+        tokens = 4 if k % 2 else 8
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + tokens * 2e-6
+                           + rng.uniform(-2e-4, 2e-4), catch_up_tokens=tokens))
+        p.exchange(lambda v: v)
+    assert p.draft_prefill_s_per_token() == 0.0
+    assert p.catch_up_seconds(6) == pytest.approx(2e-3 + 12e-6, rel=0.1)
+    # Catch-ups at a switch carry ~3 ms more than those inside a speculative run (deferred
+    # prompts): the prompt rate comes from the latter, the switch's price from the former.
+    q = _learned(controller(defers_prefill=True), 16)
+    for tokens in (128, 256, 512):
+        q.observe(StepTime(Mode.DECODE, 16, t_decode(16)))
+        q.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 5e-3 + tokens * 2e-6,
+                           catch_up_tokens=tokens))
+        for big in (2048, 4096):
+            q.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + big * 2e-6,
+                               catch_up_tokens=big))
+        q.exchange(lambda v: v)
+    assert q.draft_prefill_s_per_token() == pytest.approx(2e-6, rel=0.02)
+    assert q.catch_up_seconds(256) == pytest.approx(5e-3 + 256 * 2e-6, rel=0.02)
+
+
+def test_a_negative_intercept_refits_the_line_through_the_origin():
+    from dual_graph_worker.core.controller import _Slope
+
+    s = _Slope(min_spread=1.0, decay=1.0)
+    for x, y in ((100, 0.0001), (1000, 0.0019), (2000, 0.0039)):   # intercept -0.1 ms
+        s.fold(np.array([1.0, x, y, x * x, x * y]))
+    intercept, slope = s.fit()
+    assert intercept == 0.0 and slope == pytest.approx(
+        (100 * 1e-4 + 1000 * 19e-4 + 2000 * 39e-4) / (100 ** 2 + 1000 ** 2 + 2000 ** 2))
+
+
+def test_a_step_that_carried_the_next_launch_charges_it_to_that_batch():
+    """Under overlap a step's cost runs until its result is processed, after the next batch's
+    launch: the decode step before a catch-up holds the catch-up's host launch. It is no decode
+    sample; its excess is the catch-up's, as the excess before a prefill is the prefill's."""
+    p = _learned(controller(), 16)
+    for tokens in (16, 64, 256, 1024):
+        p.observe(StepTime(Mode.DECODE, 16, t_decode(16) + 0.012, carries_next=True))
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.001 + tokens * 2e-6,
+                           catch_up_tokens=tokens))
+        p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 16) == pytest.approx(t_decode(16))
+    assert p.estimates()["catch_up_fixed_s"] == pytest.approx(0.013, rel=0.02)
+    assert p.catch_up_s_per_token() == pytest.approx(2e-6, rel=0.05)
+    q = controller(defers_prefill=True)
+    for tokens in (1024, 4096, 16384):
+        q.observe(StepTime(Mode.DECODE, 8, t_decode(8) + 0.004, carries_next=True))
+        q.observe(PrefillTime(tokens, tokens * 30e-6, draft=True))
+        q.observe(PrefillTime(tokens, 0.004 + tokens * 24e-6, draft=False))
+    q.exchange(lambda v: v)
+    assert q.draft_prefill_s_per_token() == pytest.approx(6e-6, rel=0.01)
 
 
 def test_a_costly_draft_prefill_still_lets_speculation_be_re_measured():

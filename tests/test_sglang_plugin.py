@@ -665,6 +665,20 @@ def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
     w._step_log.close()
     modes = [r.mode for r, _ in read_step_log(tmp_path / "steps.jsonl")]
     assert modes == [Mode.SPEC, Mode.DECODE]
+    # Overlap: the next batch is launched before this one's result is processed.
+    w._step_log = None
+    w._clock.launched(StepTag(Mode.DECODE, 8, 0))
+    w._clock.launched(StepTag(Mode.SPEC, 8, 120))       # the switch back, with a catch-up
+    w.dgw_result_processed()                             # the decode step held its launch
+    w._clock.launched(StepTag(Mode.SPEC, 8, 0))
+    w.dgw_result_processed()                             # the catch-up step: a spec step next
+    w._clock.launched(StepTag(Mode.SPEC, 8, 0))
+    w.dgw_result_processed()
+    w.dgw_result_processed()                             # nothing launched after it
+    steps = [e for e in seen[4:] if type(e).__name__ == "StepTime"]
+    assert [(e.mode, e.catch_up_tokens, e.carries_next) for e in steps] == [
+        (Mode.DECODE, 0, True), (Mode.SPEC, 120, False), (Mode.SPEC, 0, False),
+        (Mode.SPEC, 0, False)]
     costs = [e for e in read_step_events(tmp_path / "steps.jsonl") if e["event"] == "cost"]
     assert [(e["kind"], e.get("mode"), e.get("padded_bs")) for e in costs] == [
         ("PrefillTime", None, None), ("StepTime", "decode", 8)]

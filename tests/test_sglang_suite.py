@@ -474,11 +474,13 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
     from dual_graph_worker.core.step_log import StepLogWriter
 
     log = StepLogWriter(tmp_path / "steps.jsonl")
-    seq = [("spec", 0.007, 0)] * 6 + [("decode", 0.012, 0), ("decode", 0.009, 0)] + \
-        [("decode", 0.005, 0)] * 10 + [("spec", 0.020, 300)]      # a catch-up step: left out
-    for mode, seconds, caught in seq:
+    seq = [("spec", 0.007, 0, False)] * 6 + [("decode", 0.012, 0, False),
+                                             ("decode", 0.009, 0, False)] + \
+        [("decode", 0.005, 0, False)] * 10 + [("decode", 0.019, 0, True),
+                                              ("spec", 0.020, 300, False)]   # catch-up: out
+    for mode, seconds, caught, carries in seq:
         log.write_event("cost", 0.0, kind="StepTime", mode=mode, padded_bs=1, seconds=seconds,
-                        catch_up_tokens=caught)
+                        catch_up_tokens=caught, carries_next=carries)
     log.write_event("cost", 0.0, kind="PrefillTime", tokens=64, seconds=0.01, draft=True)
     log.close()
     groups = step_costs.group_costs(step_costs.read_step_events(tmp_path / "steps.jsonl"))
@@ -487,7 +489,8 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
     assert len(groups[("decode", 1, "5th+")]) == 8 and ("spec", 1, "1st") in groups
     assert sum(len(v) for k, v in groups.items() if k[0] == "spec") == 6
     text = step_costs.report(groups)
-    assert "| decode | 1 | 12.00 (1) | 5.00 (3) | 5.00 (8) |" in text
+    assert groups[("decode", 1, "carries next")] == [0.019]
+    assert "| decode | 1 | 12.00 (1) | 5.00 (3) | 5.00 (8) | 19.00 (1) |" in text
     assert step_costs.main([str(tmp_path / "steps.jsonl")]) == 0
     with pytest.raises(SystemExit):
         step_costs.main([str(tmp_path / "missing.jsonl")])

@@ -1,6 +1,7 @@
 """Measured step costs from a worker's step log (DGW_STEP_LOG "cost" events), grouped by mode,
-padded batch size and the step's place in its run since the last switch: whether the steps just
-after a switch cost more than the steady ones, and by how much.
+padded batch size and the step's place in its run since the last switch, with the steps whose
+cost also held the next batch's launch (a switch, a catch-up, a prefill: overlap scheduling)
+apart: whether steps near a switch cost more than the steady ones, and by how much.
 
     python -m bench.sglang.step_costs STEP_LOG [--out FILE.md]
 """
@@ -15,7 +16,7 @@ from typing import Iterable, Optional
 
 from dual_graph_worker.core.step_log import read_step_events
 
-PLACES = ("1st", "2nd-4th", "5th+")
+PLACES = ("1st", "2nd-4th", "5th+", "carries next")
 
 
 def _place(index_in_run: int) -> str:
@@ -33,7 +34,8 @@ def group_costs(events: Iterable[dict]) -> dict[tuple[str, int, str], list[float
         run = run + 1 if mode == last_mode else 0
         last_mode = mode
         if not e.get("catch_up_tokens"):
-            out[(mode, int(e["padded_bs"]), _place(run))].append(float(e["seconds"]))
+            place = PLACES[3] if e.get("carries_next") else _place(run)
+            out[(mode, int(e["padded_bs"]), place)].append(float(e["seconds"]))
     return out
 
 

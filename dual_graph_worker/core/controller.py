@@ -40,11 +40,15 @@ _CATCH_UP_DECAY = 0.99
 # Below this many tokens per catch-up, a catch-up's fixed cost (one more draft forward) hides
 # its per-token rate: the plain ratio is no rate then.
 _RATIO_MIN_TOKENS = 512
+# A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
+# noise of a few hundred microseconds passes for a rate.
+_MIN_SPREAD = {"prefill": 256.0, "catch_up": 128.0}
 # Local slots after the per-key sums and counts: regressions (n, sum x, sum y, sum xx, sum xy
-# with x = tokens, y = seconds) of prefills with and without the draft, then of catch-ups.
+# with x = tokens, y = seconds) of prefills with and without the draft, of catch-ups at a
+# switch back from decode, and of catch-ups inside a speculative run (after deferred prefills).
 _PF = {True: 0, False: 5}
-_CU = 10
-_TAIL = 15
+_CU = {True: 10, False: 15}
+_TAIL = 20
 
 
 def _default(key: str):
@@ -96,25 +100,32 @@ class _Slope:
     fixed cost (launches, metadata, one more forward) is the intercept, so small and large
     batches agree on the rate."""
 
-    __slots__ = ("sums", "events", "decay")
+    __slots__ = ("sums", "events", "decay", "min_spread")
 
-    def __init__(self, decay: float = _WORKLOAD_DECAY) -> None:
+    def __init__(self, min_spread: float, decay: float = _WORKLOAD_DECAY) -> None:
         self.sums = np.zeros(5)
         self.events = 0.0
         self.decay = decay
+        self.min_spread = min_spread
 
     def fold(self, window: np.ndarray) -> None:
         self.sums = self.decay * self.sums + window
         self.events += window[0]
 
     def fit(self) -> Optional[tuple[float, float]]:
-        """(intercept, slope), or None while the sizes seen cannot separate the two."""
+        """(intercept, slope), or None while the sizes seen are too close to separate the two.
+        A negative intercept (no fixed cost can be) refits the line through the origin."""
         n, sx, sy, sxx, sxy = self.sums
-        var = n * sxx - sx * sx
-        if self.events < 3 or n <= 0 or var <= 1e-9 * max(n * sxx, 1e-30):
+        if self.events < 3 or n <= 0:
+            return None
+        var = n * sxx - sx * sx                  # n^2 times the variance of the sizes
+        if var < (self.min_spread * n) ** 2:
             return None
         slope = (n * sxy - sx * sy) / var
-        return (sy - slope * sx) / n, slope
+        intercept = (sy - slope * sx) / n
+        if intercept < 0:
+            return 0.0, max(sxy / sxx, 0.0)
+        return intercept, slope
 
     def value(self) -> Optional[float]:
         fit = self.fit()
@@ -122,7 +133,7 @@ class _Slope:
 
     def ratio(self) -> Optional[float]:
         """Seconds per token over every batch seen (fixed costs included)."""
-        n, sx, sy = self.sums[:3]
+        sx, sy = self.sums[1:3]
         return sy / sx if sx > 0 else None
 
     def mean_tokens(self) -> float:
@@ -152,9 +163,14 @@ class GoodputController:
         self._est = np.full(n, math.nan)
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
-        self._prefill = {True: _Slope(), False: _Slope()}
-        self._catch_up = _Slope(_CATCH_UP_DECAY)
-        self._last_step_mode: Optional[Mode] = None      # rank-local: which samples to keep
+        self._prefill = {d: _Slope(_MIN_SPREAD["prefill"]) for d in (True, False)}
+        # Catch-ups at a switch carry the switch; those inside a speculative run do not.
+        self._catch_up = {at_switch: _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+                          for at_switch in (True, False)}
+        self._last_mode: Optional[Mode] = None    # rank-local: which catch-up slots a sample feeds
+        # Rank-local: the excess of a step that carried the next batch's launch, which belongs
+        # to that batch (a catch-up's or a prefill's cost).
+        self._carry = 0.0
         self._prompt = 0.0
         self._output = 0.0
         # Derived from the above at each exchange (they change nowhere else), read every step.
@@ -324,8 +340,9 @@ class GoodputController:
         elif isinstance(event, StepTime):
             self._observe_step(event)
         elif isinstance(event, PrefillTime):
+            carry, self._carry = self._carry, 0.0
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
-                x, y = float(event.tokens), float(event.seconds)
+                x, y = float(event.tokens), float(event.seconds) + carry
                 at = -_TAIL + _PF[event.draft]
                 self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
 
@@ -356,19 +373,23 @@ class GoodputController:
         if i is None or not event.seconds > 0:
             return
         expected = self.step_time(event.mode, event.padded_bs)
-        switched = self._last_step_mode not in (None, event.mode)
-        self._last_step_mode = event.mode
-        if event.catch_up_tokens > 0:
-            # The step's excess over a measured step of its size is the catch-up's, fixed cost
-            # and switch included (noise of either sign averages out in the regression).
-            if self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
-                    _NO_ESTIMATE_MAX_S:
-                x, y = float(event.catch_up_tokens), event.seconds - expected
-                at = len(self._local) - _TAIL + _CU
-                self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
+        carry, self._carry = self._carry, 0.0
+        at_switch = self._last_mode is Mode.DECODE
+        self._last_mode = event.mode
+        plausible = self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
+            _NO_ESTIMATE_MAX_S
+        if event.carries_next:
+            # Not a plain step's cost: its excess goes to the batch whose launch it holds.
+            self._carry = event.seconds - expected if plausible else 0.0
             return
-        # A run's first step carries the switch; the estimates are of steps within a run.
-        if switched and self.config.explore_steps > 1:
+        if event.catch_up_tokens > 0:
+            # The catch-up's cost: this step's excess over a measured step of its size plus the
+            # previous step's (which held this one's launch); fixed cost and switch included,
+            # noise of either sign averages out in the regression.
+            if plausible:
+                x, y = float(event.catch_up_tokens), event.seconds - expected + carry
+                at = len(self._local) - _TAIL + _CU[at_switch]
+                self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
             return
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
@@ -405,7 +426,8 @@ class GoodputController:
         tail = vec[2 * n:]
         for draft, at in _PF.items():
             self._prefill[draft].fold(tail[at:at + 5])
-        self._catch_up.fold(tail[_CU:_CU + 5])
+        for at_switch, at in _CU.items():
+            self._catch_up[at_switch].fold(tail[at:at + 5])
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
@@ -423,28 +445,43 @@ class GoodputController:
         return self._delta
 
     def _draft_prefill_rate(self) -> float:
-        """The catch-ups' per-token slope (the same draft extend over the same kind of tokens),
-        else their plain ratio when they are large enough for it to be a rate, else the
-        difference of the prefill slopes with and without the draft, else 0."""
-        fit = self._catch_up.fit()
-        if fit is not None and fit[1] >= 0:
-            return fit[1]
-        ratio = self._catch_up.ratio()
-        if ratio is not None and self._catch_up.mean_tokens() >= _RATIO_MIN_TOKENS:
-            return max(ratio, 0.0)
+        """The draft's seconds per prompt token: the slope of catch-ups inside speculative runs
+        (the same draft extend over deferred prompts, no switch in it), else of all catch-ups,
+        else a ratio of large catch-ups (their fixed cost negligible), else the difference of
+        the prefill slopes with and without the draft, else 0."""
+        run, every = self._catch_up[False], self._both_catch_ups()
+        for fit in (run.fit(), every.fit()):
+            if fit is not None:
+                return fit[1]
+        for ups in (run, every):
+            ratio = ups.ratio()
+            if ratio is not None and ups.mean_tokens() >= _RATIO_MIN_TOKENS:
+                return max(ratio, 0.0)
         with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
         if with_draft is not None and plain is not None:
             return max(with_draft - plain, 0.0)
         return 0.0
 
+    def _both_catch_ups(self) -> _Slope:
+        both = _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+        both.sums = self._catch_up[True].sums + self._catch_up[False].sums
+        both.events = self._catch_up[True].events + self._catch_up[False].events
+        return both
+
     def _fit_catch_up(self) -> tuple[float, float]:
-        fit = self._catch_up.fit()
-        if fit is not None and fit[1] >= 0:
-            return max(fit[0], 0.0), fit[1]
-        ratio = self._catch_up.ratio()
-        if ratio is not None:
-            return 0.0, max(ratio, 0.0)       # the catch-ups seen so far, fixed cost spread in
-        return 0.0, self._delta
+        """A switch's catch-up, fixed part and rate: the line through the catch-ups at switches;
+        where their sizes cannot give one, delta as the rate and their mean excess over it as
+        the fixed part (or, with no delta, the ratio of large ones)."""
+        at_switch = self._catch_up[True]
+        fit = at_switch.fit()
+        if fit is not None:
+            return fit
+        n, mean_tokens = at_switch.sums[0], at_switch.mean_tokens()
+        if n <= 0:
+            return 0.0, self._delta
+        if self._delta == 0.0 and mean_tokens >= _RATIO_MIN_TOKENS:
+            return 0.0, max(at_switch.ratio() or 0.0, 0.0)
+        return max(at_switch.sums[2] / n - self._delta * mean_tokens, 0.0), self._delta
 
     def catch_up_s_per_token(self) -> float:
         """kappa: seconds per caught-up draft token beyond a catch-up's fixed cost."""
@@ -496,7 +533,10 @@ class GoodputController:
             return True
         best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
                           self.config.num_draft_tokens + 1.0, 0, prompt_share=False)
-        return best is not None and best * (1 + self.config.margin) < cost[Mode.DECODE]
+        decode = self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, 0,
+                            prompt_share=False)
+        return best is not None and decode is not None and \
+            best * (1 + self.config.margin) < decode
 
     def _explore(self, mode: Mode, loss: float, pads: Mapping[Mode, int],
                  inputs: PolicyInputs) -> Optional[Decision]:

@@ -73,12 +73,14 @@ class Admitted:
 @dataclass(frozen=True)
 class StepTime:
     """A decode step's end-to-end seconds (rank-local); `catch_up_tokens` > 0: the step also
-    caught the draft up over that many tokens first."""
+    caught the draft up over that many tokens first; `carries_next`: its seconds also hold the
+    host launch of a next batch of another kind (a prefill, a switch, a catch-up)."""
 
     mode: Mode
     padded_bs: int
     seconds: float
     catch_up_tokens: int = 0
+    carries_next: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ when its result had been processed (the scheduler's own wait for that result is 
 Results are processed in launch order. A batch's cost is the time from the later of its launch
 and the previous batch's processing to its own processing: under overlap scheduling that is its
 device time (or the host's step time when the host is the bottleneck); without overlap it is its
-whole turn; after an idle gap it starts at its launch, so the gap never counts.
+whole turn; after an idle gap it starts at its launch, so the gap never counts. Under overlap
+the next batch is launched before this one's result is processed, so a batch's cost also holds
+the host time of that launch: whoever reads a cost asks `peek` what was launched next.
 """
 
 from __future__ import annotations
@@ -42,3 +44,7 @@ class ResultClock(Generic[T]):
     @property
     def in_flight(self) -> int:
         return len(self._launched)
+
+    def peek(self) -> Optional[T]:
+        """The tag of the oldest batch launched and not processed yet (None if none)."""
+        return self._launched[0][0] if self._launched else None

@@ -14,7 +14,7 @@ import copy
 import logging
 import os
 import time
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -85,16 +85,23 @@ class StepTag(NamedTuple):
     padded_bs: int
     catch_up_tokens: int
 
-    def observation(self, seconds: float) -> StepTime:
-        return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens)
+    def observation(self, seconds: float, carries_next: bool) -> StepTime:
+        return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens, carries_next)
+
+    def continued_by(self, nxt: Any) -> bool:
+        """`nxt` is a plain step of this mode: launching it costs what launching this one did."""
+        return isinstance(nxt, StepTag) and nxt.mode is self.mode and not nxt.catch_up_tokens
 
 
 class PrefillTag(NamedTuple):
     tokens: int
     draft: bool          # EAGLE's draft prefill ran (False: deferred)
 
-    def observation(self, seconds: float) -> PrefillTime:
+    def observation(self, seconds: float, carries_next: bool) -> PrefillTime:
         return PrefillTime(self.tokens, seconds, self.draft)
+
+    def continued_by(self, nxt: Any) -> bool:
+        return True
 
 
 class DualGraphEagleWorker(EAGLEWorkerV2):
@@ -419,7 +426,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if done is None or done[0] is None or self.planner is None:
             return
         tag, seconds = done
-        event = tag.observation(seconds)
+        # Overlap launched the next batch before this result was processed: its host launch is
+        # in this batch's cost, which the controller must not take for a plain step's.
+        carries = self._clock.in_flight > 0 and not tag.continued_by(self._clock.peek())
+        event = tag.observation(seconds, carries)
         self.planner.policy.observe(event)
         if self._step_log is not None:
             # Each batch's measured cost, as the controller saw it: what its estimates came from.
