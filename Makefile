@@ -102,10 +102,13 @@ else
 	$(GPU_PY) -m dual_graph_worker.cli profile --model $(PROFILE_MODEL) --out $(OUT)/profile $(if $(EXPECT_SM),--expect-sm $(EXPECT_SM))
 endif
 
+# e.g. SERVE_ARGS="--soak 10000" (the worker under random lengths, aborts, retraction, a
+# switching policy; T=0 answers checked against plain's).
 SERVE_ARGS ?=
 serve-bench:                     ## GPU: HTTP servers (plain, EAGLE-3, worker) under bench_serving -> $(OUT)/serve-bench
 	$(GPU_PY) -m bench.sglang.serve_bench --out $(OUT)/serve-bench $(SERVE_ARGS)
 
+# e.g. MATRIX_ARGS="--radix-cache --step-log" (the worker's per-step costs, step-costs.md).
 MATRIX_ARGS ?= --radix-cache
 policy-matrix:                   ## GPU: accept lengths x workloads x concurrency -> $(OUT)/policy-matrix
 	$(GPU_PY) -m bench.sglang.policy_matrix --out $(OUT)/policy-matrix $(MATRIX_ARGS)

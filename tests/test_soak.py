@@ -48,10 +48,11 @@ def test_agreement_names_the_first_mismatch():
 
 class StandIn:
     """An HTTP server answering /generate like SGLang: output ids from the prompt, one token per
-    millisecond, an abort finish once /abort_request names the rid; `wrong` corrupts answers."""
+    millisecond, an abort finish once /abort_request names the rid; `wrong` corrupts answers,
+    `fail_with` answers every generate with that HTTP status."""
 
-    def __init__(self, wrong: bool = False):
-        self.wrong, self.aborted, self.loop = wrong, set(), None
+    def __init__(self, wrong: bool = False, fail_with: int = 0):
+        self.wrong, self.fail_with, self.aborted, self.loop = wrong, fail_with, set(), None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -64,6 +65,8 @@ class StandIn:
         return [x + 1 for x in out] if self.wrong else out
 
     async def generate(self, request):
+        if self.fail_with:
+            return aiohttp_web.Response(status=self.fail_with, text="internal error")
         body = await request.json()
         n = body["sampling_params"]["max_new_tokens"]
         if body["input_ids"] and isinstance(body["input_ids"][0], list):
@@ -145,3 +148,50 @@ def test_a_counter_family_is_summed_over_its_label_sets():
             "# TYPE other counter\nother_total 9.0\n")
     assert sb.metric_total(page, "sglang:num_retracted_requests") == 7.0
     assert sb.metric_total("", "sglang:num_retracted_requests") == 0
+
+
+def test_a_server_error_on_a_request_scheduled_for_abort_is_an_error_not_an_abort():
+    cfg = _cfg(requests=100, abort_share=1.0, check_every=1000)
+    server = StandIn(fail_with=500)
+    res = soak.run_soak(server.url, cfg, soak.make_requests(cfg, VOCAB), alive=lambda: True)
+    assert res.aborted == 0 and res.errors >= 99 and "HTTP 500" in res.first_error
+
+
+def test_the_soak_passes_only_alive_leak_free_error_free_and_equal():
+    ok = {"alive_at_end": True, "leak_reports": 0, "result": {"errors": 0},
+          "checks": {"quiet vs plain": {"equal": 3, "compared": 3},
+                     "under load vs plain": {"equal": 2, "compared": 3}}}
+    assert sb.soak_passed(ok)
+    assert not sb.soak_passed(ok | {"alive_at_end": False})
+    assert not sb.soak_passed(ok | {"leak_reports": 1})
+    assert not sb.soak_passed(ok | {"result": {"errors": 1}})
+    assert not sb.soak_passed(ok | {"checks": {"quiet vs plain": {"equal": 2, "compared": 3}}})
+    assert not sb.soak_passed(ok | {"checks": {"quiet vs plain": {"equal": 0, "compared": 0}}})
+    assert not sb.soak_passed({"error": "server exited with 1"})
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow in a container)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stopping_a_server_stops_its_children_when_the_leader_already_exited(tmp_path):
+    import subprocess
+    import time
+
+    marker = tmp_path / "child.pid"
+    proc = subprocess.Popen(["bash", "-c", f"sleep 300 & echo $! > {marker}; exit 1"],
+                            start_new_session=True)
+    proc.wait(timeout=10)
+    child = int(marker.read_text())
+    assert _running(child)
+    sb._stop(proc)
+    deadline = time.time() + 10
+    while _running(child) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)

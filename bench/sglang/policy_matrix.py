@@ -250,6 +250,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file)}
         if kind == "dual":
             if args.step_log:
+                (out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
                 env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
             env |= dual_env
         spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,

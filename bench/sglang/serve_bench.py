@@ -78,7 +78,12 @@ class ServeBenchConfig:
     def vocab(self) -> int:
         if self.dummy:
             return llama3_8b_shapes().vocab_size
-        return int(json.loads((Path(self.model) / "config.json").read_text())["vocab_size"])
+        config = json.loads((Path(self.model) / "config.json").read_text())
+        vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+        if not vocab:
+            raise SystemExit(f"error: {self.model}/config.json has no vocab_size; the soak "
+                             "draws prompt ids below it")
+        return int(vocab)
 
     def num_prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, self.prompts_per_level * concurrency)
@@ -202,12 +207,30 @@ def _wait_ready(cfg: ServeBenchConfig, proc: subprocess.Popen) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+    """The server's whole process group, even when its leader already exited (its scheduler
+    children would keep holding GPU memory from the next server)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
         try:
             proc.wait(timeout=60)
+            _group_gone(proc.pid, timeout=30)
+            return
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            continue
+
+
+def _group_gone(pgid: int, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise subprocess.TimeoutExpired(f"process group {pgid}", timeout)
 
 
 @contextmanager
@@ -263,8 +286,8 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
             if soak_ref is not None:
                 soak_ref["outputs"] = soak.generate_batch(
                     cfg.url, soak.check_prompts(cfg.soak, cfg.vocab), cfg.soak.check_output_len)
-    except (RuntimeError, OSError) as exc:
-        points.append(ServePoint(kind, 0, error=str(exc)))
+    except Exception as exc:         # a benchmark reports a failed server, it does not die
+        points.append(ServePoint(kind, 0, error=f"{type(exc).__name__}: {exc}"))
         print(f"[serve-bench] {kind}: {exc} (see {log_path})", flush=True)
     return points
 
@@ -289,15 +312,18 @@ def run_soak_server(cfg: ServeBenchConfig, target: str, draft: str,
             # Without plain's answers, the server's own before the soak are the reference.
             fresh = soak.generate_batch(cfg.url, prompts, cfg.soak.check_output_len)
             res = soak.run_soak(cfg.url, cfg.soak, requests, alive=lambda: proc.poll() is None)
-            quiet = (soak.generate_batch(cfg.url, prompts, cfg.soak.check_output_len)
-                     if proc.poll() is None else [])
-            page = _get(f"{cfg.url}/metrics") if proc.poll() is None else ""
+            quiet, page = [], ""
+            try:
+                quiet = soak.generate_batch(cfg.url, prompts, cfg.soak.check_output_len)
+                page = _get(f"{cfg.url}/metrics")
+            except Exception as exc:     # the soak's counts stand; the server did not
+                res.first_error = res.first_error or f"after the soak: {exc!r}"
             out["dgw"] = dgw_series(page)
             out["retracted_requests"] = metric_total(page, "sglang:num_retracted_requests")
             out["alive_at_end"] = proc.poll() is None
-    except (RuntimeError, OSError) as exc:
-        print(f"[serve-bench] soak: {exc} (see {log_path})", flush=True)
-        return out | {"error": str(exc)}
+    except Exception as exc:
+        print(f"[serve-bench] soak: {exc!r} (see {log_path})", flush=True)
+        return out | {"error": f"{type(exc).__name__}: {exc}"}
     log_text = log_path.read_text(errors="replace")
     out["leak_reports"] = sum(line.count("memory leak detected") + line.count("double free")
                               + line.count("use-after-free") for line in log_text.splitlines())
@@ -427,9 +453,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         soaked = run_soak_server(cfg, target, draft, (soak_ref or {}).get("outputs"))
         write_results(cfg, points, soaked)
     print((cfg.out / "report.md").read_text())
-    soak_ok = not cfg.soak or (soaked.get("alive_at_end") and not soaked.get("leak_reports")
-                               and not (soaked.get("result") or {}).get("errors"))
+    soak_ok = not cfg.soak or soak_passed(soaked)
     return 0 if soak_ok and all(p.error is None for p in points) else 1
+
+
+def soak_passed(soaked: dict) -> bool:
+    """Alive, no leak report, no failed request, and quiet T=0 answers all equal."""
+    quiet = [v for k, v in (soaked.get("checks") or {}).items() if k.startswith("quiet")]
+    return bool(soaked.get("alive_at_end")) and not soaked.get("leak_reports") \
+        and not (soaked.get("result") or {}).get("errors") \
+        and all(v["equal"] == v["compared"] > 0 for v in quiet)
 
 
 def write_results(cfg: ServeBenchConfig, points: list[ServePoint], soaked: dict) -> None:

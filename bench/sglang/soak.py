@@ -118,15 +118,19 @@ async def _one(session, url: str, req: SoakRequest, res: SoakResult) -> None:
     aborter = asyncio.create_task(abort_later()) if req.abort_after_s is not None else None
     res.sent += 1
     try:
-        async with session.post(f"{url}/generate",
-                                json=_payload(req.input_ids, req.max_new_tokens, req.rid)) as r:
-            body = await r.text()
-        if aborter is not None:
-            await aborter
+        try:
+            async with session.post(f"{url}/generate", json=_payload(
+                    req.input_ids, req.max_new_tokens, req.rid)) as r:
+                body = await r.text()
+        finally:
+            if aborter is not None and not aborter.done():
+                aborter.cancel()            # finished first: the abort would come too late
         data = _json_or_none(body)
         reason = (((data or {}).get("meta_info") or {}).get("finish_reason") or {}).get("type")
-        if req.abort_after_s is not None and (r.status != 200 or reason == "abort"):
-            res.aborted += 1    # an abort answers with an abort finish or an error status
+        # SGLang answers an abort with an abort finish (200) or, for some, a 400 naming it.
+        aborted = reason == "abort" or (r.status == 400 and "abort" in body.lower())
+        if req.abort_after_s is not None and aborted:
+            res.aborted += 1
         elif r.status == 200 and reason in ("length", "stop"):
             res.completed += 1
             res.output_tokens += len(data.get("output_ids") or [])
@@ -135,9 +139,10 @@ async def _one(session, url: str, req: SoakRequest, res: SoakResult) -> None:
                 res.loaded_check_outputs[req.check] = list(data["output_ids"])
         else:
             raise RuntimeError(f"HTTP {r.status}, finish {reason!r}: {body[:200]}")
-    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ValueError) as exc:
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ValueError, KeyError,
+            TypeError) as exc:
         res.errors += 1
-        res.first_error = res.first_error or f"request {req.index}: {exc}"
+        res.first_error = res.first_error or f"request {req.index}: {exc!r}"
 
 
 async def _soak(url: str, cfg: SoakConfig, requests: list[SoakRequest],
@@ -153,7 +158,9 @@ async def _soak(url: str, cfg: SoakConfig, requests: list[SoakRequest],
             await _one(session, url, req, res)
 
     started = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # No connection cap: aborts must not queue behind the generates they abort.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for lo in range(0, len(requests), cfg.idle_every):
             wave = requests[lo:lo + cfg.idle_every]
             await asyncio.gather(*(gated(session, r) for r in wave))
