@@ -19,8 +19,8 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policy import (Admitted, PolicyInputs, PrefillTime, Reason, StepTime,
-                                           accepted)
+from dual_graph_worker.core.policy import (Admitted, Decision, PolicyInputs, PrefillTime, Reason,
+                                           StepTime, accepted)
 
 K = 3
 SPEC = (1, 2, 4, 8, 16, 24, 32, 48)
@@ -324,6 +324,27 @@ def test_a_step_that_carried_the_next_launch_charges_it_to_that_batch():
         q.observe(PrefillTime(tokens, 0.004 + tokens * 24e-6, draft=False))
     q.exchange(lambda v: v)
     assert q.draft_prefill_s_per_token() == pytest.approx(6e-6, rel=0.01)
+
+
+def test_a_switch_without_a_catch_up_is_measured_and_priced():
+    """Spec -> decode has no catch-up, but its launch (held by the last spec step) costs: the
+    controller learns it and charges it when it would enter decode, amortised."""
+    p = _learned(controller(min_dwell_steps=0, margin=0.0, switch_horizon=4), 16)
+    for _ in range(6):
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.006, carries_next=True))
+        p.observe(StepTime(Mode.DECODE, 16, t_decode(16)))
+        p.exchange(lambda v: v)
+    assert p.estimates()["switch_s"] == pytest.approx(0.006)
+    assert p.step_time(Mode.SPEC, 16) == pytest.approx(t_spec(16))
+    # Near a tie, the switch's price decides: spec at the accept where decode barely wins.
+    a = t_spec(16) / t_decode(16) * 0.99
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, a)))
+    p.exchange(lambda v: v)
+    p.commit(p.decide(PolicyInputs(16, 16, 16)))          # spec: dwell in it
+    while p._dwell.mode is not Mode.SPEC:
+        p.commit(Decision(Mode.SPEC, Reason.GOODPUT))
+    assert p.decide(PolicyInputs(16, 16, 16)).mode is Mode.SPEC
 
 
 def test_a_costly_draft_prefill_still_lets_speculation_be_re_measured():

@@ -1,6 +1,7 @@
 """The controller through the policy matrix's sequence, in a SIMULATED server whose step and
 prefill costs are fitted to the H200 measurements of plain SGLang and EAGLE-3
-(results/sglang/policy-matrix-run1). Every cell: the worker's simulated tok/s against the better
+(results/sglang/policy-matrix-run1), with a catch-up's fixed cost and SGLang's overlap order (a
+step's cost is reported after the next launch and holds a switch's host launch). Every cell: the worker's simulated tok/s against the better
 of the same simulator pinned to decode (plain) or to speculation (EAGLE-3). What it guards: the
 decisions the matrix run exposed (a stale acceptance after a phase change, prompt costs that
 drown speculation, warm-up samples that stick), not the GPU's numbers."""
@@ -8,7 +9,7 @@ drown speculation, warm-up samples that stick), not the GPU's numbers."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ DECODE = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 
 PREFILL_S_PER_TOKEN = 26e-6        # target prefill (2048x64 C=64, plain: 4.0 s, ~0.6 s decode)
 DRAFT_S_PER_TOKEN = 2e-6           # the draft's extend over a token (prefill or catch-up)
 CATCH_UP_FIXED_S = 2e-3            # a catch-up is one more (eager) draft forward, whatever its size
+# Host launch of a step of another kind (a switch, a catch-up): eager and kernel-launch-bound at
+# small batches, it idles the GPU; under overlap it lands in the previous step's measured cost.
+SWITCH_HOST_S = 3e-3
 CHUNK = 8192
 
 
@@ -93,6 +97,7 @@ class Server:
                 behind += tokens // c
             self.clock += cost
         made = np.zeros(c)
+        held = None               # overlap: a step's result is processed after the next launch
         while made.min() < out_len:
             plan = p.plan(c, rows=rows, catch_up_tokens=int(behind.sum()))
             seconds = self.truth.step(plan.mode, plan.padded_bs)
@@ -105,10 +110,20 @@ class Server:
             else:
                 behind += 1 if self.lazy else 0
                 got = np.ones(c)
-            p.policy.observe(StepTime(plan.mode, plan.padded_bs, seconds, caught))
-            p.policy.observe(accepted(plan.mode, got, rows))
+            launch = SWITCH_HOST_S if held is not None and (
+                plan.mode is not held[0].mode or caught) else 0.0
+            if held is not None:
+                step, acc = held
+                p.policy.observe(replace(step, seconds=step.seconds + launch,
+                                         carries_next=launch > 0))
+                p.policy.observe(acc)
+            held = (StepTime(plan.mode, plan.padded_bs, seconds, caught),
+                    accepted(plan.mode, got, rows))
             made += got
-            self.clock += seconds
+            self.clock += seconds + launch
+        if held is not None:
+            for event in held:
+                p.policy.observe(event)
         return c * out_len / (self.clock - t0)
 
 

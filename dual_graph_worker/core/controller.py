@@ -48,7 +48,8 @@ _MIN_SPREAD = {"prefill": 256.0, "catch_up": 128.0}
 # switch back from decode, and of catch-ups inside a speculative run (after deferred prefills).
 _PF = {True: 0, False: 5}
 _CU = {True: 10, False: 15}
-_TAIL = 20
+_SW = 20            # switches without a catch-up: count, sum of seconds
+_TAIL = 22
 
 
 def _default(key: str):
@@ -171,6 +172,10 @@ class GoodputController:
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
         # to that batch (a catch-up's or a prefill's cost).
         self._carry = 0.0
+        self._carry_mode: Optional[Mode] = None
+        # A switch without a catch-up (spec -> decode): decayed count and seconds.
+        self._switch = np.zeros(2)
+        self._switch_s = 0.0
         self._prompt = 0.0
         self._output = 0.0
         # Derived from the above at each exchange (they change nowhere else), read every step.
@@ -214,7 +219,8 @@ class GoodputController:
         pads = {Mode.SPEC: inputs.spec_padded_bs, Mode.DECODE: inputs.decode_padded_bs}
         cost = {Mode.SPEC: self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs, a,
                                       inputs.catch_up_tokens if cur is Mode.DECODE else 0),
-                Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, 0)}
+                Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, 0,
+                                        switch=cur is Mode.SPEC)}
         self._goodput = tuple(None if cost[m] is None else 1.0 / cost[m]
                               for m in (Mode.SPEC, Mode.DECODE))
         other = _OTHER[cur]
@@ -325,8 +331,8 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         return {"step_s": steps, "prompt_per_output": self._prompt_per_output,
                 "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
-                "catch_up_s_per_token": rate, "fresh_accept": self._fresh,
-                "run_len": self._run_len}
+                "catch_up_s_per_token": rate, "switch_s": self._switch_s,
+                "fresh_accept": self._fresh, "run_len": self._run_len}
 
     # ------------------------------------------------------------------------------ observe
 
@@ -341,6 +347,7 @@ class GoodputController:
             self._observe_step(event)
         elif isinstance(event, PrefillTime):
             carry, self._carry = self._carry, 0.0
+            self._carry_mode = None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
                 x, y = float(event.tokens), float(event.seconds) + carry
                 at = -_TAIL + _PF[event.draft]
@@ -374,13 +381,20 @@ class GoodputController:
             return
         expected = self.step_time(event.mode, event.padded_bs)
         carry, self._carry = self._carry, 0.0
+        carried_switch = self._carry_mode not in (None, event.mode)
+        self._carry_mode = None
         at_switch = self._last_mode is Mode.DECODE
         self._last_mode = event.mode
         plausible = self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
             _NO_ESTIMATE_MAX_S
+        if carried_switch and not event.catch_up_tokens:
+            # The previous step held this switch's launch: that excess is what a switch costs.
+            at = len(self._local) - _TAIL + _SW
+            self._local[at:at + 2] += (1.0, carry)
         if event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
             self._carry = event.seconds - expected if plausible else 0.0
+            self._carry_mode = event.mode if plausible else None
             return
         if event.catch_up_tokens > 0:
             # The catch-up's cost: this step's excess over a measured step of its size plus the
@@ -428,6 +442,9 @@ class GoodputController:
             self._prefill[draft].fold(tail[at:at + 5])
         for at_switch, at in _CU.items():
             self._catch_up[at_switch].fold(tail[at:at + 5])
+        self._switch = _CATCH_UP_DECAY * self._switch + tail[_SW:_SW + 2]
+        self._switch_s = max(self._switch[1] / self._switch[0], 0.0) if self._switch[0] > 0 \
+            else 0.0
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
@@ -493,7 +510,10 @@ class GoodputController:
         return fixed + rate * tokens if tokens > 0 else 0.0
 
     def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float,
-              catch_up_tokens: int, prompt_share: bool = True) -> Optional[float]:
+              catch_up_tokens: int, prompt_share: bool = True,
+              switch: bool = False) -> Optional[float]:
+        """Seconds per output token of `mode` here; `catch_up_tokens` (into spec) or `switch`
+        (into decode): entering it from the other mode, that switch amortised."""
         t = self.step_time(mode, padded_bs)
         if t is None:
             return None
@@ -501,10 +521,11 @@ class GoodputController:
         cost = t / tokens
         if prompt_share and (mode is Mode.SPEC or not self.config.defers_prefill):
             cost += self.prompt_per_output() * self.draft_prefill_s_per_token()
-        if catch_up_tokens:
+        entering = self.catch_up_seconds(catch_up_tokens) + (self._switch_s if switch else 0.0)
+        if entering:
             horizon = min(max(self._run_len, self.config.min_dwell_steps, 1.0),
                           self.config.switch_horizon)
-            cost += self.catch_up_seconds(catch_up_tokens) / (horizon * tokens)
+            cost += entering / (horizon * tokens)
         return cost
 
     def _measured(self, mode: Mode, padded_bs: int) -> bool:
@@ -542,15 +563,17 @@ class GoodputController:
                  inputs: PolicyInputs) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
         current mode: the share of each of its steps the estimates expect to lose (`loss`, at
-        least 5%: nothing is free), plus a catch-up's worth when it enters spec with a backlog.
-        So cheap re-measurements come often and costly ones rarely."""
+        least 5%: nothing is free), plus the round trip's switches (into spec: a catch-up of the
+        backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what the
+        draft missed meanwhile). So cheap re-measurements come often and costly ones rarely."""
         if self.config.explore_budget <= 0:
             return None
         price = self.config.explore_steps * max(min(loss, 1.0), 0.05)
-        if mode is Mode.SPEC and inputs.catch_up_tokens:
-            t = self.step_time(Mode.DECODE, pads[Mode.DECODE])
-            if t:
-                price += self.catch_up_seconds(inputs.catch_up_tokens) / t
+        t = self.step_time(_OTHER[mode], pads[_OTHER[mode]])
+        if t:
+            missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
+                inputs.catch_up_tokens
+            price += (self.catch_up_seconds(missed) + self._switch_s) / t
         if self._allowance < price:
             return None
         return Decision(mode, Reason.EXPLORE, price)
