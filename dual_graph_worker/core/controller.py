@@ -42,7 +42,7 @@ _CATCH_UP_DECAY = 0.99
 _RATIO_MIN_TOKENS = 512
 # A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
 # noise of a few hundred microseconds passes for a rate.
-_MIN_SPREAD = {"prefill": 256.0, "catch_up": 128.0}
+_MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0}
 # Local slots after the per-key sums and counts: regressions (n, sum x, sum y, sum xx, sum xy
 # with x = tokens, y = seconds) of prefills with and without the draft, of catch-ups at a
 # switch back from decode, and of catch-ups inside a speculative run (after deferred prefills).

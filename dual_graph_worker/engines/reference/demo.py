@@ -134,6 +134,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
             outputs[n].extend(r.outputs)
         row["dynamic_over_best"] = row["dynamic"]["tok_s"] / max(
             row["plain"]["tok_s"], row["static-spec"]["tok_s"])
+        # The dynamic worker's cost model as the phase ended: what its choices came from.
+        row["dynamic"]["estimates"] = workers["dynamic"].worker.policy.estimates()
         phases.append(row)
         m = row["dynamic"]["modes"]
         print(f"{i:5d} {c:5d} | " + " | ".join(f"{row[n]['tok_s']:8.1f} t/s" for n in TRIO) +
