@@ -113,33 +113,17 @@ class SGLangStandIn:
 
     def __init__(self):
         import asyncio
-        import socket
-        import threading
 
         from aiohttp import web
+        from http_stand_in import serve_in_thread
 
         self.web, self.asyncio = web, asyncio
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        ready = threading.Event()
-
-        def serve():
-            loop = asyncio.new_event_loop()
-            app = web.Application()
-            app.router.add_get("/v1/models", self.answer({"data": [{"id": "stand-in"}]}))
-            app.router.add_post("/generate", self.generate)
-            app.router.add_get("/get_server_info", self.answer(
-                {"internal_states": [{"avg_spec_accept_length": 3.0}]}))
-            app.router.add_post("/flush_cache", self.answer({}))
-            runner = web.AppRunner(app)
-            loop.run_until_complete(runner.setup())
-            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-            ready.set()
-            loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True).start()
-        assert ready.wait(10)
+        self.port = serve_in_thread([
+            web.get("/v1/models", self.answer({"data": [{"id": "stand-in"}]})),
+            web.post("/generate", self.generate),
+            web.get("/get_server_info", self.answer(
+                {"internal_states": [{"avg_spec_accept_length": 3.0}]})),
+            web.post("/flush_cache", self.answer({}))])
 
     def answer(self, body):
         async def handler(request):

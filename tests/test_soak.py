@@ -1,8 +1,6 @@
 """The soak's workload, its client against a stand-in HTTP server, and its token comparison."""
 
 import asyncio
-import socket
-import threading
 
 import pytest
 
@@ -52,13 +50,11 @@ class StandIn:
     `fail_with` answers every generate with that HTTP status."""
 
     def __init__(self, wrong: bool = False, fail_with: int = 0):
-        self.wrong, self.fail_with, self.aborted, self.loop = wrong, fail_with, set(), None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.ready = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-        assert self.ready.wait(10)
+        from http_stand_in import serve_in_thread
+
+        self.wrong, self.fail_with, self.aborted = wrong, fail_with, set()
+        self.port = serve_in_thread([aiohttp_web.post("/generate", self.generate),
+                                     aiohttp_web.post("/abort_request", self.abort)])
 
     def answer(self, ids, n):
         out = [(sum(ids) + k) % VOCAB for k in range(n)]
@@ -84,17 +80,6 @@ class StandIn:
     async def abort(self, request):
         self.aborted.add((await request.json())["rid"])
         return aiohttp_web.Response()
-
-    def _serve(self):
-        self.loop = asyncio.new_event_loop()
-        app = aiohttp_web.Application()
-        app.router.add_post("/generate", self.generate)
-        app.router.add_post("/abort_request", self.abort)
-        runner = aiohttp_web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(aiohttp_web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
 
     @property
     def url(self):

@@ -262,6 +262,7 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
                soak_ref: Optional[dict] = None) -> list[ServePoint]:
     """bench_serving at every level; with soak_ref (plain only) also the soak's T=0 reference."""
     env = engine_env(kind, cfg)
+    clients = client_env(env)
     raw = cfg.out / "raw" / f"{kind}.jsonl"
     raw.parent.mkdir(parents=True, exist_ok=True)
     log_path = cfg.out / f"{kind}.server.log"
@@ -273,7 +274,7 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
                 client_log = cfg.out / f"{tag}.client.log"
                 with open(client_log, "w") as log:
                     rc = subprocess.call(client_command(cfg, c, target, raw, tag),
-                                         env=client_env(env), stdout=log,
+                                         env=clients, stdout=log,
                                          stderr=subprocess.STDOUT)
                 point = ServePoint(kind, c, read_results(raw).get(tag, {}))
                 point.dgw = dgw_series(_get(f"{cfg.url}/metrics"))

@@ -168,11 +168,10 @@ class GoodputController:
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
         self._catch_up = {at_switch: _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
                           for at_switch in (True, False)}
-        self._last_mode: Optional[Mode] = None    # rank-local: which catch-up slots a sample feeds
+        self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
-        # to that batch (a catch-up's or a prefill's cost).
-        self._carry = 0.0
-        self._carry_mode: Optional[Mode] = None
+        # to that batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
+        self._carry: Optional[float] = None
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
         self._switch = np.zeros(2)
         self._switch_s = 0.0
@@ -346,12 +345,10 @@ class GoodputController:
         elif isinstance(event, StepTime):
             self._observe_step(event)
         elif isinstance(event, PrefillTime):
-            carry, self._carry = self._carry, 0.0
-            self._carry_mode = None
+            carry, self._carry = self._carry or 0.0, None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
                 x, y = float(event.tokens), float(event.seconds) + carry
-                at = -_TAIL + _PF[event.draft]
-                self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
+                self._add_local(_PF[event.draft], (1.0, x, y, x * x, x * y))
 
     def _observe_accept(self, event: Accepted) -> None:
         lens = event.accept_lens
@@ -380,30 +377,26 @@ class GoodputController:
         if i is None or not event.seconds > 0:
             return
         expected = self.step_time(event.mode, event.padded_bs)
-        carry, self._carry = self._carry, 0.0
-        carried_switch = self._carry_mode not in (None, event.mode)
-        self._carry_mode = None
+        carry, self._carry = self._carry, None
+        switched = self._last_mode not in (None, event.mode)
         at_switch = self._last_mode is Mode.DECODE
         self._last_mode = event.mode
         plausible = self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
             _NO_ESTIMATE_MAX_S
-        if carried_switch and not event.catch_up_tokens:
+        if carry is not None and switched and not event.catch_up_tokens:
             # The previous step held this switch's launch: that excess is what a switch costs.
-            at = len(self._local) - _TAIL + _SW
-            self._local[at:at + 2] += (1.0, carry)
+            self._add_local(_SW, (1.0, carry))
         if event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
-            self._carry = event.seconds - expected if plausible else 0.0
-            self._carry_mode = event.mode if plausible else None
+            self._carry = event.seconds - expected if plausible else None
             return
         if event.catch_up_tokens > 0:
             # The catch-up's cost: this step's excess over a measured step of its size plus the
             # previous step's (which held this one's launch); fixed cost and switch included,
             # noise of either sign averages out in the regression.
             if plausible:
-                x, y = float(event.catch_up_tokens), event.seconds - expected + carry
-                at = len(self._local) - _TAIL + _CU[at_switch]
-                self._local[at:at + 5] += (1.0, x, y, x * x, x * y)
+                x, y = float(event.catch_up_tokens), event.seconds - expected + (carry or 0.0)
+                self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
             return
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
@@ -414,6 +407,11 @@ class GoodputController:
         n = len(self._keys)
         self._local[i] += event.seconds
         self._local[n + i] += 1.0
+
+    def _add_local(self, slot: int, values: tuple) -> None:
+        """Add to the local slots after the per-key sums (the _PF/_CU/_SW layout)."""
+        at = len(self._local) - _TAIL + slot
+        self._local[at:at + len(values)] += values
 
     # ------------------------------------------------------------------------------ exchange
 

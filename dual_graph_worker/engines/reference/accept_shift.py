@@ -28,12 +28,12 @@ import numpy as np
 
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.engines.reference.build import default_device, engine_from_checkpoints
-from dual_graph_worker.core.argtypes import output_dir, positive_int, torch_device
+from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
-from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
-                                                          toy_engine_spec)
+from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, add_toy_run_args,
+                                                          build_trio, toy_engine_spec)
 
 KINDS = ("easy", "hard")
 
@@ -193,12 +193,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="the cycle new prompts end in, per phase: easy or hard, comma-separated")
     ap.add_argument("--concurrency", type=positive_int, default=8)
     ap.add_argument("--requests-per-phase", type=positive_int, default=96)
-    ap.add_argument("--input-len", type=positive_int, default=16)
-    ap.add_argument("--output-len", type=positive_int, default=48)
-    ap.add_argument("--hidden", type=positive_int, default=256,
-                    help="toy model width (= vocab), a multiple of 8")
-    ap.add_argument("--device", type=torch_device, default=default_device(), help="cpu or cuda[:N]")
-    ap.add_argument("--out", type=output_dir, default="out/accept-shift")
+    add_toy_run_args(ap, out="out/accept-shift")
     return ap
 
 

@@ -19,14 +19,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.core.argtypes import int_list, output_dir, positive_float, positive_int, torch_device
+from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
-from dual_graph_worker.engines.reference.build import default_device, engine_from_checkpoints
+from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
                                                      toy_permutations, write_toy_checkpoints)
 from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
-from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
-                                                          toy_engine_spec)
+from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, add_toy_run_args,
+                                                          build_trio, toy_engine_spec)
 
 
 def _plot(result: dict, path: Path) -> None:
@@ -62,15 +62,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="concurrency of each phase, comma-separated integers >= 1")
     ap.add_argument("--requests-per-phase", type=positive_float, default=4.0,
                     help="x concurrency (> 0)")
-    ap.add_argument("--input-len", type=positive_int, default=16)
-    ap.add_argument("--output-len", type=positive_int, default=48)
     ap.add_argument("--agreement", choices=sorted(AGREEMENT_LEVELS), default="f50",
                     help="toy draft: share of tokens where it agrees with the target")
-    ap.add_argument("--hidden", type=positive_int, default=256,
-                    help="toy model width (= vocab), a multiple of 8")
     ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
-    ap.add_argument("--device", type=torch_device, default=default_device(), help="cpu or cuda[:N]")
-    ap.add_argument("--out", type=output_dir, default="out/demo")
+    add_toy_run_args(ap, out="out/demo")
     return ap
 
 

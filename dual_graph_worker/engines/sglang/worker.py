@@ -14,6 +14,7 @@ import copy
 import logging
 import os
 import time
+from dataclasses import asdict
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -101,7 +102,7 @@ class PrefillTag(NamedTuple):
         return PrefillTime(self.tokens, seconds, self.draft)
 
     def continued_by(self, nxt: Any) -> bool:
-        return True
+        return True          # a prefill's cost is taken whole: never marked as carrying
 
 
 class DualGraphEagleWorker(EAGLEWorkerV2):
@@ -434,8 +435,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if self._step_log is not None:
             # Each batch's measured cost, as the controller saw it: what its estimates came from.
             self._step_log.write_event("cost", time.time(), kind=type(event).__name__,
-                                       **{k: getattr(v, "value", v)
-                                          for k, v in event.__dict__.items()})
+                                       **asdict(event))
 
     def _log_lazy_event(self, kind: str, info: dict, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
