@@ -505,6 +505,77 @@ def test_unmeasured_sizes_follow_the_prior_scaled_by_measured_neighbours():
     assert p.step_time(Mode.SPEC, 5) is None        # not a captured size
 
 
+def test_step_times_follow_the_context_the_batch_attends_over():
+    """A spec step over long prompts costs several times one over short ones (attention reads
+    every context token, K+1 query tokens a request and again in each draft stage). Measured
+    only at long contexts, it must not be taken for the step at a short one: the cost per
+    context token, fitted within each size, moves the estimate to the batch's context."""
+    beta = {Mode.SPEC: 0.55e-6, Mode.DECODE: 0.03e-6}
+    truth = {Mode.SPEC: t_spec, Mode.DECODE: t_decode}
+    p = controller(replay_prior(), min_dwell_steps=0)
+    # Long prompts (2k tokens a request, growing while they decode) at bs 16 and 32.
+    for pb in (16, 32):
+        for kv in range(pb * 2048, pb * 2048 + pb * 512, pb * 8):
+            for mode in (Mode.SPEC, Mode.DECODE):
+                p.observe(StepTime(mode, pb, truth[mode](pb) + beta[mode] * kv, kv_tokens=kv))
+        p.exchange(lambda v: v)
+    got = p.estimates()["context_s_per_token"]
+    assert got["spec"] == pytest.approx(beta[Mode.SPEC], rel=0.01)
+    assert got["decode"] == pytest.approx(beta[Mode.DECODE], rel=0.01)
+    short = 16 * 300
+    assert p.step_time(Mode.SPEC, 16, short) == pytest.approx(
+        t_spec(16) + beta[Mode.SPEC] * short, rel=0.01)
+    # Between measured sizes, too: bs 24 follows its neighbours' lines.
+    assert p.step_time(Mode.SPEC, 24, short) == pytest.approx(
+        t_spec(24) + beta[Mode.SPEC] * short, rel=0.02)
+    # So a short-prompt batch at accept 3 speculates (it wins there), a long one decodes.
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    p.exchange(lambda v: v)
+    assert best_mode(16, 3.0) is Mode.SPEC
+    assert p.decide(PolicyInputs(16, 16, 16, kv_tokens=short)).mode is Mode.SPEC
+    assert p.decide(PolicyInputs(16, 16, 16, kv_tokens=16 * 2300)).mode is Mode.DECODE
+
+
+def test_the_context_rate_waits_for_contexts_far_enough_apart():
+    """Contexts within a few tokens of each other give no rate: noise would pass for one."""
+    p = controller(replay_prior())
+    for i in range(64):
+        kv = 4096 + (i % 8)
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + (1e-4 if i % 2 else 0.0), kv_tokens=kv))
+    p.exchange(lambda v: v)
+    assert p.estimates()["context_s_per_token"]["spec"] == 0.0
+    assert p.step_time(Mode.SPEC, 16, 0) == pytest.approx(t_spec(16) + 0.5e-4)
+
+
+def test_dwell_yields_when_the_other_mode_is_far_cheaper():
+    """Dwell keeps a mode through a near tie; a new workload whose batch the other mode serves
+    far cheaper (long prompts arriving during a speculative run) switches at once."""
+    p = _learned(controller(min_dwell_steps=8, margin=0.03), 16)
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    p.exchange(lambda v: v)
+    first = p.decide(PolicyInputs(16, 16, 16))
+    p.commit(first)
+    assert first.mode is Mode.SPEC
+    # One step into the dwell: acceptance collapses (decode now ~2.5x cheaper a token).
+    for _ in range(40):
+        p.observe(accepted(Mode.SPEC, np.full(16, 1.0)))
+    p.exchange(lambda v: v)
+    assert p.decide(PolicyInputs(16, 16, 16)) == Decision(Mode.DECODE, Reason.GOODPUT)
+    # A small gap inside the dwell is kept.
+    q = _learned(controller(min_dwell_steps=8, margin=0.0), 16)
+    tie = t_spec(16) / t_decode(16)
+    for _ in range(8):
+        q.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    q.exchange(lambda v: v)
+    q.commit(q.decide(PolicyInputs(16, 16, 16)))
+    for _ in range(200):
+        q.observe(accepted(Mode.SPEC, np.full(16, tie * 0.95)))
+    q.exchange(lambda v: v)
+    assert q.decide(PolicyInputs(16, 16, 16)).reason is Reason.DWELL
+
+
 def test_idle_gaps_are_not_step_samples():
     p = controller(replay_prior())
     p.observe(StepTime(Mode.DECODE, 8, t_decode(8)))

@@ -1,10 +1,12 @@
 """The controller through the policy matrix's sequence, in a SIMULATED server whose step and
 prefill costs are fitted to the H200 measurements of plain SGLang and EAGLE-3
 (results/sglang/policy-matrix-run1), with a catch-up's fixed cost and SGLang's overlap order (a
-step's cost is reported after the next launch and holds a switch's host launch). Every cell: the worker's simulated tok/s against the better
+step's cost is reported after the next launch and holds a switch's host launch) and step costs that
+grow with the context (fitted to the worker's H200 step log). Every cell: the worker's simulated tok/s against the better
 of the same simulator pinned to decode (plain) or to speculation (EAGLE-3). What it guards: the
 decisions the matrix run exposed (a stale acceptance after a phase change, prompt costs that
-drown speculation, warm-up samples that stick), not the GPU's numbers."""
+drown speculation, warm-up samples that stick, a size measured over long prompts taken for the
+same size over short ones), not the GPU's numbers."""
 
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ CATCH_UP_FIXED_S = 2e-3            # a catch-up is one more (eager) draft forwar
 # small batches, it idles the GPU; under overlap it lands in the previous step's measured cost.
 SWITCH_HOST_S = 3e-3
 CHUNK = 8192
+# Step seconds per context token (attention): a spec step at bs 16 took 27 ms over 2048-token
+# prompts against ~11 ms over 256-token ones, a decode step 6.1 against 5.3 ms (H200 step log).
+CONTEXT_S_PER_TOKEN = {Mode.SPEC: 0.55e-6, Mode.DECODE: 0.03e-6}
+REF_CONTEXT = 384                   # a request's mean context in the cells the fit comes from
 
 
 @dataclass
@@ -66,8 +72,13 @@ class Truth:
         xs = sorted(table)
         return float(np.interp(bs, xs, [table[x] for x in xs]))
 
-    def step(self, mode: Mode, pb: int) -> float:
-        return self._interp(self.spec if mode is Mode.SPEC else self.dec, pb)
+    def step(self, mode: Mode, pb: int, kv_tokens: int = 0, bs: int = 0) -> float:
+        """At `pb`; with `kv_tokens`, moved from the fit's context (`bs` requests of
+        REF_CONTEXT tokens) to the batch's."""
+        base = self._interp(self.spec if mode is Mode.SPEC else self.dec, pb)
+        if not kv_tokens:
+            return base
+        return max(base + CONTEXT_S_PER_TOKEN[mode] * (kv_tokens - bs * REF_CONTEXT), base / 2)
 
 
 @dataclass
@@ -87,7 +98,7 @@ class Server:
         p = self.planner
         for start in range(0, c * in_len, CHUNK):
             tokens = min(CHUNK, c * in_len - start)
-            defer = self.lazy and p.preview(c) is Mode.DECODE
+            defer = self.lazy and p.preview(c, kv_tokens=c * in_len) is Mode.DECODE
             cost = tokens * (PREFILL_S_PER_TOKEN + (0 if defer else DRAFT_S_PER_TOKEN)) + 0.004
             # The requests of this chunk are new: their rows forget their last occupants.
             first = start // in_len
@@ -99,8 +110,9 @@ class Server:
         made = np.zeros(c)
         held = None               # overlap: a step's result is processed after the next launch
         while made.min() < out_len:
-            plan = p.plan(c, rows=rows, catch_up_tokens=int(behind.sum()))
-            seconds = self.truth.step(plan.mode, plan.padded_bs)
+            kv = int(c * in_len + made.sum())
+            plan = p.plan(c, rows=rows, catch_up_tokens=int(behind.sum()), kv_tokens=kv)
+            seconds = self.truth.step(plan.mode, plan.padded_bs, kv, c)
             caught = 0
             if plan.mode is Mode.SPEC:
                 caught = int(behind.sum())
@@ -117,7 +129,7 @@ class Server:
                 p.policy.observe(replace(step, seconds=step.seconds + launch,
                                          carries_next=launch > 0))
                 p.policy.observe(acc)
-            held = (StepTime(plan.mode, plan.padded_bs, seconds, caught),
+            held = (StepTime(plan.mode, plan.padded_bs, seconds, caught, kv_tokens=kv),
                     accepted(plan.mode, got, rows))
             made += got
             self.clock += seconds + launch

@@ -177,6 +177,30 @@ def test_sweep_probe_times_a_one_token_batch_on_fresh_prompts():
     assert len(calls) == 1 and "prefill_only_seconds" not in res["points"][0]
 
 
+def test_shape_warm_up_runs_every_batch_shape_on_fresh_prompts_before_timing():
+    from bench.sglang import engine_child
+    from bench.sglang.policy_matrix import Workload, tasks_for
+
+    calls = []
+
+    class FakeEngine:
+        def generate(self, input_ids, sampling_params):
+            calls.append((tuple(map(tuple, input_ids)), sampling_params["max_new_tokens"]))
+            return [{"output_ids": [0] * sampling_params["max_new_tokens"]} for _ in input_ids]
+
+    task = {"concurrency": [1, 4], "input_len": 8, "output_len": 64, "vocab": 100,
+            "warmup": False, "warm_shapes": True}
+    res = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)
+    assert [(len(p), n) for p, n in calls] == [(1, 16), (4, 16), (1, 64), (4, 64)]
+    assert not set(calls[1][0]) & set(calls[3][0])       # the timed prompts are fresh
+    assert res["warm_shapes_seconds"] >= 0 and len(res["points"]) == 2
+    # Only each engine's first phase warms, and every engine's alike.
+    w = [Workload.parse("8x64@1,4")]
+    for kind in ("plain", "eagle3", "dual"):
+        sweeps = [t for t in tasks_for(kind, [1.5, 3.0], w, 100) if t["kind"] == "sweep"]
+        assert [t["warm_shapes"] for t in sweeps] == [True] + [False] * (len(sweeps) - 1)
+
+
 def test_decode_step_time_flag_asks_the_sweep_for_prefill_probes(tmp_path, monkeypatch):
     for argv, want in (([], False), (["--decode-step-time"], True)):
         suite, ran = _recording_suite(tmp_path, argv + ["--no-adaptive"], monkeypatch)

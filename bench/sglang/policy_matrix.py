@@ -7,7 +7,8 @@ One engine process per kind serves every cell (engine_child.py): plain once (acc
 touch it), EAGLE-3 and the worker once each, with the forced accept length switched between
 phases inside the running engine (acc_control.py; SGLANG_SIMULATE_ACC_LEN FORCES acceptance,
 dummy weights accept nothing). A cell is one batch of C requests sent at once (T=0, ignore_eos);
-tok/s = output tokens / wall time, prefill included. The worker keeps what it learned from one
+tok/s = output tokens / wall time, prefill included. Each engine's first phase runs every batch
+shape once with short answers before timing it (one-time costs a server pays once). The worker keeps what it learned from one
 phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
 (one record per cell, the worker's with its controller's cost model), DIR/heatmap.png (worker /
 max(plain, EAGLE-3)), DIR/report.md; with --step-log also the worker's step log and its
@@ -63,6 +64,18 @@ class Workload:
                              "256x256@1,4,8") from None
 
 
+def merged_workloads(earlier: list[dict], workloads: list[Workload]) -> list[Workload]:
+    """The columns of a matrix built over several runs into one DIR: each workload's levels,
+    those of earlier runs included, in the order first seen."""
+    merged: dict[str, Workload] = {}
+    for w in [Workload(d["input_len"], d["output_len"], tuple(d["concurrency"]))
+              for d in earlier] + workloads:
+        old = merged.get(w.name)
+        levels = sorted(set(w.concurrency) | set(old.concurrency if old else ()))
+        merged[w.name] = Workload(w.input_len, w.output_len, tuple(levels))
+    return list(merged.values())
+
+
 DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
                      "2048x64@1,16,64")
 
@@ -84,9 +97,11 @@ def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: 
 def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int) -> list:
     def sweep(w: Workload, name: str, phase: int) -> dict:
         # Prompts unique to each (phase, workload): the radix cache must serve none of them.
+        # The first phase warms every shape first, alike for every engine.
         return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
                 "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
-                "warmup": True, "seed": 1000 + 100_000 * phase + 10_000 * workloads.index(w)}
+                "warmup": True, "warm_shapes": phase == 0,
+                "seed": 1000 + 100_000 * phase + 10_000 * workloads.index(w)}
 
     if kind == "plain":
         return [sweep(w, w.name, 0) for w in workloads]
@@ -127,20 +142,36 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
     return out
 
 
+def _cell_key(r: dict) -> tuple:
+    return (r["engine"], r["accept_len"], r["input_len"], r["output_len"], r["concurrency"])
+
+
+def fill_from(recs: list[dict], earlier: list[dict], source: str) -> list[dict]:
+    """Records of an earlier run for the (engine, cell)s this run did not measure, each marked
+    with its source: a baseline too slow to re-run where it loses by far, never the worker."""
+    have = {_cell_key(r) for r in recs}
+    return recs + [r | {"from": source} for r in earlier
+                   if r["engine"] != "dual" and _cell_key(r) not in have]
+
+
 def ratios(recs: list[dict]) -> list[dict]:
-    """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran."""
-    plain = {(r["input_len"], r["output_len"], r["concurrency"]): r["tok_s"]
+    """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran;
+    `cross_run` where a baseline came from another run."""
+    plain = {(r["input_len"], r["output_len"], r["concurrency"]): r
              for r in recs if r["engine"] == "plain"}
-    keyed = {(r["engine"], r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]):
-             r["tok_s"] for r in recs if r["engine"] != "plain"}
+    keyed = {_cell_key(r): r for r in recs if r["engine"] != "plain"}
     out = []
-    for (engine, a, i, o, c), tok_s in sorted(keyed.items(), key=lambda kv: str(kv[0])):
+    for (engine, a, i, o, c), rec in sorted(keyed.items(), key=lambda kv: str(kv[0])):
         if engine != "dual" or (i, o, c) not in plain or ("eagle3", a, i, o, c) not in keyed:
             continue
-        best = max(plain[(i, o, c)], keyed[("eagle3", a, i, o, c)])
-        out.append({"accept_len": a, "input_len": i, "output_len": o, "concurrency": c,
-                    "plain": plain[(i, o, c)], "eagle3": keyed[("eagle3", a, i, o, c)],
-                    "dual": tok_s, "ratio": round(tok_s / best, 4)})
+        base = (plain[(i, o, c)], keyed[("eagle3", a, i, o, c)])
+        best = max(b["tok_s"] for b in base)
+        cell = {"accept_len": a, "input_len": i, "output_len": o, "concurrency": c,
+                "plain": base[0]["tok_s"], "eagle3": base[1]["tok_s"],
+                "dual": rec["tok_s"], "ratio": round(rec["tok_s"] / best, 4)}
+        if any("from" in b for b in base):
+            cell["cross_run"] = True
+        out.append(cell)
     return out
 
 
@@ -156,9 +187,12 @@ def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
         row = []
         for w, c in cols:
             r = index.get((a, w.input_len, w.output_len, c))
-            row.append("-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
-                                               else f"{r['ratio']:.3f}"))
+            text = "-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
+                                          else f"{r['ratio']:.3f}")
+            row.append(text + ("†" if r is not None and r.get("cross_run") else ""))
         lines.append(f"| {a:g} | " + " | ".join(row) + " |")
+    if any(r.get("cross_run") for r in cells):
+        lines.append("\n† a baseline from another run (records marked `from`).")
     if cells:
         worst = min(cells, key=lambda r: r["ratio"])
         lines.append(f"\nLowest: {worst['ratio']:.3f} at accept {worst['accept_len']:g}, "
@@ -179,6 +213,8 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     cols = [(w, c) for w in workloads for c in w.concurrency]
     index = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r["ratio"]
              for r in cells}
+    cross = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"])
+             for r in cells if r.get("cross_run")}
     grid = np.full((len(accepts), len(cols)), np.nan)
     for i, a in enumerate(accepts):
         for j, (w, c) in enumerate(cols):
@@ -188,7 +224,9 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                mark = "\u2020" if (accepts[i], cols[j][0].input_len, cols[j][0].output_len,
+                                     cols[j][1]) in cross else ""
+                ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8,
                         fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
     ax.set_yticks(range(len(accepts)), [f"accept {a:g}" for a in accepts])
@@ -215,6 +253,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "costs; a little host time a step) and DIR/step-costs.md")
     ap.add_argument("--dual-env", action="append", default=[],
                     help="DGW_NAME=VALUE for the worker (default: none, its defaults)")
+    ap.add_argument("--fill-from", metavar="JSON",
+                    help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
+                         "cells this run did not measure, marked cross-run")
     args = ap.parse_args(argv)
     try:
         accepts = [float(a) for a in args.accept.split(",")]
@@ -229,6 +270,14 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    earlier = []
+    if args.fill_from:
+        try:
+            earlier = json.loads(Path(args.fill_from).read_text())["records"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --fill-from {args.fill_from}: not a policy-matrix.json ({e})",
+                  file=sys.stderr)
+            return 2
     deadline = time.time() + args.budget_s
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -236,7 +285,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     target, draft = write_dummy_pair(out / "models", shapes)
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
-    recs = [r for r in previous.get("records", []) if r["engine"] not in engines]
+    recs = [r for r in previous.get("records", [])
+            if r["engine"] not in engines and "from" not in r]
     dual_env = dict(kv.split("=", 1) for kv in args.dual_env)
     note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
             f"(SGLANG_SIMULATE_ACC_LEN, switched in-process), triton attention, 3 steps topk 1, "
@@ -258,17 +308,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
         res = run_engine(kind, spec, out, deadline)
         recs += records(kind, res, workloads)
-        cells = ratios(recs)
-        matrix = {"note": note, "accepts": accepts,
+        cells = ratios(fill_from(recs, earlier, args.fill_from or ""))
+        columns = merged_workloads(previous.get("workloads", []), workloads)
+        accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
+        matrix = {"note": note, "accepts": accepts_seen,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
-                                for w in workloads],
-                  "records": recs, "cells": cells,
+                                for w in columns],
+                  "records": fill_from(recs, earlier, args.fill_from or ""), "cells": cells,
                   "startup_s": previous.get("startup_s", {}) | {kind: res.get("startup_s")}}
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))
-        (out / "report.md").write_text(report(cells, accepts, workloads, note))
+        (out / "report.md").write_text(report(cells, accepts_seen, columns, note))
         if cells:
-            heatmap(cells, accepts, workloads, out / "heatmap.png", note)
+            heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
     if (out / "dual.steps.jsonl").exists():
         costs = step_costs.report(step_costs.group_costs(

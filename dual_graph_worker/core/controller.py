@@ -42,7 +42,16 @@ _CATCH_UP_DECAY = 0.99
 _RATIO_MIN_TOKENS = 512
 # A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
 # noise of a few hundred microseconds passes for a rate.
-_MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0}
+_MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
+# Step cost per context token: fitted within each (mode, padded bs) over ~100 exchanges, as
+# contexts change between workloads more slowly than step times drift.
+_CONTEXT_DECAY = 0.99
+# A measured step time predicts no less than this share of itself at a shorter context.
+_CONTEXT_FLOOR = 0.25
+# Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
+_DWELL_BREAK = 1.25
+# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
+_KEY_SLOTS = 5
 # Local slots after the per-key sums and counts: regressions (n, sum x, sum y, sum xx, sum xy
 # with x = tokens, y = seconds) of prefills with and without the draft, of catch-ups at a
 # switch back from decode, and of catch-ups inside a speculative run (after deferred prefills).
@@ -160,8 +169,12 @@ class GoodputController:
             for i, (m, b) in enumerate(self._keys):
                 t = prior.latency(m, b)
                 self._prior[i] = math.nan if t is None else t
-        # Shared estimates: read by decisions.
+        # Shared estimates: read by decisions. A key's step time is its recent mean at its
+        # recent mean context, moved along its mode's cost per context token.
         self._est = np.full(n, math.nan)
+        self._est_kv = np.zeros(n)
+        self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
+        self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
         self._prefill = {d: _Slope(_MIN_SPREAD["prefill"]) for d in (True, False)}
@@ -181,8 +194,10 @@ class GoodputController:
         self._prompt_per_output = 0.0
         self._delta = 0.0
         self._catch_up_fit: tuple[float, float] = (0.0, 0.0)    # (fixed s, s per token)
-        # Rank-local sums since the last exchange: never read by a decision.
-        self._local = np.zeros(2 * n + _TAIL)
+        # Rank-local sums since the last exchange: never read by a decision. Step samples
+        # gather in Python floats per key (a numpy slice update costs ~1 us a step).
+        self._local = np.zeros(_KEY_SLOTS * n + _TAIL)
+        self._step_sums: dict[int, list[float]] = {}
         # Rank-common facts, applied at once.
         k1 = config.num_draft_tokens + 1.0
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
@@ -204,7 +219,7 @@ class GoodputController:
         # this, not over a fixed horizon, so flipping near a tie pays what it really costs.
         self._run_len = float(config.switch_horizon)
         self._goodput = (None, None)
-        self._step_time_memo: dict[tuple[Mode, int], Optional[float]] = {}
+        self._line_memo: dict[tuple[Mode, int], Optional[tuple[float, float, float]]] = {}
 
     # ------------------------------------------------------------------------------ decide
 
@@ -216,9 +231,10 @@ class GoodputController:
         cur = self._dwell.mode
         a = self.expected_accept(inputs.rows)
         pads = {Mode.SPEC: inputs.spec_padded_bs, Mode.DECODE: inputs.decode_padded_bs}
-        cost = {Mode.SPEC: self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs, a,
+        kv = inputs.kv_tokens
+        cost = {Mode.SPEC: self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs, a, kv,
                                       inputs.catch_up_tokens if cur is Mode.DECODE else 0),
-                Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, 0,
+                Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, kv, 0,
                                         switch=cur is Mode.SPEC)}
         self._goodput = tuple(None if cost[m] is None else 1.0 / cost[m]
                               for m in (Mode.SPEC, Mode.DECODE))
@@ -230,7 +246,8 @@ class GoodputController:
             return self._explore(other, 1.0, pads, inputs) or Decision(cur, Reason.GOODPUT)
         want = other if cost[other] * (1 + self.config.margin) < cost[cur] else cur
         if want is not cur:
-            if self._dwell.must_dwell(self.config.min_dwell_steps):
+            if self._dwell.must_dwell(self.config.min_dwell_steps) and \
+                    cost[cur] < _DWELL_BREAK * cost[other]:
                 return Decision(cur, Reason.DWELL)
             return Decision(want, Reason.GOODPUT)
         # Re-measure the other mode once this one is measured at this size (it is the
@@ -276,59 +293,71 @@ class GoodputController:
             return float(v.sum()) / n
         return (float(v[known].sum()) + (n - k) * self._fresh) / n
 
-    def step_time(self, mode: Mode, padded_bs: int) -> Optional[float]:
-        """Expected seconds of a step: measured, else the prior scaled by the measured/prior
-        ratio of the nearest measured sizes, else the nearest measured size. Estimates change
-        only at an exchange, so each answer is kept until the next one."""
-        key = (mode, int(padded_bs))
-        if key in self._step_time_memo:
-            return self._step_time_memo[key]
-        t = self._step_time(key)
-        self._step_time_memo[key] = t
-        return t
+    def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
+        """Expected seconds of a step over `kv_tokens` context tokens: measured, else the prior
+        scaled by the measured/prior ratio of the nearest measured sizes, else the nearest
+        measured size; each moved along the mode's cost per context token."""
+        line = self._line((mode, int(padded_bs)))
+        if line is None:
+            return None
+        a, b, floor = line
+        return max(a + b * kv_tokens, floor)
 
-    def _step_time(self, key: tuple[Mode, int]) -> Optional[float]:
+    def _line(self, key: tuple[Mode, int]) -> Optional[tuple[float, float, float]]:
+        """(intercept, seconds per context token, floor) of a key's step time. Estimates change
+        only at an exchange, so each answer is kept until the next one."""
+        if key not in self._line_memo:
+            self._line_memo[key] = self._fit_line(key)
+        return self._line_memo[key]
+
+    def _fit_line(self, key: tuple[Mode, int]) -> Optional[tuple[float, float, float]]:
         mode = key[0]
         i = self._index.get(key)
         if i is None:
             return None
+        beta = self._beta[mode]
         if self._samples[i] > 0:
-            return float(self._est[i])
+            return self._est[i] - beta * self._est_kv[i], beta, _CONTEXT_FLOOR * self._est[i]
         idx = self._by_mode[mode]
         seen = idx[self._samples[idx] > 0]
         prior = self._prior[i]
         if not len(seen):
-            return None if math.isnan(prior) else float(prior)
+            return None if math.isnan(prior) else (float(prior), 0.0, _CONTEXT_FLOOR * prior)
         pb = self._pb[i]
         below, above = seen[self._pb[seen] < pb], seen[self._pb[seen] > pb]
         near = [j for j in (below[-1] if len(below) else None, above[0] if len(above) else None)
                 if j is not None]
-        if not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near):
-            ratios = [self._est[j] / self._prior[j] for j in near]
-        else:
-            ratios = None
+        weights = [1.0]
         if len(near) == 2:
-            lo, hi = near
-            w = (pb - self._pb[lo]) / (self._pb[hi] - self._pb[lo])
-            if ratios is not None:
-                return float(prior * (ratios[0] + w * (ratios[1] - ratios[0])))
-            return float(self._est[lo] + w * (self._est[hi] - self._est[lo]))
-        j = near[0]
-        return float(prior * ratios[0]) if ratios is not None else float(self._est[j])
+            w = (pb - self._pb[near[0]]) / (self._pb[near[1]] - self._pb[near[0]])
+            weights = [1.0 - w, w]
+        # Each neighbour's line, scaled by the prior's ratio between this size and it.
+        scaled = not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near)
+        a = b = floor = 0.0
+        for j, w in zip(near, weights):
+            scale = w * (prior / self._prior[j] if scaled else 1.0)
+            a += scale * (self._est[j] - beta * self._est_kv[j])
+            b += scale * beta
+            floor += scale * _CONTEXT_FLOOR * self._est[j]
+        return float(a), float(b), float(floor)
 
     def state(self) -> PolicyState:
         return PolicyState(self._accept, *self._goodput)
 
     def estimates(self) -> dict:
         """For /get_server_info, not per step: per measured (mode, padded bs) the step seconds, its
-        sample count and prior; the prompt and catch-up terms."""
+        sample count, prior and mean context tokens; the cost per context token; the prompt and
+        catch-up terms."""
         steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
         for i, (m, b) in enumerate(self._keys):
             if self._samples[i] > 0:
                 prior = None if math.isnan(self._prior[i]) else float(self._prior[i])
-                steps[m.value][b] = [float(self._est[i]), int(self._samples[i]), prior]
+                steps[m.value][b] = [float(self._est[i]), int(self._samples[i]), prior,
+                                     float(self._est_kv[i])]
         fixed, rate = self._catch_up_fit
-        return {"step_s": steps, "prompt_per_output": self._prompt_per_output,
+        return {"step_s": steps,
+                "context_s_per_token": {m.value: b for m, b in self._beta.items()},
+                "prompt_per_output": self._prompt_per_output,
                 "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
                 "catch_up_s_per_token": rate, "switch_s": self._switch_s,
                 "fresh_accept": self._fresh, "run_len": self._run_len}
@@ -376,7 +405,7 @@ class GoodputController:
         i = self._index.get((event.mode, int(event.padded_bs)))
         if i is None or not event.seconds > 0:
             return
-        expected = self.step_time(event.mode, event.padded_bs)
+        expected = self.step_time(event.mode, event.padded_bs, event.kv_tokens)
         carry, self._carry = self._carry, None
         switched = self._last_mode not in (None, event.mode)
         at_switch = self._last_mode is Mode.DECODE
@@ -404,9 +433,15 @@ class GoodputController:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
-        n = len(self._keys)
-        self._local[i] += event.seconds
-        self._local[n + i] += 1.0
+        acc = self._step_sums.get(i)
+        if acc is None:
+            acc = self._step_sums[i] = [0.0] * _KEY_SLOTS
+        x, y = float(event.kv_tokens), event.seconds
+        acc[0] += y
+        acc[1] += 1.0
+        acc[2] += x
+        acc[3] += x * x
+        acc[4] += x * y
 
     def _add_local(self, slot: int, values: tuple) -> None:
         """Add to the local slots after the per-key sums (the _PF/_CU/_SW layout)."""
@@ -422,20 +457,30 @@ class GoodputController:
     def exchange(self, reduce: Reducer) -> None:
         """Fold every rank's local measurements into the shared estimates: all ranks call this
         at the same step with the same `reduce` (the mean over ranks)."""
+        n = len(self._keys)
+        for i, acc in self._step_sums.items():
+            self._local[i:_KEY_SLOTS * n:n] += acc
+        self._step_sums.clear()
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
-        self._step_time_memo.clear()
-        n = len(self._keys)
-        sums, counts = vec[:n], vec[n:2 * n]
+        self._line_memo.clear()
+        sums, counts, kv, kv2, kvy = vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
         got = counts > 0
         if got.any():
-            mean = sums[got] / counts[got]
             w = 1.0 - (1.0 - self.config.ema_alpha) ** counts[got]
-            old = self._est[got]
-            self._est[got] = np.where(np.isnan(old), mean, old + w * (mean - old))
+            first = np.isnan(self._est[got])
+            for est, mean in ((self._est, sums[got] / counts[got]),
+                              (self._est_kv, kv[got] / counts[got])):
+                old = est[got]
+                est[got] = np.where(first, mean, old + w * (mean - old))
             self._samples[got] += counts[got]
             self._last[got] = self._step
-        tail = vec[2 * n:]
+        self._ctx *= _CONTEXT_DECAY
+        self._ctx += vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
+        for m, idx in self._by_mode.items():
+            if counts[idx].any():         # else every sum of the mode decayed alike: same slope
+                self._beta[m] = self._context_slope(idx)
+        tail = vec[_KEY_SLOTS * n:]
         for draft, at in _PF.items():
             self._prefill[draft].fold(tail[at:at + 5])
         for at_switch, at in _CU.items():
@@ -451,6 +496,17 @@ class GoodputController:
         self._catch_up_fit = self._fit_catch_up()
 
     # ------------------------------------------------------------------------------ model
+
+    def _context_slope(self, idx: np.ndarray) -> float:
+        """A mode's seconds per context token: the least-squares slope within each padded batch
+        size, pooled over sizes (their levels differ, the attention cost per token does not),
+        0 until contexts have spread far enough to tell."""
+        sy, n, sx, sxx, sxy = self._ctx[:, idx]
+        per = np.maximum(n, 1e-300)        # sizes never measured hold zeros: they add nothing
+        var = float((sxx - sx * sx / per).sum())
+        if var < _MIN_SPREAD["context"] ** 2 * float(n.sum()):
+            return 0.0
+        return max(float((sxy - sx * sy / per).sum()) / var, 0.0)
 
     def prompt_per_output(self) -> float:
         return self._prompt_per_output
@@ -507,12 +563,12 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         return fixed + rate * tokens if tokens > 0 else 0.0
 
-    def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float,
+    def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float, kv_tokens: int,
               catch_up_tokens: int, prompt_share: bool = True,
               switch: bool = False) -> Optional[float]:
         """Seconds per output token of `mode` here; `catch_up_tokens` (into spec) or `switch`
         (into decode): entering it from the other mode, that switch amortised."""
-        t = self.step_time(mode, padded_bs)
+        t = self.step_time(mode, padded_bs, kv_tokens)
         if t is None:
             return None
         tokens = bs * (accept if mode is Mode.SPEC else 1.0)
@@ -551,8 +607,9 @@ class GoodputController:
         if mode is Mode.DECODE:
             return True
         best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
-                          self.config.num_draft_tokens + 1.0, 0, prompt_share=False)
-        decode = self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, 0,
+                          self.config.num_draft_tokens + 1.0, inputs.kv_tokens, 0,
+                          prompt_share=False)
+        decode = self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, inputs.kv_tokens, 0,
                             prompt_share=False)
         return best is not None and decode is not None and \
             best * (1 + self.config.margin) < decode
@@ -567,7 +624,7 @@ class GoodputController:
         if self.config.explore_budget <= 0:
             return None
         price = self.config.explore_steps * max(min(loss, 1.0), 0.05)
-        t = self.step_time(_OTHER[mode], pads[_OTHER[mode]])
+        t = self.step_time(_OTHER[mode], pads[_OTHER[mode]], inputs.kv_tokens)
         if t:
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
                 inputs.catch_up_tokens

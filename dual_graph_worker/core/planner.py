@@ -46,23 +46,24 @@ class StepPlanner:
         self.steps = 0
         self.last_mode: Optional[Mode] = None    # the mode of the latest plan (None: no step yet)
 
-    def inputs(self, bs: int, rows: Optional[np.ndarray] = None,
-               catch_up_tokens: int = 0) -> PolicyInputs:
+    def inputs(self, bs: int, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
+               kv_tokens: int = 0) -> PolicyInputs:
         """PolicyInputs for a batch of `bs` requests. With CUDA graphs disabled there is no spec
         pool to fall out of: both modes run eagerly at `bs`."""
         if bs < 1:
             raise ValueError(f"batch size must be >= 1, got {bs}")
         if not self.graphs_enabled:
-            return PolicyInputs(bs, bs, bs, catch_up_tokens, rows)
+            return PolicyInputs(bs, bs, bs, catch_up_tokens, rows, kv_tokens)
         t = self.table
         spec = t.padded_bs(Mode.SPEC, bs) if t.has_graph(Mode.SPEC, bs) else None
-        return PolicyInputs(bs, spec, t.padded_bs(Mode.DECODE, bs), catch_up_tokens, rows)
+        return PolicyInputs(bs, spec, t.padded_bs(Mode.DECODE, bs), catch_up_tokens, rows,
+                            kv_tokens)
 
     def plan(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
-             spec_fits_kv: bool = True) -> StepPlan:
+             kv_tokens: int = 0, spec_fits_kv: bool = True) -> StepPlan:
         if self.sync_every and self.steps % self.sync_every == 0 and self.steps:
             self.policy.exchange(self.reduce)
-        inputs = self.inputs(bs, rows, catch_up_tokens)
+        inputs = self.inputs(bs, rows, catch_up_tokens, kv_tokens)
         decision = self.policy.decide(inputs)
         if decision.mode is Mode.SPEC and inputs.spec_padded_bs is None:
             # The spec pool's buffers cannot hold this batch, whatever a policy asks for.
@@ -77,11 +78,11 @@ class StepPlanner:
         self.last_mode = decision.mode
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 
-    def preview(self, bs: int, *, rows: Optional[np.ndarray] = None,
-                catch_up_tokens: int = 0) -> Mode:
+    def preview(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
+                kv_tokens: int = 0) -> Mode:
         """The mode `plan(bs)` would choose now, committing nothing: what the running batch will
         run once it has `bs` requests."""
-        return self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens)).mode
+        return self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens)).mode
 
 
 def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[int]:

@@ -41,6 +41,7 @@ class PolicyInputs:
     decode_padded_bs: int
     catch_up_tokens: int = 0        # draft tokens a switch to SPEC would catch up first
     rows: Optional[np.ndarray] = field(default=None, compare=False)  # request rows, if known
+    kv_tokens: int = 0              # context tokens the batch attends over (sum of seq lens)
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,15 @@ class Admitted:
 class StepTime:
     """A decode step's end-to-end seconds (rank-local); `catch_up_tokens` > 0: the step also
     caught the draft up over that many tokens first; `carries_next`: its seconds also hold the
-    host launch of a next batch of another kind (a prefill, a switch, a catch-up)."""
+    host launch of a next batch of another kind (a prefill, a switch, a catch-up); `kv_tokens`:
+    the context tokens the batch attended over (sum of its sequence lengths)."""
 
     mode: Mode
     padded_bs: int
     seconds: float
     catch_up_tokens: int = 0
     carries_next: bool = False
+    kv_tokens: int = 0
 
 
 @dataclass(frozen=True)

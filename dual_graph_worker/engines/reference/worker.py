@@ -195,6 +195,7 @@ class DualGraphWorker:
         bs = len(rows)
         return self.planner.plan(bs, rows=rows,
                                  catch_up_tokens=self.continuity.pending_tokens(rows),
+                                 kv_tokens=int(self.table.seq_lens[rows].sum()),
                                  spec_fits_kv=self.kv.can_run(Mode.SPEC, bs))
 
     def step(self) -> StepResult:
@@ -236,7 +237,8 @@ class DualGraphWorker:
                 result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
                                       padded, use_graph)
         # download() waited for the device, so the wall time is the step's whole cost.
-        self.policy.observe(StepTime(mode, padded, time.perf_counter() - t0, caught_up))
+        self.policy.observe(StepTime(mode, padded, time.perf_counter() - t0, caught_up,
+                                     kv_tokens=int(seq_before.sum())))
         self._last_mode = mode
         return result
 

@@ -67,6 +67,7 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
 )
 from dual_graph_worker.engines.sglang.hooks import queued_requests
 from dual_graph_worker.engines.sglang.layout import (
+    context_tokens,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
@@ -85,9 +86,11 @@ class StepTag(NamedTuple):
     mode: Mode
     padded_bs: int
     catch_up_tokens: int
+    kv_tokens: int = 0
 
     def observation(self, seconds: float, carries_next: bool) -> StepTime:
-        return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens, carries_next)
+        return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens, carries_next,
+                        self.kv_tokens)
 
     def continued_by(self, nxt: Any) -> bool:
         """`nxt` is a plain step of this mode: launching it costs what launching this one did."""
@@ -300,7 +303,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         rows = rows_of(batch)
         continuity = self.continuity
         pending = continuity.pending_tokens(rows)
-        plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=pending)
+        kv_tokens = context_tokens(batch)
+        plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=pending,
+                                 kv_tokens=kv_tokens)
         # NVTX step range, switch mark, profiling window (nvtx_spans); free without a profiler.
         # Spec steps' draft/verify/draft_extend stage ranges come from SGLang's own stage hooks.
         with self._spans.step(plan, self):
@@ -318,7 +323,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 pending = 0
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
         self._ledger.launched(plan, rows)
-        self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending))
+        self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens))
         self.counters.launched(plan, pending)
         return result
 
@@ -343,7 +348,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         bs = expected_batch_size(self.req_to_token_pool, queued_requests(batch))
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
-        return self.planner.preview(bs) is Mode.DECODE
+        # The grown batch's context, at this prefill's mean length a request.
+        kv_tokens = context_tokens(batch) * bs // max(len(rows_of(batch)), 1)
+        return self.planner.preview(bs, kv_tokens=kv_tokens) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden

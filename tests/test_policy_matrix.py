@@ -1,0 +1,49 @@
+"""The policy matrix's bookkeeping: ratios per cell, and baselines filled from an earlier run
+only where this run lacks them, marked as such."""
+
+from __future__ import annotations
+
+import json
+
+from bench.sglang import policy_matrix as pm
+
+
+def rec(engine, a, c, tok_s):
+    return {"accept_len": a, "input_len": 256, "output_len": 256, "concurrency": c,
+            "engine": engine, "tok_s": tok_s, "seconds": 1.0}
+
+
+def test_ratio_against_the_better_baseline_and_fill_marks_cross_run_cells():
+    now = [rec("plain", None, 1, 200.0), rec("plain", None, 128, 11000.0),
+           rec("eagle3", 3.0, 1, 400.0), rec("dual", 3.0, 1, 396.0), rec("dual", 3.0, 128, 10890.0)]
+    earlier = [rec("eagle3", 3.0, 1, 999.0), rec("eagle3", 3.0, 128, 6600.0),
+               rec("dual", 3.0, 4, 1.0), rec("plain", None, 4, 800.0)]
+    filled = pm.fill_from(now, earlier, "run2/policy-matrix.json")
+    # Only cells this run lacks, never the worker's, each with its source.
+    assert [r for r in filled if "from" in r] == [
+        earlier[1] | {"from": "run2/policy-matrix.json"},
+        earlier[3] | {"from": "run2/policy-matrix.json"}]
+    cells = {c["concurrency"]: c for c in pm.ratios(filled)}
+    assert cells[1]["ratio"] == 0.99 and "cross_run" not in cells[1]   # this run's EAGLE-3
+    assert cells[128]["ratio"] == 0.99 and cells[128]["cross_run"] is True
+    assert set(cells) == {1, 128}                                        # no worker at 4
+    w = [pm.Workload.parse("256x256@1,128")]
+    md = pm.report(pm.ratios(filled), [3.0], w, "note")
+    assert "| 3 | 0.990 | 0.990\u2020 |" in md and "another run" in md
+
+
+def test_fill_from_a_file_that_is_not_a_matrix_is_one_clear_error(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"cells": []}))
+    assert pm.main(["--out", str(tmp_path / "o"), "--fill-from", str(bad),
+                    "--engines", "plain"]) == 2
+    assert "--fill-from" in capsys.readouterr().err
+
+
+def test_a_matrix_built_over_runs_keeps_every_runs_columns():
+    earlier = [{"input_len": 256, "output_len": 256, "concurrency": [1, 64, 256]},
+               {"input_len": 2048, "output_len": 64, "concurrency": [16]}]
+    now = [pm.Workload.parse("256x256@1,4,64"), pm.Workload.parse("64x1024@32")]
+    got = pm.merged_workloads(earlier, now)
+    assert [(w.name, w.concurrency) for w in got] == [
+        ("256x256", (1, 4, 64, 256)), ("2048x64", (16,)), ("64x1024", (32,))]
