@@ -296,6 +296,7 @@ def bare_sglang_worker():
         from dual_graph_worker.core.timing import ResultClock
         from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
         from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
+        from dual_graph_worker.engines.sglang.layout import RowContext
         from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
         from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
@@ -316,6 +317,7 @@ def bare_sglang_worker():
         w._spans = StepSpans.from_settings(Settings())
         w._decode_pool = eager_decode_pool()
         w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
+        w._context = RowContext(512)
         return w
 
     return make

@@ -537,6 +537,27 @@ def test_step_times_follow_the_context_the_batch_attends_over():
     assert p.decide(PolicyInputs(16, 16, 16, kv_tokens=16 * 2300)).mode is Mode.DECODE
 
 
+def test_each_size_keeps_its_own_cost_per_context_token():
+    """Attention's cost per context token differs with the batch (a single sequence is latency-
+    bound): each size fits its own where its contexts spread; a size seen at one context only
+    borrows its mode's pooled rate."""
+    p = controller(replay_prior())
+    rate = {1: 1.8e-6, 32: 0.34e-6}
+    for _ in range(3):
+        for pb, r in rate.items():
+            for per_request in (128, 256, 512, 1024, 2048):
+                kv = pb * per_request
+                p.observe(StepTime(Mode.SPEC, pb, t_spec(pb) + r * kv, kv_tokens=kv))
+        p.observe(StepTime(Mode.SPEC, 8, t_spec(8) + 0.5e-6 * 8 * 300, kv_tokens=8 * 300))
+        p.exchange(lambda v: v)
+    steps = p.estimates()["step_s"]["spec"]
+    assert steps[1][4] == pytest.approx(1.8e-6, rel=0.01)
+    assert steps[32][4] == pytest.approx(0.34e-6, rel=0.01)
+    pooled = p.estimates()["context_s_per_token"]["spec"]
+    assert 0.34e-6 < pooled < 1.8e-6 and steps[8][4] == pytest.approx(pooled)
+    assert p.step_time(Mode.SPEC, 1, 4096) == pytest.approx(t_spec(1) + 1.8e-6 * 4096)
+
+
 def test_the_context_rate_waits_for_contexts_far_enough_apart():
     """Contexts within a few tokens of each other give no rate: noise would pass for one."""
     p = controller(replay_prior())

@@ -642,6 +642,37 @@ def test_worker_routes_each_step_by_the_policy(registered, tmp_path, monkeypatch
     assert w._clock.in_flight == 3               # every launch is timed
 
 
+def test_worker_tells_the_policy_each_steps_context_from_its_own_row_lengths(
+        registered, monkeypatch, bare_sglang_worker):
+    """SGLang's speculative path keeps no host sequence lengths between decode steps, so the
+    worker tracks each row's: its prompt at prefill, plus every step's accepted tokens."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    from dual_graph_worker.engines.sglang.worker import StepTag
+
+    seen = []
+
+    class Recording(ThresholdPolicy):
+        def decide(self, inputs):
+            seen.append(inputs.kv_tokens)
+            return super().decide(inputs)
+
+    w = bare_sglang_worker(Recording(threshold=4, num_draft_tokens=3))
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None: "result")
+    prefill = _batch(2, ForwardMode.EXTEND)
+    prefill.seq_lens_cpu = torch.tensor([100, 300])
+    w.forward_batch_generation(prefill)
+    w.dgw_result_processed()
+    step = _batch(2)                   # no seq_lens_sum, no seq_lens_cpu: as SGLang's spec path
+    w.forward_batch_generation(step)
+    assert w._clock.peek() == StepTag(Mode.SPEC, 2, 0, 400)   # its cost is reported with it
+    w.on_verify_complete_cpu([3, 1], batch_size=2)       # accepted 4 and 2 tokens
+    w.forward_batch_generation(step)
+    assert seen == [400, 406]
+
+
 def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
                                                        bare_sglang_worker):
     """Accept lengths reach the policy when SGLang hands them back; each launched batch's cost

@@ -43,8 +43,8 @@ _RATIO_MIN_TOKENS = 512
 # A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
 # noise of a few hundred microseconds passes for a rate.
 _MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
-# Step cost per context token: fitted within each (mode, padded bs) over ~100 exchanges, as
-# contexts change between workloads more slowly than step times drift.
+# Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
+# more slowly than step times drift.
 _CONTEXT_DECAY = 0.99
 # A measured step time predicts no less than this share of itself at a shorter context.
 _CONTEXT_FLOOR = 0.25
@@ -163,6 +163,7 @@ class GoodputController:
         self._by_mode = {m: np.asarray([i for i, k in enumerate(self._keys) if k[0] is m],
                                        dtype=np.int64) for m in (Mode.SPEC, Mode.DECODE)}
         self._pb = np.asarray([b for _, b in self._keys], dtype=np.float64)
+        self._is_spec = np.asarray([m is Mode.SPEC for m, _ in self._keys])
         n = len(self._keys)
         self._prior = np.full(n, math.nan)
         if prior is not None:
@@ -174,7 +175,8 @@ class GoodputController:
         self._est = np.full(n, math.nan)
         self._est_kv = np.zeros(n)
         self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
-        self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}
+        self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
+        self._slope = np.zeros(n)          # per key: its own where its contexts spread, else beta
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
         self._prefill = {d: _Slope(_MIN_SPREAD["prefill"]) for d in (True, False)}
@@ -315,9 +317,9 @@ class GoodputController:
         i = self._index.get(key)
         if i is None:
             return None
-        beta = self._beta[mode]
         if self._samples[i] > 0:
-            return self._est[i] - beta * self._est_kv[i], beta, _CONTEXT_FLOOR * self._est[i]
+            b = self._slope[i]
+            return self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i]
         idx = self._by_mode[mode]
         seen = idx[self._samples[idx] > 0]
         prior = self._prior[i]
@@ -336,8 +338,8 @@ class GoodputController:
         a = b = floor = 0.0
         for j, w in zip(near, weights):
             scale = w * (prior / self._prior[j] if scaled else 1.0)
-            a += scale * (self._est[j] - beta * self._est_kv[j])
-            b += scale * beta
+            a += scale * (self._est[j] - self._slope[j] * self._est_kv[j])
+            b += scale * self._slope[j]
             floor += scale * _CONTEXT_FLOOR * self._est[j]
         return float(a), float(b), float(floor)
 
@@ -346,14 +348,14 @@ class GoodputController:
 
     def estimates(self) -> dict:
         """For /get_server_info, not per step: per measured (mode, padded bs) the step seconds, its
-        sample count, prior and mean context tokens; the cost per context token; the prompt and
-        catch-up terms."""
+        sample count, prior, mean context tokens and seconds per context token; each mode's pooled
+        seconds per context token; the prompt and catch-up terms."""
         steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
         for i, (m, b) in enumerate(self._keys):
             if self._samples[i] > 0:
                 prior = None if math.isnan(self._prior[i]) else float(self._prior[i])
                 steps[m.value][b] = [float(self._est[i]), int(self._samples[i]), prior,
-                                     float(self._est_kv[i])]
+                                     float(self._est_kv[i]), float(self._slope[i])]
         fixed, rate = self._catch_up_fit
         return {"step_s": steps,
                 "context_s_per_token": {m.value: b for m, b in self._beta.items()},
@@ -477,9 +479,8 @@ class GoodputController:
             self._last[got] = self._step
         self._ctx *= _CONTEXT_DECAY
         self._ctx += vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
-        for m, idx in self._by_mode.items():
-            if counts[idx].any():         # else every sum of the mode decayed alike: same slope
-                self._beta[m] = self._context_slope(idx)
+        if got.any():                     # else every sum decayed alike: the same slopes
+            self._fit_context_slopes()
         tail = vec[_KEY_SLOTS * n:]
         for draft, at in _PF.items():
             self._prefill[draft].fold(tail[at:at + 5])
@@ -497,16 +498,21 @@ class GoodputController:
 
     # ------------------------------------------------------------------------------ model
 
-    def _context_slope(self, idx: np.ndarray) -> float:
-        """A mode's seconds per context token: the least-squares slope within each padded batch
-        size, pooled over sizes (their levels differ, the attention cost per token does not),
-        0 until contexts have spread far enough to tell."""
-        sy, n, sx, sxx, sxy = self._ctx[:, idx]
+    def _fit_context_slopes(self) -> None:
+        """Seconds per context token: each key's least-squares slope where its contexts have
+        spread far enough (attention's cost per token differs with the batch), else its mode's
+        slope pooled within every size; 0 until contexts have spread at all."""
+        sy, n, sx, sxx, sxy = self._ctx
         per = np.maximum(n, 1e-300)        # sizes never measured hold zeros: they add nothing
-        var = float((sxx - sx * sx / per).sum())
-        if var < _MIN_SPREAD["context"] ** 2 * float(n.sum()):
-            return 0.0
-        return max(float((sxy - sx * sy / per).sum()) / var, 0.0)
+        var, cov = sxx - sx * sx / per, sxy - sx * sy / per
+        spread = _MIN_SPREAD["context"] ** 2
+        for m, idx in self._by_mode.items():
+            pooled = float(var[idx].sum())
+            self._beta[m] = max(float(cov[idx].sum()) / pooled, 0.0) \
+                if pooled >= spread * float(n[idx].sum()) > 0 else 0.0
+        own = var >= spread * np.maximum(n, 1.0)
+        beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
+        self._slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
 
     def prompt_per_output(self) -> float:
         return self._prompt_per_output

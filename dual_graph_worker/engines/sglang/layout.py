@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 DECODE_STRIDE = 1
@@ -60,6 +61,30 @@ def decode_lengths(seq_lens: torch.Tensor, seq_lens_cpu: Optional[torch.Tensor],
         seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu + 1,
         seq_lens_sum=None if seq_lens_sum is None else int(seq_lens_sum) + bs,
     )
+
+
+class RowContext:
+    """Each request-pool row's context length on the host: set when its prompt is prefilled,
+    advanced by each step's accepted tokens. SGLang's speculative path keeps no host lengths
+    between decode steps (seq_lens_sum and seq_lens_cpu are None there)."""
+
+    def __init__(self, rows: int) -> None:
+        self._len = np.zeros(rows, dtype=np.int64)
+
+    def admitted(self, rows: np.ndarray, lengths: np.ndarray) -> None:
+        self._len[rows] = lengths
+
+    def advanced(self, rows: np.ndarray, accepted: np.ndarray) -> None:
+        self._len[rows] += accepted.astype(np.int64)
+
+    def tokens(self, rows: np.ndarray) -> int:
+        return int(self._len[rows].sum())
+
+
+def prefill_lengths(batch) -> Optional[np.ndarray]:
+    """A prefill batch's sequence lengths after it (prefix and this chunk), per request."""
+    lens = getattr(batch, "seq_lens_cpu", None)
+    return None if lens is None else np.asarray(lens, dtype=np.int64).reshape(-1)
 
 
 def context_tokens(batch) -> int:

@@ -67,11 +67,13 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
 )
 from dual_graph_worker.engines.sglang.hooks import queued_requests
 from dual_graph_worker.engines.sglang.layout import (
+    RowContext,
     context_tokens,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
     per_request_logprobs,
+    prefill_lengths,
 )
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
@@ -115,6 +117,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     # Set in init_cuda_graphs: read-only int32 ones, one per request-pool row, that every
     # decode step's accept_lens slices (layout.decode_step_layout).
     _accept_ones: Optional[torch.Tensor] = None
+    # Set in init_cuda_graphs: each row's context length, the controller's context input.
+    _context: Optional[RowContext] = None
     # Set in __init__ when DGW_STALL_TRACE names a file (rank 0): the diagnostic stall sampler.
     _stall_watch: Optional[StallWatch] = None
     # Read by hooks.py: this worker wants the waiting queue's length on prefill batches.
@@ -210,6 +214,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                     self._decode_pool.capture_bs)
         r2t = self.req_to_token_pool.req_to_token
         self._accept_ones = torch.ones(r2t.shape[0], dtype=torch.int32, device=r2t.device)
+        self._context = RowContext(r2t.shape[0])
         # After every capture, so the graphs (and their pool) are those of keep-current.
         self.continuity = self._build_continuity(mr)
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
@@ -303,7 +308,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         rows = rows_of(batch)
         continuity = self.continuity
         pending = continuity.pending_tokens(rows)
-        kv_tokens = context_tokens(batch)
+        kv_tokens = self._context.tokens(rows)
         plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=pending,
                                  kv_tokens=kv_tokens)
         # NVTX step range, switch mark, profiling window (nvtx_spans); free without a profiler.
@@ -329,7 +334,11 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def _prefill(self, batch, on_publish, grammar_barrier):
         tokens = int(batch.extend_num_tokens)
-        self.planner.policy.observe(Admitted(tokens, rows_of(batch)))
+        rows = rows_of(batch)
+        self.planner.policy.observe(Admitted(tokens, rows))
+        lengths = prefill_lengths(batch)
+        if lengths is not None:
+            self._context.admitted(rows, lengths)
         if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(batch)):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
@@ -460,6 +469,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self.counters.completed(rec.mode, rec.bs, rec.tokens)
         policy = self.planner.policy
         policy.observe(accepted(rec.mode, done.accept_lens, done.rows))
+        if done.rows is not None:
+            self._context.advanced(done.rows, done.accept_lens)
         self._completed += 1
         if self._metrics is not None and self._completed % PUSH_EVERY == 0:
             self._metrics.push(self.counters, policy.state())
