@@ -69,7 +69,7 @@ def test_the_workers_series_are_scraped_from_a_metrics_page():
     assert not any(k.startswith("sglang") or "_created" in k for k in got)
 
 
-def test_report_shows_ratios_against_the_better_baseline_and_failures(tmp_path):
+def test_report_shows_ratios_against_each_baseline_and_failures(tmp_path):
     cfg = _cfg(tmp_path, concurrency=(1, 128))
     m = lambda tps: {k: 1.0 for k in sb.FIELDS} | {"output_throughput": tps}  # noqa: E731
     points = [sb.ServePoint("plain", 1, m(200.0)), sb.ServePoint("eagle3", 1, m(400.0)),
@@ -77,7 +77,10 @@ def test_report_shows_ratios_against_the_better_baseline_and_failures(tmp_path):
               sb.ServePoint("eagle3", 128, m(6000.0)), sb.ServePoint("dual", 128, m(9900.0)),
               sb.ServePoint("dual", 0, error="server exited with 1 before it was ready")]
     text = sb.report(cfg, points)
-    assert "| 1 | 0.990 |" in text and "| 128 | 0.990 |" in text
+    assert "| 1 | 1.980 | 0.990 |" in text and "| 128 | 0.990 | 1.650 |" in text
+    # A baseline that never ran (a server cut short) is said to be missing, not skipped.
+    cut = sb.report(cfg, [p for p in points if p.engine != "eagle3"])
+    assert "| 1 | 1.980 | not measured |" in cut
     assert "FORCED to 3.0" in text and "DUMMY weights" in text
     assert "server exited with 1" in text
     sb.plot(cfg, points, tmp_path / "p.png")

@@ -518,3 +518,38 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
     assert step_costs.main([str(tmp_path / "steps.jsonl")]) == 0
     with pytest.raises(SystemExit):
         step_costs.main([str(tmp_path / "missing.jsonl")])
+
+
+def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
+    """--cells: the step log cut by the cells' wall-clock windows of the engine's JSON."""
+    import json
+
+    from bench.sglang import step_costs
+    from dual_graph_worker.core.modes import Mode
+    from dual_graph_worker.core.policy import Reason
+    from dual_graph_worker.core.results import StepRecord
+    from dual_graph_worker.core.step_log import StepLogWriter
+
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    for i, (t, mode, seconds, caught) in enumerate(
+            [(10.1, "spec", 0.020, 0), (10.2, "spec", 0.021, 0), (10.3, "spec", 0.022, 0),
+             (20.1, "decode", 0.005, 0), (20.2, "decode", 0.005, 0), (20.3, "decode", 0.006, 0),
+             (20.4, "spec", 0.030, 512)]):
+        log.write(StepRecord(i, Mode(mode), 16, 16, Reason.GOODPUT, True, 16, 1.0), t)
+        log.write_event("cost", t, kind="StepTime", mode=mode, padded_bs=16, seconds=seconds,
+                        catch_up_tokens=caught, carries_next=False)
+    log.write_event("cost", 20.0, kind="PrefillTime", tokens=64, seconds=0.25, draft=False)
+    log.close()
+    engine = {"tasks": {
+        "set-a3": {"accept_len": 3.0},
+        "a3-256x256": {"input_len": 256, "output_len": 256, "points": [
+            {"concurrency": 16, "tok_s": 2000.0, "seconds": 2.0, "t_start": 20.0, "t_end": 21},
+            {"concurrency": 1, "tok_s": 400.0, "seconds": 0.6, "t_start": 10.0, "t_end": 11}]}}}
+    (tmp_path / "dual.json").write_text(json.dumps(engine))
+    assert step_costs.main([str(tmp_path / "steps.jsonl"), "--cells",
+                            str(tmp_path / "dual.json")]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| a3 ")]
+    assert rows == [
+        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | 0.000 |",
+        "| a3 256x256 C=16 | 2000 | 2.00 | decode/goodput 3, spec/goodput 1 | d16 5.00 (3) "
+        "| 1, 512, 30.0 | 0.250 |"]

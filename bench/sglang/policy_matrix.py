@@ -35,6 +35,7 @@ from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_dummy_pair,
 )
+from dual_graph_worker.core.jsonl import json_lines
 
 ENGINES = ("plain", "eagle3", "dual")
 
@@ -323,8 +324,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
     if (out / "dual.steps.jsonl").exists():
-        costs = step_costs.report(step_costs.group_costs(
-            step_costs.read_step_events(out / "dual.steps.jsonl")))
+        log = list(json_lines(out / "dual.steps.jsonl"))
+        costs = step_costs.report(step_costs.group_costs(log))
+        if (out / "dual.json").exists():
+            dual = json.loads((out / "dual.json").read_text())
+            costs += "\n" + step_costs.cell_report(log, dual)
         (out / "step-costs.md").write_text(costs)
         print("worker step costs by place in a run (step-costs.md):\n" + costs)
     return 0

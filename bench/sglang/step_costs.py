@@ -1,20 +1,25 @@
 """Measured step costs from a worker's step log (DGW_STEP_LOG "cost" events), grouped by mode,
 padded batch size and the step's place in its run since the last switch, with the steps whose
 cost also held the next batch's launch (a switch, a catch-up, a prefill: overlap scheduling)
-apart: whether steps near a switch cost more than the steady ones, and by how much.
+apart: whether steps near a switch cost more than the steady ones, and by how much. With
+--cells (an engine's JSON from the policy matrix, whose points carry their wall-clock window):
+per cell, the steps by mode and reason, median step ms per (mode, padded bs), catch-ups and
+prefill seconds: where a cell's time went.
 
-    python -m bench.sglang.step_costs STEP_LOG [--out FILE.md]
+    python -m bench.sglang.step_costs STEP_LOG [--cells DIR/dual.json] [--out FILE.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Optional
 
-from dual_graph_worker.core.step_log import read_step_events
+from dual_graph_worker.core.jsonl import json_lines
+from dual_graph_worker.core.step_log import read_step_events  # noqa: F401  (callers use it)
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
 
@@ -51,15 +56,69 @@ def report(groups: dict[tuple[str, int, str], list[float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cells(engine: dict) -> list[tuple[str, dict]]:
+    """(label, point) per measured cell of an engine_child result, in run order."""
+    out, accept = [], None
+    for name, task in (engine.get("tasks") or {}).items():
+        if "accept_len" in task and "points" not in task:
+            accept = task["accept_len"]
+            continue
+        for p in task.get("points", []):
+            label = (f"a{accept:g} " if accept is not None else "") + \
+                f"{task['input_len']}x{task['output_len']} C={p['concurrency']}"
+            out.append((label, p))
+    return sorted(out, key=lambda lp: lp[1]["t_start"])
+
+
+def cell_report(log: list[dict], engine: dict) -> str:
+    """One row per cell from the step log's lines (step records and events)."""
+    lines = ["| cell | tok/s | wall s | steps by mode/reason | median step ms (n) by mode+bs | "
+             "catch-ups: n, tokens, ms | prefill s |", "|---|---|---|---|---|---|---|"]
+    for label, p in cells(engine):
+        inside = [e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]]
+        reasons: dict[str, int] = defaultdict(int)
+        for e in inside:
+            if "step" in e:
+                reasons[f"{e['mode']}/{e['reason']}"] += 1
+        costs = [e for e in inside if e.get("event") == "cost"]
+        steps: dict[str, list[float]] = defaultdict(list)
+        ups = []
+        for e in costs:
+            if e["kind"] != "StepTime":
+                continue
+            if e.get("catch_up_tokens"):
+                ups.append((e["catch_up_tokens"], e["seconds"]))
+            elif not e.get("carries_next"):
+                steps[f"{e['mode'][0]}{e['padded_bs']}"].append(e["seconds"])
+        med = ", ".join(f"{k} {1e3 * statistics.median(v):.2f} ({len(v)})"
+                        for k, v in sorted(steps.items()) if len(v) >= 3)
+        prefill = sum(e["seconds"] for e in costs if e["kind"] == "PrefillTime")
+        up = (f"{len(ups)}, {sum(t for t, _ in ups)}, {1e3 * sum(s for _, s in ups):.1f}"
+              if ups else "-")
+        lines.append(f"| {label} | {p['tok_s']:.0f} | {p['seconds']:.2f} | "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+                     + f" | {med} | {up} | {prefill:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.step_costs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step_log")
+    ap.add_argument("--cells", metavar="ENGINE_JSON",
+                    help="the worker's engine JSON of the same run (policy matrix DIR/dual.json)")
     ap.add_argument("--out", help="also write the table here")
     args = ap.parse_args(argv)
     if not Path(args.step_log).is_file():
         ap.error(f"{args.step_log}: no such step log; run the worker with DGW_STEP_LOG=PATH")
-    text = report(group_costs(read_step_events(args.step_log)))
+    lines = list(json_lines(args.step_log))        # step records and events
+    text = report(group_costs(lines))
+    if args.cells:
+        try:
+            engine = json.loads(Path(args.cells).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--cells {args.cells}: not an engine JSON ({e})")
+        text += "\n" + cell_report(lines, engine)
     if args.out:
         Path(args.out).write_text(text)
     print(text, end="")
