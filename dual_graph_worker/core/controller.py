@@ -288,11 +288,12 @@ class GoodputController:
         if rows is None or self._rows is None or not len(rows):
             return self._accept
         v = self._rows[rows]
-        known = v == v                                   # not NaN
-        k = int(np.count_nonzero(known))
         n = len(v)
-        if k == n:
-            return float(v.sum()) / n
+        total = float(v.sum())
+        if total == total:                               # every request measured (no NaN)
+            return total / n
+        known = v == v
+        k = int(np.count_nonzero(known))
         return (float(v[known].sum()) + (n - k) * self._fresh) / n
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
@@ -397,10 +398,12 @@ class GoodputController:
         self._accept_at = self._step
         if event.rows is not None and self._rows is not None:
             r = self._rows[event.rows]
+            if float(r.sum()) == float(r.sum()):         # every request measured before
+                self._rows[event.rows] = r + _ROW_ALPHA * (lens - r)
+                return
             first = r != r
-            if first.any():
-                w = 1.0 - (1.0 - _ROW_ALPHA) ** int(np.count_nonzero(first))
-                self._fresh += w * (float(lens[first].mean()) - self._fresh)
+            w = 1.0 - (1.0 - _ROW_ALPHA) ** int(np.count_nonzero(first))
+            self._fresh += w * (float(lens[first].mean()) - self._fresh)
             self._rows[event.rows] = np.where(first, lens, r + _ROW_ALPHA * (lens - r))
 
     def _observe_step(self, event: StepTime) -> None:
