@@ -558,6 +558,21 @@ def test_each_size_keeps_its_own_cost_per_context_token():
     assert p.step_time(Mode.SPEC, 1, 4096) == pytest.approx(t_spec(1) + 1.8e-6 * 4096)
 
 
+def test_a_size_not_measured_scales_only_its_neighbours_fixed_part_by_the_prior():
+    """Spec measured at bs 1 only: bs 32's fixed part is bs 1's times the prior's ratio, its
+    seconds per context token bs 1's as measured (scaling that too priced bs 32 over 300-token
+    prompts at 63 ms, and speculation at bs 32 looked hopeless)."""
+    p = controller(replay_prior())
+    for _ in range(3):
+        for kv in range(64, 1089, 64):
+            p.observe(StepTime(Mode.SPEC, 1, t_spec(1) + 1.8e-6 * kv, kv_tokens=kv))
+        p.exchange(lambda v: v)
+    assert p.estimates()["step_s"]["spec"][1][4] == pytest.approx(1.8e-6, rel=0.01)
+    assert p.step_time(Mode.SPEC, 32, 0) == pytest.approx(t_spec(32), rel=0.01)
+    assert p.step_time(Mode.SPEC, 32, 32 * 300) == pytest.approx(
+        t_spec(32) + 1.8e-6 * 32 * 300, rel=0.01)
+
+
 def test_the_context_rate_waits_for_contexts_far_enough_apart():
     """Contexts within a few tokens of each other give no rate: noise would pass for one."""
     p = controller(replay_prior())

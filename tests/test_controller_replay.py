@@ -197,7 +197,8 @@ def simulated_ratios(seed: Optional[int] = None) -> dict:
 
 @pytest.mark.skipif(not MATRIX.exists(), reason="needs the committed H200 matrix")
 def test_the_controller_through_the_matrix_sequence_keeps_up_with_the_best_static_mode():
-    # The lowest cells are the first phase's, learning from a prior three times wrong.
+    # The lowest cells are the first phase's, learning from a prior three times wrong: a looser
+    # bound there (the per-size context costs made it 0.970); every later phase holds 0.975.
     ratios = simulated_ratios()
     low = {cell: round(r, 3) for cell, r in ratios.items() if r < 0.965}
     assert not low, f"cells below 0.965 of the best static mode (simulated): {low}"

@@ -23,6 +23,8 @@ def test_ratio_against_the_better_baseline_and_fill_marks_cross_run_cells():
     assert [r for r in filled if "from" in r] == [
         earlier[1] | {"from": "run2/policy-matrix.json"},
         earlier[3] | {"from": "run2/policy-matrix.json"}]
+    again = pm.fill_from([], filled, "run5/policy-matrix.json")
+    assert {r.get("from") for r in again if r["tok_s"] == 6600.0} == {"run2/policy-matrix.json"}
     cells = {c["concurrency"]: c for c in pm.ratios(filled)}
     assert cells[1]["ratio"] == 0.99 and "cross_run" not in cells[1]   # this run's EAGLE-3
     assert cells[128]["ratio"] == 0.99 and cells[128]["cross_run"] is True

@@ -81,6 +81,9 @@ def test_report_shows_ratios_against_each_baseline_and_failures(tmp_path):
     # A baseline that never ran (a server cut short) is said to be missing, not skipped.
     cut = sb.report(cfg, [p for p in points if p.engine != "eagle3"])
     assert "| 1 | 1.980 | not measured |" in cut
+    zero = sb.report(cfg, [p for p in points if p.engine != "eagle3"]
+                     + [sb.ServePoint("eagle3", 1, m(0.0))])
+    assert "| 1 | 1.980 | made 0 tok/s |" in zero
     assert "FORCED to 3.0" in text and "DUMMY weights" in text
     assert "server exited with 1" in text
     sb.plot(cfg, points, tmp_path / "p.png")

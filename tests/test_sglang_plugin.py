@@ -287,6 +287,18 @@ def test_context_tokens_reads_the_sum_or_the_host_lengths():
     assert context_tokens(NS()) == 0
 
 
+def test_prefill_lengths_always_give_each_row_a_length():
+    from types import SimpleNamespace as NS
+
+    from dual_graph_worker.engines.sglang.layout import prefill_lengths
+
+    assert prefill_lengths(NS(seq_lens_cpu=torch.tensor([7, 9])), 2).tolist() == [7, 9]
+    chunk = NS(seq_lens_cpu=None, prefix_lens=[100, 0], extend_lens=[28, 64])
+    assert prefill_lengths(chunk, 2).tolist() == [128, 64]
+    # Nothing to read: zeros, never the previous occupant's length.
+    assert prefill_lengths(NS(seq_lens_cpu=None), 3).tolist() == [0, 0, 0]
+
+
 def test_decode_out_cache_loc_reads_the_slot_at_seq_lens():
     req_to_token = torch.arange(40, dtype=torch.int32).reshape(4, 10)
     loc = decode_out_cache_loc(req_to_token, torch.tensor([2, 0]), torch.tensor([3, 7]))

@@ -151,13 +151,13 @@ def fill_from(recs: list[dict], earlier: list[dict], source: str) -> list[dict]:
     """Records of an earlier run for the (engine, cell)s this run did not measure, each marked
     with its source: a baseline too slow to re-run where it loses by far, never the worker."""
     have = {_cell_key(r) for r in recs}
-    return recs + [r | {"from": source} for r in earlier
+    return recs + [{"from": source} | r for r in earlier       # a record's first source kept
                    if r["engine"] != "dual" and _cell_key(r) not in have]
 
 
 def ratios(recs: list[dict]) -> list[dict]:
     """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran;
-    `cross_run` where a baseline came from another run."""
+    `cross_run` where a baseline was filled from another matrix (--fill-from)."""
     plain = {(r["input_len"], r["output_len"], r["concurrency"]): r
              for r in recs if r["engine"] == "plain"}
     keyed = {_cell_key(r): r for r in recs if r["engine"] != "plain"}

@@ -364,7 +364,8 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
         base = {e: by.get((e, c), {}).get("output_throughput") for e in ("plain", "eagle3")}
         if dual:
             ratios.append(f"| {c} | " + " | ".join(
-                f"{dual / v:.3f}" if v else "not measured" for v in base.values()) + " |")
+                "not measured" if v is None else f"{dual / v:.3f}" if v > 0 else "made 0 tok/s"
+                for v in base.values()) + " |")
     if ratios:
         lines += ["", "dual / each baseline, output tok/s:", "", "| C | / plain | / EAGLE-3 |",
                   "|---|---|---|", *ratios]

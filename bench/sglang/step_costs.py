@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from dual_graph_worker.core.jsonl import json_lines
-from dual_graph_worker.core.step_log import read_step_events  # noqa: F401  (callers use it)
+from dual_graph_worker.core.step_log import read_step_events  # noqa: F401  (re-exported)
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
 

@@ -171,7 +171,7 @@ class GoodputController:
                 t = prior.latency(m, b)
                 self._prior[i] = math.nan if t is None else t
         # Shared estimates: read by decisions. A key's step time is its recent mean at its
-        # recent mean context, moved along its mode's cost per context token.
+        # recent mean context, moved along its seconds per context token (_slope).
         self._est = np.full(n, math.nan)
         self._est_kv = np.zeros(n)
         self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
@@ -297,9 +297,10 @@ class GoodputController:
         return (float(v[known].sum()) + (n - k) * self._fresh) / n
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
-        """Expected seconds of a step over `kv_tokens` context tokens: measured, else the prior
-        scaled by the measured/prior ratio of the nearest measured sizes, else the nearest
-        measured size; each moved along the mode's cost per context token."""
+        """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
+        is measured, else the nearest measured sizes' lines: their fixed parts scaled by the
+        prior's ratio between the sizes (interpolated without a prior), their seconds per
+        context token interpolated."""
         line = self._line((mode, int(padded_bs)))
         if line is None:
             return None
@@ -334,13 +335,15 @@ class GoodputController:
         if len(near) == 2:
             w = (pb - self._pb[near[0]]) / (self._pb[near[1]] - self._pb[near[0]])
             weights = [1.0 - w, w]
-        # Each neighbour's line, scaled by the prior's ratio between this size and it.
+        # The neighbours' fixed parts scaled by the prior's ratio between this size and them;
+        # their seconds per context token interpolated, unscaled (a step's fixed part grows with
+        # the batch, attention's cost per token read does not).
         scaled = not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near)
         a = b = floor = 0.0
         for j, w in zip(near, weights):
             scale = w * (prior / self._prior[j] if scaled else 1.0)
             a += scale * (self._est[j] - self._slope[j] * self._est_kv[j])
-            b += scale * self._slope[j]
+            b += w * self._slope[j]
             floor += scale * _CONTEXT_FLOOR * self._est[j]
         return float(a), float(b), float(floor)
 
@@ -398,7 +401,8 @@ class GoodputController:
         self._accept_at = self._step
         if event.rows is not None and self._rows is not None:
             r = self._rows[event.rows]
-            if float(r.sum()) == float(r.sum()):         # every request measured before
+            known = float(r.sum())
+            if known == known:                           # every request measured before (no NaN)
                 self._rows[event.rows] = r + _ROW_ALPHA * (lens - r)
                 return
             first = r != r
@@ -469,7 +473,7 @@ class GoodputController:
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
         self._line_memo.clear()
-        sums, counts, kv, kv2, kvy = vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
+        sums, counts, kv, _, _ = vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
         got = counts > 0
         if got.any():
             w = 1.0 - (1.0 - self.config.ema_alpha) ** counts[got]
@@ -482,7 +486,7 @@ class GoodputController:
             self._last[got] = self._step
         self._ctx *= _CONTEXT_DECAY
         self._ctx += vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
-        if got.any():                     # else every sum decayed alike: the same slopes
+        if got.any():                     # else every sum decayed alike: (nearly) the same slopes
             self._fit_context_slopes()
         tail = vec[_KEY_SLOTS * n:]
         for draft, at in _PF.items():

@@ -81,10 +81,17 @@ class RowContext:
         return int(self._len[rows].sum())
 
 
-def prefill_lengths(batch) -> Optional[np.ndarray]:
-    """A prefill batch's sequence lengths after it (prefix and this chunk), per request."""
+def prefill_lengths(batch, n: int) -> np.ndarray:
+    """A prefill batch's `n` sequence lengths after it (prefix and this chunk): its host
+    seq_lens, else prefix_lens + extend_lens, else zeros (a row never keeps a previous
+    request's length)."""
     lens = getattr(batch, "seq_lens_cpu", None)
-    return None if lens is None else np.asarray(lens, dtype=np.int64).reshape(-1)
+    if lens is not None:
+        return np.asarray(lens, dtype=np.int64).reshape(-1)
+    prefix, extend = getattr(batch, "prefix_lens", None), getattr(batch, "extend_lens", None)
+    if prefix is not None and extend is not None and len(prefix) == len(extend) == n:
+        return np.asarray(prefix, dtype=np.int64) + np.asarray(extend, dtype=np.int64)
+    return np.zeros(n, dtype=np.int64)
 
 
 def context_tokens(batch) -> int:

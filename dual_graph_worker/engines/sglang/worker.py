@@ -336,9 +336,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         tokens = int(batch.extend_num_tokens)
         rows = rows_of(batch)
         self.planner.policy.observe(Admitted(tokens, rows))
-        lengths = prefill_lengths(batch)
-        if lengths is not None:
-            self._context.admitted(rows, lengths)
+        self._context.admitted(rows, prefill_lengths(batch, len(rows)))
         if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(batch)):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
