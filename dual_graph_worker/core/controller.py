@@ -52,7 +52,7 @@ _CONTEXT_FLOOR = 0.25
 _DWELL_BREAK = 1.25
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
 _KEY_SLOTS = 5
-# Local slots after the per-key sums and counts: regressions (n, sum x, sum y, sum xx, sum xy
+# Local slots after the per-key ones: regressions (n, sum x, sum y, sum xx, sum xy
 # with x = tokens, y = seconds) of prefills with and without the draft, of catch-ups at a
 # switch back from decode, and of catch-ups inside a speculative run (after deferred prefills).
 _PF = {True: 0, False: 5}
@@ -473,7 +473,12 @@ class GoodputController:
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
         self._line_memo.clear()
-        sums, counts, kv, _, _ = vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
+        self._fold_step_times(vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n))
+        self._fold_batch_costs(vec[_KEY_SLOTS * n:])
+
+    def _fold_step_times(self, keys: np.ndarray) -> None:
+        """Each key's EMA of step seconds and of context tokens, and the context regressions."""
+        sums, counts, kv, _, _ = keys
         got = counts > 0
         if got.any():
             w = 1.0 - (1.0 - self.config.ema_alpha) ** counts[got]
@@ -485,10 +490,13 @@ class GoodputController:
             self._samples[got] += counts[got]
             self._last[got] = self._step
         self._ctx *= _CONTEXT_DECAY
-        self._ctx += vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n)
+        self._ctx += keys
         if got.any():                     # else every sum decayed alike: (nearly) the same slopes
             self._fit_context_slopes()
-        tail = vec[_KEY_SLOTS * n:]
+
+    def _fold_batch_costs(self, tail: np.ndarray) -> None:
+        """Prefills, catch-ups and switches (the slots after the per-key ones), and the
+        workload's prompt share; then the terms derived from them."""
         for draft, at in _PF.items():
             self._prefill[draft].fold(tail[at:at + 5])
         for at_switch, at in _CU.items():
