@@ -64,3 +64,33 @@ def test_estimates_follow_the_context_of_the_cell_at_hand(where, truth):
     assert got == pytest.approx(want, rel=0.15), (got, want)
     # What run 5's worker believed: off by about 2x, one way or the other.
     assert max(blind / want, want / blind) > 1.8, (blind, want)
+
+
+def test_at_every_cells_start_the_estimates_pick_the_faster_engine():
+    """With each cell's forced accept length, `speculate iff C a / t_spec > C / t_decode` (step
+    times only: no prompt or switch costs) against the faster of plain and EAGLE-3 in run 5,
+    over the cells whose winner leads by 10% or more."""
+    matrix = json.loads((Path(__file__).parents[1] /
+                         "results/sglang/policy-matrix-run5/policy-matrix.json").read_text())
+    right = {True: 0, False: 0}
+    cells = [c for c in matrix["cells"]
+             if max(c["eagle3"], c["plain"]) >= 1.1 * min(c["eagle3"], c["plain"])]
+    for c in cells:
+        key = (c["accept_len"], c["input_len"], c["output_len"], c["concurrency"])
+        n = c["concurrency"]
+        best = Mode.SPEC if c["eagle3"] > c["plain"] else Mode.DECODE
+        if n > max(TRACE["spec_bs"]):
+            right[True] += best is Mode.DECODE         # no spec graph: decode, either way
+            right[False] += best is Mode.DECODE
+            continue
+        spec_pb = min(b for b in TRACE["spec_bs"] if b >= n)
+        decode_pb = min(b for b in TRACE["decode_bs"] if b >= n)
+        kv = n * (c["input_len"] + c["output_len"] // 2)
+        for with_context in (True, False):
+            p = controller_before(key, with_context)
+            ts = p.step_time(Mode.SPEC, spec_pb, kv)
+            td = p.step_time(Mode.DECODE, decode_pb, kv)
+            pick = Mode.SPEC if n * c["accept_len"] / ts > n / td else Mode.DECODE
+            right[with_context] += pick is best
+    assert len(cells) == 50
+    assert right[True] >= 48 and right[True] - right[False] >= 5, right    # run 5: 49 and 43
