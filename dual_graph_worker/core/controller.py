@@ -220,16 +220,21 @@ class GoodputController:
         # Steps a mode has recently run between switches: a switch's catch-up is spread over
         # this, not over a fixed horizon, so flipping near a tie pays what it really costs.
         self._run_len = float(config.switch_horizon)
-        self._goodput = (None, None)
+        self._costs: tuple[Optional[float], Optional[float]] = (None, None)   # spec, decode
+        # Decisions are frozen values: the common ones are made once.
+        self._decided = {(m, r): Decision(m, r) for m in Mode
+                         for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
+                                   Reason.NO_SPEC_GRAPH)}
         self._line_memo: dict[tuple[Mode, int], Optional[tuple[float, float, float]]] = {}
 
     # ------------------------------------------------------------------------------ decide
 
     def decide(self, inputs: PolicyInputs) -> Decision:
+        decided = self._decided
         if inputs.spec_padded_bs is None:
-            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
+            return decided[Mode.DECODE, Reason.NO_SPEC_GRAPH]
         if self._explore_left:
-            return Decision(_OTHER[self._dwell.mode], Reason.EXPLORE)
+            return decided[_OTHER[self._dwell.mode], Reason.EXPLORE]
         cur = self._dwell.mode
         a = self.expected_accept(inputs.rows)
         pads = {Mode.SPEC: inputs.spec_padded_bs, Mode.DECODE: inputs.decode_padded_bs}
@@ -238,27 +243,26 @@ class GoodputController:
                                       inputs.catch_up_tokens if cur is Mode.DECODE else 0),
                 Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, kv, 0,
                                         switch=cur is Mode.SPEC)}
-        self._goodput = tuple(None if cost[m] is None else 1.0 / cost[m]
-                              for m in (Mode.SPEC, Mode.DECODE))
+        self._costs = (cost[Mode.SPEC], cost[Mode.DECODE])
         other = _OTHER[cur]
+        stay = decided[cur, Reason.GOODPUT]
         if cost[cur] is None:
             # Nothing known of the current mode: measure it by staying.
-            return Decision(cur, Reason.EXPLORE)
+            return decided[cur, Reason.EXPLORE]
         if cost[other] is None:
-            return self._explore(other, 1.0, pads, inputs) or Decision(cur, Reason.GOODPUT)
-        want = other if cost[other] * (1 + self.config.margin) < cost[cur] else cur
-        if want is not cur:
+            return self._explore(other, 1.0, pads, inputs) or stay
+        if cost[other] * (1 + self.config.margin) < cost[cur]:
             if self._dwell.must_dwell(self.config.min_dwell_steps) and \
                     cost[cur] < _DWELL_BREAK * cost[other]:
-                return Decision(cur, Reason.DWELL)
-            return Decision(want, Reason.GOODPUT)
+                return decided[cur, Reason.DWELL]
+            return decided[other, Reason.GOODPUT]
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
         if self._measured(cur, pads[cur]) and self._stale(other, pads[other]) and \
                 self._plausible(other, pads, inputs, cost):
             loss = 1.0 - cost[cur] / cost[other]
-            return self._explore(other, loss, pads, inputs) or Decision(cur, Reason.GOODPUT)
-        return Decision(cur, Reason.GOODPUT)
+            return self._explore(other, loss, pads, inputs) or stay
+        return stay
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
@@ -348,7 +352,7 @@ class GoodputController:
         return float(a), float(b), float(floor)
 
     def state(self) -> PolicyState:
-        return PolicyState(self._accept, *self._goodput)
+        return PolicyState(self._accept, *(None if c is None else 1.0 / c for c in self._costs))
 
     def estimates(self) -> dict:
         """For /get_server_info, not per step: per measured (mode, padded bs) the step seconds, its
