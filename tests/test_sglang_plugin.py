@@ -30,7 +30,6 @@ from dual_graph_worker.core.settings import PolicyKind, Settings
 from dual_graph_worker.engines.sglang.layout import (
     DraftHandoff,
     check_handoff,
-    context_tokens,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
@@ -275,16 +274,6 @@ def test_decode_lengths_shift_positions_to_seq_lens():
     assert (ln.seq_lens - 1).tolist() == [5, 9]
     gpu_only = decode_lengths(torch.tensor([3]), None, None)
     assert gpu_only.seq_lens_cpu is None and gpu_only.seq_lens_sum is None
-
-
-def test_context_tokens_reads_the_sum_or_the_host_lengths():
-    from types import SimpleNamespace as NS
-
-    assert context_tokens(NS(seq_lens_sum=14, seq_lens_cpu=torch.tensor([1]))) == 14
-    # Between decode steps SGLang drops the sum; the host lengths still hold it.
-    assert context_tokens(NS(seq_lens_sum=None, seq_lens_cpu=torch.tensor([5, 9]))) == 14
-    assert context_tokens(NS(seq_lens_sum=None, seq_lens_cpu=None)) == 0
-    assert context_tokens(NS()) == 0
 
 
 def test_prefill_lengths_always_give_each_row_a_length():

@@ -309,13 +309,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
         res = run_engine(kind, spec, out, deadline)
         recs += records(kind, res, workloads)
-        cells = ratios(fill_from(recs, earlier, args.fill_from or ""))
+        filled = fill_from(recs, earlier, args.fill_from or "")
+        cells = ratios(filled)
         columns = merged_workloads(previous.get("workloads", []), workloads)
         accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
         matrix = {"note": note, "accepts": accepts_seen,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in columns],
-                  "records": fill_from(recs, earlier, args.fill_from or ""), "cells": cells,
+                  "records": filled, "cells": cells,
                   "startup_s": previous.get("startup_s", {}) | {kind: res.get("startup_s")}}
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))

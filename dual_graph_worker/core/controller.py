@@ -305,18 +305,15 @@ class GoodputController:
         is measured, else the nearest measured sizes' lines: their fixed parts scaled by the
         prior's ratio between the sizes (interpolated without a prior), their seconds per
         context token interpolated."""
-        line = self._line((mode, int(padded_bs)))
+        key = (mode, int(padded_bs))
+        # (intercept, seconds per context token, floor): estimates change only at an exchange,
+        # so each key's line is kept until the next one.
+        line = self._line_memo[key] if key in self._line_memo else \
+            self._line_memo.setdefault(key, self._fit_line(key))
         if line is None:
             return None
         a, b, floor = line
         return max(a + b * kv_tokens, floor)
-
-    def _line(self, key: tuple[Mode, int]) -> Optional[tuple[float, float, float]]:
-        """(intercept, seconds per context token, floor) of a key's step time. Estimates change
-        only at an exchange, so each answer is kept until the next one."""
-        if key not in self._line_memo:
-            self._line_memo[key] = self._fit_line(key)
-        return self._line_memo[key]
 
     def _fit_line(self, key: tuple[Mode, int]) -> Optional[tuple[float, float, float]]:
         mode = key[0]

@@ -189,14 +189,14 @@ class DualGraphWorker:
         return done
 
     # ------------------------------------------------------------------ one step
-    def plan(self, rows: np.ndarray) -> StepPlan:
-        """The planner's choice for the running `rows`; the spec pool's buffers cannot take a
-        spec step beyond it, and free KV slots must cover K+1 slots a request."""
+    def plan(self, rows: np.ndarray, kv_tokens: int) -> StepPlan:
+        """The planner's choice for the running `rows` over `kv_tokens` context tokens; the spec
+        pool's buffers cannot take a spec step beyond it, and free KV slots must cover K+1
+        slots a request."""
         bs = len(rows)
         return self.planner.plan(bs, rows=rows,
                                  catch_up_tokens=self.continuity.pending_tokens(rows),
-                                 kv_tokens=int(self.table.seq_lens[rows].sum()),
-                                 spec_fits_kv=self.kv.can_run(Mode.SPEC, bs))
+                                 kv_tokens=kv_tokens, spec_fits_kv=self.kv.can_run(Mode.SPEC, bs))
 
     def step(self) -> StepResult:
         rows = self.table.running.copy()
@@ -204,7 +204,8 @@ class DualGraphWorker:
         if bs == 0:
             raise RuntimeError("step() with no running requests: add_requests first")
         t0 = time.perf_counter()
-        step_plan = self.plan(rows)
+        kv_tokens = int(self.table.seq_lens[rows].sum())
+        step_plan = self.plan(rows, kv_tokens)
         mode, reason = step_plan.mode, step_plan.reason
         where = self.dispatch.lookup(mode, bs)            # raises NoGraphForBatch if not allowed
         use_graph = isinstance(where, GraphKey) and self.config.use_cuda_graphs
@@ -238,7 +239,7 @@ class DualGraphWorker:
                                       padded, use_graph)
         # download() waited for the device, so the wall time is the step's whole cost.
         self.policy.observe(StepTime(mode, padded, time.perf_counter() - t0, caught_up,
-                                     kv_tokens=int(seq_before.sum())))
+                                     kv_tokens=kv_tokens))
         self._last_mode = mode
         return result
 

@@ -94,16 +94,6 @@ def prefill_lengths(batch, n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.int64)
 
 
-def context_tokens(batch) -> int:
-    """The context tokens a batch attends over: its seq_lens_sum, else the sum of its host
-    seq_lens (SGLang drops the sum between decode steps), else 0."""
-    total = getattr(batch, "seq_lens_sum", None)
-    if total is not None:
-        return int(total)
-    lens = getattr(batch, "seq_lens_cpu", None)
-    return int(lens.sum()) if lens is not None else 0
-
-
 def decode_out_cache_loc(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                          seq_lens: torch.Tensor) -> torch.Tensor:
     """KV slot of the one token a decode step writes: ``req_to_token[rpi, seq_lens]``.

@@ -68,7 +68,6 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
 from dual_graph_worker.engines.sglang.hooks import queued_requests
 from dual_graph_worker.engines.sglang.layout import (
     RowContext,
-    context_tokens,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
@@ -335,9 +334,11 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def _prefill(self, batch, on_publish, grammar_barrier):
         tokens = int(batch.extend_num_tokens)
         rows = rows_of(batch)
+        lengths = prefill_lengths(batch, len(rows))
         self.planner.policy.observe(Admitted(tokens, rows))
-        self._context.admitted(rows, prefill_lengths(batch, len(rows)))
-        if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(batch)):
+        self._context.admitted(rows, lengths)
+        if self.continuity.defers_prefill_of(batch,
+                                             lambda: self._next_step_decodes(batch, lengths)):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
             self.counters.prefilled(tokens, deferred=True)
@@ -348,7 +349,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return super().forward_batch_generation(batch, on_publish=on_publish,
                                                 grammar_barrier=grammar_barrier)
 
-    def _next_step_decodes(self, batch) -> bool:
+    def _next_step_decodes(self, batch, lengths: np.ndarray) -> bool:
         """Whether the running batch this prefill joins will run in decode mode: the policy's
         choice, previewed and not committed, at the size that batch grows to, the rows in use
         plus the requests still queued behind it (hooks.py), capped at the request pool."""
@@ -356,7 +357,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
         # The grown batch's context, at this prefill's mean length a request.
-        kv_tokens = context_tokens(batch) * bs // max(len(rows_of(batch)), 1)
+        kv_tokens = int(lengths.sum()) * bs // max(len(lengths), 1)
         return self.planner.preview(bs, kv_tokens=kv_tokens) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
