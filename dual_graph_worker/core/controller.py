@@ -48,6 +48,8 @@ _MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
 _CONTEXT_DECAY = 0.99
 # A measured step time predicts no less than this share of itself at a shorter context.
 _CONTEXT_FLOOR = 0.25
+# An exploration step costs at least this share of a step: nothing is free.
+_MIN_LOSS = 0.05
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
@@ -226,42 +228,45 @@ class GoodputController:
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
                                    Reason.NO_SPEC_GRAPH)}
         self._line_memo: dict[tuple[Mode, int], Optional[tuple[float, float, float]]] = {}
+        # No re-measurement is affordable below this allowance (infinite: exploration is off).
+        self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
+            else math.inf
 
     # ------------------------------------------------------------------------------ decide
 
     def decide(self, inputs: PolicyInputs) -> Decision:
         decided = self._decided
-        if inputs.spec_padded_bs is None:
+        spec_bs = inputs.spec_padded_bs
+        if spec_bs is None:
             return decided[Mode.DECODE, Reason.NO_SPEC_GRAPH]
-        if self._explore_left:
-            return decided[_OTHER[self._dwell.mode], Reason.EXPLORE]
         cur = self._dwell.mode
-        a = self.expected_accept(inputs.rows)
-        pads = {Mode.SPEC: inputs.spec_padded_bs, Mode.DECODE: inputs.decode_padded_bs}
+        if self._explore_left:
+            return decided[_OTHER[cur], Reason.EXPLORE]
+        from_decode = cur is Mode.DECODE
         kv = inputs.kv_tokens
-        cost = {Mode.SPEC: self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs, a, kv,
-                                      inputs.catch_up_tokens if cur is Mode.DECODE else 0),
-                Mode.DECODE: self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, kv, 0,
-                                        switch=cur is Mode.SPEC)}
-        self._costs = (cost[Mode.SPEC], cost[Mode.DECODE])
+        spec = self._cost(Mode.SPEC, spec_bs, inputs.bs, self.expected_accept(inputs.rows), kv,
+                          inputs.catch_up_tokens if from_decode else 0)
+        decode = self._cost(Mode.DECODE, inputs.decode_padded_bs, inputs.bs, 1.0, kv, 0,
+                            switch=not from_decode)
+        self._costs = (spec, decode)
+        here, there = (decode, spec) if from_decode else (spec, decode)
         other = _OTHER[cur]
         stay = decided[cur, Reason.GOODPUT]
-        if cost[cur] is None:
+        if here is None:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
-        if cost[other] is None:
+        pads = {Mode.SPEC: spec_bs, Mode.DECODE: inputs.decode_padded_bs}
+        if there is None:
             return self._explore(other, 1.0, pads, inputs) or stay
-        if cost[other] * (1 + self.config.margin) < cost[cur]:
-            if self._dwell.must_dwell(self.config.min_dwell_steps) and \
-                    cost[cur] < _DWELL_BREAK * cost[other]:
+        if there * (1 + self.config.margin) < here:
+            if self._dwell.must_dwell(self.config.min_dwell_steps) and here < _DWELL_BREAK * there:
                 return decided[cur, Reason.DWELL]
             return decided[other, Reason.GOODPUT]
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
-        if self._measured(cur, pads[cur]) and self._stale(other, pads[other]) and \
-                self._plausible(other, pads, inputs, cost):
-            loss = 1.0 - cost[cur] / cost[other]
-            return self._explore(other, loss, pads, inputs) or stay
+        if self._allowance >= self._min_price and self._measured(cur, pads[cur]) and \
+                self._stale(other, pads[other]) and self._plausible(other, pads, inputs):
+            return self._explore(other, 1.0 - here / there, pads, inputs) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
@@ -478,22 +483,24 @@ class GoodputController:
         self._fold_batch_costs(vec[_KEY_SLOTS * n:])
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
-        """Each key's EMA of step seconds and of context tokens, and the context regressions."""
+        """Each key's EMA of step seconds and of context tokens, and the context regressions.
+        Whole-table arithmetic: a key without samples gets weight 0 and keeps its values."""
         sums, counts, kv, _, _ = keys
         got = counts > 0
-        if got.any():
-            w = 1.0 - (1.0 - self.config.ema_alpha) ** counts[got]
-            first = np.isnan(self._est[got])
-            for est, mean in ((self._est, sums[got] / counts[got]),
-                              (self._est_kv, kv[got] / counts[got])):
-                old = est[got]
-                est[got] = np.where(first, mean, old + w * (mean - old))
-            self._samples[got] += counts[got]
-            self._last[got] = self._step
+        if not got.any():           # every sum decays alike: (nearly) the same slopes
+            self._ctx *= _CONTEXT_DECAY
+            return
+        per = np.maximum(counts, 1.0)
+        w = 1.0 - (1.0 - self.config.ema_alpha) ** counts
+        first = got & np.isnan(self._est)
+        for est, mean in ((self._est, sums / per), (self._est_kv, kv / per)):
+            est += w * (mean - est)
+            np.copyto(est, mean, where=first)
+        self._samples += counts
+        self._last[got] = self._step
         self._ctx *= _CONTEXT_DECAY
         self._ctx += keys
-        if got.any():                     # else every sum decayed alike: (nearly) the same slopes
-            self._fit_context_slopes()
+        self._fit_context_slopes()
 
     def _fold_batch_costs(self, tail: np.ndarray) -> None:
         """Prefills, catch-ups and switches (the slots after the per-key ones), and the
@@ -509,8 +516,9 @@ class GoodputController:
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
         self._prompt_per_output = self._prompt / self._output if self._output > 0 else 0.0
-        self._delta = self._draft_prefill_rate()
-        self._catch_up_fit = self._fit_catch_up()
+        if tail.any():     # else every sum decayed alike: each fit, a ratio of sums, is unchanged
+            self._delta = self._draft_prefill_rate()
+            self._catch_up_fit = self._fit_catch_up()
 
     # ------------------------------------------------------------------------------ model
 
@@ -596,8 +604,9 @@ class GoodputController:
         tokens = bs * (accept if mode is Mode.SPEC else 1.0)
         cost = t / tokens
         if prompt_share and (mode is Mode.SPEC or not self.config.defers_prefill):
-            cost += self.prompt_per_output() * self.draft_prefill_s_per_token()
-        entering = self.catch_up_seconds(catch_up_tokens) + (self._switch_s if switch else 0.0)
+            cost += self._prompt_per_output * self._delta
+        entering = (self.catch_up_seconds(catch_up_tokens) if catch_up_tokens > 0 else 0.0) + \
+            (self._switch_s if switch else 0.0)
         if entering:
             horizon = min(max(self._run_len, self.config.min_dwell_steps, 1.0),
                           self.config.switch_horizon)
@@ -620,8 +629,7 @@ class GoodputController:
         return self._last[i] < horizon or (
             mode is Mode.SPEC and self._accept_at < self._step - self.config.stale_after // 4)
 
-    def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs,
-                   cost: Mapping[Mode, Optional[float]]) -> bool:
+    def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs) -> bool:
         """Worth re-measuring: decode always (it has no hidden parameter to refresh besides its
         time); spec only if its steps would win at the best possible acceptance. The draft's
         prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
@@ -645,7 +653,7 @@ class GoodputController:
         draft missed meanwhile). So cheap re-measurements come often and costly ones rarely."""
         if self.config.explore_budget <= 0:
             return None
-        price = self.config.explore_steps * max(min(loss, 1.0), 0.05)
+        price = self.config.explore_steps * max(min(loss, 1.0), _MIN_LOSS)
         t = self.step_time(_OTHER[mode], pads[_OTHER[mode]], inputs.kv_tokens)
         if t:
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
