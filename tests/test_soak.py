@@ -46,7 +46,8 @@ def test_agreement_names_the_first_mismatch():
 
 class StandIn:
     """An HTTP server answering /generate like SGLang: output ids from the prompt, one token per
-    millisecond, an abort finish once /abort_request names the rid; `wrong` corrupts answers,
+    millisecond, an abort finish once /abort_request names a prefix of the rid (SGLang's rule);
+    `wrong` corrupts answers,
     `fail_with` answers every generate with that HTTP status."""
 
     def __init__(self, wrong: bool = False, fail_with: int = 0):
@@ -71,7 +72,7 @@ class StandIn:
         rid = body.get("rid")
         for _ in range(n):
             await asyncio.sleep(0.001)
-            if rid in self.aborted:
+            if any(rid.startswith(a) for a in self.aborted):
                 return aiohttp_web.json_response(
                     {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}})
         return aiohttp_web.json_response({"output_ids": self.answer(body["input_ids"], n),
@@ -84,6 +85,11 @@ class StandIn:
     @property
     def url(self):
         return f"http://127.0.0.1:{self.port}"
+
+
+def test_no_soak_rid_is_a_prefix_of_another():
+    rids = sorted(r.rid for r in soak.make_requests(soak.SoakConfig(requests=2000), VOCAB))
+    assert not any(b.startswith(a) for a, b in zip(rids, rids[1:]))
 
 
 def test_soak_counts_every_request_and_records_the_check_answers():

@@ -49,7 +49,9 @@ class SoakRequest:
 
     @property
     def rid(self) -> str:
-        return f"soak-{self.index}"
+        # Fixed width: SGLang aborts every request whose rid starts with the one named, so
+        # aborting soak-5 would also abort soak-50..59.
+        return f"soak-{self.index:08d}"
 
 
 @dataclass
