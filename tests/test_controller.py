@@ -412,6 +412,20 @@ def test_spec_is_not_explored_where_it_could_not_win_at_any_acceptance():
     assert all(m is Mode.DECODE for m in beyond.modes)
 
 
+def test_decode_is_re_measured_only_where_a_faster_decode_step_could_win():
+    # bs 2: a spec step at accept 4 costs 4.6 ms a token against decode's 10.1: decode would
+    # need steps 55% faster than measured to win, so its stale estimate is left alone; at
+    # accept 2 (9.2 ms a token) a decode step 10% faster would win: it is re-measured.
+    for accept, explores in ((4.0, False), (2.0, True)):
+        sim = SimServer(controller(replay_prior(), stale_after=16, explore_budget=0.05),
+                        accept=lambda s, a=accept: a)
+        sim.run(2, 600)
+        assert settled(sim.modes) is Mode.SPEC
+        explored = any(r is Reason.EXPLORE and m is Mode.DECODE
+                       for m, r in zip(sim.modes[100:], sim.reasons[100:]))
+        assert explored is explores, accept
+
+
 # ---------------------------------------------------------------- tensor-parallel ranks
 
 

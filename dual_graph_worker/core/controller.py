@@ -50,6 +50,9 @@ _CONTEXT_DECAY = 0.99
 _CONTEXT_FLOOR = 0.25
 # An exploration step costs at least this share of a step: nothing is free.
 _MIN_LOSS = 0.05
+# Decode has no hidden parameter, only its step time: re-measured only where a step this much
+# faster than its estimate would win (acceptance moves; a size's step time barely drifts).
+_DECODE_DRIFT = 0.3
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
@@ -630,12 +633,17 @@ class GoodputController:
             mode is Mode.SPEC and self._accept_at < self._step - self.config.stale_after // 4)
 
     def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs) -> bool:
-        """Worth re-measuring: decode always (it has no hidden parameter to refresh besides its
-        time); spec only if its steps would win at the best possible acceptance. The draft's
+        """Worth re-measuring: decode if it would win with its steps _DECODE_DRIFT faster than
+        estimated (its time is all it has to refresh); spec if its steps would win at the best
+        possible acceptance (a new request's acceptance is unknown). The draft's
         prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
         overestimate of it must not keep spec from ever being tried."""
         if mode is Mode.DECODE:
-            return True
+            decode = self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0,
+                                inputs.kv_tokens, 0, prompt_share=False)
+            spec = self._costs[0]
+            return decode is None or spec is None or \
+                (1 - _DECODE_DRIFT) * decode * (1 + self.config.margin) < spec
         best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
                           self.config.num_draft_tokens + 1.0, inputs.kv_tokens, 0,
                           prompt_share=False)
