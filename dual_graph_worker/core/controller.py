@@ -169,6 +169,7 @@ class GoodputController:
                                        dtype=np.int64) for m in (Mode.SPEC, Mode.DECODE)}
         self._pb = np.asarray([b for _, b in self._keys], dtype=np.float64)
         self._is_spec = np.asarray([m is Mode.SPEC for m, _ in self._keys])
+        self._mode_sum = np.stack((self._is_spec, ~self._is_spec)).astype(np.float64)  # [2, n]
         n = len(self._keys)
         self._prior = np.full(n, math.nan)
         if prior is not None:
@@ -487,22 +488,22 @@ class GoodputController:
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
         """Each key's EMA of step seconds and of context tokens, and the context regressions.
-        Whole-table arithmetic: a key without samples gets weight 0 and keeps its values."""
-        sums, counts, kv, _, _ = keys
-        got = counts > 0
-        if not got.any():           # every sum decays alike: (nearly) the same slopes
-            self._ctx *= _CONTEXT_DECAY
-            return
-        per = np.maximum(counts, 1.0)
-        w = 1.0 - (1.0 - self.config.ema_alpha) ** counts
-        first = got & np.isnan(self._est)
-        for est, mean in ((self._est, sums / per), (self._est_kv, kv / per)):
-            est += w * (mean - est)
-            np.copyto(est, mean, where=first)
-        self._samples += counts
-        self._last[got] = self._step
+        A window holds samples of a few sizes: those are folded one by one."""
         self._ctx *= _CONTEXT_DECAY
+        got = np.flatnonzero(keys[1])
+        if not len(got):            # every sum decayed alike: (nearly) the same slopes
+            return
         self._ctx += keys
+        keep = 1.0 - self.config.ema_alpha
+        for i, (sums, count, kv) in zip(got.tolist(), keys[:3, got].T.tolist()):
+            mean, mean_kv = sums / count, kv / count
+            if self._samples[i] > 0:
+                w = 1.0 - keep ** count
+                mean = self._est[i] + w * (mean - self._est[i])
+                mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
+            self._est[i], self._est_kv[i] = mean, mean_kv
+            self._samples[i] += count
+            self._last[i] = self._step
         self._fit_context_slopes()
 
     def _fold_batch_costs(self, tail: np.ndarray) -> None:
@@ -533,10 +534,10 @@ class GoodputController:
         per = np.maximum(n, 1e-300)        # sizes never measured hold zeros: they add nothing
         var, cov = sxx - sx * sx / per, sxy - sx * sy / per
         spread = _MIN_SPREAD["context"] ** 2
-        for m, idx in self._by_mode.items():
-            pooled = float(var[idx].sum())
-            self._beta[m] = max(float(cov[idx].sum()) / pooled, 0.0) \
-                if pooled >= spread * float(n[idx].sum()) > 0 else 0.0
+        # Per mode: pooled variance, covariance and count.
+        for m, (v, c, k) in zip((Mode.SPEC, Mode.DECODE),
+                                (self._mode_sum @ np.stack((var, cov, n), axis=1)).tolist()):
+            self._beta[m] = max(c / v, 0.0) if v >= spread * k > 0 else 0.0
         own = var >= spread * np.maximum(n, 1.0)
         beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
         self._slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
