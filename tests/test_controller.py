@@ -413,9 +413,9 @@ def test_spec_is_not_explored_where_it_could_not_win_at_any_acceptance():
 
 
 def test_decode_is_re_measured_only_where_a_faster_decode_step_could_win():
-    # bs 2: a spec step at accept 4 costs 4.6 ms a token against decode's 10.1: decode would
-    # need steps 55% faster than measured to win, so its stale estimate is left alone; at
-    # accept 2 (9.2 ms a token) a decode step 10% faster would win: it is re-measured.
+    # bs 2: at accept 4 a spec step (18.4 ms) costs 2.3 ms a token against decode's 5.05:
+    # decode would need steps 55% faster than measured to win, so its stale estimate is left
+    # alone; at accept 2 (4.6 ms a token) a decode step 10% faster would win: it is re-measured.
     for accept, explores in ((4.0, False), (2.0, True)):
         sim = SimServer(controller(replay_prior(), stale_after=16, explore_budget=0.05),
                         accept=lambda s, a=accept: a)
@@ -641,3 +641,16 @@ def test_idle_gaps_are_not_step_samples():
 def test_bad_parameters_are_config_errors(kw):
     with pytest.raises(ConfigError):
         controller(**kw)
+
+
+def test_a_fitted_catch_up_never_prices_negative():
+    # A line fitted through noisy catch-ups may slope down; a catch-up still costs >= 0 s, so
+    # neither the switch's amortisation nor an exploration's price can turn into a credit.
+    p = controller(replay_prior())
+    p._catch_up_fit = (0.002, -3e-6)
+    assert p.catch_up_seconds(8000) == 0.0 and p.catch_up_seconds(100) > 0
+
+
+def test_a_controller_with_no_captured_sizes_still_builds():
+    p = GoodputController(ControllerConfig(num_draft_tokens=K), {}, None)
+    assert p.decide(PolicyInputs(4, None, 4)).mode is Mode.DECODE

@@ -72,7 +72,7 @@ class StandIn:
         rid = body.get("rid")
         for _ in range(n):
             await asyncio.sleep(0.001)
-            if any(rid.startswith(a) for a in self.aborted):
+            if rid and any(rid.startswith(a) for a in self.aborted):
                 return aiohttp_web.json_response(
                     {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}})
         return aiohttp_web.json_response({"output_ids": self.answer(body["input_ids"], n),

@@ -169,7 +169,7 @@ class GoodputController:
         self._by_mode = {m: np.asarray([i for i, k in enumerate(self._keys) if k[0] is m],
                                        dtype=np.int64) for m in (Mode.SPEC, Mode.DECODE)}
         self._pb = np.asarray([b for _, b in self._keys], dtype=np.float64)
-        self._is_spec = np.asarray([m is Mode.SPEC for m, _ in self._keys])
+        self._is_spec = np.asarray([m is Mode.SPEC for m, _ in self._keys], dtype=bool)
         self._mode_sum = np.stack((self._is_spec, ~self._is_spec)).astype(np.float64)  # [2, n]
         n = len(self._keys)
         self._prior = np.full(n, math.nan)
@@ -596,7 +596,7 @@ class GoodputController:
     def catch_up_seconds(self, tokens: int) -> float:
         """Expected seconds of one catch-up over `tokens` draft tokens."""
         fixed, rate = self._catch_up_fit
-        return fixed + rate * tokens if tokens > 0 else 0.0
+        return max(fixed + rate * tokens, 0.0) if tokens > 0 else 0.0
 
     def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float, kv_tokens: int,
               catch_up_tokens: int, prompt_share: bool = True,
@@ -641,11 +641,11 @@ class GoodputController:
         prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
         overestimate of it must not keep spec from ever being tried."""
         if mode is Mode.DECODE:
-            decode = self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0,
-                                inputs.kv_tokens, 0, prompt_share=False)
-            spec = self._costs[0]
-            return decode is None or spec is None or \
-                (1 - _DECODE_DRIFT) * decode * (1 + self.config.margin) < spec
+            spec, decode = self._costs
+            t = self.step_time(Mode.DECODE, pads[Mode.DECODE], inputs.kv_tokens)
+            if spec is None or decode is None or not t:
+                return True
+            return (decode - _DECODE_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
         best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
                           self.config.num_draft_tokens + 1.0, inputs.kv_tokens, 0,
                           prompt_share=False)
