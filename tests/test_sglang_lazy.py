@@ -815,6 +815,22 @@ def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
                                                     prefill_attention_backend=None))
 
 
+
+def test_the_catch_up_refuses_a_draft_backend_it_was_not_checked_against(sgl):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp
+
+    def draft(backend):
+        return SimpleNamespace(draft_runner=SimpleNamespace(attn_backend=backend))
+
+    with pytest.raises(ConfigError, match="--attention-backend triton"):
+        LazyCatchUp(draft(object()), None, None, stash_mb=0)
+    # A triton backend passes the check (and fails later, on the missing request pool).
+    with pytest.raises(AttributeError):
+        LazyCatchUp(draft(TritonAttnBackend.__new__(TritonAttnBackend)), None, None, stash_mb=0)
+
+
 # ------------------------------------------------------------------------- the worker glue
 
 @pytest.fixture

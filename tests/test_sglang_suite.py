@@ -245,6 +245,13 @@ def test_with_radix_cache_adds_sglangs_default_server_pair(tmp_path, monkeypatch
     assert "plain-radix, dual-radix: the radix cache on" in suite.notes["bench"]
 
 
+def test_every_engine_runs_the_attention_backend_asked_for(tmp_path, monkeypatch):
+    for argv, want in (([], "triton"), (["--attention-backend", "flashinfer"], "flashinfer")):
+        suite, ran = _recording_suite(tmp_path, ["--no-adaptive"] + argv, monkeypatch)
+        suite.bench(with_ramp=False)
+        assert {er.engine_kwargs["attention_backend"] for er in ran} == {want}
+
+
 def test_with_radix_cache_adds_a_toy_check_on_shared_prefixes(tmp_path, monkeypatch):
     from bench.sglang import run_sglang_suite as suite_mod
 

@@ -104,12 +104,12 @@ RADIX = report.RADIX  # engines run with the radix cache on
 
 
 def server_kwargs(model: Path, load_format: str, max_bs: int, *, log_level: str,
-                  radix_cache: bool = False) -> dict:
+                  radix_cache: bool = False, attention_backend: str = "triton") -> dict:
     """sglang.Engine arguments every suite engine shares (the profiling workload's too). The
     radix cache is off unless asked for: random prompts share no prefix, and the dual worker
     defers draft prefills only without it (lazy_sync.py says why)."""
     return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
-                attention_backend="triton", sampling_backend="pytorch",
+                attention_backend=attention_backend, sampling_backend="pytorch",
                 cuda_graph_max_bs_decode=max_bs, log_level=log_level,
                 disable_radix_cache=not radix_cache)
 
@@ -180,7 +180,8 @@ class Suite:
     def common(self, model: Path, load_format: str, max_bs: int,
                radix_cache: bool = False) -> dict:
         return server_kwargs(model, load_format, max_bs, log_level=self.args.log_level,
-                             radix_cache=radix_cache)
+                             radix_cache=radix_cache,
+                             attention_backend=self.args.attention_backend)
 
     @staticmethod
     def spec_kwargs(algo: str, draft: Path) -> dict:
@@ -606,6 +607,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--start-s", type=float, default=55.0)
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--attention-backend", default="triton",
+                   help="every engine's; lazy catch-up runs only on the backends in "
+                        "server_args_hook.CATCH_UP_BACKENDS (a correctness run checks another)")
     p.add_argument("--toy-dir", default=None)
     p.add_argument("--toy-draft", default="f100", choices=["f100", "f50", "f0"])
     p.add_argument("--toy-hidden", type=int, default=1024,

@@ -11,6 +11,7 @@ the SGLang contracts relied on: docs/sglang-0.5.17.md §6 and §8.
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -53,6 +54,7 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
+from dual_graph_worker.engines.sglang.server_args_hook import CATCH_UP_BACKENDS
 
 logger = logging.getLogger(__name__)
 
@@ -92,15 +94,15 @@ class LazyCatchUp:
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
                  stash_mb: int, defer_prefill: bool = True,
                  on_event: Optional[Callable[[str, dict], None]] = None) -> None:
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
         dr = draft_worker.draft_runner
-        if not isinstance(dr.attn_backend, TritonAttnBackend):
+        checked = tuple(getattr(importlib.import_module(module), name)
+                        for module, name in CATCH_UP_BACKENDS.values())
+        if not isinstance(dr.attn_backend, checked):
             raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
-                              "triton attention backend (draft extend with per-request lengths)"
-                              f"; the draft-extend backend here is "
-                              f"{type(dr.attn_backend).__name__}. Use --attention-backend "
-                              "triton or DGW_CONTINUITY=keep-current")
+                              f"{' and '.join(CATCH_UP_BACKENDS)} attention backend (draft "
+                              "extend with per-request lengths); the draft-extend backend here "
+                              f"is {type(dr.attn_backend).__name__}. Use --attention-backend "
+                              f"{next(iter(CATCH_UP_BACKENDS))} or DGW_CONTINUITY=keep-current")
         self.dw = draft_worker
         self.req_to_token = req_to_token_pool.req_to_token
         device = self.req_to_token.device

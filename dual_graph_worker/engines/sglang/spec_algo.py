@@ -18,7 +18,8 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
-from dual_graph_worker.engines.sglang.server_args_hook import apply_dual_graph_server_args
+from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS,
+                                                              apply_dual_graph_server_args)
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +80,16 @@ def check_lazy_catch_up_server_args(server_args: Any) -> None:
 
     resolved = resolved_view(server_args)
     other = {name: getattr(resolved, name, None) for name in _BACKEND_ARGS
-             if getattr(resolved, name, None) not in (None, "triton")}
+             if getattr(resolved, name, None) not in (None, *CATCH_UP_BACKENDS)}
     if other:
         name, value = next(iter(other.items()))
         chosen = ("SGLang's default for this GPU" if getattr(server_args, name, None) is None
                   else "set by the launch command")
         raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend over "
-                          f"per-request ranges) on the triton attention backend, but this "
-                          f"server's {name} is {value!r} ({chosen}): add --attention-backend "
-                          "triton, or set DGW_CONTINUITY=keep-current")
+                          f"per-request ranges) on the {' or '.join(CATCH_UP_BACKENDS)} "
+                          f"attention backend, but this server's {name} is {value!r} ({chosen}):"
+                          f" add --attention-backend {next(iter(CATCH_UP_BACKENDS))}, or set "
+                          "DGW_CONTINUITY=keep-current")
     if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
         raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
                           "(prebuilt decode batches bypass the worker, so a reused request row "
