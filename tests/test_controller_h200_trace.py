@@ -1,9 +1,8 @@
-"""The controller's step-time estimates fed the worker's real H200 step costs (policy matrix run
-5, tests/data/h200_run5_step_costs.json.gz: every timed decode step in run order, with its
-context reconstructed from its cell). Run 5's worker read no context on SGLang, so its estimate
+"""The controller's step-time estimates fed the worker's real H200 step costs: every timed decode
+step of a policy-matrix run in order (tests/data/h200_run{5,6}_step_costs.json.gz). Run 5's worker
+read no context on SGLang (its contexts here are reconstructed from each cell), so its estimate
 for a size came from whatever prompts that size last served: the four worst cells of that run.
-Here each estimate is taken just before those cells and compared with the step time the same
-run measured for that size over prompts of that cell's length."""
+Run 6's worker counted each request's context itself; its trace carries what it counted."""
 
 from __future__ import annotations
 
@@ -14,44 +13,64 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import StepTime, same_rank
 
-TRACE = json.loads(gzip.open(Path(__file__).parent / "data/h200_run5_step_costs.json.gz",
-                             "rt").read())
-STARTS = {tuple(c[:4]): c[4] for c in TRACE["cells"]}
+ROOT = Path(__file__).resolve().parents[1]
 MODE = {"s": Mode.SPEC, "d": Mode.DECODE}
 
 
-@functools.lru_cache(maxsize=2)
-def _snapshots(with_context: bool) -> dict[int, GoodputController]:
-    """The controller fed the trace once, copied (after an exchange) at every cell's start."""
-    p = GoodputController(ControllerConfig(TRACE["num_steps"]),
-                          {Mode.SPEC: TRACE["spec_bs"], Mode.DECODE: TRACE["decode_bs"]})
-    starts, out = set(STARTS.values()), {}
-    for k, (mode, pb, seconds, caught, carries, kv) in enumerate(TRACE["steps"]):
-        if k in starts:
-            snap = copy.deepcopy(p)
-            snap.exchange(same_rank)
-            out[k] = snap
+@functools.lru_cache(maxsize=None)
+def trace(run: int) -> dict:
+    return json.loads(gzip.open(ROOT / f"tests/data/h200_run{run}_step_costs.json.gz",
+                                "rt").read())
+
+
+def starts(run: int) -> dict[tuple, int]:
+    return {tuple(c[:4]): c[4] for c in trace(run)["cells"]}
+
+
+def _controller(run: int) -> GoodputController:
+    t = trace(run)
+    return GoodputController(ControllerConfig(t["num_steps"]),
+                             {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]})
+
+
+def _replay(run: int, with_context: bool, at_step=lambda k, p: None) -> None:
+    """Feed the run's steps in order, an exchange every 8 as the worker does; `at_step(k, p)`
+    sees the controller before step k is observed."""
+    p = _controller(run)
+    for k, (mode, pb, seconds, caught, carries, kv) in enumerate(trace(run)["steps"]):
+        at_step(k, p)
         p.observe(StepTime(MODE[mode], pb, seconds, caught, bool(carries),
                            kv if with_context else 0))
         if k % 8 == 7:
             p.exchange(same_rank)
+
+
+@functools.lru_cache(maxsize=4)
+def at_cell_starts(run: int, with_context: bool) -> dict[int, GoodputController]:
+    """The controller copied (after an exchange) at every cell's start."""
+    first, out = set(starts(run).values()), {}
+
+    def snap(k, p):
+        if k in first:
+            out[k] = copy.deepcopy(p)
+            out[k].exchange(same_rank)
+    _replay(run, with_context, snap)
     return out
 
 
-def controller_before(cell: tuple, with_context: bool) -> GoodputController:
-    return _snapshots(with_context)[STARTS[cell]]
-
-
 def measured_ms(cell: tuple, mode: str, pb: int) -> float:
-    start = STARTS[cell]
-    end = min([s for s in STARTS.values() if s > start] or [len(TRACE["steps"])])
-    steps = [s for m, b, s, caught, carries, _ in TRACE["steps"][start:end]
+    """Run 5's median step of (mode, pb) inside `cell`, plain steps only."""
+    s = starts(5)
+    start = s[cell]
+    end = min([v for v in s.values() if v > start] or [len(trace(5)["steps"])])
+    steps = [sec for m, b, sec, caught, carries, _ in trace(5)["steps"][start:end]
              if m == mode and b == pb and not caught and not carries]
     return 1e3 * statistics.median(steps)
 
@@ -67,23 +86,30 @@ CASES = [
 
 
 @pytest.mark.parametrize("where, truth", CASES)
-def test_estimates_follow_the_context_of_the_cell_at_hand(where, truth):
+def test_run5_estimates_follow_the_context_of_the_cell_at_hand(where, truth):
     cell, mode, pb, per_request = where
     want = measured_ms(truth, mode, pb)
     kv = pb * per_request
-    got = 1e3 * controller_before(cell, True).step_time(MODE[mode], pb, kv)
-    blind = 1e3 * controller_before(cell, False).step_time(MODE[mode], pb, kv)
+    got = 1e3 * at_cell_starts(5, True)[starts(5)[cell]].step_time(MODE[mode], pb, kv)
+    blind = 1e3 * at_cell_starts(5, False)[starts(5)[cell]].step_time(MODE[mode], pb, kv)
     assert got == pytest.approx(want, rel=0.15), (got, want)
     # What run 5's worker believed: off by about 2x, one way or the other.
     assert max(blind / want, want / blind) > 1.8, (blind, want)
 
 
-def test_at_every_cells_start_the_estimates_pick_the_faster_engine():
+# run: (right with the context at least, right blind at most); measured 49 / 43 and 49 / 41.
+PICKS = {5: (48, 44), 6: (48, 44)}
+
+
+@pytest.mark.parametrize("run", sorted(PICKS))
+def test_at_every_cells_start_the_estimates_pick_the_faster_engine(run):
     """With each cell's forced accept length, `speculate iff C a / t_spec > C / t_decode` (step
-    times only: no prompt or switch costs) against the faster of plain and EAGLE-3 in run 5,
-    over the cells whose winner leads by 10% or more."""
-    matrix = json.loads((Path(__file__).parents[1] /
-                         "results/sglang/policy-matrix-run5/policy-matrix.json").read_text())
+    times only: no prompt or switch costs) against the faster of plain and EAGLE-3 in that run,
+    over the cells whose winner leads by 10% or more. The miss with the context, in both runs,
+    is accept 1.5 C=8, where prompt costs decide."""
+    matrix = json.loads((ROOT / f"results/sglang/policy-matrix-run{run}/policy-matrix.json")
+                        .read_text())
+    t = trace(run)
     right = {True: 0, False: 0}
     cells = [c for c in matrix["cells"]
              if max(c["eagle3"], c["plain"]) >= 1.1 * min(c["eagle3"], c["plain"])]
@@ -91,18 +117,44 @@ def test_at_every_cells_start_the_estimates_pick_the_faster_engine():
         key = (c["accept_len"], c["input_len"], c["output_len"], c["concurrency"])
         n = c["concurrency"]
         best = Mode.SPEC if c["eagle3"] > c["plain"] else Mode.DECODE
-        if n > max(TRACE["spec_bs"]):
-            right[True] += best is Mode.DECODE         # no spec graph: decode, either way
-            right[False] += best is Mode.DECODE
+        if n > max(t["spec_bs"]):
+            for with_context in right:
+                right[with_context] += best is Mode.DECODE    # no spec graph: decode either way
             continue
-        spec_pb = min(b for b in TRACE["spec_bs"] if b >= n)
-        decode_pb = min(b for b in TRACE["decode_bs"] if b >= n)
+        spec_pb = min(b for b in t["spec_bs"] if b >= n)
+        decode_pb = min(b for b in t["decode_bs"] if b >= n)
         kv = n * (c["input_len"] + c["output_len"] // 2)
-        for with_context in (True, False):
-            p = controller_before(key, with_context)
+        for with_context in right:
+            p = at_cell_starts(run, with_context)[starts(run)[key]]
             ts = p.step_time(Mode.SPEC, spec_pb, kv)
             td = p.step_time(Mode.DECODE, decode_pb, kv)
             pick = Mode.SPEC if n * c["accept_len"] / ts > n / td else Mode.DECODE
             right[with_context] += pick is best
+    least, most_blind = PICKS[run]
     assert len(cells) == 50
-    assert right[True] >= 48 and right[True] - right[False] >= 5, right    # run 5: 49 and 43
+    assert right[True] >= least and right[False] <= most_blind, right
+
+
+def test_run6_estimates_after_a_move_follow_the_context():
+    """The estimate for the 2nd-4th step at a (mode, padded bs) after a step at another one (the
+    first is a transition), at sizes measured before: where a decision rests on an estimate
+    taken under other prompts. Measured: with the context, median 4.6% off and 12% of them more
+    than 20% off; blind to it, 7.5% and 27%."""
+    errors = {}
+    for with_context in (True, False):
+        out, last = [], {"key": None, "since": 0}
+
+        def check(k, p, out=out, last=last, with_context=with_context):
+            mode, pb, seconds, caught, carries, kv = trace(6)["steps"][k]
+            last["since"] = last["since"] + 1 if (mode, pb) == last["key"] else 0
+            last["key"] = (mode, pb)
+            if 1 <= last["since"] <= 3 and not caught and not carries and \
+                    pb in p.estimates()["step_s"][MODE[mode].value]:
+                guess = p.step_time(MODE[mode], pb, kv if with_context else 0)
+                out.append(abs(guess - seconds) / seconds)
+        _replay(6, with_context, check)
+        errors[with_context] = np.asarray(out)
+    got, blind = errors[True], errors[False]
+    assert len(got) > 400
+    assert np.median(got) < 0.06 and np.mean(got > 0.2) < 0.15
+    assert np.mean(blind > 0.2) > 2 * np.mean(got > 0.2)
