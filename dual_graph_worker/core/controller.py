@@ -170,7 +170,6 @@ class GoodputController:
                                        dtype=np.int64) for m in (Mode.SPEC, Mode.DECODE)}
         self._pb = np.asarray([b for _, b in self._keys], dtype=np.float64)
         self._is_spec = np.asarray([m is Mode.SPEC for m, _ in self._keys], dtype=bool)
-        self._mode_sum = np.stack((self._is_spec, ~self._is_spec)).astype(np.float64)  # [2, n]
         n = len(self._keys)
         self._prior = np.full(n, math.nan)
         if prior is not None:
@@ -535,10 +534,10 @@ class GoodputController:
         per = np.maximum(n, 1e-300)        # sizes never measured hold zeros: they add nothing
         var, cov = sxx - sx * sx / per, sxy - sx * sy / per
         spread = _MIN_SPREAD["context"] ** 2
-        # Per mode: pooled variance, covariance and count.
-        for m, (v, c, k) in zip((Mode.SPEC, Mode.DECODE),
-                                (self._mode_sum @ np.stack((var, cov, n), axis=1)).tolist()):
-            self._beta[m] = max(c / v, 0.0) if v >= spread * k > 0 else 0.0
+        for m, idx in self._by_mode.items():
+            pooled = float(var[idx].sum())
+            self._beta[m] = max(float(cov[idx].sum()) / pooled, 0.0) \
+                if pooled >= spread * float(n[idx].sum()) > 0 else 0.0
         own = var >= spread * np.maximum(n, 1.0)
         beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
         self._slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
