@@ -502,7 +502,7 @@ def test_gap_summary_names_the_longest_gaps_after_start_up(tmp_path):
 def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
     """The cost events a worker's step log carries, grouped by place in the run since a switch."""
     from bench.sglang import step_costs
-    from dual_graph_worker.core.step_log import StepLogWriter
+    from dual_graph_worker.core.step_log import StepLogWriter, read_step_events
 
     log = StepLogWriter(tmp_path / "steps.jsonl")
     seq = [("spec", 0.007, 0, False)] * 6 + [("decode", 0.012, 0, False),
@@ -514,7 +514,7 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
                         catch_up_tokens=caught, carries_next=carries)
     log.write_event("cost", 0.0, kind="PrefillTime", tokens=64, seconds=0.01, draft=True)
     log.close()
-    groups = step_costs.group_costs(step_costs.read_step_events(tmp_path / "steps.jsonl"))
+    groups = step_costs.group_costs(read_step_events(tmp_path / "steps.jsonl"))
     assert groups[("decode", 1, "1st")] == [0.012]
     assert groups[("decode", 1, "2nd-4th")] == [0.009, 0.005, 0.005]
     assert len(groups[("decode", 1, "5th+")]) == 8 and ("spec", 1, "1st") in groups
@@ -535,7 +535,7 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
     from dual_graph_worker.core.modes import Mode
     from dual_graph_worker.core.policy import Reason
     from dual_graph_worker.core.results import StepRecord
-    from dual_graph_worker.core.step_log import StepLogWriter
+    from dual_graph_worker.core.step_log import StepLogWriter, read_step_events
 
     log = StepLogWriter(tmp_path / "steps.jsonl")
     for i, (t, mode, seconds, caught) in enumerate(

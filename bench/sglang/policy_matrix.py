@@ -147,6 +147,12 @@ def _cell_key(r: dict) -> tuple:
     return (r["engine"], r["accept_len"], r["input_len"], r["output_len"], r["concurrency"])
 
 
+def _by_cell(cells: list[dict]) -> dict[tuple, dict]:
+    """Ratio records by (accept, input, output, concurrency)."""
+    return {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r
+            for r in cells}
+
+
 def fill_from(recs: list[dict], earlier: list[dict], source: str) -> list[dict]:
     """Records of an earlier run for the (engine, cell)s this run did not measure, each marked
     with its source: a baseline too slow to re-run where it loses by far, never the worker."""
@@ -182,8 +188,7 @@ def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
     cols = [(w, c) for w in workloads for c in w.concurrency]
     lines.append("| accept | " + " | ".join(f"{w.name} C={c}" for w, c in cols) + " |")
     lines.append("|---|" + "---|" * len(cols))
-    index = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r
-             for r in cells}
+    index = _by_cell(cells)
     for a in accepts:
         row = []
         for w, c in cols:
@@ -212,21 +217,15 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     import numpy as np
 
     cols = [(w, c) for w in workloads for c in w.concurrency]
-    index = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r["ratio"]
-             for r in cells}
-    cross = {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"])
-             for r in cells if r.get("cross_run")}
-    grid = np.full((len(accepts), len(cols)), np.nan)
-    for i, a in enumerate(accepts):
-        for j, (w, c) in enumerate(cols):
-            grid[i, j] = index.get((a, w.input_len, w.output_len, c), np.nan)
+    index = _by_cell(cells)
+    at = [[index.get((a, w.input_len, w.output_len, c)) for w, c in cols] for a in accepts]
+    grid = np.array([[np.nan if r is None else r["ratio"] for r in row] for row in at])
     fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(cols), 1.6 + 0.6 * len(accepts)))
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0.85, vmax=1.15, aspect="auto")
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
-                mark = "\u2020" if (accepts[i], cols[j][0].input_len, cols[j][0].output_len,
-                                     cols[j][1]) in cross else ""
+                mark = "\u2020" if at[i][j].get("cross_run") else ""
                 ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8,
                         fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
@@ -293,6 +292,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"(SGLANG_SIMULATE_ACC_LEN, switched in-process), triton attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}")
+    columns = merged_workloads(previous.get("workloads", []), workloads)
+    accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
     for kind in engines:
         env = {}
         if kind != "plain":
@@ -311,8 +312,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         recs += records(kind, res, workloads)
         filled = fill_from(recs, earlier, args.fill_from or "")
         cells = ratios(filled)
-        columns = merged_workloads(previous.get("workloads", []), workloads)
-        accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
         matrix = {"note": note, "accepts": accepts_seen,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in columns],
@@ -325,11 +324,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
     if (out / "dual.steps.jsonl").exists():
-        log = list(json_lines(out / "dual.steps.jsonl"))
-        costs = step_costs.report(step_costs.group_costs(log))
-        if (out / "dual.json").exists():
-            dual = json.loads((out / "dual.json").read_text())
-            costs += "\n" + step_costs.cell_report(log, dual)
+        dual = json.loads((out / "dual.json").read_text()) if (out / "dual.json").exists() \
+            else None
+        costs = step_costs.full_report(list(json_lines(out / "dual.steps.jsonl")), dual)
         (out / "step-costs.md").write_text(costs)
         print("worker step costs by place in a run (step-costs.md):\n" + costs)
     return 0

@@ -219,7 +219,7 @@ def _stop(proc: subprocess.Popen) -> None:
             _group_gone(proc.pid, timeout=30)
             return
         except subprocess.TimeoutExpired:
-            continue
+            pass                          # the next signal
 
 
 def _group_gone(pgid: int, timeout: float) -> None:

@@ -120,13 +120,9 @@ async def _one(session, url: str, req: SoakRequest, res: SoakResult) -> None:
     aborter = asyncio.create_task(abort_later()) if req.abort_after_s is not None else None
     res.sent += 1
     try:
-        try:
-            async with session.post(f"{url}/generate", json=_payload(
-                    req.input_ids, req.max_new_tokens, req.rid)) as r:
-                body = await r.text()
-        finally:
-            if aborter is not None and not aborter.done():
-                aborter.cancel()            # finished first: the abort would come too late
+        async with session.post(f"{url}/generate", json=_payload(
+                req.input_ids, req.max_new_tokens, req.rid)) as r:
+            body = await r.text()
         data = _json_or_none(body)
         reason = (((data or {}).get("meta_info") or {}).get("finish_reason") or {}).get("type")
         # SGLang answers an abort with an abort finish (200) or, for some, a 400 naming it.
@@ -145,6 +141,9 @@ async def _one(session, url: str, req: SoakRequest, res: SoakResult) -> None:
             TypeError) as exc:
         res.errors += 1
         res.first_error = res.first_error or f"request {req.index}: {exc!r}"
+    finally:
+        if aborter is not None and not aborter.done():
+            aborter.cancel()                # finished first: the abort would come too late
 
 
 async def _soak(url: str, cfg: SoakConfig, requests: list[SoakRequest],

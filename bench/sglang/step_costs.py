@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from dual_graph_worker.core.jsonl import json_lines
-from dual_graph_worker.core.step_log import read_step_events  # noqa: F401  (re-exported)
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
 
@@ -101,6 +100,12 @@ def cell_report(log: list[dict], engine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def full_report(log: list[dict], engine: Optional[dict] = None) -> str:
+    """The per-place table of a step log's lines, and with the engine's JSON the per-cell one."""
+    text = report(group_costs(log))
+    return text if engine is None else text + "\n" + cell_report(log, engine)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.step_costs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,14 +116,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.step_log).is_file():
         ap.error(f"{args.step_log}: no such step log; run the worker with DGW_STEP_LOG=PATH")
-    lines = list(json_lines(args.step_log))        # step records and events
-    text = report(group_costs(lines))
+    engine = None
     if args.cells:
         try:
             engine = json.loads(Path(args.cells).read_text())
         except (OSError, ValueError) as e:
             ap.error(f"--cells {args.cells}: not an engine JSON ({e})")
-        text += "\n" + cell_report(lines, engine)
+    text = full_report(list(json_lines(args.step_log)), engine)   # step records and events
     if args.out:
         Path(args.out).write_text(text)
     print(text, end="")
