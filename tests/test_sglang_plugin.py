@@ -204,6 +204,30 @@ def test_preview_commits_nothing_dwell_and_exploration_included():
     assert Mode.SPEC in modes and Mode.DECODE in modes
 
 
+def test_a_prefill_does_not_foresee_a_re_measurement():
+    # It is priced at its own step with the catch-up it needs; a prefill that ran the draft for
+    # it would pay that draft work unpriced.
+    table = DispatchTable.build(SPEC_BS, DECODE_BS)
+    settings = Settings(min_dwell_steps=0, stale_after=2, explore_budget=0.5, explore_steps=2,
+                        sync_every=1024)       # exchanged by hand: the probe sees what plan sees
+    planner = StepPlanner(table, build_policy(settings, _ctx(_table())))
+    planner.policy.observe(accepted(Mode.SPEC, [1.0] * 40))
+    for _ in range(100):
+        now = planner.policy.decide(planner.inputs(40))
+        if planner.last_mode is Mode.DECODE and (now.mode, now.reason) == (Mode.SPEC,
+                                                                           Reason.EXPLORE):
+            break
+        plan = planner.plan(40)
+        planner.policy.observe(StepTime(plan.mode, plan.padded_bs,
+                                        _table().latency(plan.mode, plan.padded_bs)))
+        planner.policy.exchange(planner.reduce)
+    else:
+        raise AssertionError("no re-measurement of spec within 100 steps")
+    assert planner.preview(40) is Mode.DECODE
+    plan = planner.plan(40)
+    assert (plan.mode, plan.reason) == (Mode.SPEC, Reason.EXPLORE)
+
+
 def test_expected_batch_size_reads_the_request_pool_and_the_queue():
     pool = SimpleNamespace(size=10, available_size=lambda: 7)
     assert expected_batch_size(pool) == 3

@@ -80,9 +80,13 @@ class StepPlanner:
 
     def preview(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
                 kv_tokens: int = 0) -> Mode:
-        """The mode `plan(bs)` would choose now, committing nothing: what the running batch will
-        run once it has `bs` requests."""
-        return self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens)).mode
+        """The mode the running batch will run once it has `bs` requests, committing nothing.
+        A re-measurement of the other mode is not foreseen: it is priced at its own step with the
+        catch-up it needs, so a prefill never pays the draft's work for one."""
+        decision = self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens))
+        if decision.reason is Reason.EXPLORE and self.last_mode is not None:
+            return self.last_mode
+        return decision.mode
 
 
 def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[int]:
