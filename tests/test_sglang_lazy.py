@@ -806,17 +806,20 @@ def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
         check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null",
                                                         enable_unified_memory=True))
     # Hopper's default (fa3) or any other backend: refused before the weights load, naming
-    # the flag to add; triton, or left to the draft's default, passes.
+    # the flag to add; triton or flashinfer, or left to the draft's default, passes.
     for name in ("attention_backend", "decode_attention_backend",
                  "speculative_draft_attention_backend"):
         with pytest.raises(ConfigError, match="--attention-backend triton"):
             check_lazy_catch_up_server_args(SimpleNamespace(**{name: "fa3"}))
     check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="triton",
                                                     prefill_attention_backend=None))
+    check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="flashinfer",
+                                                    decode_attention_backend="triton"))
 
 
 
 def test_the_catch_up_refuses_a_draft_backend_it_was_not_checked_against(sgl):
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp
@@ -826,9 +829,10 @@ def test_the_catch_up_refuses_a_draft_backend_it_was_not_checked_against(sgl):
 
     with pytest.raises(ConfigError, match="--attention-backend triton"):
         LazyCatchUp(draft(object()), None, None, stash_mb=0)
-    # A triton backend passes the check (and fails later, on the missing request pool).
-    with pytest.raises(AttributeError):
-        LazyCatchUp(draft(TritonAttnBackend.__new__(TritonAttnBackend)), None, None, stash_mb=0)
+    # A triton or flashinfer backend passes the check (and fails later, on the missing pool).
+    for backend in (TritonAttnBackend, FlashInferAttnBackend):
+        with pytest.raises(AttributeError):
+            LazyCatchUp(draft(backend.__new__(backend)), None, None, stash_mb=0)
 
 
 # ------------------------------------------------------------------------- the worker glue

@@ -14,8 +14,10 @@ from typing import Any, Callable, Optional, Sequence
 
 # The attention backends lazy catch-up runs on: name -> (module, class) of the draft's backend.
 # Each entry needs a GPU correctness run of its eager DRAFT_EXTEND_V2 metadata with per-request
-# lengths (docs/sglang-0.5.17.md, "The pass").
-CATCH_UP_BACKENDS = {"triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")}
+# lengths (docs/sglang-0.5.17.md, "The pass"; results/sglang/README.md lists the runs).
+CATCH_UP_BACKENDS = {"triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"),
+                     "flashinfer": ("sglang.srt.layers.attention.flashinfer_backend",
+                                    "FlashInferAttnBackend")}
 
 
 @dataclass(frozen=True)
