@@ -180,11 +180,11 @@ def test_preview_commits_nothing_dwell_and_exploration_included():
         return build_policy(Settings(min_dwell_steps=0, stale_after=2, explore_budget=0.5,
                                      explore_steps=2), _ctx(_table()))
 
-    # Acceptance 1: decode is faster at bs 40, spec could win at full acceptance, so the
+    # Acceptance 1.5: decode is faster at bs 40, spec could win at full acceptance, so the
     # controller re-measures spec now and then: previews must not change when it does.
     previewed, planned = StepPlanner(table, controller()), StepPlanner(table, controller())
     for p in (previewed, planned):
-        p.policy.observe(accepted(Mode.SPEC, [1.0] * 40))
+        p.policy.observe(accepted(Mode.SPEC, [1.5] * 40))
 
     def run(planner, preview):
         modes = []
@@ -211,7 +211,7 @@ def test_a_prefill_does_not_foresee_a_re_measurement():
     settings = Settings(min_dwell_steps=0, stale_after=2, explore_budget=0.5, explore_steps=2,
                         sync_every=1024)       # exchanged by hand: the probe sees what plan sees
     planner = StepPlanner(table, build_policy(settings, _ctx(_table())))
-    planner.policy.observe(accepted(Mode.SPEC, [1.0] * 40))
+    planner.policy.observe(accepted(Mode.SPEC, [1.5] * 40))
     for _ in range(100):
         now = planner.policy.decide(planner.inputs(40))
         if planner.last_mode is Mode.DECODE and (now.mode, now.reason) == (Mode.SPEC,

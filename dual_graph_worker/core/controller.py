@@ -656,15 +656,19 @@ class GoodputController:
     def _explore(self, mode: Mode, loss: float, pads: Mapping[Mode, int],
                  inputs: PolicyInputs) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
-        current mode: the share of each of its steps the estimates expect to lose (`loss`, at
-        least 5%: nothing is free), plus the round trip's switches (into spec: a catch-up of the
-        backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what the
-        draft missed meanwhile). So cheap re-measurements come often and costly ones rarely."""
+        current mode (so the budget is a share of step time, whichever mode is explored): the
+        share of each of its steps the estimates expect to lose (`loss`, at least 5%: nothing is
+        free) times that step's length, plus the round trip's switches (into spec: a catch-up of
+        the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
+        the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely."""
         if self.config.explore_budget <= 0:
             return None
         price = self.config.explore_steps * max(min(loss, 1.0), _MIN_LOSS)
         t = self.step_time(_OTHER[mode], pads[_OTHER[mode]], inputs.kv_tokens)
         if t:
+            explored = self.step_time(mode, pads[mode], inputs.kv_tokens)
+            if explored:
+                price *= explored / t
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
                 inputs.catch_up_tokens
             price += (self.catch_up_seconds(missed) + self._switch_s) / t
