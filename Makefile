@@ -88,12 +88,16 @@ test-gpu:                        ## GPU: the GPU tests only
 bench:                           ## GPU: reference worker variants across concurrency -> $(OUT)/bench
 	$(GPU_PY) -m dual_graph_worker.engines.reference.bench --accept-len 3 --repeats 2 --out $(OUT)/bench
 
+# ENGINE=sglang: the SGLang worker in an SGLang 0.5.17 engine (capture-measure, nsys-profile)
+ENGINE ?= reference
 capture-measure:                 ## GPU: capture time, memory, step latency of every candidate graph
+ifeq ($(ENGINE),sglang)
+	$(GPU_PY) -m bench.sglang.capture_measure --out $(OUT)/capture/measurements-sglang.json
+else
 	$(GPU_PY) -m capture.measure --out $(OUT)/capture/measurements.json
+endif
 
 PROFILE_MODEL ?= llama3-8b
-# ENGINE=sglang: the SGLang worker in an SGLang 0.5.17 engine (GPU, nsys)
-ENGINE ?= reference
 EXPECT_SM ?=
 nsys-profile:                    ## GPU: nsys profile of the scripted workload + its check -> $(OUT)/profile
 ifeq ($(ENGINE),sglang)

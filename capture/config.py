@@ -53,6 +53,7 @@ class CaptureConfig(ServingCapture):
             "tuning": self._tuning_json(),
             "savings": self._savings_json(),
             "synthetic": self.synthetic,
+            "measured_on": self.measured_on,
         }
 
     def _tuning_json(self) -> dict:
@@ -113,7 +114,9 @@ def build_capture_config(measurements: Measurements, result: TuningResult) -> Ca
         accept_len=result.accept_len, crossover_bs=result.crossover_bs,
         distribution=result.distribution, chosen=result.chosen,
         all_candidates=result.all_candidates, exact=result.exact,
-        synthetic=measurements.synthetic, memory_model=result.memory_model,
+        synthetic=measurements.synthetic,
+        measured_on=str(measurements.meta.get("engine", "reference")),
+        memory_model=result.memory_model,
         exclude_compile_outlier=result.exclude_compile_outlier,
         capture_outliers=result.capture_outliers)
 

@@ -155,6 +155,7 @@ class ServingCapture:
     accept_len: float
     crossover_bs: int
     synthetic: bool = False
+    measured_on: str = "reference"     # whose graphs the measurements timed: reference, sglang
 
     def __post_init__(self) -> None:
         for name, sizes in (("spec_bs", self.spec_bs), ("decode_bs", self.decode_bs)):
@@ -221,7 +222,8 @@ class ServingCapture:
                                                                 "calibration")),
             accept_len=need_number(tuning, "accept_len", "tuning", allow_zero=False),
             crossover_bs=need_field(tuning, "crossover_bs", int, "tuning"),
-            synthetic=synthetic)
+            synthetic=synthetic,
+            measured_on=str(d.get("measured_on", "reference")))
 
     @classmethod
     def from_json(cls, data: Any) -> "ServingCapture":

@@ -190,6 +190,10 @@ class Settings:
                                           "scheduler thread's stack while no step starts")
     stall_trace_s: float = _setting("DGW_STALL_TRACE_S", 1.0, "seconds without a step that "
                                     "count as a stall", minimum=0.001, maximum=3600.0)
+    capture_probe: Optional[str] = _setting("DGW_CAPTURE_PROBE", None, "SGLang: JSON path: "
+                                            "capture time, own-pool bytes and replay time of "
+                                            "every graph captured (make capture-measure "
+                                            "ENGINE=sglang; needs room: no pool is shared)")
     nvtx: bool = _setting("DGW_NVTX", True, "emit NVTX ranges when a profiler listens")
     profile_steady_after_steps: Optional[int] = _setting(
         "DGW_PROFILE_STEADY_AFTER_STEPS", None, "profiling: mark steady state before decode "

@@ -56,7 +56,9 @@ class CaptureFlags(NamedTuple):
                  f"--speculative-draft-model-path EAGLE3_DRAFT {' '.join(self.server_args)}",
                  f"# tuned on {capture.gpu.describe()} for model shape "
                  f"{capture.model.fingerprint}, accept length {capture.accept_len:g}; measured "
-                 "on the reference engine's graphs (capture.measure), not SGLang's"]
+                 + ("on this worker's SGLang graphs (make capture-measure ENGINE=sglang)"
+                    if capture.measured_on == "sglang" else
+                    "on the reference engine's graphs (capture.measure), not SGLang's")]
         if capture.synthetic:
             lines.append("# WARNING: tuned on SYNTHETIC measurements (tests and demos only)")
         return "\n".join(lines)

@@ -10,6 +10,9 @@ records whether the name is taken (no module-level flag).
 from __future__ import annotations
 
 import logging
+import os
+
+from dual_graph_worker.core.settings import BY_KEY
 
 from dual_graph_worker.engines.sglang.version import (
     check_sglang_version,
@@ -29,6 +32,13 @@ def register() -> None:
 
 def _register() -> None:
     check_sglang_version(installed_sglang_version())
+    probe = os.environ.get(BY_KEY["capture_probe"].env)
+    if probe:
+        # Before any model runner exists: the target's graphs are captured before the worker.
+        # Idempotent, as registration is.
+        from dual_graph_worker.engines.sglang.capture_probe import install_capture_probe
+
+        install_capture_probe(probe)
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 

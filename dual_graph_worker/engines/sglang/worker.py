@@ -231,8 +231,30 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                        calibration=None if prior is None else prior.to_json(),
                        continuity=self.continuity.describe())
         logger.info("dual-graph: ready: %s", summary)
+        if self.settings.capture_probe:
+            self._finish_capture_probe(mr, spec_bs)
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
+
+    def _finish_capture_probe(self, mr, spec_bs: tuple[int, ...]) -> None:
+        """DGW_CAPTURE_PROBE (capture_probe.py): every graph's replay time, then the file."""
+        from dual_graph_worker.engines.sglang.capture_probe import (finish_capture_probe,
+                                                                    installed_capture_probe)
+
+        probe = installed_capture_probe()
+        if probe is None:
+            raise ConfigError("DGW_CAPTURE_PROBE is set but no capture was probed: the plugin "
+                              "installs the probe when it registers, so set it in the "
+                              "environment that launches the server")
+        finish_capture_probe(
+            probe, write=self._is_rank0, target_config=mr.model_config,
+            draft_config=self._draft_worker.draft_runner.model_config,
+            num_steps=self.speculative_num_steps,
+            attention_backend=mr.decode_attention_backend_str, tp_size=mr.server_args.tp_size,
+            topk=self.topk, spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs))
+        if self._is_rank0:
+            logger.info("dual-graph: capture probe: %d graphs -> %s", len(probe.records),
+                        probe.path)
 
     def _build_continuity(self, mr) -> SGLangContinuity:
         if not self.settings.lazy:
