@@ -92,7 +92,7 @@ bench:                           ## GPU: reference worker variants across concur
 ENGINE ?= reference
 capture-measure:                 ## GPU: capture time, memory, step latency of every candidate graph
 ifeq ($(ENGINE),sglang)
-	$(GPU_PY) -m bench.sglang.capture_measure --out $(OUT)/capture/measurements-sglang.json
+	$(GPU_PY) -m bench.sglang.capture_measure --out $(OUT)/capture-sglang
 else
 	$(GPU_PY) -m capture.measure --out $(OUT)/capture/measurements.json
 endif

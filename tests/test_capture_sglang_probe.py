@@ -223,3 +223,35 @@ def test_registration_installs_the_probe_only_when_asked(supported_sglang, monke
     register()
     probe = installed_capture_probe()
     assert probe is not None and probe.path == str(tmp_path / "probe.json")
+
+
+def test_the_measuring_run_writes_measurements_from_two_engine_starts(monkeypatch, tmp_path,
+                                                                       capsys):
+    from bench.sglang import capture_measure
+
+    starts = []
+
+    def fake_run_child(folder, spec, *, shim_dir, timeout):
+        starts.append(spec)
+        probe = spec["env"].get("DGW_CAPTURE_PROBE")
+        if probe:
+            (folder / "probe.json").write_text(json.dumps(_probe()))
+            assert probe == str(folder / "probe.json")
+        return {"returncode": 0, "server_info": {"memory_usage": {"graph": {
+            "target_verify": 0.5, "decode_pool": 0.25, "prefill": 9.0}}}}
+
+    monkeypatch.setattr(capture_measure, "run_child", fake_run_child)
+    assert capture_measure.main(["--out", str(tmp_path), "--max-bs", "64"]) == 0
+    m = load_measurements(tmp_path / "measurements.json")
+    assert m.total_pool_bytes == int(0.75 * 2**30) and m.meta["engine"] == "sglang"
+    # Both starts capture the same candidates, both pools up to the largest.
+    probed, served = starts
+    assert probed["engine_kwargs"]["cuda_graph_bs_decode"] == served["engine_kwargs"][
+        "cuda_graph_bs_decode"] and max(probed["engine_kwargs"]["cuda_graph_bs_decode"]) == 64
+    assert probed["env"]["DGW_SPEC_MAX_BS"] == probed["env"]["DGW_DECODE_MAX_BS"] == "64"
+    assert "DGW_CAPTURE_PROBE" not in served["env"]
+    assert "wrote" in capsys.readouterr().out
+    # A probed server that wrote nothing: one line naming its log.
+    monkeypatch.setattr(capture_measure, "run_child", lambda *a, **k: {"returncode": 2})
+    assert capture_measure.main(["--out", str(tmp_path / "again")]) == 1
+    assert "probe.log" in capsys.readouterr().err

@@ -6,7 +6,7 @@ of its own: capture time, isolated pool bytes, replay time; capture_probe.py), o
 (the pools' bytes captured together, from SGLang's own per-runner graph memory). Llama-3-8B
 shape with DUMMY weights unless --model-path/--draft-path name a real pair.
 
-    python -m bench.sglang.capture_measure --out results/capture/measurements_h200_sglang.json
+    python -m bench.sglang.capture_measure --out DIR     # DIR/measurements.json, logs, probe
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from bench.sglang.policy_matrix import engine_kwargs
 from capture.measure import CANDIDATES
 from capture.measurements import save_measurements
 from capture.sglang_probe import measurements_from_probe
-from dual_graph_worker.core.argtypes import output_file, positive_int
+from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY
 
@@ -52,7 +52,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.capture_measure",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=output_file, required=True, help="measurements JSON to write")
+    ap.add_argument("--out", required=True,
+                    help="folder: measurements.json (what capture-tune reads), the probe's "
+                         "raw file, each engine's log and result")
     ap.add_argument("--max-bs", type=positive_int, default=256,
                     help="largest candidate batch size of both pools")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6,
@@ -64,9 +66,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes = [b for b in CANDIDATES if b <= args.max_bs]
     if not sizes:
         ap.error(f"--max-bs {args.max_bs} leaves no candidate batch size")
-    out = Path(args.out).resolve()
-    work = out.parent / (out.stem + ".work")
+    work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    out = work / "measurements.json"
     target, draft = write_dummy_pair(work / "models", llama3_8b_shapes())
     probe_path = work / "probe.json"
     probe_path.unlink(missing_ok=True)
