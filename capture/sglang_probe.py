@@ -3,7 +3,8 @@
 Each graph the server captured is a stage of one pool's key, by its runner: the target's verify
 graph, the draft's chain and its draft extend make a speculative key; the worker's decode graph
 (plus keep-current's one-token draft extend) a decode key. A key's capture time, pool bytes and
-replay time are its stages' sums; graphs of other runners (prefill) go to meta.
+replay time are its stages' sums (several graphs of one stage and size, as LoRA variants, add
+up); graphs of other runners go to meta.
 """
 
 from __future__ import annotations

@@ -27,13 +27,24 @@ SHAPE = {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_heads":
 
 
 class FakeDevice:
-    """torch.cuda's part the probe and the backend touch: each captured graph reserves
-    `graph_bytes(size)` in its pool; replays take 1 ms per size unit."""
+    """torch.cuda's part the probe and the backend touch: a forward leaves what it allocated
+    cached, except under capture, where it lands in the graph's pool; a capture empties the
+    cache first (as torch.cuda.graph does); replays take 1 ms per size unit."""
 
     def __init__(self):
         self.reserved = 0
+        self.cached = 0
         self.pools = 0
         self.now = 0.0
+        self.capturing = False
+
+    def forward(self, nbytes):
+        self.cached += 0 if self.capturing else nbytes
+        self.reserved += nbytes
+
+    def empty_cache(self):
+        self.reserved -= self.cached
+        self.cached = 0
 
     def graph_pool_handle(self):
         self.pools += 1
@@ -47,9 +58,11 @@ class FakeDevice:
 
     @contextmanager
     def graph(self, cuda_graph, pool=None, stream=None):
+        self.empty_cache()
         cuda_graph.pool = pool
+        self.capturing = True
         yield
-        self.reserved += cuda_graph.bytes
+        self.capturing = False
 
     def Event(self, enable_timing=False):
         return FakeEvent(self)
@@ -73,7 +86,6 @@ class FakeGraph:
     size = 0
 
     def __init__(self):
-        self.bytes = FakeGraph.size * 1000
         self.replays = 0
         self.size = FakeGraph.size
 
@@ -111,7 +123,9 @@ def test_the_probe_sizes_and_times_each_graph_of_sglangs_own_capture_path(sglang
                                                                           tmp_path):
     backend_cls, ShapeKey = sglang_backend
     clock = iter(range(100))
-    probe = CaptureProbe(str(tmp_path / "probe.json"), DEVICE, clock=lambda: next(clock) * 0.5)
+    pools = []
+    probe = CaptureProbe(str(tmp_path / "probe.json"), DEVICE, clock=lambda: next(clock) * 0.5,
+                         use_pool=pools.append)
     assert probe.install(backend_cls) is probe
     assert CaptureProbe("other", DEVICE).install(backend_cls) is probe     # once a process
     verify = backend_cls(_runner("DecodeCudaGraphRunner"))
@@ -120,20 +134,23 @@ def test_the_probe_sizes_and_times_each_graph_of_sglangs_own_capture_path(sglang
     for backend, sizes in ((verify, (8, 4)), (draft, (8,))):
         for size in sizes:          # largest first, as SGLang captures
             FakeGraph.size = size
-            backend.capture_one(ShapeKey(size=size), lambda: calls.append(size))
-    # SGLang's two warm-up forwards and the captured one ran, each graph in a fresh pool.
+            # Each forward allocates 333 bytes a request: the captured one's are the pool.
+            backend.capture_one(ShapeKey(size=size),
+                                lambda s=size: (calls.append(s), DEVICE.forward(s * 333)))
+    # SGLang's two warm-up forwards and the captured one ran, each graph in a fresh pool, which
+    # SGLang was told of.
     assert calls == [8, 8, 8, 4, 4, 4, 8, 8, 8]
-    pools = [g.pool for b in (verify, draft) for g in b._graphs.values()]
-    assert len(set(pools)) == 3
+    captured = [g.pool for b in (verify, draft) for g in b._graphs.values()]
+    assert len(set(captured)) == 3 and pools == captured
     probe.replay_all(repeats=3)
     probe.write({"gpu": {"name": "fake", "compute_capability": "9.0"}})
     data = json.loads((tmp_path / "probe.json").read_text())
     assert data["schema"] == SCHEMA and data["gpu"]["name"] == "fake"
     got = [(g["runner"], g["draft"], g["size"], g["capture_s"], g["pool_bytes"],
             round(g["replay_s"], 6)) for g in data["graphs"]]
-    assert got == [("DecodeCudaGraphRunner", False, 8, 0.5, 8000, 0.008),
-                   ("DecodeCudaGraphRunner", False, 4, 0.5, 4000, 0.004),
-                   ("EAGLEDraftCudaGraphRunner", True, 8, 0.5, 8000, 0.008)]
+    assert got == [("DecodeCudaGraphRunner", False, 8, 0.5, 2664, 0.008),
+                   ("DecodeCudaGraphRunner", False, 4, 0.5, 1332, 0.004),
+                   ("EAGLEDraftCudaGraphRunner", True, 8, 0.5, 2664, 0.008)]
     assert all(g.replays == 5 for b in (verify, draft) for g in b._graphs.values())
 
 

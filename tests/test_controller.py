@@ -400,6 +400,20 @@ def test_exploration_stays_within_its_budget_and_heals_a_stale_estimate():
     assert all(r is not Reason.EXPLORE for r in quiet.reasons[50:])
 
 
+@pytest.mark.parametrize("bs,low", [(16, 1.2), (24, 1.2), (32, 1.5)])
+def test_a_rise_in_acceptance_is_found_where_speculation_looked_hopeless(bs, low):
+    # Re-measuring spec here costs more than the bank holds (its steps 2-3x a decode step's,
+    # far from winning): it waits for a full bank and leaves a debt, but is never ruled out,
+    # else the rise goes unseen for good.
+    rise = 1400
+    sim = SimServer(controller(replay_prior(), stale_after=128),
+                    accept=lambda s: low if s < rise else 3.5)
+    assert best_mode(bs, low) is Mode.DECODE and best_mode(bs, 3.5) is Mode.SPEC
+    sim.run(bs, rise + 2000)
+    assert settled(sim.modes) is Mode.SPEC
+    assert Mode.SPEC in sim.modes[rise:rise + 1200]
+
+
 def test_spec_is_not_explored_where_it_could_not_win_at_any_acceptance():
     p = _learned(controller(stale_after=1, explore_budget=0.5), 16)
     for _ in range(8):

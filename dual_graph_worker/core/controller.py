@@ -220,7 +220,10 @@ class GoodputController:
         # Decision state.
         self._dwell = DwellState()
         self._step = 0
-        self._allowance = float(config.explore_steps)   # the first re-measurement is paid for
+        # At most one full-price re-measurement banked: spent in a burst, more would cost more
+        # than the budget's share of a short workload.
+        self._bank = float(config.explore_steps)
+        self._allowance = self._bank           # the first re-measurement is paid for
         self._explore_left = 0
         self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         # Steps a mode has recently run between switches: a switch's catch-up is spread over
@@ -275,10 +278,7 @@ class GoodputController:
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
-        # At most two full-price re-measurements banked: spent in a burst they would cost more
-        # than the budget's share of a short workload.
-        self._allowance = min(self._allowance + self.config.explore_budget,
-                              1.0 * self.config.explore_steps)
+        self._allowance = min(self._allowance + self.config.explore_budget, self._bank)
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
             if not self._explore_left:
                 self._explore_left = self.config.explore_steps
@@ -672,6 +672,8 @@ class GoodputController:
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
                 inputs.catch_up_tokens
             price += (self.catch_up_seconds(missed) + self._switch_s) / t
-        if self._allowance < price:
+        # One costing more than the bank waits for a full bank and leaves a debt: rarer, never
+        # ruled out (else acceptance rising where speculation looked hopeless goes unseen).
+        if self._allowance < min(price, self._bank):
             return None
         return Decision(mode, Reason.EXPLORE, price)

@@ -84,8 +84,8 @@ class StepPlanner:
         A re-measurement of the other mode is not foreseen: it is priced at its own step with the
         catch-up it needs, so a prefill never pays the draft's work for one."""
         decision = self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens))
-        if decision.reason is Reason.EXPLORE and self.last_mode is not None:
-            return self.last_mode
+        if decision.reason is Reason.EXPLORE and decision.price > 0:      # a new one
+            return Mode.DECODE if decision.mode is Mode.SPEC else Mode.SPEC
         return decision.mode
 
 

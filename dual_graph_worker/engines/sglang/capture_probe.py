@@ -37,10 +37,12 @@ class CaptureProbe:
     """Records each capture of `backend_cls` (SGLang's FullCudaGraphBackend) and replays them.
     `device` is torch.cuda (injected for tests)."""
 
-    def __init__(self, path: str, device: Any, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, path: str, device: Any, clock: Callable[[], float] = time.perf_counter,
+                 use_pool: Callable[[Any], None] = lambda pool: None):
         self.path = path
         self.device = device
         self.clock = clock
+        self.use_pool = use_pool       # tells the engine a capture's pool (SGLang's pool id)
         self.records: list[GraphRecord] = []
         self._graphs: list[tuple[int, Any, Any]] = []    # (record index, backend ref, shape key)
         self._grown: Optional[int] = None     # the capture in progress: its pool's growth
@@ -70,6 +72,7 @@ class CaptureProbe:
     def _capture(self, backend: Any, shape_key: Any, capture: Callable[[], Any]) -> Any:
         # A pool of its own: the growth measured is this graph's alone.
         backend._pool = self.device.graph_pool_handle()
+        self.use_pool(backend._pool)
         self._grown = None
         self.device.synchronize()
         t0 = self.clock()
@@ -83,6 +86,10 @@ class CaptureProbe:
 
     @contextmanager
     def sized(self, graph_ctx: Any) -> Iterator[Any]:
+        # Entering a capture empties the cache (torch.cuda.graph): what the warm-up forwards
+        # left cached must leave "before" too, or it hides the pool's growth.
+        self.device.synchronize()
+        self.device.empty_cache()
         before = self.device.memory_reserved()
         with graph_ctx as g:
             yield g
@@ -131,12 +138,14 @@ class _SizedGraphs:
 
 
 def install_capture_probe(path: str) -> CaptureProbe:
+    """On SGLang's full-graph backend: every decode-family runner's (prefill graphs use the
+    breakable backend and are not probed)."""
     import torch
-    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
-        FullCudaGraphBackend,
-    )
+    from sglang.srt.model_executor.runner_backend import full_cuda_graph_backend as full
 
-    return CaptureProbe(path, torch.cuda).install(FullCudaGraphBackend)
+    # The pool id SGLang set for the session (symmetric memory reads it) follows each swap.
+    return CaptureProbe(path, torch.cuda, use_pool=full.set_graph_pool_id).install(
+        full.FullCudaGraphBackend)
 
 
 def installed_capture_probe() -> Optional[CaptureProbe]:
