@@ -106,6 +106,34 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     return "\n".join(rows)
 
 
+def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: float,
+               chosen: Optional[Chosen] = None) -> str:
+    """Per pool: its graphs' memory (isolated sum) and capture time against the expected padding
+    waste, for every candidate up to the pool's top and for the chosen list."""
+    if chosen is not None:
+        tops = {Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]}
+    else:
+        plan = plan_pools(m, distribution, accept_len)
+        tops = {Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top}
+    rows = [f"{'pool':>7}{'graphs':>8}{'memory alone':>14}{'capture s':>11}"
+            f"{'waste tok/step':>16}  batch sizes"]
+    for mode in (Mode.SPEC, Mode.DECODE):
+        prob = pool_problem(m, mode, tops[mode])
+        lists = [("all", prob.candidates)]
+        if chosen is not None:
+            lists.append(("chosen", chosen.sizes(mode)))
+        by_key = m.by_key()
+        for name, sizes in lists:
+            graphs = [by_key[GraphKey(mode, b)] for b in sizes]
+            waste = expected_waste(sizes, distribution.probs, prob.tokens_per_request)
+            shown = ",".join(map(str, sizes))
+            rows.append(f"{mode.value:>7}{len(sizes):>8}"
+                        f"{format_bytes(sum(g.pool_bytes for g in graphs)):>14}"
+                        f"{sum(g.capture_s for g in graphs):>11.2f}{waste:>16.2f}  "
+                        f"{name}: {shown}")
+    return "\n".join(rows)
+
+
 def write_report(m: Measurements, out_dir: str | Path, distribution: BatchDistribution,
                  accept_len: float, chosen: Optional[Chosen] = None,
                  exclude_compile_outlier: bool = True) -> ReportFiles:
@@ -120,7 +148,8 @@ def write_report(m: Measurements, out_dir: str | Path, distribution: BatchDistri
     crossover = find_crossover(m, accept_len)
     files = ReportFiles(out / "report.txt", out / "memory_capture.png",
                         out / "waste_vs_graphs.png", out / "latency.png")
-    files.table.write_text(graph_table(m, chosen, exclude_compile_outlier) + "\n")
+    files.table.write_text(graph_table(m, chosen, exclude_compile_outlier) + "\n\n"
+                           + pool_table(m, distribution, accept_len, chosen) + "\n")
     plot_memory_and_capture(m, chosen, files.memory_capture_png)
     plot_waste_curves(m, distribution, accept_len, chosen, files.waste_png)
     plot_latency(m, crossover, files.latency_png)

@@ -153,3 +153,20 @@ def test_report_of_measurements_alone(tmp_path: Path) -> None:
     assert "-" in graph_table(m) and "yes" not in graph_table(m)
     chosen_table = graph_table(m, Chosen((4, 8), (8, 256)))
     assert chosen_table.count("yes") == 4
+
+
+def test_pool_table_sets_each_pools_memory_and_capture_against_its_padding_waste() -> None:
+    from capture.report import pool_table
+
+    m = load_measurements(FIXTURE)
+    dist = parse_distribution("uniform:1-256", 256)
+    rows = pool_table(m, dist, 2.0, Chosen((4, 8), (8, 256))).splitlines()[1:]
+    spec_all, spec_chosen, decode_all, decode_chosen = (r.split() for r in rows)
+    assert spec_chosen[-2:] == ["chosen:", "4,8"] and spec_all[-2] == "all:"
+    assert decode_chosen[-2:] == ["chosen:", "8,256"] and decode_all[-2] == "all:"
+    # Fewer graphs: less capture time, more padding per step.
+    assert int(decode_chosen[1]) == 2 < int(decode_all[1])
+    assert float(decode_chosen[-4]) < float(decode_all[-4])
+    assert float(decode_chosen[-3]) > float(decode_all[-3])
+    # Without a config, the pools' tops come from the crossover.
+    assert len(pool_table(m, dist, 2.0).splitlines()) == 3
