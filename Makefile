@@ -71,8 +71,10 @@ capture-report: setup            ## tables and plots of measurements + config ->
 	$(BIN)/dgw capture-report --measurements $(MEASUREMENTS) --config $(CAPTURE_CONFIG) \
 	  --out-dir $(OUT)/capture/report
 
+# e.g. FLAGS_ARGS="--model-path /models/llama --draft-model-path /models/eagle3": a complete line.
+FLAGS_ARGS ?=
 capture-flags: setup             ## SGLang flags + DGW_* env that run $(CAPTURE_CONFIG) on a server
-	$(BIN)/dgw capture-flags $(CAPTURE_CONFIG)
+	$(BIN)/dgw capture-flags $(CAPTURE_CONFIG) $(FLAGS_ARGS)
 
 controller-cost: setup          ## host time of one controller decision -> $(OUT)/controller-cost.json
 	$(BIN)/python -m bench.controller_cost --out $(OUT)/controller-cost.json

@@ -199,6 +199,9 @@ def test_capture_flags_cli_prints_a_complete_launch_line(capsys):
     # The one-line form, for $(dgw capture-flags --server-args F), through the dgw entry point.
     assert dgw_main(["capture-flags", "--server-args", str(ACC2)]) == 0
     assert capsys.readouterr().out.startswith("--speculative-algorithm DUAL_GRAPH_EAGLE3 ")
+    # With the model paths, the line runs as copied.
+    assert flags_main([str(ACC2), "--model-path", "/m/llama", "--draft-model-path", "/m/e3"]) == 0
+    assert "--model-path /m/llama --speculative-draft-model-path /m/e3 " in capsys.readouterr().out
 
 
 def test_capture_flags_cli_fails_cleanly_on_a_bad_file(tmp_path, capsys):

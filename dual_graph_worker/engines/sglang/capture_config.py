@@ -47,13 +47,14 @@ class CaptureFlags(NamedTuple):
     env: tuple[tuple[str, str], ...]    # DGW_* settings for the worker
     server_args: tuple[str, ...]        # the speculative flags the config was tuned with
 
-    def render(self, capture: ServingCapture) -> str:
+    def render(self, capture: ServingCapture, target: str = "TARGET",
+               draft: str = "EAGLE3_DRAFT") -> str:
         env = " ".join(f"{name}={value}" for name, value in self.env)
         lines = [f"# spec pool bs={list(capture.spec_bs)}, decode pool bs="
                  f"{list(capture.decode_bs)}: the plugin applies both at start-up; the goodput "
                  "controller chooses the mode per step",
-                 f"{env} python -m sglang.launch_server --model-path TARGET "
-                 f"--speculative-draft-model-path EAGLE3_DRAFT {' '.join(self.server_args)}",
+                 f"{env} python -m sglang.launch_server --model-path {target} "
+                 f"--speculative-draft-model-path {draft} {' '.join(self.server_args)}",
                  f"# tuned on {capture.gpu.describe()} for model shape "
                  f"{capture.model.fingerprint}, accept length {capture.accept_len:g}; measured "
                  + ("on this worker's SGLang graphs (make capture-measure ENGINE=sglang)"
@@ -145,11 +146,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("config", help="capture config JSON (make capture-tune)")
     ap.add_argument("--server-args", action="store_true",
                     help="print only the SGLang flags, for $(dgw capture-flags --server-args F)")
+    ap.add_argument("--model-path", default="TARGET", help="the target model, for the line")
+    ap.add_argument("--draft-model-path", default="EAGLE3_DRAFT",
+                    help="the EAGLE-3 draft model, for the line")
     args = ap.parse_args(argv)
     path = str(Path(args.config).resolve())   # the server may start from another directory
     capture = load_capture(path)    # a ConfigError here is one line from `dgw`
     flags = capture_flags(capture, path)
-    print(" ".join(flags.server_args) if args.server_args else flags.render(capture))
+    print(" ".join(flags.server_args) if args.server_args
+          else flags.render(capture, args.model_path, args.draft_model_path))
     return 0
 
 
