@@ -49,3 +49,56 @@ def test_a_matrix_built_over_runs_keeps_every_runs_columns():
     got = pm.merged_workloads(earlier, now)
     assert [(w.name, w.concurrency) for w in got] == [
         ("256x256", (1, 4, 64, 256)), ("2048x64", (16,)), ("64x1024", (32,))]
+
+
+def test_diffused_forced_acceptance_keeps_every_engine_on_target():
+    from bench.sglang.acc_control import DiffusedAcceptance
+
+    for target in (1.5, 2.0, 2.25, 3.5):
+        draw = DiffusedAcceptance()
+        got = [draw(target, "match-expected", 4) for _ in range(37)]
+        assert set(got) <= {int(target), int(target) + 1}
+        # The running mean after every step is on target within one token over the steps.
+        for n in range(1, len(got) + 1):
+            assert abs(sum(got[:n]) - target * n) < 1.0
+    draw = DiffusedAcceptance()
+    assert [draw(3.5, "", 4) for _ in range(4)] == [3, 4, 3, 4]
+    assert [draw(1.5, "", 4) for _ in range(2)] == [1, 2]          # a new target starts afresh
+    assert draw(9.0, "", 4) == 4 and draw(0.2, "", 4) == 1         # clamped as SGLang clamps
+
+
+def test_the_sampler_replaces_sglangs_draw_only_when_asked(supported_sglang, monkeypatch):
+    import pytest
+    from sglang.srt.speculative import spec_utils
+
+    from bench.sglang.acc_control import DiffusedAcceptance, apply_sampling
+
+    original = spec_utils._sample_simulated_acc_len
+    monkeypatch.setattr(spec_utils, "_sample_simulated_acc_len", original)
+    apply_sampling("sglang")
+    assert spec_utils._sample_simulated_acc_len is original
+    apply_sampling("diffused")
+    assert isinstance(spec_utils._sample_simulated_acc_len, DiffusedAcceptance)
+    with pytest.raises(ValueError, match="BENCH_ACC_SAMPLING='exact'"):
+        apply_sampling("exact")
+
+
+def test_sglangs_verify_path_draws_through_the_replaced_sampler(supported_sglang, monkeypatch):
+    import torch
+    from sglang.srt.speculative import spec_utils
+
+    from bench.sglang.acc_control import apply_sampling
+
+    monkeypatch.setattr(spec_utils, "_sample_simulated_acc_len",
+                        spec_utils._sample_simulated_acc_len)
+    apply_sampling("diffused")
+    drafts = []
+    for _ in range(4):
+        correct = torch.zeros(2, dtype=torch.int32)
+        spec_utils.generate_simulated_accept_index(
+            accept_index=torch.zeros(2, 4, dtype=torch.int32), predict=torch.zeros(8),
+            num_correct_drafts=correct, candidates=None, target_predict=None, bs=2,
+            spec_steps=3, simulate_acc_len=3.5, simulate_acc_method="match-expected",
+            simulate_acc_token_mode="fixed")
+        drafts.append(int(correct[0]))
+    assert drafts == [2, 3, 2, 3]                 # accept lengths 3, 4, 3, 4

@@ -6,6 +6,12 @@ policy matrix runs one engine per kind for every accept length, so this entry po
 SGLang's plugin loader in every process, registered by plugin_shim) starts a thread in each
 scheduler process that polls the file named by BENCH_ACC_FILE and sets the global, then writes
 ``<file>.ack-<pid>`` with the value it applied. Never part of a server.
+
+With BENCH_ACC_SAMPLING=diffused it also replaces SGLang's per-step draw of a non-integer length
+(floor or ceiling at random, "match-expected") by error diffusion: floor or ceiling so that the
+running mean never strays from the target by more than one token over the steps so far (3.5:
+3, 4, 3, 4, ...). Engines compared in one cell then run the same acceptance: with random draws
+the worker's realized accept 3.5 ranged 3.43-3.68 over cells of 19-75 steps (H200 run 7).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import threading
 import time
 
 ENV = "BENCH_ACC_FILE"
+SAMPLING_ENV = "BENCH_ACC_SAMPLING"
+SAMPLINGS = ("diffused", "sglang")
 POLL_S = 0.05
 
 
@@ -24,7 +32,38 @@ def register() -> None:
         return
     if not _in_scheduler_process():
         return
+    apply_sampling(os.environ.get(SAMPLING_ENV, "sglang"))
     threading.Thread(target=_follow, args=(path,), daemon=True, name="bench-acc").start()
+
+
+def apply_sampling(kind: str) -> None:
+    if kind not in SAMPLINGS:
+        raise ValueError(f"{SAMPLING_ENV}={kind!r}: choose one of {', '.join(SAMPLINGS)}")
+    if kind == "diffused":
+        from sglang.srt.speculative import spec_utils
+
+        # generate_simulated_accept_index looks the sampler up in its module at every verify.
+        spec_utils._sample_simulated_acc_len = DiffusedAcceptance()
+
+
+class DiffusedAcceptance:
+    """SGLang's ``_sample_simulated_acc_len(simulate_acc_len, simulate_acc_method, max_len)``,
+    deterministic: the target's floor or ceiling, whichever keeps the emitted total nearest
+    target x steps; a new target starts afresh."""
+
+    def __init__(self) -> None:
+        self.target: float | None = None
+        self.owed = 0.0
+
+    def __call__(self, simulate_acc_len: float, simulate_acc_method: str = "",
+                 max_len: int = 1 << 30) -> int:
+        target = max(1.0, min(float(max_len), float(simulate_acc_len)))
+        if target != self.target:
+            self.target, self.owed = target, 0.0
+        self.owed += target
+        n = max(1, min(int(max_len), int(self.owed + 1e-9)))
+        self.owed -= n
+        return n
 
 
 def _in_scheduler_process() -> bool:

@@ -27,6 +27,7 @@ from typing import Optional
 
 from bench.sglang import step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
+from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import (
     ALGO,
@@ -253,6 +254,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "costs; a little host time a step) and DIR/step-costs.md")
     ap.add_argument("--dual-env", action="append", default=[],
                     help="DGW_NAME=VALUE for the worker (default: none, its defaults)")
+    ap.add_argument("--acc-sampling", choices=SAMPLINGS, default="diffused",
+                    help="a non-integer forced accept length a step: diffused (its floor or "
+                         "ceiling, deterministic, the running mean on target) or sglang "
+                         "(SGLang's random draw: engines' realized acceptance differs by a few "
+                         "%% in short cells)")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -289,7 +295,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             if r["engine"] not in engines and "from" not in r]
     dual_env = dict(kv.split("=", 1) for kv in args.dual_env)
     note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
-            f"(SGLANG_SIMULATE_ACC_LEN, switched in-process), triton attention, 3 steps topk 1, "
+            f"(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths "
+            f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
+            f"step), triton attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}")
     columns = merged_workloads(previous.get("workloads", []), workloads)
@@ -299,7 +307,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if kind != "plain":
             acc_file = out / f"acc-{kind}"
             acc_file.write_text(str(accepts[0]))
-            env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file)}
+            env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file),
+                   SAMPLING_ENV: args.acc_sampling}
         if kind == "dual":
             if args.step_log:
                 (out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
