@@ -675,3 +675,24 @@ def test_a_fitted_catch_up_never_prices_negative():
 def test_a_controller_with_no_captured_sizes_still_builds():
     p = GoodputController(ControllerConfig(num_draft_tokens=K), {}, None)
     assert p.decide(PolicyInputs(4, None, 4)).mode is Mode.DECODE
+
+
+def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones():
+    p = controller(explore_budget=0.01, explore_steps=4)
+    bank = 4.0
+    p.commit(Decision(Mode.DECODE, Reason.GOODPUT))              # decoding
+    assert p._affordable(bank) and p._affordable(3 * bank)      # a full bank, no debt
+    for _ in range(4):                                           # one costly re-measurement
+        p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3 * bank))
+    # Its price went into debt; the bank is untouched: a cheap one is still affordable, the
+    # next costly one only once the debt is repaid by what the full bank cannot hold.
+    assert p._allowance == pytest.approx(bank) and p._debt == pytest.approx(3 * bank - 0.03)
+    assert p._affordable(bank) and not p._affordable(bank + 0.1)
+    steps = 0
+    while not p._affordable(bank + 0.1):
+        p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
+        steps += 1
+    assert steps == pytest.approx(1197, abs=1)                   # 11.97 at 0.01 a step
+    # A cheap one is paid from the bank, which refills at the budget's rate.
+    p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3.0))
+    assert p._allowance == pytest.approx(1.0) and not p._affordable(2.0)

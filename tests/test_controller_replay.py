@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pytest
@@ -97,11 +97,14 @@ class Server:
     draft: bool = True          # False: plain SGLang, no draft to prefill
     clock: float = 0.0
     rng: Optional[np.random.Generator] = None
+    diffused: Optional[Callable[[float, str, int], int]] = None
 
     def forced_accept(self, accept: float) -> float:
-        """The accept length of a step: `accept`, or with an rng as SGLANG_SIMULATE_ACC_LEN
+        """The accept length of a step: `accept`; with an rng as SGLANG_SIMULATE_ACC_LEN
         samples it (one length a step for the whole batch, the floor or the ceiling of the
-        target, so that the mean matches it)."""
+        target, so that the mean matches it); or error-diffused as the matrix forces it."""
+        if self.diffused is not None:
+            return float(self.diffused(accept, "", K + 1))
         if self.rng is None:
             return accept
         low = int(accept)
@@ -186,18 +189,23 @@ def _run(server: Server) -> dict:
     return out
 
 
-def simulated_ratios(seed: Optional[int] = None) -> dict:
+def simulated_ratios(seed: Optional[int] = None, diffused: bool = False) -> dict:
     """worker / max(plain, spec) per matrix cell, in the simulator; with `seed`, acceptance
-    sampled as SGLang forces it (each engine its own draws from the same seed)."""
+    sampled as SGLang forces it (each engine its own draws from the same seed); `diffused`, as
+    the policy matrix forces it (bench/sglang/acc_control.py)."""
     truth = Truth.from_matrix(json.loads(MATRIX.read_text())["records"])
     ctx = PolicyContext(K, {Mode.SPEC: SPEC, Mode.DECODE: DECODE}, _prior(truth),
                         defers_prefill=True, max_rows=512)
+    from bench.sglang.acc_control import DiffusedAcceptance
+
     rng = (lambda: None) if seed is None else (lambda: np.random.default_rng(seed))
-    dual = _run(Server(truth, _planner(build_policy(Settings(), ctx)), rng=rng()))
+    forced = DiffusedAcceptance if diffused else (lambda: None)
+    dual = _run(Server(truth, _planner(build_policy(Settings(), ctx)), rng=rng(),
+                       diffused=forced()))
     plain = _run(Server(truth, _planner(PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K)),
-                        lazy=False, draft=False, rng=rng()))
+                        lazy=False, draft=False, rng=rng(), diffused=forced()))
     spec = _run(Server(truth, _planner(PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K)),
-                       lazy=False, rng=rng()))
+                       lazy=False, rng=rng(), diffused=forced()))
     return {cell: dual[cell] / max(plain[cell], spec[cell]) for cell in dual}
 
 
@@ -210,6 +218,10 @@ def test_the_controller_through_the_matrix_sequence_keeps_up_with_the_best_stati
     low = {cell: round(r, 3) for cell, r in ratios.items() if r < 0.955}
     assert not low, f"cells below 0.955 of the best static mode (simulated): {low}"
     assert sum(r < 0.98 for r in ratios.values()) <= 4
+    # As the matrix forces acceptance (error-diffused): lowest 0.971.
+    diffused = simulated_ratios(diffused=True)
+    low = {cell: round(r, 3) for cell, r in diffused.items() if r < 0.965}
+    assert not low, f"diffused acceptance: cells below 0.965 (simulated): {low}"
 
 
 if __name__ == "__main__":
@@ -217,11 +229,13 @@ if __name__ == "__main__":
     # with acceptance fixed and then sampled as SGLANG_SIMULATE_ACC_LEN does (4 seeds).
     import sys
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench/, run as a script
     if len(sys.argv) > 1:
         CATCH_UP_FIXED_S = float(sys.argv[1])
-    for seed in (None, 0, 1, 2, 3):
-        r = simulated_ratios(seed)
-        how = "fixed acceptance" if seed is None else f"sampled acceptance, seed {seed}"
+    for seed in ("diffused", None, 0, 1, 2, 3):
+        r = simulated_ratios(None, diffused=True) if seed == "diffused" else simulated_ratios(seed)
+        how = ("error-diffused acceptance (the matrix's)" if seed == "diffused" else
+               "fixed acceptance" if seed is None else f"sampled acceptance, seed {seed}")
         print(f"catch-up fixed cost {CATCH_UP_FIXED_S * 1e3:g} ms, {how}: lowest cell "
               f"{min(r.values()):.3f}, {sum(v < 0.98 for v in r.values())} of {len(r)} cells "
               f"below 0.98, mean {np.mean(list(r.values())):.3f} (SIMULATED)")

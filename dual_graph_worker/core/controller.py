@@ -224,6 +224,10 @@ class GoodputController:
         # than the budget's share of a short workload.
         self._bank = float(config.explore_steps)
         self._allowance = self._bank           # the first re-measurement is paid for
+        # A re-measurement costing more than the bank is paid from a second account, in debt,
+        # repaid by what the full bank cannot hold: it never starves the cheap ones, and the
+        # next costly one waits until the debt is paid.
+        self._debt = 0.0
         self._explore_left = 0
         self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         # Steps a mode has recently run between switches: a switch's catch-up is spread over
@@ -278,11 +282,20 @@ class GoodputController:
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
-        self._allowance = min(self._allowance + self.config.explore_budget, self._bank)
+        income = self.config.explore_budget
+        room = self._bank - self._allowance
+        if income <= room:
+            self._allowance += income
+        else:
+            self._allowance = self._bank
+            self._debt = max(self._debt - (income - room), 0.0)
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
             if not self._explore_left:
                 self._explore_left = self.config.explore_steps
-                self._allowance -= decision.price
+                if decision.price > self._bank:
+                    self._debt += decision.price
+                else:
+                    self._allowance -= decision.price
                 self._explored_at[decision.mode] = self._step
             self._explore_left -= 1
             return
@@ -672,8 +685,12 @@ class GoodputController:
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
                 inputs.catch_up_tokens
             price += (self.catch_up_seconds(missed) + self._switch_s) / t
-        # One costing more than the bank waits for a full bank and leaves a debt: rarer, never
-        # ruled out (else acceptance rising where speculation looked hopeless goes unseen).
-        if self._allowance < min(price, self._bank):
-            return None
-        return Decision(mode, Reason.EXPLORE, price)
+        return Decision(mode, Reason.EXPLORE, price) if self._affordable(price) else None
+
+    def _affordable(self, price: float) -> bool:
+        """One costing more than the bank waits for a full bank and no debt, then goes into
+        debt: rare, never ruled out (else acceptance rising where speculation looked hopeless
+        goes unseen for good)."""
+        if price > self._bank:
+            return self._allowance >= self._bank and self._debt < 1e-9
+        return self._allowance >= price
