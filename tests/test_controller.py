@@ -687,6 +687,9 @@ def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones(
     # Its price went into debt; the bank is untouched: a cheap one is still affordable, the
     # next costly one only once the debt is repaid by what the full bank cannot hold.
     assert p._allowance == pytest.approx(bank) and p._debt == pytest.approx(3 * bank - 0.03)
+    shown = p.estimates()                                        # /get_server_info
+    assert (shown["explore_allowance_steps"], shown["explore_debt_steps"]) == (p._allowance,
+                                                                                p._debt)
     assert p._affordable(bank) and not p._affordable(bank + 0.1)
     steps = 0
     while not p._affordable(bank + 0.1):

@@ -376,7 +376,7 @@ class GoodputController:
     def estimates(self) -> dict:
         """For /get_server_info, not per step: per measured (mode, padded bs) the step seconds, its
         sample count, prior, mean context tokens and seconds per context token; each mode's pooled
-        seconds per context token; the prompt and catch-up terms."""
+        seconds per context token; the prompt and catch-up terms; the exploration accounts."""
         steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
         for i, (m, b) in enumerate(self._keys):
             if self._samples[i] > 0:
@@ -389,7 +389,8 @@ class GoodputController:
                 "prompt_per_output": self._prompt_per_output,
                 "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
                 "catch_up_s_per_token": rate, "switch_s": self._switch_s,
-                "fresh_accept": self._fresh, "run_len": self._run_len}
+                "fresh_accept": self._fresh, "run_len": self._run_len,
+                "explore_allowance_steps": self._allowance, "explore_debt_steps": self._debt}
 
     # ------------------------------------------------------------------------------ observe
 
