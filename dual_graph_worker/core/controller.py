@@ -282,20 +282,11 @@ class GoodputController:
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
-        income = self.config.explore_budget
-        room = self._bank - self._allowance
-        if income <= room:
-            self._allowance += income
-        else:
-            self._allowance = self._bank
-            self._debt = max(self._debt - (income - room), 0.0)
+        self._earn(self.config.explore_budget)
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
             if not self._explore_left:
                 self._explore_left = self.config.explore_steps
-                if decision.price > self._bank:
-                    self._debt += decision.price
-                else:
-                    self._allowance -= decision.price
+                self._charge(decision.price)
                 self._explored_at[decision.mode] = self._step
             self._explore_left -= 1
             return
@@ -687,6 +678,21 @@ class GoodputController:
                 inputs.catch_up_tokens
             price += (self.catch_up_seconds(missed) + self._switch_s) / t
         return Decision(mode, Reason.EXPLORE, price) if self._affordable(price) else None
+
+    def _earn(self, income: float) -> None:
+        """The bank fills first; what it cannot hold repays the debt."""
+        room = self._bank - self._allowance
+        if income <= room:
+            self._allowance += income
+        else:
+            self._allowance = self._bank
+            self._debt = max(self._debt - (income - room), 0.0)
+
+    def _charge(self, price: float) -> None:
+        if price > self._bank:
+            self._debt += price
+        else:
+            self._allowance -= price
 
     def _affordable(self, price: float) -> bool:
         """One costing more than the bank waits for a full bank and no debt, then goes into
