@@ -106,15 +106,21 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     return "\n".join(rows)
 
 
+def pool_tops(m: Measurements, distribution: BatchDistribution, accept_len: float,
+              chosen: Optional[Chosen]) -> dict[Mode, int]:
+    """Each pool's top: the chosen list's, else where the tuner would put it."""
+    if chosen is not None:
+        return {Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]}
+    plan = plan_pools(m, distribution, accept_len)
+    return {Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top}
+
+
 def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: float,
                chosen: Optional[Chosen] = None) -> str:
     """Per pool: its graphs' memory (isolated sum) and capture time against the expected padding
     waste, for every candidate up to the pool's top and for the chosen list."""
-    if chosen is not None:
-        tops = {Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]}
-    else:
-        plan = plan_pools(m, distribution, accept_len)
-        tops = {Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top}
+    tops = pool_tops(m, distribution, accept_len, chosen)
+    by_key = m.by_key()
     rows = [f"{'pool':>7}{'graphs':>8}{'memory alone':>14}{'capture s':>11}"
             f"{'waste tok/step':>16}  batch sizes"]
     for mode in (Mode.SPEC, Mode.DECODE):
@@ -122,7 +128,6 @@ def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: flo
         lists = [("all", prob.candidates)]
         if chosen is not None:
             lists.append(("chosen", chosen.sizes(mode)))
-        by_key = m.by_key()
         for name, sizes in lists:
             graphs = [by_key[GraphKey(mode, b)] for b in sizes]
             waste = expected_waste(sizes, distribution.probs, prob.tokens_per_request)
@@ -188,11 +193,7 @@ def plot_memory_and_capture(m: Measurements, chosen: Optional[Chosen], path: Pat
 
 def plot_waste_curves(m: Measurements, distribution: BatchDistribution, accept_len: float,
                       chosen: Optional[Chosen], path: Path) -> None:
-    if chosen is not None:
-        tops = {Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]}
-    else:
-        plan = plan_pools(m, distribution, accept_len)
-        tops = {Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top}
+    tops = pool_tops(m, distribution, accept_len, chosen)
     fig = _figure(1, 2, (11.0, 4.2))
     for ax, mode in zip(fig.axes, (Mode.SPEC, Mode.DECODE)):
         prob = pool_problem(m, mode, tops[mode])

@@ -19,12 +19,11 @@ import numpy as np
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY, Settings
-from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellState,
                                            Observation, PolicyInputs, PolicyState, PrefillTime,
                                            Reason, Reducer, StepTime)
 
-_OTHER = {Mode.SPEC: Mode.DECODE, Mode.DECODE: Mode.SPEC}
 _sum = np.add.reduce       # ndarray.sum's Python wrapper costs ~0.5 us a call on a batch's rows
 # A sample this many times the current estimate is an idle gap, not a step.
 _OUTLIER = 8.0
@@ -239,7 +238,8 @@ class GoodputController:
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
                                    Reason.NO_SPEC_GRAPH)}
         self._line_memo: dict[tuple[Mode, int], Optional[tuple[float, float, float]]] = {}
-        # No re-measurement is affordable below this allowance (infinite: exploration is off).
+        # A host-cost early-out: below this allowance no re-measurement is priced (infinite:
+        # exploration is off). Most cost more; one into a much shorter step may wait a little.
         self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
             else math.inf
 
@@ -252,7 +252,7 @@ class GoodputController:
             return decided[Mode.DECODE, Reason.NO_SPEC_GRAPH]
         cur = self._dwell.mode
         if self._explore_left:
-            return decided[_OTHER[cur], Reason.EXPLORE]
+            return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
         kv = inputs.kv_tokens
         spec = self._cost(Mode.SPEC, spec_bs, inputs.bs, self.expected_accept(inputs.rows), kv,
@@ -261,7 +261,7 @@ class GoodputController:
                             switch=not from_decode)
         self._costs = (spec, decode)
         here, there = (decode, spec) if from_decode else (spec, decode)
-        other = _OTHER[cur]
+        other = OTHER[cur]
         stay = decided[cur, Reason.GOODPUT]
         if here is None:
             # Nothing known of the current mode: measure it by staying.
@@ -669,7 +669,7 @@ class GoodputController:
         if self.config.explore_budget <= 0:
             return None
         price = self.config.explore_steps * max(min(loss, 1.0), _MIN_LOSS)
-        t = self.step_time(_OTHER[mode], pads[_OTHER[mode]], inputs.kv_tokens)
+        t = self.step_time(OTHER[mode], pads[OTHER[mode]], inputs.kv_tokens)
         if t:
             explored = self.step_time(mode, pads[mode], inputs.kv_tokens)
             if explored:

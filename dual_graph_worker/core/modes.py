@@ -17,6 +17,10 @@ class Mode(str, enum.Enum):
         return num_draft_tokens + 1 if self is Mode.SPEC else 1
 
 
+# Each mode's counterpart (a dict lookup: cheaper per step than a property on the enum).
+OTHER = {Mode.SPEC: Mode.DECODE, Mode.DECODE: Mode.SPEC}
+
+
 class GraphKey(NamedTuple):
     """One entry of a pool: the padded batch size the graphs of `mode` were captured for."""
 

@@ -16,7 +16,7 @@ from typing import Callable, Deque, Optional, Sequence
 import numpy as np
 
 from dual_graph_worker.core.dispatch import DispatchTable
-from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Decision, ModePolicy, PolicyInputs, Reason, Reducer,
                                            same_rank)
 from dual_graph_worker.core.results import StepRecord
@@ -85,7 +85,7 @@ class StepPlanner:
         catch-up it needs, so a prefill never pays the draft's work for one."""
         decision = self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens))
         if decision.reason is Reason.EXPLORE and decision.price > 0:      # a new one
-            return Mode.DECODE if decision.mode is Mode.SPEC else Mode.SPEC
+            return OTHER[decision.mode]
         return decision.mode
 
 

@@ -14,7 +14,7 @@ import statistics
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Optional
 
 from dual_graph_worker.core.jsonio import write_json
@@ -113,15 +113,11 @@ class CaptureProbe:
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end) / 1e3)
-            self.records[i] = _with_replay(self.records[i], statistics.median(times))
+            self.records[i] = replace(self.records[i], replay_s=statistics.median(times))
 
     def write(self, stamp: dict) -> None:
         write_json({"schema": SCHEMA, **stamp,
                     "graphs": [asdict(r) for r in self.records]}, self.path)
-
-
-def _with_replay(record: GraphRecord, seconds: float) -> GraphRecord:
-    return GraphRecord(**{**asdict(record), "replay_s": seconds})
 
 
 class _SizedGraphs:
@@ -156,23 +152,19 @@ def installed_capture_probe() -> Optional[CaptureProbe]:
     return getattr(FullCudaGraphBackend, _ATTR, None)
 
 
-def finish_capture_probe(probe: CaptureProbe, *, write: bool, target_config: Any,
-                         draft_config: Any, num_steps: int, attention_backend: str,
-                         tp_size: int, topk: int, spec_bs: list, decode_bs: list) -> None:
+def finish_capture_probe(probe: CaptureProbe, *, write: bool, model_shape: dict, spec_bs: list,
+                         decode_bs: list) -> None:
     """Replay every graph (on every rank: a graph may hold collectives) and, on `write`, write
     the file stamped with what a measurements file needs: GPU, model shape, SGLang version."""
     import torch
 
     from dual_graph_worker.core.capture_schema import GpuInfo
-    from dual_graph_worker.engines.sglang.capture_config import sglang_model_shape
     from dual_graph_worker.engines.sglang.version import installed_sglang_version
 
     probe.replay_all()
     if write:
         probe.write({
             "gpu": GpuInfo.from_torch(torch.cuda.current_device()).to_json(),
-            "model_shape": sglang_model_shape(target_config, draft_config, num_steps=num_steps,
-                                              attention_backend=attention_backend,
-                                              tp_size=tp_size, topk=topk),
+            "model_shape": model_shape,
             "sglang": installed_sglang_version(), "torch": torch.__version__,
             "spec_bs": list(spec_bs), "decode_bs": list(decode_bs)})

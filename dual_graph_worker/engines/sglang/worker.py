@@ -173,18 +173,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         from dual_graph_worker.engines.sglang.capture_config import (
             load_server_capture_config,
             plan_capture,
-            sglang_model_shape,
             spec_list_warning,
         )
         from dual_graph_worker.engines.sglang.decode_pool import fit_to_server_request_pool
 
         sa = mr.server_args
-        shape = sglang_model_shape(mr.model_config, self._draft_worker.draft_runner.model_config,
-                                   num_steps=self.speculative_num_steps,
-                                   attention_backend=mr.decode_attention_backend_str,
-                                   tp_size=sa.tp_size, topk=self.topk)
         capture = load_server_capture_config(
-            path, gpu=GpuInfo.from_torch(torch.cuda.current_device()), shape=shape)
+            path, gpu=GpuInfo.from_torch(torch.cuda.current_device()), shape=self._model_shape(mr))
         plan = plan_capture(self.settings, capture, explicit_keys(os.environ), path)
         self.settings = plan.config
         if self._is_rank0:
@@ -236,6 +231,15 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
 
+    def _model_shape(self, mr) -> dict:
+        """This server's capture fingerprint shape (capture_config.sglang_model_shape)."""
+        from dual_graph_worker.engines.sglang.capture_config import sglang_model_shape
+
+        return sglang_model_shape(mr.model_config, self._draft_worker.draft_runner.model_config,
+                                  num_steps=self.speculative_num_steps,
+                                  attention_backend=mr.decode_attention_backend_str,
+                                  tp_size=mr.server_args.tp_size, topk=self.topk)
+
     def _finish_capture_probe(self, mr, spec_bs: tuple[int, ...]) -> None:
         """DGW_CAPTURE_PROBE (capture_probe.py): every graph's replay time, then the file."""
         from dual_graph_worker.engines.sglang.capture_probe import (finish_capture_probe,
@@ -246,12 +250,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             raise ConfigError("DGW_CAPTURE_PROBE is set but no capture was probed: the plugin "
                               "installs the probe when it registers, so set it in the "
                               "environment that launches the server")
-        finish_capture_probe(
-            probe, write=self._is_rank0, target_config=mr.model_config,
-            draft_config=self._draft_worker.draft_runner.model_config,
-            num_steps=self.speculative_num_steps,
-            attention_backend=mr.decode_attention_backend_str, tp_size=mr.server_args.tp_size,
-            topk=self.topk, spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs))
+        finish_capture_probe(probe, write=self._is_rank0, model_shape=self._model_shape(mr),
+                             spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs))
         if self._is_rank0:
             logger.info("dual-graph: capture probe: %d graphs -> %s", len(probe.records),
                         probe.path)
