@@ -593,6 +593,32 @@ def test_each_size_keeps_its_own_cost_per_context_token():
     assert p.step_time(Mode.SPEC, 1, 4096) == pytest.approx(t_spec(1) + 1.8e-6 * 4096)
 
 
+def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_over():
+    """Spec's cost per context token grows with the context: bs 16 measured over 256-512-token
+    prompts (0.40 us a token there) reaches 32k-token batches at the mode's rate, fitted where
+    contexts were long (0.55 us: H200 run 7 estimated 21.8 ms against 25-28 ms measured)."""
+    p = controller(replay_prior())
+    for _ in range(3):
+        for per_request in (256, 320, 384, 448, 512):
+            kv = 16 * per_request
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * kv, kv_tokens=kv))
+        for kv in range(2048, 30721, 2048):
+            p.observe(StepTime(Mode.SPEC, 32, t_spec(32) + 0.55e-6 * kv, kv_tokens=kv))
+        p.exchange(lambda v: v)
+    own = p.estimates()["step_s"]["spec"][16][4]
+    assert own == pytest.approx(0.40e-6, rel=0.01)
+    assert p.estimates()["context_s_per_token"]["spec"] > 0.5e-6
+    # Within the contexts it has seen, its own line; far beyond, the steeper pooled rate.
+    assert p.step_time(Mode.SPEC, 16, 16 * 400) == pytest.approx(
+        t_spec(16) + 0.40e-6 * 16 * 400, rel=1e-3)
+    far = p.step_time(Mode.SPEC, 16, 16 * 2048)
+    assert far > t_spec(16) + 0.40e-6 * 16 * 2048 + 0.1e-6 * 16 * 1024
+    # A shallower pooled rate never lowers a size's own (decode here: no pooled rate at all).
+    p.observe(StepTime(Mode.DECODE, 16, t_decode(16), kv_tokens=16 * 300))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 16, 16 * 2048) == pytest.approx(t_decode(16), rel=1e-3)
+
+
 def test_a_size_not_measured_scales_only_its_neighbours_fixed_part_by_the_prior():
     """Spec measured at bs 1 only: bs 32's fixed part is bs 1's times the prior's ratio, its
     seconds per context token bs 1's as measured (scaling that too priced bs 32 over 300-token

@@ -48,6 +48,9 @@ _MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
 _CONTEXT_DECAY = 0.99
 # A measured step time predicts no less than this share of itself at a shorter context.
 _CONTEXT_FLOOR = 0.25
+# A key's own slope holds out to this many standard deviations above its mean context; beyond,
+# the mode's pooled slope where steeper (attention's cost per token grows with the context).
+_CONTEXT_REACH = 2.0
 # An exploration step costs at least this share of a step: nothing is free.
 _MIN_LOSS = 0.05
 # Decode has no hidden parameter, only its step time: re-measured only where a step this much
@@ -55,6 +58,9 @@ _MIN_LOSS = 0.05
 _DECODE_DRIFT = 0.3
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
+# A key's step line: intercept, seconds per context token, floor, the context its own slope
+# reaches, the slope beyond.
+_Line = tuple[float, float, float, float, float]
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
 _KEY_SLOTS = 5
 # Local slots after the per-key ones: regressions (n, sum x, sum y, sum xx, sum xy
@@ -182,6 +188,7 @@ class GoodputController:
         self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._slope = np.zeros(n)          # per key: its own where its contexts spread, else beta
+        self._kv_reach = np.zeros(n)       # per key: the context its own slope holds out to
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
         self._prefill = {d: _Slope(_MIN_SPREAD["prefill"]) for d in (True, False)}
@@ -237,7 +244,7 @@ class GoodputController:
         self._decided = {(m, r): Decision(m, r) for m in Mode
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
                                    Reason.NO_SPEC_GRAPH)}
-        self._line_memo: dict[tuple[Mode, int], Optional[tuple[float, float, float]]] = {}
+        self._line_memo: dict[tuple[Mode, int], Optional[_Line]] = {}
         # A host-cost early-out: below this allowance no re-measurement is priced (infinite:
         # exploration is off). Most cost more; one into a much shorter step may wait a little.
         self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
@@ -325,22 +332,27 @@ class GoodputController:
             self._line_memo.setdefault(key, self._fit_line(key))
         if line is None:
             return None
-        a, b, floor = line
-        return max(a + b * kv_tokens, floor)
+        a, b, floor, reach, b_far = line
+        beyond = kv_tokens - reach
+        return max(a + b * kv_tokens + (b_far - b) * beyond if beyond > 0 else a + b * kv_tokens,
+                   floor)
 
-    def _fit_line(self, key: tuple[Mode, int]) -> Optional[tuple[float, float, float]]:
+    def _fit_line(self, key: tuple[Mode, int]) -> Optional[_Line]:
         mode = key[0]
         i = self._index.get(key)
         if i is None:
             return None
+        b_mode = self._beta[mode]
         if self._samples[i] > 0:
             b = self._slope[i]
-            return self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i]
+            return (self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i],
+                    self._kv_reach[i], max(b, b_mode))
         idx = self._by_mode[mode]
         seen = idx[self._samples[idx] > 0]
         prior = self._prior[i]
         if not len(seen):
-            return None if math.isnan(prior) else (float(prior), 0.0, _CONTEXT_FLOOR * prior)
+            return None if math.isnan(prior) else (float(prior), 0.0, _CONTEXT_FLOOR * prior,
+                                                   0.0, b_mode)
         pb = self._pb[i]
         below, above = seen[self._pb[seen] < pb], seen[self._pb[seen] > pb]
         near = [j for j in (below[-1] if len(below) else None, above[0] if len(above) else None)
@@ -353,13 +365,14 @@ class GoodputController:
         # their seconds per context token interpolated, unscaled (a step's fixed part grows with
         # the batch, attention's cost per token read does not).
         scaled = not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near)
-        a = b = floor = 0.0
+        a = b = floor = reach = 0.0
         for j, w in zip(near, weights):
             scale = w * (prior / self._prior[j] if scaled else 1.0)
             a += scale * (self._est[j] - self._slope[j] * self._est_kv[j])
             b += w * self._slope[j]
             floor += scale * _CONTEXT_FLOOR * self._est[j]
-        return float(a), float(b), float(floor)
+            reach += w * self._kv_reach[j]
+        return float(a), float(b), float(floor), float(reach), max(float(b), b_mode)
 
     def state(self) -> PolicyState:
         return PolicyState(self._accept, *(None if c is None else 1.0 / c for c in self._costs))
@@ -546,6 +559,7 @@ class GoodputController:
         own = var >= spread * np.maximum(n, 1.0)
         beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
         self._slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
+        self._kv_reach = sx / per + _CONTEXT_REACH * np.sqrt(np.maximum(var, 0.0) / per)
 
     def prompt_per_output(self) -> float:
         return self._prompt_per_output
