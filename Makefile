@@ -13,7 +13,7 @@ OUT     ?= out
 TORCH_CPU ?= torch==2.13.0
 
 .PHONY: help setup setup-test demo test settings toy capture-tune capture-report capture-flags \
-        controller-cost nsys-check test-gpu bench capture-measure nsys-profile serve-bench policy-matrix \
+        controller-cost nsys-check test-gpu bench capture-measure capture-compare nsys-profile serve-bench policy-matrix \
         clean
 
 help:                            ## this list
@@ -62,10 +62,13 @@ TIME_BUDGET ?= 4
 ACCEPT_LEN ?= 3.0
 DISTRIBUTION ?= uniform:1-256
 CAPTURE_CONFIG ?= $(OUT)/capture/config.json
+# SGLang measurements: SPEC_MAX_BS=64 (the worker's DGW_SPEC_MAX_BS) keeps the spec pool where a
+# served spec step can win; replays alone place the crossover higher.
+SPEC_MAX_BS ?=
 capture-tune: setup              ## choose pool batch sizes under budgets -> $(CAPTURE_CONFIG)
 	$(BIN)/dgw capture-tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \
 	  --time-budget $(TIME_BUDGET) --distribution $(DISTRIBUTION) --accept-len $(ACCEPT_LEN) \
-	  --out $(CAPTURE_CONFIG)
+	  $(if $(SPEC_MAX_BS),--spec-max-bs $(SPEC_MAX_BS)) --out $(CAPTURE_CONFIG)
 
 capture-report: setup            ## tables and plots of measurements + config -> $(OUT)/capture
 	$(BIN)/dgw capture-report --measurements $(MEASUREMENTS) --config $(CAPTURE_CONFIG) \
@@ -98,6 +101,10 @@ ifeq ($(ENGINE),sglang)
 else
 	$(GPU_PY) -m capture.measure --out $(OUT)/capture/measurements.json
 endif
+
+capture-compare:                 ## GPU: tuned config vs default lists on SGLang -> $(OUT)/capture-compare
+	$(GPU_PY) -m bench.sglang.capture_compare --out $(OUT)/capture-compare \
+	  --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) --accept-len $(ACCEPT_LEN)
 
 PROFILE_MODEL ?= llama3-8b
 EXPECT_SM ?=

@@ -24,6 +24,7 @@ from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
 from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
 from capture.units import parse_duration, parse_size
+from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.modes import Mode
 
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "inline JSON {\"bs\": weight} or @file.json (default: %(default)s)")
     t.add_argument("--accept-len", required=True, type=_accept_len,
                    help="expected accepted tokens per request per spec step, 1..K+1")
+    t.add_argument("--spec-max-bs", type=positive_int, default=None,
+                   help="largest spec-pool batch size, below the replays' crossover: a served "
+                        "spec step pays host work and draft prefills its replay does not "
+                        "(the SGLang worker's DGW_SPEC_MAX_BS; default: the crossover)")
     t.add_argument("--out", default="capture/config.json",
                    help="capture config to write (default: %(default)s)")
     t.add_argument("--exclude-compile-outlier", action=argparse.BooleanOptionalAction,
@@ -115,7 +120,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     m = load_measurements(args.measurements)
     dist = parse_distribution(args.distribution, max_bs=m.sizes(Mode.DECODE)[-1])
     result = tune(m, memory, seconds, dist, args.accept_len,
-                  exclude_compile_outlier=args.exclude_compile_outlier)
+                  exclude_compile_outlier=args.exclude_compile_outlier,
+                  spec_max_bs=args.spec_max_bs)
     save_capture_config(build_capture_config(m, result), args.out)
     print(result.table())
     print(f"\nwrote capture config {args.out}")

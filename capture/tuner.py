@@ -214,6 +214,7 @@ class TuningResult:
     capture_outliers: tuple[CaptureOutlier, ...] = ()
     exclude_compile_outlier: bool = True
     one_time_compile_s: Optional[float] = None    # measurements' meta, when measured
+    spec_max_bs: Optional[int] = None     # the spec pool's cap below the crossover, if any
 
     @property
     def crossover_bs(self) -> Optional[int]:
@@ -243,8 +244,10 @@ def find_crossover(measurements: Measurements, accept_len: float) -> Crossover:
 
 
 def plan_pools(measurements: Measurements, distribution: BatchDistribution,
-               accept_len: float) -> PoolPlan:
-    """Crossover and pool tops (steps 1-2, docs/design.md); raises TuningError."""
+               accept_len: float, spec_max_bs: Optional[int] = None) -> PoolPlan:
+    """Crossover and pool tops (steps 1-2, docs/design.md); raises TuningError. `spec_max_bs`
+    caps the spec pool below the replays' crossover: a replay leaves out the host work and
+    draft prefills a served step pays, so a server's crossover sits lower than its graphs'."""
     k = measurements.num_draft_tokens
     if not 1.0 <= accept_len <= k + 1:
         raise TuningError(f"accept length must be in 1..K+1 = 1..{k + 1} tokens per request per "
@@ -267,7 +270,11 @@ def plan_pools(measurements: Measurements, distribution: BatchDistribution,
             "tuner does not allow (no measurement prices an eager step): measure larger decode "
             f"batch sizes, or cap the distribution at {dec_sizes[-1]} (e.g. uniform:1-"
             f"{dec_sizes[-1]}) and cap max running requests to match")
-    spec_sizes = [b for b in measurements.sizes(Mode.SPEC) if b <= crossover.bs]
+    top = crossover.bs if spec_max_bs is None else min(crossover.bs, spec_max_bs)
+    spec_sizes = [b for b in measurements.sizes(Mode.SPEC) if b <= top]
+    if not spec_sizes:
+        raise TuningError(f"--spec-max-bs {spec_max_bs} is below every measured spec batch size "
+                          f"({measurements.sizes(Mode.SPEC)[0]} is the smallest); raise it")
     spec_top = spec_sizes[-1] if spec_sizes[-1] < need else spec_sizes[
         bisect.bisect_left(spec_sizes, need)]
     decode_top = dec_sizes[bisect.bisect_left(dec_sizes, max(need, spec_top))]
@@ -278,7 +285,8 @@ def plan_pools(measurements: Measurements, distribution: BatchDistribution,
 def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: float,
          distribution: BatchDistribution, accept_len: float,
          work_limit: int = DEFAULT_WORK_LIMIT,
-         exclude_compile_outlier: bool = True) -> TuningResult:
+         exclude_compile_outlier: bool = True,
+         spec_max_bs: Optional[int] = None) -> TuningResult:
     """Steps 1-3 (docs/design.md). Raises TuningError when no valid choice exists."""
     if memory_budget_bytes <= 0 or time_budget_s <= 0:
         raise TuningError(f"budgets must be > 0, got memory {memory_budget_bytes} bytes and "
@@ -287,7 +295,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
     if exclude_compile_outlier:
         measurements = replace_capture_s(measurements, outliers)
     model = MemoryModel.from_measurements(measurements)
-    plan = plan_pools(measurements, distribution, accept_len)
+    plan = plan_pools(measurements, distribution, accept_len, spec_max_bs)
     probs = distribution.probs
     sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s,
                 per_graph_bytes=model.per_graph_bytes, work_limit=work_limit)
@@ -322,7 +330,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
         fingerprint=measurements.model.fingerprint, synthetic=measurements.synthetic,
         chosen=chosen, all_candidates=all_candidates, memory_model=model,
         capture_outliers=outliers, exclude_compile_outlier=exclude_compile_outlier,
-        one_time_compile_s=measurements.one_time_compile_s)
+        one_time_compile_s=measurements.one_time_compile_s, spec_max_bs=spec_max_bs)
 
 
 def totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
@@ -372,7 +380,10 @@ def format_table(r: TuningResult) -> str:
         f"crossover: speculation pays up to bs={cross.bs}"
         + (f" ({at.spec_tok_s:.0f} vs {at.decode_tok_s:.0f} tok/s)" if at else "")
         + (f"; decode wins at bs={loss.bs} ({loss.spec_tok_s:.0f} vs {loss.decode_tok_s:.0f})"
-           if loss else ""),
+           if loss else "")
+        + (f"; spec pool capped at bs={r.spec_max_bs} (--spec-max-bs)"
+           if r.spec_max_bs is not None and cross.bs is not None and r.spec_max_bs < cross.bs
+           else ""),
         f"budgets: memory {format_bytes(r.memory_budget_bytes)}, capture time "
         f"{r.time_budget_s:g} s"
         + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),

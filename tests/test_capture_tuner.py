@@ -92,6 +92,19 @@ def test_spec_top_sits_at_the_crossover(h200) -> None:
     assert r2.spec_bs[-1] == 8 == r2.crossover_bs
 
 
+def test_spec_max_bs_caps_the_spec_pool_below_the_crossover(h200) -> None:
+    r = tune(h200, 64 * GiB, 1000.0, _uniform(256), 3.0, spec_max_bs=20)
+    assert r.crossover_bs == 40           # the replays' crossover is kept, for the table
+    assert r.spec_bs == tuple(b for b in h200.sizes(Mode.SPEC) if b <= 20)
+    assert "spec pool capped at bs=20" in r.table()
+    # A cap above the crossover changes nothing; a cap below every size is refused.
+    assert tune(h200, 64 * GiB, 1000.0, _uniform(256), 3.0, spec_max_bs=200).spec_bs == \
+        tune(h200, 64 * GiB, 1000.0, _uniform(256), 3.0).spec_bs
+    m = measurements_from_costs(spec={4: 0.006, 8: 0.007}, decode={4: 0.005, 8: 0.005})
+    with pytest.raises(TuningError, match="--spec-max-bs 2 is below every measured spec batch"):
+        tune(m, GiB, 10.0, parse_distribution("uniform:1-8", 8), 3.0, spec_max_bs=2)
+
+
 def test_tops_follow_a_small_distribution(h200) -> None:
     r = tune(h200, 64 * GiB, 1000.0, _uniform(10), 3.0)
     assert r.spec_bs[-1] == 12 and r.decode_bs[-1] == 12   # smallest sizes covering bs 10

@@ -793,6 +793,8 @@ def test_server_info_carries_the_workers_counters(registered, bare_sglang_worker
     assert state["spec_accept_len"] == 3.0 and state["output_tokens"] == 8
     assert state["policy"] == "goodput" and result.internal_state["memory_usage"] == 1
     assert "estimates" not in state                 # a threshold has no cost model to show
+    assert state["pools"] == {"spec_bs": list(w.planner.table.spec_sizes),
+                              "decode_bs": list(w.planner.table.decode_sizes)}
 
 
 def test_every_hook_target_exists_in_the_supported_sglang(supported_sglang):

@@ -31,11 +31,17 @@ from dual_graph_worker.core.settings import BY_KEY
 POOL_RUNNERS = ("target_verify", "draft_decode", "draft_extend", "decode_pool", "draft_sync")
 
 
+def pool_sum(by_runner: dict) -> Optional[float]:
+    """The pools' share of a per-runner figure (SGLang's graph GB or capture seconds)."""
+    got = [float(by_runner[k]) for k in POOL_RUNNERS
+           if isinstance(by_runner.get(k), (int, float))]
+    return sum(got) if got else None
+
+
 def together_bytes(server_info: dict) -> Optional[int]:
     """The pools' graph memory captured together, from a server's memory_usage.graph (GB)."""
-    graph = ((server_info or {}).get("memory_usage") or {}).get("graph") or {}
-    got = [float(graph[k]) for k in POOL_RUNNERS if isinstance(graph.get(k), (int, float))]
-    return int(sum(got) * 2**30) if got else None
+    gb = pool_sum(((server_info or {}).get("memory_usage") or {}).get("graph") or {})
+    return None if gb is None else int(gb * 2**30)
 
 
 def engine_spec(name: str, target: Path, draft: Path, sizes: list[int], env: dict,

@@ -63,6 +63,7 @@ def _server_info(engine) -> dict:
             "effective_max_running_requests": st.get("effective_max_running_requests_per_dp"),
             "max_running_requests": info.get("max_running_requests"),
             "speculative_algorithm": info.get("speculative_algorithm"),
+            "dual_graph_pools": (st.get("dual_graph") or {}).get("pools"),
             "version": info.get("version")}
 
 

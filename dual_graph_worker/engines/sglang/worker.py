@@ -507,8 +507,11 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
         state = self.counters.to_json()
         if self.planner is not None:
-            p = self.planner.policy.state()
-            state |= {"policy": self.settings.policy.value, "accept_len_estimate": p.accept_len,
+            p, table = self.planner.policy.state(), self.planner.table
+            state |= {"policy": self.settings.policy.value,
+                      "pools": {"spec_bs": list(table.spec_sizes),
+                                "decode_bs": list(table.decode_sizes)},
+                      "accept_len_estimate": p.accept_len,
                       "expected_goodput_spec": p.spec_goodput,
                       "expected_goodput_decode": p.decode_goodput}
             if (estimates := self.planner.policy.estimates()) is not None:

@@ -1,0 +1,218 @@
+"""GPU: a tuned capture config against the worker's default capture lists, side by side on
+SGLang 0.5.17 (`make capture-compare`).
+
+1. The worker with its default lists (SGLang's speculative list capped at DGW_SPEC_MAX_BS, the
+   plain server's decode list): start-up, the pools' graph memory and capture time (SGLang's
+   own per-runner figures), tok/s per concurrency.
+2. `capture-tune` on the measurements (bench/sglang/capture_measure.py) under the given budgets,
+   each lowered to what the default lists cost: a tuned server never spends more than the one
+   it replaces.
+3. The worker with that config (DGW_CAPTURE_CONFIG), the same figures.
+Llama-3-8B shape, DUMMY weights, accept length FORCED (SGLANG_SIMULATE_ACC_LEN). Writes
+DIR/compare.json, DIR/report.md, DIR/compare.png, DIR/config.json, DIR/tune.txt.
+
+    python -m bench.sglang.capture_compare --out DIR --measurements M.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+from bench.sglang.capture_measure import POOL_RUNNERS, pool_sum
+from bench.sglang.engine_child import run_child
+from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
+from bench.sglang.policy_matrix import Workload, engine_kwargs
+from capture.config import build_capture_config, save_capture_config
+from capture.distribution import parse_distribution
+from capture.measurements import load_measurements
+from capture.tuner import tune
+from capture.units import parse_size
+from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.settings import BY_KEY
+
+ENGINES = ("default", "tuned")
+
+
+def pool_cost(server_info: dict) -> dict:
+    """The two pools' graph memory (bytes) and capture seconds a server reported."""
+    mem = ((server_info or {}).get("memory_usage") or {}).get("graph") or {}
+    secs = ((server_info or {}).get("startup_time") or {}).get("cuda_graph") or {}
+    gb = pool_sum(mem)
+    return {"graph_bytes": None if gb is None else int(gb * 2**30),
+            "capture_s": pool_sum(secs),
+            "by_runner": {k: {"gb": mem.get(k), "s": secs.get(k)} for k in POOL_RUNNERS
+                          if k in mem or k in secs}}
+
+
+def summary(name: str, res: dict) -> dict:
+    """One engine's row: start-up, pools, the lists it captured, tok/s per concurrency."""
+    info = res.get("server_info") or {}
+    tok_s: dict[int, list[float]] = {}
+    for task in (res.get("tasks") or {}).values():
+        for p in (task or {}).get("points", []):
+            tok_s.setdefault(int(p["concurrency"]), []).append(float(p["tok_s"]))
+    return {"engine": name, "ok": bool(res.get("ok")), "startup_s": res.get("startup_s"),
+            **pool_cost(info), "pools": info.get("dual_graph_pools"),
+            "tok_s": {c: statistics.median(v) for c, v in sorted(tok_s.items())},
+            "tok_s_runs": {c: v for c, v in sorted(tok_s.items())},
+            "error": res.get("error")}
+
+
+def compare(default: dict, tuned: dict) -> dict:
+    """tuned / default for every figure both have."""
+    def ratio(a, b):
+        return None if a in (None, 0) or b is None else round(b / a, 4)
+    return {"startup": ratio(default["startup_s"], tuned["startup_s"]),
+            "graph_bytes": ratio(default["graph_bytes"], tuned["graph_bytes"]),
+            "capture_s": ratio(default["capture_s"], tuned["capture_s"]),
+            "tok_s": {c: ratio(default["tok_s"].get(c), tuned["tok_s"].get(c))
+                      for c in default["tok_s"] if c in tuned["tok_s"]}}
+
+
+def report(rows: list[dict], ratios: Optional[dict], note: str) -> str:
+    def mib(b):
+        return "-" if b is None else f"{b / 2**20:.0f} MiB"
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    levels = sorted({c for r in rows for c in r["tok_s"]})
+    lines = [f"# Tuned capture config vs the worker's default lists\n\n{note}\n",
+             "| engine | start-up | pools' graph memory | pools' capture | spec bs | decode bs | "
+             + " | ".join(f"tok/s C={c}" for c in levels) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(levels)]
+    for r in rows:
+        pools = r.get("pools") or {}
+        lines.append(
+            f"| {r['engine']} | {num(r['startup_s'], '.1f')} s | {mib(r['graph_bytes'])} | "
+            f"{num(r['capture_s'], '.2f')} s | {len(pools.get('spec_bs') or [])} sizes, top "
+            f"{max(pools.get('spec_bs') or [0])} | {len(pools.get('decode_bs') or [])} sizes, top "
+            f"{max(pools.get('decode_bs') or [0])} | "
+            + " | ".join(num(r["tok_s"].get(c), ".0f") for c in levels) + " |")
+    if ratios:
+        lines.append(f"| tuned / default | {num(ratios['startup'], '.3f')} | "
+                     f"{num(ratios['graph_bytes'], '.3f')} | {num(ratios['capture_s'], '.3f')} "
+                     "| | | " + " | ".join(num(ratios["tok_s"].get(c), ".3f") for c in levels)
+                     + " |")
+    for r in rows:
+        if r.get("pools"):
+            lines.append(f"\n{r['engine']}: spec bs {r['pools']['spec_bs']}, decode bs "
+                         f"{r['pools']['decode_bs']}")
+        if r.get("error"):
+            lines.append(f"\n{r['engine']}: {r['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], ratios: dict, path: Path, note: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = ["graph memory", "capture time", "start-up"]
+    vals = [ratios["graph_bytes"], ratios["capture_s"], ratios["startup"]]
+    a.bar(names, [v or 0 for v in vals], color="tab:blue")
+    a.axhline(1.0, color="k", lw=0.8)
+    a.set_ylabel("tuned / default")
+    a.set_title("start-up cost")
+    levels = sorted(ratios["tok_s"])
+    b.bar([f"C={c}" for c in levels], [ratios["tok_s"][c] or 0 for c in levels],
+          color="tab:green")
+    b.axhline(1.0, color="k", lw=0.8)
+    b.axhline(0.99, color="r", lw=0.8, ls="--")
+    b.set_ylim(0.9, 1.1)
+    b.set_title("tok/s, tuned / default")
+    fig.suptitle(note, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.capture_compare",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--measurements", required=True,
+                    help="measurements.json of `make capture-measure ENGINE=sglang`")
+    ap.add_argument("--accept-len", type=float, default=3.0)
+    ap.add_argument("--memory-budget", default="1GiB")
+    ap.add_argument("--time-budget", type=float, default=30.0, help="seconds of capture")
+    ap.add_argument("--distribution", default="uniform:1-256")
+    ap.add_argument("--spec-max-bs", type=positive_int,
+                    default=BY_KEY["spec_max_bs"].default,
+                    help="the tuned spec pool's cap (default: the worker's DGW_SPEC_MAX_BS)")
+    ap.add_argument("--workload", default="256x256@1,16,64,256")
+    ap.add_argument("--repeats", type=positive_int, default=2)
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per engine")
+    args = ap.parse_args(argv)
+    work = Path(args.out).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    w = Workload.parse(args.workload)
+    try:
+        m = load_measurements(args.measurements)
+        dist = parse_distribution(args.distribution, max_bs=m.sizes(Mode.DECODE)[-1])
+        budget = parse_size(args.memory_budget)
+    except DualGraphError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    shapes = llama3_8b_shapes()
+    target, draft = write_dummy_pair(work / "models", shapes)
+    tasks = [{"name": f"r{i}", "kind": "sweep", "concurrency": list(w.concurrency),
+              "input_len": w.input_len, "output_len": w.output_len, "vocab": shapes.vocab_size,
+              "warmup": True, "warm_shapes": i == 0, "seed": 1000 + 10_000 * i}
+             for i in range(args.repeats)]
+    env = {"SGLANG_SIMULATE_ACC_LEN": str(args.accept_len)}
+
+    def run(name: str, extra_env: dict) -> dict:
+        spec = {"name": name, "engine_kwargs": engine_kwargs("dual", target, draft, radix=True,
+                                                             log_level="warning"),
+                "env": env | extra_env, "tasks": tasks}
+        res = run_child(work, spec, shim_dir=work / "shim", timeout=args.timeout_s)
+        print(f"[compare] {name}: rc={res['returncode']} startup={res.get('startup_s')}",
+              flush=True)
+        return summary(name, res)
+
+    rows = [run("default", {})]
+    base = rows[0]
+    mem_cap = min(budget, base["graph_bytes"] or budget)
+    time_cap = min(args.time_budget, base["capture_s"] or args.time_budget)
+    try:
+        result = tune(m, mem_cap, time_cap, dist, args.accept_len, spec_max_bs=args.spec_max_bs)
+    except DualGraphError as exc:
+        print(f"error: tuning under the default lists' cost failed: {exc}", file=sys.stderr)
+        write_json({"rows": rows, "error": str(exc)}, work / "compare.json")
+        return 1
+    config_path = work / "config.json"
+    save_capture_config(build_capture_config(m, result), config_path)
+    (work / "tune.txt").write_text(result.table() + "\n")
+    print(result.table())
+    rows.append(run("tuned", {BY_KEY["capture_config"].env: str(config_path)}))
+    ratios = compare(*rows) if all(r["ok"] for r in rows) else None
+    note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED to "
+            f"{args.accept_len:g}, triton attention, radix cache on, {w.name} T=0 ignore_eos, "
+            f"median of {args.repeats} batches per C; tuned under memory "
+            f"{mem_cap / 2**20:.0f} MiB and capture {time_cap:.1f} s (the budgets "
+            f"{args.memory_budget}, {args.time_budget:g} s lowered to the default lists' cost), "
+            f"{args.distribution}, spec pool <= {args.spec_max_bs}")
+    write_json({"note": note, "rows": rows, "ratios": ratios,
+                "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap},
+                "tuned": {"spec_bs": list(result.spec_bs), "decode_bs": list(result.decode_bs)}},
+               work / "compare.json")
+    text = report(rows, ratios, note)
+    (work / "report.md").write_text(text)
+    if ratios:
+        plot(rows, ratios, work / "compare.png", note)
+    print(text)
+    return 0 if ratios else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

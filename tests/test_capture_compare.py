@@ -1,0 +1,75 @@
+"""bench/sglang/capture_compare.py without a GPU: engines replaced by canned results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.sglang import capture_compare
+from capture.config import load_capture_config
+
+FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
+
+
+def _result(graph_gb: dict, graph_s: dict, tok_s: dict, spec_bs, decode_bs) -> dict:
+    points = [{"concurrency": c, "tok_s": t} for c, t in tok_s.items()]
+    return {"ok": True, "startup_s": 50.0,
+            "server_info": {"memory_usage": {"graph": graph_gb},
+                            "startup_time": {"cuda_graph": graph_s},
+                            "dual_graph_pools": {"spec_bs": spec_bs, "decode_bs": decode_bs}},
+            "tasks": {"r0": {"points": points}, "r1": {"points": points}}}
+
+
+def test_pool_cost_counts_the_pools_runners_only():
+    cost = capture_compare.pool_cost({
+        "memory_usage": {"graph": {"prefill": 1.0, "target_verify": 0.25, "decode_pool": 0.25}},
+        "startup_time": {"cuda_graph": {"prefill": 9.0, "draft_decode": 2.0, "decode_pool": 1.5}}})
+    assert cost["graph_bytes"] == 2**29 and cost["capture_s"] == 3.5
+    assert "prefill" not in cost["by_runner"]
+    assert capture_compare.pool_cost({}) == {"graph_bytes": None, "capture_s": None,
+                                            "by_runner": {}}
+
+
+def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, monkeypatch):
+    """Tuning runs between the two engines, its budgets lowered to the default server's pool
+    memory and capture time; the tuned engine gets the config through DGW_CAPTURE_CONFIG."""
+    started = []
+
+    def fake_run_child(folder, spec, *, shim_dir, timeout):
+        started.append(spec)
+        if spec["name"] == "default":
+            res = _result({"target_verify": 0.4, "decode_pool": 0.2},
+                          {"target_verify": 6.0, "decode_pool": 4.0},
+                          {1: 100.0, 16: 1000.0}, [1, 2, 4], [1, 2, 4, 8])
+        else:
+            assert load_capture_config(spec["env"]["DGW_CAPTURE_CONFIG"]).spec_bs[-1] <= 16
+            res = _result({"target_verify": 0.3, "decode_pool": 0.1},
+                          {"target_verify": 5.0, "decode_pool": 3.0},
+                          {1: 101.0, 16: 990.0}, [1, 4], [2, 8])
+        return res | {"returncode": 0}
+
+    monkeypatch.setattr(capture_compare, "run_child", fake_run_child)
+    rc = capture_compare.main(["--out", str(tmp_path), "--measurements", str(FIXTURE),
+                               "--workload", "256x256@1,16", "--spec-max-bs", "16",
+                               "--memory-budget", "64GiB", "--time-budget", "1000"])
+    assert rc == 0
+    assert [s["name"] for s in started] == ["default", "tuned"]
+    assert all(s["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3.0" for s in started)
+    out = json.loads((tmp_path / "compare.json").read_text())
+    assert out["budgets"]["memory_bytes"] == int(0.6 * 2**30)
+    assert out["budgets"]["capture_s"] == pytest.approx(10.0)
+    assert out["ratios"]["graph_bytes"] == pytest.approx(0.4 / 0.6, abs=1e-4)
+    assert out["ratios"]["tok_s"] == {"1": 1.01, "16": 0.99}
+    text = (tmp_path / "report.md").read_text()
+    assert "| tuned / default |" in text and "DUMMY weights" in text
+    assert (tmp_path / "compare.png").exists() and (tmp_path / "tune.txt").exists()
+
+
+def test_bad_measurements_are_one_line(tmp_path, capsys):
+    rc = capture_compare.main(["--out", str(tmp_path), "--measurements",
+                               str(tmp_path / "none.json")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
