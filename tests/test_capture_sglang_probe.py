@@ -252,10 +252,14 @@ def test_the_measuring_run_writes_measurements_from_two_engine_starts(monkeypatc
         starts.append(spec)
         probe = spec["env"].get("DGW_CAPTURE_PROBE")
         if probe:
-            (folder / "probe.json").write_text(json.dumps(_probe()))
-            assert probe == str(folder / "probe.json")
-        return {"returncode": 0, "server_info": {"memory_usage": {"graph": {
+            with open(probe, "w") as fh:
+                fh.write(json.dumps(_probe()))
+        result = {"server_info": {"memory_usage": {"graph": {
             "target_verify": 0.5, "decode_pool": 0.25, "prefill": 9.0}}}}
+        # As run_child does: the engine's result in FOLDER/NAME.json, after the probe wrote
+        # its file (an H200 run lost the probe to the engine named "probe").
+        (folder / f"{spec['name']}.json").write_text(json.dumps(result))
+        return result | {"returncode": 0}
 
     monkeypatch.setattr(capture_measure, "run_child", fake_run_child)
     assert capture_measure.main(["--out", str(tmp_path), "--max-bs", "64"]) == 0
@@ -272,3 +276,4 @@ def test_the_measuring_run_writes_measurements_from_two_engine_starts(monkeypatc
     monkeypatch.setattr(capture_measure, "run_child", lambda *a, **k: {"returncode": 2})
     assert capture_measure.main(["--out", str(tmp_path / "again")]) == 1
     assert "probe.log" in capsys.readouterr().err
+

@@ -60,7 +60,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True,
                     help="folder: measurements.json (what capture-tune reads), the probe's "
-                         "raw file, each engine's log and result")
+                         "raw file (capture-probe.json), each engine's log and result")
     ap.add_argument("--max-bs", type=positive_int, default=256,
                     help="largest candidate batch size of both pools")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6,
@@ -76,7 +76,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = work / "measurements.json"
     target, draft = write_dummy_pair(work / "models", llama3_8b_shapes())
-    probe_path = work / "probe.json"
+    # Not NAME.json of an engine below: run_child writes each engine's result there.
+    probe_path = work / "capture-probe.json"
     probe_path.unlink(missing_ok=True)
     res = run_child(work, engine_spec("probe", target, draft, sizes,
                                       {BY_KEY["capture_probe"].env: str(probe_path)},
