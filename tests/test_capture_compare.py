@@ -53,7 +53,8 @@ def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, m
     monkeypatch.setattr(capture_compare, "run_child", fake_run_child)
     rc = capture_compare.main(["--out", str(tmp_path), "--measurements", str(FIXTURE),
                                "--workload", "256x256@1,16", "--spec-max-bs", "16",
-                               "--memory-budget", "64GiB", "--time-budget", "1000"])
+                               "--memory-budget", "64GiB", "--time-budget", "1000",
+                               "--distribution", "uniform:1-256"])
     assert rc == 0
     assert [s["name"] for s in started] == ["default", "tuned"]
     assert all(s["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3.0" for s in started)
@@ -65,6 +66,35 @@ def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, m
     text = (tmp_path / "report.md").read_text()
     assert "| tuned / default |" in text and "DUMMY weights" in text
     assert (tmp_path / "compare.png").exists() and (tmp_path / "tune.txt").exists()
+
+
+def test_by_default_it_tunes_for_the_batch_sizes_the_default_server_ran(tmp_path, monkeypatch):
+    """The default engine writes a step log; the tuner weighs batch sizes by it, so sizes the
+    workload runs get a graph of their own (uniform:1-256 padded bs 1 to 6 on the H200)."""
+    from dual_graph_worker.core.modes import Mode
+    from dual_graph_worker.core.policy import Reason
+    from dual_graph_worker.core.results import StepRecord
+    from dual_graph_worker.core.step_log import StepLogWriter
+
+    def fake_run_child(folder, spec, *, shim_dir, timeout):
+        if spec["name"] == "default":
+            log = StepLogWriter(spec["env"]["DGW_STEP_LOG"])
+            for i, bs in enumerate([1] * 50 + [16] * 50):
+                log.write(StepRecord(i, Mode.SPEC, bs, bs, Reason.GOODPUT, True, 3 * bs, 3.0),
+                          0.0)
+            log.close()
+        else:
+            assert "DGW_STEP_LOG" not in spec["env"]
+        return _result({"target_verify": 0.4}, {"target_verify": 6.0}, {1: 100.0, 16: 1000.0},
+                       [1, 16], [1, 16]) | {"returncode": 0}
+
+    monkeypatch.setattr(capture_compare, "run_child", fake_run_child)
+    assert capture_compare.main(["--out", str(tmp_path), "--measurements", str(FIXTURE),
+                                 "--workload", "256x256@1,16", "--memory-budget", "64GiB",
+                                 "--time-budget", "1000"]) == 0
+    out = json.loads((tmp_path / "compare.json").read_text())
+    assert out["tuned"]["spec_bs"] == [1, 16] and out["tuned"]["decode_bs"] == [1, 16]
+    assert "steplog:" in out["note"]
 
 
 def test_bad_measurements_are_one_line(tmp_path, capsys):

@@ -5,8 +5,9 @@ SGLang 0.5.17 (`make capture-compare`).
    plain server's decode list): start-up, the pools' graph memory and capture time (SGLang's
    own per-runner figures), tok/s per concurrency.
 2. `capture-tune` on the measurements (bench/sglang/capture_measure.py) under the given budgets,
-   each lowered to what the default lists cost: a tuned server never spends more than the one
-   it replaces.
+   each lowered to what the default lists cost (a tuned server never spends more than the one
+   it replaces), batch sizes weighted as the default server ran them (its step log) unless
+   --distribution names another.
 3. The worker with that config (DGW_CAPTURE_CONFIG), the same figures.
 Llama-3-8B shape, DUMMY weights, accept length FORCED (SGLANG_SIMULATE_ACC_LEN). Writes
 DIR/compare.json, DIR/report.md, DIR/compare.png, DIR/config.json, DIR/tune.txt.
@@ -37,7 +38,7 @@ from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.settings import BY_KEY
 
-ENGINES = ("default", "tuned")
+SERVED = "served"
 
 
 def pool_cost(server_info: dict) -> dict:
@@ -145,7 +146,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--accept-len", type=float, default=3.0)
     ap.add_argument("--memory-budget", default="1GiB")
     ap.add_argument("--time-budget", type=float, default=30.0, help="seconds of capture")
-    ap.add_argument("--distribution", default="uniform:1-256")
+    ap.add_argument("--distribution", default=SERVED,
+                    help="batch sizes to tune for: 'served' (the default server's step log over "
+                         "this workload) or any capture-tune distribution, e.g. uniform:1-256")
     ap.add_argument("--spec-max-bs", type=positive_int,
                     default=BY_KEY["spec_max_bs"].default,
                     help="the tuned spec pool's cap (default: the worker's DGW_SPEC_MAX_BS)")
@@ -156,10 +159,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
     w = Workload.parse(args.workload)
+    steps = work / "default.steps.jsonl"
+
+    def distribution():
+        text = f"steplog:{steps}" if args.distribution == SERVED else args.distribution
+        return parse_distribution(text, max_bs=m.sizes(Mode.DECODE)[-1])
+
     try:
         m = load_measurements(args.measurements)
-        dist = parse_distribution(args.distribution, max_bs=m.sizes(Mode.DECODE)[-1])
         budget = parse_size(args.memory_budget)
+        if args.distribution != SERVED:
+            distribution()              # a bad one fails before any engine starts
     except DualGraphError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,11 +190,13 @@ def main(argv: Optional[list[str]] = None) -> int:
               flush=True)
         return summary(name, res)
 
-    rows = [run("default", {})]
+    steps.unlink(missing_ok=True)                   # the step log appends
+    rows = [run("default", {BY_KEY["step_log"].env: str(steps)} if args.distribution == SERVED else {})]
     base = rows[0]
     mem_cap = min(budget, base["graph_bytes"] or budget)
     time_cap = min(args.time_budget, base["capture_s"] or args.time_budget)
     try:
+        dist = distribution()
         result = tune(m, mem_cap, time_cap, dist, args.accept_len, spec_max_bs=args.spec_max_bs)
     except DualGraphError as exc:
         print(f"error: tuning under the default lists' cost failed: {exc}", file=sys.stderr)
@@ -201,7 +213,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"median of {args.repeats} batches per C; tuned under memory "
             f"{mem_cap / 2**20:.0f} MiB and capture {time_cap:.1f} s (the budgets "
             f"{args.memory_budget}, {args.time_budget:g} s lowered to the default lists' cost), "
-            f"{args.distribution}, spec pool <= {args.spec_max_bs}")
+            f"batch sizes {dist.description}, spec pool <= {args.spec_max_bs}")
     write_json({"note": note, "rows": rows, "ratios": ratios,
                 "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap},
                 "tuned": {"spec_bs": list(result.spec_bs), "decode_bs": list(result.decode_bs)}},
