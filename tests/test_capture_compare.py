@@ -103,3 +103,11 @@ def test_bad_measurements_are_one_line(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_a_bad_distribution_is_one_line_before_any_engine_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(capture_compare, "run_child", lambda *a, **k: pytest.fail("started"))
+    rc = capture_compare.main(["--out", str(tmp_path), "--measurements", str(FIXTURE),
+                               "--distribution", "bogus:3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "unknown batch-size distribution" in err[0]

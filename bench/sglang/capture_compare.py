@@ -136,7 +136,21 @@ def plot(rows: list[dict], ratios: dict, path: Path, note: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def sweeps(w: Workload, vocab: int, repeats: int) -> list[dict]:
+    """The same batches for both engines: every concurrency `repeats` times, shapes warmed once."""
+    return [{"name": f"r{i}", "kind": "sweep", "concurrency": list(w.concurrency),
+             "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
+             "warmup": True, "warm_shapes": i == 0, "seed": 1000 + 10_000 * i}
+            for i in range(repeats)]
+
+
+def budgets(default: dict, memory_bytes: int, capture_s: float) -> tuple[int, float]:
+    """The user's budgets, each lowered to what the default lists cost where it is known."""
+    return (min(memory_bytes, default["graph_bytes"] or memory_bytes),
+            min(capture_s, default["capture_s"] or capture_s))
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.capture_compare",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,48 +169,42 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--workload", default="256x256@1,16,64,256")
     ap.add_argument("--repeats", type=positive_int, default=2)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per engine")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parser().parse_args(argv)
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
     w = Workload.parse(args.workload)
     steps = work / "default.steps.jsonl"
-
-    def distribution():
-        text = f"steplog:{steps}" if args.distribution == SERVED else args.distribution
-        return parse_distribution(text, max_bs=m.sizes(Mode.DECODE)[-1])
-
+    served = args.distribution == SERVED
     try:
         m = load_measurements(args.measurements)
-        budget = parse_size(args.memory_budget)
-        if args.distribution != SERVED:
-            distribution()              # a bad one fails before any engine starts
-    except DualGraphError as exc:
+        memory = parse_size(args.memory_budget)
+        top = m.sizes(Mode.DECODE)[-1]
+        dist = None if served else parse_distribution(args.distribution, max_bs=top)
+    except DualGraphError as exc:        # before any engine starts
         print(f"error: {exc}", file=sys.stderr)
         return 2
     shapes = llama3_8b_shapes()
     target, draft = write_dummy_pair(work / "models", shapes)
-    tasks = [{"name": f"r{i}", "kind": "sweep", "concurrency": list(w.concurrency),
-              "input_len": w.input_len, "output_len": w.output_len, "vocab": shapes.vocab_size,
-              "warmup": True, "warm_shapes": i == 0, "seed": 1000 + 10_000 * i}
-             for i in range(args.repeats)]
-    env = {"SGLANG_SIMULATE_ACC_LEN": str(args.accept_len)}
+    tasks = sweeps(w, shapes.vocab_size, args.repeats)
 
-    def run(name: str, extra_env: dict) -> dict:
+    def run(name: str, env: dict) -> dict:
         spec = {"name": name, "engine_kwargs": engine_kwargs("dual", target, draft, radix=True,
                                                              log_level="warning"),
-                "env": env | extra_env, "tasks": tasks}
+                "env": {"SGLANG_SIMULATE_ACC_LEN": str(args.accept_len)} | env, "tasks": tasks}
         res = run_child(work, spec, shim_dir=work / "shim", timeout=args.timeout_s)
         print(f"[compare] {name}: rc={res['returncode']} startup={res.get('startup_s')}",
               flush=True)
         return summary(name, res)
 
     steps.unlink(missing_ok=True)                   # the step log appends
-    rows = [run("default", {BY_KEY["step_log"].env: str(steps)} if args.distribution == SERVED else {})]
-    base = rows[0]
-    mem_cap = min(budget, base["graph_bytes"] or budget)
-    time_cap = min(args.time_budget, base["capture_s"] or args.time_budget)
+    rows = [run("default", {BY_KEY["step_log"].env: str(steps)} if served else {})]
+    mem_cap, time_cap = budgets(rows[0], memory, args.time_budget)
     try:
-        dist = distribution()
+        dist = dist or parse_distribution(f"steplog:{steps}", max_bs=top)
         result = tune(m, mem_cap, time_cap, dist, args.accept_len, spec_max_bs=args.spec_max_bs)
     except DualGraphError as exc:
         print(f"error: tuning under the default lists' cost failed: {exc}", file=sys.stderr)
