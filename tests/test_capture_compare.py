@@ -111,3 +111,30 @@ def test_a_bad_distribution_is_one_line_before_any_engine_starts(tmp_path, capsy
                                "--distribution", "bogus:3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "unknown batch-size distribution" in err[0]
+
+
+@pytest.mark.parametrize("flag, value, says", [("--accept-len", "9", "outside 1..K+1 = 1..4"),
+                                                ("--time-budget", "-1", "give seconds > 0")])
+def test_bad_numbers_are_one_line_before_any_engine_starts(tmp_path, capsys, monkeypatch,
+                                                           flag, value, says):
+    monkeypatch.setattr(capture_compare, "run_child", lambda *a, **k: pytest.fail("started"))
+    rc = capture_compare.main(["--out", str(tmp_path), "--measurements", str(FIXTURE),
+                               flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and says in err[0]
+
+
+def test_a_failed_default_server_stops_before_tuning(tmp_path, capsys, monkeypatch):
+    started = []
+
+    def fake_run_child(folder, spec, *, shim_dir, timeout):
+        started.append(spec["name"])
+        return {"ok": False, "error": "engine start failed: OOM", "returncode": 2}
+
+    monkeypatch.setattr(capture_compare, "run_child", fake_run_child)
+    monkeypatch.setenv("DGW_CAPTURE_CONFIG", "/elsewhere/config.json")
+    rc = capture_compare.main(["--out", str(tmp_path), "--measurements", str(FIXTURE)])
+    assert rc == 1 and started == ["default"]
+    assert "the default server failed (engine start failed: OOM)" in capsys.readouterr().err
+    import os
+    assert "DGW_CAPTURE_CONFIG" not in os.environ      # the default engine ran the defaults

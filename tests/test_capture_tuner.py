@@ -97,6 +97,9 @@ def test_spec_max_bs_caps_the_spec_pool_below_the_crossover(h200) -> None:
     assert r.crossover_bs == 40           # the replays' crossover is kept, for the table
     assert r.spec_bs == tuple(b for b in h200.sizes(Mode.SPEC) if b <= 20)
     assert "spec pool capped at bs=20" in r.table()
+    # The config's crossover (the threshold prior) is capped with it.
+    from capture.config import build_capture_config
+    assert build_capture_config(h200, r).crossover_bs == 20
     # A cap above the crossover changes nothing; a cap below every size is refused.
     assert tune(h200, 64 * GiB, 1000.0, _uniform(256), 3.0, spec_max_bs=200).spec_bs == \
         tune(h200, 64 * GiB, 1000.0, _uniform(256), 3.0).spec_bs

@@ -613,10 +613,31 @@ def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_ov
         t_spec(16) + 0.40e-6 * 16 * 400, rel=1e-3)
     far = p.step_time(Mode.SPEC, 16, 16 * 2048)
     assert far > t_spec(16) + 0.40e-6 * 16 * 2048 + 0.1e-6 * 16 * 1024
-    # A shallower pooled rate never lowers a size's own (decode here: no pooled rate at all).
-    p.observe(StepTime(Mode.DECODE, 16, t_decode(16), kv_tokens=16 * 300))
+    # A shallower pooled rate never lowers a size's own beyond its reach: bs 32's 0.55 us holds
+    # far beyond its 2-30k tokens though bs 16 pulls the pooled rate below it.
+    assert p.estimates()["context_s_per_token"]["spec"] < 0.55e-6
+    assert p.step_time(Mode.SPEC, 32, 32 * 4096) == pytest.approx(
+        t_spec(32) + 0.55e-6 * 32 * 4096, rel=0.01)
+
+
+def test_a_line_holds_at_least_out_to_the_context_it_was_last_measured_at():
+    """Contexts that grew: a long history at 4-8k tokens keeps the decayed spread low while the
+    recent mean (the line's anchor) moves to 24k; the estimate there is what was measured
+    there, not the pooled rate's extrapolation from an older reach."""
+    p = controller(replay_prior())
+    for _ in range(30):
+        for per_request in (256, 320, 384, 448, 512):
+            kv = 16 * per_request
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * kv, kv_tokens=kv))
+        for kv in range(2048, 30721, 2048):
+            p.observe(StepTime(Mode.SPEC, 32, t_spec(32) + 0.55e-6 * kv, kv_tokens=kv))
+        p.exchange(lambda v: v)
+    for _ in range(8):
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * 24_000, kv_tokens=24_000))
     p.exchange(lambda v: v)
-    assert p.step_time(Mode.DECODE, 16, 16 * 2048) == pytest.approx(t_decode(16), rel=1e-3)
+    est, _, _, kv, _ = p.estimates()["step_s"]["spec"][16]
+    assert p._kv_reach[p._index[(Mode.SPEC, 16)]] < kv       # the decayed spread lags
+    assert p.step_time(Mode.SPEC, 16, int(kv)) == pytest.approx(est, rel=2e-3)
 
 
 def test_a_size_not_measured_scales_only_its_neighbours_fixed_part_by_the_prior():

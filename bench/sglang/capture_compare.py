@@ -18,6 +18,7 @@ DIR/compare.json, DIR/report.md, DIR/compare.png, DIR/config.json, DIR/tune.txt.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -33,10 +34,10 @@ from capture.measurements import load_measurements
 from capture.tuner import tune
 from capture.units import parse_size
 from dual_graph_worker.core.argtypes import positive_int
-from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.settings import BY_KEY
+from dual_graph_worker.core.settings import BY_KEY, Settings
 
 SERVED = "served"
 
@@ -164,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
                     help="batch sizes to tune for: 'served' (the default server's step log over "
                          "this workload) or any capture-tune distribution, e.g. uniform:1-256")
     ap.add_argument("--spec-max-bs", type=positive_int,
-                    default=BY_KEY["spec_max_bs"].default,
+                    default=Settings.from_env(os.environ).spec_max_bs,
                     help="the tuned spec pool's cap (default: the worker's DGW_SPEC_MAX_BS)")
     ap.add_argument("--workload", default="256x256@1,16,64,256")
     ap.add_argument("--repeats", type=positive_int, default=2)
@@ -173,7 +174,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        ap = parser()              # reads DGW_SPEC_MAX_BS: a bad value is one line
+    except DualGraphError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args = ap.parse_args(argv)
+    # The default engine runs the default lists whatever the calling shell exports.
+    os.environ.pop(BY_KEY["capture_config"].env, None)
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
     w = Workload.parse(args.workload)
@@ -184,6 +192,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         memory = parse_size(args.memory_budget)
         top = m.sizes(Mode.DECODE)[-1]
         dist = None if served else parse_distribution(args.distribution, max_bs=top)
+        if not 1.0 <= args.accept_len <= m.num_draft_tokens + 1:
+            raise ConfigError(f"--accept-len {args.accept_len:g} is outside 1..K+1 = "
+                              f"1..{m.num_draft_tokens + 1} for these measurements")
+        if not args.time_budget > 0:
+            raise ConfigError(f"--time-budget {args.time_budget:g}: give seconds > 0, e.g. 30")
     except DualGraphError as exc:        # before any engine starts
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -202,6 +215,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     steps.unlink(missing_ok=True)                   # the step log appends
     rows = [run("default", {BY_KEY["step_log"].env: str(steps)} if served else {})]
+    if not rows[0]["ok"]:
+        print(f"error: the default server failed ({rows[0]['error'] or 'see default.log'}); "
+              "nothing to tune against", file=sys.stderr)
+        write_json({"rows": rows, "error": "default server failed"}, work / "compare.json")
+        return 1
     mem_cap, time_cap = budgets(rows[0], memory, args.time_budget)
     try:
         dist = dist or parse_distribution(f"steplog:{steps}", max_bs=top)
@@ -216,12 +234,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(result.table())
     rows.append(run("tuned", {BY_KEY["capture_config"].env: str(config_path)}))
     ratios = compare(*rows) if all(r["ok"] for r in rows) else None
-    note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED to "
-            f"{args.accept_len:g}, triton attention, radix cache on, {w.name} T=0 ignore_eos, "
-            f"median of {args.repeats} batches per C; tuned under memory "
-            f"{mem_cap / 2**20:.0f} MiB and capture {time_cap:.1f} s (the budgets "
-            f"{args.memory_budget}, {args.time_budget:g} s lowered to the default lists' cost), "
-            f"batch sizes {dist.description}, spec pool <= {args.spec_max_bs}")
+    lowered = [name for name, cap, given in (("memory", mem_cap, memory),
+                                              ("capture time", time_cap, args.time_budget))
+               if cap < given]
+    note = (f"{m.gpu.describe()}, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length "
+            f"FORCED to {args.accept_len:g}, triton attention, radix cache on, {w.name} T=0 "
+            f"ignore_eos, median of {args.repeats} batches per C; tuned under memory "
+            f"{mem_cap / 2**20:.0f} MiB and capture {time_cap:.1f} s (given {args.memory_budget}, "
+            f"{args.time_budget:g} s; lowered to the default lists' cost: "
+            f"{', '.join(lowered) or 'neither'}), batch sizes {dist.description}, spec pool <= "
+            f"{args.spec_max_bs}")
     write_json({"note": note, "rows": rows, "ratios": ratios,
                 "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap},
                 "tuned": {"spec_bs": list(result.spec_bs), "decode_bs": list(result.decode_bs)}},

@@ -324,18 +324,16 @@ class GoodputController:
         """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
         is measured, else the nearest measured sizes' lines: their fixed parts scaled by the
         prior's ratio between the sizes (interpolated without a prior), their seconds per
-        context token interpolated."""
+        context token interpolated; beyond the contexts a line has seen, the steeper of its
+        rate and its mode's pooled one."""
         key = (mode, int(padded_bs))
-        # (intercept, seconds per context token, floor): estimates change only at an exchange,
-        # so each key's line is kept until the next one.
+        # Estimates change only at an exchange, so each key's line is kept until the next one.
         line = self._line_memo[key] if key in self._line_memo else \
             self._line_memo.setdefault(key, self._fit_line(key))
         if line is None:
             return None
         a, b, floor, reach, b_far = line
-        beyond = kv_tokens - reach
-        return max(a + b * kv_tokens + (b_far - b) * beyond if beyond > 0 else a + b * kv_tokens,
-                   floor)
+        return max(a + b * kv_tokens + (b_far - b) * max(kv_tokens - reach, 0.0), floor)
 
     def _fit_line(self, key: tuple[Mode, int]) -> Optional[_Line]:
         mode = key[0]
@@ -346,7 +344,7 @@ class GoodputController:
         if self._samples[i] > 0:
             b = self._slope[i]
             return (self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i],
-                    self._kv_reach[i], max(b, b_mode))
+                    self._reach(i), max(b, b_mode))
         idx = self._by_mode[mode]
         seen = idx[self._samples[idx] > 0]
         prior = self._prior[i]
@@ -371,8 +369,13 @@ class GoodputController:
             a += scale * (self._est[j] - self._slope[j] * self._est_kv[j])
             b += w * self._slope[j]
             floor += scale * _CONTEXT_FLOOR * self._est[j]
-            reach += w * self._kv_reach[j]
+            reach += w * self._reach(j)
         return float(a), float(b), float(floor), float(reach), max(float(b), b_mode)
+
+    def _reach(self, i: int) -> float:
+        """The context key i's own rate holds out to: its spread above the decayed mean, and at
+        least its recent context (the line's anchor, which moves faster than the decayed sums)."""
+        return max(float(self._kv_reach[i]), float(self._est_kv[i]))
 
     def state(self) -> PolicyState:
         return PolicyState(self._accept, *(None if c is None else 1.0 / c for c in self._costs))
