@@ -593,18 +593,24 @@ def test_each_size_keeps_its_own_cost_per_context_token():
     assert p.step_time(Mode.SPEC, 1, 4096) == pytest.approx(t_spec(1) + 1.8e-6 * 4096)
 
 
-def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_over():
-    """Spec's cost per context token grows with the context: bs 16 measured over 256-512-token
-    prompts (0.40 us a token there) reaches 32k-token batches at the mode's rate, fitted where
-    contexts were long (0.55 us: H200 run 7 estimated 21.8 ms against 25-28 ms measured)."""
+def _short_and_long_context_history(exchanges: int) -> GoodputController:
+    """Spec at bs 16 over 4-8k context tokens (0.40 us a token), at bs 32 over 2-30k (0.55)."""
     p = controller(replay_prior())
-    for _ in range(3):
+    for _ in range(exchanges):
         for per_request in (256, 320, 384, 448, 512):
             kv = 16 * per_request
             p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * kv, kv_tokens=kv))
         for kv in range(2048, 30721, 2048):
             p.observe(StepTime(Mode.SPEC, 32, t_spec(32) + 0.55e-6 * kv, kv_tokens=kv))
         p.exchange(lambda v: v)
+    return p
+
+
+def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_over():
+    """Spec's cost per context token grows with the context: bs 16 measured over 256-512-token
+    prompts (0.40 us a token there) reaches 32k-token batches at the mode's rate, fitted where
+    contexts were long (0.55 us: H200 run 7 estimated 21.8 ms against 25-28 ms measured)."""
+    p = _short_and_long_context_history(exchanges=3)
     own = p.estimates()["step_s"]["spec"][16][4]
     assert own == pytest.approx(0.40e-6, rel=0.01)
     assert p.estimates()["context_s_per_token"]["spec"] > 0.5e-6
@@ -624,14 +630,7 @@ def test_a_line_holds_at_least_out_to_the_context_it_was_last_measured_at():
     """Contexts that grew: a long history at 4-8k tokens keeps the decayed spread low while the
     recent mean (the line's anchor) moves to 24k; the estimate there is what was measured
     there, not the pooled rate's extrapolation from an older reach."""
-    p = controller(replay_prior())
-    for _ in range(30):
-        for per_request in (256, 320, 384, 448, 512):
-            kv = 16 * per_request
-            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * kv, kv_tokens=kv))
-        for kv in range(2048, 30721, 2048):
-            p.observe(StepTime(Mode.SPEC, 32, t_spec(32) + 0.55e-6 * kv, kv_tokens=kv))
-        p.exchange(lambda v: v)
+    p = _short_and_long_context_history(exchanges=30)
     for _ in range(8):
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * 24_000, kv_tokens=24_000))
     p.exchange(lambda v: v)
