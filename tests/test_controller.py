@@ -723,6 +723,22 @@ def test_a_controller_with_no_captured_sizes_still_builds():
     assert p.decide(PolicyInputs(4, None, 4)).mode is Mode.DECODE
 
 
+def test_explore_cap_rules_out_the_dearest_re_measurements():
+    """DGW_EXPLORE_CAP trades the guarantee for smoother short workloads: a re-measurement
+    dearer than cap x the bank is never made; cheaper costly ones still run into debt."""
+    p = controller(explore_budget=0.01, explore_steps=4, explore_cap=3.0)
+    p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
+    bank = 4.0
+    assert p._affordable(3 * bank) and not p._affordable(3 * bank + 0.1)
+    assert controller(explore_cap=0.0)._affordable(100 * bank)       # 0: no cap
+    # Where rising acceptance needs a dear re-measurement (bs 48 from accept 2), it goes unseen.
+    rise = 1400
+    capped = SimServer(controller(replay_prior(), stale_after=128, explore_cap=2.0),
+                       accept=lambda s: 2.0 if s < rise else 3.5)
+    capped.run(48, rise + 2000)
+    assert all(m is Mode.DECODE for m in capped.modes[rise:])
+
+
 def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones():
     p = controller(explore_budget=0.01, explore_steps=4)
     bank = 4.0

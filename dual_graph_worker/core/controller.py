@@ -86,6 +86,7 @@ class ControllerConfig:
     min_dwell_steps: int = _default("min_dwell_steps")
     explore_budget: float = _default("explore_budget")
     explore_steps: int = _default("explore_steps")
+    explore_cap: float = _default("explore_cap")
     stale_after: int = _default("stale_after")
     sync_every: int = _default("sync_every")
     ema_alpha: float = _default("ema_alpha")
@@ -714,7 +715,10 @@ class GoodputController:
     def _affordable(self, price: float) -> bool:
         """One costing more than the bank waits for a full bank and no debt, then goes into
         debt: rare, never ruled out (else acceptance rising where speculation looked hopeless
-        goes unseen for good)."""
+        goes unseen for good) unless DGW_EXPLORE_CAP caps its price (each costs 2-5% of a short
+        workload; docs/design.md weighs the two)."""
         if price > self._bank:
-            return self._allowance >= self._bank and self._debt < 1e-9
+            cap = self.config.explore_cap
+            return (not cap or price <= cap * self._bank) and self._allowance >= self._bank \
+                and self._debt < 1e-9
         return self._allowance >= price

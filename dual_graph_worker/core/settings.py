@@ -154,6 +154,9 @@ class Settings:
                                      minimum=0.0, maximum=0.5)
     explore_steps: int = _setting("DGW_EXPLORE_STEPS", 4, "goodput: consecutive steps of one "
                                   "re-measurement", minimum=1, maximum=64)
+    explore_cap: float = _setting("DGW_EXPLORE_CAP", 0.0, "goodput: dearest re-measurement "
+                                  "made, in explore-steps of the current mode (0: none dearer "
+                                  "than the bank is ruled out; it runs into debt)", minimum=0.0)
     stale_after: int = _setting("DGW_STALE_AFTER", 256, "goodput: steps after which a mode's "
                                 "step time near this batch size is re-measured", minimum=1)
     sync_every: int = _setting("DGW_SYNC_EVERY", 8, "goodput: steps between exchanges of the "
