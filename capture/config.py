@@ -111,9 +111,7 @@ def build_capture_config(measurements: Measurements, result: TuningResult) -> Ca
         num_draft_tokens=measurements.num_draft_tokens, spec_bs=result.spec_bs,
         decode_bs=result.decode_bs, calibration=result.calibration,
         budgets=Budgets(result.memory_budget_bytes, result.time_budget_s),
-        # The threshold prior: never above the spec pool's cap (no spec graph beyond it).
-        accept_len=result.accept_len,
-        crossover_bs=min(result.crossover_bs, result.spec_max_bs or result.crossover_bs),
+        accept_len=result.accept_len, crossover_bs=result.threshold_bs,
         distribution=result.distribution, chosen=result.chosen,
         all_candidates=result.all_candidates, exact=result.exact,
         synthetic=measurements.synthetic,

@@ -120,7 +120,7 @@ def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: flo
     """Per pool: its graphs' memory (isolated sum) and capture time against the expected padding
     waste, for every candidate up to the pool's top and for the chosen list."""
     tops = pool_tops(m, distribution, accept_len, chosen)
-    by_key = m.by_key()
+    by_key, model = m.by_key(), MemoryModel.from_measurements(m)
     rows = [f"{'pool':>7}{'graphs':>8}{'memory alone':>14}{'capture s':>11}"
             f"{'waste tok/step':>16}  batch sizes"]
     for mode in (Mode.SPEC, Mode.DECODE):
@@ -129,13 +129,11 @@ def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: flo
         if chosen is not None:
             lists.append(("chosen", chosen.sizes(mode)))
         for name, sizes in lists:
-            graphs = [by_key[GraphKey(mode, b)] for b in sizes]
-            waste = expected_waste(sizes, distribution.probs, prob.tokens_per_request)
-            shown = ",".join(map(str, sizes))
-            rows.append(f"{mode.value:>7}{len(sizes):>8}"
-                        f"{format_bytes(sum(g.pool_bytes for g in graphs)):>14}"
-                        f"{sum(g.capture_s for g in graphs):>11.2f}{waste:>16.2f}  "
-                        f"{name}: {shown}")
+            t = totals([by_key[GraphKey(mode, b)] for b in sizes],
+                       expected_waste(sizes, distribution.probs, prob.tokens_per_request), model)
+            rows.append(f"{mode.value:>7}{t.graphs:>8}{format_bytes(t.isolated_sum_bytes):>14}"
+                        f"{t.capture_s:>11.2f}{t.waste_tokens:>16.2f}  "
+                        f"{name}: {','.join(map(str, sizes))}")
     return "\n".join(rows)
 
 

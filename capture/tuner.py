@@ -220,6 +220,13 @@ class TuningResult:
     def crossover_bs(self) -> Optional[int]:
         return self.crossover.bs
 
+    @property
+    def threshold_bs(self) -> Optional[int]:
+        """The crossover as a threshold prior: never above the spec pool's cap."""
+        cross = self.crossover.bs
+        return cross if cross is None or self.spec_max_bs is None else min(cross,
+                                                                           self.spec_max_bs)
+
     def table(self) -> str:
         return format_table(self)
 
@@ -382,8 +389,7 @@ def format_table(r: TuningResult) -> str:
         + (f"; decode wins at bs={loss.bs} ({loss.spec_tok_s:.0f} vs {loss.decode_tok_s:.0f})"
            if loss else "")
         + (f"; spec pool capped at bs={r.spec_max_bs} (--spec-max-bs)"
-           if r.spec_max_bs is not None and cross.bs is not None and r.spec_max_bs < cross.bs
-           else ""),
+           if r.threshold_bs != cross.bs else ""),
         f"budgets: memory {format_bytes(r.memory_budget_bytes)}, capture time "
         f"{r.time_budget_s:g} s"
         + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),

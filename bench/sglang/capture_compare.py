@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.capture_measure import POOL_RUNNERS, pool_sum
+from bench.sglang.capture_measure import POOL_RUNNERS, pool_sum, together_bytes
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
-from bench.sglang.policy_matrix import Workload, engine_kwargs
+from bench.sglang.policy_matrix import Workload, engine_kwargs, sweep_task
 from capture.config import build_capture_config, save_capture_config
 from capture.distribution import parse_distribution
 from capture.measurements import load_measurements
@@ -46,9 +46,7 @@ def pool_cost(server_info: dict) -> dict:
     """The two pools' graph memory (bytes) and capture seconds a server reported."""
     mem = ((server_info or {}).get("memory_usage") or {}).get("graph") or {}
     secs = ((server_info or {}).get("startup_time") or {}).get("cuda_graph") or {}
-    gb = pool_sum(mem)
-    return {"graph_bytes": None if gb is None else int(gb * 2**30),
-            "capture_s": pool_sum(secs),
+    return {"graph_bytes": together_bytes(server_info), "capture_s": pool_sum(secs),
             "by_runner": {k: {"gb": mem.get(k), "s": secs.get(k)} for k in POOL_RUNNERS
                           if k in mem or k in secs}}
 
@@ -139,9 +137,7 @@ def plot(rows: list[dict], ratios: dict, path: Path, note: str) -> None:
 
 def sweeps(w: Workload, vocab: int, repeats: int) -> list[dict]:
     """The same batches for both engines: every concurrency `repeats` times, shapes warmed once."""
-    return [{"name": f"r{i}", "kind": "sweep", "concurrency": list(w.concurrency),
-             "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
-             "warmup": True, "warm_shapes": i == 0, "seed": 1000 + 10_000 * i}
+    return [sweep_task(w, f"r{i}", vocab, warm_shapes=i == 0, seed=1000 + 10_000 * i)
             for i in range(repeats)]
 
 

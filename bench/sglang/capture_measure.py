@@ -4,7 +4,7 @@ worker (`make capture-measure ENGINE=sglang`), in the tuner's measurements forma
 Two engine starts on the same candidate lists: one with DGW_CAPTURE_PROBE (each graph in a pool
 of its own: capture time, isolated pool bytes, replay time; capture_probe.py), one as served
 (the pools' bytes captured together, from SGLang's own per-runner graph memory). Llama-3-8B
-shape with DUMMY weights unless --model-path/--draft-path name a real pair.
+shape with DUMMY weights.
 
     python -m bench.sglang.capture_measure --out DIR     # DIR/measurements.json, logs, probe
 """

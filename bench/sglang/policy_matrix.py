@@ -96,14 +96,19 @@ def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: 
     return base | spec | {"speculative_algorithm": ALGO}
 
 
+def sweep_task(w: Workload, name: str, vocab: int, *, warm_shapes: bool, seed: int) -> dict:
+    """engine_child's sweep: one batch of C requests per concurrency, after a warm-up."""
+    return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
+            "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
+            "warmup": True, "warm_shapes": warm_shapes, "seed": seed}
+
+
 def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int) -> list:
     def sweep(w: Workload, name: str, phase: int) -> dict:
         # Prompts unique to each (phase, workload): the radix cache must serve none of them.
         # The first phase warms every shape first, alike for every engine.
-        return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
-                "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
-                "warmup": True, "warm_shapes": phase == 0,
-                "seed": 1000 + 100_000 * phase + 10_000 * workloads.index(w)}
+        return sweep_task(w, name, vocab, warm_shapes=phase == 0,
+                          seed=1000 + 100_000 * phase + 10_000 * workloads.index(w))
 
     if kind == "plain":
         return [sweep(w, w.name, 0) for w in workloads]

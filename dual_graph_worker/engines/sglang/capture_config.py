@@ -22,6 +22,8 @@ from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
 CAPTURE_CONFIG_ENV = BY_KEY["capture_config"].env
 THRESHOLD_ENV = BY_KEY["threshold"].env
+# Placeholders of a launch line printed without the models' paths.
+_TARGET, _DRAFT = "TARGET", "EAGLE3_DRAFT"
 
 
 class CapturePlan(NamedTuple):
@@ -47,8 +49,8 @@ class CaptureFlags(NamedTuple):
     env: tuple[tuple[str, str], ...]    # DGW_* settings for the worker
     server_args: tuple[str, ...]        # the speculative flags the config was tuned with
 
-    def render(self, capture: ServingCapture, target: str = "TARGET",
-               draft: str = "EAGLE3_DRAFT") -> str:
+    def render(self, capture: ServingCapture, target: str = _TARGET,
+               draft: str = _DRAFT) -> str:
         env = " ".join(f"{name}={value}" for name, value in self.env)
         lines = [f"# spec pool bs={list(capture.spec_bs)}, decode pool bs="
                  f"{list(capture.decode_bs)}: the plugin applies both at start-up; the goodput "
@@ -146,8 +148,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("config", help="capture config JSON (make capture-tune)")
     ap.add_argument("--server-args", action="store_true",
                     help="print only the SGLang flags, for $(dgw capture-flags --server-args F)")
-    ap.add_argument("--model-path", default="TARGET", help="the target model, for the line")
-    ap.add_argument("--draft-model-path", default="EAGLE3_DRAFT",
+    ap.add_argument("--model-path", default=_TARGET, help="the target model, for the line")
+    ap.add_argument("--draft-model-path", default=_DRAFT,
                     help="the EAGLE-3 draft model, for the line")
     args = ap.parse_args(argv)
     path = str(Path(args.config).resolve())   # the server may start from another directory

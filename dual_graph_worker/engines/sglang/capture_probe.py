@@ -44,7 +44,7 @@ class CaptureProbe:
         self.clock = clock
         self.use_pool = use_pool       # tells the engine a capture's pool (SGLang's pool id)
         self.records: list[GraphRecord] = []
-        self._graphs: list[tuple[int, Any, Any]] = []    # (record index, backend ref, shape key)
+        self._graphs: list[tuple[Any, Any]] = []    # per record: (backend ref, shape key)
         self._grown: Optional[int] = None     # the capture in progress: its pool's growth
 
     def install(self, backend_cls: type) -> "CaptureProbe":
@@ -79,7 +79,7 @@ class CaptureProbe:
         out = capture()
         self.device.synchronize()
         runner, draft = getattr(backend, "_dgw_runner", ("unknown", False))
-        self._graphs.append((len(self.records), weakref.ref(backend), shape_key))
+        self._graphs.append((weakref.ref(backend), shape_key))
         self.records.append(GraphRecord(runner, draft, int(getattr(shape_key, "size", -1)),
                                         self.clock() - t0, self._grown))
         return out
@@ -97,7 +97,7 @@ class CaptureProbe:
 
     def replay_all(self, repeats: int = 20) -> None:
         """Each recorded graph's median replay, CUDA-event timed, on its capture-time inputs."""
-        for i, ref, key in self._graphs:
+        for i, (ref, key) in enumerate(self._graphs):
             backend = ref()
             graph = None if backend is None else backend._graphs.get(key)
             if graph is None:

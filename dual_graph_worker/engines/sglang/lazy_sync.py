@@ -11,7 +11,6 @@ the SGLang contracts relied on: docs/sglang-0.5.17.md §6 and §8.
 from __future__ import annotations
 
 import copy
-import importlib
 import logging
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -54,7 +53,8 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
-from dual_graph_worker.engines.sglang.server_args_hook import CATCH_UP_BACKENDS
+from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
+                                                               catch_up_backend_classes)
 
 logger = logging.getLogger(__name__)
 
@@ -95,14 +95,12 @@ class LazyCatchUp:
                  stash_mb: int, defer_prefill: bool = True,
                  on_event: Optional[Callable[[str, dict], None]] = None) -> None:
         dr = draft_worker.draft_runner
-        checked = tuple(getattr(importlib.import_module(module), name)
-                        for module, name in CATCH_UP_BACKENDS.values())
-        if not isinstance(dr.attn_backend, checked):
+        if not isinstance(dr.attn_backend, catch_up_backend_classes()):
             raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
                               f"{' and '.join(CATCH_UP_BACKENDS)} attention backend (draft "
                               "extend with per-request lengths); the draft-extend backend here "
-                              f"is {type(dr.attn_backend).__name__}. Use --attention-backend "
-                              f"{next(iter(CATCH_UP_BACKENDS))} or DGW_CONTINUITY=keep-current")
+                              f"is {type(dr.attn_backend).__name__}. Use {CATCH_UP_FLAG} or "
+                              "DGW_CONTINUITY=keep-current")
         self.dw = draft_worker
         self.req_to_token = req_to_token_pool.req_to_token
         device = self.req_to_token.device

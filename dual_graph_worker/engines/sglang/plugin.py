@@ -32,7 +32,9 @@ def register() -> None:
 
 def _register() -> None:
     check_sglang_version(installed_sglang_version())
-    probe = os.environ.get(BY_KEY["capture_probe"].env)
+    # Parsed as the worker parses it ("none" or blank: unset), so the two agree.
+    setting = BY_KEY["capture_probe"]
+    probe = setting.parse(os.environ.get(setting.env), setting.env)
     if probe:
         # Before any model runner exists: the target's graphs are captured before the worker.
         # Idempotent, as registration is.

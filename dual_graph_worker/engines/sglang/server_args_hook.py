@@ -18,6 +18,16 @@ from typing import Any, Callable, Optional, Sequence
 CATCH_UP_BACKENDS = {"triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"),
                      "flashinfer": ("sglang.srt.layers.attention.flashinfer_backend",
                                     "FlashInferAttnBackend")}
+# What a launch line adds to run lazy catch-up.
+CATCH_UP_FLAG = f"--attention-backend {next(iter(CATCH_UP_BACKENDS))}"
+
+
+def catch_up_backend_classes() -> tuple[type, ...]:
+    """The draft attention backend classes of CATCH_UP_BACKENDS (imports SGLang)."""
+    import importlib
+
+    return tuple(getattr(importlib.import_module(module), name)
+                 for module, name in CATCH_UP_BACKENDS.values())
 
 
 @dataclass(frozen=True)

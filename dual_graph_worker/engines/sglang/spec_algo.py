@@ -18,7 +18,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
-from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS,
+from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
                                                               apply_dual_graph_server_args)
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def check_lazy_catch_up_server_args(server_args: Any) -> None:
         raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend over "
                           f"per-request ranges) on the {' or '.join(CATCH_UP_BACKENDS)} "
                           f"attention backend, but this server's {name} is {value!r} ({chosen}):"
-                          f" add --attention-backend {next(iter(CATCH_UP_BACKENDS))}, or set "
+                          f" add {CATCH_UP_FLAG}, or set "
                           "DGW_CONTINUITY=keep-current")
     if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
         raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
