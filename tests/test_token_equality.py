@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.dispatch import EagerDispatch
@@ -282,3 +283,34 @@ def test_threshold_and_goodput_policies_give_plain_greedy_tokens(toy_attn_engine
     w = make_worker(toy_attn_engine(), gp)
     assert run_schedule(w, prompts, MAX_NEW, ADMIT_AT).outputs == ref
     assert {r.mode for r in w.stats.records} == {Mode.SPEC, Mode.DECODE}
+
+
+
+def test_lazy_defers_the_draft_prefill_of_prompts_joining_a_decoding_batch(dummy_engine,
+                                                                          make_worker):
+    """Prompts admitted while the batch decodes skip the draft (lazy catch-up's deferral): the
+    first catch-up then covers the whole prompt from the stashed target features and leaves the
+    draft in the state its own prefill would have (dummy weights: features matter), and the
+    tokens are the same."""
+    prompts = [p for p in _prompts(8, DUMMY_VOCAB) if p][:3]
+    runs = {}
+    for defer in (True, False):
+        w = make_worker(dummy_engine(k=K), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K),
+                        defer_prefill=defer)
+        w.add_requests(prompts, 20)
+        rows = w.table.running.copy()
+        behind = w.continuity.start[rows] == 0
+        assert behind.all() if defer else not behind.any()
+        for _ in range(3):
+            w.step()
+        caught = w.continuity.before_spec_step(rows)
+        state = (w.engine.state.draft_token[rows].clone(), w.engine.state.draft_hidden[rows].clone())
+        w.policy = PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K)
+        while w.num_running:
+            w.step()
+        done = sorted(w.take_finished(), key=lambda f: f.rid)
+        runs[defer] = (caught, state, [tuple(f.output) for f in done])
+    (caught, (tok, hid), out), (caught0, (tok0, hid0), out0) = runs[True], runs[False]
+    assert caught == caught0 + sum(len(p) for p in prompts)
+    assert torch.equal(tok, tok0) and torch.allclose(hid, hid0, atol=1e-9)
+    assert out == out0

@@ -44,6 +44,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def unit_float(text: str) -> float:
+    """A number in [0, 1)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """Comma-separated integers >= 1, e.g. 1,4,16."""
     parts = [p.strip() for p in str(text).split(",")]

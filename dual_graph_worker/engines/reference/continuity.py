@@ -20,6 +20,10 @@ NO_BACKLOG = -1
 
 class ReferenceContinuity(ContinuityStrategy, Protocol):
     kind: Optional[Continuity]      # None: no draft state at all (the plain baseline)
+    defers_prefill: bool            # True: prompts joining a decoding batch skip the draft
+
+    def deferred(self, rows: np.ndarray) -> None:
+        """`rows` were prefilled without the draft (only where defers_prefill)."""
 
     def before_spec_step(self, rows: np.ndarray) -> int:
         """Bring the draft up to date over `rows`; returns the draft tokens it caught up."""
@@ -59,14 +63,19 @@ class KeepCurrent(NoDraft):
 
 class LazyCatchUp:
     """Per request row, the first position the draft has not seen; one draft extend over each
-    row's backlog before it speculates again."""
+    row's backlog before it speculates again. `defers_prefill`: a prompt that joins a decoding
+    batch leaves the draft behind from position 0 (its prefill is the first catch-up)."""
 
     kind = Continuity.LAZY_CATCH_UP
-    defers_prefill = False           # the reference engine always prefills the draft
 
-    def __init__(self, engine: Engine, table: RequestTable) -> None:
+    def __init__(self, engine: Engine, table: RequestTable, defers_prefill: bool = True) -> None:
         self.engine, self.table = engine, table
+        self.defers_prefill = defers_prefill
         self.start = np.full(engine.limits.max_requests, NO_BACKLOG, dtype=np.int64)
+
+    def deferred(self, rows: np.ndarray) -> None:
+        """`rows` were prefilled without the draft."""
+        self.start[rows] = 0
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         s = self.start[rows]
@@ -91,10 +100,10 @@ class LazyCatchUp:
         self.start[rows] = NO_BACKLOG
 
 
-def make_continuity(kind: Optional[Continuity], engine: Engine,
-                    table: RequestTable) -> ReferenceContinuity:
+def make_continuity(kind: Optional[Continuity], engine: Engine, table: RequestTable,
+                    defer_prefill: bool = True) -> ReferenceContinuity:
     if kind is None:
         return NoDraft()
     if kind is Continuity.KEEP_CURRENT:
         return KeepCurrent()
-    return LazyCatchUp(engine, table)
+    return LazyCatchUp(engine, table, defer_prefill)

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int
+from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int, unit_float
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--agreement", choices=sorted(AGREEMENT_LEVELS), default="f50",
                     help="toy draft: share of tokens where it agrees with the target")
     ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
+    # As a server's requests do: with equal lengths a non-speculative batch finishes in lockstep
+    # and refills in one prefill, while a speculative one refills request by request.
+    ap.add_argument("--output-spread", type=unit_float, default=0.5,
+                    help="output lengths uniform in --output-len x (1 -/+ spread), in [0, 1)")
     add_toy_run_args(ap, out="out/demo")
     return ap
 
@@ -76,11 +80,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         target_cfg, _ = toy_configs(args.hidden)
     except DualGraphError as exc:
         ap.error(f"--hidden: {exc}")
-    context = args.input_len + args.output_len + args.num_draft_tokens + 4
+    longest = Phase(1, 1, args.input_len, args.output_len, args.output_spread).max_output_len
+    context = args.input_len + longest + args.num_draft_tokens + 4
     if context > target_cfg.max_position_embeddings:
-        ap.error(f"--input-len + --output-len + --num-draft-tokens + 4 = {context} is over the toy "
-                 f"model's context of {target_cfg.max_position_embeddings}; lower --input-len or "
-                 "--output-len")
+        ap.error(f"--input-len + the longest output ({longest}) + --num-draft-tokens + 4 = "
+                 f"{context} is over the toy model's context of "
+                 f"{target_cfg.max_position_embeddings}; lower --input-len, --output-len or "
+                 "--output-spread")
     return report_user_errors(_run, args, argv, context)
 
 
@@ -100,7 +106,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
     acceptance = (f"REAL acceptance: toy draft agrees on {f:.0%} of tokens "
                   f"(expected accept length {expected:.2f} of {args.num_draft_tokens + 1})")
     print(f"dgw demo on {args.device}: toy Llama target (hidden=vocab={args.hidden}, 8 layers) + "
-          f"EAGLE-3 draft; {acceptance}")
+          f"EAGLE-3 draft; {acceptance}; {args.input_len} in / {args.output_len} out "
+          f"(+/-{args.output_spread:.0%})")
     sizes = PoolSizes.up_to(max(ramp), max(ramp))
     workers = {}
     t0 = time.perf_counter()
@@ -121,7 +128,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
     print(f"{'phase':>5} {'conc':>5} | " + " | ".join(f"{n:>12s}" for n in TRIO) +
           " | dyn/best | dynamic mode (spec/decode steps)")
     for i, c in enumerate(ramp):
-        phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len, args.output_len)
+        phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len, args.output_len,
+                      args.output_spread)
         results = run_side_by_side({n: PhaseRun(workers[n].worker, phase, vocab, seed=i,
                                                 collect_outputs=True) for n in TRIO})
         row = {"concurrency": c} | {n: r.to_json() for n, r in results.items()}
@@ -138,8 +146,9 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
               f"{'  (accept %.2f)' % row['dynamic']['mean_accept_len'] if m.get('spec') else ''}")
     # The correctness contract, end to end: every worker returned the target's greedy tokens.
     perms = toy_permutations(args.hidden, 1.0)
-    known = [tuple(perms.continuation(p[-1], args.output_len)) for p, _ in outputs["plain"]]
-    same = {name: [o for _, o in outputs[name]] == known for name in TRIO}
+    # Admission order and output lengths are the same for all three (one seed a phase).
+    known = [tuple(perms.continuation(p[-1], len(o))) for p, o in outputs["plain"]]
+    same = {name: [tuple(o) for _, o in outputs[name]] == known for name in TRIO}
     dyn = workers["dynamic"].worker
     calib = workers["dynamic"].calibration
     result = {"device": args.device, "acceptance": acceptance, "ramp": ramp, "phases": phases,

@@ -205,7 +205,7 @@ class ReferenceEngine:
 
     @torch.inference_mode()
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
-                slots: Sequence[np.ndarray]) -> np.ndarray:
+                slots: Sequence[np.ndarray], draft: bool = True) -> np.ndarray:
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], device=self.device)
         ids = self._padded(prompts)
@@ -220,11 +220,16 @@ class ReferenceEngine:
         out = self.target.forward(ids.view(-1), pos.reshape(-1), loc.view(-1), batch)
         last = torch.arange(B, device=self.device) * W + lens - 1
         first = self.target.greedy(out.hidden[last])
+        self.state.last_token.index_copy_(0, rows_t, first)
+        if not draft:
+            if self._stash is not None:                    # lazy: for the first catch-up
+                flat = valid.view(-1)
+                self._stash.index_copy_(0, loc.view(-1)[flat], out.aux[flat])
+            return first.cpu().numpy()
         # Draft extend over the prompt: position p reads (token p+1, target feature at p).
         shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
         shifted[torch.arange(B, device=self.device), lens - 1] = first
         d = self.draft.forward(shifted.view(-1), out.aux, pos.reshape(-1), loc.view(-1), batch)
-        self.state.last_token.index_copy_(0, rows_t, first)
         self.state.draft_token.index_copy_(0, rows_t, self.draft.greedy(d.hidden[last]))
         self.state.draft_hidden.index_copy_(0, rows_t, d.prenorm[last])
         return first.cpu().numpy()

@@ -34,8 +34,10 @@ class Engine(Protocol):
         """Build the stage functions over `bufs` (called once, before capture)."""
 
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
-                slots: Sequence[np.ndarray]) -> np.ndarray:
-        """Eager extend of whole prompts (target, then draft); returns the first token of each."""
+                slots: Sequence[np.ndarray], draft: bool = True) -> np.ndarray:
+        """Eager extend of whole prompts (target, then draft); returns the first token of each.
+        `draft` False: the target alone (a plain server; or lazy continuity deferring the
+        draft, the prompt's features stashed for a catch_up from position 0)."""
 
     def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  tokens: np.ndarray, slots: np.ndarray) -> None:

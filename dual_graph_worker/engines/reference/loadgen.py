@@ -26,8 +26,12 @@ class Phase:
         if not self.output_spread:
             return [self.output_len] * n
         lo = max(1, round(self.output_len * (1 - self.output_spread)))
-        hi = max(lo, round(self.output_len * (1 + self.output_spread)))
-        return rng.integers(lo, hi + 1, size=n).tolist()
+        return rng.integers(lo, self.max_output_len + 1, size=n).tolist()
+
+    @property
+    def max_output_len(self) -> int:
+        lo = max(1, round(self.output_len * (1 - self.output_spread)))
+        return max(lo, round(self.output_len * (1 + self.output_spread)))
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,10 @@ class PhaseRun:
                  on_step: Optional[Callable[[object], None]] = None) -> None:
         self.worker, self.phase, self.prefill_chunk = worker, phase, prefill_chunk
         self.collect_outputs, self.on_step = collect_outputs, on_step
+        # Prompts and output lengths from streams of their own: every worker gets the same
+        # requests in the same order, however its admissions are batched.
         self.rng = np.random.default_rng(seed)
+        self.len_rng = np.random.default_rng((seed, 1))
         self.prompts = prompts or uniform_prompts(vocab)
         self.admitted = self.tokens = 0
         self.seconds = self.step_seconds = 0.0
@@ -100,7 +107,7 @@ class PhaseRun:
                    self.prefill_chunk)
         if room > 0:
             res = w.add_requests(self.prompts(self.rng, room, phase.input_len),
-                                 phase.output_lens(self.rng, room))
+                                 phase.output_lens(self.len_rng, room))
             # add_requests returns the prefill's host tokens, so the device has finished.
             self.tokens += len(res.first_tokens)
             self.admitted += room

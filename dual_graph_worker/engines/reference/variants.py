@@ -68,14 +68,15 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
     if tuned is not None:
         sizes = PoolSizes(tuned.spec_bs, tuned.decode_bs, sizes.static_spec)
     spec, decode = (PinnedPolicy(mode=m, num_draft_tokens=k) for m in (Mode.SPEC, Mode.DECODE))
+    defer = settings.defer_draft_prefill
     cfgs = {
         "plain": (WorkerConfig((), sizes.decode, use_cuda_graphs, continuity=None), decode),
         "static-spec": (WorkerConfig(sizes.static_spec, (), use_cuda_graphs,
                                      continuity=Continuity.KEEP_CURRENT), spec),
         "dynamic": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
-                                 continuity=dynamic_continuity), spec),
+                                 continuity=dynamic_continuity, defer_prefill=defer), spec),
         "dual-off": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
-                                  continuity=dynamic_continuity), decode),
+                                  continuity=dynamic_continuity, defer_prefill=defer), decode),
         "verify-off": (WorkerConfig((), sizes.decode, use_cuda_graphs,
                                     continuity=Continuity.KEEP_CURRENT), decode),
     }

@@ -45,6 +45,8 @@ class WorkerConfig:
     # None: no draft state at all (a plain server), so the spec pool must be empty.
     continuity: Optional[Continuity] = Continuity.KEEP_CURRENT
     eos_token_id: Optional[int] = None
+    # Lazy catch-up: prompts joining a batch that will decode skip the draft's prefill.
+    defer_prefill: bool = True
 
     def __post_init__(self) -> None:
         if not self.decode_bs and not self.spec_bs:
@@ -87,7 +89,8 @@ class DualGraphWorker:
                                   max_running), engine.device)
         self.kv = KVSlotPlanner(SlotAllocator(lim.num_slots), self.k)
         self.table = RequestTable(lim.max_requests, lim.max_context, self.k)
-        self.continuity = make_continuity(config.continuity, engine, self.table)
+        self.continuity = make_continuity(config.continuity, engine, self.table,
+                                          config.defer_prefill)
         stage_fns = engine.bind(self.bufs, config.continuity, self.dispatch.max_spec_bs)
         self.runner: StageRunner
         if config.use_cuda_graphs:
@@ -156,9 +159,12 @@ class DualGraphWorker:
             rows.append(row)
             slot_lists.append(s)
         rows_np = np.asarray(rows, dtype=np.int64)
+        lens = np.asarray([len(a) for a in arrays])
+        self.policy.observe(Admitted(need, rows_np))
+        draft = self.continuity.kind is not None and not self._defers(rows_np, need)
         t0 = time.perf_counter()
         try:
-            first = self.engine.prefill(rows_np, arrays, slot_lists)
+            first = self.engine.prefill(rows_np, arrays, slot_lists, draft=draft)
         except BaseException:
             # Nothing was admitted: give back the rows and the prompt slots, then re-raise.
             for row in rows:
@@ -166,10 +172,9 @@ class DualGraphWorker:
             self.kv.allocator.free(plan_slots)
             raise
         # The engine's prefill returns host tokens, so it has finished: its wall time is its cost.
-        self.policy.observe(PrefillTime(need, time.perf_counter() - t0,
-                                        draft=self.continuity.kind is not None))
-        self.policy.observe(Admitted(need, rows_np))
-        lens = np.asarray([len(a) for a in arrays])
+        self.policy.observe(PrefillTime(need, time.perf_counter() - t0, draft=draft))
+        if self.continuity.kind is not None and not draft:
+            self.continuity.deferred(rows_np)
         self.table.tokens[rows_np, lens] = first
         self.table.seq_lens[rows_np] = lens
         self.table.start_running(rows_np)
@@ -177,6 +182,17 @@ class DualGraphWorker:
         ones = np.ones(len(rows_np), dtype=np.int64)
         _, finished = self._finish_done(rows_np, first[:, None], ones, ones * 0)
         return PrefillResult(rids, tuple(int(t) for t in first), tuple(f.rid for f in finished))
+
+    def _defers(self, rows: np.ndarray, prompt_tokens: int) -> bool:
+        """Whether this prefill skips the draft: lazy catch-up defers it when the batch it
+        joins will decode (the policy's choice previewed, not committed)."""
+        if not self.continuity.defers_prefill:
+            return False
+        running = self.table.running
+        kv_tokens = int(self.table.seq_lens[running].sum()) + prompt_tokens
+        return self.planner.preview(len(running) + len(rows),
+                                    rows=np.concatenate([running, rows]),
+                                    kv_tokens=kv_tokens) is Mode.DECODE
 
     def abort(self, rid: int) -> FinishedRequest:
         """Stop a request; what it already produced comes back in the record."""
