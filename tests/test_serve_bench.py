@@ -90,6 +90,17 @@ def test_report_shows_ratios_against_each_baseline_and_failures(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+def test_resume_keeps_the_other_engines_points_of_a_run_cut_short(tmp_path):
+    m = {k: 1.0 for k in sb.FIELDS} | {"output_throughput": 100.0}
+    first = [sb.ServePoint("plain", 1, m), sb.ServePoint("eagle3", 1, m),
+             sb.ServePoint("dual", 1, error="cut short")]
+    sb.write_results(_cfg(tmp_path, concurrency=(1,)), first, {})
+    kept = sb.kept_points(tmp_path / "serve-bench.json", ("dual",))
+    assert [(p.engine, p.metrics) for p in kept] == [("plain", m), ("eagle3", m)]
+    assert sb.kept_points(tmp_path / "none.json", ("dual",)) == []
+    assert sb.parse_args(["--resume", "--engines", "dual"]).resume
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--engines", "plain,vllm"], "unknown engine 'vllm'"),
     (["--concurrency", "1,x"], "write integers separated by commas"),

@@ -65,6 +65,7 @@ class ServeBenchConfig:
     server_args: tuple[str, ...] = ("--attention-backend", "triton", "--cuda-graph-max-bs", "256",
                                     "--enable-metrics")
     soak: Optional[soak.SoakConfig] = None
+    resume: bool = False
 
     @property
     def dummy(self) -> bool:
@@ -379,7 +380,7 @@ def plot(cfg: ServeBenchConfig, points: list[ServePoint], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for engine in cfg.engines:
+    for engine in [e for e in ENGINES if any(p.engine == e for p in points)]:
         pts = [p for p in points if p.engine == engine and p.metrics]
         xs = [p.concurrency for p in pts]
         axes[0].plot(xs, [p.metrics["output_throughput"] for p in pts], "o-", label=engine)
@@ -410,6 +411,9 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
     ap.add_argument("--prompts-per-level", type=int, default=4,
                     help="prompts per level = max(--min-prompts, this x concurrency)")
     ap.add_argument("--min-prompts", type=int, default=16)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the points of other engines already in OUT/serve-bench.json (a "
+                         "run cut short: measure only the engines it missed)")
     ap.add_argument("--soak", type=int, default=0, metavar="N",
                     help="after the engines, N requests against a worker under a switching "
                          "policy, random lengths and aborts; T=0 checks against plain")
@@ -436,7 +440,8 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                             draft=args.draft, port=args.port,
                             prompts_per_level=args.prompts_per_level,
                             min_prompts=args.min_prompts,
-                            soak=soak.SoakConfig(requests=args.soak) if args.soak else None)
+                            soak=soak.SoakConfig(requests=args.soak) if args.soak else None,
+                            resume=args.resume)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -445,7 +450,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ensure_plugin_discoverable(cfg.out / "shim", REPO_ROOT)
     target, draft = ((cfg.model, cfg.draft) if not cfg.dummy
                      else write_dummy_checkpoints(cfg.out / "checkpoints"))
-    points: list[ServePoint] = []
+    points = kept_points(cfg.out / "serve-bench.json", cfg.engines) if cfg.resume else []
     soak_ref: Optional[dict] = {} if cfg.soak else None
     soaked: dict = {}
     for kind in cfg.engines:
@@ -457,6 +462,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     print((cfg.out / "report.md").read_text())
     soak_ok = not cfg.soak or soak_passed(soaked)
     return 0 if soak_ok and all(p.error is None for p in points) else 1
+
+
+def kept_points(path: Path, engines: tuple[str, ...]) -> list[ServePoint]:
+    """The points of a previous run into the same folder for engines this run does not measure."""
+    if not path.exists():
+        return []
+    return [ServePoint(**p) for p in json.loads(path.read_text())["points"]
+            if p["engine"] not in engines]
 
 
 def soak_passed(soaked: dict) -> bool:
