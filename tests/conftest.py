@@ -134,7 +134,9 @@ class RandomModePolicy:
         self.committed: list[Mode] = []
 
     def decide(self, inputs: PolicyInputs) -> Decision:
-        draw = self._rng.random()           # drawn every step, so the sequence depends on the seed only
+        # Drawn on every call (a lazy worker's admission previews call it too), so the modes
+        # depend on the seed and the schedule only; previews make some prefills deferred.
+        draw = self._rng.random()
         if inputs.spec_padded_bs is None:
             return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
         return Decision(Mode.SPEC if draw < self._p_spec else Mode.DECODE, Reason.PINNED)

@@ -49,11 +49,11 @@ def test_real_acceptance_follows_the_cycle_a_prompt_ends_in(tmp_path):
 
     r = run_phase(worker, Phase(4, 8, 8, 24), 64, collect_outputs=True, prompts=source,
                   on_step=record)
-    assert all(list(o) == perms.continuation(p[-1], len(o)) for p, o in r.outputs)
+    assert all(list(o.output) == perms.continuation(o.prompt[-1], o.requested) for o in r.outputs)
     # Easy requests accept the whole chain (capped by tokens left), hard ones only the bonus.
     assert max(lens[True]) == k + 1 and np.mean(lens[True]) > k
     assert set(lens[False]) == {1}
-    assert [bool(easy[p[-1]]) for p, _ in r.outputs] == [True] * 4 + [False] * 4
+    assert [bool(easy[o.prompt[-1]]) for o in r.outputs] == [True] * 4 + [False] * 4
 
 
 def test_follow_steps_counts_from_the_mix_crossing_to_the_settled_mode():

@@ -95,9 +95,20 @@ def test_resume_keeps_the_other_engines_points_of_a_run_cut_short(tmp_path):
     first = [sb.ServePoint("plain", 1, m), sb.ServePoint("eagle3", 1, m),
              sb.ServePoint("dual", 1, error="cut short")]
     sb.write_results(_cfg(tmp_path, concurrency=(1,)), first, {})
-    kept = sb.kept_points(tmp_path / "serve-bench.json", ("dual",))
+    again = _cfg(tmp_path, concurrency=(1,), engines=("dual",), resume=True, port=30001)
+    kept = sb.kept_points(tmp_path / "serve-bench.json", again)
     assert [(p.engine, p.metrics) for p in kept] == [("plain", m), ("eagle3", m)]
-    assert sb.kept_points(tmp_path / "none.json", ("dual",)) == []
+    sb.write_results(again, kept + [sb.ServePoint("dual", 1, m)], {})
+    merged = json.loads((tmp_path / "serve-bench.json").read_text())
+    assert merged["config"]["engines"] == ["plain", "eagle3", "dual"]
+    assert sb.kept_points(tmp_path / "none.json", again) == []
+    # Points measured with other settings would make meaningless ratios: refused, one line.
+    with pytest.raises(SystemExit, match="input_len=256"):
+        sb.kept_points(tmp_path / "serve-bench.json",
+                       _cfg(tmp_path, concurrency=(1,), engines=("dual",), input_len=512))
+    (tmp_path / "serve-bench.json").write_text("{")
+    with pytest.raises(SystemExit, match="not a serve-bench result"):
+        sb.kept_points(tmp_path / "serve-bench.json", again)
     assert sb.parse_args(["--resume", "--engines", "dual"]).resume
 
 

@@ -285,7 +285,6 @@ def test_threshold_and_goodput_policies_give_plain_greedy_tokens(toy_attn_engine
     assert {r.mode for r in w.stats.records} == {Mode.SPEC, Mode.DECODE}
 
 
-
 def test_lazy_defers_the_draft_prefill_of_prompts_joining_a_decoding_batch(dummy_engine,
                                                                           make_worker):
     """Prompts admitted while the batch decodes skip the draft (lazy catch-up's deferral): the
@@ -297,10 +296,13 @@ def test_lazy_defers_the_draft_prefill_of_prompts_joining_a_decoding_batch(dummy
     for defer in (True, False):
         w = make_worker(dummy_engine(k=K), PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K),
                         defer_prefill=defer)
+        untouched = w.engine.state.draft_hidden.clone()
         w.add_requests(prompts, 20)
         rows = w.table.running.copy()
         behind = w.continuity.start[rows] == 0
         assert behind.all() if defer else not behind.any()
+        # Deferred: the draft did not run over the prompts (its state is as before).
+        assert torch.equal(w.engine.state.draft_hidden, untouched) == defer
         for _ in range(3):
             w.step()
         caught = w.continuity.before_spec_step(rows)

@@ -450,7 +450,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ensure_plugin_discoverable(cfg.out / "shim", REPO_ROOT)
     target, draft = ((cfg.model, cfg.draft) if not cfg.dummy
                      else write_dummy_checkpoints(cfg.out / "checkpoints"))
-    points = kept_points(cfg.out / "serve-bench.json", cfg.engines) if cfg.resume else []
+    points = kept_points(cfg.out / "serve-bench.json", cfg) if cfg.resume else []
     soak_ref: Optional[dict] = {} if cfg.soak else None
     soaked: dict = {}
     for kind in cfg.engines:
@@ -464,12 +464,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0 if soak_ok and all(p.error is None for p in points) else 1
 
 
-def kept_points(path: Path, engines: tuple[str, ...]) -> list[ServePoint]:
-    """The points of a previous run into the same folder for engines this run does not measure."""
+# Settings a resumed run may change: which servers it starts and how it reaches them.
+_RESUME_FREE = ("out", "engines", "port", "start_timeout_s", "soak", "resume")
+
+
+def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:
+    """The points of a previous run into the same folder for engines this run does not
+    measure; a previous run with other settings is refused (its ratios would mean nothing)."""
     if not path.exists():
         return []
-    return [ServePoint(**p) for p in json.loads(path.read_text())["points"]
-            if p["engine"] not in engines]
+    try:
+        earlier = json.loads(path.read_text())
+        points, config = earlier["points"], earlier["config"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"error: --resume: {path} is not a serve-bench result ({exc}); use "
+                         "another --out") from None
+    now = _config_json(cfg)
+    if diff := [k for k in now if k not in _RESUME_FREE and config.get(k) != now[k]]:
+        raise SystemExit(f"error: --resume: {path} was measured with other settings "
+                         f"({', '.join(f'{k}={config.get(k)!r}' for k in diff)}); resume with "
+                         "the same ones or use another --out")
+    return [ServePoint(**p) for p in points if p["engine"] not in cfg.engines]
+
+
+def _config_json(cfg: ServeBenchConfig) -> dict:
+    return json.loads(json.dumps({k: str(v) if isinstance(v, Path) else v
+                                  for k, v in asdict(cfg).items()}))
 
 
 def soak_passed(soaked: dict) -> bool:
@@ -481,10 +501,15 @@ def soak_passed(soaked: dict) -> bool:
 
 
 def write_results(cfg: ServeBenchConfig, points: list[ServePoint], soaked: dict) -> None:
-    """Everything so far, after each server: a run cut short keeps what it measured."""
-    (cfg.out / "serve-bench.json").write_text(json.dumps(
-        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-         "points": [asdict(p) for p in points], "soak": soaked}, indent=1))
+    """Everything so far, after each server: a run cut short keeps what it measured (the
+    JSON replaced whole, so a kill mid-write leaves the previous one for --resume)."""
+    config = _config_json(cfg)
+    config["engines"] = [e for e in ENGINES if e in cfg.engines or
+                         any(p.engine == e for p in points)]
+    tmp = cfg.out / "serve-bench.json.tmp"
+    tmp.write_text(json.dumps({"config": config, "points": [asdict(p) for p in points],
+                               "soak": soaked}, indent=1))
+    os.replace(tmp, cfg.out / "serve-bench.json")
     (cfg.out / "report.md").write_text(report(cfg, points) + soak_report(soaked))
     if any(p.metrics for p in points):
         plot(cfg, points, cfg.out / "serve-bench.png")

@@ -137,8 +137,8 @@ def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> d
                             calib_context=cfg.input_len + cfg.output_len // 2, settings=settings):
         runs[built.name], traces[built.name] = _shift_run(built.worker, cfg, pools, easy_np)
     results = run_side_by_side(runs)
-    exact = all(list(o) == perms.continuation(p[-1], len(o))
-                for r in results.values() for p, o in r.outputs)
+    exact = all(list(o.output) == perms.continuation(o.prompt[-1], o.requested)
+                for r in results.values() for o in r.outputs)
     rows = []
     for k, kind in enumerate(cfg.phases):
         row = {"phase": k, "kind": kind}

@@ -7,12 +7,12 @@ forward; lazy: a feature stash); these classes hold the host side.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
 from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
-from dual_graph_worker.engines.reference.engine_api import Engine
+from dual_graph_worker.engines.reference.engine_api import Engine, PrefillMode
 from dual_graph_worker.engines.reference.requests import RequestTable
 
 NO_BACKLOG = -1
@@ -20,10 +20,12 @@ NO_BACKLOG = -1
 
 class ReferenceContinuity(ContinuityStrategy, Protocol):
     kind: Optional[Continuity]      # None: no draft state at all (the plain baseline)
-    defers_prefill: bool            # True: prompts joining a decoding batch skip the draft
 
-    def deferred(self, rows: np.ndarray) -> None:
-        """`rows` were prefilled without the draft (only where defers_prefill)."""
+    def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
+        """How a prompt joining the running batch is prefilled; `next_step_decodes` previews
+        the policy (called only by a strategy that may defer)."""
+
+    def after_prefill(self, rows: np.ndarray, mode: PrefillMode) -> None: ...
 
     def before_spec_step(self, rows: np.ndarray) -> int:
         """Bring the draft up to date over `rows`; returns the draft tokens it caught up."""
@@ -38,6 +40,12 @@ class NoDraft:
 
     kind = None
     defers_prefill = False
+
+    def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
+        return PrefillMode.TARGET_ONLY
+
+    def after_prefill(self, rows: np.ndarray, mode: PrefillMode) -> None:
+        pass
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return 0
@@ -57,6 +65,9 @@ class KeepCurrent(NoDraft):
 
     kind = Continuity.KEEP_CURRENT
 
+    def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
+        return PrefillMode.WITH_DRAFT
+
     def before_spec_step(self, rows: np.ndarray) -> int:
         return 0
 
@@ -68,14 +79,18 @@ class LazyCatchUp:
 
     kind = Continuity.LAZY_CATCH_UP
 
-    def __init__(self, engine: Engine, table: RequestTable, defers_prefill: bool = True) -> None:
+    def __init__(self, engine: Engine, table: RequestTable, defers_prefill: bool) -> None:
         self.engine, self.table = engine, table
         self.defers_prefill = defers_prefill
         self.start = np.full(engine.limits.max_requests, NO_BACKLOG, dtype=np.int64)
 
-    def deferred(self, rows: np.ndarray) -> None:
-        """`rows` were prefilled without the draft."""
-        self.start[rows] = 0
+    def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
+        return PrefillMode.DEFERRED if self.defers_prefill and next_step_decodes() \
+            else PrefillMode.WITH_DRAFT
+
+    def after_prefill(self, rows: np.ndarray, mode: PrefillMode) -> None:
+        if mode is PrefillMode.DEFERRED:
+            self.start[rows] = 0
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         s = self.start[rows]
@@ -101,7 +116,7 @@ class LazyCatchUp:
 
 
 def make_continuity(kind: Optional[Continuity], engine: Engine, table: RequestTable,
-                    defer_prefill: bool = True) -> ReferenceContinuity:
+                    defer_prefill: bool) -> ReferenceContinuity:
     if kind is None:
         return NoDraft()
     if kind is Continuity.KEEP_CURRENT:

@@ -146,9 +146,9 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
               f"{'  (accept %.2f)' % row['dynamic']['mean_accept_len'] if m.get('spec') else ''}")
     # The correctness contract, end to end: every worker returned the target's greedy tokens.
     perms = toy_permutations(args.hidden, 1.0)
-    # Admission order and output lengths are the same for all three (one seed a phase).
-    known = [tuple(perms.continuation(p[-1], len(o))) for p, o in outputs["plain"]]
-    same = {name: [tuple(o) for _, o in outputs[name]] == known for name in TRIO}
+    same = {name: all(tuple(r.output) == tuple(perms.continuation(r.prompt[-1], r.requested))
+                      for r in outputs[name]) and len(outputs[name]) == len(outputs["plain"])
+            for name in TRIO}
     dyn = workers["dynamic"].worker
     calib = workers["dynamic"].calibration
     result = {"device": args.device, "acceptance": acceptance, "ramp": ramp, "phases": phases,

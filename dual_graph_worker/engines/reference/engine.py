@@ -20,7 +20,7 @@ import torch
 
 from dual_graph_worker.engines.reference.buffers import StaticInputs
 from dual_graph_worker.core.continuity import Continuity
-from dual_graph_worker.engines.reference.engine_api import EngineLimits, StageFn
+from dual_graph_worker.engines.reference.engine_api import EngineLimits, PrefillMode, StageFn
 from dual_graph_worker.engines.reference.attention import (AttentionBackend, AttnBatch,
                                                            TorchPagedAttention)
 from dual_graph_worker.engines.reference.config import ModelPair
@@ -205,7 +205,8 @@ class ReferenceEngine:
 
     @torch.inference_mode()
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
-                slots: Sequence[np.ndarray], draft: bool = True) -> np.ndarray:
+                slots: Sequence[np.ndarray],
+                mode: PrefillMode = PrefillMode.WITH_DRAFT) -> np.ndarray:
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], device=self.device)
         ids = self._padded(prompts)
@@ -221,10 +222,13 @@ class ReferenceEngine:
         last = torch.arange(B, device=self.device) * W + lens - 1
         first = self.target.greedy(out.hidden[last])
         self.state.last_token.index_copy_(0, rows_t, first)
-        if not draft:
-            if self._stash is not None:                    # lazy: for the first catch-up
-                flat = valid.view(-1)
-                self._stash.index_copy_(0, loc.view(-1)[flat], out.aux[flat])
+        if mode is PrefillMode.DEFERRED:
+            if self._stash is None:
+                raise RuntimeError("a deferred prefill needs the lazy continuity strategy "
+                                   "(bind with LAZY_CATCH_UP)")
+            flat = valid.view(-1)
+            self._stash.index_copy_(0, loc.view(-1)[flat], out.aux[flat])
+        if mode is not PrefillMode.WITH_DRAFT:
             return first.cpu().numpy()
         # Draft extend over the prompt: position p reads (token p+1, target feature at p).
         shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -15,6 +16,12 @@ from dual_graph_worker.core.modes import Stage
 # One stage at a padded batch size: reads the static inputs, writes static outputs and the
 # engine's per-request state. Only device ops on static storage, so it can be captured.
 StageFn = Callable[[int], None]
+
+
+class PrefillMode(enum.Enum):
+    WITH_DRAFT = "with-draft"       # target, then the draft's extend over the prompt
+    DEFERRED = "deferred"           # target alone, its features stashed for a catch-up from 0
+    TARGET_ONLY = "target-only"     # target alone: a worker that keeps no draft state
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,9 @@ class Engine(Protocol):
         """Build the stage functions over `bufs` (called once, before capture)."""
 
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
-                slots: Sequence[np.ndarray], draft: bool = True) -> np.ndarray:
-        """Eager extend of whole prompts (target, then draft); returns the first token of each.
-        `draft` False: the target alone (a plain server; or lazy continuity deferring the
-        draft, the prompt's features stashed for a catch_up from position 0)."""
+                slots: Sequence[np.ndarray],
+                mode: PrefillMode = PrefillMode.WITH_DRAFT) -> np.ndarray:
+        """Eager extend of whole prompts; returns the first token of each."""
 
     def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  tokens: np.ndarray, slots: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -25,13 +25,21 @@ class Phase:
     def output_lens(self, rng: np.random.Generator, n: int) -> list[int]:
         if not self.output_spread:
             return [self.output_len] * n
-        lo = max(1, round(self.output_len * (1 - self.output_spread)))
-        return rng.integers(lo, self.max_output_len + 1, size=n).tolist()
+        return rng.integers(self.min_output_len, self.max_output_len + 1, size=n).tolist()
+
+    @property
+    def min_output_len(self) -> int:
+        return max(1, round(self.output_len * (1 - self.output_spread)))
 
     @property
     def max_output_len(self) -> int:
-        lo = max(1, round(self.output_len * (1 - self.output_spread)))
-        return max(lo, round(self.output_len * (1 + self.output_spread)))
+        return max(self.min_output_len, round(self.output_len * (1 + self.output_spread)))
+
+
+class RequestOutput(NamedTuple):
+    prompt: tuple
+    output: tuple
+    requested: int              # max_new_tokens it was admitted with
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class PhaseResult:
     steps: int
     modes: dict                 # mode -> steps
     mean_accept_len: float      # over spec steps (0 when none)
-    outputs: tuple = ()         # (prompt, output) per request in admission order, if collected
+    outputs: tuple = ()         # RequestOutput per request in admission order, if collected
 
     @property
     def tok_s(self) -> float:
@@ -95,6 +103,7 @@ class PhaseRun:
         self.admitted = self.tokens = 0
         self.seconds = self.step_seconds = 0.0
         self.done, self.recs = [], []
+        self.requested: dict[int, int] = {}
 
     @property
     def finished(self) -> bool:
@@ -106,8 +115,9 @@ class PhaseRun:
         room = min(phase.concurrency - w.num_running, phase.num_requests - self.admitted,
                    self.prefill_chunk)
         if room > 0:
-            res = w.add_requests(self.prompts(self.rng, room, phase.input_len),
-                                 phase.output_lens(self.len_rng, room))
+            lens = phase.output_lens(self.len_rng, room)
+            res = w.add_requests(self.prompts(self.rng, room, phase.input_len), lens)
+            self.requested.update(zip(res.rids, lens))
             # add_requests returns the prefill's host tokens, so the device has finished.
             self.tokens += len(res.first_tokens)
             self.admitted += room
@@ -126,7 +136,8 @@ class PhaseRun:
     def result(self) -> PhaseResult:
         recs = self.recs
         spec = [r.mean_accept_len for r in recs if r.mode.value == "spec"]
-        outputs = (tuple((f.prompt, f.output) for f in sorted(self.done, key=lambda f: f.rid))
+        outputs = (tuple(RequestOutput(f.prompt, f.output, self.requested[f.rid])
+                         for f in sorted(self.done, key=lambda f: f.rid))
                    if self.collect_outputs else ())
         return PhaseResult(self.phase.concurrency, self.admitted, self.tokens,
                            sum(r.tokens for r in recs), self.seconds, self.step_seconds,

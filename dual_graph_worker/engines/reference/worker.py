@@ -28,7 +28,7 @@ from dual_graph_worker.core.policy import (Admitted, ModePolicy, PrefillTime, Re
 from dual_graph_worker.core.results import StepRecord
 from dual_graph_worker.engines.reference.buffers import BufferSizes, StaticInputs
 from dual_graph_worker.engines.reference.continuity import make_continuity
-from dual_graph_worker.engines.reference.engine_api import Engine
+from dual_graph_worker.engines.reference.engine_api import Engine, PrefillMode
 from dual_graph_worker.engines.reference.kv_slots import KVSlotPlanner, SlotAllocator, SlotPlan
 from dual_graph_worker.engines.reference.requests import FinishedRequest, RequestTable
 from dual_graph_worker.engines.reference.results import PrefillResult, StepResult
@@ -160,11 +160,12 @@ class DualGraphWorker:
             slot_lists.append(s)
         rows_np = np.asarray(rows, dtype=np.int64)
         lens = np.asarray([len(a) for a in arrays])
-        self.policy.observe(Admitted(need, rows_np))
-        draft = self.continuity.kind is not None and not self._defers(rows_np, need)
-        t0 = time.perf_counter()
         try:
-            first = self.engine.prefill(rows_np, arrays, slot_lists, draft=draft)
+            # Admitted first: a reused row's acceptance estimate is reset before the preview.
+            self.policy.observe(Admitted(need, rows_np))
+            mode = self.continuity.prefill_mode(lambda: self._next_step_decodes(rows_np, need))
+            t0 = time.perf_counter()
+            first = self.engine.prefill(rows_np, arrays, slot_lists, mode)
         except BaseException:
             # Nothing was admitted: give back the rows and the prompt slots, then re-raise.
             for row in rows:
@@ -172,9 +173,9 @@ class DualGraphWorker:
             self.kv.allocator.free(plan_slots)
             raise
         # The engine's prefill returns host tokens, so it has finished: its wall time is its cost.
-        self.policy.observe(PrefillTime(need, time.perf_counter() - t0, draft=draft))
-        if self.continuity.kind is not None and not draft:
-            self.continuity.deferred(rows_np)
+        self.policy.observe(PrefillTime(need, time.perf_counter() - t0,
+                                        draft=mode is PrefillMode.WITH_DRAFT))
+        self.continuity.after_prefill(rows_np, mode)
         self.table.tokens[rows_np, lens] = first
         self.table.seq_lens[rows_np] = lens
         self.table.start_running(rows_np)
@@ -183,16 +184,17 @@ class DualGraphWorker:
         _, finished = self._finish_done(rows_np, first[:, None], ones, ones * 0)
         return PrefillResult(rids, tuple(int(t) for t in first), tuple(f.rid for f in finished))
 
-    def _defers(self, rows: np.ndarray, prompt_tokens: int) -> bool:
-        """Whether this prefill skips the draft: lazy catch-up defers it when the batch it
-        joins will decode (the policy's choice previewed, not committed)."""
-        if not self.continuity.defers_prefill:
-            return False
+    def _next_step_decodes(self, rows: np.ndarray, prompt_tokens: int) -> bool:
+        """Whether the running batch, grown by `rows`, will decode next: the policy's choice
+        previewed as `plan` would ask it (backlog, KV room), committing nothing."""
         running = self.table.running
+        grown = np.concatenate([running, rows])
+        if not self.kv.can_run(Mode.SPEC, len(grown)):
+            return True
         kv_tokens = int(self.table.seq_lens[running].sum()) + prompt_tokens
-        return self.planner.preview(len(running) + len(rows),
-                                    rows=np.concatenate([running, rows]),
-                                    kv_tokens=kv_tokens) is Mode.DECODE
+        return self.planner.preview(len(grown), rows=grown, kv_tokens=kv_tokens,
+                                    catch_up_tokens=self.continuity.pending_tokens(running)
+                                    ) is Mode.DECODE
 
     def abort(self, rid: int) -> FinishedRequest:
         """Stop a request; what it already produced comes back in the record."""
