@@ -66,6 +66,11 @@ def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, m
     text = (tmp_path / "report.md").read_text()
     assert "| tuned / default |" in text and "DUMMY weights" in text
     assert (tmp_path / "compare.png").exists() and (tmp_path / "tune.txt").exists()
+    # The model's memory of the tuned lists beside what the tuned server measured (0.4 GB).
+    model = out["tuned"]["model_bytes"]
+    assert model > 0
+    assert (f"at {model / 2**20:.0f} MiB; the tuned server measured {0.4 * 2**30 / 2**20:.0f} "
+            f"MiB ({0.4 * 2**30 / model:.2f}x the model)") in text
 
 
 def test_by_default_it_tunes_for_the_batch_sizes_the_default_server_ran(tmp_path, monkeypatch):

@@ -76,7 +76,10 @@ def compare(default: dict, tuned: dict) -> dict:
                       for c in default["tok_s"] if c in tuned["tok_s"]}}
 
 
-def report(rows: list[dict], ratios: Optional[dict], note: str) -> str:
+def report(rows: list[dict], ratios: Optional[dict], note: str,
+           predicted_bytes: Optional[int] = None) -> str:
+    """`predicted_bytes`: the tuner's memory model of the tuned lists, set against what the
+    tuned server measured (the model guides the choice; the measured figure is the result)."""
     def mib(b):
         return "-" if b is None else f"{b / 2**20:.0f} MiB"
 
@@ -101,6 +104,11 @@ def report(rows: list[dict], ratios: Optional[dict], note: str) -> str:
                      f"{num(ratios['graph_bytes'], '.3f')} | {num(ratios['capture_s'], '.3f')} "
                      "| | | " + " | ".join(num(ratios["tok_s"].get(c), ".3f") for c in levels)
                      + " |")
+    measured = next((r["graph_bytes"] for r in rows if r["engine"] == "tuned"), None)
+    if predicted_bytes and measured:
+        lines.append(f"\nThe tuner's memory model put the tuned lists at {mib(predicted_bytes)}; "
+                     f"the tuned server measured {mib(measured)} "
+                     f"({measured / predicted_bytes:.2f}x the model).")
     for r in rows:
         if r.get("pools"):
             lines.append(f"\n{r['engine']}: spec bs {r['pools']['spec_bs']}, decode bs "
@@ -242,9 +250,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{args.spec_max_bs}")
     write_json({"note": note, "rows": rows, "ratios": ratios,
                 "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap},
-                "tuned": {"spec_bs": list(result.spec_bs), "decode_bs": list(result.decode_bs)}},
+                "tuned": {"spec_bs": list(result.spec_bs), "decode_bs": list(result.decode_bs),
+                          "model_bytes": result.chosen.memory_bytes}},
                work / "compare.json")
-    text = report(rows, ratios, note)
+    text = report(rows, ratios, note, result.chosen.memory_bytes)
     (work / "report.md").write_text(text)
     if ratios:
         plot(rows, ratios, work / "compare.png", note)
