@@ -223,9 +223,7 @@ class TuningResult:
     @property
     def threshold_bs(self) -> Optional[int]:
         """The crossover as a threshold prior: never above the spec pool's cap."""
-        cross = self.crossover.bs
-        return cross if cross is None or self.spec_max_bs is None else min(cross,
-                                                                           self.spec_max_bs)
+        return capped(self.crossover.bs, self.spec_max_bs)
 
     def table(self) -> str:
         return format_table(self)
@@ -248,6 +246,11 @@ def find_crossover(measurements: Measurements, accept_len: float) -> Crossover:
         points.append(ThroughputPoint(bs, bs * accept_len / spec.replay_s, bs / dec.replay_s))
     wins = [p.bs for p in points if p.spec_wins]
     return Crossover(accept_len, tuple(points), max(wins) if wins else None)
+
+
+def capped(bs: Optional[int], cap: Optional[int]) -> Optional[int]:
+    """A batch size under an optional cap (--spec-max-bs)."""
+    return bs if bs is None or cap is None else min(bs, cap)
 
 
 def plan_pools(measurements: Measurements, distribution: BatchDistribution,
@@ -277,7 +280,7 @@ def plan_pools(measurements: Measurements, distribution: BatchDistribution,
             "tuner does not allow (no measurement prices an eager step): measure larger decode "
             f"batch sizes, or cap the distribution at {dec_sizes[-1]} (e.g. uniform:1-"
             f"{dec_sizes[-1]}) and cap max running requests to match")
-    top = crossover.bs if spec_max_bs is None else min(crossover.bs, spec_max_bs)
+    top = capped(crossover.bs, spec_max_bs)
     spec_sizes = [b for b in measurements.sizes(Mode.SPEC) if b <= top]
     if not spec_sizes:
         raise TuningError(f"--spec-max-bs {spec_max_bs} is below every measured spec batch size "

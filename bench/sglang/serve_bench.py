@@ -488,6 +488,7 @@ def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:
 
 
 def _config_json(cfg: ServeBenchConfig) -> dict:
+    """The config as serve-bench.json stores it (tuples as lists), so a stored one compares."""
     return json.loads(json.dumps({k: str(v) if isinstance(v, Path) else v
                                   for k, v in asdict(cfg).items()}))
 

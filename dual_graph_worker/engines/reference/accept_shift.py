@@ -30,12 +30,15 @@ from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
-from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
+from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
+                                                         run_side_by_side)
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, add_toy_run_args,
                                                           build_trio, toy_engine_spec)
 
 KINDS = ("easy", "hard")
+# Requests finish at different steps, so the batch's mix turns gradually.
+OUTPUT_SPREAD = 0.5
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,8 @@ def _shift_run(worker, cfg: ShiftConfig, pools: dict, easy: np.ndarray) -> tuple
                       "decode_goodput": state.decode_goodput})
         spent[0] = run.seconds
 
-    # Spread output lengths, so requests finish at different steps and the mix turns gradually.
     phase = Phase(cfg.concurrency, cfg.requests_per_phase * len(cfg.phases), cfg.input_len,
-                  cfg.output_len, output_spread=0.5)
+                  cfg.output_len, output_spread=OUTPUT_SPREAD)
     run = PhaseRun(worker, phase, cfg.hidden, seed=0, collect_outputs=True, prompts=source,
                    on_step=record)
     return run, trace
@@ -122,7 +124,8 @@ def _shift_run(worker, cfg: ShiftConfig, pools: dict, easy: np.ndarray) -> tuple
 def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> dict:
     ckpt, perms, easy = write_two_cycle_checkpoints(
         Path(tempfile.mkdtemp(prefix="dgw-shift-")), hidden=cfg.hidden)
-    context = cfg.input_len + cfg.output_len * 3 // 2 + cfg.num_draft_tokens + 4
+    context = (cfg.input_len + output_range(cfg.output_len, OUTPUT_SPREAD)[1]
+               + cfg.num_draft_tokens + 4)
     spec = toy_engine_spec(cfg.device, cfg.num_draft_tokens, cfg.concurrency, context)
     easy_np = easy.numpy()
     pools = {"easy": np.flatnonzero(easy_np), "hard": np.flatnonzero(~easy_np)}

@@ -24,7 +24,8 @@ from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
                                                      toy_permutations, write_toy_checkpoints)
-from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
+from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
+                                                         run_side_by_side)
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, add_toy_run_args,
                                                           build_trio, toy_engine_spec)
 
@@ -80,7 +81,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         target_cfg, _ = toy_configs(args.hidden)
     except DualGraphError as exc:
         ap.error(f"--hidden: {exc}")
-    longest = Phase(1, 1, args.input_len, args.output_len, args.output_spread).max_output_len
+    longest = output_range(args.output_len, args.output_spread)[1]
     context = args.input_len + longest + args.num_draft_tokens + 4
     if context > target_cfg.max_position_embeddings:
         ap.error(f"--input-len + the longest output ({longest}) + --num-draft-tokens + 4 = "

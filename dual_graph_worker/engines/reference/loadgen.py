@@ -25,15 +25,14 @@ class Phase:
     def output_lens(self, rng: np.random.Generator, n: int) -> list[int]:
         if not self.output_spread:
             return [self.output_len] * n
-        return rng.integers(self.min_output_len, self.max_output_len + 1, size=n).tolist()
+        lo, hi = output_range(self.output_len, self.output_spread)
+        return rng.integers(lo, hi + 1, size=n).tolist()
 
-    @property
-    def min_output_len(self) -> int:
-        return max(1, round(self.output_len * (1 - self.output_spread)))
 
-    @property
-    def max_output_len(self) -> int:
-        return max(self.min_output_len, round(self.output_len * (1 + self.output_spread)))
+def output_range(output_len: int, spread: float) -> tuple[int, int]:
+    """Shortest and longest output of a phase: output_len x (1 -/+ spread), at least 1."""
+    lo = max(1, round(output_len * (1 - spread)))
+    return lo, max(lo, round(output_len * (1 + spread)))
 
 
 class RequestOutput(NamedTuple):
