@@ -805,12 +805,13 @@ def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
     with pytest.raises(ConfigError, match="unified-memory"):
         check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null",
                                                         enable_unified_memory=True))
-    # Hopper's default (fa3) or any other backend: refused before the weights load, naming
-    # the flag to add; triton or flashinfer, or left to the draft's default, passes.
+    # Any backend but triton, flashinfer and fa3 (Hopper's default): refused before the
+    # weights load, naming the flag to add; those three, or the draft's default, pass.
     for name in ("attention_backend", "decode_attention_backend",
                  "speculative_draft_attention_backend"):
         with pytest.raises(ConfigError, match="--attention-backend triton"):
-            check_lazy_catch_up_server_args(SimpleNamespace(**{name: "fa3"}))
+            check_lazy_catch_up_server_args(SimpleNamespace(**{name: "trtllm_mha"}))
+    check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="fa3"))
     check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="triton",
                                                     prefill_attention_backend=None))
     check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="flashinfer",

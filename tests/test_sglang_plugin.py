@@ -837,20 +837,23 @@ def test_prometheus_series_follow_the_counters():
     assert value("dgw_expected_goodput_tokens_per_s", mode="spec") == 900.0
 
 
-def test_lazy_catch_up_refuses_sglangs_default_backend_before_weights_load(
+def test_lazy_catch_up_checks_sglangs_default_backend_before_weights_load(
         registered, tmp_path, monkeypatch):
-    """On Hopper SGLang picks fa3 when no --attention-backend is given; the validator must see
-    that resolved default (declared, not yet on the field) and name the flag to add."""
+    """SGLang picks a backend when no --attention-backend is given (fa3 on Hopper); the
+    validator must see that resolved default (declared, not yet on the field): fa3 runs, a
+    default it cannot run is refused naming the flag to add."""
     from sglang.srt.server_args import ServerArgs
 
     target, draft = _toy_configs(tmp_path)
-    monkeypatch.setattr(ServerArgs, "_get_default_attn_backend", lambda *a, **k: "fa3")
     args = dict(model_path=str(target), device="cuda", load_format="dummy",
                 skip_tokenizer_init=True, speculative_algorithm="DUAL_GRAPH_EAGLE3",
                 speculative_draft_model_path=str(draft))
-    with pytest.raises(ConfigError, match=r"'fa3' \(SGLang's default for this GPU\): add "
-                                          r"--attention-backend triton"):
+    monkeypatch.setattr(ServerArgs, "_get_default_attn_backend", lambda *a, **k: "fa3")
+    assert ServerArgs(**args).attention_backend == "fa3"
+    monkeypatch.setattr(ServerArgs, "_get_default_attn_backend", lambda *a, **k: "torch_native")
+    with pytest.raises(ConfigError, match=r"'torch_native' \(SGLang's default for this GPU\): "
+                                          r"add --attention-backend triton"):
         ServerArgs(**args)
     assert ServerArgs(**args, attention_backend="triton").attention_backend == "triton"
     monkeypatch.setenv("DGW_CONTINUITY", "keep-current")
-    assert ServerArgs(**args).attention_backend == "fa3"
+    assert ServerArgs(**args).attention_backend == "torch_native"

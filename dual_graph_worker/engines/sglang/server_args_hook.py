@@ -17,17 +17,25 @@ from typing import Any, Callable, Optional, Sequence
 # lengths (docs/sglang-0.5.17.md, "The pass"; results/sglang/README.md lists the runs).
 CATCH_UP_BACKENDS = {"triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"),
                      "flashinfer": ("sglang.srt.layers.attention.flashinfer_backend",
-                                    "FlashInferAttnBackend")}
+                                    "FlashInferAttnBackend"),
+                     "fa3": ("sglang.srt.layers.attention.flashattention_backend",
+                             "FlashAttentionBackend")}
 # What a launch line adds to run lazy catch-up.
 CATCH_UP_FLAG = f"--attention-backend {next(iter(CATCH_UP_BACKENDS))}"
 
 
 def catch_up_backend_classes() -> tuple[type, ...]:
-    """The draft attention backend classes of CATCH_UP_BACKENDS (imports SGLang)."""
+    """The draft attention backend classes of CATCH_UP_BACKENDS (imports SGLang). A backend
+    whose kernels are not installed (fa3 without sgl_kernel's FA3 library) is no draft's."""
     import importlib
 
-    return tuple(getattr(importlib.import_module(module), name)
-                 for module, name in CATCH_UP_BACKENDS.values())
+    classes = []
+    for module, name in CATCH_UP_BACKENDS.values():
+        try:
+            classes.append(getattr(importlib.import_module(module), name))
+        except ImportError:
+            continue
+    return tuple(classes)
 
 
 @dataclass(frozen=True)
