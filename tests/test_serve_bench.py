@@ -28,6 +28,17 @@ def test_each_engine_gets_its_own_server_flags(tmp_path):
     assert "--load-format" not in real
 
 
+def test_attention_backend_default_leaves_the_choice_to_sglang(tmp_path):
+    """As the README's launch line: no --attention-backend, so SGLang picks (fa3 on Hopper)."""
+    cfg = sb.parse_args(["--out", str(tmp_path), "--attention-backend", "default"])
+    for kind in ("plain", "eagle3", "dual"):
+        cmd = sb.server_command(kind, cfg, "T", "D")
+        assert "--attention-backend" not in cmd and "--enable-metrics" in cmd
+    cfg = sb.parse_args(["--out", str(tmp_path), "--attention-backend", "flashinfer"])
+    cmd = sb.server_command("dual", cfg, "T", "D")
+    assert cmd[cmd.index("--attention-backend") + 1] == "flashinfer"
+
+
 def test_client_sends_exact_lengths_and_enough_prompts(tmp_path):
     cfg = _cfg(tmp_path, input_len=128, output_len=64)
     cmd = sb.client_command(cfg, 64, "T", tmp_path / "x.jsonl", "dual-c64")

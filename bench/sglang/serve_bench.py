@@ -48,6 +48,10 @@ FIELDS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft
           "completed", "duration")
 
 
+# Every server's flags but the attention backend's.
+SERVER_FLAGS = ("--cuda-graph-max-bs", "256", "--enable-metrics")
+
+
 @dataclass(frozen=True)
 class ServeBenchConfig:
     out: Path
@@ -62,8 +66,7 @@ class ServeBenchConfig:
     prompts_per_level: int = 4
     min_prompts: int = 16
     start_timeout_s: float = 600.0
-    server_args: tuple[str, ...] = ("--attention-backend", "triton", "--cuda-graph-max-bs", "256",
-                                    "--enable-metrics")
+    server_args: tuple[str, ...] = ("--attention-backend", "triton", *SERVER_FLAGS)
     soak: Optional[soak.SoakConfig] = None
     resume: bool = False
 
@@ -414,6 +417,9 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
     ap.add_argument("--resume", action="store_true",
                     help="keep the points of other engines already in OUT/serve-bench.json (a "
                          "run cut short: measure only the engines it missed)")
+    ap.add_argument("--attention-backend", default="triton",
+                    help="the servers' --attention-backend; 'default' passes none, so SGLang "
+                         "picks its own (fa3 on Hopper), as the README's launch line does")
     ap.add_argument("--soak", type=int, default=0, metavar="N",
                     help="after the engines, N requests against a worker under a switching "
                          "policy, random lengths and aborts; T=0 checks against plain")
@@ -441,7 +447,14 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                             prompts_per_level=args.prompts_per_level,
                             min_prompts=args.min_prompts,
                             soak=soak.SoakConfig(requests=args.soak) if args.soak else None,
-                            resume=args.resume)
+                            resume=args.resume, server_args=server_args(args.attention_backend))
+
+
+def server_args(attention_backend: str) -> tuple[str, ...]:
+    """The servers' flags with the attention backend asked for ('default': SGLang's)."""
+    if attention_backend == "default":
+        return SERVER_FLAGS
+    return ("--attention-backend", attention_backend, *SERVER_FLAGS)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
