@@ -2,16 +2,18 @@
 
 ``expected_waste`` is W(S), the padded tokens per step a pool's sizes cost under a batch-size
 distribution; ``waste_curve`` is the 1-D optimal-partition DP (least waste for every size count);
-``solve`` chooses several pools' sizes under a shared memory and capture-time budget (a
-Lagrangian heuristic, then an exact branch-and-bound per peak level, ``exact=False`` past
-``work_limit``). docs/design.md, "Choosing the batch sizes", derives it.
+``solve`` chooses several pools' sizes under a shared memory and capture-time budget, memory by
+``PoolMemory`` (a Lagrangian heuristic, then an exact branch-and-bound per peak level,
+``exact=False`` past ``work_limit``). docs/design.md, "Choosing the batch sizes", derives it.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -58,7 +60,7 @@ class CurvePoint(NamedTuple):
 class Solution(NamedTuple):
     sizes: tuple[tuple[int, ...], ...]   # per pool, in the order given to `solve`
     waste: tuple[float, ...]             # per pool, expected padded tokens per step
-    memory_bytes: int                    # shared-pool model of every pool's graphs together
+    memory_bytes: int                    # PoolMemory of every pool's chosen graphs
     capture_s: float
     exact: bool                          # True: proven optimal
 
@@ -131,12 +133,34 @@ def waste_curve(problem: PoolProblem, probs: Mapping[int, float]) -> tuple[Curve
     return tuple(out)
 
 
-def shared_pool_bytes(isolated_bytes: Iterable[int], per_graph_bytes: int) -> int:
-    """Memory of graphs captured together into one shared pool, largest first: the largest
-    isolated footprint (its blocks are reused by every smaller graph) plus `per_graph_bytes` for
-    each graph (what a graph keeps to itself: its outputs, allocator rounding). 0 for no graph."""
-    sizes = list(isolated_bytes)
-    return max(sizes) + per_graph_bytes * len(sizes) if sizes else 0
+@dataclass(frozen=True)
+class PoolMemory:
+    """Graph memory of a choice (one set of graphs per PoolProblem): peak_factor x the largest
+    isolated footprint of each graph pool + per_graph_bytes a graph. `shared`: every problem's
+    graphs in one graph pool (one peak: smaller graphs reuse the largest one's blocks); else a
+    graph pool per problem (a peak each, adding up)."""
+
+    per_graph_bytes: int
+    peak_factor: float = 1.0
+    shared: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.per_graph_bytes, int) or self.per_graph_bytes < 0:
+            raise ConfigError(f"per_graph_bytes must be an integer >= 0, got "
+                              f"{self.per_graph_bytes!r}")
+        if not 1.0 <= self.peak_factor < math.inf:
+            raise ConfigError(f"peak_factor must be a finite number >= 1, got "
+                              f"{self.peak_factor!r}")
+
+    def peak_bytes(self, peaks: Sequence[int]) -> int:
+        """`peaks`: each problem's largest isolated footprint (0 for none)."""
+        return math.ceil(self.peak_factor * (max(peaks, default=0) if self.shared
+                                             else sum(peaks)))
+
+    def bytes(self, isolated: Sequence[Sequence[int]]) -> int:
+        """`isolated`: per problem, the isolated footprints of its chosen graphs."""
+        return (self.peak_bytes([max(g, default=0) for g in isolated])
+                + self.per_graph_bytes * sum(len(g) for g in isolated))
 
 
 class _Budget(NamedTuple):
@@ -148,45 +172,61 @@ class _Budget(NamedTuple):
 
 
 def solve(problems: Sequence[PoolProblem], probs: Mapping[int, float], memory_budget: int,
-          time_budget: float, *, per_graph_bytes: int,
+          time_budget: float, *, memory: PoolMemory,
           work_limit: int = DEFAULT_WORK_LIMIT) -> Optional[Solution]:
-    """Min total waste over all pools with shared_pool_bytes(chosen) <= memory_budget (the max
-    over every pool's chosen graphs together; `PoolProblem.memory_bytes` are the isolated
-    footprints) and sum(capture time) <= time_budget, each pool keeping its top. None when even
-    the tops alone do not fit. `work_limit` bounds the exact search over all peak levels
-    together (label extensions); past it the result is the stage-1 choice, `exact=False`."""
-    if per_graph_bytes < 0:
-        raise ConfigError(f"per_graph_bytes must be >= 0, got {per_graph_bytes}")
-    tops_peak = max(p.memory_bytes[-1] for p in problems)
-    levels = sorted({tops_peak} | {m for p in problems for m in p.memory_bytes
-                                   if tops_peak < m <= memory_budget})
-    if per_graph_bytes == 0:
-        # Memory is then the peak alone: the highest level that fits admits every choice the
-        # lower ones do, so it is the only one to search.
-        levels = levels[-1:]
+    """Min total waste over all pools with memory.bytes(chosen) <= memory_budget
+    (`PoolProblem.memory_bytes` are the isolated footprints) and sum(capture time) <=
+    time_budget, each pool keeping its top. None when even the tops alone do not fit.
+    `work_limit` bounds the exact search over all peak levels together (label extensions); past
+    it the result is the stage-1 choice, `exact=False`."""
     best: Optional[Solution] = None
     exact = True
     work = [0]             # label extensions so far, shared by every level's exact search
-    for level in levels:
-        room = memory_budget - level
-        if room < per_graph_bytes * len(problems):
+    per_graph = memory.per_graph_bytes
+    for level in _peak_levels(problems, memory, memory_budget):
+        room = memory_budget - memory.peak_bytes(level)
+        if room < per_graph * len(problems):
             break          # not even the tops fit beside this peak; higher levels fit less
-        subs = [_below_level(p, level, per_graph_bytes) for p in problems]
+        subs = [_below_level(p, cap, per_graph) for p, cap in zip(problems, level)]
         if best is not None and sum(expected_waste(q.candidates, probs, q.tokens_per_request)
                                     for q in subs) >= best.total_waste - _EPS:
             continue       # even every candidate of this level, for free, does not beat best
         # Memory is now a count of graphs; with no per-graph cost it is no constraint at all.
-        sub_budget = room if per_graph_bytes > 0 else 1
+        sub_budget = room if per_graph > 0 else 1
         sol = _solve_additive(subs, probs, sub_budget, time_budget, work_limit, work)
         if sol is None:
             break          # the tops' capture time alone is over budget: same at every level
         exact = exact and sol.exact
-        sol = _with_shared_memory(problems, sol, per_graph_bytes)
+        sol = _with_pool_memory(problems, sol, memory)
         if best is None or sol.total_waste < best.total_waste - _EPS or (
                 sol.total_waste <= best.total_waste + _EPS
                 and (sol.memory_bytes, sol.capture_s) < (best.memory_bytes, best.capture_s)):
             best = sol
     return None if best is None else best._replace(exact=exact)
+
+
+def _peak_levels(problems: Sequence[PoolProblem], memory: PoolMemory,
+                 budget: int) -> list[tuple[int, ...]]:
+    """Per level, each problem's cap on isolated footprints; cheapest peak first. Every top is
+    chosen, so a graph pool's peak is its largest top's footprint or a larger candidate's: the
+    optimum's own peaks are one of the levels (one cap for all problems in a shared pool)."""
+    if memory.shared:
+        floor = max(p.memory_bytes[-1] for p in problems)
+        caps = sorted({floor} | {m for p in problems for m in p.memory_bytes
+                                 if floor < m <= budget})
+        levels = [(c,) * len(problems) for c in caps]
+    else:
+        levels = list(itertools.product(*(
+            sorted({p.memory_bytes[-1]} | {m for m in p.memory_bytes
+                                           if p.memory_bytes[-1] < m <= budget})
+            for p in problems)))
+    if memory.per_graph_bytes == 0:
+        # Memory is then the peaks alone: a fitting level whose caps are all at least another's
+        # admits every choice that one does, so only the maximal ones are searched.
+        fits = [v for v in levels if memory.peak_bytes(v) <= budget]
+        levels = [v for v in fits if not any(w != v and all(a >= b for a, b in zip(w, v))
+                                             for w in fits)]
+    return sorted(levels, key=memory.peak_bytes)
 
 
 def _below_level(prob: PoolProblem, level: int, per_graph_bytes: int) -> PoolProblem:
@@ -198,11 +238,11 @@ def _below_level(prob: PoolProblem, level: int, per_graph_bytes: int) -> PoolPro
                        tuple(prob.capture_s[i] for i in keep))
 
 
-def _with_shared_memory(problems: Sequence[PoolProblem], sol: Solution,
-                        per_graph_bytes: int) -> Solution:
-    isolated = [p.memory_bytes[p.candidates.index(b)] for p, sizes in zip(problems, sol.sizes)
-                for b in sizes]
-    return sol._replace(memory_bytes=shared_pool_bytes(isolated, per_graph_bytes))
+def _with_pool_memory(problems: Sequence[PoolProblem], sol: Solution,
+                      memory: PoolMemory) -> Solution:
+    isolated = [[p.memory_bytes[p.candidates.index(b)] for b in sizes]
+                for p, sizes in zip(problems, sol.sizes)]
+    return sol._replace(memory_bytes=memory.bytes(isolated))
 
 
 def _solve_additive(problems: Sequence[PoolProblem], probs: Mapping[int, float],

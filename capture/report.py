@@ -1,9 +1,9 @@
 """What the measurements say and what the tuner chose: a text table and three PNG plots.
 
 The table gives each key's measured numbers, marks capture times the tuner treats as one-time
-compilation (`capture.tuner.find_compile_outliers`), and totals memory with the tuner's
-shared-pool model (`capture.tuner.MemoryModel`), next to the measured every-key-together pool
-and the sum of isolated pools.
+compilation (`capture.tuner.find_compile_outliers`), and totals memory with the tuner's memory
+model (`capture.tuner.MemoryModel`), next to the measured every-key-together pool and the sum of
+isolated pools.
 
 - memory_capture.png: pool memory and capture time per candidate graph (chosen ones solid);
 - waste_vs_graphs.png: each pool's minimum padding waste as its number of graphs grows (the
@@ -87,13 +87,15 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     notes.append(f"{len(m.graphs)} graphs, {capture}")
     together = (f"measured together {format_bytes(m.total_pool_bytes)}; "
                 if m.total_pool_bytes is not None else "")
-    notes.append(f"pool, every graph in one shared pool: {format_bytes(every.memory_bytes)} by the "
+    where = "in one shared pool" if model.shared else "in a graph pool per mode"
+    notes.append(f"pool, every graph {where}: {format_bytes(every.memory_bytes)} by the "
                  f"tuner's model ({together}isolated sum "
                  f"{format_bytes(every.isolated_sum_bytes)})")
     notes.append(f"memory model: {model.describe()}")
     if chosen:
         mine = totals([g for g in used.graphs if g.key in picked], 0.0, model)
-        notes.append(f"chosen: {mine.graphs} graphs, {format_bytes(mine.memory_bytes)} shared pool "
+        pool = "shared pool" if model.shared else "by the model"
+        notes.append(f"chosen: {mine.graphs} graphs, {format_bytes(mine.memory_bytes)} {pool} "
                      f"(isolated sum {format_bytes(mine.isolated_sum_bytes)}), "
                      f"{mine.capture_s:.2f} s capture")
     if m.one_time_compile_s is not None:
@@ -181,12 +183,18 @@ def plot_memory_and_capture(m: Measurements, chosen: Optional[Chosen], path: Pat
     ax_t.set_xticks(list(x))
     ax_t.set_xticklabels([g.key.label() for g in graphs], rotation=90, fontsize=6)
     ax_mem.set_xticks([])
-    model = MemoryModel.from_measurements(m)
-    title = (f"graph pool memory per key captured alone (shared pool of all: largest + "
-             f"{format_bytes(model.per_graph_bytes)}/graph) and capture time")
+    title = (f"graph pool memory per key captured alone ({_model_title(m)}) and capture time")
     ax_mem.set_title(title + ("; faded: not chosen" if chosen else ""), fontsize=9)
     _legend(ax_mem)
     _save(fig, path)
+
+
+def _model_title(m: Measurements) -> str:
+    model = MemoryModel.from_measurements(m)
+    per_graph = f"{format_bytes(model.per_graph_bytes)}/graph"
+    if model.shared:
+        return f"shared pool of all: largest + {per_graph}"
+    return f"a pool per mode: {model.peak_factor:.2f} x each mode's largest + {per_graph}"
 
 
 def plot_waste_curves(m: Measurements, distribution: BatchDistribution, accept_len: float,

@@ -3,8 +3,8 @@
 From the measurements, a memory and a capture-time budget, the expected batch-size
 distribution and accept length: (1) the crossover, (2) each pool's top, (3) the sizes below each
 top that minimise padding waste within both shared budgets (capture.padding), under the
-shared-pool memory model (``MemoryModel``) and with one-time compilation kept out of capture
-times. docs/design.md, "Choosing the batch sizes", says why each step is as it is.
+engine's graph-pool memory model (``MemoryModel``) and with one-time compilation kept out of
+capture times. docs/design.md, "Choosing the batch sizes", says why each step is as it is.
 """
 
 from __future__ import annotations
@@ -19,17 +19,20 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from capture.distribution import BatchDistribution
 from capture.measurements import GraphMeasurement, Measurements
-from dual_graph_worker.core.jsonio import need_field, need_mapping
-from capture.padding import (DEFAULT_WORK_LIMIT, PoolProblem, expected_waste, shared_pool_bytes,
-                             solve)
+from dual_graph_worker.core.jsonio import need_field, need_mapping, need_number
+from capture.padding import DEFAULT_WORK_LIMIT, PoolMemory, PoolProblem, expected_waste, solve
 from capture.units import format_bytes
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
 
 
-# Shared-pool memory per graph when the measurements lack total_pool_bytes (docs/design.md).
-FALLBACK_PER_GRAPH_BYTES = 2 << 20
+# A graph's own share of a graph pool where the measurements cannot tell it: one 2 MiB segment
+# of the caching allocator (about 2 MiB a graph between SGLang's H200 servers).
+SEGMENT_BYTES = 2 << 20
+# A graph pool per mode without total_pool_bytes: the H200 servers measured 1.6-1.9x the pools'
+# largest graphs alone (docs/design.md); 2 keeps the budget on the safe side.
+FALLBACK_PEAK_FACTOR = 2.0
 # A capture_s above this multiple of its mode's median is one-time compilation, not per graph.
 COMPILE_OUTLIER_FACTOR = 5.0
 _TABLE_WIDTH = 100
@@ -41,52 +44,103 @@ class TuningError(ConfigError):
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Shared-pool memory: memory(S) = max isolated pool_bytes over S + per_graph_bytes * |S|.
+    """memory(S) = peak_factor x (largest isolated pool_bytes of each graph pool's keys in S)
+    + per_graph_bytes x |S| (docs/design.md, "Memory").
 
-    source "total_pool_bytes": per_graph_bytes = ceil((total - peak) / keys), from the
-    measurements' every-key-together capture (`measured_*` say what it was derived from);
-    source "fallback": no total_pool_bytes was recorded, FALLBACK_PER_GRAPH_BYTES a graph."""
+    pools "shared": both modes in one graph pool (the reference engine), peak_factor 1;
+    per_graph_bytes = ceil((total - peak) / keys) from the measurements' every-key-together
+    capture. pools "per-mode": a graph pool per mode, the spec runners' together (SGLang),
+    measured as a server measures them, runner buffers and all; per_graph_bytes = SEGMENT_BYTES
+    and peak_factor = (total - per_graph_bytes x keys) / (spec peak + decode peak), at least 1.
+    source "fallback": no total_pool_bytes was recorded (SEGMENT_BYTES a graph, and
+    FALLBACK_PEAK_FACTOR per mode). `measured_*` say what the fit was made from."""
 
     per_graph_bytes: int
     source: str
+    pools: str = "shared"
+    peak_factor: float = 1.0
     measured_total_bytes: Optional[int] = None
-    measured_peak_bytes: Optional[int] = None
+    measured_peak_bytes: Optional[int] = None     # the peaks' sum: one per graph pool
     measured_keys: Optional[int] = None
 
     SOURCES = ("total_pool_bytes", "fallback")
+    KINDS = {"shared": "shared-pool", "per-mode": "pool-per-mode"}   # pools -> JSON kind
 
     def __post_init__(self) -> None:
         if self.source not in self.SOURCES:
             raise ConfigError(f"memory model source must be one of {list(self.SOURCES)}, got "
                               f"{self.source!r}")
-        if not isinstance(self.per_graph_bytes, int) or self.per_graph_bytes < 0:
-            raise ConfigError(f"memory model per_graph_bytes must be an integer >= 0, got "
-                              f"{self.per_graph_bytes!r}")
+        if self.pools not in self.KINDS:
+            raise ConfigError(f"memory model pools must be one of {list(self.KINDS)}, got "
+                              f"{self.pools!r}")
+        if self.shared and self.peak_factor != 1.0:
+            raise ConfigError(f"a shared-pool memory model counts its peak once: peak_factor "
+                              f"must be 1, got {self.peak_factor!r}")
+        self.pool_memory()    # checks per_graph_bytes and peak_factor
+
+    @property
+    def shared(self) -> bool:
+        return self.pools == "shared"
+
+    def pool_memory(self) -> PoolMemory:
+        """The model as the solver applies it to (spec, decode) problems."""
+        return PoolMemory(self.per_graph_bytes, self.peak_factor, self.shared)
 
     @classmethod
     def from_measurements(cls, m: Measurements) -> "MemoryModel":
+        # SGLang keeps a graph pool per runner; the reference engine one for every graph.
+        if m.meta.get("engine") == "sglang":
+            return cls._per_mode(m)
         if m.total_pool_bytes is None:
-            return cls(FALLBACK_PER_GRAPH_BYTES, "fallback")
+            return cls(SEGMENT_BYTES, "fallback")
         peak = max(g.pool_bytes for g in m.graphs)
         per_graph = max(0, math.ceil((m.total_pool_bytes - peak) / len(m.graphs)))
-        return cls(per_graph, "total_pool_bytes", m.total_pool_bytes, peak, len(m.graphs))
+        return cls(per_graph, "total_pool_bytes", measured_total_bytes=m.total_pool_bytes,
+                   measured_peak_bytes=peak, measured_keys=len(m.graphs))
 
-    def memory(self, isolated_bytes: Iterable[int]) -> int:
-        return shared_pool_bytes(isolated_bytes, self.per_graph_bytes)
+    @classmethod
+    def _per_mode(cls, m: Measurements) -> "MemoryModel":
+        if m.total_pool_bytes is None:
+            return cls(SEGMENT_BYTES, "fallback", "per-mode", FALLBACK_PEAK_FACTOR)
+        peaks = sum(max(g.pool_bytes for g in m.graphs if g.key.mode is mode) for mode in Mode)
+        # One together-capture fits one parameter: the factor; a graph's share stays a segment.
+        rest = m.total_pool_bytes - SEGMENT_BYTES * len(m.graphs)
+        factor = max(1.0, rest / peaks) if peaks else 1.0
+        return cls(SEGMENT_BYTES, "total_pool_bytes", "per-mode", factor, m.total_pool_bytes,
+                   peaks, len(m.graphs))
+
+    def memory(self, graphs: Iterable[GraphMeasurement]) -> int:
+        chosen = list(graphs)
+        return self.pool_memory().bytes([[g.pool_bytes for g in chosen if g.key.mode is mode]
+                                         for mode in (Mode.SPEC, Mode.DECODE)])
+
+    def formula(self) -> str:
+        graphs = f"{format_bytes(self.per_graph_bytes)} x graphs"
+        if self.shared:
+            return f"shared pool = largest isolated pool of the chosen graphs + {graphs}"
+        return (f"a pool per mode = {self.peak_factor:.2f} x (largest isolated spec key + "
+                f"largest isolated decode key of the chosen) + {graphs}")
 
     def describe(self) -> str:
-        head = (f"shared pool = largest isolated pool of the chosen graphs + "
-                f"{format_bytes(self.per_graph_bytes)} x graphs")
         if self.source == "fallback":
-            return (head + " (fallback: the measurements have no total_pool_bytes; 2 MiB a "
-                    "graph is one allocator segment each, conservative)")
-        return (head + f" (from total_pool_bytes: all {self.measured_keys} keys captured "
-                f"together took {format_bytes(self.measured_total_bytes or 0)}, the largest "
-                f"alone {format_bytes(self.measured_peak_bytes or 0)})")
+            why = ("2 MiB a graph is one allocator segment each, conservative" if self.shared
+                   else f"{FALLBACK_PEAK_FACTOR:g}x the peaks and a segment a graph, "
+                        "conservative on the H200")
+            return f"{self.formula()} (fallback: the measurements have no total_pool_bytes; {why})"
+        total = (f"from total_pool_bytes: all {self.measured_keys} keys captured together took "
+                 f"{format_bytes(self.measured_total_bytes or 0)}")
+        if self.shared:
+            return (f"{self.formula()} ({total}, the largest alone "
+                    f"{format_bytes(self.measured_peak_bytes or 0)})")
+        return (f"{self.formula()} ({total} as a server measures its pools, the two modes' "
+                f"largest keys alone {format_bytes(self.measured_peak_bytes or 0)}; one "
+                "together-capture fits the factor, a graph's own share is one allocator segment)")
 
     def to_json(self) -> dict:
-        out: dict = {"kind": "shared-pool", "per_graph_bytes": self.per_graph_bytes,
+        out: dict = {"kind": self.KINDS[self.pools], "per_graph_bytes": self.per_graph_bytes,
                      "source": self.source}
+        if not self.shared:
+            out["peak_factor"] = self.peak_factor
         if self.source == "total_pool_bytes":
             out.update(measured_total_bytes=self.measured_total_bytes,
                        measured_peak_bytes=self.measured_peak_bytes,
@@ -96,13 +150,17 @@ class MemoryModel:
     @classmethod
     def from_json(cls, data: Any, where: str = "memory_model") -> "MemoryModel":
         d = need_mapping(data, where)
-        if d.get("kind") != "shared-pool":
-            raise ConfigError(f"{where}.kind must be 'shared-pool', got {d.get('kind')!r}")
+        pools = next((p for p, kind in cls.KINDS.items() if d.get("kind") == kind), None)
+        if pools is None:
+            raise ConfigError(f"{where}.kind must be one of {list(cls.KINDS.values())}, got "
+                              f"{d.get('kind')!r}")
         source = need_field(d, "source", str, where)
         extra = {} if source != "total_pool_bytes" else {
             k: need_field(d, k, int, where)
             for k in ("measured_total_bytes", "measured_peak_bytes", "measured_keys")}
-        return cls(need_field(d, "per_graph_bytes", int, where), source, **extra)
+        factor = 1.0 if pools == "shared" else need_number(d, "peak_factor", where,
+                                                            allow_zero=False)
+        return cls(need_field(d, "per_graph_bytes", int, where), source, pools, factor, **extra)
 
 
 class CaptureOutlier(NamedTuple):
@@ -179,7 +237,7 @@ class Totals(NamedTuple):
 
     graphs: int
     waste_tokens: float        # expected padded tokens per step, spec pool + decode pool
-    memory_bytes: int          # shared-pool model (MemoryModel) of these graphs together
+    memory_bytes: int          # the memory model (MemoryModel) of these graphs together
     capture_s: float
     isolated_sum_bytes: Optional[int] = None   # sum of isolated pool growth (the old model)
 
@@ -206,7 +264,7 @@ class TuningResult:
     gpu_label: str
     fingerprint: str
     synthetic: bool
-    chosen: Totals             # both pools together (memory: one shared pool, not a sum)
+    chosen: Totals             # both pools together (memory: the model's, not a row sum)
     all_candidates: Totals
     memory_model: MemoryModel
     # Capture times over COMPILE_OUTLIER_FACTOR x their mode's median; replaced by the median
@@ -308,7 +366,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
     plan = plan_pools(measurements, distribution, accept_len, spec_max_bs)
     probs = distribution.probs
     sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s,
-                per_graph_bytes=model.per_graph_bytes, work_limit=work_limit)
+                memory=model.pool_memory(), work_limit=work_limit)
     if sol is None:
         raise TuningError(_infeasible_message(plan, model, memory_budget_bytes, time_budget_s))
     spec_bs, decode_bs = sol.sizes
@@ -344,7 +402,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
 
 
 def totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
-    return Totals(len(graphs), waste, model.memory(g.pool_bytes for g in graphs),
+    return Totals(len(graphs), waste, model.memory(graphs),
                   sum(g.capture_s for g in graphs), sum(g.pool_bytes for g in graphs))
 
 
@@ -362,7 +420,8 @@ def pool_problem(m: Measurements, mode: Mode, top: int) -> PoolProblem:
 
 def _infeasible_message(plan: PoolPlan, model: MemoryModel, mem_budget: int,
                         time_budget: float) -> str:
-    mem = model.memory([plan.spec.memory_bytes[-1], plan.decode.memory_bytes[-1]])
+    tops = (plan.spec.memory_bytes[-1], plan.decode.memory_bytes[-1])
+    mem = model.pool_memory().bytes([[b] for b in tops])
     t = plan.spec.capture_s[-1] + plan.decode.capture_s[-1]
     over = []
     if mem > mem_budget:
@@ -372,10 +431,16 @@ def _infeasible_message(plan: PoolPlan, model: MemoryModel, mem_budget: int,
         over.append(f"--time-budget to at least {t:.2f} s (now {time_budget:g} s)")
     return (f"the smallest valid choice, spec bs={plan.spec.top} plus decode bs="
             f"{plan.decode.top} (each pool must keep its top), needs {format_bytes(mem)} "
-            f"(one shared pool: the larger top's isolated "
-            f"{format_bytes(max(plan.spec.memory_bytes[-1], plan.decode.memory_bytes[-1]))} + "
-            f"2 x {format_bytes(model.per_graph_bytes)} a graph) and {t:.2f} s of capture: over "
-            f"budget. Raise {' and '.join(over)}, or cap the batch-size distribution lower")
+            f"({_tops_memory(model, tops)} + 2 x {format_bytes(model.per_graph_bytes)} a graph) "
+            f"and {t:.2f} s of capture: over budget. Raise {' and '.join(over)}, or cap the "
+            "batch-size distribution lower")
+
+
+def _tops_memory(model: MemoryModel, tops: tuple[int, int]) -> str:
+    if model.shared:
+        return f"one shared pool: the larger top's isolated {format_bytes(max(tops))}"
+    return (f"a pool per mode: {model.peak_factor:.2f} x (the tops' isolated "
+            f"{format_bytes(tops[0])} + {format_bytes(tops[1])})")
 
 
 def format_table(r: TuningResult) -> str:
@@ -416,12 +481,11 @@ def format_table(r: TuningResult) -> str:
         _row("chosen", c, ""),
         _row("all", a, ""),
     ]
-    lines += wrap_note("(spec, decode: each pool's graphs alone; chosen, all: both pools in one shared "
-                   "pool, so their memory is not the sum of the rows; all: every measured graph, "
-                   "its waste over the same pool ranges)", indent="")
+    lines += wrap_note(_rows_note(r.memory_model), indent="")
     saved_iso = (a.isolated_sum_bytes or 0) - (c.isolated_sum_bytes or 0)
     lines += wrap_note(f"saved {a.graphs - c.graphs} graphs, "
-                   f"{format_bytes(a.memory_bytes - c.memory_bytes)} of shared-pool memory "
+                   f"{format_bytes(a.memory_bytes - c.memory_bytes)} of "
+                   f"{'shared-pool' if r.memory_model.shared else 'graph-pool'} memory "
                    f"({format_bytes(saved_iso)} by the isolated sum) and "
                    f"{a.capture_s - c.capture_s:.2f} s of capture, for "
                    f"{c.waste_tokens - a.waste_tokens:+.2f} padded tokens per step")
@@ -431,6 +495,16 @@ def format_table(r: TuningResult) -> str:
         f"decode bs ({len(r.decode_bs)}): {' '.join(map(str, r.decode_bs))}",
     ]
     return "\n".join(lines)
+
+
+def _rows_note(model: MemoryModel) -> str:
+    if model.shared:
+        return ("(spec, decode: each pool's graphs alone; chosen, all: both pools in one shared "
+                "pool, so their memory is not the sum of the rows; all: every measured graph, "
+                "its waste over the same pool ranges)")
+    return ("(spec, decode: each pool's graphs in its own graph pool; chosen, all: both pools, "
+            "their memory the sum of the rows; all: every measured graph, its waste over the "
+            "same pool ranges)")
 
 
 def _capture_notes(r: TuningResult) -> list[str]:

@@ -92,6 +92,36 @@ def test_config_written_before_the_shared_pool_model_still_loads(tmp_path: Path,
     assert old.chosen.isolated_sum_bytes is None and old.spec_bs == config.spec_bs
 
 
+SGLANG_H200 = Path(__file__).resolve().parent.parent / "results" / "capture" / "sglang-h200"
+
+
+@pytest.mark.skipif(not (SGLANG_H200 / "measurements.json").exists(),
+                    reason="no SGLang H200 measurements in this checkout")
+def test_sglang_config_records_a_pool_per_mode(tmp_path: Path) -> None:
+    m = load_measurements(SGLANG_H200 / "measurements.json")
+    config = build_capture_config(m, tune(m, 1 << 30, 30.0,
+                                          parse_distribution("uniform:1-256", 256), 3.0,
+                                          spec_max_bs=64))
+    path = tmp_path / "c.json"
+    save_capture_config(config, path)
+    assert load_capture_config(path) == config
+    raw = json.loads(path.read_text())["savings"]["memory_model"]
+    assert raw["kind"] == "pool-per-mode" and raw["per_graph_bytes"] == 2 << 20
+    assert raw["peak_factor"] == pytest.approx(1.589, abs=1e-3)
+    assert raw["measured_total_bytes"] == m.total_pool_bytes
+
+
+@pytest.mark.parametrize("name", ["config_acc3_uniform.json", "compare-served/config.json"])
+def test_configs_tuned_with_one_shared_pool_still_load(name: str) -> None:
+    """Written by the one-shared-pool model (largest + 16 MiB a graph): read back as such."""
+    path = SGLANG_H200 / name
+    if not path.exists():
+        pytest.skip(f"no {path} in this checkout")
+    old = load_capture_config(path)
+    assert old.memory_model is not None and old.memory_model.shared
+    assert old.memory_model.per_graph_bytes == 16906108
+
+
 def test_config_builds_the_dispatch_table(config: CaptureConfig) -> None:
     table = config.dispatch_table()
     assert table.spec_sizes == config.spec_bs and table.decode_sizes == config.decode_bs
@@ -145,7 +175,8 @@ def _mutated(config: CaptureConfig, mutate) -> dict:
     (lambda d: d.pop("budgets"), "budgets must be a JSON object"),
     (lambda d: d["tuning"].update(accept_len="3"), "accept_len must be a finite number"),
     (lambda d: d["gpu"].update(name=""), "gpu.name"),
-    (lambda d: d["savings"]["memory_model"].update(kind="sum"), "must be 'shared-pool'"),
+    (lambda d: d["savings"]["memory_model"].update(kind="sum"),
+     r"kind must be one of \['shared-pool', 'pool-per-mode'\], got 'sum'"),
     (lambda d: d["savings"]["memory_model"].update(per_graph_bytes=-1), "per_graph_bytes"),
     (lambda d: d["savings"]["memory_model"].update(source="guess"), "source must be one of"),
     (lambda d: d["tuning"].update(exclude_compile_outlier="yes"), "exclude_compile_outlier"),

@@ -11,7 +11,7 @@ from capture.distribution import BatchDistribution, parse_distribution
 from capture.measurements import load_measurements
 from capture.padding import expected_waste
 from capture.synthetic import SHARED_RESIDUE_BYTES, Cost, measurements_from_costs
-from capture.tuner import (FALLBACK_PER_GRAPH_BYTES, MemoryModel, TuningError,
+from capture.tuner import (SEGMENT_BYTES, MemoryModel, TuningError,
                            find_compile_outliers, find_crossover, plan_pools, tune)
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
@@ -182,7 +182,7 @@ def test_waste_hand_computed_through_tune() -> None:
     # No total_pool_bytes: the fallback 2 MiB a graph on top of the largest (1 MiB) graph, so
     # 5 MiB is room for the two tops only.
     assert roomy.memory_model.source == "fallback"
-    assert roomy.chosen.memory_bytes == MiB + 4 * FALLBACK_PER_GRAPH_BYTES
+    assert roomy.chosen.memory_bytes == MiB + 4 * SEGMENT_BYTES
     tight = tune(m, 5 * MiB, 10.0, _uniform(4), 2.0)
     assert tight.spec_bs == (4,) and tight.decode_bs == (4,)
     assert tight.chosen.memory_bytes == 5 * MiB and tight.chosen.isolated_sum_bytes == 2 * MiB
@@ -212,8 +212,10 @@ def test_shared_pool_model_from_total_pool_bytes() -> None:
                                 total_pool_bytes=46 * MiB)
     model = MemoryModel.from_measurements(m)
     assert model.per_graph_bytes == 2 * MiB and model.source == "total_pool_bytes"
-    assert model.memory([40 * MiB, 25 * MiB, 10 * MiB]) == 46 * MiB == m.total_pool_bytes
-    assert model.memory([25 * MiB, 10 * MiB]) == 25 * MiB + 2 * 2 * MiB
+    assert model.shared and model.peak_factor == 1.0
+    assert model.memory(m.graphs) == 46 * MiB == m.total_pool_bytes
+    spec1, dec2, _ = sorted(m.graphs, key=lambda g: g.pool_bytes)
+    assert model.memory([dec2, spec1]) == 25 * MiB + 2 * 2 * MiB
     r = tune(m, GiB, 10.0, _uniform(2), 2.0)
     assert r.spec_bs == (1, 2) and r.decode_bs == (2,)
     assert r.chosen.memory_bytes == 46 * MiB and r.chosen.isolated_sum_bytes == 75 * MiB
@@ -234,7 +236,7 @@ def test_fixture_shared_pool_matches_its_total(h200) -> None:
     model = MemoryModel.from_measurements(h200)
     assert model.per_graph_bytes == SHARED_RESIDUE_BYTES
     # Every key in the model reproduces the measured every-key-together pool.
-    assert model.memory(g.pool_bytes for g in h200.graphs) == h200.total_pool_bytes
+    assert model.memory(h200.graphs) == h200.total_pool_bytes
     r = tune(h200, GiB, 1000.0, _uniform(256), 3.0)
     assert r.all_candidates.memory_bytes == h200.total_pool_bytes
     assert r.all_candidates.isolated_sum_bytes == sum(g.pool_bytes for g in h200.graphs)
@@ -243,7 +245,7 @@ def test_fixture_shared_pool_matches_its_total(h200) -> None:
 def test_fallback_memory_model_without_total_pool_bytes() -> None:
     m = measurements_from_costs(spec={1: 0.01, 2: 0.011}, decode={1: 0.01, 2: 0.01})
     model = MemoryModel.from_measurements(m)
-    assert model.source == "fallback" and model.per_graph_bytes == FALLBACK_PER_GRAPH_BYTES
+    assert model.source == "fallback" and model.per_graph_bytes == SEGMENT_BYTES
     assert "fallback" in model.describe()
     assert MemoryModel.from_json(model.to_json()) == model
 
@@ -310,7 +312,8 @@ def test_first_h200_measurements_tune_to_many_graphs() -> None:
     # 466 MiB together) left 3 graphs a pool under 1 GiB.
     m = load_measurements(REAL_H200)
     model = MemoryModel.from_measurements(m)
-    assert model.memory(g.pool_bytes for g in m.graphs) - m.total_pool_bytes in range(len(m.graphs))
+    assert model.shared   # the reference engine: one graph pool for both modes
+    assert model.memory(m.graphs) - m.total_pool_bytes in range(len(m.graphs))
     assert {o.key for o in find_compile_outliers(m)} == {GraphKey(Mode.SPEC, 1),
                                                          GraphKey(Mode.DECODE, 1)}
     r = tune(m, GiB, 4.0, _uniform(256), 2.0)
