@@ -23,7 +23,7 @@ from bench.sglang.model_configs import (  # noqa: E402
     write_llama_config,
 )
 from bench.sglang.plugin_shim import GROUP, NAME, TARGET, write_entry_point_shim  # noqa: E402
-from bench.sglang.run_sglang_suite import EngineRun, Suite, parse_args  # noqa: E402
+from bench.sglang.run_sglang_suite import EngineRun, Suite, not_run, parse_args, verdict  # noqa: E402
 from bench.sglang.workload import (  # noqa: E402
     compare_outputs,
     greedy_chain,
@@ -382,6 +382,19 @@ def test_suite_args_and_budget_guard(tmp_path):
     assert data["engines"]["plain"]["skipped"].startswith("budget")
     assert (tmp_path / "report.md").exists()
     assert "elapsed" in suite.final_summary()
+
+
+def test_a_check_that_never_ran_reads_not_run_and_an_engine_error_reads_fail(tmp_path):
+    assert verdict(not_run(None, "budget: needs ~85 s, 7 s left")) == "NOT RUN"
+    assert verdict(not_run("engine exited 1", "budget")) == "FAIL"
+    assert verdict(not_run(None, None)) == "FAIL"
+    suite = Suite(parse_args(["--out", str(tmp_path)]))
+    suite.checks["dummy weights: dual == plain SGLang"] = not_run(None, "budget: 7 s left")
+    suite.checks["constructed toy: dual == known greedy"] = {"ok": True}
+    suite.write()
+    md = (tmp_path / "report.md").read_text()
+    assert "dual == plain SGLang: NOT RUN" in md and "known greedy: PASS" in md
+    assert "NOT RUN budget: 7 s left" in suite.final_summary()
 
 
 def test_summarize_catch_ups():

@@ -243,8 +243,8 @@ class Suite:
             if want is not None and got is not None:
                 self.judge(check, want, got, log, continuity)
             else:
-                check["ok"] = False
-                check["error"] = dual.get("error") or plain.get("error") or "skipped"
+                check |= not_run(dual.get("error") or plain.get("error"),
+                                 dual.get("skipped") or plain.get("skipped"))
             self.checks[f"dummy weights: {self.dual_label(continuity)} == plain SGLang"] = check
             self.write()
 
@@ -274,7 +274,7 @@ class Suite:
         check = {"server": "radix cache on (SGLang's default), DGW_POLICY=cycle "
                            f"(hold {a.multiturn_hold}), {convs} conversations x {turns} turns"}
         if not got:
-            check |= {"ok": False, "error": res.get("error") or res.get("skipped")}
+            check |= not_run(res.get("error"), res.get("skipped"))
         else:
             want = [[greedy_chain(perm, pr[-1], len(out)) for pr, out in
                      zip(t["prompts"], t["outputs"])] for t in got]
@@ -342,8 +342,7 @@ class Suite:
                 None if back is None or a.toy_draft != "f100" else back >= k1 - 0.5)
             check["ok"] = check["ok"] and check["draft_current_after_switch"] is not False
         else:
-            check["ok"] = False
-            check["error"] = res.get("error") or res.get("skipped")
+            check |= not_run(res.get("error"), res.get("skipped"))
         label = self.dual_label(continuity) + (", radix cache on" if radix_cache else "")
         self.checks[f"constructed toy: {label} == known greedy"] = check
         self.write()
@@ -533,7 +532,7 @@ class Suite:
             report.plot_throughput(levels, table, self.out / "throughput.png",
                                    self.notes.get("bench", "")[:120])
         for name, chk in self.checks.items():
-            md.append(f"- {name}: {'PASS' if chk.get('ok') else 'FAIL'} "
+            md.append(f"- {name}: {verdict(chk)} "
                       f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")
         for n, info in data["dual_bench"].items():
             md.append(f"\n## {n} in the bench\n- steps: {json.dumps(info['steps'])}\n"
@@ -573,7 +572,7 @@ class Suite:
     def final_summary(self) -> str:
         rows = {}
         for name, chk in self.checks.items():
-            rows[name] = "PASS" if chk.get("ok") else f"FAIL {chk.get('error', '')}"
+            rows[name] = f"{verdict(chk)} {chk.get('error') or chk.get('skipped') or ''}".strip()
         levels, table = report.throughput_rows(
             {n: r.result for n, r in self.runs.items() if r.phase == "bench"})
         for n, vals in table.items():
@@ -584,6 +583,18 @@ class Suite:
             rows[f"startup {n}"] = f"{s['startup_s']} s, gpu used {s['gpu_used_mib_after_start']} MiB"
         rows["elapsed"] = f"{time.monotonic() - self.t0:.0f} s; results in {self.out}"
         return report.summary_lines(rows)
+
+
+def not_run(error: Optional[str], skipped: Optional[str]) -> dict:
+    """A check whose engine gave no outputs: it failed (error) or never ran (skipped)."""
+    if error or not skipped:
+        return {"ok": False, "error": error or "no outputs"}
+    return {"ok": False, "skipped": skipped}
+
+
+def verdict(check: dict) -> str:
+    """PASS, FAIL, or NOT RUN for a check skipped (budget, --engines): never read as a failure."""
+    return "PASS" if check.get("ok") else "NOT RUN" if check.get("skipped") else "FAIL"
 
 
 def worker_default_continuity() -> str:
