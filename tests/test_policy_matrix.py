@@ -42,6 +42,19 @@ def test_fill_from_a_file_that_is_not_a_matrix_is_one_clear_error(tmp_path, caps
     assert "--fill-from" in capsys.readouterr().err
 
 
+def test_a_misspelt_worker_setting_is_one_clear_error_before_any_work(tmp_path, capsys):
+    assert pm.main(["--out", str(tmp_path / "o"), "--dual-env", "DGW_SPEC_MAX_B=256"]) == 2
+    assert "DGW_SPEC_MAX_BS" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_default_attention_backend_leaves_the_choice_to_sglang(tmp_path):
+    kw = pm.engine_kwargs("dual", tmp_path, tmp_path, radix=True, log_level="warning",
+                          attention_backend=None)
+    assert kw["attention_backend"] is None
+    assert pm.engine_kwargs("plain", tmp_path, tmp_path, True, "warning")["attention_backend"] \
+        == "triton"
+
+
 def test_a_matrix_built_over_runs_keeps_every_runs_columns():
     earlier = [{"input_len": 256, "output_len": 256, "concurrency": [1, 64, 256]},
                {"input_len": 2048, "output_len": 64, "concurrency": [16]}]

@@ -39,6 +39,15 @@ def test_attention_backend_default_leaves_the_choice_to_sglang(tmp_path):
     assert cmd[cmd.index("--attention-backend") + 1] == "flashinfer"
 
 
+def test_dual_env_reaches_only_the_workers_server_and_the_report(tmp_path):
+    cfg = sb.parse_args(["--out", str(tmp_path), "--dual-env", "DGW_SPEC_MAX_BS=256"])
+    assert sb.engine_env("dual", cfg)["DGW_SPEC_MAX_BS"] == "256"
+    assert "DGW_SPEC_MAX_BS" not in sb.engine_env("eagle3", cfg)
+    assert "DGW_SPEC_MAX_BS" not in sb.engine_env("plain", cfg)
+    assert "worker's server with `DGW_SPEC_MAX_BS=256`" in sb.report(cfg, [])
+    assert "worker's server" not in sb.report(_cfg(tmp_path), [])
+
+
 def test_client_sends_exact_lengths_and_enough_prompts(tmp_path):
     cfg = _cfg(tmp_path, input_len=128, output_len=64)
     cmd = sb.client_command(cfg, 64, "T", tmp_path / "x.jsonl", "dual-c64")
@@ -128,6 +137,8 @@ def test_resume_keeps_the_other_engines_points_of_a_run_cut_short(tmp_path):
     (["--concurrency", "1,x"], "write integers separated by commas"),
     (["--concurrency", "0"], "must be >= 1"),
     (["--model", "M"], "--model and --draft go together"),
+    (["--dual-env", "SPEC_MAX_BS=256"], "write DGW_NAME=VALUE"),
+    (["--dual-env", "DGW_SPEC_MAX_B=256"], "DGW_SPEC_MAX_BS"),
 ])
 def test_bad_arguments_get_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

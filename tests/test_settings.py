@@ -10,8 +10,8 @@ import pytest
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.settings import (BY_ENV, REGISTRY, PolicyKind, Settings, docs_table,
-                                             explicit_keys, main)
+from dual_graph_worker.core.settings import (BY_ENV, REGISTRY, PolicyKind, Settings, assignments,
+                                             docs_table, explicit_keys, main)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,3 +98,16 @@ def test_settings_check_validates_the_environment(monkeypatch, capsys):
     assert main(["--check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "DGW_THRESHOLD" in err and "Traceback" not in err
+
+
+def test_assignments_are_checked_as_the_worker_checks_its_environment():
+    assert assignments(["DGW_SPEC_MAX_BS=256", "DGW_POLICY=threshold"]) == {
+        "DGW_SPEC_MAX_BS": "256", "DGW_POLICY": "threshold"}
+    with pytest.raises(ConfigError, match="DGW_NAME=VALUE"):
+        assignments(["SPEC_MAX_BS=256"])
+    with pytest.raises(ConfigError, match="DGW_NAME=VALUE"):
+        assignments(["DGW_SPEC_MAX_BS"])
+    with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
+        assignments(["DGW_SPEC_MAX_B=256"])             # the closest name is offered
+    with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
+        assignments(["DGW_SPEC_MAX_BS=0"])

@@ -36,7 +36,9 @@ from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_dummy_pair,
 )
+from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonl import json_lines
+from dual_graph_worker.core.settings import assignments
 
 ENGINES = ("plain", "eagle3", "dual")
 
@@ -82,9 +84,11 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
                      "2048x64@1,16,64")
 
 
-def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: str) -> dict:
+def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: str,
+                  attention_backend: Optional[str] = "triton") -> dict:
+    """sglang.Engine arguments of one engine; attention_backend None lets SGLang pick."""
     base = dict(model_path=str(target), load_format="dummy", skip_tokenizer_init=True,
-                attention_backend="triton", sampling_backend="pytorch",
+                attention_backend=attention_backend, sampling_backend="pytorch",
                 cuda_graph_max_bs_decode=256, log_level=log_level,
                 disable_radix_cache=not radix)
     spec = dict(speculative_draft_model_path=str(draft), **SPEC_ARGS)
@@ -259,6 +263,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "costs; a little host time a step) and DIR/step-costs.md")
     ap.add_argument("--dual-env", action="append", default=[],
                     help="DGW_NAME=VALUE for the worker (default: none, its defaults)")
+    ap.add_argument("--attention-backend", default="triton",
+                    help="every engine's attention backend; 'default' lets SGLang pick (fa3 on "
+                         "Hopper)")
     ap.add_argument("--acc-sampling", choices=SAMPLINGS, default="diffused",
                     help="a non-integer forced accept length a step: diffused (its floor or "
                          "ceiling, deterministic, the running mean on target) or sglang "
@@ -281,6 +288,12 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    try:
+        dual_env = assignments(args.dual_env)
+    except ConfigError as exc:
+        print(f"error: --dual-env: {exc}", file=sys.stderr)
+        return 2
+    backend = None if args.attention_backend == "default" else args.attention_backend
     earlier = []
     if args.fill_from:
         try:
@@ -298,11 +311,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     recs = [r for r in previous.get("records", [])
             if r["engine"] not in engines and "from" not in r]
-    dual_env = dict(kv.split("=", 1) for kv in args.dual_env)
     note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
             f"(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths "
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
-            f"step), triton attention, 3 steps topk 1, "
+            f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}")
     columns = merged_workloads(previous.get("workloads", []), workloads)
@@ -320,7 +332,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
             env |= dual_env
         spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
-                                               args.log_level),
+                                               args.log_level, backend),
                 "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
         res = run_engine(kind, spec, out, deadline)
         recs += records(kind, res, workloads)

@@ -40,6 +40,8 @@ from bench.sglang.model_configs import (
 )
 from bench.sglang import soak
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.settings import assignments
 
 ENGINES = ("plain", "eagle3", "dual")
 # bench_serving's result keys the table keeps, in its order.
@@ -69,6 +71,7 @@ class ServeBenchConfig:
     server_args: tuple[str, ...] = ("--attention-backend", "triton", *SERVER_FLAGS)
     soak: Optional[soak.SoakConfig] = None
     resume: bool = False
+    dual_env: tuple[tuple[str, str], ...] = ()     # DGW_* settings of the worker's server
 
     @property
     def dummy(self) -> bool:
@@ -259,6 +262,8 @@ def engine_env(kind: str, cfg: ServeBenchConfig) -> dict:
     env = dict(os.environ)
     if cfg.accept is not None and kind != "plain":
         env["SGLANG_SIMULATE_ACC_LEN"] = str(cfg.accept)
+    if kind == "dual":
+        env |= dict(cfg.dual_env)
     return env
 
 
@@ -350,8 +355,10 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
     forced = (f"accept length FORCED to {cfg.accept} (SGLANG_SIMULATE_ACC_LEN); "
               if cfg.accept is not None else "")
     weights = "DUMMY weights, " if cfg.dummy else ""
+    worker = " ".join(f"{k}={v}" for k, v in cfg.dual_env)
     lines = [f"# serve-bench: {cfg.input_len} in / {cfg.output_len} out, random-ids",
-             "", f"{weights}{forced}radix cache on; server flags `{' '.join(cfg.server_args)}`.",
+             "", f"{weights}{forced}radix cache on; server flags `{' '.join(cfg.server_args)}`"
+             + (f"; the worker's server with `{worker}`." if worker else "."),
              "", "| engine | C | req/s | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | "
              "TPOT p50 | TPOT p99 | accept |", "|" + "---|" * 11]
     for p in points:
@@ -420,6 +427,9 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
     ap.add_argument("--attention-backend", default="triton",
                     help="the servers' --attention-backend; 'default' passes none, so SGLang "
                          "picks its own (fa3 on Hopper), as the README's launch line does")
+    ap.add_argument("--dual-env", action="append", default=[], metavar="DGW_NAME=VALUE",
+                    help="a setting of the worker's server (repeatable), e.g. "
+                         "DGW_SPEC_MAX_BS=256")
     ap.add_argument("--soak", type=int, default=0, metavar="N",
                     help="after the engines, N requests against a worker under a switching "
                          "policy, random lengths and aborts; T=0 checks against plain")
@@ -440,6 +450,10 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
         ap.error("--soak wants a request count >= 0 (0: no soak)")
     if bool(args.model) != bool(args.draft):
         ap.error("--model and --draft go together (a real target and its EAGLE-3 draft)")
+    try:
+        dual_env = tuple(assignments(args.dual_env).items())
+    except ConfigError as exc:
+        ap.error(f"--dual-env: {exc}")
     return ServeBenchConfig(out=Path(args.out), engines=engines, concurrency=levels,
                             input_len=args.input_len, output_len=args.output_len,
                             accept=None if args.model else args.accept, model=args.model,
@@ -447,7 +461,8 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                             prompts_per_level=args.prompts_per_level,
                             min_prompts=args.min_prompts,
                             soak=soak.SoakConfig(requests=args.soak) if args.soak else None,
-                            resume=args.resume, server_args=server_args(args.attention_backend))
+                            resume=args.resume, server_args=server_args(args.attention_backend),
+                            dual_env=dual_env)
 
 
 def server_args(attention_backend: str) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
@@ -281,6 +281,20 @@ def user_settings(environ: Mapping[str, str]) -> UserSettings:
     path = environ.get(CONFIG_FILE_ENV) or None
     return UserSettings(_read_json(path) if path else None, path,
                         {k: v for k, v in environ.items() if k in BY_ENV and v != ""})
+
+
+def assignments(items: Sequence[str]) -> dict[str, str]:
+    """`DGW_NAME=VALUE` strings (a benchmark's worker variant) as an environment, each name and
+    value checked as the worker would check them at launch."""
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith(ENV_PREFIX):
+            raise ConfigError(f"{item!r} is no setting; write DGW_NAME=VALUE, e.g. "
+                              "DGW_SPEC_MAX_BS=256")
+        env[name] = value
+    Settings.from_env(env)
+    return env
 
 
 def explicit_keys(environ: Mapping[str, str]) -> frozenset[str]:
