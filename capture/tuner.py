@@ -401,6 +401,28 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
         one_time_compile_s=measurements.one_time_compile_s, spec_max_bs=spec_max_bs)
 
 
+def modelled_cost(m: Measurements, spec_bs: Sequence[int], decode_bs: Sequence[int],
+                  exclude_compile_outlier: bool = True) -> Totals:
+    """What tune() charges for these two lists: its memory model and capture times (one-time
+    compilation out), so a budget taken from them is in the units tune() checks. A size the
+    measurements lack is priced as the next measured size up (SGLang's spec list is finer)."""
+    if exclude_compile_outlier:
+        m = replace_capture_s(m, find_compile_outliers(m))
+    by_key = m.by_key()
+
+    def priced(mode: Mode, bs: int) -> GraphMeasurement:
+        sizes = m.sizes(mode)
+        i = bisect.bisect_left(sizes, bs)
+        if i == len(sizes):
+            raise TuningError(f"{mode.value} bs={bs} is above every measured size; measured "
+                              f"{mode.value} sizes: {list(sizes)}")
+        return by_key[GraphKey(mode, sizes[i])]
+
+    graphs = [priced(Mode.SPEC, int(b)) for b in spec_bs] + \
+        [priced(Mode.DECODE, int(b)) for b in decode_bs]
+    return totals(graphs, 0.0, MemoryModel.from_measurements(m))
+
+
 def totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
     return Totals(len(graphs), waste, model.memory(graphs),
                   sum(g.capture_s for g in graphs), sum(g.pool_bytes for g in graphs))

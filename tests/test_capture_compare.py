@@ -9,8 +9,14 @@ import pytest
 
 from bench.sglang import capture_compare
 from capture.config import load_capture_config
+from capture.measurements import load_measurements
+from capture.tuner import modelled_cost
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
+# The fixture's sizes as a default server with --spec-max-bs 16 captures them.
+DEFAULT_SPEC = [1, 2, 4, 8, 12, 16]
+DEFAULT_DECODE = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
+                  136, 144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256]
 
 
 def _result(graph_gb: dict, graph_s: dict, tok_s: dict, spec_bs, decode_bs) -> dict:
@@ -42,7 +48,7 @@ def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, m
         if spec["name"] == "default":
             res = _result({"target_verify": 0.4, "decode_pool": 0.2},
                           {"target_verify": 6.0, "decode_pool": 4.0},
-                          {1: 100.0, 16: 1000.0}, [1, 2, 4], [1, 2, 4, 8])
+                          {1: 100.0, 16: 1000.0}, DEFAULT_SPEC, DEFAULT_DECODE)
         else:
             assert load_capture_config(spec["env"]["DGW_CAPTURE_CONFIG"]).spec_bs[-1] <= 16
             res = _result({"target_verify": 0.3, "decode_pool": 0.1},
@@ -59,8 +65,12 @@ def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, m
     assert [s["name"] for s in started] == ["default", "tuned"]
     assert all(s["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3.0" for s in started)
     out = json.loads((tmp_path / "compare.json").read_text())
-    assert out["budgets"]["memory_bytes"] == int(0.6 * 2**30)
-    assert out["budgets"]["capture_s"] == pytest.approx(10.0)
+    # Caps in the tuner's own units: its model of the default server's lists, not the 0.6 GB
+    # and 10 s that server measured (the model is what it checks the tuned lists against).
+    priced = modelled_cost(load_measurements(FIXTURE), DEFAULT_SPEC, DEFAULT_DECODE)
+    assert out["budgets"]["memory_bytes"] == priced.memory_bytes != int(0.6 * 2**30)
+    assert out["budgets"]["capture_s"] == pytest.approx(priced.capture_s)
+    assert out["budgets"]["priced_by"] == "the tuner's model of the default lists"
     assert out["ratios"]["graph_bytes"] == pytest.approx(0.4 / 0.6, abs=1e-4)
     assert out["ratios"]["tok_s"] == {"1": 1.01, "16": 0.99}
     text = (tmp_path / "report.md").read_text()
@@ -71,6 +81,24 @@ def test_the_tuned_server_is_budgeted_by_what_the_default_lists_cost(tmp_path, m
     assert model > 0
     assert (f"at {model / 2**20:.0f} MiB; the tuned server measured {0.4 * 2**30 / 2**20:.0f} "
             f"MiB ({0.4 * 2**30 / model:.2f}x the model)") in text
+
+
+def test_budgets_price_the_default_lists_by_the_model_or_else_by_what_was_measured():
+    m = load_measurements(FIXTURE)
+    measured = {"graph_bytes": 2**30, "capture_s": 10.0}
+    priced = modelled_cost(m, [1, 2, 4], [1, 2, 4, 8])
+    assert capture_compare.budgets(measured | {"pools": {"spec_bs": [1, 2, 4],
+                                                         "decode_bs": [1, 2, 4, 8]}},
+                                   m, 2**40, 1000.0) == (
+        priced.memory_bytes, priced.capture_s, "the tuner's model of the default lists")
+    # A size the measurements lack is priced as the next measured one up (bs 3 as bs 4).
+    assert modelled_cost(m, [1, 3], [1]) == modelled_cost(m, [1, 4], [1])
+    # No lists reported, or a size above every measured one: the server's own figures.
+    for pools in (None, {"spec_bs": [1, 512], "decode_bs": [1]}):
+        assert capture_compare.budgets(measured | {"pools": pools}, m, 2**40, 1000.0) == (
+            2**30, 10.0, "what the default server measured")
+    # The user's budget stays the cap where it is the lower.
+    assert capture_compare.budgets(measured | {"pools": None}, m, 2**20, 1.0)[:2] == (2**20, 1.0)
 
 
 def test_by_default_it_tunes_for_the_batch_sizes_the_default_server_ran(tmp_path, monkeypatch):

@@ -5,8 +5,8 @@ SGLang 0.5.17 (`make capture-compare`).
    plain server's decode list): start-up, the pools' graph memory and capture time (SGLang's
    own per-runner figures), tok/s per concurrency.
 2. `capture-tune` on the measurements (bench/sglang/capture_measure.py) under the given budgets,
-   each lowered to what the default lists cost (a tuned server never spends more than the one
-   it replaces), batch sizes weighted as the default server ran them (its step log) unless
+   each lowered to what the tuner's model charges for the default lists (a tuned server never
+   spends more than the one it replaces, in the units the tuner checks), batch sizes weighted as the default server ran them (its step log) unless
    --distribution names another.
 3. The worker with that config (DGW_CAPTURE_CONFIG), the same figures.
 Llama-3-8B shape, DUMMY weights, accept length FORCED (SGLANG_SIMULATE_ACC_LEN). Writes
@@ -30,8 +30,8 @@ from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
 from bench.sglang.policy_matrix import Workload, engine_kwargs, sweep_task
 from capture.config import build_capture_config, save_capture_config
 from capture.distribution import parse_distribution
-from capture.measurements import load_measurements
-from capture.tuner import tune
+from capture.measurements import Measurements, load_measurements
+from capture.tuner import TuningError, modelled_cost, tune
 from capture.units import parse_size
 from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
@@ -149,10 +149,21 @@ def sweeps(w: Workload, vocab: int, repeats: int) -> list[dict]:
             for i in range(repeats)]
 
 
-def budgets(default: dict, memory_bytes: int, capture_s: float) -> tuple[int, float]:
-    """The user's budgets, each lowered to what the default lists cost where it is known."""
-    return (min(memory_bytes, default["graph_bytes"] or memory_bytes),
-            min(capture_s, default["capture_s"] or capture_s))
+def budgets(default: dict, m: Measurements, memory_bytes: int,
+            capture_s: float) -> tuple[int, float, str]:
+    """The user's budgets, each lowered to what the default server's lists cost, and where that
+    cost came from. The tuner checks its model against the caps, so the default lists are priced
+    by the same model; the servers' measured figures are the result, compared afterwards. A
+    default server that reported no lists, or lists outside the measurements, is priced by what
+    it measured."""
+    pools = default.get("pools") or {}
+    try:
+        cost = modelled_cost(m, pools["spec_bs"], pools["decode_bs"])
+        own = (cost.memory_bytes, cost.capture_s, "the tuner's model of the default lists")
+    except (KeyError, TypeError, TuningError):
+        own = (default["graph_bytes"], default["capture_s"], "what the default server measured")
+    return (min(memory_bytes, own[0] or memory_bytes), min(capture_s, own[1] or capture_s),
+            own[2])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -224,7 +235,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "nothing to tune against", file=sys.stderr)
         write_json({"rows": rows, "error": "default server failed"}, work / "compare.json")
         return 1
-    mem_cap, time_cap = budgets(rows[0], memory, args.time_budget)
+    mem_cap, time_cap, priced_by = budgets(rows[0], m, memory, args.time_budget)
     try:
         dist = dist or parse_distribution(f"steplog:{steps}", max_bs=top)
         result = tune(m, mem_cap, time_cap, dist, args.accept_len, spec_max_bs=args.spec_max_bs)
@@ -245,11 +256,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"FORCED to {args.accept_len:g}, triton attention, radix cache on, {w.name} T=0 "
             f"ignore_eos, median of {args.repeats} batches per C; tuned under memory "
             f"{mem_cap / 2**20:.0f} MiB and capture {time_cap:.1f} s (given {args.memory_budget}, "
-            f"{args.time_budget:g} s; lowered to the default lists' cost: "
+            f"{args.time_budget:g} s; lowered to the default lists' cost by {priced_by}: "
             f"{', '.join(lowered) or 'neither'}), batch sizes {dist.description}, spec pool <= "
             f"{args.spec_max_bs}")
     write_json({"note": note, "rows": rows, "ratios": ratios,
-                "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap},
+                "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap,
+                            "priced_by": priced_by},
                 "tuned": {"spec_bs": list(result.spec_bs), "decode_bs": list(result.decode_bs),
                           "model_bytes": result.chosen.memory_bytes}},
                work / "compare.json")
