@@ -94,7 +94,7 @@ def test_budgets_price_the_default_lists_by_the_model_or_else_by_what_was_measur
     # A size the measurements lack is priced as the next measured one up (bs 3 as bs 4).
     assert modelled_cost(m, [1, 3], [1]) == modelled_cost(m, [1, 4], [1])
     # No lists reported, or a size above every measured one: the server's own figures.
-    for pools in (None, {"spec_bs": [1, 512], "decode_bs": [1]}):
+    for pools in (None, {"spec_bs": [1, 512], "decode_bs": [1]}, {"spec_bs": [], "decode_bs": [1]}):
         assert capture_compare.budgets(measured | {"pools": pools}, m, 2**40, 1000.0) == (
             2**30, 10.0, "what the default server measured")
     # The user's budget stays the cap where it is the lower.

@@ -47,6 +47,25 @@ def test_a_misspelt_worker_setting_is_one_clear_error_before_any_work(tmp_path, 
     assert "DGW_SPEC_MAX_BS" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
+def test_records_of_other_servers_are_never_mixed_into_a_matrix(tmp_path, capsys):
+    """A matrix measured on triton (or before settings were recorded) keeps its records only
+    beside runs on triton; the worker's settings matter only where its records are kept."""
+    old = tmp_path / "o"
+    old.mkdir()
+    (old / "policy-matrix.json").write_text(json.dumps({"records": [rec("plain", None, 1, 1.0)]}))
+    assert pm.main(["--out", str(old), "--engines", "plain", "--attention-backend", "default"]) == 2
+    assert "--attention-backend 'triton'" in capsys.readouterr().err
+    assert not (old / "models").exists()                       # refused before any work
+    assert pm.main(["--out", str(old), "--engines", "plain",
+                    "--dual-env", "DGW_SPEC_MAX_BS=256"]) == 2   # the old dual records stay
+    assert "--dual-env {}" in capsys.readouterr().err
+    assert pm.main(["--out", str(tmp_path / "new"), "--engines", "dual", "--attention-backend",
+                    "default", "--fill-from", str(old / "policy-matrix.json")]) == 2
+    assert "--fill-from" in capsys.readouterr().err
+    same = {"records": [], "settings": {"attention_backend": "default", "dual_env": {}}}
+    assert pm.other_settings(same, same["settings"], ("attention_backend", "dual_env")) is None
+
+
 def test_default_attention_backend_leaves_the_choice_to_sglang(tmp_path):
     kw = pm.engine_kwargs("dual", tmp_path, tmp_path, radix=True, log_level="warning",
                           attention_backend=None)

@@ -1,5 +1,6 @@
 """serve-bench's commands, its reading of bench_serving's JSONL and /metrics, its report."""
 
+import dataclasses
 import json
 
 import pytest
@@ -126,6 +127,14 @@ def test_resume_keeps_the_other_engines_points_of_a_run_cut_short(tmp_path):
     with pytest.raises(SystemExit, match="input_len=256"):
         sb.kept_points(tmp_path / "serve-bench.json",
                        _cfg(tmp_path, concurrency=(1,), engines=("dual",), input_len=512))
+    # A run from before a setting existed resumes as if it had its default.
+    older = json.loads((tmp_path / "serve-bench.json").read_text())
+    del older["config"]["dual_env"]
+    (tmp_path / "serve-bench.json").write_text(json.dumps(older))
+    assert len(sb.kept_points(tmp_path / "serve-bench.json", again)) == 2
+    with pytest.raises(SystemExit, match="dual_env"):
+        sb.kept_points(tmp_path / "serve-bench.json",
+                       dataclasses.replace(again, dual_env=(("DGW_SPEC_MAX_BS", "256"),)))
     (tmp_path / "serve-bench.json").write_text("{")
     with pytest.raises(SystemExit, match="not a serve-bench result"):
         sb.kept_points(tmp_path / "serve-bench.json", again)

@@ -107,6 +107,8 @@ def test_assignments_are_checked_as_the_worker_checks_its_environment():
         assignments(["SPEC_MAX_BS=256"])
     with pytest.raises(ConfigError, match="DGW_NAME=VALUE"):
         assignments(["DGW_SPEC_MAX_BS"])
+    with pytest.raises(ConfigError, match="DGW_NAME=VALUE"):
+        assignments(["DGW_SPEC_MAX_B="])                # empty: the worker would skip it
     with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
         assignments(["DGW_SPEC_MAX_B=256"])             # the closest name is offered
     with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):

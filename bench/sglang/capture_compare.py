@@ -157,11 +157,13 @@ def budgets(default: dict, m: Measurements, memory_bytes: int,
     default server that reported no lists, or lists outside the measurements, is priced by what
     it measured."""
     pools = default.get("pools") or {}
-    try:
-        cost = modelled_cost(m, pools["spec_bs"], pools["decode_bs"])
-        own = (cost.memory_bytes, cost.capture_s, "the tuner's model of the default lists")
-    except (KeyError, TypeError, TuningError):
-        own = (default["graph_bytes"], default["capture_s"], "what the default server measured")
+    own = (default["graph_bytes"], default["capture_s"], "what the default server measured")
+    if pools.get("spec_bs") and pools.get("decode_bs"):
+        try:
+            cost = modelled_cost(m, pools["spec_bs"], pools["decode_bs"])
+            own = (cost.memory_bytes, cost.capture_s, "the tuner's model of the default lists")
+        except TuningError:
+            pass
     return (min(memory_bytes, own[0] or memory_bytes), min(capture_s, own[1] or capture_s),
             own[2])
 

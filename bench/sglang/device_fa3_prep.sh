@@ -48,7 +48,7 @@ case "$1" in
   install)
     dst=/tmp/sglang-site/sgl_kernel/flash_ops.abi3.so
     [ -d /tmp/sglang-site/sgl_kernel ] || { echo "stage-fa3.sh: stage.sh b first" >&2; exit 1; }
-    n=$(ls /tmp/fa3-stage/flash_ops.zst.part* | wc -l)
+    n=$( (compgen -G '/tmp/fa3-stage/flash_ops.zst.part*' || true) | wc -l)
     [ "$n" -eq 4 ] || { echo "stage-fa3.sh: $n of 4 pieces staged" >&2; exit 1; }
     if command -v zstd >/dev/null; then
       cat /tmp/fa3-stage/flash_ops.zst.part{1,2,3,4} | zstd -d -q --long=27 -o "$dst"
@@ -59,6 +59,7 @@ import sys, zstandard
 zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer, open('$dst', 'wb'))"
     fi
     echo "$(cat "$here/fa3-tools/flash_ops.sha256")  $dst" | sha256sum -c - ;;
+  *) echo "usage: stage-fa3.sh piece N | install" >&2; exit 2 ;;
 esac
 STAGE
 chmod +x .devlibs/fa3-tools/stage-fa3.sh

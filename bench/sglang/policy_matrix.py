@@ -84,6 +84,21 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
                      "2048x64@1,16,64")
 
 
+# What a matrix without a "settings" record was measured with (every run before it: triton).
+SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {}}
+
+
+def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
+    """Why `matrix`'s records may not sit beside this run's, or None when they may."""
+    theirs = SETTINGS_BEFORE | matrix.get("settings", {})
+    diff = [k for k in keys if theirs.get(k) != settings[k]]
+    if not diff:
+        return None
+    flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env"}
+    return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
+            "the same or another --out")
+
+
 def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: str,
                   attention_backend: Optional[str] = "triton") -> dict:
     """sglang.Engine arguments of one engine; attention_backend None lets SGLang pick."""
@@ -294,21 +309,31 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --dual-env: {exc}", file=sys.stderr)
         return 2
     backend = None if args.attention_backend == "default" else args.attention_backend
+    settings = {"attention_backend": args.attention_backend, "dual_env": dual_env}
     earlier = []
     if args.fill_from:
         try:
-            earlier = json.loads(Path(args.fill_from).read_text())["records"]
+            filler = json.loads(Path(args.fill_from).read_text())
+            earlier = filler["records"]
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --fill-from {args.fill_from}: not a policy-matrix.json ({e})",
                   file=sys.stderr)
             return 2
-    deadline = time.time() + args.budget_s
+        if err := other_settings(filler, settings, ("attention_backend",)):
+            print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
+            return 2
     out = Path(args.out).resolve()
+    matrix_path = out / "policy-matrix.json"
+    previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
+    # The records kept from an earlier run into DIR must come from the same servers.
+    kept = ("attention_backend",) + (() if "dual" in engines else ("dual_env",))
+    if previous and (err := other_settings(previous, settings, kept)):
+        print(f"error: {matrix_path} {err}", file=sys.stderr)
+        return 2
+    deadline = time.time() + args.budget_s
     out.mkdir(parents=True, exist_ok=True)
     shapes = llama3_8b_shapes()
     target, draft = write_dummy_pair(out / "models", shapes)
-    matrix_path = out / "policy-matrix.json"
-    previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     recs = [r for r in previous.get("records", [])
             if r["engine"] not in engines and "from" not in r]
     note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
@@ -341,7 +366,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         matrix = {"note": note, "accepts": accepts_seen,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in columns],
-                  "records": filled, "cells": cells,
+                  "records": filled, "cells": cells, "settings": settings,
                   "startup_s": previous.get("startup_s", {}) | {kind: res.get("startup_s")}}
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))

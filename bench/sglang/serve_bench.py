@@ -508,6 +508,8 @@ def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:
         raise SystemExit(f"error: --resume: {path} is not a serve-bench result ({exc}); use "
                          "another --out") from None
     now = _config_json(cfg)
+    # A setting added since that run was at its default there.
+    config = _config_json(ServeBenchConfig(out=cfg.out)) | config
     if diff := [k for k in now if k not in _RESUME_FREE and config.get(k) != now[k]]:
         raise SystemExit(f"error: --resume: {path} was measured with other settings "
                          f"({', '.join(f'{k}={config.get(k)!r}' for k in diff)}); resume with "

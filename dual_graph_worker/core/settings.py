@@ -289,7 +289,7 @@ def assignments(items: Sequence[str]) -> dict[str, str]:
     env = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.startswith(ENV_PREFIX):
+        if not sep or not name.startswith(ENV_PREFIX) or not value:
             raise ConfigError(f"{item!r} is no setting; write DGW_NAME=VALUE, e.g. "
                               "DGW_SPEC_MAX_BS=256")
         env[name] = value
