@@ -87,15 +87,14 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     notes.append(f"{len(m.graphs)} graphs, {capture}")
     together = (f"measured together {format_bytes(m.total_pool_bytes)}; "
                 if m.total_pool_bytes is not None else "")
-    where = "in one shared pool" if model.shared else "in a graph pool per mode"
-    notes.append(f"pool, every graph {where}: {format_bytes(every.memory_bytes)} by the "
-                 f"tuner's model ({together}isolated sum "
+    notes.append(f"pool, every graph {model.words.every}: {format_bytes(every.memory_bytes)} "
+                 f"by the tuner's model ({together}isolated sum "
                  f"{format_bytes(every.isolated_sum_bytes)})")
     notes.append(f"memory model: {model.describe()}")
     if chosen:
         mine = totals([g for g in used.graphs if g.key in picked], 0.0, model)
-        pool = "shared pool" if model.shared else "by the model"
-        notes.append(f"chosen: {mine.graphs} graphs, {format_bytes(mine.memory_bytes)} {pool} "
+        notes.append(f"chosen: {mine.graphs} graphs, {format_bytes(mine.memory_bytes)} "
+                     f"{model.words.chosen} "
                      f"(isolated sum {format_bytes(mine.isolated_sum_bytes)}), "
                      f"{mine.capture_s:.2f} s capture")
     if m.one_time_compile_s is not None:
@@ -183,18 +182,11 @@ def plot_memory_and_capture(m: Measurements, chosen: Optional[Chosen], path: Pat
     ax_t.set_xticks(list(x))
     ax_t.set_xticklabels([g.key.label() for g in graphs], rotation=90, fontsize=6)
     ax_mem.set_xticks([])
-    title = (f"graph pool memory per key captured alone ({_model_title(m)}) and capture time")
+    title = (f"graph pool memory per key captured alone "
+             f"({MemoryModel.from_measurements(m).short_formula()}) and capture time")
     ax_mem.set_title(title + ("; faded: not chosen" if chosen else ""), fontsize=9)
     _legend(ax_mem)
     _save(fig, path)
-
-
-def _model_title(m: Measurements) -> str:
-    model = MemoryModel.from_measurements(m)
-    per_graph = f"{format_bytes(model.per_graph_bytes)}/graph"
-    if model.shared:
-        return f"shared pool of all: largest + {per_graph}"
-    return f"a pool per mode: {model.peak_factor:.2f} x each mode's largest + {per_graph}"
 
 
 def plot_waste_curves(m: Measurements, distribution: BatchDistribution, accept_len: float,

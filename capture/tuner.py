@@ -42,6 +42,16 @@ class TuningError(ConfigError):
     """The inputs admit no valid choice (budget too small, speculation never pays, ...)."""
 
 
+class PoolWords(NamedTuple):
+    every: str      # where every graph's memory is counted
+    chosen: str     # what the chosen graphs' figure is
+    saved: str      # the memory a smaller choice saves
+
+
+POOL_WORDS = {"shared": PoolWords("in one shared pool", "shared pool", "shared-pool"),
+              "per-mode": PoolWords("in a graph pool per mode", "by the model", "graph-pool")}
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """memory(S) = peak_factor x (largest isolated pool_bytes of each graph pool's keys in S)
@@ -113,6 +123,35 @@ class MemoryModel:
         chosen = list(graphs)
         return self.pool_memory().bytes([[g.pool_bytes for g in chosen if g.key.mode is mode]
                                          for mode in (Mode.SPEC, Mode.DECODE)])
+
+    @property
+    def words(self) -> "PoolWords":
+        """How this layout's memory is named in tables and reports."""
+        return POOL_WORDS[self.pools]
+
+    def tops_text(self, tops: tuple[int, int]) -> str:
+        """The peak part of the (spec top, decode top) choice, spelled out."""
+        if self.shared:
+            return f"one shared pool: the larger top's isolated {format_bytes(max(tops))}"
+        return (f"a pool per mode: {self.peak_factor:.2f} x (the tops' isolated "
+                f"{format_bytes(tops[0])} + {format_bytes(tops[1])})")
+
+    def rows_note(self) -> str:
+        """How a tuning table's per-pool rows relate to its chosen/all rows."""
+        if self.shared:
+            return ("(spec, decode: each pool's graphs alone; chosen, all: both pools in one "
+                    "shared pool, so their memory is not the sum of the rows; all: every "
+                    "measured graph, its waste over the same pool ranges)")
+        return ("(spec, decode: each pool's graphs in its own graph pool; chosen, all: both "
+                "pools, their memory the sum of the rows; all: every measured graph, its waste "
+                "over the same pool ranges)")
+
+    def short_formula(self) -> str:
+        """formula() in a plot title's few words."""
+        per_graph = f"{format_bytes(self.per_graph_bytes)}/graph"
+        if self.shared:
+            return f"shared pool of all: largest + {per_graph}"
+        return f"a pool per mode: {self.peak_factor:.2f} x each mode's largest + {per_graph}"
 
     def formula(self) -> str:
         graphs = f"{format_bytes(self.per_graph_bytes)} x graphs"
@@ -359,10 +398,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
     if memory_budget_bytes <= 0 or time_budget_s <= 0:
         raise TuningError(f"budgets must be > 0, got memory {memory_budget_bytes} bytes and "
                           f"capture time {time_budget_s} s")
-    outliers = find_compile_outliers(measurements)
-    if exclude_compile_outlier:
-        measurements = replace_capture_s(measurements, outliers)
-    model = MemoryModel.from_measurements(measurements)
+    measurements, outliers, model = _as_tuned(measurements, exclude_compile_outlier)
     plan = plan_pools(measurements, distribution, accept_len, spec_max_bs)
     probs = distribution.probs
     sol = solve((plan.spec, plan.decode), probs, memory_budget_bytes, time_budget_s,
@@ -401,13 +437,19 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
         one_time_compile_s=measurements.one_time_compile_s, spec_max_bs=spec_max_bs)
 
 
-def modelled_cost(m: Measurements, spec_bs: Sequence[int], decode_bs: Sequence[int],
-                  exclude_compile_outlier: bool = True) -> Totals:
-    """What tune() charges for these two lists: its memory model and capture times (one-time
-    compilation out), so a budget taken from them is in the units tune() checks. A size the
-    measurements lack is priced as the next measured size up (SGLang's spec list is finer)."""
+def _as_tuned(m: Measurements, exclude_compile_outlier: bool
+              ) -> tuple[Measurements, list[CaptureOutlier], MemoryModel]:
+    """The measurements as tune() prices them (one-time compilation out), and its model."""
+    outliers = find_compile_outliers(m)
     if exclude_compile_outlier:
-        m = replace_capture_s(m, find_compile_outliers(m))
+        m = replace_capture_s(m, outliers)
+    return m, outliers, MemoryModel.from_measurements(m)
+
+
+def priced_graphs(m: Measurements, spec_bs: Sequence[int],
+                  decode_bs: Sequence[int]) -> list[GraphMeasurement]:
+    """A server's two lists as measured graphs, spec's first. A size the measurements lack is
+    priced as the next measured size up (SGLang's spec list is finer than the probe's)."""
     by_key = m.by_key()
 
     def priced(mode: Mode, bs: int) -> GraphMeasurement:
@@ -418,9 +460,16 @@ def modelled_cost(m: Measurements, spec_bs: Sequence[int], decode_bs: Sequence[i
                               f"{mode.value} sizes: {list(sizes)}")
         return by_key[GraphKey(mode, sizes[i])]
 
-    graphs = [priced(Mode.SPEC, int(b)) for b in spec_bs] + \
+    return [priced(Mode.SPEC, int(b)) for b in spec_bs] + \
         [priced(Mode.DECODE, int(b)) for b in decode_bs]
-    return totals(graphs, 0.0, MemoryModel.from_measurements(m))
+
+
+def modelled_cost(m: Measurements, spec_bs: Sequence[int], decode_bs: Sequence[int],
+                  exclude_compile_outlier: bool = True) -> Totals:
+    """What tune() charges for these two lists, so a budget taken from them is in the units
+    tune() checks."""
+    m, _, model = _as_tuned(m, exclude_compile_outlier)
+    return totals(priced_graphs(m, spec_bs, decode_bs), 0.0, model)
 
 
 def totals(graphs: Sequence[GraphMeasurement], waste: float, model: MemoryModel) -> Totals:
@@ -453,16 +502,9 @@ def _infeasible_message(plan: PoolPlan, model: MemoryModel, mem_budget: int,
         over.append(f"--time-budget to at least {t:.2f} s (now {time_budget:g} s)")
     return (f"the smallest valid choice, spec bs={plan.spec.top} plus decode bs="
             f"{plan.decode.top} (each pool must keep its top), needs {format_bytes(mem)} "
-            f"({_tops_memory(model, tops)} + 2 x {format_bytes(model.per_graph_bytes)} a graph) "
+            f"({model.tops_text(tops)} + 2 x {format_bytes(model.per_graph_bytes)} a graph) "
             f"and {t:.2f} s of capture: over budget. Raise {' and '.join(over)}, or cap the "
             "batch-size distribution lower")
-
-
-def _tops_memory(model: MemoryModel, tops: tuple[int, int]) -> str:
-    if model.shared:
-        return f"one shared pool: the larger top's isolated {format_bytes(max(tops))}"
-    return (f"a pool per mode: {model.peak_factor:.2f} x (the tops' isolated "
-            f"{format_bytes(tops[0])} + {format_bytes(tops[1])})")
 
 
 def format_table(r: TuningResult) -> str:
@@ -503,11 +545,11 @@ def format_table(r: TuningResult) -> str:
         _row("chosen", c, ""),
         _row("all", a, ""),
     ]
-    lines += wrap_note(_rows_note(r.memory_model), indent="")
+    lines += wrap_note(r.memory_model.rows_note(), indent="")
     saved_iso = (a.isolated_sum_bytes or 0) - (c.isolated_sum_bytes or 0)
     lines += wrap_note(f"saved {a.graphs - c.graphs} graphs, "
                    f"{format_bytes(a.memory_bytes - c.memory_bytes)} of "
-                   f"{'shared-pool' if r.memory_model.shared else 'graph-pool'} memory "
+                   f"{r.memory_model.words.saved} memory "
                    f"({format_bytes(saved_iso)} by the isolated sum) and "
                    f"{a.capture_s - c.capture_s:.2f} s of capture, for "
                    f"{c.waste_tokens - a.waste_tokens:+.2f} padded tokens per step")
@@ -517,16 +559,6 @@ def format_table(r: TuningResult) -> str:
         f"decode bs ({len(r.decode_bs)}): {' '.join(map(str, r.decode_bs))}",
     ]
     return "\n".join(lines)
-
-
-def _rows_note(model: MemoryModel) -> str:
-    if model.shared:
-        return ("(spec, decode: each pool's graphs alone; chosen, all: both pools in one shared "
-                "pool, so their memory is not the sum of the rows; all: every measured graph, "
-                "its waste over the same pool ranges)")
-    return ("(spec, decode: each pool's graphs in its own graph pool; chosen, all: both pools, "
-            "their memory the sum of the rows; all: every measured graph, its waste over the "
-            "same pool ranges)")
 
 
 def _capture_notes(r: TuningResult) -> list[str]:

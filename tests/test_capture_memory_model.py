@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from capture.distribution import parse_distribution
-from capture.measurements import GraphMeasurement, Measurements, load_measurements
+from capture.measurements import Measurements, load_measurements
 from capture.synthetic import Cost, measurements_from_costs
-from capture.tuner import FALLBACK_PEAK_FACTOR, SEGMENT_BYTES, MemoryModel, tune
+from capture.tuner import (FALLBACK_PEAK_FACTOR, SEGMENT_BYTES, MemoryModel,
+                           priced_graphs, tune)
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.modes import GraphKey, Mode
 
 SGLANG_H200 = Path(__file__).resolve().parent.parent / "results" / "capture" / "sglang-h200"
 MEASUREMENTS = SGLANG_H200 / "measurements.json"
@@ -122,19 +122,6 @@ def test_tuning_pays_each_modes_peak() -> None:
 
 # ---- against the H200 servers ----------------------------------------------------------------
 
-def _graphs(m: Measurements, spec_bs, decode_bs) -> list[GraphMeasurement]:
-    """A server's lists as measured keys. SGLang's default spec list has sizes the probe did not
-    measure (5, 7, 10, ...): each costs the next measured size's (under its pool's top, which
-    was measured); only the peaks and the count enter the model."""
-    by_key = m.by_key()
-
-    def graph(mode: Mode, bs: int) -> GraphMeasurement:
-        return by_key[GraphKey(mode, min(b for b in m.sizes(mode) if b >= bs))]
-
-    return ([graph(Mode.SPEC, b) for b in spec_bs]
-            + [graph(Mode.DECODE, b) for b in decode_bs])
-
-
 def _servers() -> dict[tuple, int]:
     """(spec_bs, decode_bs) -> graph bytes, for every server capture_compare measured."""
     out = {}
@@ -156,12 +143,12 @@ def test_the_served_config_is_modelled_within_15_percent() -> None:
     model = MemoryModel.from_measurements(m)
     assert model.pools == "per-mode"
     assert model.memory(m.graphs) == m.total_pool_bytes
-    predicted = model.memory(_graphs(m, *lists))
+    predicted = model.memory(priced_graphs(m, *lists))
     assert abs(predicted / measured - 1) <= TOLERANCE, (predicted / MiB, measured / MiB)
     # One shared pool fitted on the same capture (largest + 16 MiB a graph) said 455 MiB.
     peak = max(g.pool_bytes for g in m.graphs)
     old = MemoryModel(math.ceil((m.total_pool_bytes - peak) / len(m.graphs)), "total_pool_bytes")
-    assert old.memory(_graphs(m, *lists)) / measured < 1 - TOLERANCE
+    assert old.memory(priced_graphs(m, *lists)) / measured < 1 - TOLERANCE
 
 
 @needs_h200
@@ -171,6 +158,6 @@ def test_every_h200_server_is_modelled_within_15_percent() -> None:
     servers = _servers()
     assert sorted(len(s) + len(d) for s, d in servers) == [9, 37, 63]
     for (spec_bs, decode_bs), measured in servers.items():
-        predicted = model.memory(_graphs(m, spec_bs, decode_bs))
+        predicted = model.memory(priced_graphs(m, spec_bs, decode_bs))
         assert abs(predicted / measured - 1) <= TOLERANCE, (len(spec_bs) + len(decode_bs),
                                                             predicted / MiB, measured / MiB)

@@ -6,8 +6,8 @@ SGLang 0.5.17 (`make capture-compare`).
    own per-runner figures), tok/s per concurrency.
 2. `capture-tune` on the measurements (bench/sglang/capture_measure.py) under the given budgets,
    each lowered to what the tuner's model charges for the default lists (a tuned server never
-   spends more than the one it replaces, in the units the tuner checks), batch sizes weighted as the default server ran them (its step log) unless
-   --distribution names another.
+   spends more than the one it replaces, in the units the tuner checks), batch sizes weighted
+   as the default server ran them (its step log) unless --distribution names another.
 3. The worker with that config (DGW_CAPTURE_CONFIG), the same figures.
 Llama-3-8B shape, DUMMY weights, accept length FORCED (SGLANG_SIMULATE_ACC_LEN). Writes
 DIR/compare.json, DIR/report.md, DIR/compare.png, DIR/config.json, DIR/tune.txt.
@@ -157,15 +157,18 @@ def budgets(default: dict, m: Measurements, memory_bytes: int,
     default server that reported no lists, or lists outside the measurements, is priced by what
     it measured."""
     pools = default.get("pools") or {}
-    own = (default["graph_bytes"], default["capture_s"], "what the default server measured")
-    if pools.get("spec_bs") and pools.get("decode_bs"):
-        try:
-            cost = modelled_cost(m, pools["spec_bs"], pools["decode_bs"])
-            own = (cost.memory_bytes, cost.capture_s, "the tuner's model of the default lists")
-        except TuningError:
-            pass
-    return (min(memory_bytes, own[0] or memory_bytes), min(capture_s, own[1] or capture_s),
-            own[2])
+    try:
+        cost = modelled_cost(m, pools["spec_bs"], pools["decode_bs"]) \
+            if pools.get("spec_bs") and pools.get("decode_bs") else None
+    except TuningError:
+        cost = None
+    if cost is None:
+        mem, secs, source = default["graph_bytes"], default["capture_s"], \
+            "what the default server measured"
+    else:
+        mem, secs, source = cost.memory_bytes, cost.capture_s, \
+            "the tuner's model of the default lists"
+    return min(memory_bytes, mem or memory_bytes), min(capture_s, secs or capture_s), source
 
 
 def parser() -> argparse.ArgumentParser:
