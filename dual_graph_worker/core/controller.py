@@ -72,6 +72,12 @@ _SW = 20            # switches without a catch-up: count, sum of seconds
 _TAIL = 22
 
 
+def _first_weight(requests: int) -> float:
+    """The weight of `requests` first measurements in what a new request is expected to accept
+    (each moves it as one request's EMA step does)."""
+    return 1.0 - (1.0 - _ROW_ALPHA) ** requests
+
+
 def _default(key: str):
     return BY_KEY[key].default
 
@@ -262,30 +268,37 @@ class GoodputController:
         if self._explore_left:
             return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
-        kv = inputs.kv_tokens
-        spec = self._cost(Mode.SPEC, spec_bs, inputs.bs, self.expected_accept(inputs.rows), kv,
+        spec_key = (Mode.SPEC, int(spec_bs))
+        decode_key = (Mode.DECODE, int(inputs.decode_padded_bs))
+        # Each mode's step time here, looked up once: the re-measurement checks read them too.
+        spec_t = self._line_time(spec_key, inputs.kv_tokens)
+        decode_t = self._line_time(decode_key, inputs.kv_tokens)
+        spec = self._cost(Mode.SPEC, spec_t, inputs.bs, self.expected_accept(inputs.rows),
                           inputs.catch_up_tokens if from_decode else 0)
-        decode = self._cost(Mode.DECODE, inputs.decode_padded_bs, inputs.bs, 1.0, kv, 0,
-                            switch=not from_decode)
+        decode = self._cost(Mode.DECODE, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
         self._costs = (spec, decode)
-        here, there = (decode, spec) if from_decode else (spec, decode)
+        if from_decode:
+            here, there, here_t, there_t = decode, spec, decode_t, spec_t
+            here_key, there_key = decode_key, spec_key
+        else:
+            here, there, here_t, there_t = spec, decode, spec_t, decode_t
+            here_key, there_key = spec_key, decode_key
         other = OTHER[cur]
         stay = decided[cur, Reason.GOODPUT]
         if here is None:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
-        pads = {Mode.SPEC: spec_bs, Mode.DECODE: inputs.decode_padded_bs}
         if there is None:
-            return self._explore(other, 1.0, pads, inputs) or stay
+            return self._explore(other, 1.0, there_t, here_t, inputs) or stay
         if there * (1 + self.config.margin) < here:
             if self._dwell.must_dwell(self.config.min_dwell_steps) and here < _DWELL_BREAK * there:
                 return decided[cur, Reason.DWELL]
             return decided[other, Reason.GOODPUT]
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
-        if self._allowance >= self._min_price and self._measured(cur, pads[cur]) and \
-                self._stale(other, pads[other]) and self._plausible(other, pads, inputs):
-            return self._explore(other, 1.0 - here / there, pads, inputs) or stay
+        if self._allowance >= self._min_price and self._measured(here_key) and \
+                self._stale(there_key) and self._plausible(other, there_t, here_t, inputs):
+            return self._explore(other, 1.0 - here / there, there_t, here_t, inputs) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
@@ -312,6 +325,9 @@ class GoodputController:
         requests first measured for requests not measured yet."""
         if rows is None or self._rows is None or not len(rows):
             return self._accept
+        if len(rows) == 1:      # one request: its estimate read as a float, no array to sum
+            v = float(self._rows[rows[0]])
+            return v if v == v else self._fresh
         v = self._rows[rows]
         n = len(v)
         total = float(_sum(v))
@@ -327,14 +343,21 @@ class GoodputController:
         prior's ratio between the sizes (interpolated without a prior), their seconds per
         context token interpolated; beyond the contexts a line has seen, the steeper of its
         rate and its mode's pooled one."""
-        key = (mode, int(padded_bs))
+        return self._line_time((mode, int(padded_bs)), kv_tokens)
+
+    def _line_time(self, key: tuple[Mode, int], kv_tokens: int) -> Optional[float]:
         # Estimates change only at an exchange, so each key's line is kept until the next one.
-        line = self._line_memo[key] if key in self._line_memo else \
-            self._line_memo.setdefault(key, self._fit_line(key))
+        try:
+            line = self._line_memo[key]
+        except KeyError:
+            line = self._line_memo[key] = self._fit_line(key)
         if line is None:
             return None
         a, b, floor, reach, b_far = line
-        return max(a + b * kv_tokens + (b_far - b) * max(kv_tokens - reach, 0.0), floor)
+        t = a + b * kv_tokens
+        if kv_tokens > reach:           # beyond the contexts its own slope has seen
+            t += (b_far - b) * (kv_tokens - reach)
+        return max(t, floor)
 
     def _fit_line(self, key: tuple[Mode, int]) -> Optional[_Line]:
         mode = key[0]
@@ -403,14 +426,15 @@ class GoodputController:
     # ------------------------------------------------------------------------------ observe
 
     def observe(self, event: Observation) -> None:
-        if isinstance(event, Accepted):
+        # The two events of every step first.
+        if isinstance(event, StepTime):
+            self._observe_step(event)
+        elif isinstance(event, Accepted):
             self._observe_accept(event)
         elif isinstance(event, Admitted):
             self._prompt_window += event.tokens
             if event.rows is not None and self._rows is not None:
                 self._rows[event.rows] = np.nan
-        elif isinstance(event, StepTime):
-            self._observe_step(event)
         elif isinstance(event, PrefillTime):
             carry, self._carry = self._carry or 0.0, None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
@@ -422,7 +446,7 @@ class GoodputController:
         n = len(lens)
         if not n:
             return
-        total = float(_sum(lens))
+        total = float(lens[0]) if n == 1 else float(_sum(lens))
         self._output_window += total
         if event.mode is not Mode.SPEC:
             return
@@ -431,41 +455,55 @@ class GoodputController:
         self._accept_sum = decay * self._accept_sum + total
         self._accept_weight = decay * self._accept_weight + n
         self._accept_at = self._step
-        if event.rows is not None and self._rows is not None:
-            r = self._rows[event.rows]
-            known = float(_sum(r))
-            if known == known:                           # every request measured before (no NaN)
-                self._rows[event.rows] = r + _ROW_ALPHA * (lens - r)
-                return
-            first = r != r
-            w = 1.0 - (1.0 - _ROW_ALPHA) ** int(np.count_nonzero(first))
-            self._fresh += w * (float(lens[first].mean()) - self._fresh)
-            self._rows[event.rows] = np.where(first, lens, r + _ROW_ALPHA * (lens - r))
+        if event.rows is None or self._rows is None:
+            return
+        if n == 1:
+            self._observe_row(event.rows[0], total)
+            return
+        r = self._rows[event.rows]
+        known = float(_sum(r))
+        if known == known:                               # every request measured before (no NaN)
+            self._rows[event.rows] = r + _ROW_ALPHA * (lens - r)
+            return
+        first = r != r
+        self._fresh += _first_weight(int(np.count_nonzero(first))) * \
+            (float(lens[first].mean()) - self._fresh)
+        self._rows[event.rows] = np.where(first, lens, r + _ROW_ALPHA * (lens - r))
+
+    def _observe_row(self, row: int, accept: float) -> None:
+        """_observe_accept's per-request update for a batch of one, in floats: the same
+        arithmetic without numpy's per-call cost on a one-element array."""
+        r = float(self._rows[row])
+        if r == r:
+            self._rows[row] = r + _ROW_ALPHA * (accept - r)
+        else:
+            self._fresh += _first_weight(1) * (accept - self._fresh)
+            self._rows[row] = accept
 
     def _observe_step(self, event: StepTime) -> None:
-        i = self._index.get((event.mode, int(event.padded_bs)))
+        key = (event.mode, int(event.padded_bs))
+        i = self._index.get(key)
         if i is None or not event.seconds > 0:
             return
-        expected = self.step_time(event.mode, event.padded_bs, event.kv_tokens)
+        expected = self._line_time(key, event.kv_tokens)
         carry, self._carry = self._carry, None
         switched = self._last_mode not in (None, event.mode)
         at_switch = self._last_mode is Mode.DECODE
         self._last_mode = event.mode
-        plausible = self._samples[i] > 0 and event.seconds < _OUTLIER * expected + \
-            _NO_ESTIMATE_MAX_S
         if carry is not None and switched and not event.catch_up_tokens:
             # The previous step held this switch's launch: that excess is what a switch costs.
             self._add_local(_SW, (1.0, carry))
         if event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
-            self._carry = event.seconds - expected if plausible else None
+            self._carry = self._excess(i, event.seconds, expected)
             return
         if event.catch_up_tokens > 0:
             # The catch-up's cost: this step's excess over a measured step of its size plus the
             # previous step's (which held this one's launch); fixed cost and switch included,
             # noise of either sign averages out in the regression.
-            if plausible:
-                x, y = float(event.catch_up_tokens), event.seconds - expected + (carry or 0.0)
+            excess = self._excess(i, event.seconds, expected)
+            if excess is not None:
+                x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
                 self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
             return
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
@@ -483,6 +521,12 @@ class GoodputController:
         acc[2] += x
         acc[3] += x * x
         acc[4] += x * y
+
+    def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
+        """Seconds beyond key i's expected step, if it is measured and this is no idle gap."""
+        if self._samples[i] > 0 and seconds < _OUTLIER * expected + _NO_ESTIMATE_MAX_S:
+            return seconds - expected
+        return None
 
     def _add_local(self, slot: int, values: tuple) -> None:
         """Add to the local slots after the per-key sums (the _PF/_CU/_SW layout)."""
@@ -620,12 +664,12 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         return max(fixed + rate * tokens, 0.0) if tokens > 0 else 0.0
 
-    def _cost(self, mode: Mode, padded_bs: int, bs: int, accept: float, kv_tokens: int,
+    def _cost(self, mode: Mode, t: Optional[float], bs: int, accept: float,
               catch_up_tokens: int, prompt_share: bool = True,
               switch: bool = False) -> Optional[float]:
-        """Seconds per output token of `mode` here; `catch_up_tokens` (into spec) or `switch`
-        (into decode): entering it from the other mode, that switch amortised."""
-        t = self.step_time(mode, padded_bs, kv_tokens)
+        """Seconds per output token of `mode` here, from its step time `t` (None: unknown);
+        `catch_up_tokens` (into spec) or `switch` (into decode): entering it from the other
+        mode, that switch amortised."""
         if t is None:
             return None
         tokens = bs * (accept if mode is Mode.SPEC else 1.0)
@@ -640,15 +684,16 @@ class GoodputController:
             cost += entering / (horizon * tokens)
         return cost
 
-    def _measured(self, mode: Mode, padded_bs: int) -> bool:
-        i = self._index.get((mode, int(padded_bs)))
+    def _measured(self, key: tuple[Mode, int]) -> bool:
+        i = self._index.get(key)
         return i is not None and self._samples[i] > 0
 
-    def _stale(self, mode: Mode, padded_bs: int) -> bool:
+    def _stale(self, key: tuple[Mode, int]) -> bool:
         """Not measured at this size lately; for spec, or no acceptance seen lately."""
-        i = self._index.get((mode, int(padded_bs)))
+        i = self._index.get(key)
         if i is None:
             return False
+        mode = key[0]
         horizon = self._step - self.config.stale_after
         if self._explored_at[mode] >= self._step - self.config.stale_after // 4:
             return False             # re-measured lately; its samples may still be on the way
@@ -656,40 +701,38 @@ class GoodputController:
         return self._last[i] < horizon or (
             mode is Mode.SPEC and self._accept_at < self._step - self.config.stale_after // 4)
 
-    def _plausible(self, mode: Mode, pads: Mapping[Mode, int], inputs: PolicyInputs) -> bool:
+    def _plausible(self, mode: Mode, t: Optional[float], current_t: float,
+                   inputs: PolicyInputs) -> bool:
         """Worth re-measuring: decode if it would win with its steps _DECODE_DRIFT faster than
         estimated (its time is all it has to refresh); spec if its steps would win at the best
         possible acceptance (a new request's acceptance is unknown). The draft's
         prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
-        overestimate of it must not keep spec from ever being tried."""
+        overestimate of it must not keep spec from ever being tried. `t`: its step time here,
+        `current_t`: the current mode's."""
         if mode is Mode.DECODE:
             spec, decode = self._costs
-            t = self.step_time(Mode.DECODE, pads[Mode.DECODE], inputs.kv_tokens)
             if spec is None or decode is None or not t:
                 return True
             return (decode - _DECODE_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
-        best = self._cost(Mode.SPEC, pads[Mode.SPEC], inputs.bs,
-                          self.config.num_draft_tokens + 1.0, inputs.kv_tokens, 0,
+        best = self._cost(Mode.SPEC, t, inputs.bs, self.config.num_draft_tokens + 1.0, 0,
                           prompt_share=False)
-        decode = self._cost(Mode.DECODE, pads[Mode.DECODE], inputs.bs, 1.0, inputs.kv_tokens, 0,
-                            prompt_share=False)
+        decode = self._cost(Mode.DECODE, current_t, inputs.bs, 1.0, 0, prompt_share=False)
         return best is not None and decode is not None and \
             best * (1 + self.config.margin) < decode
 
-    def _explore(self, mode: Mode, loss: float, pads: Mapping[Mode, int],
+    def _explore(self, mode: Mode, loss: float, explored: Optional[float], t: float,
                  inputs: PolicyInputs) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
         current mode (so the budget is a share of step time, whichever mode is explored): the
         share of each of its steps the estimates expect to lose (`loss`, at least 5%: nothing is
         free) times that step's length, plus the round trip's switches (into spec: a catch-up of
         the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
-        the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely."""
+        the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely.
+        `explored`, `t`: the step times here of `mode` and of the current mode."""
         if self.config.explore_budget <= 0:
             return None
         price = self.config.explore_steps * max(min(loss, 1.0), _MIN_LOSS)
-        t = self.step_time(OTHER[mode], pads[OTHER[mode]], inputs.kv_tokens)
         if t:
-            explored = self.step_time(mode, pads[mode], inputs.kv_tokens)
             if explored:
                 price *= explored / t
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \

@@ -45,6 +45,8 @@ class StepPlanner:
         self.sync_every = int(getattr(policy, "sync_every", 0) or 0)
         self.steps = 0
         self.last_mode: Optional[Mode] = None    # the mode of the latest plan (None: no step yet)
+        # Per batch size, the table's (spec padded bs or None, decode padded bs): read per step.
+        self._pads: dict[int, tuple[Optional[int], int]] = {}
 
     def inputs(self, bs: int, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
                kv_tokens: int = 0) -> PolicyInputs:
@@ -54,10 +56,14 @@ class StepPlanner:
             raise ValueError(f"batch size must be >= 1, got {bs}")
         if not self.graphs_enabled:
             return PolicyInputs(bs, bs, bs, catch_up_tokens, rows, kv_tokens)
-        t = self.table
-        spec = t.padded_bs(Mode.SPEC, bs) if t.has_graph(Mode.SPEC, bs) else None
-        return PolicyInputs(bs, spec, t.padded_bs(Mode.DECODE, bs), catch_up_tokens, rows,
-                            kv_tokens)
+        try:
+            spec, decode = self._pads[bs]
+        except KeyError:
+            t = self.table
+            spec = t.padded_bs(Mode.SPEC, bs) if t.has_graph(Mode.SPEC, bs) else None
+            decode = t.padded_bs(Mode.DECODE, bs)
+            self._pads[bs] = spec, decode
+        return PolicyInputs(bs, spec, decode, catch_up_tokens, rows, kv_tokens)
 
     def plan(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
              kv_tokens: int = 0, spec_fits_kv: bool = True) -> StepPlan:
