@@ -62,8 +62,8 @@ TIME_BUDGET ?= 4
 ACCEPT_LEN ?= 3.0
 DISTRIBUTION ?= uniform:1-256
 CAPTURE_CONFIG ?= $(OUT)/capture/config.json
-# SGLang measurements: SPEC_MAX_BS=64 (the worker's DGW_SPEC_MAX_BS) keeps the spec pool where a
-# served spec step can win; replays alone place the crossover higher.
+# SPEC_MAX_BS caps the tuned spec pool (as the SGLang worker's DGW_SPEC_MAX_BS does its own):
+# replays leave out a served step's host work and draft prefills, so they place the crossover high.
 SPEC_MAX_BS ?=
 capture-tune: setup              ## choose pool batch sizes under budgets -> $(CAPTURE_CONFIG)
 	$(BIN)/dgw capture-tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \

@@ -243,8 +243,6 @@ def test_the_config_sets_sglangs_spec_list_at_argument_validation(sglang_registe
     monkeypatch.setenv("DGW_CAPTURE_CONFIG", str(ACC2))
     sa = _server_args(tmp_path)
     assert sa.cuda_graph_config.decode.bs == ACC2_JSON["spec_bs"] != default
-    # Above the plugin's default cap (64): the tuned list is the pool, as tuned.
-    assert max(ACC2_JSON["spec_bs"]) > Settings().spec_max_bs
 
 
 def test_validator_rejects_a_broken_capture_config_at_launch(sglang_registered, tmp_path,

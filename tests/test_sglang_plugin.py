@@ -409,6 +409,13 @@ def test_cap_batch_sizes_keeps_one_graph():
     assert cap_batch_sizes([8, 16], 2) == [8]
 
 
+def test_server_args_uncapped_keep_the_servers_spec_list():
+    sa = _server_args()
+    adj = apply_dual_graph_server_args(sa, spec_max_bs=None, max_running_requests_was_unset=True)
+    assert sa.cuda_graph_config.decode.bs == [1, 2, 4, 8, 16, 32, 48, 64, 128, 256]
+    assert "server's list, up to bs 256" in adj.describe()
+
+
 def test_plain_decode_batch_sizes_calls_the_generator_as_a_plain_server():
     seen = {}
 
@@ -535,9 +542,8 @@ def test_server_args_through_the_real_sglang_hook(registered, tmp_path):
     assert eagle.max_running_requests == 48                # what static EAGLE-3 gets
     assert sa.max_running_requests is None                 # plain-server admission
     assert sa.max_running_requests == plain.max_running_requests
-    assert max(sa.cuda_graph_config.decode.bs) <= Settings().spec_max_bs
-    assert sa.cuda_graph_config.decode.bs == [
-        b for b in eagle.cuda_graph_config.decode.bs if b <= Settings().spec_max_bs]
+    assert Settings().spec_max_bs is None            # the spec pool is EAGLE-3's list
+    assert sa.cuda_graph_config.decode.bs == eagle.cuda_graph_config.decode.bs
     # The decode pool follows the plain server's list up to the same decode max.
     assert sa.cuda_graph_config.decode.max_bs == plain.cuda_graph_config.decode.max_bs
     assert plain_decode_batch_sizes(

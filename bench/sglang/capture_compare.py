@@ -1,8 +1,8 @@
 """GPU: a tuned capture config against the worker's default capture lists, side by side on
 SGLang 0.5.17 (`make capture-compare`).
 
-1. The worker with its default lists (SGLang's speculative list capped at DGW_SPEC_MAX_BS, the
-   plain server's decode list): start-up, the pools' graph memory and capture time (SGLang's
+1. The worker with its default lists (SGLang's speculative list, capped where DGW_SPEC_MAX_BS is
+   set; the plain server's decode list): start-up, the pools' graph memory and capture time (SGLang's
    own per-runner figures), tok/s per concurrency.
 2. `capture-tune` on the measurements (bench/sglang/capture_measure.py) under the given budgets,
    each lowered to what the tuner's model charges for the default lists (a tuned server never
@@ -186,7 +186,8 @@ def parser() -> argparse.ArgumentParser:
                          "this workload) or any capture-tune distribution, e.g. uniform:1-256")
     ap.add_argument("--spec-max-bs", type=positive_int,
                     default=Settings.from_env(os.environ).spec_max_bs,
-                    help="the tuned spec pool's cap (default: the worker's DGW_SPEC_MAX_BS)")
+                    help="the tuned spec pool's cap (default: the worker's DGW_SPEC_MAX_BS; "
+                         "unset: the replays' crossover)")
     ap.add_argument("--workload", default="256x256@1,16,64,256")
     ap.add_argument("--repeats", type=positive_int, default=2)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per engine")
@@ -263,7 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{mem_cap / 2**20:.0f} MiB and capture {time_cap:.1f} s (given {args.memory_budget}, "
             f"{args.time_budget:g} s; lowered to the default lists' cost by {priced_by}: "
             f"{', '.join(lowered) or 'neither'}), batch sizes {dist.description}, spec pool <= "
-            f"{args.spec_max_bs}")
+            f"{args.spec_max_bs or 'the crossover'}")
     write_json({"note": note, "rows": rows, "ratios": ratios,
                 "budgets": {"memory_bytes": mem_cap, "capture_s": time_cap,
                             "priced_by": priced_by},

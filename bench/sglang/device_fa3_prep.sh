@@ -1,60 +1,73 @@
 #!/usr/bin/env bash
 # SGLang's default attention backend on Hopper (fa3) needs sgl_kernel's FA3 library, which
 # ../shared/tools/device-sglang-prep leaves out (1.1 GB). This stages it for the GPU machine:
-# zstd-compressed (141 MB) in four pieces that ride along with the SGLang halves.
+# zstd-compressed (141 MB) in five pieces sized so that each of five runs, the SGLang wheels
+# beside them, stays under the 64 MiB a run may carry with the repo (CARRY_MB each, default 52).
 #
 # Here, from the project root, after device-sglang-prep:
 #     bash bench/sglang/device_fa3_prep.sh
-# It moves flashinfer, xgrammar and transformers from .devlibs/sglang-b into .devlibs/sglang-c
-# (so each run carries < 64 MiB with the repo) and writes .devlibs/fa3-1..4 and fa3-tools/.
+# It moves the sglang wheel into .devlibs/sglang-b and flashinfer, xgrammar and transformers into
+# .devlibs/sglang-c, and writes .devlibs/fa3-1..5 and fa3-tools/.
 # On the GPU machine, five runs back to back (an idle machine is given back after 30 s):
-#   1 carry sglang-a, sglang-tools:        bash .devlibs/sglang-tools/stage.sh a
-#   2 carry sglang-c, sglang-tools, fa3-1, fa3-tools:
-#                                          bash .devlibs/sglang-tools/stage.sh c && bash .devlibs/fa3-tools/stage-fa3.sh piece 1
-#   3 carry fa3-2, fa3-tools:              bash .devlibs/fa3-tools/stage-fa3.sh piece 2
-#   4 carry fa3-3, fa3-tools:              bash .devlibs/fa3-tools/stage-fa3.sh piece 3
-#   5 carry sglang-b, sglang-tools, fa3-4, fa3-tools:
-#       bash .devlibs/sglang-tools/stage.sh b && bash .devlibs/fa3-tools/stage-fa3.sh piece 4 \
+#   1 carry sglang-a, sglang-tools, fa3-1, fa3-tools:
+#         bash .devlibs/sglang-tools/stage.sh a && bash .devlibs/fa3-tools/stage-fa3.sh piece 1
+#   2 carry sglang-c, sglang-tools, fa3-2, fa3-tools:
+#         bash .devlibs/sglang-tools/stage.sh c && bash .devlibs/fa3-tools/stage-fa3.sh piece 2
+#   3 carry fa3-3, fa3-tools:            bash .devlibs/fa3-tools/stage-fa3.sh piece 3
+#   4 carry fa3-4, fa3-tools:            bash .devlibs/fa3-tools/stage-fa3.sh piece 4
+#   5 carry sglang-b, sglang-tools, fa3-5, fa3-tools:
+#       bash .devlibs/sglang-tools/stage.sh b && bash .devlibs/fa3-tools/stage-fa3.sh piece 5 \
 #         && bash .devlibs/fa3-tools/stage-fa3.sh install && YOUR COMMAND
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 [ -d .devlibs/sglang-b ] || { echo "device_fa3_prep: run ../shared/tools/device-sglang-prep first" >&2; exit 1; }
+carry=$(( ${CARRY_MB:-52} * 1000000 ))
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$tmp" sglang-kernel==0.4.5 zstandard==0.25.0
 unzip -q -o "$tmp"/sglang_kernel-*.whl sgl_kernel/flash_ops.abi3.so -d "$tmp"
-mkdir -p .devlibs/sglang-c .devlibs/fa3-tools; rm -rf .devlibs/fa3-[1-4]; mkdir .devlibs/fa3-{1,2,3,4}
+mkdir -p .devlibs/sglang-c .devlibs/fa3-tools; rm -rf .devlibs/fa3-[1-9]; mkdir .devlibs/fa3-{1,2,3,4,5}
+mv .devlibs/sglang-a/sglang-0.5.17-*.whl .devlibs/sglang-b/ 2>/dev/null || true
 for w in flashinfer_python xgrammar transformers; do
   mv .devlibs/sglang-b/$w-*.whl .devlibs/sglang-c/ 2>/dev/null || true
 done
+cp "$tmp"/zstandard-*.whl .devlibs/fa3-5/
 sha256sum "$tmp/sgl_kernel/flash_ops.abi3.so" | cut -d' ' -f1 > .devlibs/fa3-tools/flash_ops.sha256
 zstd -q -19 --long=27 -T0 "$tmp/sgl_kernel/flash_ops.abi3.so" -o "$tmp/flash_ops.zst"
-python3 - "$tmp/flash_ops.zst" <<'PY'
-import sys
-sizes = [15_500_000, 55_000_000, 55_000_000, None]     # piece 1 rides with sglang-c, 4 with sglang-b
+# Each piece fills what its run's wheels leave of CARRY_MB; the fifth takes the rest.
+python3 - "$tmp/flash_ops.zst" "$carry" <<'PY'
+import os, sys
+def size(d):
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+carry = int(sys.argv[2])
+beside = [".devlibs/sglang-a", ".devlibs/sglang-c", None, None]
 with open(sys.argv[1], "rb") as f:
-    for i, n in enumerate(sizes, 1):
-        open(f".devlibs/fa3-{i}/flash_ops.zst.part{i}", "wb").write(f.read() if n is None else f.read(n))
+    for i, d in enumerate(beside, 1):
+        room = carry - (size(d) if d else 0)
+        if room <= 0:
+            sys.exit(f"device_fa3_prep: {d} alone fills CARRY_MB; raise it")
+        open(f".devlibs/fa3-{i}/flash_ops.zst.part{i}", "wb").write(f.read(room))
+    open(".devlibs/fa3-5/flash_ops.zst.part5", "wb").write(f.read())
 PY
-cp "$tmp"/zstandard-*.whl .devlibs/fa3-4/
 cat > .devlibs/fa3-tools/stage-fa3.sh <<'STAGE'
 #!/usr/bin/env bash
 # On the GPU machine: stage-fa3.sh piece N | install (after stage.sh b); see bench/sglang/device_fa3_prep.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p /tmp/fa3-stage
-case "$1" in
+case "${1:-}" in
   piece) cp "$here/fa3-$2"/* /tmp/fa3-stage/ ;;
   install)
     dst=/tmp/sglang-site/sgl_kernel/flash_ops.abi3.so
     [ -d /tmp/sglang-site/sgl_kernel ] || { echo "stage-fa3.sh: stage.sh b first" >&2; exit 1; }
     n=$( (compgen -G '/tmp/fa3-stage/flash_ops.zst.part*' || true) | wc -l)
-    [ "$n" -eq 4 ] || { echo "stage-fa3.sh: $n of 4 pieces staged" >&2; exit 1; }
+    [ "$n" -eq 5 ] || { echo "stage-fa3.sh: $n of 5 pieces staged" >&2; exit 1; }
+    parts=(/tmp/fa3-stage/flash_ops.zst.part{1,2,3,4,5})
     if command -v zstd >/dev/null; then
-      cat /tmp/fa3-stage/flash_ops.zst.part{1,2,3,4} | zstd -d -q --long=27 -o "$dst"
+      cat "${parts[@]}" | zstd -d -q --long=27 -o "$dst"
     else   # the GPU machine has no zstd binary
       python3 -m pip install -q --no-index --no-deps --target /tmp/zstd-site /tmp/fa3-stage/zstandard-*.whl
-      cat /tmp/fa3-stage/flash_ops.zst.part{1,2,3,4} | PYTHONPATH=/tmp/zstd-site python3 -c "
+      cat "${parts[@]}" | PYTHONPATH=/tmp/zstd-site python3 -c "
 import sys, zstandard
 zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer, open('$dst', 'wb'))"
     fi
@@ -63,5 +76,6 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
 esac
 STAGE
 chmod +x .devlibs/fa3-tools/stage-fa3.sh
-du -cb .devlibs/sglang-a | tail -1; du -cb .devlibs/sglang-c .devlibs/fa3-1 | tail -1
-du -cb .devlibs/fa3-2 | tail -1; du -cb .devlibs/sglang-b .devlibs/fa3-4 | tail -1
+for run in "sglang-a fa3-1" "sglang-c fa3-2" "fa3-3" "fa3-4" "sglang-b fa3-5"; do
+  echo "run carry (MB): $(( $(cd .devlibs && du -cb $run | tail -1 | cut -f1) / 1000000 ))  [$run]"
+done

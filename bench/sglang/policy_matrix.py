@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,7 +256,9 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
                         fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
     ax.set_yticks(range(len(accepts)), [f"accept {a:g}" for a in accepts])
-    ax.set_title("dual-graph worker / max(plain, EAGLE-3) tok/s\n" + note, fontsize=8)
+    wrap = max(int(14 * fig.get_size_inches()[0]), 60)     # characters that fit at 8 pt
+    ax.set_title("dual-graph worker / max(plain, EAGLE-3) tok/s\n" + textwrap.fill(note, wrap),
+                 fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.02)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

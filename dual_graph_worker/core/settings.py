@@ -169,9 +169,10 @@ class Settings:
                                 "replays at start-up) or a calibration JSON path")
     calibrate_iters: int = _setting("DGW_CALIBRATE_ITERS", 5, "timed replays per graph when "
                                     "measuring the prior", minimum=1, maximum=1000)
-    spec_max_bs: int = _setting("DGW_SPEC_MAX_BS", 64, "SGLang: largest batch the spec pool "
-                                "captures (a capture config's spec list replaces the cap)",
-                                minimum=1)
+    spec_max_bs: Optional[int] = _setting("DGW_SPEC_MAX_BS", None, "SGLang: largest batch the "
+                                          "spec pool captures (unset: the server's speculative "
+                                          "list, as EAGLE-3's; a capture config's spec list "
+                                          "replaces it)", minimum=1)
     decode_max_bs: Optional[int] = _setting("DGW_DECODE_MAX_BS", None, "SGLang: largest batch "
                                             "the decode pool captures (unset: the server's)",
                                             minimum=1)

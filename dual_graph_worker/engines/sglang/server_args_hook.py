@@ -1,8 +1,8 @@
 """Server-argument adjustments that make one server hold both pools.
 
 Runs in the main process only, right after EAGLE3's own handling: lifts the 48-request default,
-caps the spec capture list at ``spec_max_bs`` (leaving ``decode.max_bs``, the decode pool's top,
-alone) and, under lazy catch-up with the radix cache on, names the ``dual_graph`` radix backend.
+caps the spec capture list at ``spec_max_bs`` where set (leaving ``decode.max_bs``, the decode
+pool's top, alone) and, under lazy catch-up with the radix cache on, names the ``dual_graph`` radix backend.
 docs/sglang-0.5.17.md §2 gives the SGLang contracts and the reasons.
 """
 
@@ -54,6 +54,8 @@ class ServerArgsAdjustment:
         if self.spec_bs_before != self.spec_bs_after:
             parts.append(f"spec pool bs {list(self.spec_bs_after or ())} (was "
                          f"{list(self.spec_bs_before or ())})")
+        elif self.spec_bs_after:
+            parts.append(f"spec pool the server's list, up to bs {max(self.spec_bs_after)}")
         parts.append(f"decode pool up to bs {self.decode_max_bs}")
         if self.radix_cache_backend:
             parts.append(f"radix cache backend {self.radix_cache_backend!r} (only prefixes "
@@ -61,14 +63,14 @@ class ServerArgsAdjustment:
         return "; ".join(parts)
 
 
-def cap_batch_sizes(sizes: Sequence[int], cap: int) -> list[int]:
-    """Sizes <= cap; if none is, the smallest size (a pool must hold at least one graph)."""
+def cap_batch_sizes(sizes: Sequence[int], cap: Optional[int]) -> list[int]:
+    """Sizes <= cap (None: all); if none is, the smallest (a pool must hold at least one graph)."""
     ordered = sorted(set(int(s) for s in sizes))
-    kept = [s for s in ordered if s <= cap]
+    kept = [s for s in ordered if cap is None or s <= cap]
     return kept or ordered[:1]
 
 
-def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
+def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: Optional[int],
                                  max_running_requests_was_unset: bool,
                                  draft_valid_backend: Optional[str] = None,
                                  spec_bs: Optional[Sequence[int]] = None
@@ -83,7 +85,7 @@ def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: int,
     max_bs = None
     if decode_cfg is not None and getattr(decode_cfg, "bs", None):
         before = tuple(sorted(decode_cfg.bs))
-        # A tuned capture config's spec list is the pool, as tuned; else SGLang's, capped.
+        # A tuned capture config's spec list is the pool, as tuned; else SGLang's, capped if set.
         after = (tuple(sorted(set(int(b) for b in spec_bs))) if spec_bs
                  else tuple(cap_batch_sizes(decode_cfg.bs, spec_max_bs)))
         decode_cfg.bs = list(after)
