@@ -704,6 +704,27 @@ def test_worker_tells_the_policy_each_steps_context_from_its_own_row_lengths(
     assert seen == [400, 406]
 
 
+def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_path,
+                                                               bare_sglang_worker):
+    """With a step log, every ESTIMATES_EVERY completed steps one line of the controller's cost
+    terms (its per-size step table left out): a run's decisions are read from them."""
+    from dual_graph_worker.engines.sglang.worker import ESTIMATES_EVERY
+
+    class WithEstimates(ThresholdPolicy):
+        def estimates(self):
+            return {"step_s": {"spec": {"1": [0.01]}}, "prompt_per_output": 2.5}
+
+    w = bare_sglang_worker(WithEstimates(threshold=4, num_draft_tokens=3),
+                           step_log=tmp_path / "steps.jsonl")
+    for _ in range(2 * ESTIMATES_EVERY + 1):
+        w._ledger.launched(StepPlan(Mode.DECODE, 2, 2, True, Reason.THRESHOLD), np.array([3, 4]))
+        w.on_verify_complete_cpu([0, 0], batch_size=2)
+    w._step_log.close()
+    logged = [e for e in read_step_events(tmp_path / "steps.jsonl") if e["event"] == "estimates"]
+    assert [e["prompt_per_output"] for e in logged] == [2.5, 2.5]
+    assert "step_s" not in logged[0]
+
+
 def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
                                                        bare_sglang_worker):
     """Accept lengths reach the policy when SGLang hands them back; each launched batch's cost

@@ -79,6 +79,8 @@ from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSerie
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
 logger = logging.getLogger(__name__)
+# Completed steps between the step log's lines of the controller's cost terms.
+ESTIMATES_EVERY = 64
 
 
 class StepTag(NamedTuple):
@@ -501,6 +503,17 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                  accept_ema=round(state.accept_len, 4),
                                  goodput_spec=state.spec_goodput,
                                  goodput_decode=state.decode_goodput)
+            if self._completed % ESTIMATES_EVERY == 0:
+                self._log_estimates(policy)
+
+    def _log_estimates(self, policy) -> None:
+        """The controller's cost terms but its per-size step table (prompt share, draft prefill,
+        catch-up, switch, a new request's acceptance, exploration accounts): what a run's
+        decisions are read from, beside each step's expected goodputs."""
+        estimates = policy.estimates()
+        if estimates is not None:
+            self._step_log.write_event("estimates", time.time(),
+                                       **{k: v for k, v in estimates.items() if k != "step_s"})
 
 
     def dgw_internal_state(self) -> dict:

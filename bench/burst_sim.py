@@ -1,0 +1,202 @@
+"""SIMULATED: the goodput controller on a fresh server that admits a burst of prompts, as an HTTP
+benchmark does (C requests at once, each finished request replaced), against the same simulated
+server pinned to speculation or to decode. Step times are lines fitted to the H200's FA3 steps
+(policy-matrix-fa3-run1: spec 6.4 ms + 0.091 ms a request, decode 4.8 + 0.024); the start-up
+prior reads them low (replays miss host work), as on the GPU. It shows what the controller's
+cost terms do while a burst is admitted; the GPU decides what a server does. With
+--prompt-share steady the controller's prompt tokens per output token is held at the workload's
+(an ablation: what the burst's transient share costs).
+
+    python -m bench.burst_sim [--accept 3,2] [--concurrency 128] [--requests 256]
+        [--prompt-share measured|steady] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.planner import StepPlanner
+from dual_graph_worker.core.policy import (Admitted, PinnedPolicy, PrefillTime, StepTime,
+                                           accepted)
+from dual_graph_worker.core.settings import Settings
+
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, *range(72, 257, 8))
+K = 3
+PREFILL_S_PER_TOKEN = 2.6e-6      # target prefill
+DRAFT_S_PER_TOKEN = 1.0e-6        # the draft's extend over a token (prefill or catch-up)
+CATCH_UP_FIXED_S = 2e-3
+PREFILL_BATCH = 32                # requests a prefill admits (8192-token chunks of 256-token prompts)
+PRIOR_SCALE = {Mode.SPEC: 0.7, Mode.DECODE: 0.9}
+
+
+def step_seconds(mode: Mode, padded_bs: int) -> float:
+    return (6.4e-3 + 0.091e-3 * padded_bs) if mode is Mode.SPEC else (4.8e-3 + 0.024e-3 * padded_bs)
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: int = 256
+    concurrency: int = 128
+    input_len: int = 256
+    output_len: int = 256
+    accept: int = 3
+
+
+@dataclass
+class Trace:
+    tokens: int = 0
+    seconds: float = 0.0
+    modes: list[str] = field(default_factory=list)
+    prompt_per_output: list[float] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+class SteadyPromptShare(GoodputController):
+    """The ablation: the prompt share held at a fixed ratio after every exchange."""
+
+    def __init__(self, ratio: float, *args) -> None:
+        super().__init__(*args)
+        self.ratio = ratio
+
+    def _fold_batch_costs(self, tail: np.ndarray) -> None:
+        super()._fold_batch_costs(tail)
+        self._prompt_per_output = self.ratio
+
+
+def planner(pin: Optional[Mode], steady_share: Optional[float] = None) -> StepPlanner:
+    prior = {GraphKey(m, b): PRIOR_SCALE[m] * step_seconds(m, b) for m in Mode for b in SIZES}
+    args = (ControllerConfig.from_settings(Settings(), K, defers_prefill=True, max_rows=512),
+            {Mode.SPEC: SIZES, Mode.DECODE: SIZES}, CalibrationTable(prior, K))
+    policy = PinnedPolicy(mode=pin) if pin else (
+        GoodputController(*args) if steady_share is None else SteadyPromptShare(steady_share, *args))
+    return StepPlanner(DispatchTable.build(SIZES, SIZES), policy)
+
+
+def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False) -> Trace:
+    """The draft prefills every prompt (as the H200 server did: no prefill deferred); a step into
+    speculation first catches the draft up over what each row decoded meanwhile."""
+    p = planner(pin, w.input_len / w.output_len if steady_share else None)
+    trace = Trace()
+    waiting, free = w.requests, list(range(w.concurrency))
+    running: dict[int, list[int]] = {}              # row -> [generated, tokens behind]
+    while waiting or running:
+        if (k := min(len(free), waiting, PREFILL_BATCH)):
+            rows = np.array(free[:k])
+            del free[:k]
+            waiting -= k
+            seconds = k * w.input_len * (PREFILL_S_PER_TOKEN + DRAFT_S_PER_TOKEN)
+            p.policy.observe(Admitted(k * w.input_len, rows))
+            p.policy.observe(PrefillTime(k * w.input_len, seconds, True))
+            trace.seconds += seconds
+            running |= {int(r): [0, 0] for r in rows}
+        rows = np.array(sorted(running))
+        behind = sum(v[1] for v in running.values())
+        kv = sum(w.input_len + v[0] for v in running.values())
+        plan = p.plan(len(rows), rows=rows, catch_up_tokens=behind, kv_tokens=kv)
+        spec = plan.mode is Mode.SPEC
+        caught_up = behind if spec else 0
+        seconds = step_seconds(plan.mode, plan.padded_bs) + (
+            CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
+        lens = np.full(len(rows), float(w.accept if spec else 1))
+        p.policy.observe(StepTime(plan.mode, plan.padded_bs, seconds, catch_up_tokens=caught_up,
+                                  kv_tokens=kv))
+        p.policy.observe(accepted(plan.mode, lens, rows))
+        trace.seconds += seconds
+        trace.modes.append(plan.mode.value[0])
+        if pin is None and len(trace.modes) % 8 == 0:
+            trace.prompt_per_output.append(round(p.policy.prompt_per_output(), 2))
+        for r, n in zip(rows.tolist(), lens.astype(int).tolist()):
+            v = running[r]
+            trace.tokens += min(n, w.output_len - v[0])
+            v[0] += n
+            v[1] = 0 if spec else v[1] + n
+            if v[0] >= w.output_len:
+                del running[r]
+                free.append(r)
+    return trace
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 2.2 * len(rows)), squeeze=False)
+    for ax, row in zip(axes[:, 0], rows):
+        ax.step(range(len(row["modes"])), [m == "s" for m in row["modes"]], where="post",
+                label="speculating")
+        share = ax.twinx()
+        share.plot([8 * (i + 1) for i in range(len(row["prompt_per_output"]))],
+                   row["prompt_per_output"], color="tab:red", label="prompt tokens / output")
+        ax.set_yticks([0, 1], ["decode", "spec"])
+        share.set_ylabel("prompt / output", color="tab:red")
+        ax.set_title(f"accept {row['accept']}: worker {row['ratio']:.3f} of the better static",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("decode step")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.burst_sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--accept", default="3,2", help="forced accept lengths (integers), e.g. 3,2")
+    ap.add_argument("--concurrency", type=int, default=128)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--prompt-share", choices=("measured", "steady"), default="measured",
+                    help="steady: the controller's prompt share held at input / output length")
+    ap.add_argument("--out", default="out/burst-sim.json")
+    args = ap.parse_args(argv)
+    try:
+        accepts = [int(a) for a in args.accept.split(",")]
+    except ValueError:
+        ap.error(f"--accept wants integers like 3,2, got {args.accept!r}")
+    if min(*accepts, args.concurrency, args.requests) < 1 or max(accepts) > K + 1:
+        ap.error(f"--accept in 1..{K + 1}; --concurrency and --requests >= 1")
+    steady = args.prompt_share == "steady"
+    print("SIMULATED server (step lines fitted to the H200's FA3 steps), not a measurement"
+          + ("; ABLATION: prompt share held at input / output length" if steady else ""))
+    rows = []
+    for accept in accepts:
+        w = Workload(args.requests, args.concurrency, accept=accept)
+        spec, decode = (simulate(w, pin) for pin in (Mode.SPEC, Mode.DECODE))
+        dual = simulate(w, steady_share=steady)
+        best = max(spec.tok_s, decode.tok_s)
+        modes = "".join(dual.modes)
+        rows.append({"accept": accept, "spec_tok_s": round(spec.tok_s), "decode_tok_s":
+                     round(decode.tok_s), "worker_tok_s": round(dual.tok_s),
+                     "ratio": round(dual.tok_s / best, 3), "spec_steps": modes.count("s"),
+                     "steps": len(modes), "modes": modes,
+                     "prompt_per_output": dual.prompt_per_output})
+        print(f"accept {accept}, C={w.concurrency}: spec {spec.tok_s:.0f}, decode "
+              f"{decode.tok_s:.0f}, worker {dual.tok_s:.0f} tok/s = {dual.tok_s / best:.3f} of "
+              f"the better; {modes.count('s')} of {len(modes)} steps speculative")
+        print(f"  modes (s/d per step): {modes[:120]}")
+        print(f"  prompt tokens per output token, per exchange: {dual.prompt_per_output[:16]}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"simulated": True, "prompt_share": args.prompt_share,
+                               "rows": rows}, indent=1))
+    plot(rows, out.with_suffix(".png"), "SIMULATED burst, C=%d, %d requests, prompt share %s"
+         % (args.concurrency, args.requests, args.prompt_share))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
