@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -36,7 +37,7 @@ PREFILL_S_PER_TOKEN = 2.6e-6      # target prefill
 DRAFT_S_PER_TOKEN = 1.0e-6        # the draft's extend over a token (prefill or catch-up)
 CATCH_UP_FIXED_S = 2e-3
 PREFILL_BATCH = 32                # requests a prefill admits (8192-token chunks of 256-token prompts)
-PRIOR_SCALE = {Mode.SPEC: 0.7, Mode.DECODE: 0.9}
+PRIOR_SCALE = MappingProxyType({Mode.SPEC: 0.7, Mode.DECODE: 0.9})
 
 
 def step_seconds(mode: Mode, padded_bs: int) -> float:
@@ -76,9 +77,9 @@ class SteadyPromptShare(GoodputController):
         self._prompt_per_output = self.ratio
 
 
-def planner(pin: Optional[Mode], steady_share: Optional[float] = None) -> StepPlanner:
+def planner(rows: int, pin: Optional[Mode], steady_share: Optional[float] = None) -> StepPlanner:
     prior = {GraphKey(m, b): PRIOR_SCALE[m] * step_seconds(m, b) for m in Mode for b in SIZES}
-    args = (ControllerConfig.from_settings(Settings(), K, defers_prefill=True, max_rows=512),
+    args = (ControllerConfig.from_settings(Settings(), K, defers_prefill=True, max_rows=rows),
             {Mode.SPEC: SIZES, Mode.DECODE: SIZES}, CalibrationTable(prior, K))
     policy = PinnedPolicy(mode=pin) if pin else (
         GoodputController(*args) if steady_share is None else SteadyPromptShare(steady_share, *args))
@@ -88,7 +89,7 @@ def planner(pin: Optional[Mode], steady_share: Optional[float] = None) -> StepPl
 def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False) -> Trace:
     """The draft prefills every prompt (as the H200 server did: no prefill deferred); a step into
     speculation first catches the draft up over what each row decoded meanwhile."""
-    p = planner(pin, w.input_len / w.output_len if steady_share else None)
+    p = planner(w.concurrency, pin, w.input_len / w.output_len if steady_share else None)
     trace = Trace()
     waiting, free = w.requests, list(range(w.concurrency))
     running: dict[int, list[int]] = {}              # row -> [generated, tokens behind]
@@ -110,7 +111,9 @@ def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False
         caught_up = behind if spec else 0
         seconds = step_seconds(plan.mode, plan.padded_bs) + (
             CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
-        lens = np.full(len(rows), float(w.accept if spec else 1))
+        # Tokens each request received: a request stops at its output length, as a server's does.
+        lens = np.minimum(w.accept if spec else 1,
+                          [w.output_len - running[r][0] for r in rows.tolist()]).astype(float)
         p.policy.observe(StepTime(plan.mode, plan.padded_bs, seconds, catch_up_tokens=caught_up,
                                   kv_tokens=kv))
         p.policy.observe(accepted(plan.mode, lens, rows))
@@ -120,7 +123,7 @@ def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False
             trace.prompt_per_output.append(round(p.policy.prompt_per_output(), 2))
         for r, n in zip(rows.tolist(), lens.astype(int).tolist()):
             v = running[r]
-            trace.tokens += min(n, w.output_len - v[0])
+            trace.tokens += n
             v[0] += n
             v[1] = 0 if spec else v[1] + n
             if v[0] >= w.output_len:
@@ -166,8 +169,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         accepts = [int(a) for a in args.accept.split(",")]
     except ValueError:
         ap.error(f"--accept wants integers like 3,2, got {args.accept!r}")
-    if min(*accepts, args.concurrency, args.requests) < 1 or max(accepts) > K + 1:
-        ap.error(f"--accept in 1..{K + 1}; --concurrency and --requests >= 1")
+    if min(*accepts, args.concurrency, args.requests) < 1 or max(accepts) > K + 1 \
+            or args.concurrency > max(SIZES):
+        ap.error(f"--accept in 1..{K + 1}; --requests >= 1; --concurrency in 1..{max(SIZES)}")
     steady = args.prompt_share == "steady"
     print("SIMULATED server (step lines fitted to the H200's FA3 steps), not a measurement"
           + ("; ABLATION: prompt share held at input / output length" if steady else ""))
@@ -189,11 +193,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"  modes (s/d per step): {modes[:120]}")
         print(f"  prompt tokens per output token, per exchange: {dual.prompt_per_output[:16]}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"simulated": True, "prompt_share": args.prompt_share,
-                               "rows": rows}, indent=1))
-    plot(rows, out.with_suffix(".png"), "SIMULATED burst, C=%d, %d requests, prompt share %s"
-         % (args.concurrency, args.requests, args.prompt_share))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"simulated": True, "prompt_share": args.prompt_share,
+                                   "rows": rows}, indent=1))
+        plot(rows, out.with_suffix(".png"), "SIMULATED burst, C=%d, %d requests, prompt share "
+             "%s" % (args.concurrency, args.requests, args.prompt_share))
+    except OSError as e:
+        ap.error(f"--out {args.out}: cannot write there ({e.strerror})")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

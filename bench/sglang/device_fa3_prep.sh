@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SGLang's default attention backend on Hopper (fa3) needs sgl_kernel's FA3 library, which
 # ../shared/tools/device-sglang-prep leaves out (1.1 GB). This stages it for the GPU machine:
-# zstd-compressed (141 MB) in five pieces sized so that each of five runs, the SGLang wheels
-# beside them, stays under the 64 MiB a run may carry with the repo (CARRY_MB each, default 52).
+# zstd-compressed (141 MB) in five pieces that even out five runs, each with the SGLang wheels
+# beside it; it stops if a run would carry more than CARRY_MB (default 54: the 64 MiB a run may
+# carry less the repo's ~12 MB).
 #
 # Here, from the project root, after device-sglang-prep:
 #     bash bench/sglang/device_fa3_prep.sh
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 [ -d .devlibs/sglang-b ] || { echo "device_fa3_prep: run ../shared/tools/device-sglang-prep first" >&2; exit 1; }
-carry=$(( ${CARRY_MB:-52} * 1000000 ))
+carry=$(( ${CARRY_MB:-54} * 1000000 ))
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$tmp" sglang-kernel==0.4.5 zstandard==0.25.0
@@ -34,20 +35,24 @@ done
 cp "$tmp"/zstandard-*.whl .devlibs/fa3-5/
 sha256sum "$tmp/sgl_kernel/flash_ops.abi3.so" | cut -d' ' -f1 > .devlibs/fa3-tools/flash_ops.sha256
 zstd -q -19 --long=27 -T0 "$tmp/sgl_kernel/flash_ops.abi3.so" -o "$tmp/flash_ops.zst"
-# Each piece fills what its run's wheels leave of CARRY_MB; the fifth takes the rest.
+# Every run carries the same share of the wheels and the library; piece i fills what run i's wheels
+# leave of that share.
 python3 - "$tmp/flash_ops.zst" "$carry" <<'PY'
 import os, sys
 def size(d):
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-carry = int(sys.argv[2])
-beside = [".devlibs/sglang-a", ".devlibs/sglang-c", None, None]
-with open(sys.argv[1], "rb") as f:
-    for i, d in enumerate(beside, 1):
-        room = carry - (size(d) if d else 0)
-        if room <= 0:
-            sys.exit(f"device_fa3_prep: {d} alone fills CARRY_MB; raise it")
-        open(f".devlibs/fa3-{i}/flash_ops.zst.part{i}", "wb").write(f.read(room))
-    open(".devlibs/fa3-5/flash_ops.zst.part5", "wb").write(f.read())
+zst, carry = sys.argv[1], int(sys.argv[2])
+beside = [".devlibs/sglang-a", ".devlibs/sglang-c", None, None, ".devlibs/sglang-b"]
+wheels = [size(d) if d else 0 for d in beside]
+wheels[4] += size(".devlibs/fa3-5")                     # the zstandard wheel rides in run 5
+share = -(-(sum(wheels) + os.path.getsize(zst)) // len(beside))
+if share > carry or max(wheels) > share:
+    sys.exit(f"device_fa3_prep: a run would carry {max(share, max(wheels)) / 1e6:.1f} MB, over "
+             f"CARRY_MB={carry // 1000000}; raise CARRY_MB if the repo is small enough")
+with open(zst, "rb") as f:
+    for i, w in enumerate(wheels, 1):
+        open(f".devlibs/fa3-{i}/flash_ops.zst.part{i}", "wb").write(
+            f.read(share - w) if i < len(wheels) else f.read())
 PY
 cat > .devlibs/fa3-tools/stage-fa3.sh <<'STAGE'
 #!/usr/bin/env bash

@@ -405,9 +405,10 @@ class GoodputController:
         return PolicyState(self._accept, *(None if c is None else 1.0 / c for c in self._costs))
 
     def estimates(self) -> dict:
-        """For /get_server_info, not per step: per measured (mode, padded bs) the step seconds, its
-        sample count, prior, mean context tokens and seconds per context token; each mode's pooled
-        seconds per context token; the prompt and catch-up terms; the exploration accounts."""
+        """For /get_server_info and the step log, not per step: per measured (mode, padded bs)
+        the step seconds, its sample count, prior, mean context tokens and seconds per context
+        token; each mode's pooled seconds per context token; the prompt and catch-up terms; the
+        exploration accounts."""
         steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
         for i, (m, b) in enumerate(self._keys):
             if self._samples[i] > 0:

@@ -1,8 +1,9 @@
 """The per-step log (JSONL) behind the load-ramp plot: mode, bs, padded bs, reason per step.
 
 One line per completed decode step: ``StepRecord.to_json()`` plus ``"t"`` (wall-clock seconds
-at launch, comparable with a client's ``time.time()``). Written by TP rank 0 only; lines are
-flushed as written so a reader can follow a live engine.
+at launch, comparable with a client's ``time.time()``); between them event lines (``"event"``:
+ready, each measured cost, lazy catch-up's events, the controller's cost terms every few steps).
+Written by TP rank 0 only; lines are flushed as written so a reader can follow a live engine.
 """
 
 from __future__ import annotations
