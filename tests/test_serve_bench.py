@@ -49,6 +49,14 @@ def test_dual_env_reaches_only_the_workers_server_and_the_report(tmp_path):
     assert "worker's server" not in sb.report(_cfg(tmp_path), [])
 
 
+def test_step_log_reaches_only_the_workers_server(tmp_path):
+    cfg = sb.parse_args(["--out", str(tmp_path), "--step-log"])
+    assert sb.engine_env("dual", cfg)["DGW_STEP_LOG"] == str((tmp_path / "dual.steps.jsonl")
+                                                             .resolve())
+    assert "DGW_STEP_LOG" not in sb.engine_env("eagle3", cfg)
+    assert "DGW_STEP_LOG" not in sb.engine_env("dual", _cfg(tmp_path))
+
+
 def test_client_sends_exact_lengths_and_enough_prompts(tmp_path):
     cfg = _cfg(tmp_path, input_len=128, output_len=64)
     cmd = sb.client_command(cfg, 64, "T", tmp_path / "x.jsonl", "dual-c64")

@@ -540,6 +540,27 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
         step_costs.main([str(tmp_path / "missing.jsonl")])
 
 
+def test_step_costs_show_the_controllers_cost_terms_over_time(tmp_path):
+    """The step log's "estimates" lines become a table; a log without them adds nothing."""
+    from bench.sglang import step_costs
+    from dual_graph_worker.core.jsonl import json_lines
+    from dual_graph_worker.core.step_log import StepLogWriter
+
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log.write_event("cost", 0.0, kind="StepTime", mode="spec", padded_bs=1, seconds=0.007)
+    plain = step_costs.full_report([{"event": "cost", "kind": "StepTime", "mode": "spec",
+                                     "padded_bs": 1, "seconds": 0.007}])
+    for t, share in ((5.0, 13.1), (5.5, 7.0), (6.0, 1.0)):
+        log.write_event("estimates", t, prompt_per_output=share, draft_prefill_s_per_token=1e-6,
+                        catch_up_fixed_s=0.004, switch_s=0.0002, fresh_accept=1.0,
+                        run_len=26.6, explore_allowance_steps=4.0, explore_debt_steps=0.0)
+    log.close()
+    text = step_costs.full_report(list(json_lines(tmp_path / "steps.jsonl")))
+    assert text.startswith(plain) and "(3 of 3 lines)" in text
+    assert "| 0.5 | 7.00 | 1.00 | 4.000 | 0.200 | 1.00 | 26.6 | 4.00 | 0.00 |" in text
+    assert step_costs.estimates_report([]) == ""
+
+
 def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
     """--cells: the step log cut by the cells' wall-clock windows of the engine's JSON."""
     import json

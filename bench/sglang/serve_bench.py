@@ -38,9 +38,10 @@ from bench.sglang.model_configs import (
     write_dummy_pair,
     write_word_tokenizer,
 )
-from bench.sglang import soak
+from bench.sglang import soak, step_costs
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments
 
 ENGINES = ("plain", "eagle3", "dual")
@@ -72,6 +73,7 @@ class ServeBenchConfig:
     soak: Optional[soak.SoakConfig] = None
     resume: bool = False
     dual_env: tuple[tuple[str, str], ...] = ()     # DGW_* settings of the worker's server
+    step_log: bool = False                          # the worker writes OUT/dual.steps.jsonl
 
     @property
     def dummy(self) -> bool:
@@ -264,7 +266,13 @@ def engine_env(kind: str, cfg: ServeBenchConfig) -> dict:
         env["SGLANG_SIMULATE_ACC_LEN"] = str(cfg.accept)
     if kind == "dual":
         env |= dict(cfg.dual_env)
+        if cfg.step_log:
+            env["DGW_STEP_LOG"] = str(step_log_path(cfg))
     return env
+
+
+def step_log_path(cfg: ServeBenchConfig) -> Path:
+    return (cfg.out / "dual.steps.jsonl").resolve()
 
 
 def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
@@ -430,6 +438,10 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
     ap.add_argument("--dual-env", action="append", default=[], metavar="DGW_NAME=VALUE",
                     help="a setting of the worker's server (repeatable), e.g. "
                          "DGW_SPEC_MAX_BS=256")
+    ap.add_argument("--step-log", action="store_true",
+                    help="the worker writes OUT/dual.steps.jsonl (modes, measured costs, the "
+                         "controller's cost terms; a little host time a step) and "
+                         "OUT/step-costs.md")
     ap.add_argument("--soak", type=int, default=0, metavar="N",
                     help="after the engines, N requests against a worker under a switching "
                          "policy, random lengths and aborts; T=0 checks against plain")
@@ -462,7 +474,7 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                             min_prompts=args.min_prompts,
                             soak=soak.SoakConfig(requests=args.soak) if args.soak else None,
                             resume=args.resume, server_args=server_args(args.attention_backend),
-                            dual_env=dual_env)
+                            dual_env=dual_env, step_log=args.step_log)
 
 
 def server_args(attention_backend: str) -> tuple[str, ...]:
@@ -481,9 +493,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     points = kept_points(cfg.out / "serve-bench.json", cfg) if cfg.resume else []
     soak_ref: Optional[dict] = {} if cfg.soak else None
     soaked: dict = {}
+    if cfg.step_log and "dual" in cfg.engines:
+        step_log_path(cfg).unlink(missing_ok=True)              # the worker's log appends
     for kind in cfg.engines:
         points += run_engine(kind, cfg, target, draft, soak_ref if kind == "plain" else None)
         write_results(cfg, points, soaked)
+    if cfg.step_log and step_log_path(cfg).exists():
+        costs = step_costs.full_report(list(json_lines(step_log_path(cfg))))
+        (cfg.out / "step-costs.md").write_text(costs)
     if cfg.soak:
         soaked = run_soak_server(cfg, target, draft, (soak_ref or {}).get("outputs"))
         write_results(cfg, points, soaked)
@@ -493,7 +510,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 # Settings a resumed run may change: which servers it starts and how it reaches them.
-_RESUME_FREE = ("out", "engines", "port", "start_timeout_s", "soak", "resume")
+_RESUME_FREE = ("out", "engines", "port", "start_timeout_s", "soak", "resume", "step_log")
 
 
 def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:

@@ -4,7 +4,8 @@ cost also held the next batch's launch (a switch, a catch-up, a prefill: overlap
 apart: whether steps near a switch cost more than the steady ones, and by how much. With
 --cells (an engine's JSON from the policy matrix, whose points carry their wall-clock window):
 per cell, the steps by mode and reason, median step ms per (mode, padded bs), catch-ups and
-prefill seconds: where a cell's time went.
+prefill seconds: where a cell's time went. The controller's cost terms, where the log has them
+("estimates" lines, every 64 steps), follow as a table over time.
 
     python -m bench.sglang.step_costs STEP_LOG [--cells DIR/dual.json] [--out FILE.md]
 """
@@ -100,10 +101,46 @@ def cell_report(log: list[dict], engine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The controller's scalar cost terms a step log's "estimates" lines carry, as table columns.
+ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", "{:.2f}"),
+                    ("draft_prefill_s_per_token", "draft prefill us/token", "{:.2f}"),
+                    ("catch_up_fixed_s", "catch-up fixed ms", "{:.3f}"),
+                    ("switch_s", "switch ms", "{:.3f}"),
+                    ("fresh_accept", "new request accept", "{:.2f}"),
+                    ("run_len", "run length", "{:.1f}"),
+                    ("explore_allowance_steps", "explore allowance", "{:.2f}"),
+                    ("explore_debt_steps", "explore debt", "{:.2f}"))
+_MS = {"catch_up_fixed_s", "switch_s"}
+_US = {"draft_prefill_s_per_token"}
+
+
+def estimates_report(log: list[dict], rows: int = 40) -> str:
+    """The controller's cost terms over time (at most `rows` of its lines, evenly spaced)."""
+    lines = [e for e in log if e.get("event") == "estimates"]
+    if not lines:
+        return ""
+    t0 = lines[0]["t"]
+    picked = lines[::max(1, -(-len(lines) // rows))]
+    out = ["| s since first | " + " | ".join(name for _, name, _ in ESTIMATE_COLUMNS) + " |",
+           "|---|" + "---|" * len(ESTIMATE_COLUMNS)]
+    for e in picked:
+        cells = []
+        for key, _, fmt in ESTIMATE_COLUMNS:
+            v = e.get(key)
+            scale = 1e3 if key in _MS else 1e6 if key in _US else 1.0
+            cells.append("-" if v is None else fmt.format(scale * v))
+        out.append(f"| {e['t'] - t0:.1f} | " + " | ".join(cells) + " |")
+    return (f"\nThe controller's cost terms ({len(picked)} of {len(lines)} lines):\n\n"
+            + "\n".join(out) + "\n")
+
+
 def full_report(log: list[dict], engine: Optional[dict] = None) -> str:
-    """The per-place table of a step log's lines, and with the engine's JSON the per-cell one."""
+    """The per-place table of a step log's lines, with the engine's JSON the per-cell one, and
+    the controller's cost terms over time where the log has them."""
     text = report(group_costs(log))
-    return text if engine is None else text + "\n" + cell_report(log, engine)
+    if engine is not None:
+        text += "\n" + cell_report(log, engine)
+    return text + estimates_report(log)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
