@@ -90,45 +90,40 @@ def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False
     """The draft prefills every prompt (as the H200 server did: no prefill deferred); a step into
     speculation first catches the draft up over what each row decoded meanwhile."""
     p = planner(w.concurrency, pin, w.input_len / w.output_len if steady_share else None)
-    trace = Trace()
-    waiting, free = w.requests, list(range(w.concurrency))
-    running: dict[int, list[int]] = {}              # row -> [generated, tokens behind]
-    while waiting or running:
-        if (k := min(len(free), waiting, PREFILL_BATCH)):
-            rows = np.array(free[:k])
-            del free[:k]
+    trace, waiting = Trace(), w.requests
+    live = np.zeros(w.concurrency, bool)
+    generated = np.zeros(w.concurrency, int)
+    behind = np.zeros(w.concurrency, int)        # tokens the draft has not seen, per row
+    while waiting or live.any():
+        if (k := min(int((~live).sum()), waiting, PREFILL_BATCH)):
+            new = np.flatnonzero(~live)[:k]
+            live[new], generated[new], behind[new] = True, 0, 0
             waiting -= k
             seconds = k * w.input_len * (PREFILL_S_PER_TOKEN + DRAFT_S_PER_TOKEN)
-            p.policy.observe(Admitted(k * w.input_len, rows))
+            p.policy.observe(Admitted(k * w.input_len, new))
             p.policy.observe(PrefillTime(k * w.input_len, seconds, True))
             trace.seconds += seconds
-            running |= {int(r): [0, 0] for r in rows}
-        rows = np.array(sorted(running))
-        behind = sum(v[1] for v in running.values())
-        kv = sum(w.input_len + v[0] for v in running.values())
-        plan = p.plan(len(rows), rows=rows, catch_up_tokens=behind, kv_tokens=kv)
+        rows = np.flatnonzero(live)
+        kv = int((w.input_len + generated[rows]).sum())
+        caught_up = int(behind[rows].sum())
+        plan = p.plan(len(rows), rows=rows, catch_up_tokens=caught_up, kv_tokens=kv)
         spec = plan.mode is Mode.SPEC
-        caught_up = behind if spec else 0
+        caught_up = caught_up if spec else 0
         seconds = step_seconds(plan.mode, plan.padded_bs) + (
             CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
         # Tokens each request received: a request stops at its output length, as a server's does.
-        lens = np.minimum(w.accept if spec else 1,
-                          [w.output_len - running[r][0] for r in rows.tolist()]).astype(float)
+        lens = np.minimum(w.accept if spec else 1, w.output_len - generated[rows])
         p.policy.observe(StepTime(plan.mode, plan.padded_bs, seconds, catch_up_tokens=caught_up,
                                   kv_tokens=kv))
-        p.policy.observe(accepted(plan.mode, lens, rows))
+        p.policy.observe(accepted(plan.mode, lens.astype(float), rows))
         trace.seconds += seconds
+        trace.tokens += int(lens.sum())
         trace.modes.append(plan.mode.value[0])
         if pin is None and len(trace.modes) % 8 == 0:
             trace.prompt_per_output.append(round(p.policy.prompt_per_output(), 2))
-        for r, n in zip(rows.tolist(), lens.astype(int).tolist()):
-            v = running[r]
-            trace.tokens += n
-            v[0] += n
-            v[1] = 0 if spec else v[1] + n
-            if v[0] >= w.output_len:
-                del running[r]
-                free.append(r)
+        generated[rows] += lens
+        behind[rows] = 0 if spec else behind[rows] + lens
+        live[rows[generated[rows] >= w.output_len]] = False
     return trace
 
 

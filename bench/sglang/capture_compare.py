@@ -2,8 +2,8 @@
 SGLang 0.5.17 (`make capture-compare`).
 
 1. The worker with its default lists (SGLang's speculative list, capped where DGW_SPEC_MAX_BS is
-   set; the plain server's decode list): start-up, the pools' graph memory and capture time (SGLang's
-   own per-runner figures), tok/s per concurrency.
+   set; the plain server's decode list): start-up, the pools' graph memory and capture time
+   (SGLang's own per-runner figures), tok/s per concurrency.
 2. `capture-tune` on the measurements (bench/sglang/capture_measure.py) under the given budgets,
    each lowered to what the tuner's model charges for the default lists (a tuned server never
    spends more than the one it replaces, in the units the tuner checks), batch sizes weighted

@@ -55,6 +55,13 @@ FIELDS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft
 SERVER_FLAGS = ("--cuda-graph-max-bs", "256", "--enable-metrics")
 
 
+def server_flags(attention_backend: str) -> tuple[str, ...]:
+    """The servers' flags with the attention backend asked for ('default': SGLang's)."""
+    if attention_backend == "default":
+        return SERVER_FLAGS
+    return ("--attention-backend", attention_backend, *SERVER_FLAGS)
+
+
 @dataclass(frozen=True)
 class ServeBenchConfig:
     out: Path
@@ -69,7 +76,7 @@ class ServeBenchConfig:
     prompts_per_level: int = 4
     min_prompts: int = 16
     start_timeout_s: float = 600.0
-    server_args: tuple[str, ...] = ("--attention-backend", "triton", *SERVER_FLAGS)
+    server_args: tuple[str, ...] = server_flags("triton")
     soak: Optional[soak.SoakConfig] = None
     resume: bool = False
     dual_env: tuple[tuple[str, str], ...] = ()     # DGW_* settings of the worker's server
@@ -473,15 +480,8 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                             prompts_per_level=args.prompts_per_level,
                             min_prompts=args.min_prompts,
                             soak=soak.SoakConfig(requests=args.soak) if args.soak else None,
-                            resume=args.resume, server_args=server_args(args.attention_backend),
+                            resume=args.resume, server_args=server_flags(args.attention_backend),
                             dual_env=dual_env, step_log=args.step_log)
-
-
-def server_args(attention_backend: str) -> tuple[str, ...]:
-    """The servers' flags with the attention backend asked for ('default': SGLang's)."""
-    if attention_backend == "default":
-        return SERVER_FLAGS
-    return ("--attention-backend", attention_backend, *SERVER_FLAGS)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

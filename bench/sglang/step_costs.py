@@ -101,17 +101,16 @@ def cell_report(log: list[dict], engine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The controller's scalar cost terms a step log's "estimates" lines carry, as table columns.
-ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", "{:.2f}"),
-                    ("draft_prefill_s_per_token", "draft prefill us/token", "{:.2f}"),
-                    ("catch_up_fixed_s", "catch-up fixed ms", "{:.3f}"),
-                    ("switch_s", "switch ms", "{:.3f}"),
-                    ("fresh_accept", "new request accept", "{:.2f}"),
-                    ("run_len", "run length", "{:.1f}"),
-                    ("explore_allowance_steps", "explore allowance", "{:.2f}"),
-                    ("explore_debt_steps", "explore debt", "{:.2f}"))
-_MS = {"catch_up_fixed_s", "switch_s"}
-_US = {"draft_prefill_s_per_token"}
+# The controller's scalar cost terms a step log's "estimates" lines carry, as table columns:
+# key, heading, scale, format.
+ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", 1.0, "{:.2f}"),
+                    ("draft_prefill_s_per_token", "draft prefill us/token", 1e6, "{:.2f}"),
+                    ("catch_up_fixed_s", "catch-up fixed ms", 1e3, "{:.3f}"),
+                    ("switch_s", "switch ms", 1e3, "{:.3f}"),
+                    ("fresh_accept", "new request accept", 1.0, "{:.2f}"),
+                    ("run_len", "run length", 1.0, "{:.1f}"),
+                    ("explore_allowance_steps", "explore allowance", 1.0, "{:.2f}"),
+                    ("explore_debt_steps", "explore debt", 1.0, "{:.2f}"))
 
 
 def estimates_report(log: list[dict], rows: int = 40) -> str:
@@ -121,14 +120,11 @@ def estimates_report(log: list[dict], rows: int = 40) -> str:
         return ""
     t0 = lines[0]["t"]
     picked = lines[::max(1, -(-len(lines) // rows))]
-    out = ["| s since first | " + " | ".join(name for _, name, _ in ESTIMATE_COLUMNS) + " |",
+    out = ["| s since first | " + " | ".join(c[1] for c in ESTIMATE_COLUMNS) + " |",
            "|---|" + "---|" * len(ESTIMATE_COLUMNS)]
     for e in picked:
-        cells = []
-        for key, _, fmt in ESTIMATE_COLUMNS:
-            v = e.get(key)
-            scale = 1e3 if key in _MS else 1e6 if key in _US else 1.0
-            cells.append("-" if v is None else fmt.format(scale * v))
+        cells = ["-" if e.get(key) is None else fmt.format(scale * e[key])
+                 for key, _, scale, fmt in ESTIMATE_COLUMNS]
         out.append(f"| {e['t'] - t0:.1f} | " + " | ".join(cells) + " |")
     return (f"\nThe controller's cost terms ({len(picked)} of {len(lines)} lines):\n\n"
             + "\n".join(out) + "\n")

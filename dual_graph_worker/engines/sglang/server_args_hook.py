@@ -2,7 +2,8 @@
 
 Runs in the main process only, right after EAGLE3's own handling: lifts the 48-request default,
 caps the spec capture list at ``spec_max_bs`` where set (leaving ``decode.max_bs``, the decode
-pool's top, alone) and, under lazy catch-up with the radix cache on, names the ``dual_graph`` radix backend.
+pool's top, alone) and, under lazy catch-up with the radix cache on, names the ``dual_graph``
+radix backend.
 docs/sglang-0.5.17.md §2 gives the SGLang contracts and the reasons.
 """
 
