@@ -180,7 +180,23 @@ def test_per_request_acceptance_weighs_the_batch_it_holds():
     # A new request in a reused row starts from what the latest requests first measured (the
     # hard ones, measured last), not from the old request's estimate nor the token-weighted mean.
     p.observe(Admitted(16, easy[:1]))
-    assert p.expected_accept(easy[:1]) < 1.5 < p.state().accept_len
+    assert p.expected_accept(easy[:1]) < 2.0 < p.state().accept_len
+
+
+def test_a_request_is_measured_by_the_mean_of_its_first_draws_not_by_one():
+    # Forced acceptance 1.5 draws 1, 2, 1, 2, ...: one first draw says 1.0 of every request.
+    p = controller()
+    rows = np.arange(4)
+    for extra in (0, 1, 2, 0, 1, 2, 0, 1):
+        p.observe(Admitted(64, rows))
+        for draw in (1.0, 2.0, 1.0, 2.0, 1.0, 2.0)[:4 + extra]:
+            p.observe(accepted(Mode.SPEC, np.full(4, draw), rows))
+    assert p.expected_accept(np.arange(4, 8)) == pytest.approx(1.5, abs=0.05)
+    assert p.expected_accept(rows) == pytest.approx(1.5, abs=0.2)
+    # Fewer draws than that leave a request to the new-request expectation.
+    p.observe(Admitted(64, rows))
+    p.observe(accepted(Mode.SPEC, np.full(4, 4.0), rows))
+    assert p.expected_accept(rows) == pytest.approx(p.expected_accept(np.arange(4, 8)))
 
 
 # ---------------------------------------------------------------- prompts and catch-ups
@@ -222,6 +238,29 @@ def test_long_prompts_price_the_drafts_prefill_into_speculation():
     long.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 100_000 * 1e-6, catch_up_tokens=100_000))
     long.exchange(lambda v: v)
     assert long.draft_prefill_s_per_token() == pytest.approx(1e-6, rel=0.01)
+
+
+def test_the_prompt_share_counts_only_prompts_that_replace_finished_requests():
+    """A batch filling up admits its prompts once: only prompts that take finished requests'
+    places recur, so only they price the draft's prefill into every output token."""
+    p = controller(defers_prefill=True)
+    rows = np.arange(16)
+
+    def window(admit: np.ndarray) -> None:
+        p.observe(Admitted(2048 * len(admit), admit))
+        for _ in range(8):
+            p.observe(accepted(Mode.SPEC, np.full(16, 2.0), rows))
+        p.exchange(lambda v: v)
+
+    window(rows)
+    assert p.prompt_per_output() == 0.0
+    window(rows[:0])
+    assert p.prompt_per_output() == 0.0
+    # Then each window 4 requests finish and 4 new ones take their rows: 4 prompts of 2048
+    # tokens per 8 steps x 16 requests x 2 tokens.
+    for w in range(100):
+        window(rows[4 * (w % 4):4 * (w % 4) + 4])
+    assert p.prompt_per_output() == pytest.approx(4 * 2048 / 256, rel=0.02)
 
 
 def test_a_switchs_catch_up_is_amortised_over_the_horizon():

@@ -27,7 +27,10 @@ from dual_graph_worker.core.policy import (Admitted, PinnedPolicy, PrefillTime, 
                                            accepted)
 from dual_graph_worker.core.settings import Settings
 
-MATRIX = Path(__file__).resolve().parents[1] / "results/sglang/policy-matrix-run1/policy-matrix.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results/sglang"
+MATRIX = RESULTS / "policy-matrix-run1/policy-matrix.json"
+# SGLang's default backend: EAGLE-3 ahead of plain at accept 1.5 up to C=32, 11% at C=1.
+MATRIX_FA3 = RESULTS / "policy-matrix-fa3-run1/policy-matrix.json"
 K = 3
 SPEC = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 40, 44, 48, 56,
         64)
@@ -98,6 +101,10 @@ class Server:
     clock: float = 0.0
     rng: Optional[np.random.Generator] = None
     diffused: Optional[Callable[[float, str, int], int]] = None
+    # Relative standard deviation of a step's time (the H200's bs 1 spec step: 5.9%), drawn
+    # from `noise_rng`; 0: every step takes its fitted time.
+    noise: float = 0.0
+    noise_rng: Optional[np.random.Generator] = None
 
     def forced_accept(self, accept: float) -> float:
         """The accept length of a step: `accept`; with an rng as SGLANG_SIMULATE_ACC_LEN
@@ -133,6 +140,8 @@ class Server:
             kv = int(c * in_len + made.sum())
             plan = p.plan(c, rows=rows, catch_up_tokens=int(behind.sum()), kv_tokens=kv)
             seconds = self.truth.step(plan.mode, plan.padded_bs, kv, c)
+            if self.noise:
+                seconds *= max(1.0 + self.noise * self.noise_rng.standard_normal(), 0.5)
             caught = 0
             if plan.mode is Mode.SPEC:
                 caught = int(behind.sum())
@@ -189,23 +198,28 @@ def _run(server: Server) -> dict:
     return out
 
 
-def simulated_ratios(seed: Optional[int] = None, diffused: bool = False) -> dict:
-    """worker / max(plain, spec) per matrix cell, in the simulator; with `seed`, acceptance
-    sampled as SGLang forces it (each engine its own draws from the same seed); `diffused`, as
-    the policy matrix forces it (bench/sglang/acc_control.py)."""
-    truth = Truth.from_matrix(json.loads(MATRIX.read_text())["records"])
+def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix: Path = MATRIX,
+                     noise: float = 0.0) -> dict:
+    """worker / max(plain, spec) per matrix cell, in the simulator fitted to `matrix`; with
+    `seed`, acceptance sampled as SGLang forces it (each engine its own draws from the same
+    seed); `diffused`, as the policy matrix forces it (bench/sglang/acc_control.py); `noise`,
+    each step's time off its fit by that relative standard deviation (seeded alike)."""
+    truth = Truth.from_matrix(json.loads(matrix.read_text())["records"])
     ctx = PolicyContext(K, {Mode.SPEC: SPEC, Mode.DECODE: DECODE}, _prior(truth),
                         defers_prefill=True, max_rows=512)
     from bench.sglang.acc_control import DiffusedAcceptance
 
     rng = (lambda: None) if seed is None else (lambda: np.random.default_rng(seed))
     forced = DiffusedAcceptance if diffused else (lambda: None)
+    noisy = {"noise": noise, "noise_rng": np.random.default_rng(1000)}
     dual = _run(Server(truth, _planner(build_policy(Settings(), ctx)), rng=rng(),
-                       diffused=forced()))
+                       diffused=forced(), **noisy))
+    noisy["noise_rng"] = np.random.default_rng(1000)
     plain = _run(Server(truth, _planner(PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K)),
-                        lazy=False, draft=False, rng=rng(), diffused=forced()))
+                        lazy=False, draft=False, rng=rng(), diffused=forced(), **noisy))
+    noisy["noise_rng"] = np.random.default_rng(1000)
     spec = _run(Server(truth, _planner(PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K)),
-                       lazy=False, rng=rng(), diffused=forced()))
+                       lazy=False, rng=rng(), diffused=forced(), **noisy))
     return {cell: dual[cell] / max(plain[cell], spec[cell]) for cell in dual}
 
 

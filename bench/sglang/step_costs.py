@@ -104,8 +104,10 @@ def cell_report(log: list[dict], engine: dict) -> str:
 # The controller's scalar cost terms a step log's "estimates" lines carry, as table columns:
 # key, heading, scale, format.
 ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", 1.0, "{:.2f}"),
+                    ("replaced", "prompts replacing", 1.0, "{:.2f}"),
                     ("draft_prefill_s_per_token", "draft prefill us/token", 1e6, "{:.2f}"),
                     ("catch_up_fixed_s", "catch-up fixed ms", 1e3, "{:.3f}"),
+                    ("catch_up_s_per_token", "catch-up us/token", 1e6, "{:.2f}"),
                     ("switch_s", "switch ms", 1e3, "{:.3f}"),
                     ("fresh_accept", "new request accept", 1.0, "{:.2f}"),
                     ("run_len", "run length", 1.0, "{:.1f}"),

@@ -33,7 +33,7 @@ _WORKLOAD_DECAY = 0.95
 # Acceptance: each observation's weight halves every ~22 steps, whatever mode ran meanwhile, so
 # the first speculative steps after a long decode period speak for the present.
 _ACCEPT_DECAY = 1.0 / 32.0
-_ROW_ALPHA = 0.3
+_ROW_ALPHA = 0.2
 _RUN_ALPHA = 0.3
 # Catch-ups are rarer than prefills: their regression keeps ~100 exchanges of history.
 _CATCH_UP_DECAY = 0.99
@@ -72,8 +72,13 @@ _SW = 20            # switches without a catch-up: count, sum of seconds
 _TAIL = 22
 
 
+# A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
+# a request (or, as a new request's expectation, for the next ones).
+_FIRST_DRAWS = 4
+
+
 def _first_weight(requests: int) -> float:
-    """The weight of `requests` first measurements in what a new request is expected to accept
+    """The weight of `requests` first estimates in what a new request is expected to accept
     (each moves it as one request's EMA step does)."""
     return 1.0 - (1.0 - _ROW_ALPHA) ** requests
 
@@ -209,8 +214,13 @@ class GoodputController:
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
         self._switch = np.zeros(2)
         self._switch_s = 0.0
+        # Decayed prompt and output tokens, and requests that joined and left the running batch:
+        # the prompt share counts only prompts that replace finished requests (a batch filling
+        # up admits prompts no future step pays for again).
         self._prompt = 0.0
         self._output = 0.0
+        self._joined = 0.0
+        self._left = 0.0
         # Derived from the above at each exchange (they change nowhere else), read every step.
         self._prompt_per_output = 0.0
         self._delta = 0.0
@@ -223,8 +233,16 @@ class GoodputController:
         k1 = config.num_draft_tokens + 1.0
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
         self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
+        # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (`_warming`
+        # holds their sum and count meanwhile).
         self._rows = np.full(config.max_rows, np.nan) if config.max_rows else None
-        # What a request not measured yet is expected to accept: the first measurements of the
+        self._warming: dict[int, list[float]] = {}
+        # Per row, its admissions (a reused row is a new request); the running batch's rows at
+        # the last exchange with theirs, and the latest step's rows.
+        self._admissions = np.zeros(config.max_rows, dtype=np.int64) if config.max_rows else None
+        self._members: Optional[tuple[np.ndarray, np.ndarray]] = None
+        self._batch_rows: Optional[np.ndarray] = None
+        # What a request not measured yet is expected to accept: the first estimates of the
         # latest requests (per request, so one long phase of many steps does not outweigh the
         # requests that came after it). Optimistic until a request is measured.
         self._fresh = k1
@@ -418,7 +436,7 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         return {"step_s": steps,
                 "context_s_per_token": {m.value: b for m, b in self._beta.items()},
-                "prompt_per_output": self._prompt_per_output,
+                "prompt_per_output": self._prompt_per_output, "replaced": self._replaced(),
                 "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
                 "catch_up_s_per_token": rate, "switch_s": self._switch_s,
                 "fresh_accept": self._fresh, "run_len": self._run_len,
@@ -436,6 +454,10 @@ class GoodputController:
             self._prompt_window += event.tokens
             if event.rows is not None and self._rows is not None:
                 self._rows[event.rows] = np.nan
+                self._admissions[event.rows] += 1
+                if self._warming:
+                    for row in event.rows.tolist():
+                        self._warming.pop(row, None)
         elif isinstance(event, PrefillTime):
             carry, self._carry = self._carry or 0.0, None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
@@ -449,6 +471,7 @@ class GoodputController:
             return
         total = float(lens[0]) if n == 1 else float(_sum(lens))
         self._output_window += total
+        self._batch_rows = event.rows
         if event.mode is not Mode.SPEC:
             return
         # Accept lengths lie in 1..K+1 by construction (the engine counts accepted tokens).
@@ -459,17 +482,20 @@ class GoodputController:
         if event.rows is None or self._rows is None:
             return
         if n == 1:
-            self._observe_row(event.rows[0], total)
+            self._observe_row(int(event.rows[0]), total)
             return
         r = self._rows[event.rows]
         known = float(_sum(r))
         if known == known:                               # every request measured before (no NaN)
             self._rows[event.rows] = r + _ROW_ALPHA * (lens - r)
             return
-        first = r != r
-        self._fresh += _first_weight(int(np.count_nonzero(first))) * \
-            (float(lens[first].mean()) - self._fresh)
-        self._rows[event.rows] = np.where(first, lens, r + _ROW_ALPHA * (lens - r))
+        warm = r != r
+        self._rows[event.rows] = np.where(warm, r, r + _ROW_ALPHA * (lens - r))
+        done = [self._warm_draw(row, accept)
+                for row, accept in zip(event.rows[warm].tolist(), lens[warm].tolist())]
+        done = [d for d in done if d is not None]
+        if done:
+            self._fresh += _first_weight(len(done)) * (sum(done) / len(done) - self._fresh)
 
     def _observe_row(self, row: int, accept: float) -> None:
         """_observe_accept's per-request update for a batch of one, in floats: the same
@@ -477,9 +503,22 @@ class GoodputController:
         r = float(self._rows[row])
         if r == r:
             self._rows[row] = r + _ROW_ALPHA * (accept - r)
-        else:
-            self._fresh += _first_weight(1) * (accept - self._fresh)
-            self._rows[row] = accept
+            return
+        first = self._warm_draw(row, accept)
+        if first is not None:
+            self._fresh += _first_weight(1) * (first - self._fresh)
+
+    def _warm_draw(self, row: int, accept: float) -> Optional[float]:
+        """One of a request's first draws; at the last of them, its estimate (their mean) is
+        set and returned."""
+        acc = self._warming.setdefault(row, [0.0, 0])
+        acc[0] += accept
+        acc[1] += 1
+        if acc[1] < _FIRST_DRAWS:
+            return None
+        del self._warming[row]
+        self._rows[row] = mean = acc[0] / acc[1]
+        return mean
 
     def _observe_step(self, event: StepTime) -> None:
         key = (event.mode, int(event.padded_bs))
@@ -586,7 +625,11 @@ class GoodputController:
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
-        self._prompt_per_output = self._prompt / self._output if self._output > 0 else 0.0
+        joined, left = self._turnover()
+        self._joined = _WORKLOAD_DECAY * self._joined + joined
+        self._left = _WORKLOAD_DECAY * self._left + left
+        self._prompt_per_output = self._replaced() * self._prompt / self._output \
+            if self._output > 0 else 0.0
         if tail.any():     # else every sum decayed alike: each fit, a ratio of sums, is unchanged
             self._delta = self._draft_prefill_rate()
             self._catch_up_fit = self._fit_catch_up()
@@ -610,7 +653,31 @@ class GoodputController:
         self._slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
         self._kv_reach = sx / per + _CONTEXT_REACH * np.sqrt(np.maximum(var, 0.0) / per)
 
+    def _turnover(self) -> tuple[int, int]:
+        """Requests that joined and left the running batch since the last exchange, from its
+        rows then and now (a row re-admitted meanwhile holds a new request); none without rows.
+        A request that joined and left in between is missed (fewer steps than sync_every)."""
+        rows = self._batch_rows
+        if rows is None or self._admissions is None:
+            return 0, 0
+        rows = np.array(rows, dtype=np.int64)
+        admissions = self._admissions[rows]
+        last, self._members = self._members, (rows, admissions)
+        if last is None:
+            return len(rows), 0
+        last_rows, last_admissions = last
+        here = np.full(len(self._admissions), -1, dtype=np.int64)
+        here[rows] = admissions
+        stayed = int(np.count_nonzero(here[last_rows] == last_admissions))
+        return len(rows) - stayed, len(last_rows) - stayed
+
+    def _replaced(self) -> float:
+        """The share of joining requests that took a finished request's place (all, without
+        the batch's rows)."""
+        return min(self._left / self._joined, 1.0) if self._joined > 0 else 1.0
+
     def prompt_per_output(self) -> float:
+        """Prompt tokens per output token of the requests that replace finished ones."""
         return self._prompt_per_output
 
     def draft_prefill_s_per_token(self) -> float:
