@@ -365,6 +365,26 @@ def test_a_step_that_carried_the_next_launch_charges_it_to_that_batch():
     assert q.draft_prefill_s_per_token() == pytest.approx(6e-6, rel=0.01)
 
 
+def test_a_carry_across_a_change_of_batch_is_no_catch_ups_cost():
+    """As on the H200 over HTTP at C=128: the decode step before a catch-up also processed 87
+    finished requests (13.6 ms over its 8 ms); charged to a 2018-token catch-up that took 1.4 ms
+    more than a step, it made the draft's rate 7 us a token, five times its own, and priced
+    speculation out for 238 steps. A carry counts only where the batch kept its requests."""
+    def catch_ups(batch_changes: bool) -> GoodputController:
+        p = _learned(controller(), 16)
+        for tokens, excess, stall in ((256, -0.0008, 0.0), (164, -0.0026, 0.0),
+                                      (2018, 0.0014, 0.0136)):
+            p.observe(StepTime(Mode.DECODE, 16, t_decode(16) + stall, carries_next=True, bs=16))
+            bs = 12 if batch_changes and stall else 16
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + excess, catch_up_tokens=tokens,
+                               bs=bs))
+            p.exchange(lambda v: v)
+        return p
+
+    assert catch_ups(batch_changes=False).catch_up_s_per_token() > 5e-6
+    assert catch_ups(batch_changes=True).catch_up_s_per_token() < 1e-6
+
+
 def test_a_switch_without_a_catch_up_is_measured_and_priced():
     """Spec -> decode has no catch-up, but its launch (held by the last spec step) costs: the
     controller learns it and charges it when it would enter decode, amortised."""

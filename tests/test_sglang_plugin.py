@@ -698,7 +698,7 @@ def test_worker_tells_the_policy_each_steps_context_from_its_own_row_lengths(
     w.dgw_result_processed()
     step = _batch(2)                   # no seq_lens_sum, no seq_lens_cpu: as SGLang's spec path
     w.forward_batch_generation(step)
-    assert w._clock.peek() == StepTag(Mode.SPEC, 2, 0, 400)   # its cost is reported with it
+    assert w._clock.peek() == StepTag(Mode.SPEC, 2, 0, 400, 2)   # its cost is reported with it
     w.on_verify_complete_cpu([3, 1], batch_size=2)       # accepted 4 and 2 tokens
     w.forward_batch_generation(step)
     assert seen == [400, 406]

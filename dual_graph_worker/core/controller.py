@@ -211,6 +211,7 @@ class GoodputController:
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
         # to that batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
+        self._carry_bs = 0
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
         self._switch = np.zeros(2)
         self._switch_s = 0.0
@@ -527,6 +528,10 @@ class GoodputController:
             return
         expected = self._line_time(key, event.kv_tokens)
         carry, self._carry = self._carry, None
+        if carry is not None and event.bs != self._carry_bs:
+            # Requests left or joined in between: that excess also holds their host work
+            # (finished results, the new batch), which no launch of this one costs.
+            carry = None
         switched = self._last_mode not in (None, event.mode)
         at_switch = self._last_mode is Mode.DECODE
         self._last_mode = event.mode
@@ -536,6 +541,7 @@ class GoodputController:
         if event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
             self._carry = self._excess(i, event.seconds, expected)
+            self._carry_bs = event.bs
             return
         if event.catch_up_tokens > 0:
             # The catch-up's cost: this step's excess over a measured step of its size plus the

@@ -76,7 +76,8 @@ class StepTime:
     """A decode step's end-to-end seconds (rank-local); `catch_up_tokens` > 0: the step also
     caught the draft up over that many tokens first; `carries_next`: its seconds also hold the
     host launch of a next batch of another kind (a prefill, a switch, a catch-up); `kv_tokens`:
-    the context tokens the batch attended over (sum of its sequence lengths)."""
+    the context tokens the batch attended over (sum of its sequence lengths); `bs`: its
+    requests (0: not known)."""
 
     mode: Mode
     padded_bs: int
@@ -84,6 +85,7 @@ class StepTime:
     catch_up_tokens: int = 0
     carries_next: bool = False
     kv_tokens: int = 0
+    bs: int = 0
 
 
 @dataclass(frozen=True)

@@ -90,10 +90,11 @@ class StepTag(NamedTuple):
     padded_bs: int
     catch_up_tokens: int
     kv_tokens: int = 0
+    bs: int = 0
 
     def observation(self, seconds: float, carries_next: bool) -> StepTime:
         return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens, carries_next,
-                        self.kv_tokens)
+                        self.kv_tokens, self.bs)
 
     def continued_by(self, nxt: Any) -> bool:
         """`nxt` is a plain step of this mode: launching it costs what launching this one did."""
@@ -351,7 +352,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 pending = 0
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
         self._ledger.launched(plan, rows)
-        self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens))
+        self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens,
+                                      plan.bs))
         self.counters.launched(plan, pending)
         return result
 
