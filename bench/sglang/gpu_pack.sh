@@ -5,12 +5,16 @@
 # machine is warm, so a later call can add engines to the same matrix and pack again.
 #   bash bench/sglang/gpu_pack.sh NAME MODULE ARGS...
 #   e.g. bash bench/sglang/gpu_pack.sh m6 policy_matrix --radix-cache --engines dual --step-log
+# GPU_PACK_S=N interrupts the module after N seconds (SIGINT: its servers are stopped on the way
+# out) and still packs what it wrote: set it below the device's per-call limit, since a run
+# killed at that limit packs nothing and leaves its servers (their own sessions) running.
 set -uo pipefail
 name=$1; module=$2; shift 2
 source .devlibs/sglang-tools/env.sh || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-out}; mkdir -p "$OUT"
-python3 -m "bench.sglang.$module" --out "/tmp/$name" "$@" 2>&1 | tail -40
+timeout -s INT -k 90 "${GPU_PACK_S:-0}" python3 -m "bench.sglang.$module" --out "/tmp/$name" "$@" 2>&1 | tail -40
 rc=${PIPESTATUS[0]}
+pkill -KILL -f -- "-m sglang[.]launch_server" || true      # none, unless the module was killed
 bash "$(dirname "$0")/pack_dir.sh" "/tmp/$name" "$OUT/$name.tar.gz"
 exit $rc
