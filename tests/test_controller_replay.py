@@ -11,7 +11,7 @@ same size over short ones), not the GPU's numbers."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -155,7 +155,7 @@ class Server:
                 plan.mode is not held[0].mode or caught) else 0.0
             if held is not None:
                 step, acc = held
-                p.policy.observe(replace(step, seconds=step.seconds + launch,
+                p.policy.observe(step._replace(seconds=step.seconds + launch,
                                          carries_next=launch > 0))
                 p.policy.observe(acc)
             held = (StepTime(plan.mode, plan.padded_bs, seconds, caught, kv_tokens=kv),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Optional, Sequence
+from typing import Callable, Deque, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -22,8 +22,7 @@ from dual_graph_worker.core.policy import (Decision, ModePolicy, PolicyInputs, R
 from dual_graph_worker.core.results import StepRecord
 
 
-@dataclass(frozen=True)
-class StepPlan:
+class StepPlan(NamedTuple):
     """What one decode step will run, decided before anything is launched."""
 
     mode: Mode

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -32,15 +32,19 @@ class Reason(str, enum.Enum):
     KV_PRESSURE = "kv_pressure"          # free KV slots cannot cover K+1 slots per request
 
 
-@dataclass(frozen=True)
-class PolicyInputs:
+# The per-step records (inputs, observations) are NamedTuples: immutable and typed as frozen
+# dataclasses are, at a quarter of their cost to build (~0.4 us against ~1.7 us), which a decode
+# step pays several times.
+
+
+class PolicyInputs(NamedTuple):
     """One step's facts; every field is identical on every TP rank."""
 
     bs: int
     spec_padded_bs: Optional[int]   # None: no spec graph covers bs
     decode_padded_bs: int
     catch_up_tokens: int = 0        # draft tokens a switch to SPEC would catch up first
-    rows: Optional[np.ndarray] = field(default=None, compare=False)  # request rows, if known
+    rows: Optional[np.ndarray] = None   # request rows, if known
     kv_tokens: int = 0              # context tokens the batch attends over (sum of seq lens)
 
 
@@ -54,8 +58,7 @@ class Decision:
 # ----------------------------------------------------------------------------- observations
 
 
-@dataclass(frozen=True)
-class Accepted:
+class Accepted(NamedTuple):
     """A completed step's accepted tokens per request (rank-common). Decode steps accept 1."""
 
     mode: Mode
@@ -63,16 +66,14 @@ class Accepted:
     rows: Optional[np.ndarray] = None     # [bs] request rows, when the engine knows them
 
 
-@dataclass(frozen=True)
-class Admitted:
+class Admitted(NamedTuple):
     """Requests whose prompts were prefilled (rank-common): `tokens` prompt tokens computed."""
 
     tokens: int
     rows: Optional[np.ndarray] = None
 
 
-@dataclass(frozen=True)
-class StepTime:
+class StepTime(NamedTuple):
     """A decode step's end-to-end seconds (rank-local); `catch_up_tokens` > 0: the step also
     caught the draft up over that many tokens first; `carries_next`: its seconds also hold the
     host launch of a next batch of another kind (a prefill, a switch, a catch-up); `kv_tokens`:
@@ -88,8 +89,7 @@ class StepTime:
     bs: int = 0
 
 
-@dataclass(frozen=True)
-class PrefillTime:
+class PrefillTime(NamedTuple):
     """A prefill batch's seconds over `tokens` prompt tokens (rank-local); `draft`: the draft's
     prefill ran in it (False: it was deferred)."""
 

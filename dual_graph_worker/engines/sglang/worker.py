@@ -14,7 +14,6 @@ import copy
 import logging
 import os
 import time
-from dataclasses import asdict
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -476,7 +475,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if self._step_log is not None:
             # Each batch's measured cost, as the controller saw it: what its estimates came from.
             self._step_log.write_event("cost", time.time(), kind=type(event).__name__,
-                                       **asdict(event))
+                                       **event._asdict())
 
     def _log_lazy_event(self, kind: str, info: dict, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
