@@ -18,7 +18,7 @@ import pytest
 
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import StepTime, same_rank
+from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = {"s": Mode.SPEC, "d": Mode.DECODE}
@@ -176,3 +176,38 @@ def test_estimates_after_a_move_follow_the_context(run):
     assert len(got) > 400
     assert np.median(got) < 0.06 and np.mean(got > 0.2) < 0.15
     assert np.mean(blind > 0.2) > 2 * np.mean(got > 0.2)
+
+
+def _draft_rates_over_http(with_batch_size: bool) -> list[float]:
+    """The draft's seconds per token (the catch-up rate the controller prices a switch into
+    speculation with) after each exchange, fed every batch cost of the H200's HTTP run in order
+    (tests/data/h200_http_fa3_run3_costs.json.gz); without the batch size, a carry counts
+    whatever the batch did between the two steps."""
+    t = json.loads(gzip.open(ROOT / "tests/data/h200_http_fa3_run3_costs.json.gz", "rt").read())
+    p = GoodputController(ControllerConfig(t["num_steps"], defers_prefill=True),
+                          {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]})
+    rates, steps = [], 0
+    for row in t["costs"]:
+        if row[0] == "p":
+            p.observe(PrefillTime(row[1], row[2], bool(row[3])))
+            continue
+        mode, pb, seconds, caught, carries, kv, bs = row
+        p.observe(StepTime(MODE[mode], pb, seconds, caught, bool(carries), kv,
+                           bs if with_batch_size else 0))
+        steps += 1
+        if steps % 8 == 0:
+            p.exchange(same_rank)
+            rates.append(p.catch_up_s_per_token())
+    return rates
+
+
+def test_over_http_a_stall_beside_a_catch_up_does_not_pass_for_the_drafts_rate():
+    """On the H200 over HTTP at C=128 the step before a 2018-token catch-up also processed 87
+    finished requests: counted as the catch-up's, it put the draft at 5.9-7 us a token for a
+    minute of serving (the run's own log), where its catch-ups say ~0.9. With the batch size a
+    carry across a change of batch is dropped and the rate stays within 0.2-1 us a token."""
+    blind = _draft_rates_over_http(with_batch_size=False)
+    seen = _draft_rates_over_http(with_batch_size=True)
+    assert max(blind) > 5e-6
+    assert 0 < max(seen) < 1.2e-6
+    assert seen[-1] == pytest.approx(blind[-1], rel=0.1)     # the same rate once data is plenty
