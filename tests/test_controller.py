@@ -263,6 +263,32 @@ def test_the_prompt_share_counts_only_prompts_that_replace_finished_requests():
     assert p.prompt_per_output() == pytest.approx(4 * 2048 / 256, rel=0.02)
 
 
+def test_a_finished_requests_place_taken_an_exchange_later_still_counts_a_drain_does_not():
+    p = controller(defers_prefill=True)
+
+    def window(batch: np.ndarray, admit: np.ndarray) -> None:
+        p.observe(Admitted(2048 * len(admit), admit))
+        for _ in range(8):
+            p.observe(accepted(Mode.SPEC, np.full(len(batch), 2.0), batch))
+        p.exchange(lambda v: v)
+
+    rows = np.arange(16)
+    window(rows, rows)
+    # Requests finish at the end of one exchange window and their places are taken in the next.
+    for w in range(60):
+        gone = rows[4 * (w % 4):4 * (w % 4) + 4]
+        window(np.setdiff1d(rows, gone), gone[:0])
+        window(rows, gone)
+    steady = p.prompt_per_output()
+    assert steady == pytest.approx(4 * 2048 / (8 * 2 * (12 + 16)), rel=0.05)
+    # The batch drains to 4 requests, then fills up again: the refill is not priced as though it
+    # replaced the drained requests (at most the last exchange's departures).
+    for left in (12, 8, 4):
+        window(rows[:left], rows[:0])
+    window(rows, rows[4:])
+    assert p.prompt_per_output() < steady
+
+
 def test_a_switchs_catch_up_is_amortised_over_the_horizon():
     """In decode with a backlog: a marginal spec win does not pay for a large catch-up, a
     clear one does, and so does the same win once the backlog is small."""

@@ -220,13 +220,15 @@ class GoodputController:
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
         self._switch = np.zeros(2)
         self._switch_s = 0.0
-        # Decayed prompt and output tokens, and requests that joined and left the running batch:
-        # the prompt share counts only prompts that replace finished requests (a batch filling
-        # up admits prompts no future step pays for again).
+        # Decayed prompt and output tokens, and requests that joined the running batch and
+        # those of them that took a finished request's place: the prompt share counts only
+        # those (a batch filling up admits prompts no future step pays for again). A place left
+        # waits one exchange for its taker, then counts as the batch shrinking.
         self._prompt = 0.0
         self._output = 0.0
         self._joined = 0.0
-        self._left = 0.0
+        self._took_place = 0.0
+        self._vacant = 0
         # Derived from the above at each exchange (they change nowhere else), read every step.
         self._prompt_per_output = 0.0
         self._delta = 0.0
@@ -637,8 +639,10 @@ class GoodputController:
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
         self._prompt_window = self._output_window = 0.0
         joined, left = self._turnover()
+        took = min(joined, left + self._vacant)
+        self._vacant = min(left + self._vacant - took, left)
         self._joined = _WORKLOAD_DECAY * self._joined + joined
-        self._left = _WORKLOAD_DECAY * self._left + left
+        self._took_place = _WORKLOAD_DECAY * self._took_place + took
         self._prompt_per_output = self._replaced() * self._prompt / self._output \
             if self._output > 0 else 0.0
         if tail.any():     # else every sum decayed alike: each fit, a ratio of sums, is unchanged
@@ -685,7 +689,7 @@ class GoodputController:
     def _replaced(self) -> float:
         """The share of joining requests that took a finished request's place (all, without
         the batch's rows)."""
-        return min(self._left / self._joined, 1.0) if self._joined > 0 else 1.0
+        return self._took_place / self._joined if self._joined > 0 else 1.0
 
     def prompt_per_output(self) -> float:
         """Prompt tokens per output token of the requests that replace finished ones."""

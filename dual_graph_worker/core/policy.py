@@ -34,7 +34,7 @@ class Reason(str, enum.Enum):
 
 # The per-step records (inputs, observations) are NamedTuples: immutable and typed as frozen
 # dataclasses are, at a quarter of their cost to build (~0.4 us against ~1.7 us), which a decode
-# step pays several times.
+# step pays several times. Those holding arrays are never compared or hashed.
 
 
 class PolicyInputs(NamedTuple):
@@ -284,4 +284,5 @@ class CyclePolicy(_Observing):
 
 def accepted(mode: Mode, accept_lens: Sequence[int] | np.ndarray,
              rows: Optional[np.ndarray] = None) -> Accepted:
-    return Accepted(mode, np.asarray(accept_lens, dtype=np.float64), rows)
+    return Accepted(mode, np.asarray(accept_lens, dtype=np.float64),
+                    None if rows is None else np.asarray(rows))
