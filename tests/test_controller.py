@@ -750,6 +750,21 @@ def test_the_context_rate_waits_for_contexts_far_enough_apart():
     assert p.step_time(Mode.SPEC, 16, 0) == pytest.approx(t_spec(16) + 0.5e-4)
 
 
+def test_no_context_rate_is_steeper_than_the_line_through_the_origin_and_the_step():
+    """As at bs 128 on the H200 over HTTP: a few speculative steps over 37-41k context tokens
+    fitted 4.8 us a token, and at 55k a step of 18.6 ms read 106 ms (here at bs 16). No step has a negative
+    fixed part: at 1.5x the context a step costs at most 1.5x."""
+    p = controller(replay_prior())
+    for i in range(16):
+        kv = 37_000 + 256 * i
+        p.observe(StepTime(Mode.SPEC, 16, 0.0186 + 4.8e-6 * (kv - 37_000), kv_tokens=kv))
+    p.exchange(lambda v: v)
+    est, _, _, est_kv, slope = p.estimates()["step_s"]["spec"][16]
+    assert slope == pytest.approx(est / est_kv)
+    assert p.step_time(Mode.SPEC, 16, 55_000) == pytest.approx(est * 55_000 / est_kv)
+    assert p.step_time(Mode.SPEC, 16, 55_000) < 0.04
+
+
 def test_dwell_yields_when_the_other_mode_is_far_cheaper():
     """Dwell keeps a mode through a near tie; a new workload whose batch the other mode serves
     far cheaper (long prompts arriving during a speculative run) switches at once."""

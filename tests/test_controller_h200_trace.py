@@ -204,10 +204,11 @@ def _draft_rates_over_http(with_batch_size: bool) -> list[float]:
 def test_over_http_a_stall_beside_a_catch_up_does_not_pass_for_the_drafts_rate():
     """On the H200 over HTTP at C=128 the step before a 2018-token catch-up also processed 87
     finished requests: counted as the catch-up's, it put the draft at 5.9-7 us a token for a
-    minute of serving (the run's own log), where its catch-ups say ~0.9. With the batch size a
-    carry across a change of batch is dropped and the rate stays within 0.2-1 us a token."""
+    minute of serving (the run's own log), where its catch-ups say under 1. With the batch size
+    a carry across a change of batch is dropped and the rate stays at 0-0.8 us a token (0 while
+    the catch-ups' sizes give no rising line)."""
     blind = _draft_rates_over_http(with_batch_size=False)
     seen = _draft_rates_over_http(with_batch_size=True)
     assert max(blind) > 5e-6
     assert 0 < max(seen) < 1.2e-6
-    assert seen[-1] == pytest.approx(blind[-1], rel=0.1)     # the same rate once data is plenty
+    assert seen[-1] == pytest.approx(blind[-1], rel=0.2)     # the same rate once data is plenty

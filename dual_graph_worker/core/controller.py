@@ -160,6 +160,8 @@ class _Slope:
         if var < (self.min_spread * n) ** 2:
             return None
         slope = (n * sxy - sx * sy) / var
+        if slope < 0:                  # no batch costs less for more tokens: noise, a flat line
+            return sy / n, 0.0
         intercept = (sy - slope * sx) / n
         if intercept < 0:
             return 0.0, max(sxy / sxx, 0.0)
@@ -205,6 +207,7 @@ class GoodputController:
         self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._slope = np.zeros(n)          # per key: its own where its contexts spread, else beta
+        self._steepest = np.full(n, np.inf)  # per key: the slope of the line through the origin
         self._kv_reach = np.zeros(n)       # per key: the context its own slope holds out to
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
@@ -394,7 +397,7 @@ class GoodputController:
         if self._samples[i] > 0:
             b = self._slope[i]
             return (self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i],
-                    self._reach(i), max(b, b_mode))
+                    self._reach(i), min(max(b, b_mode), self._steepest[i]))
         idx = self._by_mode[mode]
         seen = idx[self._samples[idx] > 0]
         prior = self._prior[i]
@@ -665,7 +668,14 @@ class GoodputController:
                 if pooled >= spread * float(n[idx].sum()) > 0 else 0.0
         own = var >= spread * np.maximum(n, 1.0)
         beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
-        self._slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
+        slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
+        # No steeper than the line through the origin and the key's recent step: a step has no
+        # negative fixed part. A few samples over a narrow range of contexts can fit any slope
+        # (H200 HTTP run: 4.8 us a context token at bs 128, 0.5 at most, so a step of 18.6 ms
+        # read 106 ms at 1.5x its context and speculation was written off).
+        self._steepest = np.where(self._est_kv > 0,
+                                  self._est / np.maximum(self._est_kv, 1.0), np.inf)
+        self._slope = np.fmin(slope, self._steepest)
         self._kv_reach = sx / per + _CONTEXT_REACH * np.sqrt(np.maximum(var, 0.0) / per)
 
     def _turnover(self) -> tuple[int, int]:
