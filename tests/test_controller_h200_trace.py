@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
@@ -212,3 +213,28 @@ def test_over_http_a_stall_beside_a_catch_up_does_not_pass_for_the_drafts_rate()
     assert max(blind) > 5e-6
     assert 0 < max(seen) < 1.2e-6
     assert seen[-1] == pytest.approx(blind[-1], rel=0.2)     # the same rate once data is plenty
+
+
+def test_over_http_speculation_at_bs_128_is_not_written_off_by_a_slope_from_a_few_steps():
+    """The same run's costs with its start-up prior: its first spec steps at bs 128 came over
+    37-41k context tokens, then the batch decoded while contexts grew to 56k. EAGLE-3 beat plain
+    there (12118 against ~9800 tok/s); a slope fitted to those few steps had the controller
+    expect a spec step of 44-112 ms (18-20 ms measured), so it decoded 238 steps."""
+    t = json.loads(gzip.open(ROOT / "tests/data/h200_http_fa3_run3_costs.json.gz", "rt").read())
+    p = GoodputController(ControllerConfig(t["num_steps"], defers_prefill=True),
+                          {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]},
+                          CalibrationTable.from_json(t["calibration"]))
+    step, expected = 0, {}
+    for row in t["costs"]:
+        if row[0] == "p":
+            p.observe(PrefillTime(row[1], row[2], bool(row[3])))
+            continue
+        mode, pb, seconds, caught, carries, kv, bs = row
+        p.observe(StepTime(MODE[mode], pb, seconds, caught, bool(carries), kv, bs))
+        if step in (800, 900, 1000):
+            expected[step] = (3 * 128 / p.step_time(Mode.SPEC, 128, kv),
+                              128 / p.step_time(Mode.DECODE, 128, kv))
+        step += 1
+        if step % 8 == 0:
+            p.exchange(same_rank)
+    assert all(spec > decode for spec, decode in expected.values()), expected
