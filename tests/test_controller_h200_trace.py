@@ -179,15 +179,16 @@ def test_estimates_after_a_move_follow_the_context(run):
     assert np.mean(blind > 0.2) > 2 * np.mean(got > 0.2)
 
 
-def _draft_rates_over_http(with_batch_size: bool) -> list[float]:
-    """The draft's seconds per token (the catch-up rate the controller prices a switch into
-    speculation with) after each exchange, fed every batch cost of the H200's HTTP run in order
-    (tests/data/h200_http_fa3_run3_costs.json.gz); without the batch size, a carry counts
-    whatever the batch did between the two steps."""
+def _replay_http(prior: bool, with_batch_size: bool = True):
+    """Every batch cost of the H200's HTTP run (tests/data/h200_http_fa3_run3_costs.json.gz) fed
+    in order to a controller (with the run's start-up prior or none) that exchanges every 8
+    steps; yields (controller, step, its context tokens) after each step's cost. Without the
+    batch size, a carry counts whatever the batch did between the two steps."""
     t = json.loads(gzip.open(ROOT / "tests/data/h200_http_fa3_run3_costs.json.gz", "rt").read())
     p = GoodputController(ControllerConfig(t["num_steps"], defers_prefill=True),
-                          {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]})
-    rates, steps = [], 0
+                          {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]},
+                          CalibrationTable.from_json(t["calibration"]) if prior else None)
+    step = 0
     for row in t["costs"]:
         if row[0] == "p":
             p.observe(PrefillTime(row[1], row[2], bool(row[3])))
@@ -195,11 +196,17 @@ def _draft_rates_over_http(with_batch_size: bool) -> list[float]:
         mode, pb, seconds, caught, carries, kv, bs = row
         p.observe(StepTime(MODE[mode], pb, seconds, caught, bool(carries), kv,
                            bs if with_batch_size else 0))
-        steps += 1
-        if steps % 8 == 0:
+        yield p, step, kv
+        step += 1
+        if step % 8 == 0:
             p.exchange(same_rank)
-            rates.append(p.catch_up_s_per_token())
-    return rates
+
+
+def _draft_rates_over_http(with_batch_size: bool) -> list[float]:
+    """The draft's seconds per token (the catch-up rate the controller prices a switch into
+    speculation with) after each exchange."""
+    return [p.catch_up_s_per_token() for p, step, _ in _replay_http(False, with_batch_size)
+            if step and step % 8 == 0]
 
 
 def test_over_http_a_stall_beside_a_catch_up_does_not_pass_for_the_drafts_rate():
@@ -220,21 +227,7 @@ def test_over_http_speculation_at_bs_128_is_not_written_off_by_a_slope_from_a_fe
     37-41k context tokens, then the batch decoded while contexts grew to 56k. EAGLE-3 beat plain
     there (12118 against ~9800 tok/s); a slope fitted to those few steps had the controller
     expect a spec step of 44-112 ms (18-20 ms measured), so it decoded 238 steps."""
-    t = json.loads(gzip.open(ROOT / "tests/data/h200_http_fa3_run3_costs.json.gz", "rt").read())
-    p = GoodputController(ControllerConfig(t["num_steps"], defers_prefill=True),
-                          {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]},
-                          CalibrationTable.from_json(t["calibration"]))
-    step, expected = 0, {}
-    for row in t["costs"]:
-        if row[0] == "p":
-            p.observe(PrefillTime(row[1], row[2], bool(row[3])))
-            continue
-        mode, pb, seconds, caught, carries, kv, bs = row
-        p.observe(StepTime(MODE[mode], pb, seconds, caught, bool(carries), kv, bs))
-        if step in (800, 900, 1000):
-            expected[step] = (3 * 128 / p.step_time(Mode.SPEC, 128, kv),
-                              128 / p.step_time(Mode.DECODE, 128, kv))
-        step += 1
-        if step % 8 == 0:
-            p.exchange(same_rank)
+    expected = {step: (3 * 128 / p.step_time(Mode.SPEC, 128, kv),
+                       128 / p.step_time(Mode.DECODE, 128, kv))
+                for p, step, kv in _replay_http(prior=True) if step in (800, 900, 1000)}
     assert all(spec > decode for spec, decode in expected.values()), expected
