@@ -207,7 +207,6 @@ class GoodputController:
         self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._slope = np.zeros(n)          # per key: its own where its contexts spread, else beta
-        self._steepest = np.full(n, np.inf)  # per key: the slope of the line through the origin
         self._kv_reach = np.zeros(n)       # per key: the context its own slope holds out to
         self._samples = np.zeros(n)
         self._last = np.full(n, -np.inf)         # step of the last fold with samples
@@ -244,13 +243,15 @@ class GoodputController:
         k1 = config.num_draft_tokens + 1.0
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
         self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
-        # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (`_warming`
-        # holds their sum and count meanwhile).
-        self._rows = np.full(config.max_rows, np.nan) if config.max_rows else None
-        self._warming: dict[int, list[float]] = {}
-        # Per row, its admissions (a reused row is a new request); the running batch's rows at
-        # the last exchange with theirs, and the latest step's rows.
-        self._admissions = np.zeros(config.max_rows, dtype=np.int64) if config.max_rows else None
+        # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (their sum and
+        # count meanwhile); its admissions (a reused row holds a new request). The running
+        # batch's rows at the last exchange with theirs, and the latest step's rows.
+        rows = config.max_rows
+        self._rows = np.full(rows, np.nan) if rows else None
+        self._draw_sum = np.zeros(rows)
+        self._draws = np.zeros(rows)
+        self._admissions = np.zeros(rows, dtype=np.int64) if rows else None
+        self._admitted_at = np.full(rows, -1, dtype=np.int64)     # _turnover's scratch
         self._members: Optional[tuple[np.ndarray, np.ndarray]] = None
         self._batch_rows: Optional[np.ndarray] = None
         # What a request not measured yet is expected to accept: the first estimates of the
@@ -397,7 +398,7 @@ class GoodputController:
         if self._samples[i] > 0:
             b = self._slope[i]
             return (self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i],
-                    self._reach(i), min(max(b, b_mode), self._steepest[i]))
+                    self._reach(i), min(max(b, b_mode), float(self._steepest(i))))
         idx = self._by_mode[mode]
         seen = idx[self._samples[idx] > 0]
         prior = self._prior[i]
@@ -465,10 +466,9 @@ class GoodputController:
             self._prompt_window += event.tokens
             if event.rows is not None and self._rows is not None:
                 self._rows[event.rows] = np.nan
+                self._draw_sum[event.rows] = 0.0
+                self._draws[event.rows] = 0.0
                 self._admissions[event.rows] += 1
-                if self._warming:
-                    for row in event.rows.tolist():
-                        self._warming.pop(row, None)
         elif isinstance(event, PrefillTime):
             carry, self._carry = self._carry or 0.0, None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
@@ -502,11 +502,15 @@ class GoodputController:
             return
         warm = r != r
         self._rows[event.rows] = np.where(warm, r, r + _ROW_ALPHA * (lens - r))
-        done = [self._warm_draw(row, accept)
-                for row, accept in zip(event.rows[warm].tolist(), lens[warm].tolist())]
-        done = [d for d in done if d is not None]
-        if done:
-            self._fresh += _first_weight(len(done)) * (sum(done) / len(done) - self._fresh)
+        new = event.rows[warm]
+        self._draw_sum[new] += lens[warm]
+        self._draws[new] += 1.0
+        done = new[self._draws[new] >= _FIRST_DRAWS]
+        if len(done):
+            firsts = self._draw_sum[done] / _FIRST_DRAWS
+            self._rows[done] = firsts
+            self._fresh += _first_weight(len(done)) * (sum(firsts.tolist()) / len(done)
+                                                       - self._fresh)
 
     def _observe_row(self, row: int, accept: float) -> None:
         """_observe_accept's per-request update for a batch of one, in floats: the same
@@ -515,21 +519,12 @@ class GoodputController:
         if r == r:
             self._rows[row] = r + _ROW_ALPHA * (accept - r)
             return
-        first = self._warm_draw(row, accept)
-        if first is not None:
+        self._draw_sum[row] += accept
+        self._draws[row] += 1.0
+        if self._draws[row] >= _FIRST_DRAWS:
+            first = float(self._draw_sum[row]) / _FIRST_DRAWS
+            self._rows[row] = first
             self._fresh += _first_weight(1) * (first - self._fresh)
-
-    def _warm_draw(self, row: int, accept: float) -> Optional[float]:
-        """One of a request's first draws; at the last of them, its estimate (their mean) is
-        set and returned."""
-        acc = self._warming.setdefault(row, [0.0, 0])
-        acc[0] += accept
-        acc[1] += 1
-        if acc[1] < _FIRST_DRAWS:
-            return None
-        del self._warming[row]
-        self._rows[row] = mean = acc[0] / acc[1]
-        return mean
 
     def _observe_step(self, event: StepTime) -> None:
         key = (event.mode, int(event.padded_bs))
@@ -673,10 +668,13 @@ class GoodputController:
         # negative fixed part. A few samples over a narrow range of contexts can fit any slope
         # (H200 HTTP run: 4.8 us a context token at bs 128, 0.5 at most, so a step of 18.6 ms
         # read 106 ms at 1.5x its context and speculation was written off).
-        self._steepest = np.where(self._est_kv > 0,
-                                  self._est / np.maximum(self._est_kv, 1.0), np.inf)
-        self._slope = np.fmin(slope, self._steepest)
+        self._slope = np.fmin(slope, self._steepest(slice(None)))
         self._kv_reach = sx / per + _CONTEXT_REACH * np.sqrt(np.maximum(var, 0.0) / per)
+
+    def _steepest(self, i: int | slice):
+        """Key i's (or keys') slope of the line through the origin and its recent step."""
+        est_kv = self._est_kv[i]
+        return np.where(est_kv > 0, self._est[i] / np.maximum(est_kv, 1.0), np.inf)
 
     def _turnover(self) -> tuple[int, int]:
         """Requests that joined and left the running batch since the last exchange, from its
@@ -691,9 +689,10 @@ class GoodputController:
         if last is None:
             return len(rows), 0
         last_rows, last_admissions = last
-        here = np.full(len(self._admissions), -1, dtype=np.int64)
+        here = self._admitted_at
         here[rows] = admissions
         stayed = int(np.count_nonzero(here[last_rows] == last_admissions))
+        here[rows] = -1
         return len(rows) - stayed, len(last_rows) - stayed
 
     def _replaced(self) -> float:

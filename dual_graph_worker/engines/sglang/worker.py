@@ -516,7 +516,6 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._step_log.write_event("estimates", time.time(),
                                        **{k: v for k, v in estimates.items() if k != "step_s"})
 
-
     def dgw_internal_state(self) -> dict:
         """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
         state = self.counters.to_json()
