@@ -765,6 +765,39 @@ def test_no_context_rate_is_steeper_than_the_line_through_the_origin_and_the_ste
     assert p.step_time(Mode.SPEC, 16, 55_000) < 0.04
 
 
+def test_a_few_steps_of_a_large_batch_give_no_context_rate_of_their_own():
+    """HTTP run 4 at bs 105: four spec steps over 39.6-40.5k context tokens (such a batch adds
+    ~315 a step) fitted a rate nine times the mode's, and a step read 23 ms at 52k where they
+    took 18-19. Contexts spread less than a tenth of their mean take the mode's rate."""
+    p = controller(replay_prior())
+    for i in range(64):              # the mode's rate, from bs 16 over 4-20k tokens: 50 ns
+        kv = 4096 + 256 * i
+        p.observe(StepTime(Mode.SPEC, 16, 0.008 + 5e-8 * kv, kv_tokens=kv))
+    p.exchange(lambda v: v)
+    for i, t in enumerate((0.0186, 0.0195, 0.0194, 0.0198)):
+        p.observe(StepTime(Mode.SPEC, 32, t, kv_tokens=39_600 + 315 * i))
+    p.exchange(lambda v: v)
+    slope = p.estimates()["step_s"]["spec"][32][4]
+    assert slope == pytest.approx(p.estimates()["context_s_per_token"]["spec"], rel=0.05)
+    assert p.step_time(Mode.SPEC, 32, 52_000) < 0.0205
+
+
+def test_a_lone_stall_is_no_step_sample_two_in_a_row_are():
+    """A step 7x its size's line (a GC pause, finished requests' host work: 135 ms among 19 ms
+    steps on the H200) is held back; the size's next step, if as slow, is its cost now."""
+    p = controller(replay_prior())
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16)))
+    p.exchange(lambda v: v)
+    p.observe(StepTime(Mode.SPEC, 16, 7 * t_spec(16)))
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16)))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 16) == pytest.approx(t_spec(16))
+    for _ in range(2):
+        p.observe(StepTime(Mode.SPEC, 16, 4 * t_spec(16)))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 16) > 1.4 * t_spec(16)
+
+
 def test_dwell_yields_when_the_other_mode_is_far_cheaper():
     """Dwell keeps a mode through a near tie; a new workload whose batch the other mode serves
     far cheaper (long prompts arriving during a speculative run) switches at once."""

@@ -179,12 +179,14 @@ def test_estimates_after_a_move_follow_the_context(run):
     assert np.mean(blind > 0.2) > 2 * np.mean(got > 0.2)
 
 
-def _replay_http(prior: bool, with_batch_size: bool = True):
-    """Every batch cost of the H200's HTTP run (tests/data/h200_http_fa3_run3_costs.json.gz) fed
-    in order to a controller (with the run's start-up prior or none) that exchanges every 8
-    steps; yields (controller, step, its context tokens) after each step's cost. Without the
-    batch size, a carry counts whatever the batch did between the two steps."""
-    t = json.loads(gzip.open(ROOT / "tests/data/h200_http_fa3_run3_costs.json.gz", "rt").read())
+def _replay_http(prior: bool, with_batch_size: bool = True, run: int = 3):
+    """Every batch cost of an H200 HTTP run (tests/data/h200_http_fa3_run{3,4}_costs.json.gz,
+    made with `python -m bench.sglang.step_costs LOG --trace`) fed in order to a controller
+    (with the run's start-up prior or none) that exchanges every 8 steps; yields (controller,
+    step, its context tokens) after each step's cost. Without the batch size, a carry counts
+    whatever the batch did between the two steps."""
+    t = json.loads(gzip.open(ROOT / f"tests/data/h200_http_fa3_run{run}_costs.json.gz",
+                             "rt").read())
     p = GoodputController(ControllerConfig(t["num_steps"], defers_prefill=True),
                           {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]},
                           CalibrationTable.from_json(t["calibration"]) if prior else None)
@@ -213,12 +215,13 @@ def test_over_http_a_stall_beside_a_catch_up_does_not_pass_for_the_drafts_rate()
     """On the H200 over HTTP at C=128 the step before a 2018-token catch-up also processed 87
     finished requests: counted as the catch-up's, it put the draft at 5.9-7 us a token for a
     minute of serving (the run's own log), where its catch-ups say under 1. With the batch size
-    a carry across a change of batch is dropped and the rate stays at 0-0.8 us a token (0 while
-    the catch-ups' sizes give no rising line)."""
+    a carry across a change of batch is dropped and the rate stays at 0-1.3 us a token (0 while
+    the catch-ups' sizes give no rising line; 0.8 at most before lone stalls were held back
+    from step times: a carried excess is now measured against a step without them)."""
     blind = _draft_rates_over_http(with_batch_size=False)
     seen = _draft_rates_over_http(with_batch_size=True)
     assert max(blind) > 5e-6
-    assert 0 < max(seen) < 1.2e-6
+    assert 0 < max(seen) < 2e-6
     assert seen[-1] == pytest.approx(blind[-1], rel=0.2)     # the same rate once data is plenty
 
 
@@ -231,3 +234,14 @@ def test_over_http_speculation_at_bs_128_is_not_written_off_by_a_slope_from_a_fe
                        128 / p.step_time(Mode.DECODE, 128, kv))
                 for p, step, kv in _replay_http(prior=True) if step in (800, 900, 1000)}
     assert all(spec > decode for spec, decode in expected.values()), expected
+
+
+def test_over_http_a_lone_stall_at_a_new_size_does_not_price_speculation_out():
+    """HTTP run 4 at C=128: when 22 requests finished, the batch's first step at spec bs 112
+    took 135 ms (its neighbours 18-20 ms). As that size's first sample it made a spec step read
+    41 ms, and the worker decoded the 117 steps left of the level, where EAGLE-3 speculated.
+    Held back as a lone stall, the size reads ~18 ms and speculation stays ahead."""
+    expected = [(3 * 105 / p.step_time(Mode.SPEC, 112, kv), 105 / p.step_time(Mode.DECODE, 112, kv))
+                for p, step, kv in _replay_http(prior=True, run=4) if 736 <= step <= 840]
+    assert len(expected) == 105
+    assert all(spec > 1.2 * decode for spec, decode in expected), min(expected)

@@ -540,6 +540,37 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
         step_costs.main([str(tmp_path / "missing.jsonl")])
 
 
+def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
+    """--trace: every batch cost in order with the worker's graph lists and prior, the form
+    tests/test_controller_h200_trace.py replays; a log without its 'ready' line is refused."""
+    import gzip
+    import json
+
+    from bench.sglang import step_costs
+    from dual_graph_worker.core.step_log import StepLogWriter
+
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log.write_event("ready", 0.0, num_steps=3, spec_bs=[1, 2], decode_bs=[1, 2, 4],
+                    calibration={"num_draft_tokens": 3, "latency_s": []})
+    log.write_event("cost", 0.1, kind="PrefillTime", tokens=64, seconds=0.01, draft=True)
+    log.write_event("cost", 0.2, kind="StepTime", mode="spec", padded_bs=2, seconds=0.007,
+                    catch_up_tokens=0, carries_next=False, kv_tokens=130, bs=2)
+    log.write_event("cost", 0.3, kind="StepTime", mode="decode", padded_bs=1, seconds=0.005,
+                    catch_up_tokens=0, carries_next=True, kv_tokens=66, bs=1)
+    log.close()
+    out = tmp_path / "t.json.gz"
+    assert step_costs.main([str(tmp_path / "steps.jsonl"), "--trace", str(out),
+                            "--source", "a test"]) == 0
+    t = json.loads(gzip.open(out, "rt").read())
+    assert t["costs"] == [["p", 64, 0.01, 1], ["s", 2, 0.007, 0, 0, 130, 2],
+                          ["d", 1, 0.005, 0, 1, 66, 1]]
+    assert (t["source"], t["spec_bs"], t["num_steps"]) == ("a test", [1, 2], 3)
+    (tmp_path / "bare.jsonl").write_text((tmp_path / "steps.jsonl").read_text().split("\n", 1)[1])
+    with pytest.raises(SystemExit):
+        step_costs.main([str(tmp_path / "bare.jsonl"), "--trace", str(out)])
+    assert "no 'ready' line" in capsys.readouterr().err
+
+
 def test_step_costs_show_the_controllers_cost_terms_over_time(tmp_path):
     """The step log's "estimates" lines become a table; a log without them adds nothing."""
     from bench.sglang import step_costs

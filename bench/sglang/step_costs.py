@@ -5,14 +5,17 @@ apart: whether steps near a switch cost more than the steady ones, and by how mu
 --cells (an engine's JSON from the policy matrix, whose points carry their wall-clock window):
 per cell, the steps by mode and reason, median step ms per (mode, padded bs), catch-ups and
 prefill seconds: where a cell's time went. The controller's cost terms, where the log has them
-("estimates" lines, every 64 steps), follow as a table over time.
+("estimates" lines, every 64 steps), follow as a table over time. With --trace, the log's batch
+costs in order as the replay trace tests/test_controller_h200_trace.py reads.
 
     python -m bench.sglang.step_costs STEP_LOG [--cells DIR/dual.json] [--out FILE.md]
+                                      [--trace FILE.json.gz --source TEXT]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from collections import defaultdict
@@ -141,6 +144,26 @@ def full_report(log: list[dict], engine: Optional[dict] = None) -> str:
     return text + estimates_report(log)
 
 
+def trace(log: list[dict], source: str) -> dict:
+    """Every batch cost the controller observed, in order, with the worker's graph lists and its
+    start-up prior: step rows [s/d, padded bs, seconds, catch-up tokens, carries next, context
+    tokens, bs], prefill rows [p, tokens, seconds, draft]."""
+    ready = next((e for e in log if e.get("event") == "ready"), None)
+    if ready is None:
+        raise ValueError("no 'ready' line: not a worker's step log from its start")
+    costs = []
+    for e in log:
+        if e.get("event") != "cost":
+            continue
+        if e.get("kind") == "StepTime":
+            costs.append([e["mode"][0], e["padded_bs"], e["seconds"], e["catch_up_tokens"],
+                          int(e["carries_next"]), e["kv_tokens"], e.get("bs", 0)])
+        elif e.get("kind") == "PrefillTime":
+            costs.append(["p", e["tokens"], e["seconds"], int(e["draft"])])
+    return {"source": source, "num_steps": ready["num_steps"], "spec_bs": ready["spec_bs"],
+            "decode_bs": ready["decode_bs"], "costs": costs, "calibration": ready["calibration"]}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.step_costs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +171,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--cells", metavar="ENGINE_JSON",
                     help="the worker's engine JSON of the same run (policy matrix DIR/dual.json)")
     ap.add_argument("--out", help="also write the table here")
+    ap.add_argument("--trace", metavar="FILE.json.gz", help="write the replay trace here")
+    ap.add_argument("--source", default="", help="the trace's provenance line")
     args = ap.parse_args(argv)
     if not Path(args.step_log).is_file():
         ap.error(f"{args.step_log}: no such step log; run the worker with DGW_STEP_LOG=PATH")
@@ -157,7 +182,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             engine = json.loads(Path(args.cells).read_text())
         except (OSError, ValueError) as e:
             ap.error(f"--cells {args.cells}: not an engine JSON ({e})")
-    text = full_report(list(json_lines(args.step_log)), engine)   # step records and events
+    log = list(json_lines(args.step_log))                        # step records and events
+    if args.trace:
+        try:
+            costs = trace(log, args.source)
+        except ValueError as e:
+            ap.error(f"{args.step_log}: {e}")
+        with gzip.open(args.trace, "wt") as f:
+            json.dump(costs, f, separators=(",", ":"))
+        print(f"wrote {args.trace}: {len(costs['costs'])} costs")
+        return 0
+    text = full_report(log, engine)
     if args.out:
         Path(args.out).write_text(text)
     print(text, end="")

@@ -26,6 +26,9 @@ from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellSt
 
 # A sample this many times the current estimate is an idle gap, not a step.
 _OUTLIER = 8.0
+# One this many times it is a stall (a GC pause, finished requests' host work), unless the key's
+# next step is one too: then it is the key's cost now.
+_SPIKE = 3.0
 _NO_ESTIMATE_MAX_S = 2.0
 # Per exchange, how much of the prompt/output token history is kept (~20 exchanges).
 _WORKLOAD_DECAY = 0.95
@@ -42,6 +45,9 @@ _RATIO_MIN_TOKENS = 512
 # A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
 # noise of a few hundred microseconds passes for a rate.
 _MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
+# A key's own context slope needs its contexts spread this share of their mean: a batch of 100
+# grows ~300 tokens a step, so a few steps spread past _MIN_SPREAD and their noise fits any slope.
+_OWN_SPREAD = 0.1
 # Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
 # more slowly than step times drift.
 _CONTEXT_DECAY = 0.99
@@ -215,6 +221,7 @@ class GoodputController:
         self._catch_up = {at_switch: _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
+        self._spiked = np.zeros(n, dtype=bool)    # rank-local: the key's last step was held back
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
         # to that batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
@@ -563,6 +570,12 @@ class GoodputController:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
+        # A lone stall is no step either (H200 HTTP run: a 135 ms step among 19 ms ones, the
+        # first at its size, read 41 ms and decoded 117 steps); two in a row are the key's cost.
+        if expected is not None and event.seconds > _SPIKE * expected and not self._spiked[i]:
+            self._spiked[i] = True
+            return
+        self._spiked[i] = False
         acc = self._step_sums.get(i)
         if acc is None:
             acc = self._step_sums[i] = [0.0] * _KEY_SLOTS
@@ -661,7 +674,7 @@ class GoodputController:
             pooled = float(var[idx].sum())
             self._beta[m] = max(float(cov[idx].sum()) / pooled, 0.0) \
                 if pooled >= spread * float(n[idx].sum()) > 0 else 0.0
-        own = var >= spread * np.maximum(n, 1.0)
+        own = var >= np.maximum(spread, (_OWN_SPREAD * sx / per) ** 2) * np.maximum(n, 1.0)
         beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
         slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
         # No steeper than the line through the origin and the key's recent step: a step has no
