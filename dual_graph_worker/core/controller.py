@@ -570,8 +570,8 @@ class GoodputController:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
-        # A lone stall is no step either (H200 HTTP run: a 135 ms step among 19 ms ones, the
-        # first at its size, read 41 ms and decoded 117 steps); two in a row are the key's cost.
+        # A lone stall is no step either: as a size's first sample it would price its mode out
+        # until the size is re-measured. Two in a row are the key's cost.
         if expected is not None and event.seconds > _SPIKE * expected and not self._spiked[i]:
             self._spiked[i] = True
             return
@@ -678,9 +678,7 @@ class GoodputController:
         beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
         slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
         # No steeper than the line through the origin and the key's recent step: a step has no
-        # negative fixed part. A few samples over a narrow range of contexts can fit any slope
-        # (H200 HTTP run: 4.8 us a context token at bs 128, 0.5 at most, so a step of 18.6 ms
-        # read 106 ms at 1.5x its context and speculation was written off).
+        # negative fixed part, and a few samples over a narrow range of contexts fit any slope.
         self._slope = np.fmin(slope, self._steepest(slice(None)))
         self._kv_reach = sx / per + _CONTEXT_REACH * np.sqrt(np.maximum(var, 0.0) / per)
 
