@@ -623,6 +623,11 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
                             str(tmp_path / "dual.json")]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| a3 ")]
     assert rows == [
-        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | 0.000 |",
+        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | - | 0.000 |",
         "| a3 256x256 C=16 | 2000 | 2.00 | decode/goodput 3, spec/goodput 1 | d16 5.00 (3) "
-        "| 1, 512, 30.0 | 0.250 |"]
+        "| - | 1, 512, 30.0 | 0.250 |"]
+    # Each mode's ms per output token from the cell's own steps, spec at the forced length.
+    own = {"s16": [0.021, 0.020, 0.022], "d16": [0.005] * 3, "d8": [0.004] * 2}
+    assert step_costs.own_choice(own, 16, 3.0) == "0.438 / 0.312: d"
+    assert step_costs.own_choice(own, 16, 4.5) == "0.292 / 0.312: s"
+    assert step_costs.own_choice(own, 16, None) == "-"

@@ -59,8 +59,9 @@ def report(groups: dict[tuple[str, int, str], list[float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cells(engine: dict) -> list[tuple[str, dict]]:
-    """(label, point) per measured cell of an engine_child result, in run order."""
+def cells(engine: dict) -> list[tuple[str, dict, Optional[float]]]:
+    """(label, point, forced accept length or None) per measured cell of an engine_child
+    result, in run order."""
     out, accept = [], None
     for name, task in (engine.get("tasks") or {}).items():
         if "accept_len" in task and "points" not in task:
@@ -69,15 +70,31 @@ def cells(engine: dict) -> list[tuple[str, dict]]:
         for p in task.get("points", []):
             label = (f"a{accept:g} " if accept is not None else "") + \
                 f"{task['input_len']}x{task['output_len']} C={p['concurrency']}"
-            out.append((label, p))
-    return sorted(out, key=lambda lp: lp[1]["t_start"])
+            out.append((label, p, accept))
+    return sorted(out, key=lambda c: c[1]["t_start"])
+
+
+def own_choice(steps: dict[str, list[float]], bs: int, accept: Optional[float]) -> str:
+    """Each mode's ms per output token from the cell's own median steps (the size with most
+    samples; spec at the forced accept length), and the faster: whether the worker's choice
+    matched its own process's speeds, whatever another engine's process ran at."""
+    per_token = {}
+    for mode, tokens in (("s", (accept or 0.0) * bs), ("d", float(bs))):
+        sizes = [v for k, v in steps.items() if k[0] == mode and len(v) >= 3]
+        if sizes and tokens > 0:
+            per_token[mode] = 1e3 * statistics.median(max(sizes, key=len)) / tokens
+    if len(per_token) < 2:
+        return "-"
+    faster = min(per_token, key=per_token.get)
+    return f"{per_token['s']:.3f} / {per_token['d']:.3f}: {faster}"
 
 
 def cell_report(log: list[dict], engine: dict) -> str:
     """One row per cell from the step log's lines (step records and events)."""
     lines = ["| cell | tok/s | wall s | steps by mode/reason | median step ms (n) by mode+bs | "
-             "catch-ups: n, tokens, ms | prefill s |", "|---|---|---|---|---|---|---|"]
-    for label, p in cells(engine):
+             "own ms/token, spec / decode: faster | catch-ups: n, tokens, ms | prefill s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, p, accept in cells(engine):
         inside = [e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]]
         reasons: dict[str, int] = defaultdict(int)
         for e in inside:
@@ -100,7 +117,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
               if ups else "-")
         lines.append(f"| {label} | {p['tok_s']:.0f} | {p['seconds']:.2f} | "
                      + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
-                     + f" | {med} | {up} | {prefill:.3f} |")
+                     + f" | {med} | {own_choice(steps, p['concurrency'], accept)} | {up} | "
+                     f"{prefill:.3f} |")
     return "\n".join(lines) + "\n"
 
 
