@@ -98,6 +98,34 @@ def test_the_workers_series_are_scraped_from_a_metrics_page():
     assert not any(k.startswith("sglang") or "_created" in k for k in got)
 
 
+def test_forward_seconds_time_every_server_alike_and_table_each_level(tmp_path):
+    """--forward-seconds: SGLang's device timer on in every server; a level's GPU-busy seconds
+    by forward kind (the counter's rise over the level) against its duration."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    cfg = sb.parse_args(["--out", str(tmp_path), "--forward-seconds"])
+    for kind in sb.ENGINES:
+        assert sb.engine_env(kind, cfg)["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+    assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER" not in sb.engine_env("dual", _cfg(tmp_path))
+    reg = CollectorRegistry()
+    busy = Counter("sglang:forward_execution_seconds", "GPU busy", ["category", "tp_rank"],
+                   registry=reg)
+    busy.labels(category="decode", tp_rank="0").inc(2.5)
+    busy.labels(category="decode", tp_rank="1").inc(0.5)
+    busy.labels(category="extend", tp_rank="0").inc(1.25)
+    page = generate_latest(reg).decode()
+    assert sb.counter_by_label(page, "sglang:forward_execution_seconds", "category") == {
+        "decode": 3.0, "extend": 1.25}
+    m = {k: 1.0 for k in sb.FIELDS} | {"duration": 4.0, "output_throughput": 100.0}
+    points = [sb.ServePoint("eagle3", 128, m, forward_s={"decode": 2.0, "extend": 1.0}),
+              sb.ServePoint("dual", 128, m, forward_s={"decode": 2.5})]
+    text = sb.report(cfg, points)
+    assert "| engine | C | duration s | decode | extend | busy / duration |" in text
+    assert "| eagle3 | 128 | 4.00 | 2.00 | 1.00 | 0.750 |" in text
+    assert "| dual | 128 | 4.00 | 2.50 | 0.00 | 0.625 |" in text
+    assert "GPU-busy" not in sb.report(cfg, [sb.ServePoint("dual", 128, m)])
+
+
 def test_report_shows_ratios_against_each_baseline_and_failures(tmp_path):
     cfg = _cfg(tmp_path, concurrency=(1, 128))
     m = lambda tps: {k: 1.0 for k in sb.FIELDS} | {"output_throughput": tps}  # noqa: E731

@@ -7,7 +7,8 @@ the way SGLang users compare servers.
 
 Each engine is one `python -m sglang.launch_server` (radix cache on, as SGLang ships) serving
 `python -m sglang.benchmark.serving --dataset-name random-ids` at every --max-concurrency in
-turn; after each level the server's /metrics is scraped for the worker's dgw_* series. Without
+turn; after each level the server's /metrics is scraped for the worker's dgw_* series (and, with
+--forward-seconds, every server's GPU-busy seconds of the level by forward kind). Without
 --model the target is a Llama-3-8B-shaped checkpoint with DUMMY weights and a word-level
 tokenizer, and acceptance is FORCED with SGLANG_SIMULATE_ACC_LEN (dummy weights accept
 nothing); the report says so. Writes DIR/serve-bench.json, DIR/report.md and DIR/serve-bench.png.
@@ -81,6 +82,7 @@ class ServeBenchConfig:
     resume: bool = False
     dual_env: tuple[tuple[str, str], ...] = ()     # DGW_* settings of the worker's server
     step_log: bool = False                          # the worker writes OUT/dual.steps.jsonl
+    forward_seconds: bool = False                   # every server times its forwards (below)
 
     @property
     def dummy(self) -> bool:
@@ -111,6 +113,7 @@ class ServePoint:
     concurrency: int
     metrics: dict = field(default_factory=dict)
     dgw: dict = field(default_factory=dict)
+    forward_s: dict = field(default_factory=dict)   # the level's GPU-busy seconds by kind
     error: Optional[str] = None
 
 
@@ -197,6 +200,32 @@ def metric_total(metrics_text: str, family: str) -> float:
                for s in f.samples if s.name == f"{family}_total")
 
 
+# SGLang's device timer: CUDA events around every forward, summed per kind into
+# sglang:forward_execution_seconds_total{category}. Set alike for every server.
+FORWARD_TIMER_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
+
+
+def counter_by_label(metrics_text: str, family: str, label: str) -> dict[str, float]:
+    """One counter family's samples on a /metrics page, summed per value of `label`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for f in text_string_to_metric_families(metrics_text):
+        for s in f.samples:
+            if s.name == f"{family}_total":
+                key = s.labels.get(label, "")
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def forward_seconds(cfg: ServeBenchConfig) -> dict[str, float]:
+    """The server's GPU-busy seconds so far by forward kind ({} without --forward-seconds)."""
+    if not cfg.forward_seconds:
+        return {}
+    return counter_by_label(_get(f"{cfg.url}/metrics"), "sglang:forward_execution_seconds",
+                            "category")
+
+
 def write_dummy_checkpoints(folder: Path) -> tuple[str, str]:
     shapes = llama3_8b_shapes()
     target, draft = write_dummy_pair(folder, shapes)
@@ -271,6 +300,8 @@ def engine_env(kind: str, cfg: ServeBenchConfig) -> dict:
     env = dict(os.environ)
     if cfg.accept is not None and kind != "plain":
         env["SGLANG_SIMULATE_ACC_LEN"] = str(cfg.accept)
+    if cfg.forward_seconds:
+        env |= FORWARD_TIMER_ENV
     if kind == "dual":
         env |= dict(cfg.dual_env)
         if cfg.step_log:
@@ -296,12 +327,15 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
             for c in cfg.concurrency:
                 tag = f"{kind}-c{c}"
                 client_log = cfg.out / f"{tag}.client.log"
+                busy = forward_seconds(cfg)
                 with open(client_log, "w") as log:
                     rc = subprocess.call(client_command(cfg, c, target, raw, tag),
                                          env=clients, stdout=log,
                                          stderr=subprocess.STDOUT)
                 point = ServePoint(kind, c, read_results(raw).get(tag, {}))
                 point.dgw = dgw_series(_get(f"{cfg.url}/metrics"))
+                point.forward_s = {k: v - busy.get(k, 0.0)
+                                   for k, v in forward_seconds(cfg).items()}
                 if rc != 0 or not point.metrics:
                     point.error = (f"client exited with {rc}: "
                                    f"{last_error(client_log.read_text(errors='replace'))}")
@@ -395,7 +429,25 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
     if ratios:
         lines += ["", "dual / each baseline, output tok/s:", "", "| C | / plain | / EAGLE-3 |",
                   "|---|---|---|", *ratios]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + busy_table(points)) + "\n"
+
+
+def busy_table(points: list[ServePoint]) -> list[str]:
+    """Each level's GPU-busy seconds by forward kind against its duration (the rest: the
+    host, the client, gaps), where the servers timed their forwards."""
+    timed = [p for p in points if p.forward_s and p.metrics.get("duration")]
+    kinds = sorted({k for p in timed for k in p.forward_s})
+    if not timed:
+        return []
+    rows = ["", "GPU-busy seconds per level (SGLANG_ENABLE_METRICS_DEVICE_TIMER, every server):",
+            "", "| engine | C | duration s | " + " | ".join(kinds) + " | busy / duration |",
+            "|---|---|---|" + "---|" * (len(kinds) + 1)]
+    for p in timed:
+        busy = sum(p.forward_s.values())
+        rows.append(f"| {p.engine} | {p.concurrency} | {p.metrics['duration']:.2f} | "
+                    + " | ".join(f"{p.forward_s.get(k, 0.0):.2f}" for k in kinds)
+                    + f" | {busy / p.metrics['duration']:.3f} |")
+    return rows
 
 
 def plot(cfg: ServeBenchConfig, points: list[ServePoint], path: Path) -> None:
@@ -449,6 +501,10 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                     help="the worker writes OUT/dual.steps.jsonl (modes, measured costs, the "
                          "controller's cost terms; a little host time a step) and "
                          "OUT/step-costs.md")
+    ap.add_argument("--forward-seconds", action="store_true",
+                    help="every server times its forwards with CUDA events "
+                         "(SGLANG_ENABLE_METRICS_DEVICE_TIMER=1) and the report tables each "
+                         "level's GPU-busy seconds by forward kind against its duration")
     ap.add_argument("--soak", type=int, default=0, metavar="N",
                     help="after the engines, N requests against a worker under a switching "
                          "policy, random lengths and aborts; T=0 checks against plain")
@@ -481,7 +537,8 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
                             min_prompts=args.min_prompts,
                             soak=soak.SoakConfig(requests=args.soak) if args.soak else None,
                             resume=args.resume, server_args=server_flags(args.attention_backend),
-                            dual_env=dual_env, step_log=args.step_log)
+                            dual_env=dual_env, step_log=args.step_log,
+                            forward_seconds=args.forward_seconds)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
