@@ -194,10 +194,7 @@ def dgw_series(metrics_text: str) -> dict[str, float]:
 
 def metric_total(metrics_text: str, family: str) -> float:
     """Sum of one counter family's samples (every label set) on a /metrics page."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(s.value for f in text_string_to_metric_families(metrics_text)
-               for s in f.samples if s.name == f"{family}_total")
+    return sum(counter_by_label(metrics_text, family, "").values())
 
 
 # SGLang's device timer: CUDA events around every forward, summed per kind into
@@ -218,12 +215,9 @@ def counter_by_label(metrics_text: str, family: str, label: str) -> dict[str, fl
     return out
 
 
-def forward_seconds(cfg: ServeBenchConfig) -> dict[str, float]:
-    """The server's GPU-busy seconds so far by forward kind ({} without --forward-seconds)."""
-    if not cfg.forward_seconds:
-        return {}
-    return counter_by_label(_get(f"{cfg.url}/metrics"), "sglang:forward_execution_seconds",
-                            "category")
+def forward_seconds(metrics_text: str) -> dict[str, float]:
+    """A server's GPU-busy seconds so far by forward kind, from its /metrics page."""
+    return counter_by_label(metrics_text, "sglang:forward_execution_seconds", "category")
 
 
 def write_dummy_checkpoints(folder: Path) -> tuple[str, str]:
@@ -327,15 +321,18 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
             for c in cfg.concurrency:
                 tag = f"{kind}-c{c}"
                 client_log = cfg.out / f"{tag}.client.log"
-                busy = forward_seconds(cfg)
+                busy = forward_seconds(_get(f"{cfg.url}/metrics")) if cfg.forward_seconds \
+                    else {}
                 with open(client_log, "w") as log:
                     rc = subprocess.call(client_command(cfg, c, target, raw, tag),
                                          env=clients, stdout=log,
                                          stderr=subprocess.STDOUT)
                 point = ServePoint(kind, c, read_results(raw).get(tag, {}))
-                point.dgw = dgw_series(_get(f"{cfg.url}/metrics"))
-                point.forward_s = {k: v - busy.get(k, 0.0)
-                                   for k, v in forward_seconds(cfg).items()}
+                page = _get(f"{cfg.url}/metrics")
+                point.dgw = dgw_series(page)
+                if cfg.forward_seconds:
+                    point.forward_s = {k: v - busy.get(k, 0.0)
+                                       for k, v in forward_seconds(page).items()}
                 if rc != 0 or not point.metrics:
                     point.error = (f"client exited with {rc}: "
                                    f"{last_error(client_log.read_text(errors='replace'))}")

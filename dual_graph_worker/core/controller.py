@@ -221,7 +221,7 @@ class GoodputController:
         self._catch_up = {at_switch: _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
-        self._spiked = np.zeros(n, dtype=bool)    # rank-local: the key's last step was held back
+        self._spiked = [False] * n      # rank-local, per key: its last step was held back
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
         # to that batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
