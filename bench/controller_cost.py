@@ -3,6 +3,7 @@ plan (decide + commit; an exchange every sync_every steps), one StepTime and one
 observation, at the batch sizes a server runs, over growing contexts. CPU only; prints a table, writes JSON.
 
     python -m bench.controller_cost [--out out/controller-cost.json] [--steps 20000]
+                                    [--sync-every N]
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ DECODE = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 
           144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256)
 
 
-def planner() -> StepPlanner:
+def planner(settings: Settings = Settings()) -> StepPlanner:
     prior = {GraphKey(Mode.SPEC, b): 0.01 + 1e-4 * b for b in SPEC}
     prior |= {GraphKey(Mode.DECODE, b): 0.008 + 2e-5 * b for b in DECODE}
     table = DispatchTable.build(SPEC, DECODE)
-    policy = build_policy(Settings(), PolicyContext(3, {Mode.SPEC: SPEC, Mode.DECODE: DECODE},
+    policy = build_policy(settings, PolicyContext(3, {Mode.SPEC: SPEC, Mode.DECODE: DECODE},
                                                     CalibrationTable(prior, 3), True, 512))
     return StepPlanner(table, policy)
 
 
-def per_step_us(bs: int, steps: int) -> list[float]:
-    p = planner()
+def per_step_us(bs: int, steps: int, settings: Settings = Settings()) -> list[float]:
+    p = planner(settings)
     rows = np.arange(1, bs + 1)
     accept = np.full(bs, 3.0)
     samples = []
@@ -59,14 +60,19 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/controller-cost.json")
     ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--sync-every", type=int, default=Settings().sync_every,
+                    help="steps between exchanges (DGW_SYNC_EVERY; default %(default)s)")
     args = ap.parse_args(argv)
     if args.steps < 100:
         ap.error("--steps must be at least 100")
+    if not 1 <= args.sync_every <= 1024:
+        ap.error("--sync-every must be in 1..1024 (DGW_SYNC_EVERY's range)")
+    settings = Settings(sync_every=args.sync_every)
     rows = []
     print(f"{'bs':>5} {'median us':>10} {'mean us':>8} {'p99 us':>8}  (plan + StepTime + Accepted, "
-          "one step; the mean includes the exchange every sync_every steps)")
+          f"one step; the mean includes the exchange every {args.sync_every} steps)")
     for bs in (1, 16, 64, 256):
-        s = per_step_us(bs, args.steps)
+        s = per_step_us(bs, args.steps, settings)
         med, mean, p99 = statistics.median(s), statistics.fmean(s), float(np.percentile(s, 99))
         rows.append({"bs": bs, "median_us": round(med, 2), "mean_us": round(mean, 2),
                      "p99_us": round(p99, 2)})
@@ -74,6 +80,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": "python -m bench.controller_cost",
+                               "sync_every": args.sync_every,
                                "machine": platform.processor() or platform.machine(),
                                "python": platform.python_version(), "rows": rows}, indent=1))
     print(f"wrote {out}")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController, _Contexts
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
@@ -720,7 +720,7 @@ def test_a_line_holds_at_least_out_to_the_context_it_was_last_measured_at():
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * 24_000, kv_tokens=24_000))
     p.exchange(lambda v: v)
     est, _, _, kv, _ = p.estimates()["step_s"]["spec"][16]
-    assert p._kv_reach[p._index[(Mode.SPEC, 16)]] < kv       # the decayed spread lags
+    assert p._ctx.reach(p._spec_at[16]) < kv       # the decayed spread lags
     assert p.step_time(Mode.SPEC, 16, int(kv)) == pytest.approx(est, rel=2e-3)
 
 
@@ -894,3 +894,30 @@ def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones(
     # A cheap one is paid from the bank, which refills at the budget's rate.
     p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3.0))
     assert p._allowance == pytest.approx(1.0) and not p._affordable(2.0)
+
+
+def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale():
+    """The context sums apply their decay lazily and rescale before it underflows; each key's
+    slope, reach and each mode's pooled slope stay those of sums decayed at every exchange."""
+    rng = np.random.default_rng(0)
+    lazy, eager = _Contexts(3), np.zeros((5, 3))
+    modes = (Mode.SPEC, Mode.SPEC, Mode.DECODE)
+    for exchange in range(36_000):           # past the rescale at ~34k
+        lazy.decay()
+        eager *= 0.99
+        if exchange % 3000 == 0 or exchange > 35_980:
+            for i in range(3):
+                x = rng.uniform(200, 4000, 8)
+                y = 0.01 + (i + 1) * 1e-6 * x + rng.normal(0, 1e-4, 8)
+                window = [y.sum(), 8.0, x.sum(), (x * x).sum(), (x * y).sum()]
+                lazy.add(i, modes[i], window)
+                eager[:, i] += window
+    assert lazy.scale > 1e-150               # rescaled on the way
+    sy, n, sx, sxx, sxy = eager
+    var, cov = sxx - sx * sx / n, sxy - sx * sy / n
+    for i in range(3):
+        assert lazy.own(i) == pytest.approx(cov[i] / var[i], rel=1e-9)
+        assert lazy.reach(i) == pytest.approx(sx[i] / n[i] + 2 * np.sqrt(var[i] / n[i]), rel=1e-9)
+    assert lazy.pooled(Mode.SPEC) == pytest.approx(cov[:2].sum() / var[:2].sum(), rel=1e-9)
+    assert lazy.pooled(Mode.DECODE) == pytest.approx(cov[2] / var[2], rel=1e-9)
+    assert 1.5e-6 < lazy.pooled(Mode.SPEC) < 2e-6     # between the two sizes' true rates

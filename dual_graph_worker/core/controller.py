@@ -144,17 +144,27 @@ class _Slope:
     fixed cost (launches, metadata, one more forward) is the intercept, so small and large
     batches agree on the rate."""
 
-    __slots__ = ("sums", "events", "decay", "min_spread")
+    __slots__ = ("sums", "events", "decay", "min_spread", "idle")
 
     def __init__(self, min_spread: float, decay: float = _WORKLOAD_DECAY) -> None:
         self.sums = np.zeros(5)
         self.events = 0.0
         self.decay = decay
         self.min_spread = min_spread
+        self.idle = 0               # exchanges since the last window: their decay is not applied
 
-    def fold(self, window: np.ndarray) -> None:
-        self.sums = self.decay * self.sums + window
+    def fold(self, window: Optional[np.ndarray]) -> None:
+        """None: an exchange with nothing new. Its decay waits for the next window, since every
+        fit is a ratio of sums decayed alike."""
+        if window is None:
+            self.idle += 1
+            return
+        self.sums = self.decay ** (self.idle + 1) * self.sums + window
+        self.idle = 0
         self.events += window[0]
+
+    def decayed(self) -> np.ndarray:
+        return self.decay ** self.idle * self.sums
 
     def fit(self) -> Optional[tuple[float, float]]:
         """(intercept, slope), or None while the sizes seen are too close to separate the two.
@@ -187,6 +197,75 @@ class _Slope:
         return sx / n if n > 0 else 0.0
 
 
+class _Contexts:
+    """Per key, decayed sums of its steps' seconds y and context tokens x (y, count, x, xx, xy),
+    and each mode's seconds per context token pooled within every size. The decay is applied
+    lazily: sums are kept in units of `scale`, the decay since they were last rescaled, so an
+    exchange touches only the keys it measured."""
+
+    __slots__ = ("sums", "var", "cov", "scale", "pools")
+
+    def __init__(self, n: int) -> None:
+        self.sums = [[0.0] * n for _ in range(_KEY_SLOTS)]
+        # Per key, its count times the variance of its contexts and their covariance with y;
+        # per mode, their totals and its steps.
+        self.var = [0.0] * n
+        self.cov = [0.0] * n
+        self.pools = {m: [0.0, 0.0, 0.0] for m in Mode}
+        self.scale = 1.0
+
+    def decay(self) -> None:
+        self.scale *= _CONTEXT_DECAY
+        if self.scale < 1e-150:          # rescale before it underflows (~34k exchanges)
+            g, self.scale = self.scale, 1.0
+            self.sums = [[g * v for v in slot] for slot in self.sums]
+            self.var = [g * v for v in self.var]
+            self.cov = [g * v for v in self.cov]
+            self.pools = {m: [g * v for v in pool] for m, pool in self.pools.items()}
+
+    def add(self, i: int, mode: Mode, window: Sequence[float]) -> None:
+        sums, g = self.sums, self.scale
+        for slot, v in zip(sums, window):
+            slot[i] += v / g
+        sy, n, sx, sxx, sxy = (slot[i] for slot in sums)
+        var, cov = sxx - sx * sx / n, sxy - sx * sy / n
+        pool = self.pools[mode]
+        pool[0] += var - self.var[i]
+        pool[1] += cov - self.cov[i]
+        pool[2] += window[1] / g
+        self.var[i], self.cov[i] = var, cov
+
+    def pooled(self, mode: Mode) -> float:
+        """The mode's slope within every size; 0 until its contexts have spread at all."""
+        var, cov, count = self.pools[mode]
+        if var >= _MIN_SPREAD["context"] ** 2 * count > 0:
+            return max(cov / var, 0.0)
+        return 0.0
+
+    def own(self, i: int) -> Optional[float]:
+        """Key i's own slope, if its contexts have spread far enough (at least _MIN_SPREAD and a
+        _OWN_SPREAD share of their mean)."""
+        n = self.sums[1][i]
+        if n <= 0:
+            return None
+        var, mean = self.var[i], self.sums[2][i] / n
+        need = max(_MIN_SPREAD["context"] ** 2, (_OWN_SPREAD * mean) ** 2)
+        if self.scale * var < need * max(self.scale * n, 1.0):
+            return None
+        return max(self.cov[i] / var, 0.0)
+
+    def reach(self, i: int) -> float:
+        """Key i's mean context plus _CONTEXT_REACH standard deviations."""
+        n = self.sums[1][i]
+        if n <= 0:
+            return 0.0
+        return self.sums[2][i] / n + _CONTEXT_REACH * math.sqrt(max(self.var[i], 0.0) / n)
+
+
+# A line not fitted since the last exchange.
+_UNFIT: Any = object()
+
+
 class GoodputController:
     """A ModePolicy; `sizes` are the captured batch sizes of each pool (the estimate table's
     keys), `prior` the start-up calibration or None."""
@@ -194,28 +273,28 @@ class GoodputController:
     def __init__(self, config: ControllerConfig, sizes: Mapping[Mode, Sequence[int]],
                  prior: Optional[CalibrationTable] = None) -> None:
         self.config = config
+        # Keys are indices: spec sizes ascending, then decode sizes ascending.
         self._keys = [(m, int(b)) for m in (Mode.SPEC, Mode.DECODE) for b in sorted(sizes.get(m, ()))]
-        self._index = {k: i for i, k in enumerate(self._keys)}
-        self._by_mode = {m: np.asarray([i for i, k in enumerate(self._keys) if k[0] is m],
-                                       dtype=np.int64) for m in (Mode.SPEC, Mode.DECODE)}
-        self._pb = np.asarray([b for _, b in self._keys], dtype=np.float64)
-        self._is_spec = np.asarray([m is Mode.SPEC for m, _ in self._keys], dtype=bool)
+        self._at = {m: {b: i for i, (km, b) in enumerate(self._keys) if km is m}
+                    for m in (Mode.SPEC, Mode.DECODE)}
+        self._spec_at, self._decode_at = self._at[Mode.SPEC], self._at[Mode.DECODE]
+        n_spec = len(self._spec_at)
+        self._spans = {Mode.SPEC: range(0, n_spec), Mode.DECODE: range(n_spec, len(self._keys))}
+        self._mode_of = [m for m, _ in self._keys]
         n = len(self._keys)
-        self._prior = np.full(n, math.nan)
+        self._prior = [math.nan] * n
         if prior is not None:
             for i, (m, b) in enumerate(self._keys):
                 t = prior.latency(m, b)
-                self._prior[i] = math.nan if t is None else t
+                self._prior[i] = math.nan if t is None else float(t)
         # Shared estimates: read by decisions. A key's step time is its recent mean at its
-        # recent mean context, moved along its seconds per context token (_slope).
-        self._est = np.full(n, math.nan)
-        self._est_kv = np.zeros(n)
-        self._ctx = np.zeros((_KEY_SLOTS, n))     # decayed sums in the local slots' order
+        # recent mean context, moved along its seconds per context token (_key_slope).
+        self._est = [math.nan] * n
+        self._est_kv = [0.0] * n
+        self._ctx = _Contexts(n)
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
-        self._slope = np.zeros(n)          # per key: its own where its contexts spread, else beta
-        self._kv_reach = np.zeros(n)       # per key: the context its own slope holds out to
-        self._samples = np.zeros(n)
-        self._last = np.full(n, -np.inf)         # step of the last fold with samples
+        self._samples = [0.0] * n
+        self._last = [-math.inf] * n             # step of the last fold with samples
         self._prefill = {d: _Slope(_MIN_SPREAD["prefill"]) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
         self._catch_up = {at_switch: _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
@@ -227,8 +306,7 @@ class GoodputController:
         self._carry: Optional[float] = None
         self._carry_bs = 0
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
-        self._switch = np.zeros(2)
-        self._switch_s = 0.0
+        self._switches = self._switch_sum = self._switch_s = 0.0
         # Decayed prompt and output tokens, and requests that joined the running batch and
         # those of them that took a finished request's place: the prompt share counts only
         # those (a batch filling up admits prompts no future step pays for again). A place left
@@ -251,12 +329,14 @@ class GoodputController:
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
         self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
         # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (their sum and
-        # count meanwhile); its admissions (a reused row holds a new request). The running
-        # batch's rows at the last exchange with theirs, and the latest step's rows.
+        # count meanwhile), in lists: a spec step reads and updates at most a few dozen rows,
+        # where numpy's per-call cost outweighs the work. Its admissions (a reused row holds a
+        # new request). The running batch's rows at the last exchange with theirs, and the
+        # latest step's rows.
         rows = config.max_rows
-        self._rows = np.full(rows, np.nan) if rows else None
-        self._draw_sum = np.zeros(rows)
-        self._draws = np.zeros(rows)
+        self._rows: Optional[list[float]] = [math.nan] * rows if rows else None
+        self._draw_sum = [0.0] * rows
+        self._draws = [0] * rows
         self._admissions = np.zeros(rows, dtype=np.int64) if rows else None
         self._admitted_at = np.full(rows, -1, dtype=np.int64)     # _turnover's scratch
         self._members: Optional[tuple[np.ndarray, np.ndarray]] = None
@@ -288,7 +368,8 @@ class GoodputController:
         self._decided = {(m, r): Decision(m, r) for m in Mode
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
                                    Reason.NO_SPEC_GRAPH)}
-        self._line_memo: dict[tuple[Mode, int], Optional[_Line]] = {}
+        self._goodput = {m: self._decided[m, Reason.GOODPUT] for m in Mode}
+        self._lines: list = [_UNFIT] * n     # per key, its line until the next exchange
         # A host-cost early-out: below this allowance no re-measurement is priced (infinite:
         # exploration is off). Most cost more; one into a much shorter step may wait a little.
         self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
@@ -305,14 +386,14 @@ class GoodputController:
         if self._explore_left:
             return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
-        spec_key = (Mode.SPEC, int(spec_bs))
-        decode_key = (Mode.DECODE, int(inputs.decode_padded_bs))
+        spec_key = self._spec_at.get(spec_bs)
+        decode_key = self._decode_at.get(inputs.decode_padded_bs)
         # Each mode's step time here, looked up once: the re-measurement checks read them too.
         spec_t = self._line_time(spec_key, inputs.kv_tokens)
         decode_t = self._line_time(decode_key, inputs.kv_tokens)
-        spec = self._cost(Mode.SPEC, spec_t, inputs.bs, self.expected_accept(inputs.rows),
+        spec = self._cost(True, spec_t, inputs.bs, self.expected_accept(inputs.rows),
                           inputs.catch_up_tokens if from_decode else 0)
-        decode = self._cost(Mode.DECODE, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
+        decode = self._cost(False, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
         self._costs = (spec, decode)
         if from_decode:
             here, there, here_t, there_t = decode, spec, decode_t, spec_t
@@ -321,7 +402,7 @@ class GoodputController:
             here, there, here_t, there_t = spec, decode, spec_t, decode_t
             here_key, there_key = spec_key, decode_key
         other = OTHER[cur]
-        stay = decided[cur, Reason.GOODPUT]
+        stay = self._goodput[cur]
         if here is None:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
@@ -330,11 +411,11 @@ class GoodputController:
         if there * (1 + self.config.margin) < here:
             if self._dwell.must_dwell(self.config.min_dwell_steps) and here < _DWELL_BREAK * there:
                 return decided[cur, Reason.DWELL]
-            return decided[other, Reason.GOODPUT]
+            return self._goodput[other]
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
         if self._allowance >= self._min_price and self._measured(here_key) and \
-                self._stale(there_key) and self._plausible(other, there_t, here_t, inputs):
+                self._stale(there_key, other) and self._plausible(other, there_t, here_t, inputs):
             return self._explore(other, 1.0 - here / there, there_t, here_t, inputs) or stay
         return stay
 
@@ -360,19 +441,15 @@ class GoodputController:
     def expected_accept(self, rows: Optional[np.ndarray] = None) -> float:
         """Accept length expected of a batch: its requests' own estimates, what the latest
         requests first measured for requests not measured yet."""
-        if rows is None or self._rows is None or not len(rows):
+        est = self._rows
+        if rows is None or est is None or not len(rows):
             return self._accept
-        if len(rows) == 1:      # one request: its estimate read as a float, no array to sum
-            v = float(self._rows[rows[0]])
-            return v if v == v else self._fresh
-        v = self._rows[rows]
-        n = len(v)
-        total = _total(v)
+        ids = rows.tolist()
+        total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
-            return total / n
-        known = v == v
-        k = int(np.count_nonzero(known))
-        return (float(v[known].sum()) + (n - k) * self._fresh) / n
+            return total / len(ids)
+        known = [v for v in map(est.__getitem__, ids) if v == v]
+        return (sum(known) + (len(ids) - len(known)) * self._fresh) / len(ids)
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
         """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
@@ -380,14 +457,15 @@ class GoodputController:
         prior's ratio between the sizes (interpolated without a prior), their seconds per
         context token interpolated; beyond the contexts a line has seen, the steeper of its
         rate and its mode's pooled one."""
-        return self._line_time((mode, int(padded_bs)), kv_tokens)
+        return self._line_time(self._at[mode].get(padded_bs), kv_tokens)
 
-    def _line_time(self, key: tuple[Mode, int], kv_tokens: int) -> Optional[float]:
+    def _line_time(self, i: Optional[int], kv_tokens: int) -> Optional[float]:
+        if i is None:
+            return None
         # Estimates change only at an exchange, so each key's line is kept until the next one.
-        try:
-            line = self._line_memo[key]
-        except KeyError:
-            line = self._line_memo[key] = self._fit_line(key)
+        line = self._lines[i]
+        if line is _UNFIT:
+            line = self._lines[i] = self._fit_line(i)
         if line is None:
             return None
         a, b, floor, reach, b_far = line
@@ -396,29 +474,26 @@ class GoodputController:
             t += (b_far - b) * (kv_tokens - reach)
         return max(t, floor)
 
-    def _fit_line(self, key: tuple[Mode, int]) -> Optional[_Line]:
-        mode = key[0]
-        i = self._index.get(key)
-        if i is None:
-            return None
+    def _fit_line(self, i: int) -> Optional[_Line]:
+        mode = self._mode_of[i]
         b_mode = self._beta[mode]
         if self._samples[i] > 0:
-            b = self._slope[i]
-            return (self._est[i] - b * self._est_kv[i], b, _CONTEXT_FLOOR * self._est[i],
-                    self._reach(i), min(max(b, b_mode), float(self._steepest(i))))
-        idx = self._by_mode[mode]
-        seen = idx[self._samples[idx] > 0]
+            b = self._key_slope(i)
+            est = self._est[i]
+            return (est - b * self._est_kv[i], b, _CONTEXT_FLOOR * est, self._reach(i),
+                    min(max(b, b_mode), self._steepest(i)))
+        # The nearest measured sizes below and above (a mode's keys ascend by size).
+        seen = [j for j in self._spans[mode] if self._samples[j] > 0]
         prior = self._prior[i]
-        if not len(seen):
-            return None if math.isnan(prior) else (float(prior), 0.0, _CONTEXT_FLOOR * prior,
-                                                   0.0, b_mode)
-        pb = self._pb[i]
-        below, above = seen[self._pb[seen] < pb], seen[self._pb[seen] > pb]
-        near = [j for j in (below[-1] if len(below) else None, above[0] if len(above) else None)
-                if j is not None]
+        if not seen:
+            return None if math.isnan(prior) else (prior, 0.0, _CONTEXT_FLOOR * prior, 0.0,
+                                                   b_mode)
+        below, above = [j for j in seen if j < i], [j for j in seen if j > i]
+        near = below[-1:] + above[:1]
         weights = [1.0]
         if len(near) == 2:
-            w = (pb - self._pb[near[0]]) / (self._pb[near[1]] - self._pb[near[0]])
+            size = [self._keys[j][1] for j in (near[0], i, near[1])]
+            w = (size[1] - size[0]) / (size[2] - size[0])
             weights = [1.0 - w, w]
         # The neighbours' fixed parts scaled by the prior's ratio between this size and them;
         # their seconds per context token interpolated, unscaled (a step's fixed part grows with
@@ -427,16 +502,30 @@ class GoodputController:
         a = b = floor = reach = 0.0
         for j, w in zip(near, weights):
             scale = w * (prior / self._prior[j] if scaled else 1.0)
-            a += scale * (self._est[j] - self._slope[j] * self._est_kv[j])
-            b += w * self._slope[j]
+            slope = self._key_slope(j)
+            a += scale * (self._est[j] - slope * self._est_kv[j])
+            b += w * slope
             floor += scale * _CONTEXT_FLOOR * self._est[j]
             reach += w * self._reach(j)
-        return float(a), float(b), float(floor), float(reach), max(float(b), b_mode)
+        return a, b, floor, reach, max(b, b_mode)
+
+    def _key_slope(self, i: int) -> float:
+        """Key i's seconds per context token: its own where its contexts have spread (attention's
+        cost per token differs with the batch), else its mode's pooled one; no steeper than the
+        line through the origin and its recent step (a step has no negative fixed part, and a
+        few samples over a narrow range of contexts fit any slope)."""
+        own = self._ctx.own(i)
+        return min(self._beta[self._mode_of[i]] if own is None else own, self._steepest(i))
+
+    def _steepest(self, i: int) -> float:
+        """The slope of the line through the origin and key i's recent step."""
+        est_kv = self._est_kv[i]
+        return self._est[i] / max(est_kv, 1.0) if est_kv > 0 else math.inf
 
     def _reach(self, i: int) -> float:
         """The context key i's own rate holds out to: its spread above the decayed mean, and at
         least its recent context (the line's anchor, which moves faster than the decayed sums)."""
-        return max(float(self._kv_reach[i]), float(self._est_kv[i]))
+        return max(self._ctx.reach(i), self._est_kv[i])
 
     def state(self) -> PolicyState:
         return PolicyState(self._accept, *(None if c is None else 1.0 / c for c in self._costs))
@@ -449,9 +538,9 @@ class GoodputController:
         steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
         for i, (m, b) in enumerate(self._keys):
             if self._samples[i] > 0:
-                prior = None if math.isnan(self._prior[i]) else float(self._prior[i])
-                steps[m.value][b] = [float(self._est[i]), int(self._samples[i]), prior,
-                                     float(self._est_kv[i]), float(self._slope[i])]
+                prior = None if math.isnan(self._prior[i]) else self._prior[i]
+                steps[m.value][b] = [self._est[i], int(self._samples[i]), prior,
+                                     self._est_kv[i], self._key_slope(i)]
         fixed, rate = self._catch_up_fit
         return {"step_s": steps,
                 "context_s_per_token": {m.value: b for m, b in self._beta.items()},
@@ -472,9 +561,8 @@ class GoodputController:
         elif isinstance(event, Admitted):
             self._prompt_window += event.tokens
             if event.rows is not None and self._rows is not None:
-                self._rows[event.rows] = np.nan
-                self._draw_sum[event.rows] = 0.0
-                self._draws[event.rows] = 0.0
+                for row in event.rows.tolist():
+                    self._rows[row], self._draw_sum[row], self._draws[row] = math.nan, 0.0, 0
                 self._admissions[event.rows] += 1
         elif isinstance(event, PrefillTime):
             carry, self._carry = self._carry or 0.0, None
@@ -487,58 +575,40 @@ class GoodputController:
         n = len(lens)
         if not n:
             return
-        total = float(lens[0]) if n == 1 else _total(lens)
-        self._output_window += total
         self._batch_rows = event.rows
         if event.mode is not Mode.SPEC:
+            self._output_window += _total(lens)
             return
+        accepts = lens.tolist()
+        total = sum(accepts)
+        self._output_window += total
         # Accept lengths lie in 1..K+1 by construction (the engine counts accepted tokens).
         decay = (1.0 - _ACCEPT_DECAY) ** (self._step - self._accept_at)
         self._accept_sum = decay * self._accept_sum + total
         self._accept_weight = decay * self._accept_weight + n
         self._accept_at = self._step
-        if event.rows is None or self._rows is None:
+        est = self._rows
+        if event.rows is None or est is None:
             return
-        if n == 1:
-            self._observe_row(int(event.rows[0]), total)
-            return
-        r = self._rows[event.rows]
-        known = _total(r)
-        if known == known:                               # every request measured before (no NaN)
-            self._rows[event.rows] = r + _ROW_ALPHA * (lens - r)
-            return
-        warm = r != r
-        self._rows[event.rows] = np.where(warm, r, r + _ROW_ALPHA * (lens - r))
-        new = event.rows[warm]
-        self._draw_sum[new] += lens[warm]
-        self._draws[new] += 1.0
-        done = new[self._draws[new] >= _FIRST_DRAWS]
-        if len(done):
-            firsts = self._draw_sum[done] / _FIRST_DRAWS
-            self._rows[done] = firsts
-            self._fresh += _first_weight(len(done)) * (sum(firsts.tolist()) / len(done)
-                                                       - self._fresh)
-
-    def _observe_row(self, row: int, accept: float) -> None:
-        """_observe_accept's per-request update for a batch of one, in floats: the same
-        arithmetic without numpy's per-call cost on a one-element array."""
-        r = float(self._rows[row])
-        if r == r:
-            self._rows[row] = r + _ROW_ALPHA * (accept - r)
-            return
-        self._draw_sum[row] += accept
-        self._draws[row] += 1.0
-        if self._draws[row] >= _FIRST_DRAWS:
-            first = float(self._draw_sum[row]) / _FIRST_DRAWS
-            self._rows[row] = first
-            self._fresh += _first_weight(1) * (first - self._fresh)
+        firsts = []
+        for row, accept in zip(event.rows.tolist(), accepts):
+            r = est[row]
+            if r == r:
+                est[row] = r + _ROW_ALPHA * (accept - r)
+                continue
+            self._draw_sum[row] += accept
+            self._draws[row] += 1
+            if self._draws[row] >= _FIRST_DRAWS:
+                est[row] = self._draw_sum[row] / _FIRST_DRAWS
+                firsts.append(est[row])
+        if firsts:
+            self._fresh += _first_weight(len(firsts)) * (sum(firsts) / len(firsts) - self._fresh)
 
     def _observe_step(self, event: StepTime) -> None:
-        key = (event.mode, int(event.padded_bs))
-        i = self._index.get(key)
+        i = (self._spec_at if event.mode is Mode.SPEC else self._decode_at).get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
-        expected = self._line_time(key, event.kv_tokens)
+        expected = self._line_time(i, event.kv_tokens)
         carry, self._carry = self._carry, None
         if carry is not None and event.bs != self._carry_bs:
             # Requests left or joined in between: that excess also holds their host work
@@ -612,20 +682,22 @@ class GoodputController:
         self._step_sums.clear()
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
-        self._line_memo.clear()
+        self._lines = [_UNFIT] * n
         self._fold_step_times(vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n))
         self._fold_batch_costs(vec[_KEY_SLOTS * n:])
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
         """Each key's EMA of step seconds and of context tokens, and the context regressions.
         A window holds samples of a few sizes: those are folded one by one."""
-        self._ctx *= _CONTEXT_DECAY
-        got = np.flatnonzero(keys[1])
-        if not len(got):            # every sum decayed alike: (nearly) the same slopes
+        self._ctx.decay()
+        got = keys[1].nonzero()[0].tolist()
+        if not got:                 # every sum decayed alike: the same slopes
             return
-        self._ctx += keys
         keep = 1.0 - self.config.ema_alpha
-        for i, (sums, count, kv) in zip(got.tolist(), keys[:3, got].T.tolist()):
+        for i in got:
+            window = keys[:, i].tolist()
+            self._ctx.add(i, self._mode_of[i], window)
+            sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count
             if self._samples[i] > 0:
                 w = 1.0 - keep ** count
@@ -634,17 +706,20 @@ class GoodputController:
             self._est[i], self._est_kv[i] = mean, mean_kv
             self._samples[i] += count
             self._last[i] = self._step
-        self._fit_context_slopes()
+        self._beta = {m: self._ctx.pooled(m) for m in self._beta}
 
     def _fold_batch_costs(self, tail: np.ndarray) -> None:
         """Prefills, catch-ups and switches (the slots after the per-key ones), and the
         workload's prompt share; then the terms derived from them."""
+        new = np.count_nonzero(tail) > 0      # else every fit, a ratio of sums decayed alike, is unchanged
         for draft, at in _PF.items():
-            self._prefill[draft].fold(tail[at:at + 5])
+            self._prefill[draft].fold(tail[at:at + 5] if new else None)
         for at_switch, at in _CU.items():
-            self._catch_up[at_switch].fold(tail[at:at + 5])
-        self._switch = _CATCH_UP_DECAY * self._switch + tail[_SW:_SW + 2]
-        self._switch_s = max(self._switch[1] / self._switch[0], 0.0) if self._switch[0] > 0 \
+            self._catch_up[at_switch].fold(tail[at:at + 5] if new else None)
+        switches, seconds = tail[_SW:_SW + 2].tolist()
+        self._switches = _CATCH_UP_DECAY * self._switches + switches
+        self._switch_sum = _CATCH_UP_DECAY * self._switch_sum + seconds
+        self._switch_s = max(self._switch_sum / self._switches, 0.0) if self._switches > 0 \
             else 0.0
         self._prompt = _WORKLOAD_DECAY * self._prompt + self._prompt_window
         self._output = _WORKLOAD_DECAY * self._output + self._output_window
@@ -656,36 +731,11 @@ class GoodputController:
         self._took_place = _WORKLOAD_DECAY * self._took_place + took
         self._prompt_per_output = self._replaced() * self._prompt / self._output \
             if self._output > 0 else 0.0
-        if tail.any():     # else every sum decayed alike: each fit, a ratio of sums, is unchanged
+        if new:
             self._delta = self._draft_prefill_rate()
             self._catch_up_fit = self._fit_catch_up()
 
     # ------------------------------------------------------------------------------ model
-
-    def _fit_context_slopes(self) -> None:
-        """Seconds per context token: each key's least-squares slope where its contexts have
-        spread far enough (attention's cost per token differs with the batch), else its mode's
-        slope pooled within every size; 0 until contexts have spread at all."""
-        sy, n, sx, sxx, sxy = self._ctx
-        per = np.maximum(n, 1e-300)        # sizes never measured hold zeros: they add nothing
-        var, cov = sxx - sx * sx / per, sxy - sx * sy / per
-        spread = _MIN_SPREAD["context"] ** 2
-        for m, idx in self._by_mode.items():
-            pooled = float(var[idx].sum())
-            self._beta[m] = max(float(cov[idx].sum()) / pooled, 0.0) \
-                if pooled >= spread * float(n[idx].sum()) > 0 else 0.0
-        own = var >= np.maximum(spread, (_OWN_SPREAD * sx / per) ** 2) * np.maximum(n, 1.0)
-        beta = np.where(self._is_spec, self._beta[Mode.SPEC], self._beta[Mode.DECODE])
-        slope = np.where(own, np.maximum(cov / np.where(own, var, 1.0), 0.0), beta)
-        # No steeper than the line through the origin and the key's recent step: a step has no
-        # negative fixed part, and a few samples over a narrow range of contexts fit any slope.
-        self._slope = np.fmin(slope, self._steepest(slice(None)))
-        self._kv_reach = sx / per + _CONTEXT_REACH * np.sqrt(np.maximum(var, 0.0) / per)
-
-    def _steepest(self, i: int | slice):
-        """Key i's (or keys') slope of the line through the origin and its recent step."""
-        est_kv = self._est_kv[i]
-        return np.where(est_kv > 0, self._est[i] / np.maximum(est_kv, 1.0), np.inf)
 
     def _turnover(self) -> tuple[int, int]:
         """Requests that joined and left the running batch since the last exchange, from its
@@ -739,7 +789,7 @@ class GoodputController:
 
     def _both_catch_ups(self) -> _Slope:
         both = _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
-        both.sums = self._catch_up[True].sums + self._catch_up[False].sums
+        both.sums = self._catch_up[True].decayed() + self._catch_up[False].decayed()
         both.events = self._catch_up[True].events + self._catch_up[False].events
         return both
 
@@ -767,17 +817,17 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         return max(fixed + rate * tokens, 0.0) if tokens > 0 else 0.0
 
-    def _cost(self, mode: Mode, t: Optional[float], bs: int, accept: float,
+    def _cost(self, spec: bool, t: Optional[float], bs: int, accept: float,
               catch_up_tokens: int, prompt_share: bool = True,
               switch: bool = False) -> Optional[float]:
-        """Seconds per output token of `mode` here, from its step time `t` (None: unknown);
-        `catch_up_tokens` (into spec) or `switch` (into decode): entering it from the other
-        mode, that switch amortised."""
+        """Seconds per output token of spec (or decode) mode here, from its step time `t` (None:
+        unknown); `catch_up_tokens` (into spec) or `switch` (into decode): entering it from the
+        other mode, that switch amortised."""
         if t is None:
             return None
-        tokens = bs * (accept if mode is Mode.SPEC else 1.0)
+        tokens = bs * accept if spec else float(bs)
         cost = t / tokens
-        if prompt_share and (mode is Mode.SPEC or not self.config.defers_prefill):
+        if prompt_share and (spec or not self.config.defers_prefill):
             cost += self._prompt_per_output * self._delta
         entering = (self.catch_up_seconds(catch_up_tokens) if catch_up_tokens > 0 else 0.0) + \
             (self._switch_s if switch else 0.0)
@@ -787,16 +837,13 @@ class GoodputController:
             cost += entering / (horizon * tokens)
         return cost
 
-    def _measured(self, key: tuple[Mode, int]) -> bool:
-        i = self._index.get(key)
+    def _measured(self, i: Optional[int]) -> bool:
         return i is not None and self._samples[i] > 0
 
-    def _stale(self, key: tuple[Mode, int]) -> bool:
-        """Not measured at this size lately; for spec, or no acceptance seen lately."""
-        i = self._index.get(key)
+    def _stale(self, i: Optional[int], mode: Mode) -> bool:
+        """Key i (of `mode`) not measured lately; for spec, or no acceptance seen lately."""
         if i is None:
             return False
-        mode = key[0]
         horizon = self._step - self.config.stale_after
         if self._explored_at[mode] >= self._step - self.config.stale_after // 4:
             return False             # re-measured lately; its samples may still be on the way
@@ -817,9 +864,9 @@ class GoodputController:
             if spec is None or decode is None or not t:
                 return True
             return (decode - _DECODE_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
-        best = self._cost(Mode.SPEC, t, inputs.bs, self.config.num_draft_tokens + 1.0, 0,
+        best = self._cost(True, t, inputs.bs, self.config.num_draft_tokens + 1.0, 0,
                           prompt_share=False)
-        decode = self._cost(Mode.DECODE, current_t, inputs.bs, 1.0, 0, prompt_share=False)
+        decode = self._cost(False, current_t, inputs.bs, 1.0, 0, prompt_share=False)
         return best is not None and decode is not None and \
             best * (1 + self.config.margin) < decode
 

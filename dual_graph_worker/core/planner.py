@@ -70,15 +70,15 @@ class StepPlanner:
             self.policy.exchange(self.reduce)
         inputs = self.inputs(bs, rows, catch_up_tokens, kv_tokens)
         decision = self.policy.decide(inputs)
-        if decision.mode is Mode.SPEC and inputs.spec_padded_bs is None:
+        spec = decision.mode is Mode.SPEC
+        if spec and inputs.spec_padded_bs is None:
             # The spec pool's buffers cannot hold this batch, whatever a policy asks for.
-            decision = Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
-        elif decision.mode is Mode.SPEC and not spec_fits_kv:
-            decision = Decision(Mode.DECODE, Reason.KV_PRESSURE)
+            decision, spec = Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH), False
+        elif spec and not spec_fits_kv:
+            decision, spec = Decision(Mode.DECODE, Reason.KV_PRESSURE), False
         self.policy.commit(decision)
         self.steps += 1
-        padded = (inputs.spec_padded_bs if decision.mode is Mode.SPEC
-                  else inputs.decode_padded_bs) or bs
+        padded = (inputs.spec_padded_bs if spec else inputs.decode_padded_bs) or bs
         graph = self.graphs_enabled and self.table.has_graph(decision.mode, bs)
         self.last_mode = decision.mode
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
