@@ -36,6 +36,16 @@ def _write(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
+def gpu_name() -> str:
+    """The first GPU's name from nvidia-smi, for a report's header ("unknown GPU" without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0].strip() or "unknown GPU"
+    except Exception:
+        return "unknown GPU"
+
+
 def gpu_used_mib() -> float | None:
     """Device-wide used memory from nvidia-smi (no CUDA context in this process)."""
     try:

@@ -29,7 +29,7 @@ from typing import Optional
 from bench.sglang import step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
-from bench.sglang.engine_child import run_child
+from bench.sglang.engine_child import gpu_name, run_child
 from bench.sglang.model_configs import (
     ALGO,
     EAGLE3_MAX_RUNNING_REQUESTS,
@@ -339,7 +339,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     target, draft = write_dummy_pair(out / "models", shapes)
     recs = [r for r in previous.get("records", [])
             if r["engine"] not in engines and "from" not in r]
-    note = (f"H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
+    note = (f"{gpu_name()}, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
             f"(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths "
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
             f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "

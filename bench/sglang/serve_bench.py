@@ -40,6 +40,7 @@ from bench.sglang.model_configs import (
     write_word_tokenizer,
 )
 from bench.sglang import soak, step_costs
+from bench.sglang.engine_child import gpu_name
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonl import json_lines
@@ -403,7 +404,7 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
     weights = "DUMMY weights, " if cfg.dummy else ""
     worker = " ".join(f"{k}={v}" for k, v in cfg.dual_env)
     lines = [f"# serve-bench: {cfg.input_len} in / {cfg.output_len} out, random-ids",
-             "", f"{weights}{forced}radix cache on; server flags `{' '.join(cfg.server_args)}`"
+             "", f"{gpu_name()}, {weights}{forced}radix cache on; server flags `{' '.join(cfg.server_args)}`"
              + (f"; the worker's server with `{worker}`." if worker else "."),
              "", "| engine | C | req/s | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | "
              "TPOT p50 | TPOT p99 | accept |", "|" + "---|" * 11]
