@@ -134,3 +134,40 @@ def test_sglangs_verify_path_draws_through_the_replaced_sampler(supported_sglang
             simulate_acc_token_mode="fixed")
         drafts.append(int(correct[0]))
     assert drafts == [2, 3, 2, 3]                 # accept lengths 3, 4, 3, 4
+
+
+def _matrix(tmp_path, name, records, settings=None):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "policy-matrix.json").write_text(json.dumps({
+        "note": "note", "accepts": sorted({r["accept_len"] for r in records if r["accept_len"]}),
+        "workloads": [{"input_len": 256, "output_len": 256,
+                       "concurrency": sorted({r["concurrency"] for r in records})}],
+        "records": records, "settings": settings or {"attention_backend": "default"}}))
+    return str(folder)
+
+
+def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, capsys):
+    from bench.sglang import merge_matrix as mm
+
+    a = _matrix(tmp_path, "a", [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0),
+                                rec("dual", 3.0, 1, 396.0)])
+    b = _matrix(tmp_path, "b", [rec("plain", None, 64, 8000.0), rec("eagle3", 3.0, 64, 9000.0),
+                                rec("dual", 3.0, 64, 9090.0)])
+    out = tmp_path / "m"
+    assert mm.main(["--out", str(out), a, b]) == 0
+    merged = json.loads((out / "policy-matrix.json").read_text())
+    assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
+    assert {r["call"] for r in merged["records"]} == {"a", "b"}
+    assert (out / "heatmap.png").exists() and "merged from 2 calls" in merged["note"]
+    # A cell two calls measured, or a call with other settings: one line, nothing written.
+    again = _matrix(tmp_path, "c", [rec("dual", 3.0, 64, 1.0)])
+    other = _matrix(tmp_path, "d", [rec("dual", 3.0, 8, 1.0)], {"attention_backend": "triton"})
+    split_a = _matrix(tmp_path, "e", [rec("plain", None, 8, 1.0), rec("dual", 3.0, 8, 1.0)])
+    split_b = _matrix(tmp_path, "f", [rec("eagle3", 3.0, 8, 1.0)])
+    for parts in ([a, b, again], [a, other], [split_a, split_b]):
+        capsys.readouterr()
+        assert mm.main(["--out", str(tmp_path / "bad"), *parts]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
