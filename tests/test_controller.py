@@ -921,3 +921,25 @@ def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale(
     assert lazy.pooled(Mode.SPEC) == pytest.approx(cov[:2].sum() / var[:2].sum(), rel=1e-9)
     assert lazy.pooled(Mode.DECODE) == pytest.approx(cov[2] / var[2], rel=1e-9)
     assert 1.5e-6 < lazy.pooled(Mode.SPEC) < 2e-6     # between the two sizes' true rates
+
+
+def test_a_noisy_prior_never_prices_a_size_out_of_line_with_its_measured_neighbours():
+    """An unmeasured size is read from its measured neighbours scaled by the start-up replay's
+    ratio between the sizes. Replays are noisy (on the H200, spec bs 112 replayed 1.2x bs 128):
+    the ratio is held between the same cost and one in proportion to the batch."""
+    def noisy_prior(noisy: int, measured: tuple[int, ...]) -> GoodputController:
+        lat = {GraphKey(Mode.SPEC, b): 0.35 * t_spec(b) for b in SPEC}
+        lat[GraphKey(Mode.SPEC, noisy)] = 1.2 * lat[GraphKey(Mode.SPEC, 32)]
+        lat |= {GraphKey(Mode.DECODE, b): 0.8 * t_decode(b) for b in DECODE}
+        p = controller(CalibrationTable(lat, K))
+        for pb in measured:
+            for _ in range(8):
+                p.observe(StepTime(Mode.SPEC, pb, t_spec(pb)))
+        p.exchange(lambda v: v)
+        return p
+
+    assert noisy_prior(24, (32,)).step_time(Mode.SPEC, 24) == pytest.approx(t_spec(32))
+    assert noisy_prior(2, (1,)).step_time(Mode.SPEC, 2) == pytest.approx(2 * t_spec(1))
+    # A prior in line with the sizes is followed as before: neither bound is reached.
+    assert noisy_prior(48, (16,)).step_time(Mode.SPEC, 24) == pytest.approx(
+        t_spec(16) * t_spec(24) / t_spec(16))

@@ -475,19 +475,29 @@ class GoodputController:
         return max(t, floor)
 
     def _fit_line(self, i: int) -> Optional[_Line]:
+        if self._samples[i]:
+            return self._own_line(i)
+        prior = self._prior[i]
+        near = self._neighbours_line(i)
+        if near is None and not math.isnan(prior):
+            return prior, 0.0, _CONTEXT_FLOOR * prior, 0.0, self._beta[self._mode_of[i]]
+        return near
+
+    def _own_line(self, i: int) -> _Line:
+        b = self._key_slope(i)
+        est = self._est[i]
+        return (est - b * self._est_kv[i], b, _CONTEXT_FLOOR * est, self._reach(i),
+                min(max(b, self._beta[self._mode_of[i]]), self._steepest(i)))
+
+    def _neighbours_line(self, i: int) -> Optional[_Line]:
+        """Key i's line from the nearest measured sizes of its mode below and above (a mode's
+        keys ascend by size); None where none is measured."""
         mode = self._mode_of[i]
         b_mode = self._beta[mode]
-        if self._samples[i] > 0:
-            b = self._key_slope(i)
-            est = self._est[i]
-            return (est - b * self._est_kv[i], b, _CONTEXT_FLOOR * est, self._reach(i),
-                    min(max(b, b_mode), self._steepest(i)))
-        # The nearest measured sizes below and above (a mode's keys ascend by size).
         seen = [j for j in self._spans[mode] if self._samples[j] > 0]
-        prior = self._prior[i]
         if not seen:
-            return None if math.isnan(prior) else (prior, 0.0, _CONTEXT_FLOOR * prior, 0.0,
-                                                   b_mode)
+            return None
+        prior = self._prior[i]
         below, above = [j for j in seen if j < i], [j for j in seen if j > i]
         near = below[-1:] + above[:1]
         weights = [1.0]
@@ -495,13 +505,17 @@ class GoodputController:
             size = [self._keys[j][1] for j in (near[0], i, near[1])]
             w = (size[1] - size[0]) / (size[2] - size[0])
             weights = [1.0 - w, w]
-        # The neighbours' fixed parts scaled by the prior's ratio between this size and them;
-        # their seconds per context token interpolated, unscaled (a step's fixed part grows with
-        # the batch, attention's cost per token read does not).
+        # The neighbours' fixed parts scaled by the prior's ratio between this size and them,
+        # held between the same cost and one in proportion to the batch (start-up replays are
+        # noisy: on the H200 spec bs 112 replayed 1.2x bs 128); their seconds per context token
+        # interpolated, unscaled (a step's fixed part grows with the batch, attention's cost
+        # per token read does not).
         scaled = not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near)
         a = b = floor = reach = 0.0
         for j, w in zip(near, weights):
-            scale = w * (prior / self._prior[j] if scaled else 1.0)
+            ratio = self._keys[i][1] / self._keys[j][1]
+            scale = w * (min(max(prior / self._prior[j], min(ratio, 1.0)), max(ratio, 1.0))
+                         if scaled else 1.0)
             slope = self._key_slope(j)
             a += scale * (self._est[j] - slope * self._est_kv[j])
             b += w * slope
