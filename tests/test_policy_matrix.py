@@ -171,3 +171,35 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
+
+
+def test_engines_in_several_processes_take_turns_and_a_cell_reads_their_median(tmp_path,
+                                                                              monkeypatch):
+    """--processes 3: plain, EAGLE-3, worker, plain, ... (a slow spell hits every engine alike);
+    each cell's tok/s is the median of its processes, each process's kept; only the first
+    worker process writes the step log."""
+    runs = []
+    speed = {"plain": [200.0, 100.0, 210.0], "eagle3": [400.0, 420.0, 300.0],
+             "dual": [396.0, 390.0, 500.0]}
+
+    def fake_engine(name, spec, out, deadline):
+        kind = name.split(".")[0]
+        runs.append((name, "DGW_STEP_LOG" in spec["env"]))
+        task = "256x256" if kind == "plain" else "a3.0-256x256"
+        tok_s = speed[kind][len([r for r in runs if r[0].split(".")[0] == kind]) - 1]
+        return {"returncode": 0, "startup_s": 1.0,
+                "tasks": {task: {"points": [{"concurrency": 1, "tok_s": tok_s, "seconds": 1.0}]}}}
+
+    monkeypatch.setattr(pm, "run_engine", fake_engine)
+    out = tmp_path / "o"
+    assert pm.main(["--out", str(out), "--processes", "3", "--accept", "3", "--step-log",
+                    "--workload", "256x256@1", "--engines", "plain,eagle3,dual"]) == 0
+    assert [n for n, _ in runs] == ["plain", "eagle3", "dual", "plain.p2", "eagle3.p2", "dual.p2",
+                                    "plain.p3", "eagle3.p3", "dual.p3"]
+    assert [n for n, log in runs if log] == ["dual"]
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    [cell] = matrix["cells"]
+    assert (cell["plain"], cell["eagle3"], cell["dual"]) == (200.0, 400.0, 396.0)
+    assert cell["ratio"] == 0.99
+    assert len(matrix["records"]) == 9
+    assert pm.main(["--out", str(tmp_path / "x"), "--processes", "0"]) == 2

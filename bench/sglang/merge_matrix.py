@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import heatmap, merged_workloads, ratios, report
+from bench.sglang.policy_matrix import (heatmap, merged_workloads, per_cell_median, ratios,
+                                       report)
 
 
 def merge(parts: list[tuple[str, dict]]) -> dict:
@@ -27,19 +28,20 @@ def merge(parts: list[tuple[str, dict]]) -> dict:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
         for r in m["records"]:
             key = (r["engine"], r["input_len"], r["output_len"], r["concurrency"],
-                   None if r["engine"] == "plain" else r["accept_len"])
+                   None if r["engine"] == "plain" else r["accept_len"], r.get("process"))
             if key in seen:
                 raise ValueError(f"{name} and {seen[key]} both measured {key}")
             seen[key] = name
             records.append(r | {"call": name})
         workload_lists += m["workloads"]
     workloads = merged_workloads(workload_lists, [])
-    cells = ratios(records)
+    cells = ratios(per_cell_median(records))
     calls = {r["call"] for r in records}
     for c in cells:
-        engines = {seen[(e, c["input_len"], c["output_len"], c["concurrency"],
-                         None if e == "plain" else c["accept_len"])] for e in
-                   ("plain", "eagle3", "dual")}
+        engines = {call for (e, i, o, conc, a, _), call in seen.items()
+                   if (i, o, conc) == (c["input_len"], c["output_len"], c["concurrency"])
+                   and e in ("plain", "eagle3", "dual")
+                   and a == (None if e == "plain" else c["accept_len"])}
         if len(engines) > 1:
             raise ValueError(f"cell {c} mixes calls {sorted(engines)}")
     accepts = sorted({a for _, m in parts for a in m["accepts"]})

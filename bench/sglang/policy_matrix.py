@@ -12,13 +12,17 @@ shape once with short answers before timing it (one-time costs a server pays onc
 phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
 (one record per cell, the worker's with its controller's cost model), DIR/heatmap.png (worker /
 max(plain, EAGLE-3)), DIR/report.md; with --step-log also the worker's step log and its
-per-step costs by place in a run (DIR/step-costs.md).
+per-step costs by place in a run (DIR/step-costs.md). With --processes N every engine runs in N
+processes, taken in turn (plain, EAGLE-3, worker, plain, ...): a cell's tok/s is the median of
+its processes (each process's in `tok_s_processes`), since one process's low-concurrency cells
+move by a few percent from the next one's. The step log is the first worker process's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import textwrap
 import time
@@ -139,11 +143,12 @@ def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab:
     return tasks
 
 
-def run_engine(kind: str, spec: dict, out: Path, deadline: float) -> dict:
-    print(f"[matrix] start {kind} ({deadline - time.time():.0f} s left)", flush=True)
-    res = run_child(out, spec | {"name": kind}, shim_dir=out / "shim",
+def run_engine(name: str, spec: dict, out: Path, deadline: float) -> dict:
+    """One engine process; `name` (its kind, then kind.p2, kind.p3, ...) names its files."""
+    print(f"[matrix] start {name} ({deadline - time.time():.0f} s left)", flush=True)
+    res = run_child(out, spec | {"name": name}, shim_dir=out / "shim",
                     timeout=max(10.0, deadline - time.time()))
-    print(f"[matrix] done {kind}: rc={res['returncode']} startup={res.get('startup_s')}",
+    print(f"[matrix] done {name}: rc={res['returncode']} startup={res.get('startup_s')}",
           flush=True)
     return res
 
@@ -166,6 +171,23 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
             if p.get("dual_graph"):
                 rec["dual_graph"] = p["dual_graph"]
             out.append(rec)
+    return out
+
+
+def per_cell_median(recs: list[dict]) -> list[dict]:
+    """One record per (engine, cell): the median tok/s of its processes, each process's kept in
+    `tok_s_processes` where there are several (the first process's other fields)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault(_cell_key(r) + (r.get("from"),), []).append(r)
+    out = []
+    for rs in groups.values():
+        if len(rs) == 1:
+            out.append(rs[0])
+            continue
+        speeds = [r["tok_s"] for r in rs]
+        out.append(rs[0] | {"tok_s": round(statistics.median(speeds), 2),
+                            "tok_s_processes": speeds})
     return out
 
 
@@ -273,6 +295,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--workload", action="append", help="IN x OUT @ C,...; repeatable")
     ap.add_argument("--budget-s", type=float, default=560.0)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="processes per engine, taken in turn; a cell's tok/s is their median")
     ap.add_argument("--radix-cache", action="store_true",
                     help="SGLang's default radix cache on (off: --disable-radix-cache)")
     ap.add_argument("--log-level", default="warning")
@@ -298,6 +322,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError:
         print(f"error: --accept wants numbers like 1.5,2,3, got {args.accept!r}",
               file=sys.stderr)
+        return 2
+    if not 1 <= args.processes <= 9:
+        print(f"error: --processes must be 1-9, got {args.processes}", file=sys.stderr)
         return 2
     engines = [e for e in args.engines.split(",") if e]
     unknown = [e for e in engines if e not in ENGINES]
@@ -347,7 +374,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}")
     columns = merged_workloads(previous.get("workloads", []), workloads)
     accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
-    for kind in engines:
+    for process, kind in ((p, k) for p in range(args.processes) for k in engines):
         env = {}
         if kind != "plain":
             acc_file = out / f"acc-{kind}"
@@ -355,22 +382,24 @@ def main(argv: Optional[list[str]] = None) -> int:
             env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file),
                    SAMPLING_ENV: args.acc_sampling}
         if kind == "dual":
-            if args.step_log:
+            if args.step_log and not process:
                 (out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
                 env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
             env |= dual_env
         spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
                                                args.log_level, backend),
                 "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
-        res = run_engine(kind, spec, out, deadline)
-        recs += records(kind, res, workloads)
+        name = kind if not process else f"{kind}.p{process + 1}"
+        res = run_engine(name, spec, out, deadline)
+        recs += [r | {"process": process + 1} if args.processes > 1 else r
+                 for r in records(kind, res, workloads)]
         filled = fill_from(recs, earlier, args.fill_from or "")
-        cells = ratios(filled)
+        cells = ratios(per_cell_median(filled))
         matrix = {"note": note, "accepts": accepts_seen,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in columns],
                   "records": filled, "cells": cells, "settings": settings,
-                  "startup_s": previous.get("startup_s", {}) | {kind: res.get("startup_s")}}
+                  "startup_s": previous.get("startup_s", {}) | {name: res.get("startup_s")}}
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))
         (out / "report.md").write_text(report(cells, accepts_seen, columns, note))
