@@ -14,8 +14,9 @@ phase to the next, as a server whose acceptance changes would. Writes DIR/policy
 max(plain, EAGLE-3)), DIR/report.md; with --step-log also the worker's step log and its
 per-step costs by place in a run (DIR/step-costs.md). With --processes N every engine runs in N
 processes, taken in turn (plain, EAGLE-3, worker, plain, ...): a cell's tok/s is the median of
-its processes (each process's in `tok_s_processes`), since one process's low-concurrency cells
-move by a few percent from the next one's. The step log is the first worker process's.
+its processes (each process's record kept, with its `process`), since one process's
+low-concurrency cells move by a few percent from the next one's. The step log is the first
+worker process's.
 """
 
 from __future__ import annotations
