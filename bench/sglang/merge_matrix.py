@@ -38,12 +38,12 @@ def merge(parts: list[tuple[str, dict]]) -> dict:
     cells = ratios(per_cell_median(records))
     calls = {r["call"] for r in records}
     for c in cells:
-        engines = {call for (e, i, o, conc, a, _), call in seen.items()
-                   if (i, o, conc) == (c["input_len"], c["output_len"], c["concurrency"])
-                   and e in ("plain", "eagle3", "dual")
-                   and a == (None if e == "plain" else c["accept_len"])}
-        if len(engines) > 1:
-            raise ValueError(f"cell {c} mixes calls {sorted(engines)}")
+        calls_of_cell = {call for (e, i, o, conc, a, _), call in seen.items()
+                         if (i, o, conc) == (c["input_len"], c["output_len"], c["concurrency"])
+                         and e in ("plain", "eagle3", "dual")
+                         and a == (None if e == "plain" else c["accept_len"])}
+        if len(calls_of_cell) > 1:
+            raise ValueError(f"cell {c} mixes calls {sorted(calls_of_cell)}")
     accepts = sorted({a for _, m in parts for a in m["accepts"]})
     note = f"{first['note']}; merged from {len(calls)} calls on one machine: " \
            + ", ".join(sorted(calls))
