@@ -897,22 +897,23 @@ def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones(
 
 
 def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale():
-    """The context sums apply their decay lazily and rescale before it underflows; each key's
-    slope, reach and each mode's pooled slope stay those of sums decayed at every exchange."""
+    """The context sums apply their decay lazily and rescale long before a stored sum of
+    squares could overflow (long contexts, ~35k exchanges: hours of serving); each key's slope,
+    reach and each mode's pooled slope stay those of sums decayed at every exchange, and an
+    exchange without samples changes no slope."""
     rng = np.random.default_rng(0)
     lazy, eager = _Contexts(3), np.zeros((5, 3))
     modes = (Mode.SPEC, Mode.SPEC, Mode.DECODE)
-    for exchange in range(36_000):           # past the rescale at ~34k
+    for exchange in range(36_000):
         lazy.decay()
         eager *= 0.99
-        if exchange % 3000 == 0 or exchange > 35_980:
+        if exchange % 3000 == 0 or exchange in (34_360, 35_990):
             for i in range(3):
-                x = rng.uniform(200, 4000, 8)
-                y = 0.01 + (i + 1) * 1e-6 * x + rng.normal(0, 1e-4, 8)
+                x = rng.uniform(20_000, 200_000, 8)
+                y = 0.01 + (i + 1) * 1e-7 * x + rng.normal(0, 1e-4, 8)
                 window = [y.sum(), 8.0, x.sum(), (x * x).sum(), (x * y).sum()]
                 lazy.add(i, modes[i], window)
                 eager[:, i] += window
-    assert lazy.scale > 1e-150               # rescaled on the way
     sy, n, sx, sxx, sxy = eager
     var, cov = sxx - sx * sx / n, sxy - sx * sy / n
     for i in range(3):
@@ -920,7 +921,16 @@ def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale(
         assert lazy.reach(i) == pytest.approx(sx[i] / n[i] + 2 * np.sqrt(var[i] / n[i]), rel=1e-9)
     assert lazy.pooled(Mode.SPEC) == pytest.approx(cov[:2].sum() / var[:2].sum(), rel=1e-9)
     assert lazy.pooled(Mode.DECODE) == pytest.approx(cov[2] / var[2], rel=1e-9)
-    assert 1.5e-6 < lazy.pooled(Mode.SPEC) < 2e-6     # between the two sizes' true rates
+    assert 1.5e-7 < lazy.pooled(Mode.SPEC) < 2e-7     # between the two sizes' true rates
+    # Decayed far below one step, a key's own slope would give way to the pooled one (its
+    # spread is weighed against at least one step); only an exchange with samples says so.
+    slopes = [lazy.own(i) for i in range(3)]
+    for _ in range(800):
+        lazy.decay()
+    assert [lazy.own(i) for i in range(3)] == slopes
+    lazy.add(0, Mode.SPEC, [0.01, 1.0, 1000.0, 1e6, 10.0])
+    assert lazy.own(1) is None and lazy.own(2) is None
+
 
 
 def test_a_noisy_prior_never_prices_a_size_out_of_line_with_its_measured_neighbours():

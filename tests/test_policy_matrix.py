@@ -171,6 +171,14 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
+    # A baseline a part filled from an earlier run yields to a part that measured that cell.
+    filled = _matrix(tmp_path, "g", [rec("eagle3", 3.0, 8, 1.0), rec("dual", 3.0, 8, 1.0),
+                                     {"from": "old.json"} | rec("plain", None, 64, 1.0),
+                                     {"from": "old.json"} | rec("plain", None, 8, 100.0)])
+    assert mm.main(["--out", str(tmp_path / "h"), filled, b]) == 0
+    merged = json.loads((tmp_path / "h" / "policy-matrix.json").read_text())
+    assert {(c["concurrency"], c["plain"], c.get("cross_run", False)) for c in merged["cells"]} \
+        == {(8, 100.0, True), (64, 8000.0, False)}
 
 
 def test_engines_in_several_processes_take_turns_and_a_cell_reads_their_median(tmp_path,

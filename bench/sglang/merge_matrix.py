@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (heatmap, merged_workloads, per_cell_median, ratios,
-                                       report)
+from bench.sglang.policy_matrix import (fill_from, heatmap, merged_workloads, per_cell_median,
+                                       ratios, report)
 
 
 def merge(parts: list[tuple[str, dict]]) -> dict:
@@ -27,6 +27,8 @@ def merge(parts: list[tuple[str, dict]]) -> dict:
         if m.get("settings") != first.get("settings") or m["note"] != first["note"]:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
         for r in m["records"]:
+            if "from" in r:           # a baseline filled from another run: below
+                continue
             key = (r["engine"], r["input_len"], r["output_len"], r["concurrency"],
                    None if r["engine"] == "plain" else r["accept_len"], r.get("process"))
             if key in seen:
@@ -34,9 +36,17 @@ def merge(parts: list[tuple[str, dict]]) -> dict:
             seen[key] = name
             records.append(r | {"call": name})
         workload_lists += m["workloads"]
+    # Filled baselines only where no part measured the cell (the first part's, if several).
+    filled: dict[tuple, dict] = {}
+    for _, m in parts:
+        for r in m["records"]:
+            if "from" in r:
+                filled.setdefault((r["engine"], r["accept_len"], r["input_len"],
+                                   r["output_len"], r["concurrency"]), r)
+    records = fill_from(records, list(filled.values()), "")
     workloads = merged_workloads(workload_lists, [])
     cells = ratios(per_cell_median(records))
-    calls = {r["call"] for r in records}
+    calls = {r["call"] for r in records if "call" in r}
     for c in cells:
         calls_of_cell = {call for (e, i, o, conc, a, _), call in seen.items()
                          if (i, o, conc) == (c["input_len"], c["output_len"], c["concurrency"])

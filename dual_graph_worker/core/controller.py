@@ -201,9 +201,10 @@ class _Contexts:
     """Per key, decayed sums of its steps' seconds y and context tokens x (y, count, x, xx, xy),
     and each mode's seconds per context token pooled within every size. The decay is applied
     lazily: sums are kept in units of `scale`, the decay since they were last rescaled, so an
-    exchange touches only the keys it measured."""
+    exchange touches only the keys it measured. Slopes are read as of the last exchange with
+    samples (`fit_scale`): an exchange without any changes none."""
 
-    __slots__ = ("sums", "var", "cov", "scale", "pools")
+    __slots__ = ("sums", "var", "cov", "scale", "fit_scale", "pools")
 
     def __init__(self, n: int) -> None:
         self.sums = [[0.0] * n for _ in range(_KEY_SLOTS)]
@@ -212,12 +213,14 @@ class _Contexts:
         self.var = [0.0] * n
         self.cov = [0.0] * n
         self.pools = {m: [0.0, 0.0, 0.0] for m in Mode}
-        self.scale = 1.0
+        self.scale = self.fit_scale = 1.0
 
     def decay(self) -> None:
         self.scale *= _CONTEXT_DECAY
-        if self.scale < 1e-150:          # rescale before it underflows (~34k exchanges)
+        # Rescale every ~6900 exchanges, long before a stored sum of squares could overflow.
+        if self.scale < 1e-30:
             g, self.scale = self.scale, 1.0
+            self.fit_scale /= g
             self.sums = [[g * v for v in slot] for slot in self.sums]
             self.var = [g * v for v in self.var]
             self.cov = [g * v for v in self.cov]
@@ -225,10 +228,11 @@ class _Contexts:
 
     def add(self, i: int, mode: Mode, window: Sequence[float]) -> None:
         sums, g = self.sums, self.scale
+        self.fit_scale = g
         for slot, v in zip(sums, window):
             slot[i] += v / g
         sy, n, sx, sxx, sxy = (slot[i] for slot in sums)
-        var, cov = sxx - sx * sx / n, sxy - sx * sy / n
+        var, cov = sxx - sx * (sx / n), sxy - sx * (sy / n)
         pool = self.pools[mode]
         pool[0] += var - self.var[i]
         pool[1] += cov - self.cov[i]
@@ -250,7 +254,7 @@ class _Contexts:
             return None
         var, mean = self.var[i], self.sums[2][i] / n
         need = max(_MIN_SPREAD["context"] ** 2, (_OWN_SPREAD * mean) ** 2)
-        if self.scale * var < need * max(self.scale * n, 1.0):
+        if self.fit_scale * var < need * max(self.fit_scale * n, 1.0):
             return None
         return max(self.cov[i] / var, 0.0)
 
