@@ -36,24 +36,27 @@ def _write(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
-def gpu_name() -> str:
-    """The first GPU's name from nvidia-smi, for a report's header ("unknown GPU" without one)."""
+def _first_gpu(field: str) -> Optional[str]:
+    """One nvidia-smi field of the first GPU (no CUDA context in this process); None without."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}",
+                              "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0].strip() or "unknown GPU"
+        return out.stdout.strip().splitlines()[0].strip() or None
     except Exception:
-        return "unknown GPU"
+        return None
+
+
+def gpu_name() -> str:
+    """The first GPU's name, for a report's header ("unknown GPU" without one)."""
+    return _first_gpu("name") or "unknown GPU"
 
 
 def gpu_used_mib() -> float | None:
-    """Device-wide used memory from nvidia-smi (no CUDA context in this process)."""
+    """Device-wide used memory."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
-                              "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20)
-        return float(out.stdout.strip().splitlines()[0])
-    except Exception:
+        return float(_first_gpu("memory.used") or "")
+    except ValueError:
         return None
 
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (fill_from, heatmap, merged_workloads, per_cell_median,
-                                       ratios, report)
+from bench.sglang.policy_matrix import (cell_key, fill_from, heatmap, merged_workloads,
+                                       per_cell_median, ratios, report)
 
 
 def merge(parts: list[tuple[str, dict]]) -> dict:
@@ -29,8 +29,7 @@ def merge(parts: list[tuple[str, dict]]) -> dict:
         for r in m["records"]:
             if "from" in r:           # a baseline filled from another run: below
                 continue
-            key = (r["engine"], r["input_len"], r["output_len"], r["concurrency"],
-                   None if r["engine"] == "plain" else r["accept_len"], r.get("process"))
+            key = cell_key(r) + (r.get("process"),)
             if key in seen:
                 raise ValueError(f"{name} and {seen[key]} both measured {key}")
             seen[key] = name
@@ -41,17 +40,15 @@ def merge(parts: list[tuple[str, dict]]) -> dict:
     for _, m in parts:
         for r in m["records"]:
             if "from" in r:
-                filled.setdefault((r["engine"], r["accept_len"], r["input_len"],
-                                   r["output_len"], r["concurrency"]), r)
+                filled.setdefault(cell_key(r), r)
     records = fill_from(records, list(filled.values()), "")
     workloads = merged_workloads(workload_lists, [])
     cells = ratios(per_cell_median(records))
     calls = {r["call"] for r in records if "call" in r}
     for c in cells:
-        calls_of_cell = {call for (e, i, o, conc, a, _), call in seen.items()
-                         if (i, o, conc) == (c["input_len"], c["output_len"], c["concurrency"])
-                         and e in ("plain", "eagle3", "dual")
-                         and a == (None if e == "plain" else c["accept_len"])}
+        cell = (c["input_len"], c["output_len"], c["concurrency"])
+        calls_of_cell = {call for key, call in seen.items()
+                         if key[2:5] == cell and key[1] in (None, c["accept_len"])}
         if len(calls_of_cell) > 1:
             raise ValueError(f"cell {c} mixes calls {sorted(calls_of_cell)}")
     accepts = sorted({a for _, m in parts for a in m["accepts"]})

@@ -180,7 +180,7 @@ def per_cell_median(recs: list[dict]) -> list[dict]:
     `tok_s_processes` where there are several (the first process's other fields)."""
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
-        groups.setdefault(_cell_key(r) + (r.get("from"),), []).append(r)
+        groups.setdefault(cell_key(r) + (r.get("from"),), []).append(r)
     out = []
     for rs in groups.values():
         if len(rs) == 1:
@@ -192,7 +192,8 @@ def per_cell_median(recs: list[dict]) -> list[dict]:
     return out
 
 
-def _cell_key(r: dict) -> tuple:
+def cell_key(r: dict) -> tuple:
+    """(engine, accept length (None for plain), input, output, concurrency) of a record."""
     return (r["engine"], r["accept_len"], r["input_len"], r["output_len"], r["concurrency"])
 
 
@@ -205,9 +206,9 @@ def _by_cell(cells: list[dict]) -> dict[tuple, dict]:
 def fill_from(recs: list[dict], earlier: list[dict], source: str) -> list[dict]:
     """Records of an earlier run for the (engine, cell)s this run did not measure, each marked
     with its source: a baseline too slow to re-run where it loses by far, never the worker."""
-    have = {_cell_key(r) for r in recs}
+    have = {cell_key(r) for r in recs}
     return recs + [{"from": source} | r for r in earlier       # a record's first source kept
-                   if r["engine"] != "dual" and _cell_key(r) not in have]
+                   if r["engine"] != "dual" and cell_key(r) not in have]
 
 
 def ratios(recs: list[dict]) -> list[dict]:
@@ -215,7 +216,7 @@ def ratios(recs: list[dict]) -> list[dict]:
     `cross_run` where a baseline was filled from another matrix (--fill-from)."""
     plain = {(r["input_len"], r["output_len"], r["concurrency"]): r
              for r in recs if r["engine"] == "plain"}
-    keyed = {_cell_key(r): r for r in recs if r["engine"] != "plain"}
+    keyed = {cell_key(r): r for r in recs if r["engine"] != "plain"}
     out = []
     for (engine, a, i, o, c), rec in sorted(keyed.items(), key=lambda kv: str(kv[0])):
         if engine != "dual" or (i, o, c) not in plain or ("eagle3", a, i, o, c) not in keyed:

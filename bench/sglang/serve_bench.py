@@ -404,8 +404,9 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
     weights = "DUMMY weights, " if cfg.dummy else ""
     worker = " ".join(f"{k}={v}" for k, v in cfg.dual_env)
     lines = [f"# serve-bench: {cfg.input_len} in / {cfg.output_len} out, random-ids",
-             "", f"{gpu_name()}, {weights}{forced}radix cache on; server flags `{' '.join(cfg.server_args)}`"
-             + (f"; the worker's server with `{worker}`." if worker else "."),
+             "", f"{gpu_name()}, {weights}{forced}radix cache on; server flags "
+             f"`{' '.join(cfg.server_args)}`" + (f"; the worker's server with `{worker}`."
+                                                if worker else "."),
              "", "| engine | C | req/s | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | "
              "TPOT p50 | TPOT p99 | accept |", "|" + "---|" * 11]
     for p in points:
@@ -434,9 +435,9 @@ def busy_table(points: list[ServePoint]) -> list[str]:
     """Each level's GPU-busy seconds by forward kind against its duration (the rest: the
     host, the client, gaps), where the servers timed their forwards."""
     timed = [p for p in points if p.forward_s and p.metrics.get("duration")]
-    kinds = sorted({k for p in timed for k in p.forward_s})
     if not timed:
         return []
+    kinds = sorted({k for p in timed for k in p.forward_s})
     rows = ["", "GPU-busy seconds per level (SGLANG_ENABLE_METRICS_DEVICE_TIMER, every server):",
             "", "| engine | C | duration s | " + " | ".join(kinds) + " | busy / duration |",
             "|---|---|---|" + "---|" * (len(kinds) + 1)]

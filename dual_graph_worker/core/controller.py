@@ -520,11 +520,11 @@ class GoodputController:
             ratio = self._keys[i][1] / self._keys[j][1]
             scale = w * (min(max(prior / self._prior[j], min(ratio, 1.0)), max(ratio, 1.0))
                          if scaled else 1.0)
-            slope = self._key_slope(j)
-            a += scale * (self._est[j] - slope * self._est_kv[j])
-            b += w * slope
-            floor += scale * _CONTEXT_FLOOR * self._est[j]
-            reach += w * self._reach(j)
+            a_j, b_j, floor_j, reach_j, _ = self._own_line(j)
+            a += scale * a_j
+            b += w * b_j
+            floor += scale * floor_j
+            reach += w * reach_j
         return a, b, floor, reach, max(b, b_mode)
 
     def _key_slope(self, i: int) -> float:
@@ -623,7 +623,7 @@ class GoodputController:
             self._fresh += _first_weight(len(firsts)) * (sum(firsts) / len(firsts) - self._fresh)
 
     def _observe_step(self, event: StepTime) -> None:
-        i = (self._spec_at if event.mode is Mode.SPEC else self._decode_at).get(event.padded_bs)
+        i = self._at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
         expected = self._line_time(i, event.kv_tokens)
