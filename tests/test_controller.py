@@ -953,3 +953,52 @@ def test_a_noisy_prior_never_prices_a_size_out_of_line_with_its_measured_neighbo
     # A prior in line with the sizes is followed as before: neither bound is reached.
     assert noisy_prior(48, (16,)).step_time(Mode.SPEC, 24) == pytest.approx(
         t_spec(16) * t_spec(24) / t_spec(16))
+
+
+def _commit(p: GoodputController, mode: Mode, steps: int, reason: Reason = Reason.GOODPUT) -> None:
+    for _ in range(steps):
+        p.commit(Decision(mode, reason))
+
+
+def test_an_estimate_long_unmeasured_yields_to_its_re_measurement():
+    """On the H200 the first spec steps at bs 16 of a process took 8.2 ms; 650 steps later a
+    re-measurement read 7.1 ms. Weighed as one EMA step, the re-measurement left the estimate at
+    7.8 and speculation written off for 66 more steps; aged by the steps without a sample, the
+    old one yields. A key measured every step keeps its smoothing."""
+    p = controller()
+    for s in (0.0082, 0.0082):
+        p.observe(StepTime(Mode.SPEC, 16, s))
+    _commit(p, Mode.SPEC, 2)
+    p.exchange(lambda v: v)
+    _commit(p, Mode.DECODE, 650)
+    for s in (0.0071, 0.0071):
+        p.observe(StepTime(Mode.SPEC, 16, s))
+    _commit(p, Mode.SPEC, 2, Reason.EXPLORE)
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 16) == pytest.approx(0.0071, rel=0.01)
+    q = controller()
+    for s in (0.0082,) * 8 + (0.0071,) * 2:
+        q.observe(StepTime(Mode.SPEC, 16, s))
+        _commit(q, Mode.SPEC, 1)
+        if q._step % 8 == 0:
+            q.exchange(lambda v: v)
+    q.exchange(lambda v: v)
+    assert q.step_time(Mode.SPEC, 16) == pytest.approx(0.0082 - 0.36 * 0.0011, rel=0.01)
+
+
+def test_after_a_re_measurement_the_mode_holds_until_its_step_times_are_exchanged():
+    """A re-measurement's acceptance reaches the controller at once, its step times only at the
+    next exchange: a lucky draw of acceptance must not buy a switch on the old step time."""
+    p = _learned(controller(min_dwell_steps=0), 16)       # spec wins from accept 2.3 up
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 2.0)))
+    p.exchange(lambda v: v)
+    probe = PolicyInputs(16, 16, 16)
+    _commit(p, Mode.DECODE, 1)
+    assert p.decide(probe).mode is Mode.DECODE
+    _commit(p, Mode.SPEC, p.config.explore_steps, Reason.EXPLORE)
+    for _ in range(p.config.explore_steps):
+        p.observe(accepted(Mode.SPEC, np.full(16, 4.0)))
+    assert p.decide(probe) == Decision(Mode.DECODE, Reason.DWELL)
+    p.exchange(lambda v: v)
+    assert p.decide(probe) == Decision(Mode.SPEC, Reason.GOODPUT)

@@ -49,6 +49,8 @@ CHUNK = 8192
 CONTEXT_S_PER_TOKEN = {Mode.SPEC: {1: 1.8e-6, 16: 0.53e-6, 32: 0.34e-6, 64: 0.55e-6},
                        Mode.DECODE: {1: 0.33e-6, 16: 0.032e-6, 64: 0.05e-6, 128: 0.036e-6,
                                      256: 0.036e-6}}
+WARM_STEPS = 3
+WARM = {"first_spec": 1.13, Mode.SPEC: 0.91, Mode.DECODE: 0.71}
 REF_CONTEXT = 384                   # a request's mean context in the cells the fit comes from
 
 
@@ -105,6 +107,10 @@ class Server:
     # from `noise_rng`; 0: every step takes its fitted time.
     noise: float = 0.0
     noise_rng: Optional[np.random.Generator] = None
+    # As on the H200 (matrix run 5), each spec graph's first WARM_STEPS steps in the process
+    # slow and the first step after a prefill short, by these factors; None: neither.
+    warm: Optional[dict] = None
+    _runs: dict = field(default_factory=dict)
 
     def forced_accept(self, accept: float) -> float:
         """The accept length of a step: `accept`; with an rng as SGLANG_SIMULATE_ACC_LEN
@@ -142,6 +148,13 @@ class Server:
             seconds = self.truth.step(plan.mode, plan.padded_bs, kv, c)
             if self.noise:
                 seconds *= max(1.0 + self.noise * self.noise_rng.standard_normal(), 0.5)
+            if self.warm is not None:
+                key = (plan.mode, plan.padded_bs)
+                self._runs[key] = self._runs.get(key, 0) + 1
+                if plan.mode is Mode.SPEC and self._runs[key] <= WARM_STEPS:
+                    seconds *= self.warm["first_spec"]
+                if not made.any():
+                    seconds *= self.warm[plan.mode]
             caught = 0
             if plan.mode is Mode.SPEC:
                 caught = int(behind.sum())
@@ -199,11 +212,12 @@ def _run(server: Server) -> dict:
 
 
 def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix: Path = MATRIX,
-                     noise: float = 0.0) -> dict:
+                     noise: float = 0.0, warm: bool = False) -> dict:
     """worker / max(plain, spec) per matrix cell, in the simulator fitted to `matrix`; with
     `seed`, acceptance sampled as SGLang forces it (each engine its own draws from the same
     seed); `diffused`, as the policy matrix forces it (bench/sglang/acc_control.py); `noise`,
-    each step's time off its fit by that relative standard deviation (seeded alike)."""
+    each step's time off its fit by that relative standard deviation (seeded alike); `warm`,
+    each graph's first steps off as on the H200 (WARM)."""
     truth = Truth.from_matrix(json.loads(matrix.read_text())["records"])
     ctx = PolicyContext(K, {Mode.SPEC: SPEC, Mode.DECODE: DECODE}, _prior(truth),
                         defers_prefill=True, max_rows=512)
@@ -211,7 +225,8 @@ def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix:
 
     rng = (lambda: None) if seed is None else (lambda: np.random.default_rng(seed))
     forced = DiffusedAcceptance if diffused else (lambda: None)
-    noisy = {"noise": noise, "noise_rng": np.random.default_rng(1000)}
+    noisy = {"noise": noise, "noise_rng": np.random.default_rng(1000),
+             "warm": WARM if warm else None}
     dual = _run(Server(truth, _planner(build_policy(Settings(), ctx)), rng=rng(),
                        diffused=forced(), **noisy))
     noisy["noise_rng"] = np.random.default_rng(1000)
@@ -252,6 +267,8 @@ if __name__ == "__main__":
                 ("fa3 run 1, error-diffused", dict(diffused=True, matrix=MATRIX_FA3)),
                 ("fa3 run 1, error-diffused, noisy steps",
                  dict(diffused=True, matrix=MATRIX_FA3, noise=0.059))]
+    variants += [("fa3 run 1, error-diffused, warm-up steps off", dict(diffused=True, matrix=MATRIX_FA3, warm=True)),
+                 ("triton run 1, error-diffused, warm-up steps off", dict(diffused=True, warm=True))]
     variants += [(f"triton run 1, sampled, seed {s}", dict(seed=s)) for s in range(4)]
     variants += [(f"fa3 run 1, sampled, seed {s}, noisy steps",
                   dict(seed=s, matrix=MATRIX_FA3, noise=0.059)) for s in range(2)]

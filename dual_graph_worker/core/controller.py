@@ -61,6 +61,9 @@ _MIN_LOSS = 0.05
 # Decode has no hidden parameter, only its step time: re-measured only where a step this much
 # faster than its estimate would win (acceptance moves; a size's step time barely drifts).
 _DECODE_DRIFT = 0.3
+# A key's estimate ages: every this many steps without a sample of it weigh as one more sample
+# of EMA decay, so a warm-up's samples or a phase long gone yield to a re-measurement's.
+_AGE_STEPS = 32
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
 # A key's step line: intercept, seconds per context token, floor, the context its own slope
@@ -363,6 +366,9 @@ class GoodputController:
         # next costly one waits until the debt is paid.
         self._debt = 0.0
         self._explore_left = 0
+        # A re-measurement's acceptance is seen at once, its step times at the next exchange:
+        # until then the current mode stays, so no choice reads half of what it measured.
+        self._unfolded = False
         self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         # Steps a mode has recently run between switches: a switch's catch-up is spread over
         # this, not over a fixed horizon, so flipping near a tie pays what it really costs.
@@ -389,6 +395,8 @@ class GoodputController:
         cur = self._dwell.mode
         if self._explore_left:
             return decided[OTHER[cur], Reason.EXPLORE]
+        if self._unfolded:
+            return decided[cur, Reason.DWELL]
         from_decode = cur is Mode.DECODE
         spec_key = self._spec_at.get(spec_bs)
         decode_key = self._decode_at.get(inputs.decode_padded_bs)
@@ -432,6 +440,7 @@ class GoodputController:
                 self._charge(decision.price)
                 self._explored_at[decision.mode] = self._step
             self._explore_left -= 1
+            self._unfolded = not self._explore_left
             return
         self._explore_left = 0
         if decision.mode is not self._dwell.mode and not self._dwell.dwell_waived:
@@ -701,6 +710,7 @@ class GoodputController:
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
         self._lines = [_UNFIT] * n
+        self._unfolded = False
         self._fold_step_times(vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n))
         self._fold_batch_costs(vec[_KEY_SLOTS * n:])
 
@@ -718,7 +728,8 @@ class GoodputController:
             sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count
             if self._samples[i] > 0:
-                w = 1.0 - keep ** count
+                idle = max(self._step - self._last[i] - count, 0.0)
+                w = 1.0 - keep ** (count + idle / _AGE_STEPS)
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
             self._est[i], self._est_kv[i] = mean, mean_kv
