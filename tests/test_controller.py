@@ -1002,3 +1002,39 @@ def test_after_a_re_measurement_the_mode_holds_until_its_step_times_are_exchange
     assert p.decide(probe) == Decision(Mode.DECODE, Reason.DWELL)
     p.exchange(lambda v: v)
     assert p.decide(probe) == Decision(Mode.SPEC, Reason.GOODPUT)
+
+
+def test_the_step_after_a_prefill_is_no_sample_unless_every_step_follows_one():
+    """On the H200 the first step after a batch's prefill took 0.71x its size's median (its span
+    began inside the prefill's; 1.07x mid-stream over HTTP), and at the lowest context of the
+    batch it passed for a context rate. Every other one is taken, so a prefill before every
+    step still leaves samples."""
+    p = controller()
+    p.observe(PrefillTime(4096, 0.08, draft=False))
+    p.observe(StepTime(Mode.DECODE, 16, 0.0071))
+    p.observe(StepTime(Mode.DECODE, 16, 0.010))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 16) == pytest.approx(0.010)
+    q = controller()
+    for _ in range(8):
+        q.observe(PrefillTime(256, 0.01, draft=False))
+        q.observe(StepTime(Mode.DECODE, 16, 0.010))
+    q.exchange(lambda v: v)
+    assert q.estimates()["step_s"]["decode"][16][1] == 4
+
+
+def test_a_batchs_last_step_cut_short_and_the_long_one_before_it_are_no_samples():
+    """Under overlap a batch's last step is launched before its requests are seen finished: the
+    step before it holds their work (1.45x its size's median on the H200), the last one is cut
+    short (0.07-0.6x). Both are held back, and a short last step alone after a switch too."""
+    p = controller()
+    for _ in range(8):
+        p.observe(StepTime(Mode.DECODE, 48, 0.006))
+    p.exchange(lambda v: v)
+    for s in (0.006, 0.006, 0.0115, 0.0004):
+        p.observe(StepTime(Mode.DECODE, 48, s))
+    p.observe(StepTime(Mode.SPEC, 48, 0.0147, carries_next=True))
+    p.observe(StepTime(Mode.DECODE, 48, 0.0004))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 48) == pytest.approx(0.006)
+    assert p.estimates()["step_s"]["decode"][48][1] == 10

@@ -308,6 +308,10 @@ class GoodputController:
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
+        # Rank-local: a prefill came since the last step; the last step was held back for one;
+        # the last step's sample (key, context, seconds) while in this window's sums.
+        self._after_prefill = self._held_after_prefill = False
+        self._last_sample: Optional[tuple[int, float, float]] = None
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
         # to that batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
@@ -592,6 +596,7 @@ class GoodputController:
                     self._rows[row], self._draw_sum[row], self._draws[row] = math.nan, 0.0, 0
                 self._admissions[event.rows] += 1
         elif isinstance(event, PrefillTime):
+            self._after_prefill = True
             carry, self._carry = self._carry or 0.0, None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
                 x, y = float(event.tokens), float(event.seconds) + carry
@@ -632,6 +637,8 @@ class GoodputController:
             self._fresh += _first_weight(len(firsts)) * (sum(firsts) / len(firsts) - self._fresh)
 
     def _observe_step(self, event: StepTime) -> None:
+        after_prefill, self._after_prefill = self._after_prefill, False
+        last, self._last_sample = self._last_sample, None
         i = self._at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
@@ -661,11 +668,25 @@ class GoodputController:
                 x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
                 self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
             return
+        # The first step after a prefill is no clean sample: its span starts inside the prefill's
+        # (on the H200 0.71x its size's median when the batch arrived at once, 1.07x over HTTP).
+        # Every other one is taken, so a prefill before every step still leaves samples.
+        if after_prefill and not self._held_after_prefill:
+            self._held_after_prefill = True
+            return
+        self._held_after_prefill = False
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
         if expected is not None and event.seconds > _OUTLIER * expected:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
+            return
+        # Nor is one under a third of a measured key's line: a batch's last step, its span cut
+        # short under overlap (0.4 ms among 6 ms steps on the H200), nor the step before it if
+        # of the same key: that one holds the finished requests' work (their sum is two steps).
+        if self._samples[i] > 0 and event.seconds * _SPIKE < expected:
+            if last is not None and last[0] == i:
+                self._drop(last)
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
@@ -682,6 +703,19 @@ class GoodputController:
         acc[2] += x
         acc[3] += x * x
         acc[4] += x * y
+        self._last_sample = (i, x, y)
+
+    def _drop(self, sample: tuple[int, float, float]) -> None:
+        """Take a step sample of this window back out of its key's sums."""
+        i, x, y = sample
+        acc = self._step_sums[i]
+        acc[0] -= y
+        acc[1] -= 1.0
+        acc[2] -= x
+        acc[3] -= x * x
+        acc[4] -= x * y
+        if acc[1] < 0.5:
+            del self._step_sums[i]
 
     def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
         """Seconds beyond key i's expected step, if it is measured and this is no idle gap."""
@@ -707,6 +741,7 @@ class GoodputController:
         for i, acc in self._step_sums.items():
             self._local[i:_KEY_SLOTS * n:n] += acc
         self._step_sums.clear()
+        self._last_sample = None
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
         self._lines = [_UNFIT] * n

@@ -1,0 +1,115 @@
+"""How far the controller's step time at each cell's first step lies from what the cell then
+measured, on a GPU run's own batch costs: each trace (`step_costs --trace`: a worker's step log
+in order) is fed to a controller with the run's start-up prior, exchanging every 8 steps as the
+worker does; at the first step after each prefill that starts a batch, each mode's expected
+step at its padded size and context is set against the median of the clean steps (no catch-up,
+no carried launch; the batch's first two and last three left out) that mode ran at that size
+over the next 400 steps, where it ran at least 8. Open loop: the costs are the run's, whatever
+this controller would have chosen. Run it from another tree to compare controllers.
+
+    python -m bench.sglang.estimate_error TRACE.json.gz ... [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PrefillTime, StepTime
+
+MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
+AHEAD = 400
+MIN_STEPS = 8
+
+
+def cell_errors(trace: dict) -> list[dict]:
+    """One record per (batch start, mode) with at least MIN_STEPS clean steps ahead."""
+    p = GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True),
+                          {Mode.SPEC: trace["spec_bs"], Mode.DECODE: trace["decode_bs"]},
+                          CalibrationTable.from_json(trace["calibration"]))
+    costs, out, steps, after_prefill = trace["costs"], [], 0, False
+    for at, row in enumerate(costs):
+        if row[0] == "p":
+            p.observe(PrefillTime(row[1], row[2], bool(row[3])))
+            after_prefill = True
+            continue
+        mode, pb, seconds, caught, carries, kv, bs = row
+        if after_prefill:
+            out += _errors_here(p, costs, at, pb, kv, bs)
+        after_prefill = False
+        p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
+        steps += 1
+        if steps % 8 == 0:
+            p.exchange(lambda v: v)
+    return out
+
+
+def _errors_here(p: GoodputController, costs: list, at: int, pb: int, kv: int,
+                 bs: int) -> list[dict]:
+    ahead = [r for r in costs[at:at + AHEAD] if r[0] != "p" and r[6] == bs][2:-3]
+    out = []
+    for m, mode in MODES.items():
+        clean = [r[2] for r in ahead if r[0] == m and r[1] == pb and not r[3] and not r[4]]
+        expected = p.step_time(mode, pb, kv)
+        if len(clean) >= MIN_STEPS and expected:
+            measured = statistics.median(clean)
+            out.append({"row": at, "mode": mode.value, "padded_bs": pb, "kv_tokens": kv,
+                        "expected_s": expected, "measured_s": measured,
+                        "error": expected / measured - 1})
+    return out
+
+
+def summary(errors: list[dict]) -> dict:
+    out = {}
+    for mode in ("spec", "decode"):
+        e = [r["error"] for r in errors if r["mode"] == mode]
+        if e:
+            a = [abs(x) for x in e]
+            out[mode] = {"cells": len(e), "mean_abs": statistics.fmean(a),
+                         "median_abs": statistics.median(a), "max_abs": max(a),
+                         "mean_signed": statistics.fmean(e)}
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.estimate_error", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
+    ap.add_argument("--out", default="out/estimate-error.json")
+    args = ap.parse_args(argv)
+    result = {"command": "python -m bench.sglang.estimate_error " + " ".join(args.traces),
+              "traces": {}}
+    print("| trace | mode | cells | mean abs error | median | max | mean signed |")
+    print("|---|---|---|---|---|---|---|")
+    for path in args.traces:
+        try:
+            trace = json.loads(gzip.open(path, "rt").read())
+            errors = cell_errors(trace)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"error: {path}: not a replay trace ({err}); make one with "
+                  "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`",
+                  file=sys.stderr)
+            return 2
+        stats = summary(errors)
+        result["traces"][path] = {"source": trace.get("source"), "summary": stats,
+                                  "cells": errors}
+        for mode, s in stats.items():
+            print(f"| {Path(path).name} | {mode} | {s['cells']} | {s['mean_abs']:.3f} | "
+                  f"{s['median_abs']:.3f} | {s['max_abs']:.3f} | {s['mean_signed']:+.3f} |")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
