@@ -50,7 +50,8 @@ CONTEXT_S_PER_TOKEN = {Mode.SPEC: {1: 1.8e-6, 16: 0.53e-6, 32: 0.34e-6, 64: 0.55
                        Mode.DECODE: {1: 0.33e-6, 16: 0.032e-6, 64: 0.05e-6, 128: 0.036e-6,
                                      256: 0.036e-6}}
 WARM_STEPS = 3
-WARM = {"first_spec": 1.13, Mode.SPEC: 0.91, Mode.DECODE: 0.71}
+WARM = {"first_spec": 1.13, Mode.SPEC: 0.91, Mode.DECODE: 0.71, "before_last": 1.45,
+        "last": 0.58}
 REF_CONTEXT = 384                   # a request's mean context in the cells the fit comes from
 
 
@@ -107,8 +108,9 @@ class Server:
     # from `noise_rng`; 0: every step takes its fitted time.
     noise: float = 0.0
     noise_rng: Optional[np.random.Generator] = None
-    # As on the H200 (matrix run 5), each spec graph's first WARM_STEPS steps in the process
-    # slow and the first step after a prefill short, by these factors; None: neither.
+    # As on the H200 (matrix runs 5-6), each spec graph's first WARM_STEPS steps in the
+    # process slow, the first step after a prefill short, a batch's last step short and the one
+    # before it long, by these factors; None: none of these.
     warm: Optional[dict] = None
     _runs: dict = field(default_factory=dict)
 
@@ -164,6 +166,13 @@ class Server:
             else:
                 behind += 1 if self.lazy else 0
                 got = np.ones(c)
+            if self.warm is not None and held is not None and (made + got).min() >= out_len:
+                # The batch's last step, launched before its requests were seen finished: the
+                # step before it holds their work, it is cut short.
+                extra = held[0].seconds * (self.warm["before_last"] - 1.0)
+                held = (held[0]._replace(seconds=held[0].seconds + extra), held[1])
+                self.clock += extra
+                seconds *= self.warm["last"]
             launch = SWITCH_HOST_S if held is not None and (
                 plan.mode is not held[0].mode or caught) else 0.0
             if held is not None:
@@ -267,8 +276,8 @@ if __name__ == "__main__":
                 ("fa3 run 1, error-diffused", dict(diffused=True, matrix=MATRIX_FA3)),
                 ("fa3 run 1, error-diffused, noisy steps",
                  dict(diffused=True, matrix=MATRIX_FA3, noise=0.059))]
-    variants += [("fa3 run 1, error-diffused, warm-up steps off", dict(diffused=True, matrix=MATRIX_FA3, warm=True)),
-                 ("triton run 1, error-diffused, warm-up steps off", dict(diffused=True, warm=True))]
+    variants += [("fa3 run 1, error-diffused, batch edges off", dict(diffused=True, matrix=MATRIX_FA3, warm=True)),
+                 ("triton run 1, error-diffused, batch edges off", dict(diffused=True, warm=True))]
     variants += [(f"triton run 1, sampled, seed {s}", dict(seed=s)) for s in range(4)]
     variants += [(f"fa3 run 1, sampled, seed {s}, noisy steps",
                   dict(seed=s, matrix=MATRIX_FA3, noise=0.059)) for s in range(2)]

@@ -4,6 +4,7 @@ only where this run lacks them, marked as such."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from bench.sglang import policy_matrix as pm
 
@@ -179,6 +180,44 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     merged = json.loads((tmp_path / "h" / "policy-matrix.json").read_text())
     assert {(c["concurrency"], c["plain"], c.get("cross_run", False)) for c in merged["cells"]} \
         == {(8, 100.0, True), (64, 8000.0, False)}
+
+
+def test_calls_at_other_accept_lengths_each_rate_against_their_own_plain(tmp_path):
+    """Plain is measured once a call whatever the accept length: two calls over one workload at
+    accept 1.5 and 3 each rate their worker against their own plain run."""
+    from bench.sglang import merge_matrix as mm
+
+    low = _matrix(tmp_path, "low", [rec("plain", None, 8, 1000.0), rec("eagle3", 1.5, 8, 900.0),
+                                    rec("dual", 1.5, 8, 990.0)])
+    high = _matrix(tmp_path, "high", [rec("plain", None, 8, 800.0), rec("eagle3", 3.0, 8, 1600.0),
+                                      rec("dual", 3.0, 8, 1600.0)])
+    merged = mm.merge([(Path(d).name, json.loads((Path(d) / "policy-matrix.json").read_text()))
+                       for d in (low, high)])
+    assert {(c["accept_len"], c["plain"], c["ratio"]) for c in merged["cells"]} == \
+        {(1.5, 1000.0, 0.99), (3.0, 800.0, 1.0)}
+
+
+def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):
+    """merge_matrix --processes: every call is one process of each engine, as policy_matrix
+    --processes runs them; a cell measured by several calls reads each engine's median."""
+    from bench.sglang import merge_matrix as mm
+
+    speeds = [(200.0, 400.0, 396.0), (100.0, 420.0, 390.0), (210.0, 300.0, 500.0)]
+    calls = [_matrix(tmp_path, f"p{n}", [rec("plain", None, 1, p), rec("eagle3", 3.0, 1, e),
+                                         rec("dual", 3.0, 1, d)])
+             for n, (p, e, d) in enumerate(speeds)]
+    wide = _matrix(tmp_path, "wide", [rec("plain", None, 64, 8000.0),
+                                      rec("eagle3", 3.0, 64, 9000.0), rec("dual", 3.0, 64, 9090.0)])
+    out = tmp_path / "m"
+    assert mm.main(["--out", str(out), "--processes", *calls, wide]) == 0
+    merged = json.loads((out / "policy-matrix.json").read_text())
+    assert {(c["concurrency"], c["plain"], c["eagle3"], c["dual"], c["ratio"])
+            for c in merged["cells"]} == {(1, 200.0, 400.0, 396.0, 0.99),
+                                          (64, 8000.0, 9000.0, 9090.0, 1.01)}
+    assert "merged from 4 calls on one machine (each one process" in merged["note"]
+    # Without --processes the same calls measured one cell three times: one line, an error.
+    assert mm.main(["--out", str(tmp_path / "bad"), *calls]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_engines_in_several_processes_take_turns_and_a_cell_reads_their_median(tmp_path,

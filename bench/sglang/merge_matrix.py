@@ -1,9 +1,11 @@
 """One policy matrix from several calls on one machine, each measuring every engine on its own
 cells (the device's per-call limit splits a matrix): records, ratios, report and heatmap as
 policy_matrix writes them. A cell measured by two calls, or whose engines come from different
-calls, is an error: no ratio mixes calls.
+calls, is an error: no ratio mixes calls. With --processes each call is one process of every
+engine, as `policy_matrix --processes N` runs them: a cell measured by several calls reads each
+engine's median over them, and each call must have measured all of the cell's engines.
 
-    python -m bench.sglang.merge_matrix --out DIR IN_DIR IN_DIR ...
+    python -m bench.sglang.merge_matrix --out DIR [--processes] IN_DIR IN_DIR ...
 """
 
 from __future__ import annotations
@@ -18,58 +20,86 @@ from bench.sglang.policy_matrix import (cell_key, fill_from, heatmap, merged_wor
                                        per_cell_median, ratios, report)
 
 
-def merge(parts: list[tuple[str, dict]]) -> dict:
-    """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings or a
-    cell measured twice."""
+def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
+    """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, a cell
+    two calls rated (without `processes`), or a cell whose engines no one call all measured."""
     first = parts[0][1]
-    records, workload_lists, seen = [], [], {}
-    for name, m in parts:
+    records, workload_lists = [], []
+    for index, (name, m) in enumerate(parts):
         if m.get("settings") != first.get("settings") or m["note"] != first["note"]:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
-        for r in m["records"]:
-            if "from" in r:           # a baseline filled from another run: below
-                continue
-            key = cell_key(r) + (r.get("process"),)
-            if key in seen:
-                raise ValueError(f"{name} and {seen[key]} both measured {key}")
-            seen[key] = name
-            records.append(r | {"call": name})
+        own = [r | {"call": name} | ({"process": index} if processes else {})
+               for r in m["records"] if "from" not in r]   # filled baselines: below
+        records += own
         workload_lists += m["workloads"]
+    _check_whole(records, processes)
+    workloads = merged_workloads(workload_lists, [])
     # Filled baselines only where no part measured the cell (the first part's, if several).
     filled: dict[tuple, dict] = {}
     for _, m in parts:
         for r in m["records"]:
             if "from" in r:
                 filled.setdefault(cell_key(r), r)
-    records = fill_from(records, list(filled.values()), "")
-    workloads = merged_workloads(workload_lists, [])
-    cells = ratios(per_cell_median(records))
+    filled_records = [r for key, r in filled.items()
+                      if not any(cell_key(x) == key for x in records)]
+    if processes:
+        cells = ratios(per_cell_median(records + filled_records))
+    else:
+        cells, rated_by = [], {}
+        for name, _ in parts:
+            for c in ratios([r for r in records if r["call"] == name] + filled_records):
+                key = (c["accept_len"], c["input_len"], c["output_len"], c["concurrency"])
+                if key in rated_by:
+                    raise ValueError(f"{name} and {rated_by[key]} both measured the cell {key}")
+                rated_by[key] = name
+                cells.append(c)
+    records += filled_records
     calls = {r["call"] for r in records if "call" in r}
-    for c in cells:
-        cell = (c["input_len"], c["output_len"], c["concurrency"])
-        calls_of_cell = {call for key, call in seen.items()
-                         if key[2:5] == cell and key[1] in (None, c["accept_len"])}
-        if len(calls_of_cell) > 1:
-            raise ValueError(f"cell {c} mixes calls {sorted(calls_of_cell)}")
     accepts = sorted({a for _, m in parts for a in m["accepts"]})
-    note = f"{first['note']}; merged from {len(calls)} calls on one machine: " \
-           + ", ".join(sorted(calls))
+    how = " (each one process of every engine; a cell several measured reads their median)" \
+        if processes else ""
+    note = f"{first['note']}; merged from {len(calls)} calls on one machine{how}: " \
+        + ", ".join(sorted(calls))
     return {"note": note, "accepts": accepts,
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
             "records": records, "cells": cells, "settings": first.get("settings"),
             "startup_s": {name: m.get("startup_s") for name, m in parts}}
 
 
+def _check_whole(records: list[dict], processes: bool) -> None:
+    """A worker cell whose baseline only another call measured: its ratio would mix calls.
+    Without `processes`, an engine measured twice at one accept length (plain may be: each call
+    rates its own accept lengths)."""
+    calls: dict[tuple, set] = {}
+    for r in records:
+        calls.setdefault(cell_key(r), set()).add(r["call"])
+    for key, dual_calls in calls.items():
+        engine, a, i, o, c = key
+        if engine != "plain" and len(dual_calls) > 1 and not processes:
+            raise ValueError(f"{sorted(dual_calls)} all measured {engine} at {(a, i, o, c)}")
+        if engine != "dual":
+            continue
+        for need in (("plain", None, i, o, c), ("eagle3", a, i, o, c)):
+            others = calls.get(need, set())
+            if others and not others & dual_calls:
+                raise ValueError(f"the worker at {(a, i, o, c)} was measured by "
+                                 f"{sorted(dual_calls)}, its {need[0]} baseline by "
+                                 f"{sorted(others)}: that ratio would mix calls")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.merge_matrix", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--processes", action="store_true",
+                    help="each call is one process of every engine: cells measured by several "
+                         "read each engine's median")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
     try:
         parts = [(Path(p).name, json.loads((Path(p) / "policy-matrix.json").read_text()))
                  for p in args.parts]
-        matrix = merge(parts)
+        matrix = merge(parts, args.processes)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
