@@ -1038,3 +1038,18 @@ def test_a_batchs_last_step_cut_short_and_the_long_one_before_it_are_no_samples(
     p.exchange(lambda v: v)
     assert p.step_time(Mode.DECODE, 48) == pytest.approx(0.006)
     assert p.estimates()["step_s"]["decode"][48][1] == 10
+
+
+def test_a_key_whose_line_reads_far_too_high_heals_from_its_short_steps():
+    """A short step is held back only alone: where a size's line reads three times its steps
+    (a step measured over a long context, the batch now over short ones), two short steps in a
+    row are its cost, and the estimate comes down."""
+    p = controller()
+    for _ in range(4):
+        p.observe(StepTime(Mode.SPEC, 48, 0.085))
+    p.exchange(lambda v: v)
+    for _ in range(50):
+        for _ in range(8):
+            p.observe(StepTime(Mode.SPEC, 48, 0.025))
+        p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 48) == pytest.approx(0.025, rel=0.01)

@@ -218,6 +218,19 @@ def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):
     # Without --processes the same calls measured one cell three times: one line, an error.
     assert mm.main(["--out", str(tmp_path / "bad"), *calls]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # A call that ran only the worker where another ran all three engines: its ratio would
+    # read another call's baselines.
+    lone = _matrix(tmp_path, "lone", [rec("dual", 3.0, 1, 150.0)])
+    assert mm.main(["--out", str(tmp_path / "bad2"), "--processes", calls[0], lone]) == 2
+    assert "mix calls" in capsys.readouterr().err
+    # One part made by `policy_matrix --processes 3`: its cell reads each engine's median.
+    one = _matrix(tmp_path, "one", [rec(e, a, 1, v) | {"process": n + 1}
+                                    for n, (p, e3, d) in enumerate(speeds)
+                                    for e, a, v in (("plain", None, p), ("eagle3", 3.0, e3),
+                                                    ("dual", 3.0, d))])
+    assert mm.main(["--out", str(tmp_path / "one-m"), one, wide]) == 0
+    merged = json.loads((tmp_path / "one-m" / "policy-matrix.json").read_text())
+    assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
 
 
 def test_engines_in_several_processes_take_turns_and_a_cell_reads_their_median(tmp_path,

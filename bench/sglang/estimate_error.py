@@ -1,11 +1,11 @@
 """How far the controller's step time at each cell's first step lies from what the cell then
 measured, on a GPU run's own batch costs: each trace (`step_costs --trace`: a worker's step log
-in order) is fed to a controller with the run's start-up prior, exchanging every 8 steps as the
-worker does; at the first step after each prefill that starts a batch, each mode's expected
-step at its padded size and context is set against the median of the clean steps (no catch-up,
-no carried launch; the batch's first two and last three left out) that mode ran at that size
-over the next 400 steps, where it ran at least 8. Open loop: the costs are the run's, whatever
-this controller would have chosen. Run it from another tree to compare controllers.
+in order) is fed to a controller with the run's start-up prior, each step committed in the mode
+it ran, exchanging every 8 steps as the worker does; at the first step after each prefill, each
+mode's expected step at its padded size and context is set against the median of the clean
+steps (no catch-up, no carried launch; the batch's first two and last three left out) that mode
+ran at that size over the next 400 steps, where it ran at least 8. Open loop: the costs are the
+run's, whatever this controller would have chosen. Run it from another tree to compare.
 
     python -m bench.sglang.estimate_error TRACE.json.gz ... [--out FILE.json]
 """
@@ -23,7 +23,7 @@ from typing import Optional
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PrefillTime, StepTime
+from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime
 
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
 AHEAD = 400
@@ -45,6 +45,7 @@ def cell_errors(trace: dict) -> list[dict]:
         if after_prefill:
             out += _errors_here(p, costs, at, pb, kv, bs)
         after_prefill = False
+        p.commit(Decision(MODES[mode], Reason.GOODPUT))       # the run's own mode: step count
         p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
         steps += 1
         if steps % 8 == 0:

@@ -21,70 +21,66 @@ from bench.sglang.policy_matrix import (cell_key, fill_from, heatmap, merged_wor
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
-    """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, a cell
-    two calls rated (without `processes`), or a cell whose engines no one call all measured."""
+    """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, an
+    engine two calls measured at one accept length (without `processes`), or a worker cell whose
+    baseline only another call measured."""
     first = parts[0][1]
     records, workload_lists = [], []
-    for index, (name, m) in enumerate(parts):
+    for name, m in parts:
         if m.get("settings") != first.get("settings") or m["note"] != first["note"]:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
-        own = [r | {"call": name} | ({"process": index} if processes else {})
-               for r in m["records"] if "from" not in r]   # filled baselines: below
-        records += own
+        records += [r | {"call": name} for r in m["records"] if "from" not in r]
         workload_lists += m["workloads"]
-    _check_whole(records, processes)
-    workloads = merged_workloads(workload_lists, [])
+    calls_of = _calls_of(records, processes)
     # Filled baselines only where no part measured the cell (the first part's, if several).
     filled: dict[tuple, dict] = {}
     for _, m in parts:
         for r in m["records"]:
-            if "from" in r:
+            if "from" in r and cell_key(r) not in calls_of:
                 filled.setdefault(cell_key(r), r)
-    filled_records = [r for key, r in filled.items()
-                      if not any(cell_key(x) == key for x in records)]
-    if processes:
-        cells = ratios(per_cell_median(records + filled_records))
-    else:
-        cells, rated_by = [], {}
-        for name, _ in parts:
-            for c in ratios([r for r in records if r["call"] == name] + filled_records):
-                key = (c["accept_len"], c["input_len"], c["output_len"], c["concurrency"])
-                if key in rated_by:
-                    raise ValueError(f"{name} and {rated_by[key]} both measured the cell {key}")
-                rated_by[key] = name
-                cells.append(c)
-    records += filled_records
-    calls = {r["call"] for r in records if "call" in r}
-    accepts = sorted({a for _, m in parts for a in m["accepts"]})
+    cells = []
+    for key, calls in calls_of.items():
+        engine, a, i, o, c = key
+        if engine != "dual":
+            continue
+        # Each engine's median over the calls that ran the worker here, a part's processes too.
+        wanted = {key, ("eagle3", a, i, o, c), ("plain", None, i, o, c)}
+        own = [r for r in records if r["call"] in calls and cell_key(r) in wanted]
+        cells += ratios(per_cell_median(own + [r for k, r in filled.items() if k in wanted]))
+    records += list(filled.values())
+    merged_calls = sorted({r["call"] for r in records if "call" in r})
     how = " (each one process of every engine; a cell several measured reads their median)" \
         if processes else ""
-    note = f"{first['note']}; merged from {len(calls)} calls on one machine{how}: " \
-        + ", ".join(sorted(calls))
-    return {"note": note, "accepts": accepts,
+    note = f"{first['note']}; merged from {len(merged_calls)} calls on one machine{how}: " \
+        + ", ".join(merged_calls)
+    workloads = merged_workloads(workload_lists, [])
+    return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
             "records": records, "cells": cells, "settings": first.get("settings"),
             "startup_s": {name: m.get("startup_s") for name, m in parts}}
 
 
-def _check_whole(records: list[dict], processes: bool) -> None:
-    """A worker cell whose baseline only another call measured: its ratio would mix calls.
-    Without `processes`, an engine measured twice at one accept length (plain may be: each call
-    rates its own accept lengths)."""
+def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:
+    """The calls that measured each (engine, accept, cell); raises ValueError where a worker
+    cell's baseline was measured, but not by every call that ran the worker there (its ratio
+    would mix calls), or, without `processes`, an engine at one accept length by two calls
+    (plain may be: each call rates its own accept lengths)."""
     calls: dict[tuple, set] = {}
     for r in records:
         calls.setdefault(cell_key(r), set()).add(r["call"])
-    for key, dual_calls in calls.items():
+    for key, measured in calls.items():
         engine, a, i, o, c = key
-        if engine != "plain" and len(dual_calls) > 1 and not processes:
-            raise ValueError(f"{sorted(dual_calls)} all measured {engine} at {(a, i, o, c)}")
+        if engine != "plain" and len(measured) > 1 and not processes:
+            raise ValueError(f"{sorted(measured)} all measured {engine} at {(a, i, o, c)}")
         if engine != "dual":
             continue
         for need in (("plain", None, i, o, c), ("eagle3", a, i, o, c)):
             others = calls.get(need, set())
-            if others and not others & dual_calls:
+            if others and not measured <= others:
                 raise ValueError(f"the worker at {(a, i, o, c)} was measured by "
-                                 f"{sorted(dual_calls)}, its {need[0]} baseline by "
+                                 f"{sorted(measured)}, its {need[0]} baseline by "
                                  f"{sorted(others)}: that ratio would mix calls")
+    return calls
 
 
 def main(argv: Optional[list[str]] = None) -> int:

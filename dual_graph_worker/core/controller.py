@@ -309,9 +309,11 @@ class GoodputController:
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
         # Rank-local: a prefill came since the last step; the last step was held back for one;
-        # the last step's sample (key, context, seconds) while in this window's sums.
+        # the last step's sample (key, context, seconds, above its line) while in this window's
+        # sums; the key of the last step if it was held back as short.
         self._after_prefill = self._held_after_prefill = False
-        self._last_sample: Optional[tuple[int, float, float]] = None
+        self._last_sample: Optional[tuple[int, float, float, bool]] = None
+        self._short: Optional[int] = None
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
         # to that batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
@@ -639,6 +641,7 @@ class GoodputController:
     def _observe_step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
         last, self._last_sample = self._last_sample, None
+        short, self._short = self._short, None
         i = self._at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
@@ -681,12 +684,14 @@ class GoodputController:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
-        # Nor is one under a third of a measured key's line: a batch's last step, its span cut
-        # short under overlap (0.4 ms among 6 ms steps on the H200), nor the step before it if
-        # of the same key: that one holds the finished requests' work (their sum is two steps).
-        if self._samples[i] > 0 and event.seconds * _SPIKE < expected:
-            if last is not None and last[0] == i:
+        # Nor is a lone one under a third of a measured key's line: a batch's last step, its span
+        # cut short under overlap (0.4 ms among 6 ms steps on the H200), nor the step before it
+        # if of the same key and above its line: that one holds the finished requests' work
+        # (their sum is two steps). Two in a row are the key's cost.
+        if self._samples[i] > 0 and event.seconds * _SPIKE < expected and short != i:
+            if last is not None and last[0] == i and last[3]:
                 self._drop(last)
+            self._short = i
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
@@ -703,11 +708,11 @@ class GoodputController:
         acc[2] += x
         acc[3] += x * x
         acc[4] += x * y
-        self._last_sample = (i, x, y)
+        self._last_sample = (i, x, y, expected is not None and y > expected)
 
-    def _drop(self, sample: tuple[int, float, float]) -> None:
+    def _drop(self, sample: tuple[int, float, float, bool]) -> None:
         """Take a step sample of this window back out of its key's sums."""
-        i, x, y = sample
+        i, x, y, _ = sample
         acc = self._step_sums[i]
         acc[0] -= y
         acc[1] -= 1.0
