@@ -180,6 +180,16 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     merged = json.loads((tmp_path / "h" / "policy-matrix.json").read_text())
     assert {(c["concurrency"], c["plain"], c.get("cross_run", False)) for c in merged["cells"]} \
         == {(8, 100.0, True), (64, 8000.0, False)}
+    # Filled from a matrix whose processes each measured the baseline: their median, and the
+    # calls of that matrix are not this merge's.
+    old = {"from": "old.json", "call": "x1"}
+    spread = _matrix(tmp_path, "s", [rec("eagle3", 3.0, 8, 100.0), rec("dual", 3.0, 8, 150.0)] +
+                     [old | rec("plain", None, 8, v) | {"process": n}
+                      for n, v in enumerate((100.0, 300.0, 200.0), 1)])
+    assert mm.main(["--out", str(tmp_path / "sm"), spread]) == 0
+    merged = json.loads((tmp_path / "sm" / "policy-matrix.json").read_text())
+    assert [(c["plain"], c["ratio"]) for c in merged["cells"]] == [(200.0, 0.75)]
+    assert "merged from 1 calls" in merged["note"] and len(merged["records"]) == 5
 
 
 def test_calls_at_other_accept_lengths_each_rate_against_their_own_plain(tmp_path):

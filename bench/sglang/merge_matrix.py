@@ -32,12 +32,15 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
         records += [r | {"call": name} for r in m["records"] if "from" not in r]
         workload_lists += m["workloads"]
     calls_of = _calls_of(records, processes)
-    # Filled baselines only where no part measured the cell (the first part's, if several).
-    filled: dict[tuple, dict] = {}
-    for _, m in parts:
+    # Filled baselines only where no part measured the cell: the first such part's, each of its
+    # processes (a part filled from a matrix run with --processes rates their median).
+    filled: dict[tuple, list[dict]] = {}
+    for name, m in parts:
+        mine: dict[tuple, list[dict]] = {}
         for r in m["records"]:
-            if "from" in r and cell_key(r) not in calls_of:
-                filled.setdefault(cell_key(r), r)
+            if "from" in r and cell_key(r) not in calls_of and cell_key(r) not in filled:
+                mine.setdefault(cell_key(r), []).append(r)
+        filled |= mine
     cells = []
     for key, calls in calls_of.items():
         engine, a, i, o, c = key
@@ -46,9 +49,9 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
         # Each engine's median over the calls that ran the worker here, a part's processes too.
         wanted = {key, ("eagle3", a, i, o, c), ("plain", None, i, o, c)}
         own = [r for r in records if r["call"] in calls and cell_key(r) in wanted]
-        cells += ratios(per_cell_median(own + [r for k, r in filled.items() if k in wanted]))
-    records += list(filled.values())
-    merged_calls = sorted({r["call"] for r in records if "call" in r})
+        cells += ratios(per_cell_median(own + [r for k in wanted for r in filled.get(k, [])]))
+    merged_calls = sorted({r["call"] for r in records})
+    records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \
         if processes else ""
     note = f"{first['note']}; merged from {len(merged_calls)} calls on one machine{how}: " \
