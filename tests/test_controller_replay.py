@@ -51,7 +51,7 @@ CONTEXT_S_PER_TOKEN = {Mode.SPEC: {1: 1.8e-6, 16: 0.53e-6, 32: 0.34e-6, 64: 0.55
                                      256: 0.036e-6}}
 WARM_STEPS = 3
 WARM = {"first_spec": 1.13, Mode.SPEC: 0.91, Mode.DECODE: 0.71, "before_last": 1.45,
-        "last": 0.58}
+        "last": 0.58, "after_catch_up": 0.97}
 REF_CONTEXT = 384                   # a request's mean context in the cells the fit comes from
 
 
@@ -109,8 +109,8 @@ class Server:
     noise: float = 0.0
     noise_rng: Optional[np.random.Generator] = None
     # As on the H200 (matrix runs 5-6), each spec graph's first WARM_STEPS steps in the
-    # process slow, the first step after a prefill short, a batch's last step short and the one
-    # before it long, by these factors; None: none of these.
+    # process slow, the first step after a prefill or a catch-up short, a batch's last step
+    # short and the one before it long, by these factors; None: none of these.
     warm: Optional[dict] = None
     _runs: dict = field(default_factory=dict)
 
@@ -157,6 +157,8 @@ class Server:
                     seconds *= self.warm["first_spec"]
                 if not made.any():
                     seconds *= self.warm[plan.mode]
+                elif held is not None and held[0].catch_up_tokens:
+                    seconds *= self.warm["after_catch_up"]
             caught = 0
             if plan.mode is Mode.SPEC:
                 caught = int(behind.sum())
