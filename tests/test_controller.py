@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.controller import ControllerConfig, GoodputController, _Contexts
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.regressions import ContextSums, Slope
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
@@ -359,9 +360,7 @@ def test_catch_up_rates_come_only_from_sizes_far_enough_apart_and_runs_without_a
 
 
 def test_a_negative_intercept_refits_the_line_through_the_origin():
-    from dual_graph_worker.core.controller import _Slope
-
-    s = _Slope(min_spread=1.0, decay=1.0)
+    s = Slope(min_spread=1.0, decay=1.0)
     for x, y in ((100, 0.0001), (1000, 0.0019), (2000, 0.0039)):   # intercept -0.1 ms
         s.fold(np.array([1.0, x, y, x * x, x * y]))
     intercept, slope = s.fit()
@@ -902,7 +901,7 @@ def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale(
     reach and each mode's pooled slope stay those of sums decayed at every exchange, and an
     exchange without samples changes no slope."""
     rng = np.random.default_rng(0)
-    lazy, eager = _Contexts(3), np.zeros((5, 3))
+    lazy, eager = ContextSums(3), np.zeros((5, 3))
     modes = (Mode.SPEC, Mode.SPEC, Mode.DECODE)
     for exchange in range(36_000):
         lazy.decay()

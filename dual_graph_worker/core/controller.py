@@ -20,6 +20,7 @@ from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.modes import OTHER, Mode
+from dual_graph_worker.core.regressions import KEY_SLOTS, MIN_SPREAD, ContextSums, Slope
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellState,
                                            Observation, PolicyInputs, PolicyState, PrefillTime,
                                            Reason, Reducer, StepTime)
@@ -42,20 +43,8 @@ _CATCH_UP_DECAY = 0.99
 # Below this many tokens per catch-up, a catch-up's fixed cost (one more draft forward) hides
 # its per-token rate: the plain ratio is no rate then.
 _RATIO_MIN_TOKENS = 512
-# A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
-# noise of a few hundred microseconds passes for a rate.
-_MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
-# A key's own context slope needs its contexts spread this share of their mean: a batch of 100
-# grows ~300 tokens a step, so a few steps spread past _MIN_SPREAD and their noise fits any slope.
-_OWN_SPREAD = 0.1
-# Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
-# more slowly than step times drift.
-_CONTEXT_DECAY = 0.99
 # A measured step time predicts no less than this share of itself at a shorter context.
 _CONTEXT_FLOOR = 0.25
-# A key's own slope holds out to this many standard deviations above its mean context; beyond,
-# the mode's pooled slope where steeper (attention's cost per token grows with the context).
-_CONTEXT_REACH = 2.0
 # An exploration step costs at least this share of a step: nothing is free.
 _MIN_LOSS = 0.05
 # Decode has no hidden parameter, only its step time: re-measured only where a step this much
@@ -69,8 +58,6 @@ _DWELL_BREAK = 1.25
 # A key's step line: intercept, seconds per context token, floor, the context its own slope
 # reaches, the slope beyond.
 _Line = tuple[float, float, float, float, float]
-# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
-_KEY_SLOTS = 5
 # Local slots after the per-key ones: regressions (n, sum x, sum y, sum xx, sum xy
 # with x = tokens, y = seconds) of prefills with and without the draft, of catch-ups at a
 # switch back from decode, and of catch-ups inside a speculative run (after deferred prefills).
@@ -142,133 +129,6 @@ class ControllerConfig:
         return cls(num_draft_tokens, **shared, **engine)
 
 
-class _Slope:
-    """Seconds per token of batches, as the slope of a decayed least-squares line: a batch's
-    fixed cost (launches, metadata, one more forward) is the intercept, so small and large
-    batches agree on the rate."""
-
-    __slots__ = ("sums", "events", "decay", "min_spread", "idle")
-
-    def __init__(self, min_spread: float, decay: float = _WORKLOAD_DECAY) -> None:
-        self.sums = np.zeros(5)
-        self.events = 0.0
-        self.decay = decay
-        self.min_spread = min_spread
-        self.idle = 0               # exchanges since the last window: their decay is not applied
-
-    def fold(self, window: Optional[np.ndarray]) -> None:
-        """None: an exchange with nothing new. Its decay waits for the next window, since every
-        fit is a ratio of sums decayed alike."""
-        if window is None:
-            self.idle += 1
-            return
-        self.sums = self.decay ** (self.idle + 1) * self.sums + window
-        self.idle = 0
-        self.events += window[0]
-
-    def decayed(self) -> np.ndarray:
-        return self.decay ** self.idle * self.sums
-
-    def fit(self) -> Optional[tuple[float, float]]:
-        """(intercept, slope), or None while the sizes seen are too close to separate the two.
-        A negative intercept (no fixed cost can be) refits the line through the origin."""
-        n, sx, sy, sxx, sxy = self.sums
-        if self.events < 3 or n <= 0:
-            return None
-        var = n * sxx - sx * sx                  # n^2 times the variance of the sizes
-        if var < (self.min_spread * n) ** 2:
-            return None
-        slope = (n * sxy - sx * sy) / var
-        if slope < 0:                  # no batch costs less for more tokens: noise, a flat line
-            return sy / n, 0.0
-        intercept = (sy - slope * sx) / n
-        if intercept < 0:
-            return 0.0, max(sxy / sxx, 0.0)
-        return intercept, slope
-
-    def value(self) -> Optional[float]:
-        fit = self.fit()
-        return None if fit is None else fit[1]
-
-    def ratio(self) -> Optional[float]:
-        """Seconds per token over every batch seen (fixed costs included)."""
-        sx, sy = self.sums[1:3]
-        return sy / sx if sx > 0 else None
-
-    def mean_tokens(self) -> float:
-        n, sx = self.sums[:2]
-        return sx / n if n > 0 else 0.0
-
-
-class _Contexts:
-    """Per key, decayed sums of its steps' seconds y and context tokens x (y, count, x, xx, xy),
-    and each mode's seconds per context token pooled within every size. The decay is applied
-    lazily: sums are kept in units of `scale`, the decay since they were last rescaled, so an
-    exchange touches only the keys it measured. Slopes are read as of the last exchange with
-    samples (`fit_scale`): an exchange without any changes none."""
-
-    __slots__ = ("sums", "var", "cov", "scale", "fit_scale", "pools")
-
-    def __init__(self, n: int) -> None:
-        self.sums = [[0.0] * n for _ in range(_KEY_SLOTS)]
-        # Per key, its count times the variance of its contexts and their covariance with y;
-        # per mode, their totals and its steps.
-        self.var = [0.0] * n
-        self.cov = [0.0] * n
-        self.pools = {m: [0.0, 0.0, 0.0] for m in Mode}
-        self.scale = self.fit_scale = 1.0
-
-    def decay(self) -> None:
-        self.scale *= _CONTEXT_DECAY
-        # Rescale every ~6900 exchanges, long before a stored sum of squares could overflow.
-        if self.scale < 1e-30:
-            g, self.scale = self.scale, 1.0
-            self.fit_scale /= g
-            self.sums = [[g * v for v in slot] for slot in self.sums]
-            self.var = [g * v for v in self.var]
-            self.cov = [g * v for v in self.cov]
-            self.pools = {m: [g * v for v in pool] for m, pool in self.pools.items()}
-
-    def add(self, i: int, mode: Mode, window: Sequence[float]) -> None:
-        sums, g = self.sums, self.scale
-        self.fit_scale = g
-        for slot, v in zip(sums, window):
-            slot[i] += v / g
-        sy, n, sx, sxx, sxy = (slot[i] for slot in sums)
-        var, cov = sxx - sx * (sx / n), sxy - sx * (sy / n)
-        pool = self.pools[mode]
-        pool[0] += var - self.var[i]
-        pool[1] += cov - self.cov[i]
-        pool[2] += window[1] / g
-        self.var[i], self.cov[i] = var, cov
-
-    def pooled(self, mode: Mode) -> float:
-        """The mode's slope within every size; 0 until its contexts have spread at all."""
-        var, cov, count = self.pools[mode]
-        if var >= _MIN_SPREAD["context"] ** 2 * count > 0:
-            return max(cov / var, 0.0)
-        return 0.0
-
-    def own(self, i: int) -> Optional[float]:
-        """Key i's own slope, if its contexts have spread far enough (at least _MIN_SPREAD and a
-        _OWN_SPREAD share of their mean)."""
-        n = self.sums[1][i]
-        if n <= 0:
-            return None
-        var, mean = self.var[i], self.sums[2][i] / n
-        need = max(_MIN_SPREAD["context"] ** 2, (_OWN_SPREAD * mean) ** 2)
-        if self.fit_scale * var < need * max(self.fit_scale * n, 1.0):
-            return None
-        return max(self.cov[i] / var, 0.0)
-
-    def reach(self, i: int) -> float:
-        """Key i's mean context plus _CONTEXT_REACH standard deviations."""
-        n = self.sums[1][i]
-        if n <= 0:
-            return 0.0
-        return self.sums[2][i] / n + _CONTEXT_REACH * math.sqrt(max(self.var[i], 0.0) / n)
-
-
 # A line not fitted since the last exchange.
 _UNFIT: Any = object()
 
@@ -298,13 +158,13 @@ class GoodputController:
         # recent mean context, moved along its seconds per context token (_key_slope).
         self._est = [math.nan] * n
         self._est_kv = [0.0] * n
-        self._ctx = _Contexts(n)
+        self._ctx = ContextSums(n)
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
-        self._prefill = {d: _Slope(_MIN_SPREAD["prefill"]) for d in (True, False)}
+        self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
-        self._catch_up = {at_switch: _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+        self._catch_up = {at_switch: Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
@@ -335,7 +195,7 @@ class GoodputController:
         self._catch_up_fit: tuple[float, float] = (0.0, 0.0)    # (fixed s, s per token)
         # Rank-local sums since the last exchange: never read by a decision. Step samples
         # gather in Python floats per key (a numpy slice update costs ~1 us a step).
-        self._local = np.zeros(_KEY_SLOTS * n + _TAIL)
+        self._local = np.zeros(KEY_SLOTS * n + _TAIL)
         self._step_sums: dict[int, list[float]] = {}
         # Rank-common facts, applied at once.
         k1 = config.num_draft_tokens + 1.0
@@ -701,7 +561,7 @@ class GoodputController:
         self._spiked[i] = False
         acc = self._step_sums.get(i)
         if acc is None:
-            acc = self._step_sums[i] = [0.0] * _KEY_SLOTS
+            acc = self._step_sums[i] = [0.0] * KEY_SLOTS
         x, y = float(event.kv_tokens), event.seconds
         acc[0] += y
         acc[1] += 1.0
@@ -744,15 +604,15 @@ class GoodputController:
         at the same step with the same `reduce` (the mean over ranks)."""
         n = len(self._keys)
         for i, acc in self._step_sums.items():
-            self._local[i:_KEY_SLOTS * n:n] += acc
+            self._local[i:KEY_SLOTS * n:n] += acc
         self._step_sums.clear()
         self._last_sample = None
         vec = np.asarray(reduce(self._local.copy()), dtype=np.float64)
         self._local[:] = 0.0
         self._lines = [_UNFIT] * n
         self._unfolded = False
-        self._fold_step_times(vec[:_KEY_SLOTS * n].reshape(_KEY_SLOTS, n))
-        self._fold_batch_costs(vec[_KEY_SLOTS * n:])
+        self._fold_step_times(vec[:KEY_SLOTS * n].reshape(KEY_SLOTS, n))
+        self._fold_batch_costs(vec[KEY_SLOTS * n:])
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
         """Each key's EMA of step seconds and of context tokens, and the context regressions.
@@ -856,8 +716,8 @@ class GoodputController:
             return max(with_draft - plain, 0.0)
         return 0.0
 
-    def _both_catch_ups(self) -> _Slope:
-        both = _Slope(_MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+    def _both_catch_ups(self) -> Slope:
+        both = Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
         both.sums = self._catch_up[True].decayed() + self._catch_up[False].decayed()
         both.events = self._catch_up[True].events + self._catch_up[False].events
         return both

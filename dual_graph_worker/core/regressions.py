@@ -1,0 +1,154 @@
+"""The controller's decayed least-squares fits: seconds per token of batches (prefills,
+catch-ups) and per key the step seconds against context tokens, with each mode's rate pooled
+within every size."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from dual_graph_worker.core.modes import Mode
+
+# A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
+# noise of a few hundred microseconds passes for a rate.
+MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
+# A key's own context slope needs its contexts spread this share of their mean: a batch of 100
+# grows ~300 tokens a step, so a few steps spread past MIN_SPREAD and their noise fits any slope.
+OWN_SPREAD = 0.1
+# Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
+# more slowly than step times drift.
+CONTEXT_DECAY = 0.99
+# A key's own slope holds out to this many standard deviations above its mean context; beyond,
+# the mode's pooled slope where steeper (attention's cost per token grows with the context).
+CONTEXT_REACH = 2.0
+# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
+KEY_SLOTS = 5
+
+
+class Slope:
+    """Seconds per token of batches, as the slope of a decayed least-squares line: a batch's
+    fixed cost (launches, metadata, one more forward) is the intercept, so small and large
+    batches agree on the rate."""
+
+    __slots__ = ("sums", "events", "decay", "min_spread", "idle")
+
+    def __init__(self, min_spread: float, decay: float) -> None:
+        self.sums = np.zeros(5)
+        self.events = 0.0
+        self.decay = decay
+        self.min_spread = min_spread
+        self.idle = 0               # exchanges since the last window: their decay is not applied
+
+    def fold(self, window: Optional[np.ndarray]) -> None:
+        """None: an exchange with nothing new. Its decay waits for the next window, since every
+        fit is a ratio of sums decayed alike."""
+        if window is None:
+            self.idle += 1
+            return
+        self.sums = self.decay ** (self.idle + 1) * self.sums + window
+        self.idle = 0
+        self.events += window[0]
+
+    def decayed(self) -> np.ndarray:
+        return self.decay ** self.idle * self.sums
+
+    def fit(self) -> Optional[tuple[float, float]]:
+        """(intercept, slope), or None while the sizes seen are too close to separate the two.
+        A negative intercept (no fixed cost can be) refits the line through the origin."""
+        n, sx, sy, sxx, sxy = self.sums
+        if self.events < 3 or n <= 0:
+            return None
+        var = n * sxx - sx * sx                  # n^2 times the variance of the sizes
+        if var < (self.min_spread * n) ** 2:
+            return None
+        slope = (n * sxy - sx * sy) / var
+        if slope < 0:                  # no batch costs less for more tokens: noise, a flat line
+            return sy / n, 0.0
+        intercept = (sy - slope * sx) / n
+        if intercept < 0:
+            return 0.0, max(sxy / sxx, 0.0)
+        return intercept, slope
+
+    def value(self) -> Optional[float]:
+        fit = self.fit()
+        return None if fit is None else fit[1]
+
+    def ratio(self) -> Optional[float]:
+        """Seconds per token over every batch seen (fixed costs included)."""
+        sx, sy = self.sums[1:3]
+        return sy / sx if sx > 0 else None
+
+    def mean_tokens(self) -> float:
+        n, sx = self.sums[:2]
+        return sx / n if n > 0 else 0.0
+
+
+class ContextSums:
+    """Per key, decayed sums of its steps' seconds y and context tokens x (y, count, x, xx, xy),
+    and each mode's seconds per context token pooled within every size. The decay is applied
+    lazily: sums are kept in units of `scale`, the decay since they were last rescaled, so an
+    exchange touches only the keys it measured. Slopes are read as of the last exchange with
+    samples (`fit_scale`): an exchange without any changes none."""
+
+    __slots__ = ("sums", "var", "cov", "scale", "fit_scale", "pools")
+
+    def __init__(self, n: int) -> None:
+        self.sums = [[0.0] * n for _ in range(KEY_SLOTS)]
+        # Per key, its count times the variance of its contexts and their covariance with y;
+        # per mode, their totals and its steps.
+        self.var = [0.0] * n
+        self.cov = [0.0] * n
+        self.pools = {m: [0.0, 0.0, 0.0] for m in Mode}
+        self.scale = self.fit_scale = 1.0
+
+    def decay(self) -> None:
+        self.scale *= CONTEXT_DECAY
+        # Rescale every ~6900 exchanges, long before a stored sum of squares could overflow.
+        if self.scale < 1e-30:
+            g, self.scale = self.scale, 1.0
+            self.fit_scale /= g
+            self.sums = [[g * v for v in slot] for slot in self.sums]
+            self.var = [g * v for v in self.var]
+            self.cov = [g * v for v in self.cov]
+            self.pools = {m: [g * v for v in pool] for m, pool in self.pools.items()}
+
+    def add(self, i: int, mode: Mode, window: Sequence[float]) -> None:
+        sums, g = self.sums, self.scale
+        self.fit_scale = g
+        for slot, v in zip(sums, window):
+            slot[i] += v / g
+        sy, n, sx, sxx, sxy = (slot[i] for slot in sums)
+        var, cov = sxx - sx * (sx / n), sxy - sx * (sy / n)
+        pool = self.pools[mode]
+        pool[0] += var - self.var[i]
+        pool[1] += cov - self.cov[i]
+        pool[2] += window[1] / g
+        self.var[i], self.cov[i] = var, cov
+
+    def pooled(self, mode: Mode) -> float:
+        """The mode's slope within every size; 0 until its contexts have spread at all."""
+        var, cov, count = self.pools[mode]
+        if var >= MIN_SPREAD["context"] ** 2 * count > 0:
+            return max(cov / var, 0.0)
+        return 0.0
+
+    def own(self, i: int) -> Optional[float]:
+        """Key i's own slope, if its contexts have spread far enough (at least MIN_SPREAD and a
+        OWN_SPREAD share of their mean)."""
+        n = self.sums[1][i]
+        if n <= 0:
+            return None
+        var, mean = self.var[i], self.sums[2][i] / n
+        need = max(MIN_SPREAD["context"] ** 2, (OWN_SPREAD * mean) ** 2)
+        if self.fit_scale * var < need * max(self.fit_scale * n, 1.0):
+            return None
+        return max(self.cov[i] / var, 0.0)
+
+    def reach(self, i: int) -> float:
+        """Key i's mean context plus CONTEXT_REACH standard deviations."""
+        n = self.sums[1][i]
+        if n <= 0:
+            return 0.0
+        return self.sums[2][i] / n + CONTEXT_REACH * math.sqrt(max(self.var[i], 0.0) / n)
