@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
+
+from bench.sglang.estimate_error import controller_for
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = {"s": Mode.SPEC, "d": Mode.DECODE}
@@ -187,9 +188,7 @@ def _replay_http(prior: bool, with_batch_size: bool = True, run: int = 3):
     whatever the batch did between the two steps."""
     t = json.loads(gzip.open(ROOT / f"tests/data/h200_http_fa3_run{run}_costs.json.gz",
                              "rt").read())
-    p = GoodputController(ControllerConfig(t["num_steps"], defers_prefill=True),
-                          {Mode.SPEC: t["spec_bs"], Mode.DECODE: t["decode_bs"]},
-                          CalibrationTable.from_json(t["calibration"]) if prior else None)
+    p = controller_for(t, prior)
     step = 0
     for row in t["costs"]:
         if row[0] == "p":

@@ -30,11 +30,17 @@ AHEAD = 400
 MIN_STEPS = 8
 
 
+def controller_for(trace: dict, prior: bool = True) -> GoodputController:
+    """A controller as the traced worker built it: its graph sizes, deferring prefills, with its
+    start-up prior (or none)."""
+    return GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True),
+                             {Mode.SPEC: trace["spec_bs"], Mode.DECODE: trace["decode_bs"]},
+                             CalibrationTable.from_json(trace["calibration"]) if prior else None)
+
+
 def cell_errors(trace: dict) -> list[dict]:
     """One record per (batch start, mode) with at least MIN_STEPS clean steps ahead."""
-    p = GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True),
-                          {Mode.SPEC: trace["spec_bs"], Mode.DECODE: trace["decode_bs"]},
-                          CalibrationTable.from_json(trace["calibration"]))
+    p = controller_for(trace)
     costs, out, steps, after_prefill = trace["costs"], [], 0, False
     for at, row in enumerate(costs):
         if row[0] == "p":

@@ -574,11 +574,8 @@ class GoodputController:
         """Take a step sample of this window back out of its key's sums."""
         i, x, y, _ = sample
         acc = self._step_sums[i]
-        acc[0] -= y
-        acc[1] -= 1.0
-        acc[2] -= x
-        acc[3] -= x * x
-        acc[4] -= x * y
+        for slot, v in enumerate((y, 1.0, x, x * x, x * y)):     # as _observe_step added it
+            acc[slot] -= v
         if acc[1] < 0.5:
             del self._step_sums[i]
 
