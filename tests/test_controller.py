@@ -308,6 +308,23 @@ def test_a_switchs_catch_up_is_amortised_over_the_horizon():
     assert p.decide(PolicyInputs(16, 16, 16, catch_up_tokens=400_000)).mode is Mode.DECODE
 
 
+def test_prompts_deferred_while_speculating_are_priced_as_a_switchs_catch_up():
+    """While speculating, a fresh batch's long prompts: the prefill's preview (its tokens as
+    the backlog deferring would leave) and the next step's plan (that backlog pending) agree on
+    decode, so the draft never runs over them; short prompts leave speculation as it was."""
+    p = _learned(controller(min_dwell_steps=0, switch_horizon=32, margin=0.0), 16)
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 200_000 * 1e-6, catch_up_tokens=200_000))
+    p.exchange(lambda v: v)
+    planner = StepPlanner(DispatchTable.build(SPEC, DECODE), p)
+    assert planner.plan(16).mode is Mode.SPEC
+    assert planner.preview(16, catch_up_tokens=16 * 256) is Mode.SPEC
+    long = 16 * 32768
+    assert planner.preview(16, catch_up_tokens=long) is Mode.DECODE
+    assert planner.plan(16, catch_up_tokens=long).mode is Mode.DECODE
+
+
 def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     """A catch-up is one more draft forward (~2 ms whatever its size) plus a per-token rate:
     small catch-ups must not make the draft's prompt cost look 100x larger, which priced

@@ -270,7 +270,7 @@ class GoodputController:
         spec_t = self._line_time(spec_key, inputs.kv_tokens)
         decode_t = self._line_time(decode_key, inputs.kv_tokens)
         spec = self._cost(True, spec_t, inputs.bs, self.expected_accept(inputs.rows),
-                          inputs.catch_up_tokens if from_decode else 0)
+                          inputs.catch_up_tokens)
         decode = self._cost(False, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
         self._costs = (spec, decode)
         if from_decode:
@@ -747,8 +747,9 @@ class GoodputController:
               catch_up_tokens: int, prompt_share: bool = True,
               switch: bool = False) -> Optional[float]:
         """Seconds per output token of spec (or decode) mode here, from its step time `t` (None:
-        unknown); `catch_up_tokens` (into spec) or `switch` (into decode): entering it from the
-        other mode, that switch amortised."""
+        unknown), with what entering it costs amortised: `catch_up_tokens` (spec) the draft's
+        backlog, a switch's or prompts deferred while speculating (else a prefill would defer
+        them and the next step speculate), `switch` (decode) a switch."""
         if t is None:
             return None
         tokens = bs * accept if spec else float(bs)

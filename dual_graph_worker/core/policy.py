@@ -43,7 +43,7 @@ class PolicyInputs(NamedTuple):
     bs: int
     spec_padded_bs: Optional[int]   # None: no spec graph covers bs
     decode_padded_bs: int
-    catch_up_tokens: int = 0        # draft tokens a switch to SPEC would catch up first
+    catch_up_tokens: int = 0        # draft tokens a SPEC step would catch up first
     rows: Optional[np.ndarray] = None   # request rows, if known
     kv_tokens: int = 0              # context tokens the batch attends over (sum of seq lens)
 

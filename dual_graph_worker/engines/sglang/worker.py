@@ -362,8 +362,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lengths = prefill_lengths(batch, len(rows))
         self.planner.policy.observe(Admitted(tokens, rows))
         self._context.admitted(rows, lengths)
-        if self.continuity.defers_prefill_of(batch,
-                                             lambda: self._next_step_decodes(batch, lengths)):
+        if self.continuity.defers_prefill_of(
+                batch, lambda: self._next_step_decodes(batch, lengths, tokens)):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
             self.counters.prefilled(tokens, deferred=True)
@@ -374,16 +374,17 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return super().forward_batch_generation(batch, on_publish=on_publish,
                                                 grammar_barrier=grammar_barrier)
 
-    def _next_step_decodes(self, batch, lengths: np.ndarray) -> bool:
+    def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int) -> bool:
         """Whether the running batch this prefill joins will run in decode mode: the policy's
         choice, previewed and not committed, at the size that batch grows to, the rows in use
-        plus the requests still queued behind it (hooks.py), capped at the request pool."""
+        plus the requests still queued behind it (hooks.py), capped at the request pool, with
+        this prefill's `tokens` as the draft's backlog (what deferring would leave)."""
         bs = expected_batch_size(self.req_to_token_pool, queued_requests(batch))
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
         # The grown batch's context, at this prefill's mean length a request.
         kv_tokens = int(lengths.sum()) * bs // max(len(lengths), 1)
-        return self.planner.preview(bs, kv_tokens=kv_tokens) is Mode.DECODE
+        return self.planner.preview(bs, kv_tokens=kv_tokens, catch_up_tokens=tokens) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
