@@ -309,9 +309,9 @@ def test_a_switchs_catch_up_is_amortised_over_the_horizon():
 
 
 def test_prompts_deferred_while_speculating_are_priced_as_a_switchs_catch_up():
-    """While speculating, a fresh batch's long prompts: the prefill's preview (its tokens as
-    the backlog deferring would leave) and the next step's plan (that backlog pending) agree on
-    decode, so the draft never runs over them; short prompts leave speculation as it was."""
+    """While speculating, a fresh batch's long prompts: the prefill's preview (the draft's
+    prefill of them) and the next step's plan (the backlog deferring them left) agree on decode,
+    so the draft never runs over them; short prompts leave speculation as it was."""
     p = _learned(controller(min_dwell_steps=0, switch_horizon=32, margin=0.0), 16)
     for _ in range(8):
         p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
@@ -319,9 +319,10 @@ def test_prompts_deferred_while_speculating_are_priced_as_a_switchs_catch_up():
     p.exchange(lambda v: v)
     planner = StepPlanner(DispatchTable.build(SPEC, DECODE), p)
     assert planner.plan(16).mode is Mode.SPEC
-    assert planner.preview(16, catch_up_tokens=16 * 256) is Mode.SPEC
+    assert p.draft_prefill_s_per_token() == pytest.approx(1e-6, rel=0.01)
+    assert planner.preview(16, prefill_tokens=16 * 256) is Mode.SPEC
     long = 16 * 32768
-    assert planner.preview(16, catch_up_tokens=long) is Mode.DECODE
+    assert planner.preview(16, prefill_tokens=long) is Mode.DECODE
     assert planner.plan(16, catch_up_tokens=long).mode is Mode.DECODE
 
 

@@ -863,6 +863,31 @@ class _RowPool:
         return self.size - self.used
 
 
+def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, lazy_worker,
+                                                                         monkeypatch):
+    """A wave of long prompts reaches the worker in chunks: the first chunk's preview prices the
+    draft's prefill of its own prompts and of those still queued behind it, at its mean."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
+                           defers_prefill_of=lambda b, decodes: decodes())
+    w = lazy_worker(lazy)
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None: "prefill")
+    monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish: "deferred")
+    previews = []
+    preview = w.planner.preview
+    w.planner.preview = lambda bs, **kw: previews.append((bs, kw)) or preview(bs, **kw)
+    w.req_to_token_pool.used = 4
+    chunk = SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
+                            seq_lens=torch.full((4,), 2048), seq_lens_cpu=torch.full((4,), 2048),
+                            extend_num_tokens=8192,
+                            req_pool_indices_cpu=torch.arange(4), dgw_queued_requests=60)
+    w.forward_batch_generation(chunk)
+    assert previews == [(64, {"kv_tokens": 64 * 2048, "prefill_tokens": 64 * 2048})]
+
+
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2

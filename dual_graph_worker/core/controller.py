@@ -270,7 +270,7 @@ class GoodputController:
         spec_t = self._line_time(spec_key, inputs.kv_tokens)
         decode_t = self._line_time(decode_key, inputs.kv_tokens)
         spec = self._cost(True, spec_t, inputs.bs, self.expected_accept(inputs.rows),
-                          inputs.catch_up_tokens)
+                          inputs.catch_up_tokens, prefill_tokens=inputs.prefill_tokens)
         decode = self._cost(False, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
         self._costs = (spec, decode)
         if from_decode:
@@ -744,12 +744,13 @@ class GoodputController:
         return max(fixed + rate * tokens, 0.0) if tokens > 0 else 0.0
 
     def _cost(self, spec: bool, t: Optional[float], bs: int, accept: float,
-              catch_up_tokens: int, prompt_share: bool = True,
-              switch: bool = False) -> Optional[float]:
+              catch_up_tokens: int, prompt_share: bool = True, switch: bool = False,
+              prefill_tokens: int = 0) -> Optional[float]:
         """Seconds per output token of spec (or decode) mode here, from its step time `t` (None:
-        unknown), with what entering it costs amortised: `catch_up_tokens` (spec) the draft's
-        backlog, a switch's or prompts deferred while speculating (else a prefill would defer
-        them and the next step speculate), `switch` (decode) a switch."""
+        unknown), with what entering it costs amortised: (spec) a catch-up of the draft's
+        backlog `catch_up_tokens`, a switch's or prompts deferred while speculating, and the
+        draft's prefill of `prefill_tokens` joining now (no catch-up of its own); (decode) a
+        `switch`. A prefill's preview and the next step's plan so price a batch alike."""
         if t is None:
             return None
         tokens = bs * accept if spec else float(bs)
@@ -757,7 +758,7 @@ class GoodputController:
         if prompt_share and (spec or not self.config.defers_prefill):
             cost += self._prompt_per_output * self._delta
         entering = (self.catch_up_seconds(catch_up_tokens) if catch_up_tokens > 0 else 0.0) + \
-            (self._switch_s if switch else 0.0)
+            self._delta * prefill_tokens + (self._switch_s if switch else 0.0)
         if entering:
             horizon = min(max(self._run_len, self.config.min_dwell_steps, 1.0),
                           self.config.switch_horizon)

@@ -48,13 +48,13 @@ class StepPlanner:
         self._pads: dict[int, tuple[Optional[int], int]] = {}
 
     def inputs(self, bs: int, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
-               kv_tokens: int = 0) -> PolicyInputs:
+               kv_tokens: int = 0, prefill_tokens: int = 0) -> PolicyInputs:
         """PolicyInputs for a batch of `bs` requests. With CUDA graphs disabled there is no spec
         pool to fall out of: both modes run eagerly at `bs`."""
         if bs < 1:
             raise ValueError(f"batch size must be >= 1, got {bs}")
         if not self.graphs_enabled:
-            return PolicyInputs(bs, bs, bs, catch_up_tokens, rows, kv_tokens)
+            return PolicyInputs(bs, bs, bs, catch_up_tokens, rows, kv_tokens, prefill_tokens)
         try:
             spec, decode = self._pads[bs]
         except KeyError:
@@ -62,7 +62,7 @@ class StepPlanner:
             spec = t.padded_bs(Mode.SPEC, bs) if t.has_graph(Mode.SPEC, bs) else None
             decode = t.padded_bs(Mode.DECODE, bs)
             self._pads[bs] = spec, decode
-        return PolicyInputs(bs, spec, decode, catch_up_tokens, rows, kv_tokens)
+        return PolicyInputs(bs, spec, decode, catch_up_tokens, rows, kv_tokens, prefill_tokens)
 
     def plan(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
              kv_tokens: int = 0, spec_fits_kv: bool = True) -> StepPlan:
@@ -84,12 +84,14 @@ class StepPlanner:
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 
     def preview(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
-                kv_tokens: int = 0) -> Mode:
-        """The mode the running batch will run once it has `bs` requests, committing nothing
-        (a policy's state() may describe the previewed batch until the next plan).
+                kv_tokens: int = 0, prefill_tokens: int = 0) -> Mode:
+        """The mode the running batch will run once it has `bs` requests, `prefill_tokens` of
+        them joining in the prefill asking, committing nothing (a policy's state() may describe
+        the previewed batch until the next plan).
         A re-measurement of the other mode is not foreseen: it is priced at its own step with the
         catch-up it needs, so a prefill never pays the draft's work for one."""
-        decision = self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens))
+        decision = self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens,
+                                                  prefill_tokens))
         if decision.reason is Reason.EXPLORE and decision.price > 0:      # a new one
             return OTHER[decision.mode]
         return decision.mode

@@ -186,16 +186,16 @@ class DualGraphWorker:
 
     def _next_step_decodes(self, rows: np.ndarray, prompt_tokens: int) -> bool:
         """Whether the running batch, grown by `rows`, will decode next: the policy's choice
-        previewed as `plan` would ask it after a deferral (backlog with these prompts, KV room),
+        previewed as `plan` would ask it (backlog, KV room), these prompts' draft prefill priced,
         committing nothing."""
         running = self.table.running
         grown = np.concatenate([running, rows])
         if not self.kv.can_run(Mode.SPEC, len(grown)):
             return True
         kv_tokens = int(self.table.seq_lens[running].sum()) + prompt_tokens
-        backlog = self.continuity.pending_tokens(running) + prompt_tokens
         return self.planner.preview(len(grown), rows=grown, kv_tokens=kv_tokens,
-                                    catch_up_tokens=backlog) is Mode.DECODE
+                                    catch_up_tokens=self.continuity.pending_tokens(running),
+                                    prefill_tokens=prompt_tokens) is Mode.DECODE
 
     def abort(self, rid: int) -> FinishedRequest:
         """Stop a request; what it already produced comes back in the record."""

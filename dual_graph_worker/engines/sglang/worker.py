@@ -378,13 +378,17 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         """Whether the running batch this prefill joins will run in decode mode: the policy's
         choice, previewed and not committed, at the size that batch grows to, the rows in use
         plus the requests still queued behind it (hooks.py), capped at the request pool, with
-        this prefill's `tokens` as the draft's backlog (what deferring would leave)."""
-        bs = expected_batch_size(self.req_to_token_pool, queued_requests(batch))
+        the draft's prefill speculation would run over this prefill's `tokens` and the queued
+        requests' (a wave of long prompts arrives in chunks: each alone looks cheap)."""
+        queued = queued_requests(batch)
+        bs = expected_batch_size(self.req_to_token_pool, queued)
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
-        # The grown batch's context, at this prefill's mean length a request.
-        kv_tokens = int(lengths.sum()) * bs // max(len(lengths), 1)
-        return self.planner.preview(bs, kv_tokens=kv_tokens, catch_up_tokens=tokens) is Mode.DECODE
+        # The grown batch's context and the queued prompts, at this prefill's mean length.
+        n = max(len(lengths), 1)
+        kv_tokens = int(lengths.sum()) * bs // n
+        fresh = tokens * (n + queued) // n
+        return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
