@@ -886,6 +886,10 @@ def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, laz
                             req_pool_indices_cpu=torch.arange(4), dgw_queued_requests=60)
     w.forward_batch_generation(chunk)
     assert previews == [(64, {"kv_tokens": 64 * 2048, "prefill_tokens": 64 * 2048})]
+    # A queue longer than the request pool can admit prices only the requests that fit.
+    w.req_to_token_pool.size, chunk.dgw_queued_requests = 32, 600
+    w.forward_batch_generation(chunk)
+    assert previews[1] == (32, {"kv_tokens": 32 * 2048, "prefill_tokens": 32 * 2048})
 
 
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):

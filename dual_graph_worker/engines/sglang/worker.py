@@ -387,7 +387,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # The grown batch's context and the queued prompts, at this prefill's mean length.
         n = max(len(lengths), 1)
         kv_tokens = int(lengths.sum()) * bs // n
-        fresh = tokens * (n + queued) // n
+        fresh = tokens * min(n + queued, bs) // n        # no more than the batch can hold
         return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
