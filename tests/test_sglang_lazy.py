@@ -866,11 +866,12 @@ class _RowPool:
 def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, lazy_worker,
                                                                          monkeypatch):
     """A wave of long prompts reaches the worker in chunks: the first chunk's preview prices the
-    draft's prefill of its own prompts and of those still queued behind it, at its mean."""
+    draft's prefill of its own prompts and of those queued behind it that the request pool can
+    admit, at its mean, with what the draft owes the running batch it joins."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
+    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 100 * len(rows),
                            defers_prefill_of=lambda b, decodes: decodes())
     w = lazy_worker(lazy)
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
@@ -879,17 +880,29 @@ def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, laz
     previews = []
     preview = w.planner.preview
     w.planner.preview = lambda bs, **kw: previews.append((bs, kw)) or preview(bs, **kw)
-    w.req_to_token_pool.used = 4
-    chunk = SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
-                            seq_lens=torch.full((4,), 2048), seq_lens_cpu=torch.full((4,), 2048),
-                            extend_num_tokens=8192,
-                            req_pool_indices_cpu=torch.arange(4), dgw_queued_requests=60)
-    w.forward_batch_generation(chunk)
-    assert previews == [(64, {"kv_tokens": 64 * 2048, "prefill_tokens": 64 * 2048})]
-    # A queue longer than the request pool can admit prices only the requests that fit.
-    w.req_to_token_pool.size, chunk.dgw_queued_requests = 32, 600
-    w.forward_batch_generation(chunk)
-    assert previews[1] == (32, {"kv_tokens": 32 * 2048, "prefill_tokens": 32 * 2048})
+
+    def chunk(rows, queued):
+        n = len(rows)
+        return SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
+                               seq_lens=torch.full((n,), 2048), seq_lens_cpu=torch.full((n,), 2048),
+                               extend_num_tokens=2048 * n, req_pool_indices_cpu=torch.tensor(rows),
+                               dgw_queued_requests=queued)
+
+    w.req_to_token_pool.used = 4                       # an idle server: the wave's first chunk
+    w.forward_batch_generation(chunk([0, 1, 2, 3], queued=60))
+    assert previews[-1] == (64, {"kv_tokens": 64 * 2048, "prefill_tokens": 64 * 2048,
+                                 "catch_up_tokens": 0})
+    # The next chunk joins those four (deferred: the draft owes them their prompts) ...
+    w.req_to_token_pool.used = 8
+    w.forward_batch_generation(chunk([4, 5, 6, 7], queued=56))
+    assert previews[-1][1]["catch_up_tokens"] == 4 * 100
+    assert previews[-1][1]["prefill_tokens"] == 60 * 2048
+    # ... and at a full pool only this chunk's requests join, whatever waits behind them.
+    w.req_to_token_pool.size, w.req_to_token_pool.used = 8, 8
+    w._running_rows = np.arange(4)
+    w.forward_batch_generation(chunk([4, 5, 6, 7], queued=600))
+    assert previews[-1] == (8, {"kv_tokens": 8 * 2048, "prefill_tokens": 4 * 2048,
+                                "catch_up_tokens": 4 * 100})
 
 
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):

@@ -85,9 +85,9 @@ class StepPlanner:
 
     def preview(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
                 kv_tokens: int = 0, prefill_tokens: int = 0) -> Mode:
-        """The mode the running batch will run once it has `bs` requests, `prefill_tokens` of
-        them joining in the prefill asking, committing nothing (a policy's state() may describe
-        the previewed batch until the next plan).
+        """The mode the running batch will run once it has `bs` requests, committing nothing (a
+        policy's state() may describe the previewed batch until the next plan); `prefill_tokens`:
+        the prompt tokens of the requests joining it (the prefill asking, and those queued).
         A re-measurement of the other mode is not foreseen: it is priced at its own step with the
         catch-up it needs, so a prefill never pays the draft's work for one."""
         decision = self.policy.decide(self.inputs(max(bs, 1), rows, catch_up_tokens, kv_tokens,

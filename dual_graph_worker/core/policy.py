@@ -46,7 +46,7 @@ class PolicyInputs(NamedTuple):
     catch_up_tokens: int = 0        # draft tokens a SPEC step would catch up first
     rows: Optional[np.ndarray] = None   # request rows, if known
     kv_tokens: int = 0              # context tokens the batch attends over (sum of seq lens)
-    prefill_tokens: int = 0         # a prefill's prompt tokens joining it: SPEC drafts them there
+    prefill_tokens: int = 0         # prompt tokens joining in prefills: SPEC drafts them there
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     _accept_ones: Optional[torch.Tensor] = None
     # Set in init_cuda_graphs: each row's context length, the controller's context input.
     _context: Optional[RowContext] = None
+    # The running batch's rows at its latest step and those prefilled since: what a prefill joins.
+    _running_rows: np.ndarray = np.zeros(0, dtype=np.int64)
     # Set in __init__ when DGW_STALL_TRACE names a file (rank 0): the diagnostic stall sampler.
     _stall_watch: Optional[StallWatch] = None
     # Read by hooks.py: this worker wants the waiting queue's length on prefill batches.
@@ -329,6 +331,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if batch.forward_mode.is_extend():
             return self._prefill(batch, on_publish, grammar_barrier)
         rows = rows_of(batch)
+        self._running_rows = rows
         continuity = self.continuity
         pending = continuity.pending_tokens(rows)
         kv_tokens = self._context.tokens(rows)
@@ -362,8 +365,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lengths = prefill_lengths(batch, len(rows))
         self.planner.policy.observe(Admitted(tokens, rows))
         self._context.admitted(rows, lengths)
+        joins = np.setdiff1d(self._running_rows, rows)
+        self._running_rows = np.union1d(joins, rows)
         if self.continuity.defers_prefill_of(
-                batch, lambda: self._next_step_decodes(batch, lengths, tokens)):
+                batch, lambda: self._next_step_decodes(batch, lengths, tokens, joins)):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
             self.counters.prefilled(tokens, deferred=True)
@@ -374,21 +379,26 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return super().forward_batch_generation(batch, on_publish=on_publish,
                                                 grammar_barrier=grammar_barrier)
 
-    def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int) -> bool:
-        """Whether the running batch this prefill joins will run in decode mode: the policy's
-        choice, previewed and not committed, at the size that batch grows to, the rows in use
-        plus the requests still queued behind it (hooks.py), capped at the request pool, with
-        the draft's prefill speculation would run over this prefill's `tokens` and the queued
-        requests' (a wave of long prompts arrives in chunks: each alone looks cheap)."""
-        queued = queued_requests(batch)
-        bs = expected_batch_size(self.req_to_token_pool, queued)
+    def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int,
+                           joins: np.ndarray) -> bool:
+        """Whether the running batch this prefill joins (`joins`: its rows) will run in decode
+        mode: the policy's choice, previewed and not committed, at the size that batch grows to,
+        the rows in use plus the requests still queued behind it (hooks.py), capped at the
+        request pool; with what the draft owes that batch, and the draft's prefill speculation
+        would run over this prefill's `tokens` and over the queued requests that fit (a wave of
+        long prompts arrives in chunks: each alone looks cheap)."""
+        pool = self.req_to_token_pool
+        bs = expected_batch_size(pool, queued_requests(batch))
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
         # The grown batch's context and the queued prompts, at this prefill's mean length.
         n = max(len(lengths), 1)
         kv_tokens = int(lengths.sum()) * bs // n
-        fresh = tokens * min(n + queued, bs) // n        # no more than the batch can hold
-        return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh) is Mode.DECODE
+        held = pool.size - int(pool.available_size())      # this prefill's rows included
+        fresh = tokens * (n + max(bs - held, 0)) // n
+        return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
+                                    catch_up_tokens=self.continuity.pending_tokens(joins)
+                                    ) is Mode.DECODE
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
