@@ -308,7 +308,7 @@ def test_a_switchs_catch_up_is_amortised_over_the_horizon():
     assert p.decide(PolicyInputs(16, 16, 16, catch_up_tokens=400_000)).mode is Mode.DECODE
 
 
-def test_prompts_deferred_while_speculating_are_priced_as_a_switchs_catch_up():
+def test_a_wave_of_long_prompts_is_priced_alike_by_the_preview_and_the_plan_after_it():
     """While speculating, a fresh batch's long prompts: the prefill's preview (the draft's
     prefill of them) and the next step's plan (the backlog deferring them left) agree on decode,
     so the draft never runs over them; short prompts leave speculation as it was."""

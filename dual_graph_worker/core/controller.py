@@ -747,9 +747,9 @@ class GoodputController:
               catch_up_tokens: int, prompt_share: bool = True, switch: bool = False,
               prefill_tokens: int = 0) -> Optional[float]:
         """Seconds per output token of spec (or decode) mode here, from its step time `t` (None:
-        unknown), with what entering it costs amortised: (spec) a catch-up of the draft's
-        backlog `catch_up_tokens`, a switch's or prompts deferred while speculating, and the
-        draft's prefill of `prefill_tokens` joining now (no catch-up of its own); (decode) a
+        unknown), with what entering it costs amortised. Spec: a catch-up of the draft's backlog,
+        `catch_up_tokens` (what decode steps left, or prompts a prefill deferred), and the draft's
+        prefill of `prefill_tokens` joining now, at its rate (no catch-up of its own). Decode: a
         `switch`. A prefill's preview and the next step's plan so price a batch alike."""
         if t is None:
             return None

@@ -391,11 +391,11 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         bs = expected_batch_size(pool, queued_requests(batch))
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
-        # The grown batch's context and the queued prompts, at this prefill's mean length.
+        # The grown batch's context and the queued prompts that fit, at this prefill's mean
+        # length (the rows held now include this prefill's).
         n = max(len(lengths), 1)
         kv_tokens = int(lengths.sum()) * bs // n
-        held = pool.size - int(pool.available_size())      # this prefill's rows included
-        fresh = tokens * (n + max(bs - held, 0)) // n
+        fresh = tokens * (n + bs - expected_batch_size(pool)) // n
         return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
                                     catch_up_tokens=self.continuity.pending_tokens(joins)
                                     ) is Mode.DECODE
