@@ -131,6 +131,7 @@ ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", 1.0, "{:.2f}"),
                     ("catch_up_s_per_token", "catch-up us/token", 1e6, "{:.2f}"),
                     ("switch_s", "switch ms", 1e3, "{:.3f}"),
                     ("fresh_accept", "new request accept", 1.0, "{:.2f}"),
+                    ("own_accept_weight", "own accept weight", 1.0, "{:.2f}"),
                     ("run_len", "run length", 1.0, "{:.1f}"),
                     ("explore_allowance_steps", "explore allowance", 1.0, "{:.2f}"),
                     ("explore_debt_steps", "explore debt", 1.0, "{:.2f}"))

@@ -53,6 +53,10 @@ _DECODE_DRIFT = 0.3
 # A key's estimate ages: every this many steps without a sample of it weigh as one more sample
 # of EMA decay, so a warm-up's samples or a phase long gone yield to a re-measurement's.
 _AGE_STEPS = 32
+# A process's first steps run slow (on the H200 bs-1 spec steps 7.2-8.5 ms for ~35 steps, 6.6
+# steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
+# of two samples or more after them whole.
+_WARM_STEPS = 64
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
 # A key's step line: intercept, seconds per context token, floor, the context its own slope
@@ -70,6 +74,8 @@ _TAIL = 22
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
+# Requests' spread of acceptance is learnt over the latest ~40 of them.
+_SPREAD_ALPHA = 0.05
 
 
 def _total(v: np.ndarray) -> float:
@@ -169,9 +175,10 @@ class GoodputController:
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
         # Rank-local: a prefill came since the last step; the last step was held back for one;
-        # the last step's sample (key, context, seconds, above its line) while in this window's
-        # sums; the key of the last step if it was held back as short.
-        self._after_prefill = self._held_after_prefill = False
+        # the last batch held the next one's launch; the last step's sample (key, context,
+        # seconds, above its line) while in this window's sums; the key of the last step if it
+        # was held back as short.
+        self._after_prefill = self._held_after_prefill = self._after_carry = False
         self._last_sample: Optional[tuple[int, float, float, bool]] = None
         self._short: Optional[int] = None
         # Rank-local: the excess of a step that carried the next batch's launch, which belongs
@@ -201,14 +208,15 @@ class GoodputController:
         k1 = config.num_draft_tokens + 1.0
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
         self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
-        # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (their sum and
-        # count meanwhile), in lists: a spec step reads and updates at most a few dozen rows,
+        # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (their sum, sum of
+        # squares and count meanwhile), in lists: a spec step reads and updates at most a few dozen rows,
         # where numpy's per-call cost outweighs the work. Its admissions (a reused row holds a
         # new request). The running batch's rows at the last exchange with theirs, and the
         # latest step's rows.
         rows = config.max_rows
         self._rows: Optional[list[float]] = [math.nan] * rows if rows else None
         self._draw_sum = [0.0] * rows
+        self._draw_sq = [0.0] * rows
         self._draws = [0] * rows
         self._admissions = np.zeros(rows, dtype=np.int64) if rows else None
         self._admitted_at = np.full(rows, -1, dtype=np.int64)     # _turnover's scratch
@@ -218,6 +226,11 @@ class GoodputController:
         # latest requests (per request, so one long phase of many steps does not outweigh the
         # requests that came after it). Optimistic until a request is measured.
         self._fresh = k1
+        # Decayed sums over requests' first estimates (count, sum, sum of squares, and the
+        # variance of one draw within each): how much requests differ beyond their draws' noise,
+        # and so how far a request's own estimate is trusted over all requests' (_own_weight).
+        self._spread = [0.0] * 4
+        self._own_weight = 1.0
         self._prompt_window = 0.0
         self._output_window = 0.0
         # Decision state.
@@ -233,7 +246,7 @@ class GoodputController:
         self._debt = 0.0
         self._explore_left = 0
         # A re-measurement's acceptance is seen at once, its step times at the next exchange:
-        # until then the current mode stays, so no choice reads half of what it measured.
+        # until then the current mode stays unless the other is far cheaper (as dwell yields).
         self._unfolded = False
         self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         # Steps a mode has recently run between switches: a switch's catch-up is spread over
@@ -261,8 +274,6 @@ class GoodputController:
         cur = self._dwell.mode
         if self._explore_left:
             return decided[OTHER[cur], Reason.EXPLORE]
-        if self._unfolded:
-            return decided[cur, Reason.DWELL]
         from_decode = cur is Mode.DECODE
         spec_key = self._spec_at.get(spec_bs)
         decode_key = self._decode_at.get(inputs.decode_padded_bs)
@@ -281,15 +292,23 @@ class GoodputController:
             here_key, there_key = spec_key, decode_key
         other = OTHER[cur]
         stay = self._goodput[cur]
+        # Until a re-measurement's step times are exchanged the mode holds, as it dwells, unless
+        # the acceptance it saw at once already makes the other mode far cheaper.
+        unfolded = self._unfolded
+        if unfolded and (here is None or there is None):
+            return decided[cur, Reason.DWELL]
         if here is None:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
         if there is None:
             return self._explore(other, 1.0, there_t, here_t, inputs) or stay
         if there * (1 + self.config.margin) < here:
-            if self._dwell.must_dwell(self.config.min_dwell_steps) and here < _DWELL_BREAK * there:
+            if (unfolded or self._dwell.must_dwell(self.config.min_dwell_steps)) and \
+                    here < _DWELL_BREAK * there:
                 return decided[cur, Reason.DWELL]
             return self._goodput[other]
+        if unfolded:
+            return decided[cur, Reason.DWELL]
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
         if self._allowance >= self._min_price and self._measured(here_key) and \
@@ -318,17 +337,20 @@ class GoodputController:
         return self._accept_sum / self._accept_weight
 
     def expected_accept(self, rows: Optional[np.ndarray] = None) -> float:
-        """Accept length expected of a batch: its requests' own estimates, what the latest
-        requests first measured for requests not measured yet."""
+        """Accept length expected of a batch: what the latest requests first measured, and for
+        each request measured, its own estimate's difference from that as far as requests are
+        seen to differ (a few draws of one request are noisy: four draws of 1 at accept 1.88
+        wrote a request off for 44 steps)."""
         est = self._rows
         if rows is None or est is None or not len(rows):
             return self._accept
         ids = rows.tolist()
+        n, w, fresh = len(ids), self._own_weight, self._fresh
         total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
-            return total / len(ids)
+            return fresh + w * (total / n - fresh)
         known = [v for v in map(est.__getitem__, ids) if v == v]
-        return (sum(known) + (len(ids) - len(known)) * self._fresh) / len(ids)
+        return fresh + w * (sum(known) - len(known) * fresh) / n
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
         """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
@@ -440,7 +462,8 @@ class GoodputController:
                 "prompt_per_output": self._prompt_per_output, "replaced": self._replaced(),
                 "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
                 "catch_up_s_per_token": rate, "switch_s": self._switch_s,
-                "fresh_accept": self._fresh, "run_len": self._run_len,
+                "fresh_accept": self._fresh, "own_accept_weight": self._own_weight,
+                "run_len": self._run_len,
                 "explore_allowance_steps": self._allowance, "explore_debt_steps": self._debt}
 
     # ------------------------------------------------------------------------------ observe
@@ -456,9 +479,10 @@ class GoodputController:
             if event.rows is not None and self._rows is not None:
                 for row in event.rows.tolist():
                     self._rows[row], self._draw_sum[row], self._draws[row] = math.nan, 0.0, 0
+                    self._draw_sq[row] = 0.0
                 self._admissions[event.rows] += 1
         elif isinstance(event, PrefillTime):
-            self._after_prefill = True
+            self._after_prefill, self._after_carry = True, False
             carry, self._carry = self._carry or 0.0, None
             if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
                 x, y = float(event.tokens), float(event.seconds) + carry
@@ -484,22 +508,46 @@ class GoodputController:
         est = self._rows
         if event.rows is None or est is None:
             return
-        firsts = []
+        firsts, within = [], []
         for row, accept in zip(event.rows.tolist(), accepts):
             r = est[row]
             if r == r:
                 est[row] = r + _ROW_ALPHA * (accept - r)
                 continue
             self._draw_sum[row] += accept
+            self._draw_sq[row] += accept * accept
             self._draws[row] += 1
             if self._draws[row] >= _FIRST_DRAWS:
-                est[row] = self._draw_sum[row] / _FIRST_DRAWS
-                firsts.append(est[row])
+                mean = est[row] = self._draw_sum[row] / _FIRST_DRAWS
+                firsts.append(mean)
+                within.append((self._draw_sq[row] - _FIRST_DRAWS * mean * mean)
+                              / (_FIRST_DRAWS - 1))
         if firsts:
-            self._fresh += _first_weight(len(firsts)) * (sum(firsts) / len(firsts) - self._fresh)
+            self._learn_spread(firsts, within)
+
+    def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
+        """Fold requests' first estimates into the new-request expectation and the spreads;
+        then the weight of a request's own estimate: the share of the first estimates' variance
+        that is not their draws' noise (one draw's variance over the draws)."""
+        n = len(firsts)
+        self._fresh += _first_weight(n) * (sum(firsts) / n - self._fresh)
+        keep = (1.0 - _SPREAD_ALPHA) ** n
+        sums = self._spread
+        for slot, v in enumerate((n, sum(firsts), sum(m * m for m in firsts), sum(within))):
+            sums[slot] = keep * sums[slot] + v
+        count, s1, s2, sw = sums
+        if count < 2.0:
+            return
+        between = max(s2 / count - (s1 / count) ** 2, 0.0)
+        noise = sw / count / _FIRST_DRAWS
+        if between > 0:
+            self._own_weight = max(between - noise, 0.0) / between
+        else:
+            self._own_weight = 0.0 if noise > 0 else 1.0
 
     def _observe_step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
+        after_carry, self._after_carry = self._after_carry, event.carries_next
         last, self._last_sample = self._last_sample, None
         short, self._short = self._short, None
         i = self._at[event.mode].get(event.padded_bs)
@@ -515,8 +563,10 @@ class GoodputController:
         at_switch = self._last_mode is Mode.DECODE
         self._last_mode = event.mode
         if carry is not None and switched and not event.catch_up_tokens:
-            # The previous step held this switch's launch: that excess is what a switch costs.
-            self._add_local(_SW, (1.0, carry))
+            # The previous step held this switch's launch, so this one's span starts late: a
+            # switch costs the two steps' excess (as a catch-up does).
+            excess = None if event.carries_next else self._excess(i, event.seconds, expected)
+            self._add_local(_SW, (1.0, carry + (excess or 0.0)))
         if event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
             self._carry = self._excess(i, event.seconds, expected)
@@ -530,6 +580,10 @@ class GoodputController:
             if excess is not None:
                 x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
                 self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
+            return
+        # Nor is one whose launch the previous step held: its span starts late (on the H200 a
+        # decode step after a switch from spec ran 0.81-0.99x its size's median).
+        if after_carry:
             return
         # The first step after a prefill is no clean sample: its span starts inside the prefill's
         # (on the H200 0.71x its size's median when the batch arrived at once, 1.07x over HTTP).
@@ -627,6 +681,8 @@ class GoodputController:
             if self._samples[i] > 0:
                 idle = max(self._step - self._last[i] - count, 0.0)
                 w = 1.0 - keep ** (count + idle / _AGE_STEPS)
+                if self._last[i] < _WARM_STEPS <= self._step and count >= 2:
+                    w = 1.0
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
             self._est[i], self._est_kv[i] = mean, mean_kv
