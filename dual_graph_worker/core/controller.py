@@ -209,10 +209,10 @@ class GoodputController:
         # Decayed sums of accepted tokens and requests; an optimistic prior (K+1) of weight 1.
         self._accept_sum, self._accept_weight, self._accept_at = k1, 1.0, 0
         # Per request row: its estimate, NaN until _FIRST_DRAWS draws are in (their sum, sum of
-        # squares and count meanwhile), in lists: a spec step reads and updates at most a few dozen rows,
-        # where numpy's per-call cost outweighs the work. Its admissions (a reused row holds a
-        # new request). The running batch's rows at the last exchange with theirs, and the
-        # latest step's rows.
+        # squares and count meanwhile), in lists: a spec step reads and updates at most a few
+        # dozen rows, where numpy's per-call cost outweighs the work. Its admissions (a reused
+        # row holds a new request). The running batch's rows at the last exchange with theirs,
+        # and the latest step's rows.
         rows = config.max_rows
         self._rows: Optional[list[float]] = [math.nan] * rows if rows else None
         self._draw_sum = [0.0] * rows
@@ -337,20 +337,21 @@ class GoodputController:
         return self._accept_sum / self._accept_weight
 
     def expected_accept(self, rows: Optional[np.ndarray] = None) -> float:
-        """Accept length expected of a batch: what the latest requests first measured, and for
-        each request measured, its own estimate's difference from that as far as requests are
-        seen to differ (a few draws of one request are noisy: four draws of 1 at accept 1.88
-        wrote a request off for 44 steps)."""
+        """Accept length expected of a batch: each measured request's own estimate, pulled
+        toward all requests' recent acceptance as far as requests are seen not to differ (a few
+        draws of one request are noisy: four draws of 1 at accept 1.88 wrote a request off for
+        44 steps); what the latest requests first measured for requests not measured yet."""
         est = self._rows
         if rows is None or est is None or not len(rows):
             return self._accept
         ids = rows.tolist()
-        n, w, fresh = len(ids), self._own_weight, self._fresh
+        n, w, every = len(ids), self._own_weight, self._accept
         total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
-            return fresh + w * (total / n - fresh)
+            return every + w * (total / n - every)
         known = [v for v in map(est.__getitem__, ids) if v == v]
-        return fresh + w * (sum(known) - len(known) * fresh) / n
+        own = (1.0 - w) * every * len(known) + w * sum(known)
+        return (own + (n - len(known)) * self._fresh) / n
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
         """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
