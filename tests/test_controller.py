@@ -229,6 +229,39 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
     assert q.expected_accept(hard) == pytest.approx(1.0)
 
 
+def test_in_a_batch_of_measured_and_new_requests_only_the_measured_are_pulled_together():
+    """Requests that accept alike: a measured request's unlucky estimate yields to all requests'
+    acceptance; a new one's expectation is what the latest requests first measured."""
+    rng = np.random.default_rng(1)
+    p = controller()
+    rows = np.arange(16)
+    for _ in range(6):
+        p.observe(Admitted(64, rows))
+        for _ in range(6):
+            p.observe(accepted(Mode.SPEC, np.minimum(rng.geometric(0.5, 16), 4).astype(float),
+                               rows))
+    unlucky, new = np.arange(16, 17), np.arange(17, 18)
+    p.observe(Admitted(32, np.concatenate([unlucky, new])))
+    for _ in range(4):
+        p.observe(accepted(Mode.SPEC, np.ones(1), unlucky))
+    w, every, fresh = (p.estimates()["own_accept_weight"], p.state().accept_len,
+                       p.estimates()["fresh_accept"])
+    assert w < 0.3
+    assert p.expected_accept(np.concatenate([unlucky, new])) == pytest.approx(
+        ((1 - w) * every + w * 1.0 + fresh) / 2)
+
+
+def test_the_spread_of_requests_is_trusted_only_from_eight_requests_on():
+    """Three requests that happened to draw alike say nothing of how requests differ: until
+    eight are measured, each request's own estimate counts whole."""
+    p = controller()
+    for row, draws in enumerate(((1, 2, 1, 2),) * 3):
+        p.observe(Admitted(16, np.array([row])))
+        for d in draws:
+            p.observe(accepted(Mode.SPEC, np.array([float(d)]), np.array([row])))
+    assert p.estimates()["own_accept_weight"] == 1.0
+
+
 # ---------------------------------------------------------------- prompts and catch-ups
 
 
@@ -1121,6 +1154,20 @@ def test_the_step_after_a_prefill_is_no_sample_unless_every_step_follows_one():
         q.observe(StepTime(Mode.DECODE, 16, 0.010))
     q.exchange(lambda v: v)
     assert q.estimates()["step_s"]["decode"][16][1] == 4
+
+
+def test_after_a_prefill_the_step_is_held_as_the_prefills_not_as_a_carried_ones():
+    """The step before a prefill holds the prefill's launch; the step after the prefill is held
+    as the first after a prefill, so with a prefill before every step every other step is still
+    a sample."""
+    p = controller()
+    p.observe(StepTime(Mode.DECODE, 16, 0.0101, carries_next=True))
+    p.observe(PrefillTime(1024, 0.02, draft=False))
+    p.observe(StepTime(Mode.DECODE, 16, 0.0070))          # held: the first after a prefill
+    p.observe(PrefillTime(1024, 0.02, draft=False))
+    p.observe(StepTime(Mode.DECODE, 16, 0.0104))          # taken: every other one is
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 16) == pytest.approx(0.0104)
 
 
 def test_a_batchs_last_step_cut_short_and_the_long_one_before_it_are_no_samples():

@@ -28,7 +28,8 @@ from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # An engine process's first ~35 steps run slow on the H200 (bs-1 spec 7.2-8.5 ms, 6.6 steady):
-# the warm-up outlasts them, so no engine's first cell (nor the worker's estimates) holds them.
+# this warm-up (18-64 steps, by mode and acceptance) and the shapes' after it take them, so no
+# engine's first cell (nor the worker's estimates) holds them.
 WARMUP_TOKENS = 64
 
 

@@ -74,8 +74,10 @@ _TAIL = 22
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
-# Requests' spread of acceptance is learnt over the latest ~40 of them.
+# Requests' spread of acceptance is learnt over the latest ~40 of them, and trusted from 8 on
+# (until then each request's own estimate counts whole).
 _SPREAD_ALPHA = 0.05
+_SPREAD_MIN_REQUESTS = 8
 
 
 def _total(v: np.ndarray) -> float:
@@ -226,10 +228,10 @@ class GoodputController:
         # latest requests (per request, so one long phase of many steps does not outweigh the
         # requests that came after it). Optimistic until a request is measured.
         self._fresh = k1
-        # Decayed sums over requests' first estimates (count, sum, sum of squares, and the
-        # variance of one draw within each): how much requests differ beyond their draws' noise,
+        # Decayed sums over requests' first estimates (count, sum, sum of squares, the variance
+        # of one draw within each, squared weights): how much requests differ beyond their draws' noise,
         # and so how far a request's own estimate is trusted over all requests' (_own_weight).
-        self._spread = [0.0] * 4
+        self._spread = [0.0] * 5
         self._own_weight = 1.0
         self._prompt_window = 0.0
         self._output_window = 0.0
@@ -536,10 +538,12 @@ class GoodputController:
         sums = self._spread
         for slot, v in enumerate((n, sum(firsts), sum(m * m for m in firsts), sum(within))):
             sums[slot] = keep * sums[slot] + v
-        count, s1, s2, sw = sums
-        if count < 2.0:
+        sums[4] = keep * keep * sums[4] + n        # squared weights: the effective count
+        count, s1, s2, sw, squares = sums
+        effective = count * count / squares
+        if effective < _SPREAD_MIN_REQUESTS:
             return
-        between = max(s2 / count - (s1 / count) ** 2, 0.0)
+        between = max(s2 / count - (s1 / count) ** 2, 0.0) * effective / (effective - 1.0)
         noise = sw / count / _FIRST_DRAWS
         if between > 0:
             self._own_weight = max(between - noise, 0.0) / between
@@ -551,11 +555,11 @@ class GoodputController:
         after_carry, self._after_carry = self._after_carry, event.carries_next
         last, self._last_sample = self._last_sample, None
         short, self._short = self._short, None
+        carry, self._carry = self._carry, None
         i = self._at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
         expected = self._line_time(i, event.kv_tokens)
-        carry, self._carry = self._carry, None
         if carry is not None and event.bs != self._carry_bs:
             # Requests left or joined in between: that excess also holds their host work
             # (finished results, the new batch), which no launch of this one costs.
