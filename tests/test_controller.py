@@ -200,12 +200,10 @@ def test_a_request_is_measured_by_the_mean_of_its_first_draws_not_by_one():
     assert p.expected_accept(rows) == pytest.approx(p.expected_accept(np.arange(4, 8)))
 
 
-def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accept_alike():
-    """On the CPU demo every request accepts alike (the draft agrees on half the tokens: 1.88 a
-    step on average), and one request that drew 1, 1, 1, 1 read 1.0 and decoded for 44 steps
-    at c=1. Where requests' first estimates spread no more than four draws do, a request's own
-    estimate yields to all requests'; where requests differ (easy and hard), it holds."""
-    rng = np.random.default_rng(0)
+def _alike_requests(seed: int) -> GoodputController:
+    """96 requests in rows 0-15 that accept alike: each step's draw 1-4, the draft agreeing on
+    half the tokens (1.88 on average), as the CPU demo's toy draft."""
+    rng = np.random.default_rng(seed)
     p = controller()
     rows = np.arange(16)
     for _ in range(6):
@@ -213,6 +211,16 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
         for _ in range(6):
             p.observe(accepted(Mode.SPEC, np.minimum(rng.geometric(0.5, 16), 4).astype(float),
                                rows))
+    return p
+
+
+def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accept_alike():
+    """On the CPU demo every request accepts alike (the draft agrees on half the tokens: 1.88 a
+    step on average), and one request that drew 1, 1, 1, 1 read 1.0 and decoded for 44 steps
+    at c=1. Where requests' first estimates spread no more than four draws do, a request's own
+    estimate yields to all requests'; where requests differ (easy and hard), it holds."""
+    p = _alike_requests(seed=0)
+    rows = np.arange(16)
     unlucky = np.arange(16, 17)
     p.observe(Admitted(16, unlucky))
     for _ in range(4):
@@ -232,14 +240,7 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
 def test_in_a_batch_of_measured_and_new_requests_only_the_measured_are_pulled_together():
     """Requests that accept alike: a measured request's unlucky estimate yields to all requests'
     acceptance; a new one's expectation is what the latest requests first measured."""
-    rng = np.random.default_rng(1)
-    p = controller()
-    rows = np.arange(16)
-    for _ in range(6):
-        p.observe(Admitted(64, rows))
-        for _ in range(6):
-            p.observe(accepted(Mode.SPEC, np.minimum(rng.geometric(0.5, 16), 4).astype(float),
-                               rows))
+    p = _alike_requests(seed=1)
     unlucky, new = np.arange(16, 17), np.arange(17, 18)
     p.observe(Admitted(32, np.concatenate([unlucky, new])))
     for _ in range(4):
