@@ -585,7 +585,8 @@ def test_step_costs_show_the_controllers_cost_terms_over_time(tmp_path):
         log.write_event("estimates", t, prompt_per_output=share, replaced=0.5,
                         draft_prefill_s_per_token=1e-6, catch_up_fixed_s=0.004,
                         catch_up_s_per_token=2e-6, switch_s=0.0002, fresh_accept=1.0,
-                        own_accept_weight=0.25, run_len=26.6, explore_allowance_steps=4.0, explore_debt_steps=0.0)
+                        own_accept_weight=0.25, run_len=26.6, explore_allowance_steps=4.0,
+                        explore_debt_steps=0.0)
     log.close()
     text = step_costs.full_report(list(json_lines(tmp_path / "steps.jsonl")))
     assert text.startswith(plain) and "(3 of 3 lines)" in text

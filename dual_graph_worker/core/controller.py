@@ -229,8 +229,9 @@ class GoodputController:
         # requests that came after it). Optimistic until a request is measured.
         self._fresh = k1
         # Decayed sums over requests' first estimates (count, sum, sum of squares, the variance
-        # of one draw within each, squared weights): how much requests differ beyond their draws' noise,
-        # and so how far a request's own estimate is trusted over all requests' (_own_weight).
+        # of one draw within each, squared weights): how much requests differ beyond their
+        # draws' noise, and so how far a request's own estimate is trusted over all requests'
+        # (_own_weight).
         self._spread = [0.0] * 5
         self._own_weight = 1.0
         self._prompt_window = 0.0
@@ -481,8 +482,8 @@ class GoodputController:
             self._prompt_window += event.tokens
             if event.rows is not None and self._rows is not None:
                 for row in event.rows.tolist():
-                    self._rows[row], self._draw_sum[row], self._draws[row] = math.nan, 0.0, 0
-                    self._draw_sq[row] = 0.0
+                    self._rows[row], self._draws[row] = math.nan, 0
+                    self._draw_sum[row] = self._draw_sq[row] = 0.0
                 self._admissions[event.rows] += 1
         elif isinstance(event, PrefillTime):
             self._after_prefill, self._after_carry = True, False
@@ -535,11 +536,11 @@ class GoodputController:
         n = len(firsts)
         self._fresh += _first_weight(n) * (sum(firsts) / n - self._fresh)
         keep = (1.0 - _SPREAD_ALPHA) ** n
-        sums = self._spread
-        for slot, v in enumerate((n, sum(firsts), sum(m * m for m in firsts), sum(within))):
-            sums[slot] = keep * sums[slot] + v
-        sums[4] = keep * keep * sums[4] + n        # squared weights: the effective count
-        count, s1, s2, sw, squares = sums
+        # Each request weighs 1 when folded: the squared weights decay twice as fast.
+        decays = (keep, keep, keep, keep, keep * keep)
+        window = (n, sum(firsts), sum(m * m for m in firsts), sum(within), n)
+        self._spread = [d * s + v for d, s, v in zip(decays, self._spread, window)]
+        count, s1, s2, sw, squares = self._spread
         effective = count * count / squares
         if effective < _SPREAD_MIN_REQUESTS:
             return
@@ -685,9 +686,8 @@ class GoodputController:
             mean, mean_kv = sums / count, kv / count
             if self._samples[i] > 0:
                 idle = max(self._step - self._last[i] - count, 0.0)
-                w = 1.0 - keep ** (count + idle / _AGE_STEPS)
-                if self._last[i] < _WARM_STEPS <= self._step and count >= 2:
-                    w = 1.0
+                warm_only = self._last[i] < _WARM_STEPS <= self._step and count >= 2
+                w = 1.0 if warm_only else 1.0 - keep ** (count + idle / _AGE_STEPS)
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
             self._est[i], self._est_kv[i] = mean, mean_kv

@@ -365,10 +365,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lengths = prefill_lengths(batch, len(rows))
         self.planner.policy.observe(Admitted(tokens, rows))
         self._context.admitted(rows, lengths)
-        joins = np.setdiff1d(self._running_rows, rows)
-        self._running_rows = np.union1d(joins, rows)
-        if self.continuity.defers_prefill_of(
-                batch, lambda: self._next_step_decodes(batch, lengths, tokens, joins)):
+        running, self._running_rows = self._running_rows, np.union1d(self._running_rows, rows)
+        if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(
+                batch, lengths, tokens, joins=np.setdiff1d(running, rows))):
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
             self.counters.prefilled(tokens, deferred=True)
