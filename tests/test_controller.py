@@ -806,6 +806,27 @@ def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_ov
         t_spec(32) + 0.55e-6 * 32 * 4096, rel=0.01)
 
 
+def test_a_rate_fitted_over_a_few_noisy_steps_is_not_carried_far_beyond_them():
+    """H200 run 8, accept 1.5: nine decode steps at bs 32 over 2-3.2k context tokens, one of
+    them short after a prefill, fitted 0.34 us a token (+- 0.19); bs 128 over 130-150k read
+    0.031. bs 64 at 131k (9.4 ms measured in run 7) was priced 36.9 ms and the worker
+    speculated over a 131k-token wave. Beyond its contexts a size's own rate holds only where it
+    stands two standard errors above its mode's pooled one."""
+    p = controller(replay_prior())
+    for kv, ms in ((2048, 4.44), (2080, 5.42), (3040, 5.18), (3072, 5.32), (3104, 5.26),
+                   (3136, 5.35), (3168, 5.28), (3200, 5.28), (3232, 5.32)):
+        p.observe(StepTime(Mode.DECODE, 32, ms * 1e-3, kv_tokens=kv))
+    for kv in range(130_000, 150_000, 128):
+        p.observe(StepTime(Mode.DECODE, 128, 6.5e-3 + 0.031e-6 * kv, kv_tokens=kv))
+    p.exchange(lambda v: v)
+    steps = p.estimates()["step_s"]["decode"]
+    assert steps[32][4] == pytest.approx(0.34e-6, rel=0.05)         # within its contexts
+    assert p.estimates()["context_s_per_token"]["decode"] == pytest.approx(0.031e-6, rel=0.01)
+    assert p.step_time(Mode.DECODE, 32, 3100) == pytest.approx(5.25e-3, rel=0.02)
+    assert p.step_time(Mode.DECODE, 64, 131_072) < 11e-3
+    assert p.step_time(Mode.DECODE, 32, 65_536) < 8e-3
+
+
 def test_a_line_holds_at_least_out_to_the_context_it_was_last_measured_at():
     """Contexts that grew: a long history at 4-8k tokens keeps the decayed spread low while the
     recent mean (the line's anchor) moves to 24k; the estimate there is what was measured
@@ -997,22 +1018,27 @@ def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale(
     reach and each mode's pooled slope stay those of sums decayed at every exchange, and an
     exchange without samples changes no slope."""
     rng = np.random.default_rng(0)
-    lazy, eager = ContextSums(3), np.zeros((5, 3))
+    lazy, eager, squares = ContextSums(3), np.zeros((6, 3)), np.zeros(3)
     modes = (Mode.SPEC, Mode.SPEC, Mode.DECODE)
     for exchange in range(36_000):
         lazy.decay()
         eager *= 0.99
+        squares *= 0.99 ** 2
         if exchange % 3000 == 0 or exchange in (34_360, 35_990):
             for i in range(3):
                 x = rng.uniform(20_000, 200_000, 8)
                 y = 0.01 + (i + 1) * 1e-7 * x + rng.normal(0, 1e-4, 8)
-                window = [y.sum(), 8.0, x.sum(), (x * x).sum(), (x * y).sum()]
+                window = [y.sum(), 8.0, x.sum(), (x * x).sum(), (x * y).sum(), (y * y).sum()]
                 lazy.add(i, modes[i], window)
                 eager[:, i] += window
-    sy, n, sx, sxx, sxy = eager
+                squares[i] += 8.0
+    sy, n, sx, sxx, sxy, syy = eager
     var, cov = sxx - sx * sx / n, sxy - sx * sy / n
+    effective = n * n / squares
+    error = np.sqrt((syy - sy * sy / n - cov * cov / var) / ((effective - 2) * var))
     for i in range(3):
         assert lazy.own(i) == pytest.approx(cov[i] / var[i], rel=1e-9)
+        assert lazy.own_error(i) == pytest.approx(error[i], rel=1e-6)
         assert lazy.reach(i) == pytest.approx(sx[i] / n[i] + 2 * np.sqrt(var[i] / n[i]), rel=1e-9)
     assert lazy.pooled(Mode.SPEC) == pytest.approx(cov[:2].sum() / var[:2].sum(), rel=1e-9)
     assert lazy.pooled(Mode.DECODE) == pytest.approx(cov[2] / var[2], rel=1e-9)
@@ -1023,7 +1049,7 @@ def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale(
     for _ in range(800):
         lazy.decay()
     assert [lazy.own(i) for i in range(3)] == slopes
-    lazy.add(0, Mode.SPEC, [0.01, 1.0, 1000.0, 1e6, 10.0])
+    lazy.add(0, Mode.SPEC, [0.01, 1.0, 1000.0, 1e6, 10.0, 1e-4])
     assert lazy.own(1) is None and lazy.own(2) is None
 
 

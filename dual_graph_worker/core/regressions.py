@@ -21,10 +21,11 @@ OWN_SPREAD = 0.1
 # more slowly than step times drift.
 CONTEXT_DECAY = 0.99
 # A key's own slope holds out to this many standard deviations above its mean context; beyond,
-# the mode's pooled slope where steeper (attention's cost per token grows with the context).
+# only where it stands this many standard errors above the mode's pooled slope.
 CONTEXT_REACH = 2.0
-# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy.
-KEY_SLOTS = 5
+FAR_ERRORS = 2.0
+# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy.
+KEY_SLOTS = 6
 
 
 class Slope:
@@ -86,16 +87,18 @@ class Slope:
 
 
 class ContextSums:
-    """Per key, decayed sums of its steps' seconds y and context tokens x (y, count, x, xx, xy),
-    and each mode's seconds per context token pooled within every size. The decay is applied
+    """Per key, decayed sums of its steps' seconds y and context tokens x (y, count, x, xx, xy,
+    yy) and of the steps' squared weights, and each mode's seconds per context token pooled
+    within every size. The decay is applied
     lazily: sums are kept in units of `scale`, the decay since they were last rescaled, so an
     exchange touches only the keys it measured. Slopes are read as of the last exchange with
     samples (`fit_scale`): an exchange without any changes none."""
 
-    __slots__ = ("sums", "var", "cov", "scale", "fit_scale", "pools")
+    __slots__ = ("sums", "squares", "var", "cov", "scale", "fit_scale", "pools")
 
     def __init__(self, n: int) -> None:
         self.sums = [[0.0] * n for _ in range(KEY_SLOTS)]
+        self.squares = [0.0] * n            # in units of scale squared
         # Per key, its count times the variance of its contexts and their covariance with y;
         # per mode, their totals and its steps.
         self.var = [0.0] * n
@@ -110,6 +113,7 @@ class ContextSums:
             g, self.scale = self.scale, 1.0
             self.fit_scale /= g
             self.sums = [[g * v for v in slot] for slot in self.sums]
+            self.squares = [g * g * v for v in self.squares]
             self.var = [g * v for v in self.var]
             self.cov = [g * v for v in self.cov]
             self.pools = {m: [g * v for v in pool] for m, pool in self.pools.items()}
@@ -119,7 +123,8 @@ class ContextSums:
         self.fit_scale = g
         for slot, v in zip(sums, window):
             slot[i] += v / g
-        sy, n, sx, sxx, sxy = (slot[i] for slot in sums)
+        self.squares[i] += window[1] / (g * g)
+        sy, n, sx, sxx, sxy = (slot[i] for slot in sums[:5])
         var, cov = sxx - sx * (sx / n), sxy - sx * (sy / n)
         pool = self.pools[mode]
         pool[0] += var - self.var[i]
@@ -145,6 +150,17 @@ class ContextSums:
         if self.fit_scale * var < need * max(self.fit_scale * n, 1.0):
             return None
         return max(self.cov[i] / var, 0.0)
+
+    def own_error(self, i: int) -> float:
+        """The standard error of key i's own slope, over its steps' effective count (a decay
+        that weighs every step alike leaves it as it is); inf below three steps."""
+        n, var = self.sums[1][i], self.var[i]
+        count = n * n / self.squares[i] if n > 0 else 0.0
+        if count <= 2.0 or var <= 0:
+            return math.inf
+        sy, syy = self.sums[0][i], self.sums[5][i]
+        residual = syy - sy * (sy / n) - self.cov[i] ** 2 / var
+        return math.sqrt(max(residual, 0.0) / ((count - 2.0) * var))
 
     def reach(self, i: int) -> float:
         """Key i's mean context plus CONTEXT_REACH standard deviations."""
