@@ -237,6 +237,21 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
     assert q.expected_accept(hard) == pytest.approx(1.0)
 
 
+def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
+    """Requests that differ (accept 1.75 or 3.25) and whose draws are noisy (0.75 each side of
+    the request's mean, a draw's variance 0.75): a request's EMA soon holds ~9 draws' worth, and
+    is weighed as such (B / (B + var / 9), B the spread beyond the draws' noise: ~0.82, not the
+    0.68 of a first estimate's four draws)."""
+    p = controller()
+    for wave in range(8):
+        rows = np.arange(16 * (wave % 4), 16 * (wave % 4) + 16)
+        p.observe(Admitted(64, rows))
+        means = np.where(rows % 2 == 0, 1.75, 3.25)
+        for step in range(8):
+            p.observe(accepted(Mode.SPEC, means + (0.75 if step % 2 else -0.75), rows))
+    assert 0.80 < p.estimates()["own_accept_weight"] < 0.85
+
+
 def test_in_a_batch_of_measured_and_new_requests_only_the_measured_are_pulled_together():
     """Requests that accept alike: a measured request's unlucky estimate yields to all requests'
     acceptance; a new one's expectation is what the latest requests first measured."""

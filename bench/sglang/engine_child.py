@@ -64,6 +64,53 @@ def gpu_used_mib() -> float | None:
         return None
 
 
+def _tree_cpu_s() -> Optional[float]:
+    """CPU seconds (user + system) of this process and its descendants (the engine's scheduler
+    and detokenizer), from /proc; None where /proc cannot be read."""
+    try:
+        parent, cpu = {}, {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(stat.parent.name)
+            parent[pid] = int(fields[1])
+            cpu[pid] = int(fields[11]) + int(fields[12])
+        tree, todo = set(), [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            tree.add(pid)
+            todo += [c for c, p in parent.items() if p == pid and c not in tree]
+        return sum(cpu.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _host_probe_ms() -> float:
+    """The median of three runs of a fixed piece of Python work: the machine's host speed at
+    this moment (a slow spell of the host shows here, not in the engine's code)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[1]
+
+
+def _gpu_state() -> dict:
+    """SM clock (MHz), temperature (C) and power (W) of the first GPU, just after a cell."""
+    fields = ("clocks.sm", "temperature.gpu", "power.draw")
+    got = (_first_gpu(",".join(fields)) or "").split(",")
+    out = {}
+    for name, value in zip(("sm_mhz", "temp_c", "power_w"), got):
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
 def _internal_state(info: dict) -> dict:
     """The first scheduler's internal state in a get_server_info() answer ({} if none)."""
     states = info.get("internal_states") or [{}]
@@ -148,13 +195,17 @@ def run_sweep(engine, task: dict, emit) -> dict:
         prompts = random_prompts(c, task["input_len"], task["vocab"],
                                  seed=task.get("seed", 1000) + c)
         before = _dual_state(engine)
+        probe_ms, cpu0 = _host_probe_ms(), _tree_cpu_s()
         t0w, t0 = time.time(), time.perf_counter()
         outs = _as_list(engine.generate(input_ids=prompts,
                                         sampling_params=_sampling(task["output_len"])))
         dt = time.perf_counter() - t0
+        cpu1 = _tree_cpu_s()
         tokens = sum(len(o["output_ids"]) for o in outs)
         point = {"concurrency": c, "seconds": dt, "output_tokens": tokens,
-                 "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time()}
+                 "tok_s": tokens / dt, "t_start": t0w, "t_end": time.time(),
+                 "machine": {"host_probe_ms": probe_ms, **_gpu_state(),
+                             "cpu_s": None if None in (cpu0, cpu1) else cpu1 - cpu0}}
         if probe_s is not None:
             point["prefill_only_seconds"] = probe_s
         if before is not None:

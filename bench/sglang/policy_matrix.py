@@ -171,6 +171,8 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                    "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
             if p.get("dual_graph"):
                 rec["dual_graph"] = p["dual_graph"]
+            if p.get("machine"):
+                rec["machine"] = p["machine"]
             out.append(rec)
     return out
 

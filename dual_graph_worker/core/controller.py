@@ -38,6 +38,9 @@ _WORKLOAD_DECAY = 0.95
 # the first speculative steps after a long decode period speak for the present.
 _ACCEPT_DECAY = 1.0 / 32.0
 _ROW_ALPHA = 0.2
+# The draws a request's EMA holds once past its first ones: its variance is one draw's times
+# alpha / (2 - alpha).
+_ROW_DRAWS = (2.0 - _ROW_ALPHA) / _ROW_ALPHA
 _RUN_ALPHA = 0.3
 # Catch-ups are rarer than prefills: their regression keeps ~100 exchanges of history.
 _CATCH_UP_DECAY = 0.99
@@ -543,8 +546,9 @@ class GoodputController:
 
     def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
         """Fold requests' first estimates into the new-request expectation and the spreads;
-        then the weight of a request's own estimate: the share of the first estimates' variance
-        that is not their draws' noise (one draw's variance over the draws)."""
+        then the weight of a request's own estimate: how far requests differ (the first
+        estimates' variance less their four draws' noise) against the noise of the ~9 draws its
+        EMA holds (a request's first estimate, of 4, is weighed alike: it is soon past them)."""
         n = len(firsts)
         self._fresh += _first_weight(n) * (sum(firsts) / n - self._fresh)
         keep = (1.0 - _SPREAD_ALPHA) ** n
@@ -557,11 +561,12 @@ class GoodputController:
         if effective < _SPREAD_MIN_REQUESTS:
             return
         between = max(s2 / count - (s1 / count) ** 2, 0.0) * effective / (effective - 1.0)
-        noise = sw / count / _FIRST_DRAWS
-        if between > 0:
-            self._own_weight = max(between - noise, 0.0) / between
+        draw = sw / count
+        differ = max(between - draw / _FIRST_DRAWS, 0.0)
+        if differ > 0:
+            self._own_weight = differ / (differ + draw / _ROW_DRAWS)
         else:
-            self._own_weight = 0.0 if noise > 0 else 1.0
+            self._own_weight = 0.0 if draw > 0 else 1.0
 
     def _observe_step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
