@@ -273,3 +273,20 @@ def test_engines_in_several_processes_take_turns_and_a_cell_reads_their_median(t
     assert cell["ratio"] == 0.99
     assert len(matrix["records"]) == 9
     assert pm.main(["--out", str(tmp_path / "x"), "--processes", "0"]) == 2
+
+
+def test_the_machine_report_tells_a_slow_host_from_a_slow_engine_process():
+    """Per engine and accept phase: the host probe, the SM clock and the engine's CPU seconds
+    per 1000 tokens, from each cell's `machine` record; baselines from other runs are left
+    out, and records without one give no section."""
+    def cell(engine, a, probe, sm, cpu):
+        return rec(engine, a, 1, 500.0) | {"machine": {"host_probe_ms": probe, "sm_mhz": sm,
+                                                       "cpu_s": cpu}}
+    recs = [cell("eagle3", 3.5, 12.0, 1980.0, 0.5), cell("eagle3", 3.5, 13.0, 1980.0, 0.5),
+            cell("dual", 3.5, 12.5, 1755.0, 1.0), cell("dual", 3.5, 12.5, 1980.0, 1.0),
+            cell("plain", None, 30.0, 1980.0, 0.4) | {"from": "run7"}]
+    md = pm.machine_report(recs)
+    assert "| dual | 3.5 | 2 | 12.5, 12.5 | 1755-1980 | 2.00 |" in md
+    assert "| eagle3 | 3.5 | 2 | 12.5, 13.0 | 1980-1980 | 1.00 |" in md
+    assert "plain" not in md
+    assert pm.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""

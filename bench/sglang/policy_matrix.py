@@ -260,6 +260,34 @@ def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
     return "\n".join(lines) + "\n"
 
 
+def machine_report(recs: list[dict]) -> str:
+    """Per engine and accept phase, the machine around its cells: a fixed Python workload's
+    time (host speed), the GPU's SM clock after a cell, and the engine's CPU seconds per 1000
+    output tokens. A slow spell of the host shows in the first, one of the GPU in the second,
+    one of an engine's own process in the third alone."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        if r.get("machine") and "from" not in r:
+            groups.setdefault((r["engine"], r["accept_len"]), []).append(r)
+    if not groups:
+        return ""
+    lines = ["\n## The machine around the cells\n",
+             "| engine | accept | cells | host probe ms (median, max) | SM MHz (min-max) "
+             "| CPU s / 1k tokens |", "|---|---|---|---|---|---|"]
+    for (engine, accept), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        m = [r["machine"] for r in rs]
+        probe = [x["host_probe_ms"] for x in m if "host_probe_ms" in x]
+        sm = [x["sm_mhz"] for x in m if "sm_mhz" in x]
+        cpu = sum(x.get("cpu_s") or 0.0 for x in m)
+        tokens = sum(r["tok_s"] * r["seconds"] for r in rs)
+        lines.append(
+            f"| {engine} | {'-' if accept is None else f'{accept:g}'} | {len(rs)} | "
+            + (f"{statistics.median(probe):.1f}, {max(probe):.1f}" if probe else "-") + " | "
+            + (f"{min(sm):.0f}-{max(sm):.0f}" if sm else "-") + " | "
+            + (f"{1000 * cpu / tokens:.2f}" if tokens and cpu else "-") + " |")
+    return "\n".join(lines) + "\n"
+
+
 def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
             path: Path, note: str) -> None:
     import matplotlib
@@ -406,7 +434,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "startup_s": previous.get("startup_s", {}) | {name: res.get("startup_s")}}
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))
-        (out / "report.md").write_text(report(cells, accepts_seen, columns, note))
+        (out / "report.md").write_text(report(cells, accepts_seen, columns, note)
+                                       + machine_report(filled))
         if cells:
             heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
