@@ -47,6 +47,7 @@ from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepT
                                            same_rank)
 from dual_graph_worker.core.settings import MEASURE, Settings
 from dual_graph_worker.core.stall_watch import StallWatch
+from dual_graph_worker.core.gc_pauses import GcPauses
 from dual_graph_worker.core.step_log import StepLogWriter
 from dual_graph_worker.core.timing import ResultClock
 from dual_graph_worker.engines.sglang import nvtx_spans
@@ -126,6 +127,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     _stall_watch: Optional[StallWatch] = None
     # Read by hooks.py: this worker wants the waiting queue's length on prefill batches.
     dgw_wants_queue_hint = True
+    # With a step log: the latest step's host time before its launch, the collection pauses.
+    _plan_s = 0.0
+    _gc: Optional[GcPauses] = None
 
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
@@ -148,6 +152,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             StepLogWriter(self.settings.step_log)
             if self.settings.step_log and self._is_rank0 else None)
         self._stall_watch = _stall_watch(self.settings) if self._is_rank0 else None
+        self._gc = GcPauses().start() if self._step_log is not None else None
         if self._draft_worker.seed_dsa_topk_from_draft_extend:
             raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
                               "sharing (index_share_for_mtp_iteration); use EAGLE3")
@@ -330,6 +335,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                                     grammar_barrier=grammar_barrier)
         if batch.forward_mode.is_extend():
             return self._prefill(batch, on_publish, grammar_barrier)
+        t0 = time.perf_counter()
         rows = rows_of(batch)
         self._running_rows = rows
         continuity = self.continuity
@@ -345,6 +351,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 # deferred draft work, apart from glue and switch cost (profiling.engines).
                 with nvtx_ranges.stage_range(names.CATCH_UP):
                     keep_alive = continuity.before_spec_step(batch, rows)
+                self._plan_s = time.perf_counter() - t0
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                           grammar_barrier=grammar_barrier)
                 if keep_alive:
@@ -352,6 +359,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                                     + keep_alive)
             else:
                 pending = 0
+                self._plan_s = time.perf_counter() - t0
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
         self._ledger.launched(plan, rows)
         self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens,
@@ -500,6 +508,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
+        t0 = time.perf_counter()
         done = self._ledger.completed(num_correct_drafts_per_req, batch_size)
         if done is None or self.planner is None:
             return
@@ -517,7 +526,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._step_log.write(done.record, done.wall_time,
                                  accept_ema=round(state.accept_len, 4),
                                  goodput_spec=state.spec_goodput,
-                                 goodput_decode=state.decode_goodput)
+                                 goodput_decode=state.decode_goodput,
+                                 plan_us=round(self._plan_s * 1e6, 1),
+                                 hook_us=round((time.perf_counter() - t0) * 1e6, 1))
             if self._completed % ESTIMATES_EVERY == 0:
                 self._log_estimates(policy)
 
@@ -527,7 +538,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         decisions are read from, beside each step's expected goodputs."""
         estimates = policy.estimates()
         if estimates is not None:
-            self._step_log.write_event("estimates", time.time(),
+            gc = self._gc.take() if self._gc is not None else None
+            self._step_log.write_event("estimates", time.time(), gc=gc,
                                        **{k: v for k, v in estimates.items() if k != "step_s"})
 
     def dgw_internal_state(self) -> dict:

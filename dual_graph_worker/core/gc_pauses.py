@@ -1,0 +1,36 @@
+"""The interpreter's garbage-collection pauses, by generation: a diagnostic for the step log
+(a serving process with many live objects can pause for milliseconds in a full collection)."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+
+class GcPauses:
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._count = [0, 0, 0]
+        self._seconds = [0.0, 0.0, 0.0]
+
+    def start(self) -> "GcPauses":
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def take(self) -> dict:
+        """Collections and their milliseconds per generation since the last take."""
+        out = {f"gen{g}": [self._count[g], round(self._seconds[g] * 1e3, 3)] for g in range(3)}
+        self._count, self._seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+        return out
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        g = info.get("generation", 2)
+        self._count[g] += 1
+        self._seconds[g] += time.perf_counter() - self._started

@@ -1,0 +1,21 @@
+"""The collection-pause diagnostic counts each generation's collections since the last take."""
+
+from __future__ import annotations
+
+import gc
+
+from dual_graph_worker.core.gc_pauses import GcPauses
+
+
+def test_collections_are_counted_by_generation_and_reset_by_a_take():
+    pauses = GcPauses().start()
+    try:
+        gc.collect(2)
+        gc.collect(2)
+        got = pauses.take()
+        assert got["gen2"][0] >= 2 and got["gen2"][1] >= 0.0
+        assert pauses.take()["gen2"][0] == 0 or not gc.isenabled()
+    finally:
+        pauses.stop()
+    gc.collect(2)
+    assert pauses.take()["gen2"][0] == 0

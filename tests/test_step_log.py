@@ -1,0 +1,76 @@
+"""The step log's writer: lines land in order, a stalled file write never holds the caller,
+and the writer reports its own slow writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import Reason
+from dual_graph_worker.core.results import StepRecord
+from dual_graph_worker.core.step_log import StepLogWriter, read_step_events, read_step_log
+
+
+class StalledFile(io.StringIO):
+    """A file whose writes wait until `go` is set, as a write stuck in the host's I/O."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go, self.entered = threading.Event(), threading.Event()
+
+    def write(self, s: str) -> int:
+        self.entered.set()
+        self.go.wait()
+        return super().write(s)
+
+    def close(self) -> None:
+        self.text = self.getvalue()
+        super().close()
+
+
+def test_lines_land_in_order_and_a_flush_makes_them_readable(tmp_path):
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    for i in range(100):
+        log.write(StepRecord(i, Mode.SPEC, 4, 4, Reason.GOODPUT, True, 12, 3.0), float(i))
+        log.write_event("cost", float(i), seconds=0.005)
+    log.flush()
+    assert [r.step for r, _ in read_step_log(tmp_path / "steps.jsonl")] == list(range(100))
+    assert len(read_step_events(tmp_path / "steps.jsonl")) == 100
+    log.close()
+    log.write_event("late", 0.0)                   # after close: dropped, no error
+    assert len(read_step_events(tmp_path / "steps.jsonl")) == 100
+
+
+def test_a_stalled_file_write_never_holds_the_serving_thread(tmp_path):
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log._fh.close()
+    stalled = log._fh = StalledFile()
+    for i in range(50):                            # every call returns while the writer waits
+        log.write_event("cost", float(i), seconds=0.005)
+    assert stalled.getvalue() == ""
+    stalled.go.set()
+    log.close()
+    assert [json.loads(line)["t"] for line in stalled.text.splitlines()] == [float(i)
+                                                                            for i in range(50)]
+
+
+def test_the_writer_logs_its_own_slow_writes(tmp_path):
+    """Every SLOW_EVERY lines: how many writes took over a millisecond, and the slowest."""
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log._fh.close()
+    stalled = log._fh = StalledFile()
+    log.SLOW_EVERY = 10
+    log.write_event("cost", 0.0)
+    stalled.entered.wait()
+    time.sleep(0.005)                              # the first write stalls at least 5 ms
+    stalled.go.set()
+    for i in range(1, 25):
+        log.write_event("cost", float(i))
+    log.close()
+    reports = [json.loads(line) for line in stalled.text.splitlines()
+               if '"log_writes"' in line]
+    assert [r["lines"] for r in reports] == [10, 20]
+    assert reports[0]["slow"] >= 1 and reports[0]["max_ms"] >= 5.0
