@@ -633,3 +633,18 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
     assert step_costs.own_choice(own, 16, 3.0) == "0.438 / 0.312: d"
     assert step_costs.own_choice(own, 16, 4.5) == "0.292 / 0.312: s"
     assert step_costs.own_choice(own, 16, None) == "-"
+
+
+def test_step_costs_report_the_workers_host_time_per_step_and_slow_log_writes():
+    from bench.sglang import step_costs
+
+    log = [{"step": i, "mode": "spec", "padded_bs": 4, "plan_us": 100.0 + i, "hook_us": 90.0}
+           for i in range(101)]
+    log += [{"step": 0, "mode": "decode", "padded_bs": 1}]            # an older log's line
+    log += [{"event": "log_writes", "lines": 4096, "slow": 2, "max_ms": 3.5},
+            {"event": "log_writes", "lines": 8192, "slow": 3, "max_ms": 26.7}]
+    text = step_costs.host_report(log)
+    assert "| spec | 4 | 101 | 150 / 199 | 90 / 90 |" in text
+    assert "decode" not in text
+    assert "5 of 8192, the slowest 26.7 ms" in text
+    assert step_costs.host_report([{"step": 0, "mode": "spec", "padded_bs": 1}]) == ""

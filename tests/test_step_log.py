@@ -74,3 +74,13 @@ def test_the_writer_logs_its_own_slow_writes(tmp_path):
                if '"log_writes"' in line]
     assert [r["lines"] for r in reports] == [10, 20]
     assert reports[0]["slow"] >= 1 and reports[0]["max_ms"] >= 5.0
+
+
+def test_a_line_that_cannot_be_serialized_is_named_and_the_log_goes_on(tmp_path):
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log.write_event("cost", 1.0, seconds=object())
+    log.write_event("cost", 2.0, seconds=0.005)
+    log.close()
+    got = read_step_events(tmp_path / "steps.jsonl")
+    assert [e["event"] for e in got] == ["unwritable", "cost"]
+    assert got[0]["t"] == 1.0 and "object" in got[0]["error"]

@@ -22,6 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Optional
 
+import numpy as np
+
 from dual_graph_worker.core.jsonl import json_lines
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
@@ -154,13 +156,39 @@ def estimates_report(log: list[dict], rows: int = 40) -> str:
             + "\n".join(out) + "\n")
 
 
+def host_report(log: list[dict]) -> str:
+    """The worker's own host time per step, by mode and padded batch: before the launch
+    (plan_us) and in the verify hook (hook_us), median and 99th percentile; the step log
+    writer's slow writes. Empty for a log without them."""
+    by: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for d in log:
+        if "step" in d and "plan_us" in d:
+            by.setdefault((d["mode"], d["padded_bs"]), []).append((d["plan_us"], d["hook_us"]))
+    if not by:
+        return ""
+    lines = ["\nThe worker's host time per step (us, median / p99):\n",
+             "| mode | padded bs | steps | before launch | verify hook |", "|---|---|---|---|---|"]
+    for (mode, pb), v in sorted(by.items()):
+        plan, hook = (np.array(x) for x in zip(*v))
+        lines.append(f"| {mode} | {pb} | {len(v)} | {np.median(plan):.0f} / "
+                     f"{np.percentile(plan, 99):.0f} | {np.median(hook):.0f} / "
+                     f"{np.percentile(hook, 99):.0f} |")
+    writes = [d for d in log if d.get("event") == "log_writes"]
+    if writes:
+        lines.append(f"\nStep log writes over 1 ms (off the serving thread): "
+                     f"{sum(d['slow'] for d in writes)} of {writes[-1]['lines']}, the slowest "
+                     f"{max(d['max_ms'] for d in writes):.1f} ms.")
+    return "\n".join(lines) + "\n"
+
+
 def full_report(log: list[dict], engine: Optional[dict] = None) -> str:
-    """The per-place table of a step log's lines, with the engine's JSON the per-cell one, and
-    the controller's cost terms over time where the log has them."""
+    """The per-place table of a step log's lines, with the engine's JSON the per-cell one, the
+    worker's host time per step, and the controller's cost terms over time where the log has
+    them."""
     text = report(group_costs(log))
     if engine is not None:
         text += "\n" + cell_report(log, engine)
-    return text + estimates_report(log)
+    return text + host_report(log) + estimates_report(log)
 
 
 def trace(log: list[dict], source: str) -> dict:

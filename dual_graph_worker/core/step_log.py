@@ -23,8 +23,9 @@ from dual_graph_worker.core.results import StepRecord
 
 
 class StepLogWriter:
-    """Lines are serialized by the caller (a snapshot of the values then) and written by a
-    thread of their own: a file write that stalls in the host's I/O must not stall a step.
+    """Lines are handed over as fresh dicts of plain values and serialized and written by a
+    thread of their own, in the serving thread's waits on the GPU: neither the encoding nor a
+    file write that stalls in the host's I/O lengthens a step.
     The writer flushes whenever it has caught up, so a reader can follow a live engine; every
     SLOW_EVERY lines it logs its own write times (a "log_writes" event)."""
 
@@ -41,11 +42,11 @@ class StepLogWriter:
         atexit.register(self.close)
 
     def write(self, record: StepRecord, wall_time: float, **extra: object) -> None:
-        self._put(json.dumps({**record.to_json(), "t": wall_time, **extra}))
+        self._put({**record.to_json(), "t": wall_time, **extra})
 
     def write_event(self, event: str, wall_time: float, **fields: object) -> None:
         """A non-step line (start-up summary, config): readers skip lines without "step"."""
-        self._put(json.dumps({"event": event, "t": wall_time, **fields}))
+        self._put({"event": event, "t": wall_time, **fields})
 
     def flush(self, timeout: float = 10.0) -> None:
         """Return once every line put so far is in the file."""
@@ -63,7 +64,7 @@ class StepLogWriter:
         self._fh = None
         atexit.unregister(self.close)
 
-    def _put(self, line: str) -> None:
+    def _put(self, line: dict) -> None:
         if self._fh is not None:
             self._queue.put(line)
 
@@ -79,8 +80,12 @@ class StepLogWriter:
                 fh.flush()
                 item.set()
                 continue
+            try:
+                line = json.dumps(item)
+            except (TypeError, ValueError) as e:        # one bad line, not the log
+                line = json.dumps({"event": "unwritable", "t": item.get("t"), "error": str(e)})
             t0 = time.perf_counter()
-            fh.write(item + "\n")
+            fh.write(line + "\n")
             if self._queue.empty():
                 fh.flush()
             took = time.perf_counter() - t0
