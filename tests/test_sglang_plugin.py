@@ -884,3 +884,22 @@ def test_lazy_catch_up_checks_sglangs_default_backend_before_weights_load(
     assert ServerArgs(**args, attention_backend="triton").attention_backend == "triton"
     monkeypatch.setenv("DGW_CONTINUITY", "keep-current")
     assert ServerArgs(**args).attention_backend == "torch_native"
+
+
+def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang, tmp_path):
+    """Run as a user would (its own process: it stubs SGLang's parent methods)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "host.json"
+    done = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", "1,16",
+                           "--steps", "200", "--step-log", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["bs"] for r in rows] == [1, 16]
+    assert all(r["before_launch_us"] > 0 and r["verify_hook_us"] > 0 for r in rows)
+    bad = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", "one"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--bs" in bad.stderr

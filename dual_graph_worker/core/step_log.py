@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import atexit
 import json
-import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
@@ -24,11 +24,12 @@ from dual_graph_worker.core.results import StepRecord
 
 class StepLogWriter:
     """Lines are handed over as fresh dicts of plain values and serialized and written by a
-    thread of their own, in the serving thread's waits on the GPU: neither the encoding nor a
-    file write that stalls in the host's I/O lengthens a step.
-    The writer flushes whenever it has caught up, so a reader can follow a live engine; every
-    SLOW_EVERY lines it logs its own write times (a "log_writes" event)."""
+    thread of their own, which wakes every INTERVAL_S and takes what has come: neither the
+    encoding nor a file write that stalls in the host's I/O lengthens a step, and the serving
+    thread pays a deque append a line, not a thread wake-up. Every SLOW_EVERY lines the writer
+    logs its own write times (a "log_writes" event)."""
 
+    INTERVAL_S = 0.05
     SLOW_S = 1e-3
     SLOW_EVERY = 4096
 
@@ -36,66 +37,81 @@ class StepLogWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: Optional[IO[str]] = open(self.path, "a")
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._drain, name="dgw-step-log", daemon=True)
+        self._lines: deque = deque()
+        self._wake = threading.Event()
+        self._drained = threading.Event()
+        self._stopping = False
+        self._written = self._slow = 0
+        self._worst = 0.0
+        self._thread = threading.Thread(target=self._run, name="dgw-step-log", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
     def write(self, record: StepRecord, wall_time: float, **extra: object) -> None:
-        self._put({**record.to_json(), "t": wall_time, **extra})
+        if self._fh is not None:
+            self._lines.append({**record.to_json(), "t": wall_time, **extra})
 
     def write_event(self, event: str, wall_time: float, **fields: object) -> None:
         """A non-step line (start-up summary, config): readers skip lines without "step"."""
-        self._put({"event": event, "t": wall_time, **fields})
+        if self._fh is not None:
+            self._lines.append({"event": event, "t": wall_time, **fields})
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Return once every line put so far is in the file."""
-        if self._fh is not None:
-            done = threading.Event()
-            self._queue.put(done)
-            done.wait(timeout)
+        """Return once every line handed over so far is in the file."""
+        deadline = time.monotonic() + timeout
+        while self._fh is not None and time.monotonic() < deadline:
+            self._drained.clear()
+            self._wake.set()
+            self._drained.wait(max(deadline - time.monotonic(), 0.0))
+            if not self._lines:          # a cycle that ended after this call took them all
+                return
 
     def close(self) -> None:
         if self._fh is None:
             return
-        self._queue.put(None)
+        self._stopping = True
+        self._wake.set()
         self._thread.join(10.0)
         self._fh.close()
         self._fh = None
         atexit.unregister(self.close)
 
-    def _put(self, line: dict) -> None:
-        if self._fh is not None:
-            self._queue.put(line)
-
-    def _drain(self) -> None:
-        lines, slow, worst = 0, 0, 0.0
+    def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            fh = self._fh
-            if item is None:
-                fh.flush()
+            self._wake.wait(self.INTERVAL_S)
+            self._wake.clear()
+            stopping = self._stopping
+            self._write_pending()
+            self._drained.set()
+            if stopping:
                 return
-            if isinstance(item, threading.Event):
-                fh.flush()
-                item.set()
-                continue
+
+    def _write_pending(self) -> None:
+        fh, lines = self._fh, self._lines
+        if not lines:
+            return
+        while lines:
+            item = lines.popleft()
             try:
                 line = json.dumps(item)
             except (TypeError, ValueError) as e:        # one bad line, not the log
                 line = json.dumps({"event": "unwritable", "t": item.get("t"), "error": str(e)})
             t0 = time.perf_counter()
             fh.write(line + "\n")
-            if self._queue.empty():
-                fh.flush()
             took = time.perf_counter() - t0
-            lines += 1
-            slow += took > self.SLOW_S
-            worst = max(worst, took)
-            if lines % self.SLOW_EVERY == 0:
-                fh.write(json.dumps({"event": "log_writes", "t": time.time(), "lines": lines,
-                                     "slow": slow, "max_ms": round(worst * 1e3, 3)}) + "\n")
-                slow, worst = 0, 0.0
+            self._written += 1
+            self._slow += took > self.SLOW_S
+            self._worst = max(self._worst, took)
+            if self._written % self.SLOW_EVERY == 0:
+                fh.write(json.dumps({"event": "log_writes", "t": time.time(),
+                                     "lines": self._written, "slow": self._slow,
+                                     "max_ms": round(self._worst * 1e3, 3)}) + "\n")
+                self._slow, self._worst = 0, 0.0
+        t0 = time.perf_counter()
+        fh.flush()
+        took = time.perf_counter() - t0
+        self._slow += took > self.SLOW_S
+        self._worst = max(self._worst, took)
 
 
 def read_step_log(path: str | Path) -> Iterator[tuple[StepRecord, float]]:
