@@ -13,7 +13,7 @@ OUT     ?= out
 TORCH_CPU ?= torch==2.13.0
 
 .PHONY: help setup setup-test demo test settings toy capture-tune capture-report capture-flags \
-        controller-cost nsys-check test-gpu bench capture-measure capture-compare nsys-profile serve-bench policy-matrix \
+        controller-cost host-cost nsys-check test-gpu bench capture-measure capture-compare nsys-profile serve-bench policy-matrix \
         clean
 
 help:                            ## this list
@@ -81,6 +81,9 @@ capture-flags: setup             ## SGLang flags + DGW_* env that run $(CAPTURE_
 
 controller-cost: setup          ## host time of one controller decision -> $(OUT)/controller-cost.json
 	$(BIN)/python -m bench.controller_cost --out $(OUT)/controller-cost.json
+
+host-cost: setup-test           ## the SGLang worker's own host time per step -> $(OUT)/host-cost.json
+	$(BIN)/python -m bench.sglang.host_cost --step-log --out $(OUT)/host-cost.json
 
 REPORT ?= $(OUT)/profile/workload.nsys-rep
 nsys-check: setup                ## verdict on a profile: make nsys-check REPORT=path.nsys-rep
