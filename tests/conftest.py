@@ -288,7 +288,7 @@ def bare_sglang_worker():
     """Factory: a DualGraphEagleWorker holding only its per-step state (no model, no graphs, no
     GPU), for tests of the worker's glue. Needs SGLang importable; `continuity` defaults to a
     strategy with nothing to do."""
-    from bench.sglang.host_cost import bare_worker
+    from bench.sglang.bare_worker import bare_worker
 
     return bare_worker
 

@@ -1242,3 +1242,18 @@ def test_a_key_whose_line_reads_far_too_high_heals_from_its_short_steps():
             p.observe(StepTime(Mode.SPEC, 48, 0.025))
         p.exchange(lambda v: v)
     assert p.step_time(Mode.SPEC, 48) == pytest.approx(0.025, rel=0.01)
+
+
+def test_a_key_unmeasured_for_hours_has_no_standard_error_not_a_division_by_zero():
+    """Its decayed squared weights underflow several rescales before its weights do."""
+    sums = ContextSums(2)
+    x = np.arange(64, 64 * 17, 64, dtype=float)
+    y = 0.005 + 1e-7 * x
+    sums.add(0, Mode.SPEC, [y.sum(), 16.0, x.sum(), (x * x).sum(), (x * y).sum(),
+                            (y * y).sum()])
+    assert sums.own_error(0) < 1e-9
+    for _ in range(45_000):                       # ~6 rescales, ~360k steps
+        sums.decay()
+    sums.add(1, Mode.SPEC, [0.01, 1.0, 1000.0, 1e6, 10.0, 1e-4])
+    assert sums.squares[0] == 0.0 and sums.sums[1][0] > 0
+    assert sums.own_error(0) == float("inf")

@@ -84,3 +84,21 @@ def test_a_line_that_cannot_be_serialized_is_named_and_the_log_goes_on(tmp_path)
     got = read_step_events(tmp_path / "steps.jsonl")
     assert [e["event"] for e in got] == ["unwritable", "cost"]
     assert got[0]["t"] == 1.0 and "object" in got[0]["error"]
+
+
+class FullDisk(io.StringIO):
+    def write(self, s: str) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_write_error_stops_the_log_not_the_server(tmp_path):
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log._fh.close()
+    log._fh = FullDisk()
+    log.write_event("cost", 1.0)
+    log.flush()
+    assert log.failed is not None and "No space left" in log.failed
+    for i in range(100):                          # dropped, not queued without bound
+        log.write_event("cost", float(i))
+    assert len(log._lines) == 0
+    log.close()

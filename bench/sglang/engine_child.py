@@ -40,11 +40,11 @@ def _write(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
-def _first_gpu(field: str) -> Optional[str]:
-    """One nvidia-smi field of the first GPU (no CUDA context in this process); None without."""
+def _first_gpu(field: str, index: str = "0") -> Optional[str]:
+    """One nvidia-smi field of a GPU (no CUDA context in this process); None without."""
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={field}",
-                              "--format=csv,noheader,nounits", "-i", "0"],
+                              "--format=csv,noheader,nounits", "-i", index],
                              capture_output=True, text=True, timeout=20)
         return out.stdout.strip().splitlines()[0].strip() or None
     except Exception:
@@ -99,9 +99,11 @@ def _host_probe_ms() -> float:
 
 
 def _gpu_state() -> dict:
-    """SM clock (MHz), temperature (C) and power (W) of the first GPU, just after a cell."""
+    """SM clock (MHz), temperature (C) and power (W) of the engine's GPU just after a cell (a
+    state, not the cell's average: an idle GPU lowers its clock within ~100 ms)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
     fields = ("clocks.sm", "temperature.gpu", "power.draw")
-    got = (_first_gpu(",".join(fields)) or "").split(",")
+    got = (_first_gpu(",".join(fields), first if first.isdigit() else "0") or "").split(",")
     out = {}
     for name, value in zip(("sm_mhz", "temp_c", "power_w"), got):
         try:

@@ -20,104 +20,56 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
+from unittest.mock import patch
 
 import numpy as np
 import torch
 
-
-class NoDraftWork:
-    """A continuity strategy with nothing to do (the worker's glue is what is measured)."""
-
-    defers_prefill = False
-
-    def pending_tokens(self, rows):
-        return 0
-
-    def defers_prefill_of(self, batch, next_step_decodes):
-        return False
-
-    def on_prefill(self, batch):
-        pass
-
-    def before_spec_step(self, batch, rows):
-        return []
+from bench.sglang.bare_worker import DECODE_BS, SPEC_BS, bare_worker
 
 
-def bare_worker(policy, continuity=None, step_log=None):
-    """A DualGraphEagleWorker holding only its per-step state (no model, no graphs, no GPU)."""
-    from dual_graph_worker.core.counters import WorkerCounters
-    from dual_graph_worker.core.dispatch import DispatchTable
-    from dual_graph_worker.core.planner import StepLedger, StepPlanner
-    from dual_graph_worker.core.settings import Settings
-    from dual_graph_worker.core.step_log import StepLogWriter
-    from dual_graph_worker.core.timing import ResultClock
-    from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
-    from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
-    from dual_graph_worker.engines.sglang.layout import RowContext
-    from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
-    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
-
-    w = object.__new__(DualGraphEagleWorker)
-    w.adaptive_controller = None
-    w.settings = Settings()
-    w._ledger = StepLedger()
-    w._clock = ResultClock()
-    w.counters = WorkerCounters()
-    w._metrics = None
-    w._completed = 0
-    w.planner = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), policy)
-    w.continuity = continuity or NoDraftWork()
-    w._stall_watch = None
-    w._step_log = None if step_log is None else StepLogWriter(step_log)
-    w._spans = StepSpans.from_settings(Settings())
-    w._decode_pool = eager_decode_pool()
-    w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
-    w._context = RowContext(512)
-    return w
-
-
-SPEC_BS = (1, 2, 3, 4, 6, 8, 16, 32, 48)
-DECODE_BS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 K = 3
 
 
-def _stubbed_worker(step_log: Optional[Path]):
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
+def _worker(step_log: Optional[Path]):
     from dual_graph_worker.core.modes import Mode
     from dual_graph_worker.core.policies import PolicyContext, build_policy
     from dual_graph_worker.core.settings import Settings
 
-    done = SimpleNamespace(extra_keep_alive_refs=None)
-    EAGLEWorkerV2.forward_batch_generation = \
-        lambda self, batch, on_publish=None, grammar_barrier=None: done
-    EAGLEWorkerV2.on_verify_complete_cpu = lambda self, n, batch_size=0: None
     ctx = PolicyContext(K, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS}, None,
                         defers_prefill=True, max_rows=512)
-    w = bare_worker(build_policy(Settings(), ctx), step_log=step_log)
-    type(w)._decode_step = lambda self, batch, rows, on_publish, gb: done
-    return w
+    return bare_worker(build_policy(Settings(), ctx), step_log=step_log)
 
 
 def measure(bs: int, steps: int, step_log: Optional[Path]) -> dict:
+    """Median microseconds of each part of a step at batch size `bs`; SGLang's own work (the
+    parent class's methods, the decode pool's step) stubbed for the call."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    w = _stubbed_worker(step_log)
+    w = _worker(step_log)
+    done = SimpleNamespace(extra_keep_alive_refs=None)
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
                             seq_lens=torch.zeros(bs, dtype=torch.int64),
                             req_pool_indices_cpu=torch.arange(bs), extend_num_tokens=bs)
     accepted = [2] * bs
     parts = np.zeros((steps, 3))
-    for i in range(steps + steps // 10):                 # the first tenth warms up
-        t0 = time.perf_counter()
-        w.forward_batch_generation(batch)
-        t1 = time.perf_counter()
-        w.on_verify_complete_cpu(accepted, batch_size=bs)
-        t2 = time.perf_counter()
-        w.dgw_result_processed()
-        t3 = time.perf_counter()
-        if i >= steps // 10:
-            parts[i - steps // 10] = (t1 - t0, t2 - t1, t3 - t2)
+    with patch.object(EAGLEWorkerV2, "forward_batch_generation",
+                      lambda self, batch, on_publish=None, grammar_barrier=None: done), \
+            patch.object(EAGLEWorkerV2, "on_verify_complete_cpu",
+                         lambda self, n, batch_size=0: None), \
+            patch.object(type(w), "_decode_step",
+                         lambda self, batch, rows, on_publish, gb: done):
+        for i in range(steps + steps // 10):             # the first tenth warms up
+            t0 = time.perf_counter()
+            w.forward_batch_generation(batch)
+            t1 = time.perf_counter()
+            w.on_verify_complete_cpu(accepted, batch_size=bs)
+            t2 = time.perf_counter()
+            w.dgw_result_processed()
+            t3 = time.perf_counter()
+            if i >= steps // 10:
+                parts[i - steps // 10] = (t1 - t0, t2 - t1, t3 - t2)
     if w._step_log is not None:
         w._step_log.close()
     med = np.median(parts, axis=0) * 1e6

@@ -278,8 +278,9 @@ def machine_report(recs: list[dict]) -> str:
         m = [r["machine"] for r in rs]
         probe = [x["host_probe_ms"] for x in m if "host_probe_ms" in x]
         sm = [x["sm_mhz"] for x in m if "sm_mhz" in x]
-        cpu = sum(x.get("cpu_s") or 0.0 for x in m)
-        tokens = sum(r["tok_s"] * r["seconds"] for r in rs)
+        timed = [r for r in rs if r["machine"].get("cpu_s") is not None]
+        cpu = sum(r["machine"]["cpu_s"] for r in timed)
+        tokens = sum(r["tok_s"] * r["seconds"] for r in timed)
         lines.append(
             f"| {engine} | {'-' if accept is None else f'{accept:g}'} | {len(rs)} | "
             + (f"{statistics.median(probe):.1f}, {max(probe):.1f}" if probe else "-") + " | "

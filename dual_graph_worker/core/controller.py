@@ -363,10 +363,10 @@ class GoodputController:
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
         """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
-        is measured, else the nearest measured sizes' lines: their fixed parts scaled by the
-        prior's ratio between the sizes (interpolated without a prior), their seconds per
-        context token interpolated; beyond the contexts a line has seen, the steeper of its
-        rate and its mode's pooled one."""
+        is measured, else the nearest measured sizes' times at that context, interpolated by
+        size, their fixed parts scaled by the prior's ratio between the sizes; beyond the
+        contexts a line has seen, its own rate only where it is surely steeper than its mode's
+        pooled one."""
         return self._line_time(self._at[mode].get(padded_bs), kv_tokens)
 
     def _line_time(self, i: Optional[int], kv_tokens: int) -> Optional[float]:
@@ -402,15 +402,10 @@ class GoodputController:
                 min(self._far_slope(b, i), self._steepest(i)))
 
     def _far_slope(self, b: float, i: int) -> float:
-        """Beyond the contexts a key has seen, its own rate where it is surely steeper than its
-        mode's pooled one (attention's cost per token differs with the batch), else the pooled
-        one (a step's cost grows with the context even where a key's own line looked flat, and
-        a few steps fit any rate: on the H200 bs 32 decode read 0.35 +- 0.19 us a token over
-        2-3k tokens, 0.03 over 131k)."""
+        """Beyond the contexts key i has seen: its own rate where it is surely steeper than its
+        mode's pooled one (a few steps fit any rate), else the pooled one."""
         beta = self._beta[self._mode_of[i]]
-        if beta <= 0 or b - beta > FAR_ERRORS * self._ctx.own_error(i):
-            return b
-        return beta
+        return b if b - beta > FAR_ERRORS * self._ctx.own_error(i) else beta
 
     def _neighbours_line(self, i: int) -> Optional[_Line]:
         """Key i's line from the nearest measured sizes of its mode below and above (a mode's

@@ -23,9 +23,9 @@ class GcPauses:
 
     def take(self) -> dict:
         """Collections and their milliseconds per generation since the last take."""
-        out = {f"gen{g}": [self._count[g], round(self._seconds[g] * 1e3, 3)] for g in range(3)}
+        count, seconds = self._count, self._seconds
         self._count, self._seconds = [0, 0, 0], [0.0, 0.0, 0.0]
-        return out
+        return {f"gen{g}": [count[g], round(seconds[g] * 1e3, 3)] for g in range(3)}
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":

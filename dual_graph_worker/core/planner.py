@@ -116,6 +116,7 @@ class _Launched:
     plan: StepPlan
     wall_time: float
     rows: Optional[np.ndarray]
+    host_s: float
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class CompletedStep:
     wall_time: float     # time.time() at launch, to line the log up with a client's clock
     accept_lens: np.ndarray
     rows: Optional[np.ndarray]
+    host_s: float = 0.0  # the worker's host time before this step's launch
 
 
 class StepLedger:
@@ -141,14 +143,15 @@ class StepLedger:
         self._next_step = 0
         self.mismatches = 0
 
-    def launched(self, plan: StepPlan, rows: Optional[np.ndarray] = None) -> int:
+    def launched(self, plan: StepPlan, rows: Optional[np.ndarray] = None,
+                 host_s: float = 0.0) -> int:
         step = self._next_step
         self._next_step += 1
         # Overlap scheduling keeps at most two results in flight; anything older was never
         # reported (e.g. a result the scheduler dropped) and would shift every later pairing.
         if len(self._pending) == self._pending.maxlen:
             self.mismatches += 1
-        self._pending.append(_Launched(step, plan, self._clock(), rows))
+        self._pending.append(_Launched(step, plan, self._clock(), rows, host_s))
         return step
 
     def completed(self, num_correct_drafts_per_req: Sequence[int],
@@ -166,7 +169,7 @@ class StepLedger:
                             padded_bs=entry.plan.padded_bs, reason=entry.plan.reason,
                             graph=entry.plan.graph, tokens=tokens,
                             mean_accept_len=tokens / n if n else 1.0)
-        return CompletedStep(record, entry.wall_time, accept, entry.rows)
+        return CompletedStep(record, entry.wall_time, accept, entry.rows, entry.host_s)
 
     @property
     def in_flight(self) -> int:

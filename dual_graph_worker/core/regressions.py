@@ -20,12 +20,14 @@ OWN_SPREAD = 0.1
 # Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
 # more slowly than step times drift.
 CONTEXT_DECAY = 0.99
-# A key's own slope holds out to this many standard deviations above its mean context; beyond,
-# only where it stands this many standard errors above the mode's pooled slope.
+# A key's own slope holds out to this many standard deviations above its mean context.
 CONTEXT_REACH = 2.0
+# Beyond that, only where it stands this many standard errors above its mode's pooled slope.
 FAR_ERRORS = 2.0
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy.
 KEY_SLOTS = 6
+_LINE_SLOTS = 5         # the ones a line is fitted from
+_YY = 5
 
 
 class Slope:
@@ -124,7 +126,7 @@ class ContextSums:
         for slot, v in zip(sums, window):
             slot[i] += v / g
         self.squares[i] += window[1] / (g * g)
-        sy, n, sx, sxx, sxy = (slot[i] for slot in sums[:5])
+        sy, n, sx, sxx, sxy = (slot[i] for slot in sums[:_LINE_SLOTS])
         var, cov = sxx - sx * (sx / n), sxy - sx * (sy / n)
         pool = self.pools[mode]
         pool[0] += var - self.var[i]
@@ -154,11 +156,12 @@ class ContextSums:
     def own_error(self, i: int) -> float:
         """The standard error of key i's own slope, over its steps' effective count (a decay
         that weighs every step alike leaves it as it is); inf below three steps."""
-        n, var = self.sums[1][i], self.var[i]
-        count = n * n / self.squares[i] if n > 0 else 0.0
-        if count <= 2.0 or var <= 0:
+        n, var, squares = self.sums[1][i], self.var[i], self.squares[i]
+        # Long unmeasured, the squared weights underflow before the weights do.
+        if n <= 0 or squares <= 0 or var <= 0 or n * n / squares <= 2.0:
             return math.inf
-        sy, syy = self.sums[0][i], self.sums[5][i]
+        count = n * n / squares
+        sy, syy = self.sums[0][i], self.sums[_YY][i]
         residual = syy - sy * (sy / n) - self.cov[i] ** 2 / var
         return math.sqrt(max(residual, 0.0) / ((count - 2.0) * var))
 

@@ -23,11 +23,9 @@ from dual_graph_worker.core.results import StepRecord
 
 
 class StepLogWriter:
-    """Lines are handed over as fresh dicts of plain values and serialized and written by a
-    thread of their own, which wakes every INTERVAL_S and takes what has come: neither the
-    encoding nor a file write that stalls in the host's I/O lengthens a step, and the serving
-    thread pays a deque append a line, not a thread wake-up. Every SLOW_EVERY lines the writer
-    logs its own write times (a "log_writes" event)."""
+    """The serving thread hands each line over as a fresh dict (a deque append, no wake-up); a
+    writer thread wakes every INTERVAL_S, serializes, writes and flushes what has come, so
+    neither the encoding nor a write stalled in the host's I/O lengthens a step."""
 
     INTERVAL_S = 0.05
     SLOW_S = 1e-3
@@ -38,33 +36,30 @@ class StepLogWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: Optional[IO[str]] = open(self.path, "a")
         self._lines: deque = deque()
+        self._handed = self._done = 0       # lines handed over / taken by the writer
+        self.failed: Optional[str] = None   # the write error that stopped the log
         self._wake = threading.Event()
         self._drained = threading.Event()
         self._stopping = False
-        self._written = self._slow = 0
-        self._worst = 0.0
+        self._slow, self._worst = 0, 0.0
         self._thread = threading.Thread(target=self._run, name="dgw-step-log", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
     def write(self, record: StepRecord, wall_time: float, **extra: object) -> None:
-        if self._fh is not None:
-            self._lines.append({**record.to_json(), "t": wall_time, **extra})
+        self._put({**record.to_json(), "t": wall_time, **extra})
 
     def write_event(self, event: str, wall_time: float, **fields: object) -> None:
         """A non-step line (start-up summary, config): readers skip lines without "step"."""
-        if self._fh is not None:
-            self._lines.append({"event": event, "t": wall_time, **fields})
+        self._put({"event": event, "t": wall_time, **fields})
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Return once every line handed over so far is in the file."""
-        deadline = time.monotonic() + timeout
-        while self._fh is not None and time.monotonic() < deadline:
+        """Return once every line handed over before this call is in the file."""
+        target, deadline = self._handed, time.monotonic() + timeout
+        while self._done < target and self._thread.is_alive() and time.monotonic() < deadline:
             self._drained.clear()
             self._wake.set()
             self._drained.wait(max(deadline - time.monotonic(), 0.0))
-            if not self._lines:          # a cycle that ended after this call took them all
-                return
 
     def close(self) -> None:
         if self._fh is None:
@@ -72,18 +67,32 @@ class StepLogWriter:
         self._stopping = True
         self._wake.set()
         self._thread.join(10.0)
-        self._fh.close()
-        self._fh = None
+        fh, self._fh = self._fh, None
         atexit.unregister(self.close)
+        if not self._thread.is_alive():         # never close a file under a live writer
+            try:
+                fh.close()
+            except OSError:
+                pass
+
+    def _put(self, line: dict) -> None:
+        if self._fh is not None and self.failed is None:
+            self._lines.append(line)
+            self._handed += 1
 
     def _run(self) -> None:
         while True:
             self._wake.wait(self.INTERVAL_S)
             self._wake.clear()
             stopping = self._stopping
-            self._write_pending()
+            try:
+                self._write_pending()
+            except OSError as e:                # a full disk: stop logging, keep serving
+                self.failed = f"{type(e).__name__}: {e}"
+                self._done += len(self._lines)
+                self._lines.clear()
             self._drained.set()
-            if stopping:
+            if stopping or self.failed is not None:
                 return
 
     def _write_pending(self) -> None:
@@ -98,20 +107,20 @@ class StepLogWriter:
                 line = json.dumps({"event": "unwritable", "t": item.get("t"), "error": str(e)})
             t0 = time.perf_counter()
             fh.write(line + "\n")
-            took = time.perf_counter() - t0
-            self._written += 1
-            self._slow += took > self.SLOW_S
-            self._worst = max(self._worst, took)
-            if self._written % self.SLOW_EVERY == 0:
+            self._timed(time.perf_counter() - t0)
+            self._done += 1
+            if self._done % self.SLOW_EVERY == 0:
                 fh.write(json.dumps({"event": "log_writes", "t": time.time(),
-                                     "lines": self._written, "slow": self._slow,
+                                     "lines": self._done, "slow": self._slow,
                                      "max_ms": round(self._worst * 1e3, 3)}) + "\n")
                 self._slow, self._worst = 0, 0.0
         t0 = time.perf_counter()
         fh.flush()
-        took = time.perf_counter() - t0
-        self._slow += took > self.SLOW_S
-        self._worst = max(self._worst, took)
+        self._timed(time.perf_counter() - t0)
+
+    def _timed(self, seconds: float) -> None:
+        self._slow += seconds > self.SLOW_S
+        self._worst = max(self._worst, seconds)
 
 
 def read_step_log(path: str | Path) -> Iterator[tuple[StepRecord, float]]:

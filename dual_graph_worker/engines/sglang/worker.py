@@ -361,7 +361,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 pending = 0
                 self._plan_s = time.perf_counter() - t0
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
-        self._ledger.launched(plan, rows)
+        self._ledger.launched(plan, rows, self._plan_s)
         self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens,
                                       plan.bs))
         self.counters.launched(plan, pending)
@@ -527,7 +527,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                  accept_ema=round(state.accept_len, 4),
                                  goodput_spec=state.spec_goodput,
                                  goodput_decode=state.decode_goodput,
-                                 plan_us=round(self._plan_s * 1e6, 1),
+                                 plan_us=round(done.host_s * 1e6, 1),
                                  hook_us=round((time.perf_counter() - t0) * 1e6, 1))
             if self._completed % ESTIMATES_EVERY == 0:
                 self._log_estimates(policy)

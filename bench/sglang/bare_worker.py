@@ -1,0 +1,58 @@
+"""A DualGraphEagleWorker holding only its per-step state (no model, no graphs, no GPU): the
+worker's glue as the CPU tests and `host_cost` drive it. Needs SGLang importable."""
+
+from __future__ import annotations
+
+SPEC_BS = (1, 2, 3, 4, 6, 8, 16, 32, 48)
+DECODE_BS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+
+
+class NoDraftWork:
+    """A continuity strategy with nothing to do (the worker's glue is what is measured)."""
+
+    defers_prefill = False
+
+    def pending_tokens(self, rows):
+        return 0
+
+    def defers_prefill_of(self, batch, next_step_decodes):
+        return False
+
+    def on_prefill(self, batch):
+        pass
+
+    def before_spec_step(self, batch, rows):
+        return []
+
+
+def bare_worker(policy, continuity=None, step_log=None):
+    """The bare worker deciding by `policy`; `continuity` defaults to one with nothing to do."""
+    from dual_graph_worker.core.counters import WorkerCounters
+    from dual_graph_worker.core.dispatch import DispatchTable
+    from dual_graph_worker.core.planner import StepLedger, StepPlanner
+    from dual_graph_worker.core.settings import Settings
+    from dual_graph_worker.core.step_log import StepLogWriter
+    from dual_graph_worker.core.timing import ResultClock
+    from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
+    from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
+    from dual_graph_worker.engines.sglang.layout import RowContext
+    from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
+    from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
+
+    w = object.__new__(DualGraphEagleWorker)
+    w.adaptive_controller = None
+    w.settings = Settings()
+    w._ledger = StepLedger()
+    w._clock = ResultClock()
+    w.counters = WorkerCounters()
+    w._metrics = None
+    w._completed = 0
+    w.planner = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), policy)
+    w.continuity = continuity or NoDraftWork()
+    w._stall_watch = None
+    w._step_log = None if step_log is None else StepLogWriter(step_log)
+    w._spans = StepSpans.from_settings(Settings())
+    w._decode_pool = eager_decode_pool()
+    w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")
+    w._context = RowContext(512)
+    return w
