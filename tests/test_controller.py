@@ -240,8 +240,8 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
 def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
     """Requests that differ (accept 1.75 or 3.25) and whose draws are noisy (0.75 each side of
     the request's mean, a draw's variance 0.75): a request's EMA soon holds ~9 draws' worth, and
-    is weighed as such (B / (B + var / 9), B the spread beyond the draws' noise: ~0.82, not the
-    0.68 of a first estimate's four draws)."""
+    is weighed as such, B / (B + var / 9), with B the spread beyond the draws' noise less its
+    standard error: ~0.76 (as four draws: 0.58)."""
     p = controller()
     for wave in range(8):
         rows = np.arange(16 * (wave % 4), 16 * (wave % 4) + 16)
@@ -249,7 +249,16 @@ def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
         means = np.where(rows % 2 == 0, 1.75, 3.25)
         for step in range(8):
             p.observe(accepted(Mode.SPEC, means + (0.75 if step % 2 else -0.75), rows))
-    assert 0.80 < p.estimates()["own_accept_weight"] < 0.85
+    assert 0.72 < p.estimates()["own_accept_weight"] < 0.79
+
+
+def test_where_requests_accept_alike_the_noise_of_their_spread_gives_them_little_weight():
+    """The spread of ~40 requests' first estimates is itself noisy (~22%): read whole, it passed
+    for requests that differ and gave alike requests' noisy estimates weight in 9 of 20
+    populations (up to 0.57; on the CPU demo 0.32-0.77 a phase). Less its standard error, the
+    weight stays near 0."""
+    weights = [_alike_requests(seed).estimates()["own_accept_weight"] for seed in range(20)]
+    assert np.mean(weights) < 0.07 and sum(w > 0 for w in weights) <= 5
 
 
 def test_in_a_batch_of_measured_and_new_requests_only_the_measured_are_pulled_together():

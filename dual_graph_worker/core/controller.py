@@ -541,9 +541,9 @@ class GoodputController:
 
     def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
         """Fold requests' first estimates into the new-request expectation and the spreads;
-        then the weight of a request's own estimate: how far requests differ (the first
-        estimates' variance less their four draws' noise) against the noise of the ~9 draws its
-        EMA holds (a request's first estimate, of 4, is weighed alike: it is soon past them)."""
+        then the weight of a request's own estimate: how far requests surely differ (the first
+        estimates' variance, less its standard error and their four draws' noise) against the
+        noise of the ~9 draws its EMA holds (a first estimate, of 4, is soon past them)."""
         n = len(firsts)
         self._fresh += _first_weight(n) * (sum(firsts) / n - self._fresh)
         keep = (1.0 - _SPREAD_ALPHA) ** n
@@ -557,7 +557,11 @@ class GoodputController:
             return
         between = max(s2 / count - (s1 / count) ** 2, 0.0) * effective / (effective - 1.0)
         draw = sw / count
-        differ = max(between - draw / _FIRST_DRAWS, 0.0)
+        # Less one standard error of that variance (~22% of it over ~40 requests): where
+        # requests accept alike, its noise alone read as a spread gave their own noisy
+        # estimates a third of the weight or more.
+        sure = between * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
+        differ = max(sure - draw / _FIRST_DRAWS, 0.0)
         if differ > 0:
             self._own_weight = differ / (differ + draw / _ROW_DRAWS)
         else:
