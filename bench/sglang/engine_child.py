@@ -40,7 +40,7 @@ def _write(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
-def _first_gpu(field: str, index: str = "0") -> Optional[str]:
+def _gpu_field(field: str, index: str = "0") -> Optional[str]:
     """One nvidia-smi field of a GPU (no CUDA context in this process); None without."""
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={field}",
@@ -53,13 +53,13 @@ def _first_gpu(field: str, index: str = "0") -> Optional[str]:
 
 def gpu_name() -> str:
     """The first GPU's name, for a report's header ("unknown GPU" without one)."""
-    return _first_gpu("name") or "unknown GPU"
+    return _gpu_field("name") or "unknown GPU"
 
 
 def gpu_used_mib() -> float | None:
     """Device-wide used memory."""
     try:
-        return float(_first_gpu("memory.used") or "")
+        return float(_gpu_field("memory.used") or "")
     except ValueError:
         return None
 
@@ -68,21 +68,21 @@ def _tree_cpu_s() -> Optional[float]:
     """CPU seconds (user + system) of this process and its descendants (the engine's scheduler
     and detokenizer), from /proc; None where /proc cannot be read."""
     try:
-        parent, cpu = {}, {}
+        children, cpu = {}, {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             pid = int(stat.parent.name)
-            parent[pid] = int(fields[1])
+            children.setdefault(int(fields[1]), []).append(pid)
             cpu[pid] = int(fields[11]) + int(fields[12])
-        tree, todo = set(), [os.getpid()]
+        ticks, todo = 0, [os.getpid()]
         while todo:
             pid = todo.pop()
-            tree.add(pid)
-            todo += [c for c, p in parent.items() if p == pid and c not in tree]
-        return sum(cpu.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+            ticks += cpu.get(pid, 0)
+            todo += children.get(pid, [])
+        return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -103,7 +103,7 @@ def _gpu_state() -> dict:
     state, not the cell's average: an idle GPU lowers its clock within ~100 ms)."""
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
     fields = ("clocks.sm", "temperature.gpu", "power.draw")
-    got = (_first_gpu(",".join(fields), first if first.isdigit() else "0") or "").split(",")
+    got = (_gpu_field(",".join(fields), first if first.isdigit() else "0") or "").split(",")
     out = {}
     for name, value in zip(("sm_mhz", "temp_c", "power_w"), got):
         try:

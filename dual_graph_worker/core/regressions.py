@@ -158,9 +158,9 @@ class ContextSums:
         that weighs every step alike leaves it as it is); inf below three steps."""
         n, var, squares = self.sums[1][i], self.var[i], self.squares[i]
         # Long unmeasured, the squared weights underflow before the weights do.
-        if n <= 0 or squares <= 0 or var <= 0 or n * n / squares <= 2.0:
+        count = n * n / squares if n > 0 and squares > 0 else 0.0
+        if count <= 2.0 or var <= 0:
             return math.inf
-        count = n * n / squares
         sy, syy = self.sums[0][i], self.sums[_YY][i]
         residual = syy - sy * (sy / n) - self.cov[i] ** 2 / var
         return math.sqrt(max(residual, 0.0) / ((count - 2.0) * var))

@@ -127,8 +127,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     _stall_watch: Optional[StallWatch] = None
     # Read by hooks.py: this worker wants the waiting queue's length on prefill batches.
     dgw_wants_queue_hint = True
-    # With a step log: the latest step's host time before its launch, the collection pauses.
-    _plan_s = 0.0
+    # With a step log: the interpreter's collection pauses.
     _gc: Optional[GcPauses] = None
 
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
@@ -351,7 +350,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 # deferred draft work, apart from glue and switch cost (profiling.engines).
                 with nvtx_ranges.stage_range(names.CATCH_UP):
                     keep_alive = continuity.before_spec_step(batch, rows)
-                self._plan_s = time.perf_counter() - t0
+                plan_s = time.perf_counter() - t0
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                           grammar_barrier=grammar_barrier)
                 if keep_alive:
@@ -359,9 +358,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                                     + keep_alive)
             else:
                 pending = 0
-                self._plan_s = time.perf_counter() - t0
+                plan_s = time.perf_counter() - t0
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
-        self._ledger.launched(plan, rows, self._plan_s)
+        self._ledger.launched(plan, rows, plan_s)
         self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens,
                                       plan.bs))
         self.counters.launched(plan, pending)
