@@ -1004,9 +1004,10 @@ def test_explore_cap_rules_out_the_dearest_re_measurements():
     bank = 4.0
     assert p._affordable(3 * bank) and not p._affordable(3 * bank + 0.1)
     assert controller(explore_cap=0.0)._affordable(100 * bank)       # 0: no cap
-    # Where rising acceptance needs a dear re-measurement (bs 48 from accept 2), it goes unseen.
+    # Where rising acceptance needs a dear re-measurement (bs 48 from accept 2: a catch-up of
+    # the draft's backlog, which grows while decoding), it goes unseen.
     rise = 1400
-    capped = SimServer(controller(replay_prior(), stale_after=128, explore_cap=2.0),
+    capped = SimServer(controller(replay_prior(), stale_after=128, explore_cap=1.0),
                        accept=lambda s: 2.0 if s < rise else 3.5)
     capped.run(48, rise + 2000)
     assert all(m is Mode.DECODE for m in capped.modes[rise:])
@@ -1186,6 +1187,93 @@ def test_after_a_re_measurement_the_mode_holds_until_its_step_times_are_exchange
 
     assert after_re_measuring(2.6) == Decision(Mode.DECODE, Reason.DWELL)
     assert after_re_measuring(3.5) == Decision(Mode.SPEC, Reason.GOODPUT)
+
+
+def _balance(p: GoodputController) -> float:
+    shown = p.estimates()
+    return shown["explore_allowance_steps"] - shown["explore_debt_steps"]
+
+
+def _probing(bs: int, draws: tuple, decode_steps: int) -> tuple[GoodputController, Decision]:
+    """A controller that learnt both step times at `bs` and requests drawing `draws` in turn,
+    then decoded `decode_steps`, and the re-measurement of speculation it now starts."""
+    p = controller(min_dwell_steps=0, stale_after=64)
+    rows = np.arange(bs)
+    for mode, t in ((Mode.SPEC, t_spec), (Mode.DECODE, t_decode)):
+        for _ in range(4):
+            p.observe(StepTime(mode, bs, t(bs)))
+    for a in draws:
+        p.observe(accepted(Mode.SPEC, np.full(bs, a), rows))
+    p.exchange(lambda v: v)
+    _commit(p, Mode.DECODE, decode_steps)
+    d = p.decide(PolicyInputs(bs, bs, bs, rows=rows))
+    assert (d.mode, d.reason) == (Mode.SPEC, Reason.EXPLORE)
+    p.commit(d)
+    return p, d
+
+
+def test_a_re_measurement_of_speculation_ends_once_its_acceptance_shows_it_cannot_win():
+    """Acceptance stale, step times not: the first step's acceptance is what the re-measurement
+    checks. Too low for speculation to win even two standard errors up, it ends there; high, it
+    runs on. Where the estimates say it will end so, it is priced as one step; where they do
+    not (requests drew 2, 3, 2, 3 at bs 24: 3.65 two errors up, spec wins from 2.6) it is priced
+    whole, and the steps it did not run go back. On the CPU accept-shift run a re-measurement
+    at acceptance 1 cost ~6 decode steps whole, and the one before a rise in acceptance left
+    too little budget to find it within the phase."""
+    for bs, draws in ((16, (1.0,) * 4), (24, (2.0, 3.0) * 2)):
+        inputs = PolicyInputs(bs, bs, bs, rows=np.arange(bs))
+        for accept, ends in ((1.0, True), (4.0, False)):
+            p, d = _probing(bs, draws, decode_steps=20)
+            balance = _balance(p)
+            p.observe(accepted(Mode.SPEC, np.full(bs, accept), inputs.rows))
+            nxt = p.decide(inputs)
+            assert (nxt == Decision(Mode.DECODE, Reason.GOODPUT)) is ends, (bs, accept)
+            p.commit(nxt)
+            if ends:
+                refunded = _balance(p) - balance - p.config.explore_budget    # a step's income
+                whole = _probing(bs, draws, decode_steps=80)[1].price      # step time stale
+                if bs == 16:
+                    assert refunded == pytest.approx(0, abs=1e-9) and d.price < 0.5 * whole
+                else:                                       # 3 of its 4 steps
+                    assert d.price == pytest.approx(whole, rel=0.05)
+                    assert refunded == pytest.approx(0.75 * d.price, rel=0.1)
+                assert p.decide(inputs).mode is Mode.DECODE
+
+
+def test_a_re_measurement_runs_whole_where_speculations_step_time_is_stale_too():
+    """A step time not measured for DGW_STALE_AFTER steps is what the re-measurement is for:
+    low acceptance does not end it (the estimate may be what keeps speculation out)."""
+    p, _ = _probing(16, (1.0,) * 4, decode_steps=80)
+    inputs = PolicyInputs(16, 16, 16, rows=np.arange(16))
+    for _ in range(p.config.explore_steps - 1):
+        p.observe(accepted(Mode.SPEC, np.full(16, 1.0), inputs.rows))
+        d = p.decide(inputs)
+        assert (d.mode, d.reason) == (Mode.SPEC, Reason.EXPLORE)
+        p.commit(d)
+
+
+def test_one_low_step_ends_a_re_measurement_only_where_draws_are_seen_not_to_vary():
+    """A step's draws count as one (SGLang's forced lengths give a whole batch one), its error
+    that of a request's draws: requests drawing 1, 2, 1, 2 (SGLang's accept 1.5) leave a step
+    of 1 two standard errors short of where speculation wins at bs 4 (1.95); requests that
+    always draw 1 (the hard half of accept-shift) do not."""
+    inputs = PolicyInputs(4, 4, 4, rows=np.arange(4))
+    for draws, ends in (((1.0, 2.0) * 4, False), ((1.0,) * 8, True)):
+        rows = np.arange(16)
+        p = controller(min_dwell_steps=0, stale_after=64)
+        for a in draws:                              # 16 requests' first draws: the spread
+            p.observe(accepted(Mode.SPEC, np.full(16, a), rows))
+        for mode, t in ((Mode.SPEC, t_spec), (Mode.DECODE, t_decode)):
+            for _ in range(4):
+                p.observe(StepTime(mode, 4, t(4)))
+        p.observe(Admitted(4 * 64, inputs.rows))
+        p.exchange(lambda v: v)
+        _commit(p, Mode.DECODE, 20)
+        d = p.decide(inputs)
+        assert (d.mode, d.reason) == (Mode.SPEC, Reason.EXPLORE), draws
+        p.commit(d)
+        p.observe(accepted(Mode.SPEC, np.full(4, 1.0), inputs.rows))
+        assert (p.decide(inputs).reason is Reason.GOODPUT) is ends, draws
 
 
 def test_the_step_after_a_prefill_is_no_sample_unless_every_step_follows_one():

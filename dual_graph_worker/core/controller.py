@@ -51,6 +51,9 @@ _RATIO_MIN_TOKENS = 512
 _CONTEXT_FLOOR = 0.25
 # An exploration step costs at least this share of a step: nothing is free.
 _MIN_LOSS = 0.05
+# A re-measurement of speculation ends once its acceptance so far, this many standard errors
+# above its mean, still leaves speculation behind: its acceptance was what it was checking.
+_PROBE_ERRORS = 2.0
 # Decode has no hidden parameter, only its step time: re-measured only where a step this much
 # faster than its estimate would win (acceptance moves; a size's step time barely drifts).
 _DECODE_DRIFT = 0.3
@@ -140,6 +143,24 @@ class ControllerConfig:
         """`engine`: what the engine knows (defers_prefill, max_rows)."""
         shared = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name in BY_KEY}
         return cls(num_draft_tokens, **shared, **engine)
+
+
+@dataclass
+class _Probe:
+    """A running re-measurement of speculation: its price per step, the steps priced and run,
+    and their batches' mean acceptance (count, sum, sum of squares)."""
+
+    step_price: float
+    priced: int
+    run: int = 0
+    seen: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def add(self, mean: float) -> None:
+        self.seen += 1
+        self.total += mean
+        self.squares += mean * mean
 
 
 # A line not fitted since the last exchange.
@@ -253,6 +274,12 @@ class GoodputController:
         # next costly one waits until the debt is paid.
         self._debt = 0.0
         self._explore_left = 0
+        # The running re-measurement of speculation that may end early; the last one offered
+        # (None: it runs whole), until its commit; the steps the last one ran before its
+        # acceptance was seen (2 where results are read after the next step's launch).
+        self._probe: Optional[_Probe] = None
+        self._offer: Optional[_Probe] = None
+        self._sight = 1
         # A re-measurement's acceptance is seen at once, its step times at the next exchange:
         # until then the current mode stays unless the other is far cheaper (as dwell yields).
         self._unfolded = False
@@ -281,6 +308,8 @@ class GoodputController:
             return decided[Mode.DECODE, Reason.NO_SPEC_GRAPH]
         cur = self._dwell.mode
         if self._explore_left:
+            if self._probe is not None and self._probe_lost(inputs):
+                return self._goodput[cur]
             return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
         spec_key = self._spec_at.get(spec_bs)
@@ -309,7 +338,7 @@ class GoodputController:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
         if there is None:
-            return self._explore(other, 1.0, there_t, here_t, inputs) or stay
+            return self._explore(other, there_key, 1.0, there_t, here_t, inputs) or stay
         if there * (1 + self.config.margin) < here:
             if (unfolded or self._dwell.must_dwell(self.config.min_dwell_steps)) and \
                     here < _DWELL_BREAK * there:
@@ -321,7 +350,8 @@ class GoodputController:
         # reference), when the other's estimate here is stale and could change the answer.
         if self._allowance >= self._min_price and self._measured(here_key) and \
                 self._stale(there_key, other) and self._plausible(other, there_t, here_t, inputs):
-            return self._explore(other, 1.0 - here / there, there_t, here_t, inputs) or stay
+            return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
+                                 inputs) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
@@ -332,9 +362,17 @@ class GoodputController:
                 self._explore_left = self.config.explore_steps
                 self._charge(decision.price)
                 self._explored_at[decision.mode] = self._step
+                if decision.mode is Mode.SPEC and self._offer is not None:
+                    self._probe = self._offer
             self._explore_left -= 1
             self._unfolded = not self._explore_left
+            if self._probe is not None:
+                self._probe.run += 1
+                if self._unfolded:
+                    self._probe = None
             return
+        if self._probe is not None:
+            self._end_probe()
         self._explore_left = 0
         if decision.mode is not self._dwell.mode and not self._dwell.dwell_waived:
             self._run_len += _RUN_ALPHA * (self._dwell.steps_in_mode - self._run_len)
@@ -514,6 +552,10 @@ class GoodputController:
         accepts = lens.tolist()
         total = sum(accepts)
         self._output_window += total
+        if self._probe is not None:
+            if not self._probe.seen:
+                self._sight = max(self._probe.run, 1)
+            self._probe.add(total / n)
         # Accept lengths lie in 1..K+1 by construction (the engine counts accepted tokens).
         decay = (1.0 - _ACCEPT_DECAY) ** (self._step - self._accept_at)
         self._accept_sum = decay * self._accept_sum + total
@@ -870,27 +912,77 @@ class GoodputController:
             if spec is None or decode is None or not t:
                 return True
             return (decode - _DECODE_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
-        best = self._cost(True, t, inputs.bs, self.config.num_draft_tokens + 1.0, 0,
-                          prompt_share=False)
-        decode = self._cost(False, current_t, inputs.bs, 1.0, 0, prompt_share=False)
-        return best is not None and decode is not None and \
-            best * (1 + self.config.margin) < decode
+        return self._spec_wins(self.config.num_draft_tokens + 1.0, t, current_t, inputs.bs) is True
 
-    def _explore(self, mode: Mode, loss: float, explored: Optional[float], t: float,
-                 inputs: PolicyInputs) -> Optional[Decision]:
+    def _spec_wins(self, accept: float, spec_t: Optional[float], decode_t: Optional[float],
+                   bs: int) -> Optional[bool]:
+        """Whether spec steps of `spec_t` at `accept` beat decode steps of `decode_t` by the
+        margin, the prompt cost left out (None: a step time is unknown)."""
+        spec = self._cost(True, spec_t, bs, accept, 0, prompt_share=False)
+        decode = self._cost(False, decode_t, bs, 1.0, 0, prompt_share=False)
+        if spec is None or decode is None:
+            return None
+        return spec * (1 + self.config.margin) < decode
+
+    def _steps_high(self, mean: float, variance: float, steps: int) -> float:
+        """An acceptance `steps` steps of batch mean `mean` surely lie below: _PROBE_ERRORS
+        standard errors above it. A step counts as one draw (its requests' draws may share a
+        cause: SGLang's forced lengths give a whole batch one), of variance no less than a
+        request's draws are seen to vary (before that is learnt, the widest a draw in 1..K+1
+        can)."""
+        count, _, _, within, squares = self._spread
+        if count > 0 and count * count / squares >= _SPREAD_MIN_REQUESTS:
+            variance = max(variance, within / count)
+        else:
+            variance = max(variance, (self.config.num_draft_tokens / 2.0) ** 2)
+        return mean + _PROBE_ERRORS * math.sqrt(variance / steps)
+
+    def _probe_lost(self, inputs: PolicyInputs) -> bool:
+        """The running re-measurement of speculation has seen acceptance too low for it to win
+        here even at the top of its error."""
+        p = self._probe
+        if not p.seen:
+            return False
+        mean = p.total / p.seen
+        variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
+        spec_t = self._line_time(self._spec_at.get(inputs.spec_padded_bs), inputs.kv_tokens)
+        decode_t = self._line_time(self._decode_at.get(inputs.decode_padded_bs), inputs.kv_tokens)
+        return self._spec_wins(self._steps_high(mean, variance, p.seen), spec_t, decode_t,
+                               inputs.bs) is False
+
+    def _end_probe(self) -> None:
+        """A re-measurement of speculation ended early: the steps it was priced for and did not
+        run go back (to the bank, or to the debt it went into)."""
+        p, self._probe = self._probe, None
+        self._earn(p.step_price * max(p.priced - p.run, 0))
+
+    def _explore(self, mode: Mode, key: Optional[int], loss: float, explored: Optional[float],
+                 t: float, inputs: PolicyInputs) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
         current mode (so the budget is a share of step time, whichever mode is explored): the
         share of each of its steps the estimates expect to lose (`loss`, at least 5%: nothing is
         free) times that step's length, plus the round trip's switches (into spec: a catch-up of
         the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
         the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely.
-        `explored`, `t`: the step times here of `mode` and of the current mode."""
+        One of speculation that ends early gets back the steps it did not run (_end_probe).
+        `key`, `explored`, `t`: the key and step time here of `mode`, the current mode's time."""
         if self.config.explore_budget <= 0:
             return None
-        price = self.config.explore_steps * max(min(loss, 1.0), _MIN_LOSS)
+        step_price = max(min(loss, 1.0), _MIN_LOSS)
+        if t and explored:
+            step_price *= explored / t
+        steps = self.config.explore_steps
+        self._offer = None
+        if mode is Mode.SPEC and self._measured(key) and \
+                self._last[key] >= self._step - self.config.stale_after:
+            # Its step time measured lately, it checks only acceptance: the first steps that
+            # show it too low end it (_probe_lost), as they will if the estimate is right.
+            high = self._steps_high(self.expected_accept(inputs.rows), 0.0, 1)
+            if self._spec_wins(high, explored, t, inputs.bs) is False:
+                steps = min(self._sight, steps)
+            self._offer = _Probe(step_price, steps)
+        price = steps * step_price
         if t:
-            if explored:
-                price *= explored / t
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
                 inputs.catch_up_tokens
             price += (self.catch_up_seconds(missed) + self._switch_s) / t
