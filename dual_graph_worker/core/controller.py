@@ -152,6 +152,7 @@ class _Probe:
 
     step_price: float
     priced: int
+    drift: float = 1.0       # the share of its step time estimate it is judged at
     run: int = 0
     seen: int = 0
     total: float = 0.0
@@ -947,8 +948,8 @@ class GoodputController:
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
         spec_t = self._line_time(self._spec_at.get(inputs.spec_padded_bs), inputs.kv_tokens)
         decode_t = self._line_time(self._decode_at.get(inputs.decode_padded_bs), inputs.kv_tokens)
-        return self._spec_wins(self._steps_high(mean, variance, p.seen), spec_t, decode_t,
-                               inputs.bs) is False
+        return self._spec_wins(self._steps_high(mean, variance, p.seen),
+                               spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
 
     def _end_probe(self) -> None:
         """A re-measurement of speculation ended early: the steps it was priced for and did not
@@ -973,14 +974,16 @@ class GoodputController:
             step_price *= explored / t
         steps = self.config.explore_steps
         self._offer = None
-        if mode is Mode.SPEC and self._measured(key) and \
-                self._last[key] >= self._step - self.config.stale_after:
-            # Its step time measured lately, it checks only acceptance: the first steps that
-            # show it too low end it (_probe_lost), as they will if the estimate is right.
+        if mode is Mode.SPEC and self._measured(key):
+            # The first steps whose acceptance is too low end it (_probe_lost), as they will if
+            # the estimate is right; a step time not measured lately is judged as far faster as
+            # decode's may have drifted (a stale one may be what keeps speculation out).
+            drift = 1.0 if self._last[key] >= self._step - self.config.stale_after else \
+                1.0 - _DECODE_DRIFT
             high = self._steps_high(self.expected_accept(inputs.rows), 0.0, 1)
-            if self._spec_wins(high, explored, t, inputs.bs) is False:
+            if self._spec_wins(high, explored * drift, t, inputs.bs) is False:
                 steps = min(self._sight, steps)
-            self._offer = _Probe(step_price, steps)
+            self._offer = _Probe(step_price, steps, drift)
         price = steps * step_price
         if t:
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
