@@ -6,7 +6,10 @@ the hook); not SGLang's own host work.
 
     python -m bench.sglang.host_cost [--bs 1,16,64] [--steps 5000] [--step-log]
 
-Prints the median microseconds of each part per batch size; writes out/host-cost.json.
+Prints the median microseconds of each part per batch size, and the total's mean and 99th
+percentile (where stalls show); writes out/host-cost.json. With --step-log the steps run back
+to back, ~1000 in the writer thread's 50 ms where a GPU step takes ~6 ms: its serializing then
+holds the interpreter for a share of their time a server's steps never see.
 Needs SGLang 0.5.17 importable (`make setup-test` installs its CPU build).
 """
 
@@ -73,10 +76,14 @@ def measure(bs: int, steps: int, step_log: Optional[Path]) -> dict:
     if w._step_log is not None:
         w._step_log.close()
     med = np.median(parts, axis=0) * 1e6
+    total = parts.sum(axis=1) * 1e6
     return {"bs": bs, "before_launch_us": round(float(med[0]), 1),
             "verify_hook_us": round(float(med[1]), 1),
             "result_processed_us": round(float(med[2]), 1),
-            "total_us": round(float(np.median(parts.sum(axis=1)) * 1e6), 1)}
+            "total_us": round(float(np.median(total)), 1),
+            # Stalls (the log writer holding the interpreter, collections) show here only.
+            "total_mean_us": round(float(total.mean()), 1),
+            "total_p99_us": round(float(np.percentile(total, 99)), 1)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -103,10 +110,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for b in sizes]
     print(f"the SGLang worker's own host time per step (us, median of {args.steps}; SGLang's "
           f"parent methods stubbed, step log {'on' if args.step_log else 'off'}):")
-    print("   bs  before launch  verify hook  result processed  total")
+    print("   bs  before launch  verify hook  result processed  total  total mean  total p99")
     for r in rows:
         print(f"{r['bs']:5d}  {r['before_launch_us']:13.1f}  {r['verify_hook_us']:11.1f}  "
-              f"{r['result_processed_us']:16.1f}  {r['total_us']:5.1f}")
+              f"{r['result_processed_us']:16.1f}  {r['total_us']:5.1f}  "
+              f"{r['total_mean_us']:10.1f}  {r['total_p99_us']:9.1f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"step_log": args.step_log, "steps": args.steps, "rows": rows},
