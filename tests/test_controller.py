@@ -1011,6 +1011,10 @@ def test_explore_cap_rules_out_the_dearest_re_measurements():
                        accept=lambda s: 2.0 if s < rise else 3.5)
     capped.run(48, rise + 2000)
     assert all(m is Mode.DECODE for m in capped.modes[rise:])
+    uncapped = SimServer(controller(replay_prior(), stale_after=128),
+                         accept=lambda s: 2.0 if s < rise else 3.5)
+    uncapped.run(48, rise + 2000)
+    assert Mode.SPEC in uncapped.modes[rise:]
 
 
 def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones():
@@ -1239,6 +1243,35 @@ def test_a_re_measurement_of_speculation_ends_once_its_acceptance_shows_it_canno
                 else:                                       # 3 of its 4 steps go back
                     assert refunded == pytest.approx(d.price - one, rel=0.05)
                 assert p.decide(inputs).mode is Mode.DECODE
+
+
+def test_a_re_measurement_priced_as_ending_early_pays_for_the_steps_it_runs_on():
+    """Priced as one step (all requests drew 1), it sees acceptance 4 and runs whole: each step
+    beyond the one priced is charged as it runs, so the budget still bounds what it costs."""
+    p, _ = _probing(16, (1.0,) * 4, decode_steps=20)
+    step_price, balance = p._probe.step_price, _balance(p)
+    inputs = PolicyInputs(16, 16, 16, rows=np.arange(16))
+    for _ in range(p.config.explore_steps - 1):
+        p.observe(accepted(Mode.SPEC, np.full(16, 4.0), inputs.rows))
+        d = p.decide(inputs)
+        assert (d.mode, d.reason) == (Mode.SPEC, Reason.EXPLORE)
+        p.commit(d)
+    income = (p.config.explore_steps - 1) * p.config.explore_budget
+    assert balance + income - _balance(p) == pytest.approx(3 * step_price)
+
+
+def test_the_steps_before_a_re_measurements_acceptance_is_seen_are_learnt():
+    """Where a step's result is read after the next launch, a re-measurement's acceptance
+    arrives after its second step: the next one expected to end early is priced as two."""
+    p, d = _probing(16, (1.0,) * 4, decode_steps=20)
+    inputs = PolicyInputs(16, 16, 16, rows=np.arange(16))
+    p.commit(p.decide(inputs))                                   # its second step, launched
+    p.observe(accepted(Mode.SPEC, np.full(16, 1.0), inputs.rows))      # the first's result
+    p.commit(p.decide(inputs))                                   # ends it
+    _commit(p, Mode.DECODE, 300)                                 # the bank refills
+    again = p.decide(inputs)
+    assert again.reason is Reason.EXPLORE
+    assert again.price == pytest.approx(d.price + p._offer[1].step_price, rel=0.05)
 
 
 def test_a_stale_step_time_is_judged_as_far_faster_as_it_may_have_drifted():

@@ -256,8 +256,10 @@ def test_the_controller_through_the_matrix_sequence_keeps_up_with_the_best_stati
     ratios = simulated_ratios()
     low = {cell: round(r, 3) for cell, r in ratios.items() if r < 0.955}
     assert not low, f"cells below 0.955 of the best static mode (simulated): {low}"
-    # How many fall below 0.98 moves with when the budget allows a re-measurement: 2-6 on this
-    # sequence as the least priced loss moves from 0.045 to 0.06 (HEAD and 2e61fd7 alike).
+    # How many fall below 0.98 moves with when the budget allows a re-measurement: 5-6 on this
+    # sequence as the least priced loss (_MIN_LOSS) moves from 0.045 to 0.06, 2-5 when every
+    # re-measurement ran whole; the 12 variants of __main__ read alike either way (mean 0.9965
+    # against 0.9963 then).
     assert sum(r < 0.98 for r in ratios.values()) <= 6
     # As the matrix forces acceptance (error-diffused): lowest 0.968.
     diffused = simulated_ratios(diffused=True)

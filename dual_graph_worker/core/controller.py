@@ -54,9 +54,10 @@ _MIN_LOSS = 0.05
 # A re-measurement of speculation ends once its acceptance so far, this many standard errors
 # above its mean, still leaves speculation behind: its acceptance was what it was checking.
 _PROBE_ERRORS = 2.0
-# Decode has no hidden parameter, only its step time: re-measured only where a step this much
-# faster than its estimate would win (acceptance moves; a size's step time barely drifts).
-_DECODE_DRIFT = 0.3
+# How far a size's step time may have drifted since it was measured (acceptance moves, step
+# times barely do): decode is re-measured only where a step this much faster would win, and a
+# stale speculative step time is judged this much faster.
+_STEP_DRIFT = 0.3
 # A key's estimate ages: every this many steps without a sample of it weigh as one more sample
 # of EMA decay, so a warm-up's samples or a phase long gone yield to a re-measurement's.
 _AGE_STEPS = 32
@@ -275,12 +276,14 @@ class GoodputController:
         # next costly one waits until the debt is paid.
         self._debt = 0.0
         self._explore_left = 0
-        # The running re-measurement of speculation that may end early; the last one offered
-        # (None: it runs whole), until its commit; the steps the last one ran before its
-        # acceptance was seen (2 where results are read after the next step's launch).
+        # The running re-measurement of speculation that may end early; the decision that would
+        # start one and its state, until the next commit; the steps the last one ran before its
+        # acceptance was seen (2 where results are read after the next step's launch), and the
+        # step it started at until then.
         self._probe: Optional[_Probe] = None
-        self._offer: Optional[_Probe] = None
+        self._offer: Optional[tuple[Decision, _Probe]] = None
         self._sight = 1
+        self._sight_from: Optional[int] = None
         # A re-measurement's acceptance is seen at once, its step times at the next exchange:
         # until then the current mode stays unless the other is far cheaper (as dwell yields).
         self._unfolded = False
@@ -363,15 +366,22 @@ class GoodputController:
                 self._explore_left = self.config.explore_steps
                 self._charge(decision.price)
                 self._explored_at[decision.mode] = self._step
-                if decision.mode is Mode.SPEC and self._offer is not None:
-                    self._probe = self._offer
+                if decision.mode is Mode.SPEC:
+                    self._sight_from = self._step
+                    if self._offer is not None and self._offer[0] is decision:
+                        self._probe = self._offer[1]
+            self._offer = None
             self._explore_left -= 1
             self._unfolded = not self._explore_left
-            if self._probe is not None:
-                self._probe.run += 1
+            probe = self._probe
+            if probe is not None:
+                probe.run += 1
+                if probe.run > probe.priced:        # priced as ending early, it runs on
+                    self._charge(probe.step_price)
                 if self._unfolded:
                     self._probe = None
             return
+        self._offer = None
         if self._probe is not None:
             self._end_probe()
         self._explore_left = 0
@@ -553,9 +563,10 @@ class GoodputController:
         accepts = lens.tolist()
         total = sum(accepts)
         self._output_window += total
+        if self._sight_from is not None:
+            self._sight = max(self._step - self._sight_from + 1, 1)
+            self._sight_from = None
         if self._probe is not None:
-            if not self._probe.seen:
-                self._sight = max(self._probe.run, 1)
             self._probe.add(total / n)
         # Accept lengths lie in 1..K+1 by construction (the engine counts accepted tokens).
         decay = (1.0 - _ACCEPT_DECAY) ** (self._step - self._accept_at)
@@ -902,7 +913,7 @@ class GoodputController:
 
     def _plausible(self, mode: Mode, t: Optional[float], current_t: float,
                    inputs: PolicyInputs) -> bool:
-        """Worth re-measuring: decode if it would win with its steps _DECODE_DRIFT faster than
+        """Worth re-measuring: decode if it would win with its steps _STEP_DRIFT faster than
         estimated (its time is all it has to refresh); spec if its steps would win at the best
         possible acceptance (a new request's acceptance is unknown). The draft's
         prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
@@ -912,7 +923,7 @@ class GoodputController:
             spec, decode = self._costs
             if spec is None or decode is None or not t:
                 return True
-            return (decode - _DECODE_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
+            return (decode - _STEP_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
         return self._spec_wins(self.config.num_draft_tokens + 1.0, t, current_t, inputs.bs) is True
 
     def _spec_wins(self, accept: float, spec_t: Optional[float], decode_t: Optional[float],
@@ -926,11 +937,10 @@ class GoodputController:
         return spec * (1 + self.config.margin) < decode
 
     def _steps_high(self, mean: float, variance: float, steps: int) -> float:
-        """An acceptance `steps` steps of batch mean `mean` surely lie below: _PROBE_ERRORS
-        standard errors above it. A step counts as one draw (its requests' draws may share a
-        cause: SGLang's forced lengths give a whole batch one), of variance no less than a
-        request's draws are seen to vary (before that is learnt, the widest a draw in 1..K+1
-        can)."""
+        """The mean acceptance of `steps` steps, _PROBE_ERRORS standard errors up. A step counts
+        as one draw (its requests' draws may share a cause: SGLang's forced lengths give a whole
+        batch one), of variance no less than a request's draws are seen to vary (before that
+        is learnt, the widest a draw in 1..K+1 can)."""
         count, _, _, within, squares = self._spread
         if count > 0 and count * count / squares >= _SPREAD_MIN_REQUESTS:
             variance = max(variance, within / count)
@@ -973,23 +983,27 @@ class GoodputController:
         if t and explored:
             step_price *= explored / t
         steps = self.config.explore_steps
-        self._offer = None
-        if mode is Mode.SPEC and self._measured(key):
+        probe = None
+        if mode is Mode.SPEC and self._measured(key) and explored:
             # The first steps whose acceptance is too low end it (_probe_lost), as they will if
             # the estimate is right; a step time not measured lately is judged as far faster as
-            # decode's may have drifted (a stale one may be what keeps speculation out).
+            # it may have drifted (a stale one may be what keeps speculation out).
             drift = 1.0 if self._last[key] >= self._step - self.config.stale_after else \
-                1.0 - _DECODE_DRIFT
+                1.0 - _STEP_DRIFT
             high = self._steps_high(self.expected_accept(inputs.rows), 0.0, 1)
             if self._spec_wins(high, explored * drift, t, inputs.bs) is False:
                 steps = min(self._sight, steps)
-            self._offer = _Probe(step_price, steps, drift)
+            probe = _Probe(step_price, steps, drift)
         price = steps * step_price
         if t:
             missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
                 inputs.catch_up_tokens
             price += (self.catch_up_seconds(missed) + self._switch_s) / t
-        return Decision(mode, Reason.EXPLORE, price) if self._affordable(price) else None
+        if not self._affordable(price):
+            return None
+        decision = Decision(mode, Reason.EXPLORE, price)
+        self._offer = None if probe is None else (decision, probe)
+        return decision
 
     def _earn(self, income: float) -> None:
         """The bank fills first; what it cannot hold repays the debt."""
