@@ -148,13 +148,12 @@ class ControllerConfig:
 
 @dataclass
 class _Probe:
-    """A running re-measurement of speculation: its price per step, the steps priced and run,
-    and their batches' mean acceptance (count, sum, sum of squares)."""
+    """A running re-measurement of speculation: its price per step, the steps priced, and its
+    steps' batch-mean acceptance (count, sum, sum of squares)."""
 
     step_price: float
     priced: int
     drift: float = 1.0       # the share of its step time estimate it is judged at
-    run: int = 0
     seen: int = 0
     total: float = 0.0
     squares: float = 0.0
@@ -262,6 +261,8 @@ class GoodputController:
         # (_own_weight).
         self._spread = [0.0] * 5
         self._own_weight = 1.0
+        # One draw's variance within a request, once the spread is trusted.
+        self._draw_var: Optional[float] = None
         self._prompt_window = 0.0
         self._output_window = 0.0
         # Decision state.
@@ -375,8 +376,7 @@ class GoodputController:
             self._unfolded = not self._explore_left
             probe = self._probe
             if probe is not None:
-                probe.run += 1
-                if probe.run > probe.priced:        # priced as ending early, it runs on
+                if self._explore_steps_run() > probe.priced:    # priced as ending early
                     self._charge(probe.step_price)
                 if self._unfolded:
                     self._probe = None
@@ -610,7 +610,7 @@ class GoodputController:
         if effective < _SPREAD_MIN_REQUESTS:
             return
         between = max(s2 / count - (s1 / count) ** 2, 0.0) * effective / (effective - 1.0)
-        draw = sw / count
+        draw = self._draw_var = sw / count
         # Less one standard error of that variance (~22% of it over ~40 requests): where
         # requests accept alike, its noise alone read as a spread gave their own noisy
         # estimates a third of the weight or more.
@@ -941,12 +941,9 @@ class GoodputController:
         as one draw (its requests' draws may share a cause: SGLang's forced lengths give a whole
         batch one), of variance no less than a request's draws are seen to vary (before that
         is learnt, the widest a draw in 1..K+1 can)."""
-        count, _, _, within, squares = self._spread
-        if count > 0 and count * count / squares >= _SPREAD_MIN_REQUESTS:
-            variance = max(variance, within / count)
-        else:
-            variance = max(variance, (self.config.num_draft_tokens / 2.0) ** 2)
-        return mean + _PROBE_ERRORS * math.sqrt(variance / steps)
+        floor = self._draw_var if self._draw_var is not None else \
+            (self.config.num_draft_tokens / 2.0) ** 2
+        return mean + _PROBE_ERRORS * math.sqrt(max(variance, floor) / steps)
 
     def _probe_lost(self, inputs: PolicyInputs) -> bool:
         """The running re-measurement of speculation has seen acceptance too low for it to win
@@ -965,7 +962,10 @@ class GoodputController:
         """A re-measurement of speculation ended early: the steps it was priced for and did not
         run go back (to the bank, or to the debt it went into)."""
         p, self._probe = self._probe, None
-        self._earn(p.step_price * max(p.priced - p.run, 0))
+        self._earn(p.step_price * max(p.priced - self._explore_steps_run(), 0))
+
+    def _explore_steps_run(self) -> int:
+        return self.config.explore_steps - self._explore_left
 
     def _explore(self, mode: Mode, key: Optional[int], loss: float, explored: Optional[float],
                  t: float, inputs: PolicyInputs) -> Optional[Decision]:
