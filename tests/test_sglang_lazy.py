@@ -765,8 +765,11 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
     assert di.bonus_tokens.tolist() == [1, 2, 3]
     assert batch.forward_mode == ForwardMode.DECODE and batch.out_cache_loc is None  # untouched
     assert not lz.backlog.count.any() and lz.backlog.cursor == 0
+    (host_us,) = [e.pop("host_us") for e in events]
     assert events == [{"forced": False, "requests": 2, "tokens": 4, "passes": 1,
                        "max_backlog": 3, "orphans": 0}]
+    assert list(host_us) == ["indices", "batch", "metadata", "forward", "proposals",
+                             "bookkeeping"] and all(v >= 0 for v in host_us.values())
     assert lz.before_spec_step(batch, sgl.rows_of(batch)) == [] and len(runner.forwards) == 1   # nothing behind
 
 
@@ -1168,7 +1171,7 @@ def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeyp
                                  ends=torch.tensor([10, 6]), counts=[3, 1], batch_positions=[0, 2],
                                  req_to_token=lz.req_to_token,
                                  ends_cpu=[10, 6] if host_lens else None)
-    fb, _ = lz._run_pass(batch, idx)
+    fb, _ = lz._run_pass(batch, idx, sgl._Laps())
     assert isinstance(fb, fbi.ForwardBatch) and runner.planned == [fb]
     assert fb.forward_mode == ForwardMode.DRAFT_EXTEND_V2 and fb.batch_size == 2
     assert fb.capture_hidden_mode == CaptureHiddenMode.FULL and fb.forward_metadata_ready

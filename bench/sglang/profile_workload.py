@@ -6,7 +6,8 @@
 Needs a GPU, SGLang 0.5.17 importable and (with --nsys) nsys on PATH. The engine is the GPU
 suite's (bench/sglang): Llama-3-8B-shaped target and EAGLE-3 draft with dummy weights, triton
 attention, 3 draft steps, topk 1, 4 draft tokens, accept length forced by
-SGLANG_SIMULATE_ACC_LEN, speculative algorithm DUAL_GRAPH_EAGLE3, one engine start.
+SGLANG_SIMULATE_ACC_LEN, speculative algorithm DUAL_GRAPH_EAGLE3, one engine start
+(--attention-backend default: the backend SGLang picks, FA3 on an H200).
 
 The scheduler, not this script, sets the batch, so the modes come from the worker's profiling
 policy (DGW_POLICY=cycle: spec for --hold steps, decode for --hold steps, then alternate every
@@ -18,7 +19,8 @@ capture range, marks steady_state_begin, and closes the range after --steps stea
 the scheduler process where it runs. nsys therefore records only the steady window (a few MB).
 
 Outputs in DIR: sglang.nsys-rep (with --nsys), steps.jsonl (the worker's step log),
-workload.json (settings, step summary), check/ (report.md, timeline.png, check.json).
+workload.json (settings, step summary), check/ (report.md, timeline.png, check.json),
+host-waits.md / .json (the CUDA API calls inside each catch-up, `profiling.host_waits`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from dual_graph_worker.core import nvtx_names as names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_STEM = "sglang"
@@ -61,6 +65,7 @@ class WorkloadSpec:
     acc_len: float = 3.0
     max_graph_bs: int = 16         # both pools capture up to here: a short start-up
     log_level: str = "warning"
+    attention_backend: str = "triton"   # "default": SGLang picks (fa3 on an H200)
 
     def __post_init__(self) -> None:
         for name in ("bs", "hold", "steps", "input_len", "warmup_tokens", "max_graph_bs"):
@@ -99,7 +104,9 @@ class WorkloadSpec:
         from bench.sglang.run_sglang_suite import Suite, server_kwargs
 
         # The GPU suite's bench engine.
-        return (server_kwargs(target, "dummy", self.max_graph_bs, log_level=self.log_level)
+        backend = None if self.attention_backend == "default" else self.attention_backend
+        return (server_kwargs(target, "dummy", self.max_graph_bs, log_level=self.log_level,
+                              attention_backend=backend)
                 | Suite.spec_kwargs(ALGO, draft))
 
     def workload_argv(self) -> list[str]:
@@ -196,7 +203,17 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
     from profiling.check import main as check_main
 
     extra = ["--expect-sm", expect_sm] if expect_sm else []
-    return check_main([str(report), "--out", str(out / CHECK_DIR), "--engine", "sglang"] + extra)
+    rc = check_main([str(report), "--out", str(out / CHECK_DIR), "--engine", "sglang"] + extra)
+    exported = out / CHECK_DIR / f"{REPORT_STEM}.sqlite"     # the checker's export
+    if exported.exists():
+        from profiling.host_waits import format_waits, host_waits
+        from profiling.nsys_sqlite import load_sqlite
+
+        waits = host_waits(load_sqlite(exported), f"stage:{names.CATCH_UP}")
+        (out / "host-waits.md").write_text(format_waits(waits) + "\n")
+        (out / "host-waits.json").write_text(json.dumps(waits.to_json(), indent=1))
+        print(format_waits(waits))
+    return rc
 
 
 def _parser() -> argparse.ArgumentParser:

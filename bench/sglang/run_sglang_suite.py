@@ -104,7 +104,7 @@ RADIX = report.RADIX  # engines run with the radix cache on
 
 
 def server_kwargs(model: Path, load_format: str, max_bs: int, *, log_level: str,
-                  radix_cache: bool = False, attention_backend: str = "triton") -> dict:
+                  radix_cache: bool = False, attention_backend: Optional[str] = "triton") -> dict:
     """sglang.Engine arguments every suite engine shares (the profiling workload's too). The
     radix cache is off unless asked for: random prompts share no prefix, and the dual worker
     defers draft prefills only without it (lazy_sync.py says why)."""

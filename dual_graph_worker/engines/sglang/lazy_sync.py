@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -342,6 +343,7 @@ class LazyCatchUp:
         props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         keep: list = []
         dw = self.dw
+        laps = _Laps()
         with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
               speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
             for segments in passes:
@@ -349,20 +351,24 @@ class LazyCatchUp:
                     segments, req_pool_indices=rpi, ends=ends, counts=behind.counts,
                     batch_positions=behind.positions, req_to_token=self.req_to_token,
                     ends_cpu=ends_cpu)
-                forward_batch, logits_output = self._run_pass(batch, idx)
+                laps.lap("indices")
+                forward_batch, logits_output = self._run_pass(batch, idx, laps)
                 keep.append(forward_batch)
                 if want_proposals:
                     final = [j for j, f in enumerate(idx.final) if f]
                     if final:
                         props.append(self._proposals(batch, idx, logits_output, final))
                         positions.extend(idx.batch_positions[j] for j in final)
+                laps.lap("proposals")
         done = self.backlog.caught_up(rows[behind.positions], forced=forced)
         # Cells of chunked prompts between their chunks move to the front.
         keep += stash_room.front_pending(self.arena, self.backlog, self.req_to_token, rows,
                                          device)
+        laps.lap("bookkeeping")
         info = {"forced": forced, "requests": int(behind.positions.size),
                 "tokens": done.tokens, "passes": len(passes),
-                "max_backlog": int(behind.counts.max()), "orphans": done.orphans}
+                "max_backlog": int(behind.counts.max()), "orphans": done.orphans,
+                "host_us": laps.us()}
         if done.orphans:
             # Expected for every request that finished, was aborted or retracted while behind;
             # counted in the step log's catch_up events ("orphans").
@@ -377,7 +383,7 @@ class LazyCatchUp:
             topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
         return CatchUpResult(positions, topk_p, topk_index, hidden, keep, info)
 
-    def _run_pass(self, batch: Any, idx: CatchUpIndices):
+    def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps"):
         dr = self.dw.draft_runner
         aux, token_ids = self.arena.gather(idx.slots)
         view = copy.copy(batch)             # EAGLE's step still needs the batch as it is
@@ -411,9 +417,12 @@ class LazyCatchUp:
         forward_batch.return_logprob = False
         if idx.prefix_lens_cpu is None:
             forward_batch.extend_seq_lens_cpu = idx.extend_lens_cpu
+        laps.lap("batch")
         dr.attn_backend.init_forward_metadata(forward_batch)
         forward_batch.mark_forward_metadata_ready()
+        laps.lap("metadata")
         logits_output = dr.forward(forward_batch).logits_output
+        laps.lap("forward")
         return forward_batch, logits_output
 
     def _proposals(self, batch: Any, idx: CatchUpIndices, logits_output: Any,
@@ -435,6 +444,23 @@ class LazyCatchUp:
             probs = renorm_draft_probs(logits, batch.sampling_info, False)
             topk_p, topk_index = fast_topk(probs, self.dw.topk, dim=-1)
         return topk_p, topk_index, hidden
+
+
+class _Laps:
+    """Host time of a catch-up by phase, summed over its passes (the step log's ``host_us``):
+    a phase that waits on the device shows as milliseconds where launching takes tens of us."""
+
+    def __init__(self) -> None:
+        self._t = time.perf_counter()
+        self._us: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self._us[phase] = self._us.get(phase, 0.0) + (now - self._t) * 1e6
+        self._t = now
+
+    def us(self) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in self._us.items()}
 
 
 def _stash_budget(stash_mb: int, free_bytes: Optional[int], *, slot_map_bytes: int) -> int:

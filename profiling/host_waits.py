@@ -1,0 +1,135 @@
+"""Where the host waits: the CUDA API calls inside chosen NVTX ranges, longest first.
+
+    python -m profiling.host_waits REPORT [--range stage:catch_up] [--min-us 100] [--top 15]
+                                   [--json FILE]
+
+REPORT is what `profiling.check` reads (.nsys-rep, its SQLite export, a torch trace). A range
+that launches for tens of microseconds but lasts milliseconds is waiting; the call that holds
+the time (a stream synchronize, a pageable copy, a host allocation) names the wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from profiling.api_names import base_name
+from profiling.errors import ProfileInputError
+from profiling.events import EventKind, Trace, TraceEvent
+
+
+@dataclass(frozen=True)
+class RangeWaits:
+    name: str
+    start_ns: int
+    duration_us: float
+    api_us: float                 # time inside CUDA API calls
+    calls: int
+    long_calls: tuple[tuple[str, float], ...]   # (API, us) at or over the threshold
+
+
+@dataclass(frozen=True)
+class ApiTotal:
+    api: str
+    count: int
+    median_us: float
+    max_us: float
+    total_us: float
+
+
+@dataclass(frozen=True)
+class HostWaits:
+    range_prefix: str
+    min_us: float
+    ranges: tuple[RangeWaits, ...]
+    by_api: tuple[ApiTotal, ...]  # every call inside the ranges, by total time
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def host_waits(trace: Trace, range_prefix: str, min_us: float = 100.0) -> HostWaits:
+    calls: dict[tuple, list[TraceEvent]] = {}
+    for e in trace.events:
+        if e.kind is EventKind.API_CALL:
+            calls.setdefault((e.pid, e.tid), []).append(e)
+    starts = {}
+    for key, seq in calls.items():
+        seq.sort(key=lambda e: e.start_ns)
+        starts[key] = [e.start_ns for e in seq]
+    ranges: list[RangeWaits] = []
+    per_api: dict[str, list[float]] = {}
+    for r in sorted((e for e in trace.events if e.kind is EventKind.NVTX_RANGE
+                     and e.name.startswith(range_prefix)), key=lambda e: e.start_ns):
+        seq, at = calls.get((r.pid, r.tid), []), starts.get((r.pid, r.tid), [])
+        inside = []
+        for c in seq[bisect.bisect_left(at, r.start_ns):]:
+            if c.start_ns > r.end_ns:
+                break
+            if c.end_ns <= r.end_ns:
+                inside.append(c)
+        durations = [(base_name(c.name), (c.end_ns - c.start_ns) / 1e3) for c in inside]
+        for api, us in durations:
+            per_api.setdefault(api, []).append(us)
+        long_calls = tuple(sorted(((a, round(us, 1)) for a, us in durations if us >= min_us),
+                                  key=lambda x: -x[1]))
+        ranges.append(RangeWaits(r.name, r.start_ns, round((r.end_ns - r.start_ns) / 1e3, 1),
+                                 round(sum(us for _, us in durations), 1), len(inside),
+                                 long_calls))
+    by_api = tuple(sorted((ApiTotal(a, len(v), round(statistics.median(v), 1),
+                                    round(max(v), 1), round(sum(v), 1))
+                           for a, v in per_api.items()), key=lambda t: -t.total_us))
+    return HostWaits(range_prefix, min_us, tuple(ranges), by_api)
+
+
+def format_waits(w: HostWaits, top: int = 15) -> str:
+    if not w.ranges:
+        return f"no NVTX range starts with {w.range_prefix!r}"
+    durations = [r.duration_us for r in w.ranges]
+    lines = [f"{len(w.ranges)} ranges {w.range_prefix!r}: median {statistics.median(durations):.1f}"
+             f" us, max {max(durations):.1f} us; API time median "
+             f"{statistics.median(r.api_us for r in w.ranges):.1f} us",
+             "", "| API | calls | median us | max us | total us |", "|---|---|---|---|---|"]
+    lines += [f"| {t.api} | {t.count} | {t.median_us} | {t.max_us} | {t.total_us} |"
+              for t in w.by_api[:top]]
+    longest = sorted(w.ranges, key=lambda r: -r.duration_us)[:top]
+    lines += ["", f"longest ranges (calls >= {w.min_us:g} us):", "",
+              "| range | us | API us | calls | long calls |", "|---|---|---|---|---|"]
+    lines += [f"| {r.name} | {r.duration_us} | {r.api_us} | {r.calls} | "
+              f"{', '.join(f'{a} {us}' for a, us in r.long_calls) or '-'} |" for r in longest]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m profiling.host_waits", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("report", type=Path)
+    ap.add_argument("--range", default="stage:catch_up", help="NVTX range name prefix")
+    ap.add_argument("--min-us", type=float, default=100.0, help="list calls at least this long")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", type=Path, help="also write the result here")
+    args = ap.parse_args(argv)
+    from profiling.check import load_trace
+
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            trace = load_trace(args.report, Path(work))
+    except ProfileInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    waits = host_waits(trace, args.range, args.min_us)
+    print(format_waits(waits, args.top))
+    if args.json:
+        args.json.write_text(json.dumps(waits.to_json(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
