@@ -49,3 +49,4 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "1 ranges 'stage:verify'" in text and "cudaStreamSynchronize 5000.0" in text
     assert json.loads(out.read_text())["ranges"][0]["calls"] == 1
     assert main([str(tmp_path / "missing.sqlite")]) == 2
+

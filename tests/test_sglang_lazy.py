@@ -298,9 +298,10 @@ def test_catch_up_indices_match_a_direct_loop():
         with_cpu = trial % 2 == 0
         for segs in plan_passes(counts, rng.randint(1, 25)):
             idx = build_catch_up_indices(
-                segs, req_pool_indices=torch.tensor(rows), ends=torch.tensor(ends),
-                counts=counts, batch_positions=batch_positions, req_to_token=req_to_token,
-                ends_cpu=ends if with_cpu else None)
+                segs, req_pool_indices=None if with_cpu else torch.tensor(rows),
+                ends=None if with_cpu else torch.tensor(ends), counts=counts,
+                batch_positions=batch_positions, req_to_token=req_to_token,
+                rows_cpu=rows if with_cpu else None, ends_cpu=ends if with_cpu else None)
             pos, slots, last, prefix, seq = _reference_indices(segs, rows, ends, counts,
                                                                req_to_token)
             assert idx.positions.tolist() == pos and idx.slots.tolist() == slots
@@ -310,6 +311,8 @@ def test_catch_up_indices_match_a_direct_loop():
             assert idx.extend_lens.tolist() == idx.extend_lens_cpu == \
                 [g.end - g.begin for g in segs]
             assert idx.prefix_lens.dtype == idx.extend_lens.dtype == torch.int32
+            assert idx.req_pool_indices.dtype == idx.seq_lens.dtype == idx.last_rows.dtype \
+                == idx.positions.dtype == torch.int64
             assert idx.req_pool_indices.tolist() == [rows[g.req] for g in segs]
             assert idx.batch_positions == [batch_positions[g.req] for g in segs]
             assert idx.final == [g.final for g in segs]
@@ -320,6 +323,10 @@ def test_catch_up_indices_match_a_direct_loop():
     with pytest.raises(ValueError, match="outside"):
         build_catch_up_indices([Segment(0, 0, 5, True)], req_pool_indices=torch.tensor([0]),
                                ends=torch.tensor([9]), counts=[4], batch_positions=[0],
+                               req_to_token=torch.zeros(1, 16, dtype=torch.int32))
+    with pytest.raises(ValueError, match="rows_cpu and ends_cpu"):
+        build_catch_up_indices([Segment(0, 0, 4, True)], ends_cpu=[9], counts=[4],
+                               batch_positions=[0],
                                req_to_token=torch.zeros(1, 16, dtype=torch.int32))
 
 
@@ -1170,6 +1177,7 @@ def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeyp
     idx = build_catch_up_indices(segs, req_pool_indices=torch.tensor([5, 2]),
                                  ends=torch.tensor([10, 6]), counts=[3, 1], batch_positions=[0, 2],
                                  req_to_token=lz.req_to_token,
+                                 rows_cpu=[5, 2] if host_lens else None,
                                  ends_cpu=[10, 6] if host_lens else None)
     fb, _ = lz._run_pass(batch, idx, sgl._Laps())
     assert isinstance(fb, fbi.ForwardBatch) and runner.planned == [fb]

@@ -201,6 +201,36 @@ def test_shape_warm_up_runs_every_batch_shape_on_fresh_prompts_before_timing():
         assert [t["warm_shapes"] for t in sweeps] == [True] + [False] * (len(sweeps) - 1)
 
 
+def test_a_short_cell_runs_again_on_fresh_prompts_and_reads_the_median(monkeypatch):
+    from bench.sglang import engine_child
+    from bench.sglang.policy_matrix import Repeats, Workload, tasks_for
+
+    clock = [0.0]
+    seconds = iter([0.5, 0.4, 0.8, 3.0])       # C=1: three runs (the first < 2 s); C=4: one
+    calls = []
+
+    class FakeEngine:
+        def generate(self, input_ids, sampling_params):
+            calls.append(tuple(map(tuple, input_ids)))
+            clock[0] += next(seconds)
+            return [{"output_ids": [0] * sampling_params["max_new_tokens"]} for _ in input_ids]
+
+    monkeypatch.setattr(engine_child.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(engine_child, "_host_probe_ms", lambda: 0.0)
+    (task,) = [t for t in tasks_for("dual", [2.0], [Workload.parse("8x40@1,4")], 100,
+                                    Repeats(2.0, 3)) if t["kind"] == "sweep"]
+    task["warmup"] = task["warm_shapes"] = False
+    one, four = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)["points"]
+    assert one["runs_tok_s"] == [80.0, 100.0, 50.0] and one["tok_s"] == 80.0
+    assert one["output_tokens"] == 120 and one["seconds"] == pytest.approx(1.7)
+    assert len(set(calls[:3])) == 3                      # fresh prompts each run
+    assert four["tok_s"] == pytest.approx(160 / 3) and "runs_tok_s" not in four
+    # the default task runs each cell once
+    (once,) = [t for t in tasks_for("dual", [2.0], [Workload.parse("8x40@1")], 100,
+                                     Repeats(0.0, 1)) if t["kind"] == "sweep"]
+    assert (once["short_cell_s"], once["short_cell_runs"]) == (0.0, 1)
+
+
 def test_decode_step_time_flag_asks_the_sweep_for_prefill_probes(tmp_path, monkeypatch):
     for argv, want in (([], False), (["--decode-step-time"], True)):
         suite, ran = _recording_suite(tmp_path, argv + ["--no-adaptive"], monkeypatch)

@@ -7,7 +7,9 @@ One engine process per kind serves every cell (engine_child.py): plain once (acc
 touch it), EAGLE-3 and the worker once each, with the forced accept length switched between
 phases inside the running engine (acc_control.py; SGLANG_SIMULATE_ACC_LEN FORCES acceptance,
 dummy weights accept nothing). A cell is one batch of C requests sent at once (T=0, ignore_eos);
-tok/s = output tokens / wall time, prefill included. Each engine's first phase runs every batch
+tok/s = output tokens / wall time, prefill included; a cell shorter than --short-cell-s (2 s) runs
+--short-cell-runs (3) times in all, fresh prompts each, and reads the median (every run kept in
+`runs_tok_s`): one slow spell of the host moves a cell of a few hundred steps by percents. Each engine's first phase runs every batch
 shape once with short answers before timing it (one-time costs a server pays once). The worker keeps what it learned from one
 phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
 (one record per cell, the worker's with its controller's cost model), DIR/heatmap.png (worker /
@@ -91,7 +93,8 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
 
 
 # What a matrix without a "settings" record was measured with (every run before it: triton).
-SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {}}
+SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
+                   "short_cells": {"below_s": 0.0, "runs": 1}}
 
 
 def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
@@ -121,19 +124,32 @@ def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: 
     return base | spec | {"speculative_algorithm": ALGO}
 
 
-def sweep_task(w: Workload, name: str, vocab: int, *, warm_shapes: bool, seed: int) -> dict:
+@dataclass(frozen=True)
+class Repeats:
+    """A cell whose first run is shorter than `short_s` runs `runs` times in all (fresh
+    prompts each time); its tok/s is their median."""
+
+    short_s: float = 2.0
+    runs: int = 3
+
+
+def sweep_task(w: Workload, name: str, vocab: int, *, warm_shapes: bool, seed: int,
+               repeats: Repeats = Repeats(0.0, 1)) -> dict:
     """engine_child's sweep: one batch of C requests per concurrency, after a warm-up."""
     return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
             "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
-            "warmup": True, "warm_shapes": warm_shapes, "seed": seed}
+            "warmup": True, "warm_shapes": warm_shapes, "seed": seed,
+            "short_cell_s": repeats.short_s, "short_cell_runs": repeats.runs}
 
 
-def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int) -> list:
+def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int,
+              repeats: Repeats = Repeats()) -> list:
     def sweep(w: Workload, name: str, phase: int) -> dict:
         # Prompts unique to each (phase, workload): the radix cache must serve none of them.
         # The first phase warms every shape first, alike for every engine.
         return sweep_task(w, name, vocab, warm_shapes=phase == 0,
-                          seed=1000 + 100_000 * phase + 10_000 * workloads.index(w))
+                          seed=1000 + 100_000 * phase + 10_000 * workloads.index(w),
+                          repeats=repeats)
 
     if kind == "plain":
         return [sweep(w, w.name, 0) for w in workloads]
@@ -169,6 +185,8 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                    "input_len": w.input_len, "output_len": w.output_len,
                    "concurrency": int(p["concurrency"]), "engine": kind,
                    "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
+            if p.get("runs_tok_s"):
+                rec["runs_tok_s"] = p["runs_tok_s"]
             if p.get("dual_graph"):
                 rec["dual_graph"] = p["dual_graph"]
             if p.get("machine"):
@@ -346,6 +364,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "ceiling, deterministic, the running mean on target) or sglang "
                          "(SGLang's random draw: engines' realized acceptance differs by a few "
                          "%% in short cells)")
+    ap.add_argument("--short-cell-s", type=float, default=Repeats.short_s,
+                    help="a cell whose first run is shorter runs --short-cell-runs times in all; "
+                         "its tok/s is their median (0: every cell once)")
+    ap.add_argument("--short-cell-runs", type=int, default=Repeats.runs)
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -356,6 +378,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --accept wants numbers like 1.5,2,3, got {args.accept!r}",
               file=sys.stderr)
         return 2
+    if args.short_cell_s < 0 or not 1 <= args.short_cell_runs <= 9:
+        print("error: --short-cell-s must be >= 0 and --short-cell-runs 1-9", file=sys.stderr)
+        return 2
+    repeats = Repeats(args.short_cell_s, args.short_cell_runs)
     if not 1 <= args.processes <= 9:
         print(f"error: --processes must be 1-9, got {args.processes}", file=sys.stderr)
         return 2
@@ -372,7 +398,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --dual-env: {exc}", file=sys.stderr)
         return 2
     backend = None if args.attention_backend == "default" else args.attention_backend
-    settings = {"attention_backend": args.attention_backend, "dual_env": dual_env}
+    settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
+                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}}
     earlier = []
     if args.fill_from:
         try:
@@ -421,7 +448,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             env |= dual_env
         spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
                                                args.log_level, backend),
-                "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size)}
+                "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size,
+                                               repeats)}
         name = kind if not process else f"{kind}.p{process + 1}"
         res = run_engine(name, spec, out, deadline)
         recs += [r | {"process": process + 1} if args.processes > 1 else r

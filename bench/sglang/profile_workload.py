@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 from dual_graph_worker.core import nvtx_names as names
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REPORT_STEM = "sglang"
 STEP_LOG = "steps.jsonl"
 SUMMARY = "workload.json"

@@ -208,17 +208,22 @@ def _segment_tokens(sr: torch.Tensor, sb: torch.Tensor, sl: torch.Tensor, sn: to
     return _SegmentTokens(rows, prefix, cum, positions, slots)
 
 
-def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: torch.Tensor,
-                           ends: torch.Tensor, counts: Sequence[int],
+def build_catch_up_indices(segments: Sequence[Segment], *, counts: Sequence[int],
                            batch_positions: Sequence[int], req_to_token: torch.Tensor,
+                           req_pool_indices: Optional[torch.Tensor] = None,
+                           ends: Optional[torch.Tensor] = None,
+                           rows_cpu: Optional[Sequence[int]] = None,
                            ends_cpu: Optional[Sequence[int]] = None) -> CatchUpIndices:
     """Indices of one pass.
 
-    `req_pool_indices`, `ends` (device) and `counts`, `batch_positions` (host) are indexed by
-    the catch-up's request list; ``ends[i]`` is request i's committed length (the batch's
-    ``seq_lens``), so its backlog is ``[ends[i] - counts[i], ends[i])``. `ends_cpu`, when the
-    host has it, gives the host mirrors that let the attention backend size its buffers
-    exactly; without it they are None and everything stays on the device.
+    `counts`, `batch_positions` and the request lists below are indexed by the catch-up's
+    request list; ``ends[i]`` is request i's committed length (the batch's ``seq_lens``), so its
+    backlog is ``[ends[i] - counts[i], ends[i])``. With the host's request-pool rows and lengths
+    (`rows_cpu`, `ends_cpu`) every index is computed on the host and uploaded at once, leaving
+    one gather on the device (the switch is host-bound: ~25 small launches cost more than the
+    draft's own work there), and the host mirrors let the attention backend size its buffers
+    exactly. Without them the device's `req_pool_indices` and `ends` are used and the mirrors
+    are None.
     """
     if not segments:
         raise ValueError("a catch-up pass needs at least one segment")
@@ -228,21 +233,48 @@ def build_catch_up_indices(segments: Sequence[Segment], *, req_pool_indices: tor
     lens = np.asarray([g.end - g.begin for g in segments], dtype=np.int64)
     if (lens < 1).any() or (begin < 0).any() or (begin + lens > counts[seg_req]).any():
         raise ValueError("segment outside its request's backlog")
+    if rows_cpu is not None and ends_cpu is not None:
+        return _host_indices(segments, seg_req, begin, lens, counts, batch_positions,
+                             req_to_token, np.asarray(rows_cpu, dtype=np.int64),
+                             np.asarray(ends_cpu, dtype=np.int64))
+    if req_pool_indices is None or ends is None:
+        raise ValueError("catch-up indices need the device's req_pool_indices and ends, or "
+                         "the host's rows_cpu and ends_cpu")
     num_tokens = int(lens.sum())
     sr, sb, sl, sn = to_device(np.stack([seg_req, begin, lens, counts[seg_req]]),
                                ends.device).unbind(0)
     tok = _segment_tokens(sr, sb, sl, sn, ends=ends, req_pool_indices=req_pool_indices,
                           req_to_token=req_to_token, num_tokens=num_tokens)
-    prefix_cpu = seq_cpu = None
-    if ends_cpu is not None:
-        e = np.asarray(ends_cpu, dtype=np.int64)[seg_req]
-        p = e - counts[seg_req] + begin
-        prefix_cpu = p.tolist()
-        seq_cpu = torch.from_numpy(p + lens)
     return CatchUpIndices(
         req_pool_indices=tok.rows, positions=tok.positions, slots=tok.slots,
         prefix_lens=tok.prefix.to(torch.int32), extend_lens=sl.to(torch.int32),
         seq_lens=tok.prefix + sl, last_rows=tok.cum - 1, extend_lens_cpu=lens.tolist(),
-        prefix_lens_cpu=prefix_cpu, seq_lens_cpu=seq_cpu, num_tokens=num_tokens,
+        prefix_lens_cpu=None, seq_lens_cpu=None, num_tokens=num_tokens,
+        batch_positions=np.asarray(batch_positions, dtype=np.int64)[seg_req].tolist(),
+        final=[bool(g.final) for g in segments])
+
+
+def _host_indices(segments: Sequence[Segment], seg_req: np.ndarray, begin: np.ndarray,
+                  lens: np.ndarray, counts: np.ndarray, batch_positions: Sequence[int],
+                  req_to_token: torch.Tensor, rows: np.ndarray,
+                  ends: np.ndarray) -> CatchUpIndices:
+    s, num_tokens = len(segments), int(lens.sum())
+    prefix = ends[seg_req] - counts[seg_req] + begin
+    cum = np.cumsum(lens)
+    seg_of_tok = np.repeat(np.arange(s), lens)
+    positions = prefix[seg_of_tok] + np.arange(num_tokens) - (cum - lens)[seg_of_tok]
+    seg_rows = rows[seg_req]
+    # One upload: [positions | token rows | rows | prefix, extend | seq | last rows].
+    t, dev = num_tokens, to_device(np.concatenate(
+        [positions, seg_rows[seg_of_tok], seg_rows, prefix, lens, prefix + lens, cum - 1]),
+        req_to_token.device)
+    lens32 = dev[2 * t + s:2 * t + 3 * s].to(torch.int32)
+    return CatchUpIndices(
+        req_pool_indices=dev[2 * t:2 * t + s], positions=dev[:t],
+        slots=req_to_token[dev[t:2 * t], dev[:t]].to(torch.int64),
+        prefix_lens=lens32[:s], extend_lens=lens32[s:],
+        seq_lens=dev[2 * t + 3 * s:2 * t + 4 * s], last_rows=dev[2 * t + 4 * s:],
+        extend_lens_cpu=lens.tolist(), prefix_lens_cpu=prefix.tolist(),
+        seq_lens_cpu=torch.from_numpy(prefix + lens), num_tokens=num_tokens,
         batch_positions=np.asarray(batch_positions, dtype=np.int64)[seg_req].tolist(),
         final=[bool(g.final) for g in segments])

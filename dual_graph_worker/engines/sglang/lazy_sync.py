@@ -330,14 +330,14 @@ class LazyCatchUp:
     def _catch_up(self, batch: Any, rows: np.ndarray, behind: Behind, *, forced: bool,
                   want_proposals: bool) -> CatchUpResult:
         device = batch.seq_lens.device
-        if behind.positions.size == rows.shape[0]:
+        rpi = ends = ends_cpu = None
+        if getattr(batch, "seq_lens_cpu", None) is not None:
+            ends_cpu = np.asarray(batch.seq_lens_cpu, dtype=np.int64)[behind.positions]
+        elif behind.positions.size == rows.shape[0]:
             rpi, ends = batch.req_pool_indices, batch.seq_lens
         else:
             sel = _to_device(behind.positions, device)
             rpi, ends = batch.req_pool_indices[sel], batch.seq_lens[sel]
-        ends_cpu = None
-        if getattr(batch, "seq_lens_cpu", None) is not None:
-            ends_cpu = np.asarray(batch.seq_lens_cpu, dtype=np.int64)[behind.positions]
         passes = plan_passes(behind.counts, self.max_pass_tokens)
         positions: list[int] = []
         props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -348,9 +348,9 @@ class LazyCatchUp:
               speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
             for segments in passes:
                 idx = build_catch_up_indices(
-                    segments, req_pool_indices=rpi, ends=ends, counts=behind.counts,
-                    batch_positions=behind.positions, req_to_token=self.req_to_token,
-                    ends_cpu=ends_cpu)
+                    segments, counts=behind.counts, batch_positions=behind.positions,
+                    req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
+                    rows_cpu=rows[behind.positions], ends_cpu=ends_cpu)
                 laps.lap("indices")
                 forward_batch, logits_output = self._run_pass(batch, idx, laps)
                 keep.append(forward_batch)
