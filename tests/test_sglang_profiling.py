@@ -304,3 +304,11 @@ def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch
     assert res.extra_keep_alive_refs == ["kept"]
     assert log == [("start", "stage:catch_up"), ("body", "catch-up"), ("end", "stage:catch_up"),
                    ("body", "spec")]
+
+
+def test_profile_workload_runs_from_the_repository_root():
+    # Its __main__ puts REPO_ROOT first on sys.path; bench/ there would shadow sglang itself.
+    from bench.sglang import profile_workload
+
+    assert (profile_workload.REPO_ROOT / "pyproject.toml").exists()
+    assert not (profile_workload.REPO_ROOT / "sglang").exists()
