@@ -151,13 +151,18 @@ def _matrix(tmp_path, name, records, settings=None):
 def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, capsys):
     from bench.sglang import merge_matrix as mm
 
+    repeats = {"below_s": 2.0, "runs": 3}
     a = _matrix(tmp_path, "a", [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0),
-                                rec("dual", 3.0, 1, 396.0)])
+                                rec("dual", 3.0, 1, 396.0)],
+                {"attention_backend": "default", "short_cells": repeats})
     b = _matrix(tmp_path, "b", [rec("plain", None, 64, 8000.0), rec("eagle3", 3.0, 64, 9000.0),
                                 rec("dual", 3.0, 64, 9090.0)])
     out = tmp_path / "m"
     assert mm.main(["--out", str(out), a, b]) == 0
     merged = json.loads((out / "policy-matrix.json").read_text())
+    # How each call repeated its short cells is its own; the servers' settings are shared.
+    assert merged["settings"] == {"attention_backend": "default",
+                                  "short_cells": {"a": repeats, "b": None}}
     assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
     assert {r["call"] for r in merged["records"]} == {"a", "b"}
     assert (out / "heatmap.png").exists() and "merged from 2 calls" in merged["note"]

@@ -774,7 +774,7 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
     assert not lz.backlog.count.any() and lz.backlog.cursor == 0
     (host_us,) = [e.pop("host_us") for e in events]
     assert events == [{"forced": False, "requests": 2, "tokens": 4, "passes": 1,
-                       "max_backlog": 3, "orphans": 0}]
+                       "max_backlog": 3, "orphans": 0, "host_indices": host_lens}]
     assert list(host_us) == ["indices", "batch", "metadata", "forward", "proposals",
                              "bookkeeping"] and all(v >= 0 for v in host_us.values())
     assert lz.before_spec_step(batch, sgl.rows_of(batch)) == [] and len(runner.forwards) == 1   # nothing behind

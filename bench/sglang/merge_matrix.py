@@ -27,7 +27,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
     first = parts[0][1]
     records, workload_lists = [], []
     for name, m in parts:
-        if m.get("settings") != first.get("settings") or m["note"] != first["note"]:
+        if _servers(m) != _servers(first) or m["note"] != first["note"]:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
         records += [r | {"call": name} for r in m["records"] if "from" not in r]
         workload_lists += m["workloads"]
@@ -59,8 +59,16 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
     workloads = merged_workloads(workload_lists, [])
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
-            "records": records, "cells": cells, "settings": first.get("settings"),
+            "records": records, "cells": cells,
+            # How short cells were repeated is each call's own (every ratio is within a call).
+            "settings": _servers(first) | {"short_cells": {
+                name: (m.get("settings") or {}).get("short_cells") for name, m in parts}},
             "startup_s": {name: m.get("startup_s") for name, m in parts}}
+
+
+def _servers(matrix: dict) -> dict:
+    """The settings that make the servers what they are (not how cells were repeated)."""
+    return {k: v for k, v in (matrix.get("settings") or {}).items() if k != "short_cells"}
 
 
 def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:

@@ -368,7 +368,7 @@ class LazyCatchUp:
         info = {"forced": forced, "requests": int(behind.positions.size),
                 "tokens": done.tokens, "passes": len(passes),
                 "max_backlog": int(behind.counts.max()), "orphans": done.orphans,
-                "host_us": laps.us()}
+                "host_indices": ends_cpu is not None, "host_us": laps.us()}
         if done.orphans:
             # Expected for every request that finished, was aborted or retracted while behind;
             # counted in the step log's catch_up events ("orphans").
