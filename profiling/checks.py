@@ -116,7 +116,8 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                 violations.append(f"{where}: unknown mode {step.mode!r}")
                 continue
             required, allowed = expected
-            graph_spans = [s for s in step.stages if s.name in names.GRAPH_STAGES]
+            graph_spans = [s for s in step.stages
+                           if s.name in names.GRAPH_STAGES and s.name not in profile.eager_stages]
             seen = Counter(s.name for s in graph_spans)
             for stage in sorted(required - set(seen)):
                 violations.append(f"{where}: missing stage {stage}")

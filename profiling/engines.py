@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
 
 from dual_graph_worker.core.continuity import Continuity
@@ -91,11 +91,26 @@ class EngineProfile:
     # Decode-mode graph stages beyond `decode`, by the trace's config:continuity ("": the
     # engine's default continuity, used when the trace names none).
     decode_extra_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # Stages (names.EAGER_STAGES) whose eager work the engine runs on purpose: their calls are
-    # reported on their own, not as glue (eager-kernel limit) nor as switch cost. Every call
-    # in them still faces no_capture_instantiate_malloc.
+    # Stages (names.EAGER_STAGES, and eager_stages below) whose eager work the engine runs on
+    # purpose: their calls are reported on their own, not as glue (eager-kernel limit) nor as
+    # switch cost. Every call in them still faces no_capture_instantiate_malloc.
     stated_eager_stages: tuple[str, ...] = ()
     stated_eager_why: str = ""
+    # Graph stages the engine itself runs eagerly on an attention backend (the trace's
+    # config:attention_backend): no graph is expected there, and their kernels are stated.
+    eager_graph_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    eager_graph_why: str = ""
+    # Set by `on_backend` for one trace: the graph stages that run eagerly in it.
+    eager_stages: tuple[str, ...] = ()
+
+    def on_backend(self, backend: str) -> "EngineProfile":
+        """This profile for a trace on `backend`: its eagerly run graph stages stated."""
+        eager = tuple(self.eager_graph_stages.get(backend, ()))
+        if not eager:
+            return self
+        why = f"{self.stated_eager_why}; {', '.join(eager)} on {backend}: {self.eager_graph_why}"
+        return replace(self, stated_eager_stages=self.stated_eager_stages + eager,
+                       stated_eager_why=why, eager_stages=eager)
 
     def stated_spans(self, step) -> list:
         """The step's stage spans (timeline.StageSpan) of its stated eager stages that ran work."""
@@ -113,15 +128,16 @@ class EngineProfile:
             m = Mode(mode)
         except ValueError:
             return None
+        eager = frozenset(self.eager_stages)
         if m is Mode.DECODE:
-            stages = self.decode_stages(config)
+            stages = self.decode_stages(config) - eager
             return stages, stages
         if k is not None:
-            stages = frozenset(s.value for s in Stage.for_mode(m, k))
+            stages = frozenset(s.value for s in Stage.for_mode(m, k)) - eager
             return stages, stages
         # K unknown: the draft stage exists for K > 1 only, so accept it either way.
-        with_draft = frozenset(s.value for s in Stage.for_mode(m, 2))
-        without = frozenset(s.value for s in Stage.for_mode(m, 1))
+        with_draft = frozenset(s.value for s in Stage.for_mode(m, 2)) - eager
+        without = frozenset(s.value for s in Stage.for_mode(m, 1)) - eager
         return with_draft & without, with_draft | without
 
     def eager_family(self, short: str, demangled: str) -> Optional[KernelFamily]:
@@ -146,7 +162,11 @@ SGLANG = EngineProfile(
     stated_eager_why="lazy catch-up: one eager draft extend over the tokens decode-mode steps "
                      "stashed (lazy_sync.py), run by the first spec step after them, or early "
                      "in a decode step when the stash is full; the draft work keep-current "
-                     "would have run in every decode step")
+                     "would have run in every decode step",
+    eager_graph_stages={"fa3": (Stage.DRAFT_EXTEND.value,)},
+    eager_graph_why="SGLang 0.5.17 captures EAGLE's draft-extend graph only for triton, "
+                    "flashinfer, TRT-LLM and the MLA backends (eagle_worker_v2.py:407-440) "
+                    "and runs it eagerly otherwise, EAGLE-3 included")
 
 PROFILES: Mapping[str, EngineProfile] = {p.name: p for p in (REFERENCE, SGLANG)}
 CHOICES = (AUTO,) + tuple(PROFILES)
@@ -157,8 +177,10 @@ def resolve(requested: Optional[str], config: Mapping[str, str]) -> EngineProfil
     reference when the trace names none or an engine without a profile."""
     if requested not in (None, AUTO):
         try:
-            return PROFILES[requested]
+            profile = PROFILES[requested]
         except KeyError:
             raise ValueError(f"unknown engine profile {requested!r}; use one of "
                              f"{', '.join(CHOICES)}") from None
-    return PROFILES.get(config.get(names.CONFIG_ENGINE, ""), REFERENCE)
+    else:
+        profile = PROFILES.get(config.get(names.CONFIG_ENGINE, ""), REFERENCE)
+    return profile.on_backend(config.get(names.CONFIG_ATTENTION_BACKEND, ""))

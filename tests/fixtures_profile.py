@@ -435,7 +435,7 @@ def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
                 continuity: str = "keep-current", skip: tuple[str, ...] = (),
                 extra_stage: Optional[str] = None, graph_of: Optional[dict] = None,
                 gap_extra: tuple[str, ...] = (), unlisted_kernels: int = 0,
-                catch_up: Optional[CatchUp] = None) -> None:
+                catch_up: Optional[CatchUp] = None, eager: tuple[str, ...] = ()) -> None:
     graph_of = graph_of or {}
     b.hand_over(mode, gap_extra)
     with b.range(f"step:{mode}:bs{bs}"):
@@ -451,6 +451,10 @@ def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
                 for short, full in before:
                     b.api(LAUNCH_KERNEL, kernel=short, demangled=full)
                 b.api(MEMCPY)
+                if stage in eager:          # the engine's own eager run of a graph stage
+                    for short, full in CATCH_UP_KERNELS * 3:
+                        b.api(LAUNCH_KERNEL, kernel=short, demangled=full)
+                    continue
                 key = graph_of.get(stage, (mode, bs, stage))
                 b.api(GRAPH_LAUNCH, 3_000, graph_id=b.graph_id(*key))
                 for short, full in after:
@@ -461,17 +465,19 @@ def sglang_step(b: ProfileBuilder, mode: str, bs: int = SGLANG_BS, *,
 
 def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-current",
                    hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES,
-                   catch_up: CatchUp = CatchUp()) -> ProfileBuilder:
+                   catch_up: CatchUp = CatchUp(), attention_backend: str = "triton",
+                   eager: tuple[str, ...] = ()) -> ProfileBuilder:
     """The SGLang scenario; `violation` (one of SGLANG_VIOLATIONS) plants one fault in a
     non-switch step (or a gap between two), where only its own check can see it. With lazy
-    catch-up continuity every spec step after a decode step runs `catch_up` first."""
+    catch-up continuity every spec step after a decode step runs `catch_up` first. The stages
+    in `eager` run eager kernels instead of their graph in every step."""
     if violation is not None and violation not in SGLANG_VIOLATIONS:
         raise ValueError(violation)
     b = ProfileBuilder()
     # The capture range opens one step before the steady mark: config marks, a slack step and
     # a lazy allocation that must not count.
     b.config("engine", "sglang")
-    b.config("attention_backend", "triton")
+    b.config("attention_backend", attention_backend)
     b.config("num_draft_tokens", K)
     b.config("continuity", continuity)
     sglang_step(b, "spec", continuity=continuity)
@@ -480,7 +486,7 @@ def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-c
     schedule = sglang_schedule(hold, cycles)
     hold_decode = hold + 1          # the second step of the first decode hold: not a switch
     for i, mode in enumerate(schedule):
-        kw: dict = {"continuity": continuity}
+        kw: dict = {"continuity": continuity, "eager": eager}
         if continuity == "lazy-catch-up" and mode == "spec" and i and schedule[i - 1] == "decode":
             kw["catch_up"] = catch_up
         if violation == "capture_in_steady" and i == 1:

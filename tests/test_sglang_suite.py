@@ -203,7 +203,7 @@ def test_shape_warm_up_runs_every_batch_shape_on_fresh_prompts_before_timing():
 
 def test_a_short_cell_runs_again_on_fresh_prompts_and_reads_the_median(monkeypatch):
     from bench.sglang import engine_child
-    from bench.sglang.policy_matrix import Repeats, Workload, tasks_for
+    from bench.sglang.policy_matrix import Repeats, Workload, sweep_task, tasks_for
 
     clock = [0.0]
     seconds = iter([0.5, 0.4, 0.8, 3.0])       # C=1: three runs (the first < 2 s); C=4: one
@@ -222,13 +222,30 @@ def test_a_short_cell_runs_again_on_fresh_prompts_and_reads_the_median(monkeypat
     task["warmup"] = task["warm_shapes"] = False
     one, four = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)["points"]
     assert one["runs_tok_s"] == [80.0, 100.0, 50.0] and one["tok_s"] == 80.0
-    assert one["output_tokens"] == 120 and one["seconds"] == pytest.approx(1.7)
+    # the median run's own seconds and tokens; every run's in the totals
+    assert (one["seconds"], one["output_tokens"]) == (0.5, 40)
+    assert one["output_tokens_total"] == 120 and one["seconds_total"] == pytest.approx(1.7)
     assert len(set(calls[:3])) == 3                      # fresh prompts each run
     assert four["tok_s"] == pytest.approx(160 / 3) and "runs_tok_s" not in four
-    # the default task runs each cell once
-    (once,) = [t for t in tasks_for("dual", [2.0], [Workload.parse("8x40@1")], 100,
-                                     Repeats(0.0, 1)) if t["kind"] == "sweep"]
-    assert (once["short_cell_s"], once["short_cell_runs"]) == (0.0, 1)
+    # The matrix repeats short cells by default; a bare sweep task (capture_compare's) does not.
+    (matrix,) = [t for t in tasks_for("dual", [2.0], [Workload.parse("8x40@1")], 100)
+                 if t["kind"] == "sweep"]
+    assert (matrix["short_cell_s"], matrix["short_cell_runs"]) == (2.0, 3)
+    bare = sweep_task(Workload.parse("8x40@1"), "w", 100, warm_shapes=False, seed=1)
+    assert (bare["short_cell_s"], bare["short_cell_runs"]) == (0.0, 1)
+    # Repeats draw fresh prompts only below the seed stride: a larger C is refused.
+    big = dict(task, concurrency=[engine_child.REPEAT_SEED_STRIDE])
+    with pytest.raises(ValueError, match="short-cell repeats need C"):
+        engine_child.run_sweep(FakeEngine(), big, emit=lambda r: None)
+
+
+def test_repeat_seeds_never_meet_each_other_the_probe_or_the_warm_up():
+    from bench.sglang.engine_child import MAX_RUNS, REPEAT_SEED_STRIDE
+
+    offsets = {(c, "run", r): c + REPEAT_SEED_STRIDE * r
+               for c in range(1, REPEAT_SEED_STRIDE) for r in range(MAX_RUNS)}
+    used = list(offsets.values())
+    assert len(set(used)) == len(used) and max(used) < 4000       # probe +4000, warm-up +7000
 
 
 def test_decode_step_time_flag_asks_the_sweep_for_prefill_probes(tmp_path, monkeypatch):

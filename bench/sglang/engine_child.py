@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -32,8 +31,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # this warm-up (18-64 steps, by mode and acceptance) and the shapes' after it take them, so no
 # engine's first cell (nor the worker's estimates) holds them.
 WARMUP_TOKENS = 64
-# Seed offset of a short cell's later runs: below the probe's (+4000) and warm-up's (+7000).
-REPEAT_SEED_STRIDE = 500
+# Seed offset of a short cell's later runs: with C < 400 and at most 9 runs they stay apart
+# from each other and below the probe's (+4000) and warm-up's (+7000) offsets.
+REPEAT_SEED_STRIDE = 400
+MAX_RUNS = 9
 
 
 def _write(path: str, result: dict) -> None:
@@ -199,6 +200,10 @@ def run_sweep(engine, task: dict, emit) -> dict:
         before = _dual_state(engine)
         probe_ms, cpu0 = _host_probe_ms(), _tree_cpu_s()
         t0w = time.time()
+        if task.get("short_cell_runs", 1) > 1 and not (
+                c < REPEAT_SEED_STRIDE and task["short_cell_runs"] <= MAX_RUNS):
+            raise ValueError(f"short-cell repeats need C < {REPEAT_SEED_STRIDE} and at most "
+                             f"{MAX_RUNS} runs (fresh prompts each), not C={c}")
         runs = [_timed_batch(engine, task, c, 0)]
         # A short cell is a few hundred steps: one slow spell of the host moves it by percents,
         # so it runs again (fresh prompts) and reads the median run.
@@ -206,14 +211,18 @@ def run_sweep(engine, task: dict, emit) -> dict:
                 len(runs) < task.get("short_cell_runs", 1):
             runs.append(_timed_batch(engine, task, c, len(runs)))
         cpu1 = _tree_cpu_s()
+        # The median run (the slower middle one of an even count) is the cell's figure; the
+        # machine record and the worker's counters span every run (`*_total`).
         speeds = [tokens / dt for dt, tokens in runs]
-        point = {"concurrency": c, "seconds": sum(dt for dt, _ in runs),
-                 "output_tokens": sum(tokens for _, tokens in runs),
-                 "tok_s": statistics.median(speeds), "t_start": t0w, "t_end": time.time(),
+        dt, tokens = sorted(runs, key=lambda r: r[1] / r[0])[(len(runs) - 1) // 2]
+        point = {"concurrency": c, "seconds": dt, "output_tokens": tokens, "tok_s": tokens / dt,
+                 "t_start": t0w, "t_end": time.time(),
                  "machine": {"host_probe_ms": probe_ms, **_gpu_state(),
                              "cpu_s": None if None in (cpu0, cpu1) else cpu1 - cpu0}}
         if len(runs) > 1:
-            point["runs_tok_s"] = [round(x, 2) for x in speeds]
+            point |= {"runs_tok_s": [round(x, 2) for x in speeds],
+                      "seconds_total": sum(r[0] for r in runs),
+                      "output_tokens_total": sum(r[1] for r in runs)}
         if probe_s is not None:
             point["prefill_only_seconds"] = probe_s
         if before is not None:

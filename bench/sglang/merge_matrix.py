@@ -27,7 +27,10 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
     first = parts[0][1]
     records, workload_lists = [], []
     for name, m in parts:
-        if _servers(m) != _servers(first) or m["note"] != first["note"]:
+        # With --processes a cell's median spans calls, which must then time cells alike.
+        mine, theirs = (m.get("settings"), first.get("settings")) if processes else \
+            (_servers(m), _servers(first))
+        if mine != theirs or m["note"] != first["note"]:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
         records += [r | {"call": name} for r in m["records"] if "from" not in r]
         workload_lists += m["workloads"]
@@ -60,7 +63,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
             "records": records, "cells": cells,
-            # How short cells were repeated is each call's own (every ratio is within a call).
+            # How short cells were repeated is each call's own (without --processes every ratio
+            # is within a call).
             "settings": _servers(first) | {"short_cells": {
                 name: (m.get("settings") or {}).get("short_cells") for name, m in parts}},
             "startup_s": {name: m.get("startup_s") for name, m in parts}}

@@ -36,7 +36,7 @@ from typing import Optional
 from bench.sglang import step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
-from bench.sglang.engine_child import gpu_name, run_child
+from bench.sglang.engine_child import MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, run_child
 from bench.sglang.model_configs import (
     ALGO,
     EAGLE3_MAX_RUNNING_REQUESTS,
@@ -103,7 +103,8 @@ def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optio
     diff = [k for k in keys if theirs.get(k) != settings[k]]
     if not diff:
         return None
-    flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env"}
+    flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
+             "short_cells": "--short-cell-s/--short-cell-runs"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
 
@@ -185,8 +186,9 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                    "input_len": w.input_len, "output_len": w.output_len,
                    "concurrency": int(p["concurrency"]), "engine": kind,
                    "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
-            if p.get("runs_tok_s"):
-                rec["runs_tok_s"] = p["runs_tok_s"]
+            for key in ("runs_tok_s", "seconds_total", "output_tokens_total"):
+                if key in p:
+                    rec[key] = p[key]
             if p.get("dual_graph"):
                 rec["dual_graph"] = p["dual_graph"]
             if p.get("machine"):
@@ -298,7 +300,7 @@ def machine_report(recs: list[dict]) -> str:
         sm = [x["sm_mhz"] for x in m if "sm_mhz" in x]
         timed = [r for r in rs if r["machine"].get("cpu_s") is not None]
         cpu = sum(r["machine"]["cpu_s"] for r in timed)
-        tokens = sum(r["tok_s"] * r["seconds"] for r in timed)
+        tokens = sum(r.get("output_tokens_total", r["tok_s"] * r["seconds"]) for r in timed)
         lines.append(
             f"| {engine} | {'-' if accept is None else f'{accept:g}'} | {len(rs)} | "
             + (f"{statistics.median(probe):.1f}, {max(probe):.1f}" if probe else "-") + " | "
@@ -378,8 +380,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --accept wants numbers like 1.5,2,3, got {args.accept!r}",
               file=sys.stderr)
         return 2
-    if args.short_cell_s < 0 or not 1 <= args.short_cell_runs <= 9:
-        print("error: --short-cell-s must be >= 0 and --short-cell-runs 1-9", file=sys.stderr)
+    if args.short_cell_s < 0 or not 1 <= args.short_cell_runs <= MAX_RUNS:
+        print(f"error: --short-cell-s must be >= 0 and --short-cell-runs 1-{MAX_RUNS}",
+              file=sys.stderr)
         return 2
     repeats = Repeats(args.short_cell_s, args.short_cell_runs)
     if not 1 <= args.processes <= 9:
@@ -392,6 +395,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    if repeats.runs > 1 and max(c for w in workloads for c in w.concurrency) >= REPEAT_SEED_STRIDE:
+        print(f"error: short-cell repeats draw fresh prompts for C < {REPEAT_SEED_STRIDE} only; "
+              "pass --short-cell-runs 1 for larger C", file=sys.stderr)
+        return 2
     try:
         dual_env = assignments(args.dual_env)
     except ConfigError as exc:
@@ -416,7 +423,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     # The records kept from an earlier run into DIR must come from the same servers.
-    kept = ("attention_backend",) + (() if "dual" in engines else ("dual_env",))
+    kept = ("attention_backend", "short_cells") + (() if "dual" in engines else ("dual_env",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
         return 2

@@ -203,8 +203,9 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
     from profiling.check import main as check_main
 
     extra = ["--expect-sm", expect_sm] if expect_sm else []
-    rc = check_main([str(report), "--out", str(out / CHECK_DIR), "--engine", "sglang"] + extra)
     exported = out / CHECK_DIR / f"{REPORT_STEM}.sqlite"     # the checker's export
+    exported.unlink(missing_ok=True)                         # never an earlier run's
+    rc = check_main([str(report), "--out", str(out / CHECK_DIR), "--engine", "sglang"] + extra)
     if exported.exists():
         from profiling.host_waits import format_waits, host_waits
         from profiling.nsys_sqlite import load_sqlite

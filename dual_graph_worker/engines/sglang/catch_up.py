@@ -4,7 +4,8 @@ Plain torch (no SGLang), so every index computed here is unit-tested on CPU agai
 loop; lazy_sync.py runs these tensors through SGLang's draft model. ``StashArena`` holds the
 (target aux at p, token at p+1) draft inputs filed under position p's KV slot; ``plan_passes``
 splits the backlogs into draft forwards; ``build_catch_up_indices`` computes one pass's indices
-on the device from the batch's ``seq_lens``. docs/sglang-0.5.17.md §6 says why.
+from the batch's lengths, on the host when it has them, else on the device. docs/sglang-0.5.17.md
+§6 says why.
 """
 
 from __future__ import annotations
@@ -233,10 +234,17 @@ def build_catch_up_indices(segments: Sequence[Segment], *, counts: Sequence[int]
     lens = np.asarray([g.end - g.begin for g in segments], dtype=np.int64)
     if (lens < 1).any() or (begin < 0).any() or (begin + lens > counts[seg_req]).any():
         raise ValueError("segment outside its request's backlog")
-    if rows_cpu is not None and ends_cpu is not None:
+    if (rows_cpu is None) != (ends_cpu is None):
+        raise ValueError("the host path needs both rows_cpu and ends_cpu")
+    if rows_cpu is not None:
+        rows, ends_h = (np.asarray(x, dtype=np.int64) for x in (rows_cpu, ends_cpu))
+        if rows.shape != counts.shape or ends_h.shape != counts.shape:
+            raise ValueError(f"{counts.size} requests behind but {rows.size} rows and "
+                             f"{ends_h.size} lengths")
+        if (ends_h < counts).any():
+            raise ValueError("a request is behind by more tokens than it holds")
         return _host_indices(segments, seg_req, begin, lens, counts, batch_positions,
-                             req_to_token, np.asarray(rows_cpu, dtype=np.int64),
-                             np.asarray(ends_cpu, dtype=np.int64))
+                             req_to_token, rows, ends_h)
     if req_pool_indices is None or ends is None:
         raise ValueError("catch-up indices need the device's req_pool_indices and ends, or "
                          "the host's rows_cpu and ends_cpu")

@@ -343,14 +343,15 @@ class LazyCatchUp:
         props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         keep: list = []
         dw = self.dw
-        laps = _Laps()
+        rows_behind = rows[behind.positions]
         with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
               speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
+            laps = _Laps()
             for segments in passes:
                 idx = build_catch_up_indices(
                     segments, counts=behind.counts, batch_positions=behind.positions,
                     req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
-                    rows_cpu=rows[behind.positions], ends_cpu=ends_cpu)
+                    rows_cpu=None if ends_cpu is None else rows_behind, ends_cpu=ends_cpu)
                 laps.lap("indices")
                 forward_batch, logits_output = self._run_pass(batch, idx, laps)
                 keep.append(forward_batch)
@@ -360,7 +361,7 @@ class LazyCatchUp:
                         props.append(self._proposals(batch, idx, logits_output, final))
                         positions.extend(idx.batch_positions[j] for j in final)
                 laps.lap("proposals")
-        done = self.backlog.caught_up(rows[behind.positions], forced=forced)
+        done = self.backlog.caught_up(rows_behind, forced=forced)
         # Cells of chunked prompts between their chunks move to the front.
         keep += stash_room.front_pending(self.arena, self.backlog, self.req_to_token, rows,
                                          device)
@@ -447,8 +448,9 @@ class LazyCatchUp:
 
 
 class _Laps:
-    """Host time of a catch-up by phase, summed over its passes (the step log's ``host_us``):
-    a phase that waits on the device shows as milliseconds where launching takes tens of us."""
+    """Host time of a catch-up's passes by phase, summed over them, and of the bookkeeping after
+    (the step log's ``host_us``): a phase that waits on the device shows as milliseconds where
+    launching takes tens of us."""
 
     def __init__(self) -> None:
         self._t = time.perf_counter()
