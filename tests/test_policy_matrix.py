@@ -295,3 +295,14 @@ def test_the_machine_report_tells_a_slow_host_from_a_slow_engine_process():
     assert "| eagle3 | 3.5 | 2 | 12.5, 13.0 | 1980-1980 | 1.00 |" in md
     assert "plain" not in md
     assert pm.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""
+
+
+def test_the_report_shows_each_repeated_cell_first_run_apart():
+    from bench.sglang.policy_matrix import Workload, first_run_report
+
+    w = [Workload.parse("256x256@1")]
+    recs = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0),
+            rec("dual", 3.0, 1, 396.0) | {"runs_tok_s": [300.0, 396.0, 400.0]}]
+    text = first_run_report(recs, [3.0], w)
+    assert "first run alone" in text and "| 3 | **0.750** |" in text
+    assert first_run_report([r for r in recs if "runs_tok_s" not in r], [3.0], w) == ""

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (cell_key, fill_from, heatmap, merged_workloads,
-                                       per_cell_median, ratios, report)
+from bench.sglang.policy_matrix import (cell_key, fill_from, first_run_report, heatmap,
+                                       merged_workloads, per_cell_median, ratios, report)
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
@@ -118,7 +118,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
     columns = merged_workloads(matrix["workloads"], [])
-    text = report(matrix["cells"], matrix["accepts"], columns, matrix["note"])
+    text = report(matrix["cells"], matrix["accepts"], columns, matrix["note"]) + \
+        first_run_report(matrix["records"], matrix["accepts"], columns)
     (out / "report.md").write_text(text)
     heatmap(matrix["cells"], matrix["accepts"], columns, out / "heatmap.png", matrix["note"])
     print(text)

@@ -256,7 +256,26 @@ def ratios(recs: list[dict]) -> list[dict]:
 
 def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
            note: str) -> str:
-    lines = [f"# Policy matrix: worker / max(plain, EAGLE-3)\n\n{note}\n"]
+    return "\n".join([f"# Policy matrix: worker / max(plain, EAGLE-3)\n\n{note}\n"]
+                     + _grid(cells, accepts, workloads)) + "\n"
+
+
+def first_run_report(recs: list[dict], accepts: list[float], workloads: list[Workload]) -> str:
+    """The grid again from each repeated cell's first run alone (the worker's later runs find
+    it warmed to that batch; the static engines keep no state), or "" without repeats."""
+    if not any("runs_tok_s" in r for r in recs):
+        return ""
+    by_call: dict = {}              # a merged matrix rates each call's cells within it
+    for r in recs:
+        by_call.setdefault(r.get("call"), []).append(
+            r | {"tok_s": r["runs_tok_s"][0]} if "runs_tok_s" in r else r)
+    cells = [c for group in by_call.values() for c in ratios(per_cell_median(group))]
+    return "\n".join(["\n## Each repeated cell's first run alone\n"]
+                     + _grid(cells, accepts, workloads)) + "\n"
+
+
+def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) -> list[str]:
+    lines = []
     cols = [(w, c) for w in workloads for c in w.concurrency]
     lines.append("| accept | " + " | ".join(f"{w.name} C={c}" for w, c in cols) + " |")
     lines.append("|---|" + "---|" * len(cols))
@@ -277,7 +296,7 @@ def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
                      f"{worst['input_len']} in / {worst['output_len']} out, "
                      f"C={worst['concurrency']}; cells below 0.98: "
                      f"{sum(r['ratio'] < 0.98 for r in cells)} of {len(cells)}.")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def machine_report(recs: list[dict]) -> str:
@@ -471,6 +490,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))
         (out / "report.md").write_text(report(cells, accepts_seen, columns, note)
+                                       + first_run_report(filled, accepts_seen, columns)
                                        + machine_report(filled))
         if cells:
             heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
