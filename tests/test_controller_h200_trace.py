@@ -270,3 +270,19 @@ def test_estimate_error_names_a_file_that_is_no_trace(tmp_path, capsys):
     assert main([str(bad), "--out", str(tmp_path / "e.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--trace" in err
+
+
+def test_catch_up_fit_replay_finds_run10s_steep_rate(capsys):
+    """Run 10's m21 costs: the open-loop replay fits a catch-up rate tens of times the draft's
+    (~0.6 us a token), the fault its note names; run 11's m26 stays within ~12x."""
+    from bench.sglang.catch_up_fit import fit_history, main
+
+    def steepest(path):
+        t = json.loads(gzip.open(ROOT / "results/sglang" / path, "rt").read())
+        return max(h["us_per_token"] for h in fit_history(t))
+
+    assert steepest("policy-matrix-fa3-run10/costs-m21.json.gz") > 30
+    assert steepest("policy-matrix-fa3-run11/costs-m26.json.gz") < 8
+    assert main([str(ROOT / "results/sglang/policy-matrix-fa3-run11/costs-m26.json.gz")]) == 0
+    assert "| costs-m26.json.gz | 56 | 7.33 (800" in capsys.readouterr().out
+    assert main(["/nonexistent.json.gz"]) == 2

@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
@@ -38,24 +38,34 @@ def controller_for(trace: dict, prior: bool = True) -> GoodputController:
                              CalibrationTable.from_json(trace["calibration"]) if prior else None)
 
 
-def cell_errors(trace: dict) -> list[dict]:
-    """One record per (batch start, mode) with at least MIN_STEPS clean steps ahead."""
-    p = controller_for(trace)
-    costs, out, steps, after_prefill = trace["costs"], [], 0, False
-    for at, row in enumerate(costs):
+def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
+    """The trace's cost rows fed to a controller in order, each yielded (with the controller,
+    its index) just before the controller takes it; each step committed in the mode it ran
+    (the step count), an exchange every 8 steps as the worker does."""
+    p, steps = controller_for(trace), 0
+    for at, row in enumerate(trace["costs"]):
+        yield p, at, row
         if row[0] == "p":
             p.observe(PrefillTime(row[1], row[2], bool(row[3])))
-            after_prefill = True
             continue
         mode, pb, seconds, caught, carries, kv, bs = row
-        if after_prefill:
-            out += _errors_here(p, costs, at, pb, kv, bs)
-        after_prefill = False
-        p.commit(Decision(MODES[mode], Reason.GOODPUT))       # the run's own mode: step count
+        p.commit(Decision(MODES[mode], Reason.GOODPUT))
         p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
         steps += 1
         if steps % 8 == 0:
             p.exchange(lambda v: v)
+
+
+def cell_errors(trace: dict) -> list[dict]:
+    """One record per (batch start, mode) with at least MIN_STEPS clean steps ahead."""
+    out, after_prefill = [], False
+    for p, at, row in replay(trace):
+        if row[0] == "p":
+            after_prefill = True
+            continue
+        if after_prefill:
+            out += _errors_here(p, trace["costs"], at, row[1], row[5], row[6])
+        after_prefill = False
     return out
 
 

@@ -1,0 +1,63 @@
+"""The controller's catch-up cost over a GPU run's own batch costs: a replay trace (`step_costs
+--trace`) fed to a controller as `estimate_error` does (open loop: every step in the mode it
+ran), the catch-up line (fixed seconds and seconds per draft token) read after every exchange.
+A rate far above the draft's own (~0.6 us a token on the H200) prices re-measurements of
+speculation that many times too dear.
+
+    python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from bench.sglang.estimate_error import replay
+
+
+def fit_history(trace: dict) -> list[dict]:
+    """(step, fixed ms, us per token) after each exchange where the line moved."""
+    out, steps, last = [], 0, None
+    for p, _, row in replay(trace):
+        if row[0] == "p":
+            continue
+        if steps and steps % 8 == 0:
+            e = p.estimates()
+            now = (e["catch_up_fixed_s"], e["catch_up_s_per_token"])
+            if now != last:
+                out.append({"step": steps, "fixed_ms": round(now[0] * 1e3, 3),
+                            "us_per_token": round(now[1] * 1e6, 2)})
+                last = now
+        steps += 1
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.catch_up_fit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
+    ap.add_argument("--top", type=int, default=3, help="the steepest fits listed per trace")
+    args = ap.parse_args(argv)
+    print("| trace | fits | steepest us/token (step, fixed ms) |")
+    print("|---|---|---|")
+    for path in args.traces:
+        try:
+            history = fit_history(json.loads(gzip.open(path, "rt").read()))
+        except (OSError, ValueError, KeyError) as err:
+            print(f"error: {path}: not a replay trace ({err}); make one with "
+                  "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`",
+                  file=sys.stderr)
+            return 2
+        steep = sorted(history, key=lambda h: -h["us_per_token"])[:args.top]
+        print(f"| {Path(path).name} | {len(history)} | "
+              + ", ".join(f"{h['us_per_token']:.2f} ({h['step']}, {h['fixed_ms']:.2f})"
+                          for h in steep) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
