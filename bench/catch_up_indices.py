@@ -87,6 +87,7 @@ def _plot(rows: list[dict], path: Path, note: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -116,8 +116,9 @@ def check_graph_launches(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
                 violations.append(f"{where}: unknown mode {step.mode!r}")
                 continue
             required, allowed = expected
+            eager = profile.eager_in(step.mode)
             graph_spans = [s for s in step.stages
-                           if s.name in names.GRAPH_STAGES and s.name not in profile.eager_stages]
+                           if s.name in names.GRAPH_STAGES and s.name not in eager]
             seen = Counter(s.name for s in graph_spans)
             for stage in sorted(required - set(seen)):
                 violations.append(f"{where}: missing stage {stage}")
@@ -191,8 +192,8 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
     by_family: dict[str, Counter] = defaultdict(Counter)     # family -> kernel name -> launches
     family_steps: dict[str, list[int]] = defaultdict(list)   # family -> launches per step
     per_step: list[int] = []
-    labels = ([f.label for f in profile.allowed_eager]
-              + [_stage_label(s) for s in profile.stated_eager_stages])
+    eager_stages = profile.stated_eager_stages + profile.all_eager_stages()
+    labels = [f.label for f in profile.allowed_eager] + [_stage_label(s) for s in eager_stages]
     for track in tl.tracks:
         pre = _track_prefix(tl, track)
         for step in track.steady_steps:
@@ -201,8 +202,9 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             family_of = {}        # id of every kernel launch -> its label (None: unlisted)
             unlisted = []
             in_step: Counter = Counter()
-            # Kernels of a stated eager stage count under that stage, never as glue.
-            in_stated = _stated_stage_calls(step, profile)
+            # Kernels of a stated eager stage (or a graph stage the engine runs eagerly here)
+            # count under that stage, never as glue.
+            in_stated = {id(c): s.name for s in profile.eager_spans(step) for c in s.calls}
             for c in step.calls:
                 if not api_names.is_kernel_launch(c.name):
                     continue
@@ -244,14 +246,16 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             f"{len(counts)} graph steps, max {max(counts, default=0)} per step"
             + (": " + ", ".join(f"{n} x{c}" for n, c in launches.most_common())
                if launches else ""))
-    for stage in profile.stated_eager_stages:
+    for stage in eager_stages:
         label = _stage_label(stage)
         counts, launches = family_steps[label], by_family[label]
         if not launches:
             continue
         busy = [n for n in counts if n]
+        why = profile.stated_eager_why if stage in profile.stated_eager_stages else \
+            f"run eagerly by the engine here: {profile.eager_graph_why}"
         notes.append(
-            f"stated stage `{stage}` ({profile.stated_eager_why}): {sum(launches.values())} "
+            f"stated stage `{stage}` ({why}): {sum(launches.values())} "
             f"launches in {len(busy)} of {len(counts)} graph steps, {min(busy)}-{max(busy)} "
             f"per step; most launched: "
             + ", ".join(f"{n} x{c}" for n, c in launches.most_common(8)))

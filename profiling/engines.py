@@ -91,30 +91,44 @@ class EngineProfile:
     # Decode-mode graph stages beyond `decode`, by the trace's config:continuity ("": the
     # engine's default continuity, used when the trace names none).
     decode_extra_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # Stages (names.EAGER_STAGES, and eager_stages below) whose eager work the engine runs on
-    # purpose: their calls are reported on their own, not as glue (eager-kernel limit) nor as
-    # switch cost. Every call in them still faces no_capture_instantiate_malloc.
+    # Stages (names.EAGER_STAGES) whose eager work the engine runs on purpose: their calls are
+    # reported on their own, not as glue (eager-kernel limit) nor as switch cost. Every call
+    # in them still faces no_capture_instantiate_malloc.
     stated_eager_stages: tuple[str, ...] = ()
     stated_eager_why: str = ""
-    # Graph stages the engine itself runs eagerly on an attention backend (the trace's
-    # config:attention_backend): no graph is expected there, and their kernels are stated.
-    eager_graph_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Graph stages the engine itself runs eagerly, by attention backend (the trace's
+    # config:attention_backend) and mode: no graph is expected there, their kernels are
+    # reported apart from the glue, and a switch step is still compared over them.
+    eager_graph_stages: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     eager_graph_why: str = ""
-    # Set by `on_backend` for one trace: the graph stages that run eagerly in it.
-    eager_stages: tuple[str, ...] = ()
+    # Set by `on_backend` for one trace: mode -> the graph stages that run eagerly in it.
+    eager_stages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def on_backend(self, backend: str) -> "EngineProfile":
-        """This profile for a trace on `backend`: its eagerly run graph stages stated."""
-        eager = tuple(self.eager_graph_stages.get(backend, ()))
+        """This profile for a trace on `backend`, its eagerly run graph stages known."""
+        eager = self.eager_graph_stages.get(backend)
         if not eager:
             return self
-        why = f"{self.stated_eager_why}; {', '.join(eager)} on {backend}: {self.eager_graph_why}"
-        return replace(self, stated_eager_stages=self.stated_eager_stages + eager,
-                       stated_eager_why=why, eager_stages=eager)
+        listed = "; ".join(f"{mode}: {', '.join(st)}" for mode, st in eager.items())
+        return replace(self, eager_stages=dict(eager),
+                       summary=f"{self.summary}; on {backend} eager ({listed}): "
+                               f"{self.eager_graph_why}")
+
+    def eager_in(self, mode: str) -> tuple[str, ...]:
+        return tuple(self.eager_stages.get(mode, ()))
+
+    def all_eager_stages(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s for st in self.eager_stages.values() for s in st))
 
     def stated_spans(self, step) -> list:
         """The step's stage spans (timeline.StageSpan) of its stated eager stages that ran work."""
         return [s for s in step.stages if s.name in self.stated_eager_stages and s.calls]
+
+    def eager_spans(self, step) -> list:
+        """Its stated eager stages' spans and those of the graph stages its mode runs eagerly."""
+        eager = self.eager_in(step.mode)
+        return [s for s in step.stages
+                if (s.name in self.stated_eager_stages or s.name in eager) and s.calls]
 
     def decode_stages(self, config: Mapping[str, str]) -> frozenset[str]:
         extra = self.decode_extra_stages
@@ -128,7 +142,7 @@ class EngineProfile:
             m = Mode(mode)
         except ValueError:
             return None
-        eager = frozenset(self.eager_stages)
+        eager = frozenset(self.eager_in(m.value))
         if m is Mode.DECODE:
             stages = self.decode_stages(config) - eager
             return stages, stages
@@ -163,7 +177,7 @@ SGLANG = EngineProfile(
                      "stashed (lazy_sync.py), run by the first spec step after them, or early "
                      "in a decode step when the stash is full; the draft work keep-current "
                      "would have run in every decode step",
-    eager_graph_stages={"fa3": (Stage.DRAFT_EXTEND.value,)},
+    eager_graph_stages={"fa3": {Mode.SPEC.value: (Stage.DRAFT_EXTEND.value,)}},
     eager_graph_why="SGLang 0.5.17 captures EAGLE's draft-extend graph only for triton, "
                     "flashinfer, TRT-LLM and the MLA backends (eagle_worker_v2.py:407-440) "
                     "and runs it eagerly otherwise, EAGLE-3 included")

@@ -470,7 +470,7 @@ def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-c
     """The SGLang scenario; `violation` (one of SGLANG_VIOLATIONS) plants one fault in a
     non-switch step (or a gap between two), where only its own check can see it. With lazy
     catch-up continuity every spec step after a decode step runs `catch_up` first. The stages
-    in `eager` run eager kernels instead of their graph in every step."""
+    in `eager` run eager kernels instead of their graph in every spec step."""
     if violation is not None and violation not in SGLANG_VIOLATIONS:
         raise ValueError(violation)
     b = ProfileBuilder()
@@ -486,7 +486,7 @@ def sglang_profile(violation: Optional[str] = None, *, continuity: str = "keep-c
     schedule = sglang_schedule(hold, cycles)
     hold_decode = hold + 1          # the second step of the first decode hold: not a switch
     for i, mode in enumerate(schedule):
-        kw: dict = {"continuity": continuity, "eager": eager}
+        kw: dict = {"continuity": continuity, "eager": eager if mode == "spec" else ()}
         if continuity == "lazy-catch-up" and mode == "spec" and i and schedule[i - 1] == "decode":
             kw["catch_up"] = catch_up
         if violation == "capture_in_steady" and i == 1:

@@ -297,12 +297,30 @@ def test_the_machine_report_tells_a_slow_host_from_a_slow_engine_process():
     assert pm.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""
 
 
-def test_the_report_shows_each_repeated_cell_first_run_apart():
-    from bench.sglang.policy_matrix import Workload, first_run_report
+def test_the_report_shows_each_repeated_cell_first_run_apart(tmp_path):
+    from bench.sglang import merge_matrix as mm
+    from bench.sglang.policy_matrix import (Workload, first_run_report, first_runs,
+                                            per_cell_median, ratios, repeated)
 
     w = [Workload.parse("256x256@1")]
     recs = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0),
             rec("dual", 3.0, 1, 396.0) | {"runs_tok_s": [300.0, 396.0, 400.0]}]
-    text = first_run_report(recs, [3.0], w)
+    text = first_run_report(ratios(per_cell_median(first_runs(recs))), [3.0], w)
     assert "first run alone" in text and "| 3 | **0.750** |" in text
-    assert first_run_report([r for r in recs if "runs_tok_s" not in r], [3.0], w) == ""
+    assert not repeated(recs[:2]) and first_run_report(None, [3.0], w) == ""
+    # Merged: a baseline filled from an earlier run and a cell two processes measured are rated
+    # as the main grid rates them (the filled plain, the median of the processes' first runs).
+    filled = _matrix(tmp_path, "a", [
+        rec("eagle3", 3.0, 1, 100.0), {"from": "old.json", "call": "x"} | rec("plain", None, 1, 50.0),
+        rec("dual", 3.0, 1, 90.0) | {"runs_tok_s": [80.0, 90.0, 95.0]}])
+    assert mm.main(["--out", str(tmp_path / "m"), filled]) == 0
+    merged = json.loads((tmp_path / "m" / "policy-matrix.json").read_text())
+    assert [c["ratio"] for c in merged["cells_first_run"]] == [0.8]
+    procs = [_matrix(tmp_path, f"p{n}", [
+        rec("plain", None, 1, 50.0), rec("eagle3", 3.0, 1, 100.0),
+        rec("dual", 3.0, 1, 90.0) | {"runs_tok_s": [first, 90.0, 90.0]}])
+        for n, first in enumerate((60.0, 70.0, 80.0))]
+    assert mm.main(["--out", str(tmp_path / "pm"), "--processes", *procs]) == 0
+    merged = json.loads((tmp_path / "pm" / "policy-matrix.json").read_text())
+    assert [c["ratio"] for c in merged["cells_first_run"]] == [0.7]
+    assert "cells below 0.98: 1 of 1" in (tmp_path / "pm" / "report.md").read_text()

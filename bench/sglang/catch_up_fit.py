@@ -17,22 +17,30 @@ from pathlib import Path
 from typing import Optional
 
 from bench.sglang.estimate_error import replay
+from dual_graph_worker.core.argtypes import int_range
 
 
 def fit_history(trace: dict) -> list[dict]:
     """(step, fixed ms, us per token) after each exchange where the line moved."""
-    out, steps, last = [], 0, None
+    out: list[dict] = []
+    steps, p = 0, None
+
+    def read() -> None:
+        e = p.estimates()
+        now = {"step": steps, "fixed_ms": round(e["catch_up_fixed_s"] * 1e3, 3),
+               "us_per_token": round(e["catch_up_s_per_token"] * 1e6, 2)}
+        if not out or (out[-1]["fixed_ms"], out[-1]["us_per_token"]) != \
+                (now["fixed_ms"], now["us_per_token"]):
+            out.append(now)
+
     for p, _, row in replay(trace):
         if row[0] == "p":
             continue
-        if steps and steps % 8 == 0:
-            e = p.estimates()
-            now = (e["catch_up_fixed_s"], e["catch_up_s_per_token"])
-            if now != last:
-                out.append({"step": steps, "fixed_ms": round(now[0] * 1e3, 3),
-                            "us_per_token": round(now[1] * 1e6, 2)})
-                last = now
+        if steps and steps % 8 == 0:          # the exchange after the last 8 steps is in
+            read()
         steps += 1
+    if p is not None and steps % 8 == 0 and steps:
+        read()                                # the trace ended right after an exchange
     return out
 
 
@@ -40,7 +48,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.catch_up_fit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
-    ap.add_argument("--top", type=int, default=3, help="the steepest fits listed per trace")
+    ap.add_argument("--top", type=int_range(1), default=3,
+                    help="the steepest fits listed per trace")
     args = ap.parse_args(argv)
     print("| trace | fits | steepest us/token (step, fixed ms) |")
     print("|---|---|---|")

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (cell_key, fill_from, first_run_report, heatmap,
-                                       merged_workloads, per_cell_median, ratios, report)
+from bench.sglang.policy_matrix import (cell_key, fill_from, first_run_report, first_runs,
+                                       heatmap, merged_workloads, per_cell_median, ratios,
+                                       repeated, report)
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
@@ -44,7 +45,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
             if "from" in r and cell_key(r) not in calls_of and cell_key(r) not in filled:
                 mine.setdefault(cell_key(r), []).append(r)
         filled |= mine
-    cells = []
+    cells, first_cells, any_repeats = [], [], repeated(records)
     for key, calls in calls_of.items():
         engine, a, i, o, c = key
         if engine != "dual":
@@ -52,7 +53,10 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
         # Each engine's median over the calls that ran the worker here, a part's processes too.
         wanted = {key, ("eagle3", a, i, o, c), ("plain", None, i, o, c)}
         own = [r for r in records if r["call"] in calls and cell_key(r) in wanted]
-        cells += ratios(per_cell_median(own + [r for k in wanted for r in filled.get(k, [])]))
+        here = own + [r for k in wanted for r in filled.get(k, [])]
+        cells += ratios(per_cell_median(here))
+        if any_repeats:
+            first_cells += ratios(per_cell_median(first_runs(here)))
     merged_calls = sorted({r["call"] for r in records})
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \
@@ -63,6 +67,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
             "records": records, "cells": cells,
+            **({"cells_first_run": first_cells} if first_cells else {}),
             # How short cells were repeated is each call's own (without --processes every ratio
             # is within a call).
             "settings": _servers(first) | {"short_cells": {
@@ -119,7 +124,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     (out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
     columns = merged_workloads(matrix["workloads"], [])
     text = report(matrix["cells"], matrix["accepts"], columns, matrix["note"]) + \
-        first_run_report(matrix["records"], matrix["accepts"], columns)
+        first_run_report(matrix.get("cells_first_run"), matrix["accepts"], columns)
     (out / "report.md").write_text(text)
     heatmap(matrix["cells"], matrix["accepts"], columns, out / "heatmap.png", matrix["note"])
     print(text)

@@ -260,16 +260,21 @@ def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
                      + _grid(cells, accepts, workloads)) + "\n"
 
 
-def first_run_report(recs: list[dict], accepts: list[float], workloads: list[Workload]) -> str:
-    """The grid again from each repeated cell's first run alone (the worker's later runs find
-    it warmed to that batch; the static engines keep no state), or "" without repeats."""
-    if not any("runs_tok_s" in r for r in recs):
+def repeated(recs: list[dict]) -> bool:
+    return any("runs_tok_s" in r for r in recs)
+
+
+def first_runs(recs: list[dict]) -> list[dict]:
+    """The records with each repeated cell's tok/s its first run's (the worker's later runs
+    find it warmed to that batch; the static engines keep no state)."""
+    return [r | {"tok_s": r["runs_tok_s"][0]} if "runs_tok_s" in r else r for r in recs]
+
+
+def first_run_report(cells: Optional[list[dict]], accepts: list[float],
+                     workloads: list[Workload]) -> str:
+    """The grid again from first runs alone (`cells_first_run`), or "" where none were kept."""
+    if not cells:
         return ""
-    by_call: dict = {}              # a merged matrix rates each call's cells within it
-    for r in recs:
-        by_call.setdefault(r.get("call"), []).append(
-            r | {"tok_s": r["runs_tok_s"][0]} if "runs_tok_s" in r else r)
-    cells = [c for group in by_call.values() for c in ratios(per_cell_median(group))]
     return "\n".join(["\n## Each repeated cell's first run alone\n"]
                      + _grid(cells, accepts, workloads)) + "\n"
 
@@ -356,6 +361,7 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     fig.colorbar(im, ax=ax, fraction=0.02)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -482,15 +488,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                  for r in records(kind, res, workloads)]
         filled = fill_from(recs, earlier, args.fill_from or "")
         cells = ratios(per_cell_median(filled))
+        first_cells = ratios(per_cell_median(first_runs(filled))) if repeated(filled) else None
         matrix = {"note": note, "accepts": accepts_seen,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in columns],
-                  "records": filled, "cells": cells, "settings": settings,
+                  "records": filled, "cells": cells,
+                  **({"cells_first_run": first_cells} if first_cells else {}),
+                  "settings": settings,
                   "startup_s": previous.get("startup_s", {}) | {name: res.get("startup_s")}}
         previous = matrix
         matrix_path.write_text(json.dumps(matrix, indent=1))
         (out / "report.md").write_text(report(cells, accepts_seen, columns, note)
-                                       + first_run_report(filled, accepts_seen, columns)
+                                       + first_run_report(first_cells, accepts_seen, columns)
                                        + machine_report(filled))
         if cells:
             heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
