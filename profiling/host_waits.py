@@ -3,15 +3,15 @@
     python -m profiling.host_waits REPORT [--range stage:catch_up] [--min-us 100] [--top 15]
                                    [--json FILE]
 
-REPORT is what `profiling.check` reads (.nsys-rep, its SQLite export, a torch trace). A range
-that launches for tens of microseconds but lasts milliseconds is waiting; the call that holds
-the time (a stream synchronize, a pageable copy, a host allocation) names the wait.
+REPORT is what `profiling.check` reads (.nsys-rep, its SQLite export, a torch trace); the ranges
+are the worker's `step:*` and `stage:*` ones. A range that launches for tens of microseconds but
+lasts milliseconds is waiting; the call that holds the time (a stream synchronize, a pageable
+copy, a host allocation) names the wait.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import statistics
 import sys
@@ -20,9 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dual_graph_worker.core import nvtx_names as names
 from profiling.api_names import base_name
 from profiling.errors import ProfileInputError
-from profiling.events import EventKind, Trace, TraceEvent
+from profiling.events import Trace
+from profiling.timeline import build_timeline
 
 
 @dataclass(frozen=True)
@@ -56,32 +58,26 @@ class HostWaits:
 
 
 def host_waits(trace: Trace, range_prefix: str, min_us: float = 100.0) -> HostWaits:
-    calls: dict[tuple, list[TraceEvent]] = {}
-    for e in trace.events:
-        if e.kind is EventKind.API_CALL:
-            calls.setdefault((e.pid, e.tid), []).append(e)
-    starts = {}
-    for key, seq in calls.items():
-        seq.sort(key=lambda e: e.start_ns)
-        starts[key] = [e.start_ns for e in seq]
+    """The worker's step and stage ranges (as the checker's timeline reads them: top-level calls
+    only, a driver call inside a runtime call counted once) whose NVTX text starts with
+    `range_prefix`, each with the API calls inside it."""
     ranges: list[RangeWaits] = []
     per_api: dict[str, list[float]] = {}
-    for r in sorted((e for e in trace.events if e.kind is EventKind.NVTX_RANGE
-                     and e.name.startswith(range_prefix)), key=lambda e: e.start_ns):
-        seq, at = calls.get((r.pid, r.tid), []), starts.get((r.pid, r.tid), [])
-        inside = []
-        for c in seq[bisect.bisect_left(at, r.start_ns):]:
-            if c.start_ns > r.end_ns:
-                break
-            if c.end_ns <= r.end_ns:
-                inside.append(c)
-        durations = [(base_name(c.name), (c.end_ns - c.start_ns) / 1e3) for c in inside]
+    steps = build_timeline(trace).steps
+    spans = [(names.step_name(st.mode, st.padded_bs, st.graph), st.start_ns, st.end_ns, st.calls)
+             for st in steps]
+    spans += [(names.stage_name(sp.name), sp.start_ns, sp.end_ns, sp.calls)
+              for st in steps for sp in st.stages]
+    for name, start, end, calls in sorted(spans, key=lambda s: s[1]):
+        if not name.startswith(range_prefix):
+            continue
+        durations = [(base_name(c.name), (c.end_ns - c.start_ns) / 1e3) for c in calls]
         for api, us in durations:
             per_api.setdefault(api, []).append(us)
         long_calls = tuple(sorted(((a, round(us, 1)) for a, us in durations if us >= min_us),
                                   key=lambda x: -x[1]))
-        ranges.append(RangeWaits(r.name, r.start_ns, round((r.end_ns - r.start_ns) / 1e3, 1),
-                                 round(sum(us for _, us in durations), 1), len(inside),
+        ranges.append(RangeWaits(name, start, round((end - start) / 1e3, 1),
+                                 round(sum(us for _, us in durations), 1), len(calls),
                                  long_calls))
     by_api = tuple(sorted((ApiTotal(a, len(v), round(statistics.median(v), 1),
                                     round(max(v), 1), round(sum(v), 1))

@@ -18,14 +18,14 @@ SYNC = "cudaStreamSynchronize_v3020"
 def _profile(tmp_path: Path) -> Path:
     b = ProfileBuilder()
     for wait in (3_000_000, 0, 2_500_000):
-        with b.range("stage:catch_up"):
+        with b.range("step:spec:bs1"), b.range("stage:catch_up"):
             b.api(MEMCPY)
             if wait:
                 b.api(SYNC, wait)
             for _ in range(4):
                 b.api(LAUNCH_KERNEL, kernel="k")
         b.api(LAUNCH_KERNEL, kernel="outside", dur=9_000_000)   # outside every range
-    with b.range("stage:verify"):
+    with b.range("step:spec:bs1"), b.range("stage:verify"):
         b.api(SYNC, 5_000_000)
     return b.write_sqlite(tmp_path / "p.sqlite")
 
