@@ -236,6 +236,9 @@ def build_catch_up_indices(segments: Sequence[Segment], *, counts: Sequence[int]
         raise ValueError("segment outside its request's backlog")
     if (rows_cpu is None) != (ends_cpu is None):
         raise ValueError("the host path needs both rows_cpu and ends_cpu")
+    host = dict(extend_lens_cpu=lens.tolist(), num_tokens=int(lens.sum()),
+                batch_positions=np.asarray(batch_positions, dtype=np.int64)[seg_req].tolist(),
+                final=[bool(g.final) for g in segments])
     if rows_cpu is not None:
         rows, ends_h = (np.asarray(x, dtype=np.int64) for x in (rows_cpu, ends_cpu))
         if rows.shape != counts.shape or ends_h.shape != counts.shape:
@@ -243,46 +246,38 @@ def build_catch_up_indices(segments: Sequence[Segment], *, counts: Sequence[int]
                              f"{ends_h.size} lengths")
         if (ends_h < counts).any():
             raise ValueError("a request is behind by more tokens than it holds")
-        return _host_indices(segments, seg_req, begin, lens, counts, batch_positions,
-                             req_to_token, rows, ends_h)
+        return CatchUpIndices(**_host_indices(seg_req, begin, lens, counts, req_to_token, rows,
+                                              ends_h), **host)
     if req_pool_indices is None or ends is None:
         raise ValueError("catch-up indices need the device's req_pool_indices and ends, or "
                          "the host's rows_cpu and ends_cpu")
-    num_tokens = int(lens.sum())
     sr, sb, sl, sn = to_device(np.stack([seg_req, begin, lens, counts[seg_req]]),
                                ends.device).unbind(0)
     tok = _segment_tokens(sr, sb, sl, sn, ends=ends, req_pool_indices=req_pool_indices,
-                          req_to_token=req_to_token, num_tokens=num_tokens)
+                          req_to_token=req_to_token, num_tokens=host["num_tokens"])
     return CatchUpIndices(
         req_pool_indices=tok.rows, positions=tok.positions, slots=tok.slots,
         prefix_lens=tok.prefix.to(torch.int32), extend_lens=sl.to(torch.int32),
-        seq_lens=tok.prefix + sl, last_rows=tok.cum - 1, extend_lens_cpu=lens.tolist(),
-        prefix_lens_cpu=None, seq_lens_cpu=None, num_tokens=num_tokens,
-        batch_positions=np.asarray(batch_positions, dtype=np.int64)[seg_req].tolist(),
-        final=[bool(g.final) for g in segments])
+        seq_lens=tok.prefix + sl, last_rows=tok.cum - 1, prefix_lens_cpu=None,
+        seq_lens_cpu=None, **host)
 
 
-def _host_indices(segments: Sequence[Segment], seg_req: np.ndarray, begin: np.ndarray,
-                  lens: np.ndarray, counts: np.ndarray, batch_positions: Sequence[int],
-                  req_to_token: torch.Tensor, rows: np.ndarray,
-                  ends: np.ndarray) -> CatchUpIndices:
-    s, num_tokens = len(segments), int(lens.sum())
+def _host_indices(seg_req: np.ndarray, begin: np.ndarray, lens: np.ndarray, counts: np.ndarray,
+                  req_to_token: torch.Tensor, rows: np.ndarray, ends: np.ndarray) -> dict:
+    """The device fields of CatchUpIndices and their host mirrors, computed on the host."""
+    s, t = len(seg_req), int(lens.sum())
     prefix = ends[seg_req] - counts[seg_req] + begin
     cum = np.cumsum(lens)
     seg_of_tok = np.repeat(np.arange(s), lens)
-    positions = prefix[seg_of_tok] + np.arange(num_tokens) - (cum - lens)[seg_of_tok]
+    positions = prefix[seg_of_tok] + np.arange(t) - (cum - lens)[seg_of_tok]
     seg_rows = rows[seg_req]
     # One upload: [positions | token rows | rows | prefix, extend | seq | last rows].
-    t, dev = num_tokens, to_device(np.concatenate(
+    dev = to_device(np.concatenate(
         [positions, seg_rows[seg_of_tok], seg_rows, prefix, lens, prefix + lens, cum - 1]),
         req_to_token.device)
     lens32 = dev[2 * t + s:2 * t + 3 * s].to(torch.int32)
-    return CatchUpIndices(
-        req_pool_indices=dev[2 * t:2 * t + s], positions=dev[:t],
-        slots=req_to_token[dev[t:2 * t], dev[:t]].to(torch.int64),
-        prefix_lens=lens32[:s], extend_lens=lens32[s:],
-        seq_lens=dev[2 * t + 3 * s:2 * t + 4 * s], last_rows=dev[2 * t + 4 * s:],
-        extend_lens_cpu=lens.tolist(), prefix_lens_cpu=prefix.tolist(),
-        seq_lens_cpu=torch.from_numpy(prefix + lens), num_tokens=num_tokens,
-        batch_positions=np.asarray(batch_positions, dtype=np.int64)[seg_req].tolist(),
-        final=[bool(g.final) for g in segments])
+    return dict(req_pool_indices=dev[2 * t:2 * t + s], positions=dev[:t],
+                slots=req_to_token[dev[t:2 * t], dev[:t]].to(torch.int64),
+                prefix_lens=lens32[:s], extend_lens=lens32[s:],
+                seq_lens=dev[2 * t + 3 * s:2 * t + 4 * s], last_rows=dev[2 * t + 4 * s:],
+                prefix_lens_cpu=prefix.tolist(), seq_lens_cpu=torch.from_numpy(prefix + lens))
