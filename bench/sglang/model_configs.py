@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 # The dual-graph worker's speculative algorithm (the plugin registers it with SGLang).
 ALGO = "DUAL_GRAPH_EAGLE3"
@@ -29,6 +30,12 @@ class LlamaShapes:
     max_position_embeddings: int = 8192
     rope_theta: float = 500000.0
     rms_norm_eps: float = 1e-5
+
+
+def engine_attention_backend(flag: str) -> Optional[str]:
+    """A bench's --attention-backend as sglang.Engine takes it: None for 'default' (SGLang
+    picks: fa3 on Hopper)."""
+    return None if flag == "default" else flag
 
 
 def llama3_8b_shapes() -> LlamaShapes:

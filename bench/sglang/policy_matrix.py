@@ -41,6 +41,7 @@ from bench.sglang.model_configs import (
     ALGO,
     EAGLE3_MAX_RUNNING_REQUESTS,
     SPEC_ARGS,
+    engine_attention_backend,
     llama3_8b_shapes,
     write_dummy_pair,
 )
@@ -429,7 +430,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: --dual-env: {exc}", file=sys.stderr)
         return 2
-    backend = None if args.attention_backend == "default" else args.attention_backend
+    backend = engine_attention_backend(args.attention_backend)
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
                 "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}}
     earlier = []

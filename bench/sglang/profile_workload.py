@@ -100,13 +100,12 @@ class WorkloadSpec:
         }
 
     def engine_kwargs(self, target: Path, draft: Path) -> dict:
-        from bench.sglang.model_configs import ALGO
+        from bench.sglang.model_configs import ALGO, engine_attention_backend
         from bench.sglang.run_sglang_suite import Suite, server_kwargs
 
         # The GPU suite's bench engine.
-        backend = None if self.attention_backend == "default" else self.attention_backend
         return (server_kwargs(target, "dummy", self.max_graph_bs, log_level=self.log_level,
-                              attention_backend=backend)
+                              attention_backend=engine_attention_backend(self.attention_backend))
                 | Suite.spec_kwargs(ALGO, draft))
 
     def workload_argv(self) -> list[str]:

@@ -35,6 +35,7 @@ from bench.sglang.model_configs import (
     ALGO,
     EAGLE3_MAX_RUNNING_REQUESTS,
     SPEC_ARGS,
+    engine_attention_backend,
     llama3_8b_shapes,
     write_dummy_pair,
     write_word_tokenizer,
@@ -59,9 +60,8 @@ SERVER_FLAGS = ("--cuda-graph-max-bs", "256", "--enable-metrics")
 
 def server_flags(attention_backend: str) -> tuple[str, ...]:
     """The servers' flags with the attention backend asked for ('default': SGLang's)."""
-    if attention_backend == "default":
-        return SERVER_FLAGS
-    return ("--attention-backend", attention_backend, *SERVER_FLAGS)
+    backend = engine_attention_backend(attention_backend)
+    return SERVER_FLAGS if backend is None else ("--attention-backend", backend, *SERVER_FLAGS)
 
 
 @dataclass(frozen=True)
