@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.estimate_error import replay
+from bench.sglang.estimate_error import EXCHANGE_EVERY, replay
+from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.argtypes import int_range
 
 
@@ -24,24 +25,23 @@ def fit_history(trace: dict) -> list[dict]:
     """(step, fixed ms, us per token) after each exchange where the line moved."""
     out: list[dict] = []
     steps, p = 0, None
-
-    def read() -> None:
-        e = p.estimates()
-        now = {"step": steps, "fixed_ms": round(e["catch_up_fixed_s"] * 1e3, 3),
-               "us_per_token": round(e["catch_up_s_per_token"] * 1e6, 2)}
-        if not out or (out[-1]["fixed_ms"], out[-1]["us_per_token"]) != \
-                (now["fixed_ms"], now["us_per_token"]):
-            out.append(now)
-
     for p, _, row in replay(trace):
-        if row[0] == "p":
-            continue
-        if steps and steps % 8 == 0:          # the exchange after the last 8 steps is in
-            read()
-        steps += 1
-    if p is not None and steps % 8 == 0 and steps:
-        read()                                # the trace ended right after an exchange
+        if row[0] != "p":
+            if steps and steps % EXCHANGE_EVERY == 0:     # the exchange just made is in
+                _read_fit(out, p, steps)
+            steps += 1
+    if p is not None:
+        _read_fit(out, p, steps)                          # an exchange after the last row
     return out
+
+
+def _read_fit(out: list[dict], p: GoodputController, step: int) -> None:
+    e = p.estimates()
+    now = {"step": step, "fixed_ms": round(e["catch_up_fixed_s"] * 1e3, 3),
+           "us_per_token": round(e["catch_up_s_per_token"] * 1e6, 2)}
+    if not out or (out[-1]["fixed_ms"], out[-1]["us_per_token"]) != \
+            (now["fixed_ms"], now["us_per_token"]):
+        out.append(now)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -28,6 +28,7 @@ from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTim
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
 AHEAD = 400
 MIN_STEPS = 8
+EXCHANGE_EVERY = 8      # the worker's default sync_every
 
 
 def controller_for(trace: dict, prior: bool = True) -> GoodputController:
@@ -41,7 +42,7 @@ def controller_for(trace: dict, prior: bool = True) -> GoodputController:
 def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
     """The trace's cost rows fed to a controller in order, each yielded (with the controller,
     its index) just before the controller takes it; each step committed in the mode it ran
-    (the step count), an exchange every 8 steps as the worker does."""
+    (the step count), an exchange every EXCHANGE_EVERY steps as the worker does."""
     p, steps = controller_for(trace), 0
     for at, row in enumerate(trace["costs"]):
         yield p, at, row
@@ -52,7 +53,7 @@ def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
         p.commit(Decision(MODES[mode], Reason.GOODPUT))
         p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
         steps += 1
-        if steps % 8 == 0:
+        if steps % EXCHANGE_EVERY == 0:
             p.exchange(lambda v: v)
 
 
