@@ -904,12 +904,15 @@ class GoodputController:
         """Key i (of `mode`) not measured lately; for spec, or no acceptance seen lately."""
         if i is None:
             return False
-        horizon = self._step - self.config.stale_after
         if self._explored_at[mode] >= self._step - self.config.stale_after // 4:
             return False             # re-measured lately; its samples may still be on the way
         # Acceptance moves faster than step times do: a quarter of the window makes it stale.
-        return self._last[i] < horizon or (
+        return self._time_stale(i) or (
             mode is Mode.SPEC and self._accept_at < self._step - self.config.stale_after // 4)
+
+    def _time_stale(self, i: int) -> bool:
+        """Key i's step time not measured within the last stale_after steps."""
+        return self._last[i] < self._step - self.config.stale_after
 
     def _plausible(self, mode: Mode, t: Optional[float], current_t: float,
                    inputs: PolicyInputs) -> bool:
@@ -988,8 +991,7 @@ class GoodputController:
             # The first steps whose acceptance is too low end it (_probe_lost), as they will if
             # the estimate is right; a step time not measured lately is judged as far faster as
             # it may have drifted (a stale one may be what keeps speculation out).
-            drift = 1.0 if self._last[key] >= self._step - self.config.stale_after else \
-                1.0 - _STEP_DRIFT
+            drift = 1.0 - _STEP_DRIFT if self._time_stale(key) else 1.0
             high = self._steps_high(self.expected_accept(inputs.rows), 0.0, 1)
             if self._spec_wins(high, explored * drift, t, inputs.bs) is False:
                 steps = min(self._sight, steps)
