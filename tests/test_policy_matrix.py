@@ -161,7 +161,7 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     assert mm.main(["--out", str(out), a, b]) == 0
     merged = json.loads((out / "policy-matrix.json").read_text())
     # How each call repeated its short cells is its own; the servers' settings are shared.
-    assert merged["settings"] == {"attention_backend": "default",
+    assert merged["settings"] == {"attention_backend": "default", "host_load": 0,
                                   "short_cells": {"a": repeats, "b": None}}
     assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
     assert {r["call"] for r in merged["records"]} == {"a", "b"}
@@ -291,8 +291,8 @@ def test_the_machine_report_tells_a_slow_host_from_a_slow_engine_process():
             cell("dual", 3.5, 12.5, 1755.0, 1.0), cell("dual", 3.5, 12.5, 1980.0, 1.0),
             cell("plain", None, 30.0, 1980.0, 0.4) | {"from": "run7"}]
     md = pm.machine_report(recs)
-    assert "| dual | 3.5 | 2 | 12.5, 12.5 | 1755-1980 | 2.00 |" in md
-    assert "| eagle3 | 3.5 | 2 | 12.5, 13.0 | 1980-1980 | 1.00 |" in md
+    assert "| dual | 3.5 | 2 | 12.5, 12.5 | - | 1755-1980 | 2.00 |" in md
+    assert "| eagle3 | 3.5 | 2 | 12.5, 13.0 | - | 1980-1980 | 1.00 |" in md
     assert "plain" not in md
     assert pm.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""
 

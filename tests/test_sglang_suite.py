@@ -216,7 +216,7 @@ def test_a_short_cell_runs_again_on_fresh_prompts_and_reads_the_median(monkeypat
             return [{"output_ids": [0] * sampling_params["max_new_tokens"]} for _ in input_ids]
 
     monkeypatch.setattr(engine_child.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(engine_child, "_host_probe_ms", lambda: 0.0)
+    monkeypatch.setattr(engine_child, "probe_ms", lambda: 0.0)
     (task,) = [t for t in tasks_for("dual", [2.0], [Workload.parse("8x40@1,4")], 100,
                                     Repeats(2.0, 3)) if t["kind"] == "sweep"]
     task["warmup"] = task["warm_shapes"] = False

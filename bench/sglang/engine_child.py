@@ -26,6 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+from bench.sglang.host_speed import Hogs, probe_ms
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # An engine process's first ~35 steps run slow on the H200 (bs-1 spec 7.2-8.5 ms, 6.6 steady):
 # this warm-up (18-64 steps, by mode and acceptance) and the shapes' after it take them, so no
@@ -89,17 +91,6 @@ def _tree_cpu_s() -> Optional[float]:
         return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _host_probe_ms() -> float:
-    """The median of three runs of a fixed piece of Python work: the machine's host speed at
-    this moment (a slow spell of the host shows here, not in the engine's code)."""
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        sum(i * i for i in range(200_000))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[1]
 
 
 def _gpu_state() -> dict:
@@ -198,31 +189,37 @@ def run_sweep(engine, task: dict, emit) -> dict:
             engine.generate(input_ids=probe, sampling_params=_sampling(1))
             probe_s = time.perf_counter() - t1
         before = _dual_state(engine)
-        probe_ms, cpu0 = _host_probe_ms(), _tree_cpu_s()
+        probe, cpu0 = probe_ms(), _tree_cpu_s()
         t0w = time.time()
         if task.get("short_cell_runs", 1) > 1 and not (
                 c < REPEAT_SEED_STRIDE and task["short_cell_runs"] <= MAX_RUNS):
             raise ValueError(f"short-cell repeats need C < {REPEAT_SEED_STRIDE} and at most "
                              f"{MAX_RUNS} runs (fresh prompts each), not C={c}")
-        runs = [_timed_batch(engine, task, c, 0)]
-        # A short cell is a few hundred steps: one slow spell of the host moves it by percents,
-        # so it runs again (fresh prompts) and reads the median run.
-        while runs[0][0] < task.get("short_cell_s", 0.0) and \
-                len(runs) < task.get("short_cell_runs", 1):
-            runs.append(_timed_batch(engine, task, c, len(runs)))
+        load = int(task.get("host_load", 0))
+        runs, spans = [], []
+        with Hogs(load):
+            # A short cell is a few hundred steps: one slow spell of the host moves it by
+            # percents, so it runs again (fresh prompts) and reads the median run.
+            while not runs or (runs[0][0] < task.get("short_cell_s", 0.0)
+                               and len(runs) < task.get("short_cell_runs", 1)):
+                t_run = time.time()
+                runs.append(_timed_batch(engine, task, c, len(runs)))
+                spans.append([round(t_run, 3), round(time.time(), 3)])
         cpu1 = _tree_cpu_s()
         # The median run (the slower middle one of an even count) is the cell's figure; the
         # machine record and the worker's counters span every run (`*_total`).
         speeds = [tokens / dt for dt, tokens in runs]
         dt, tokens = sorted(runs, key=lambda r: r[1] / r[0])[(len(runs) - 1) // 2]
         point = {"concurrency": c, "seconds": dt, "output_tokens": tokens, "tok_s": tokens / dt,
-                 "t_start": t0w, "t_end": time.time(),
-                 "machine": {"host_probe_ms": probe_ms, **_gpu_state(),
+                 "t_start": t0w, "t_end": time.time(), "runs_t": spans,
+                 "machine": {"host_probe_ms": probe, **_gpu_state(),
                              "cpu_s": None if None in (cpu0, cpu1) else cpu1 - cpu0}}
         if len(runs) > 1:
             point |= {"runs_tok_s": [round(x, 2) for x in speeds],
                       "seconds_total": sum(r[0] for r in runs),
                       "output_tokens_total": sum(r[1] for r in runs)}
+        if load:
+            point["host_load"] = load
         if probe_s is not None:
             point["prefill_only_seconds"] = probe_s
         if before is not None:

@@ -77,7 +77,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
 
 def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
-    return {k: v for k, v in (matrix.get("settings") or {}).items() if k != "short_cells"}
+    settings = {"host_load": 0} | (matrix.get("settings") or {})    # unloaded before the key
+    return {k: v for k, v in settings.items() if k != "short_cells"}
 
 
 def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:

@@ -18,7 +18,10 @@ per-step costs by place in a run (DIR/step-costs.md). With --processes N every e
 processes, taken in turn (plain, EAGLE-3, worker, plain, ...): a cell's tok/s is the median of
 its processes (each process's record kept, with its `process`), since one process's
 low-concurrency cells move by a few percent from the next one's. The step log is the first
-worker process's.
+worker process's. A side process samples the host's speed all along (host_speed.py,
+DIR/host-speed.jsonl): every cell and run carries it, and the report sets each engine's runs on
+a slow host apart; --host-load N spins N processes while each cell runs, to measure on purpose
+what a slower host costs each engine.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang import step_costs
+from bench.sglang import host_speed, step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, run_child
@@ -50,6 +53,9 @@ from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments
 
 ENGINES = ("plain", "eagle3", "dual")
+HOST_SPEED_FILE = "host-speed.jsonl"
+# A run whose host probe read this much above the matrix's median ran on a slow host.
+SLOW_HOST = 1.25
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
 
 # What a matrix without a "settings" record was measured with (every run before it: triton).
 SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
-                   "short_cells": {"below_s": 0.0, "runs": 1}}
+                   "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0}
 
 
 def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
@@ -105,7 +111,7 @@ def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optio
     if not diff:
         return None
     flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
-             "short_cells": "--short-cell-s/--short-cell-runs"}
+             "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
 
@@ -136,22 +142,24 @@ class Repeats:
 
 
 def sweep_task(w: Workload, name: str, vocab: int, *, warm_shapes: bool, seed: int,
-               repeats: Repeats = Repeats(0.0, 1)) -> dict:
-    """engine_child's sweep: one batch of C requests per concurrency, after a warm-up."""
+               repeats: Repeats = Repeats(0.0, 1), host_load: int = 0) -> dict:
+    """engine_child's sweep: one batch of C requests per concurrency, after a warm-up; with
+    `host_load` that many spinning processes while each cell runs (host_speed.Hogs)."""
     return {"name": name, "kind": "sweep", "concurrency": list(w.concurrency),
             "input_len": w.input_len, "output_len": w.output_len, "vocab": vocab,
             "warmup": True, "warm_shapes": warm_shapes, "seed": seed,
-            "short_cell_s": repeats.short_s, "short_cell_runs": repeats.runs}
+            "short_cell_s": repeats.short_s, "short_cell_runs": repeats.runs,
+            "host_load": host_load}
 
 
 def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int,
-              repeats: Repeats = Repeats()) -> list:
+              repeats: Repeats = Repeats(), host_load: int = 0) -> list:
     def sweep(w: Workload, name: str, phase: int) -> dict:
         # Prompts unique to each (phase, workload): the radix cache must serve none of them.
         # The first phase warms every shape first, alike for every engine.
         return sweep_task(w, name, vocab, warm_shapes=phase == 0,
                           seed=1000 + 100_000 * phase + 10_000 * workloads.index(w),
-                          repeats=repeats)
+                          repeats=repeats, host_load=host_load)
 
     if kind == "plain":
         return [sweep(w, w.name, 0) for w in workloads]
@@ -187,7 +195,8 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                    "input_len": w.input_len, "output_len": w.output_len,
                    "concurrency": int(p["concurrency"]), "engine": kind,
                    "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
-            for key in ("runs_tok_s", "seconds_total", "output_tokens_total"):
+            for key in ("runs_tok_s", "seconds_total", "output_tokens_total", "t_start",
+                        "t_end", "runs_t", "host_load"):
                 if key in p:
                     rec[key] = p[key]
             if p.get("dual_graph"):
@@ -305,11 +314,52 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
     return lines
 
 
+def with_host_speed(rec: dict, samples: list[tuple[float, float]]) -> dict:
+    """`rec` with the host's speed while it ran (host_speed.during): the cell's in its machine
+    record (`host_ms`), each run's in `runs_host_ms`."""
+    if not samples or "t_start" not in rec:
+        return rec
+    out = rec | {"machine": (rec.get("machine") or {})
+                 | {"host_ms": host_speed.during(samples, rec["t_start"], rec["t_end"])}}
+    if rec.get("runs_t"):
+        out["runs_host_ms"] = [host_speed.during(samples, a, b) for a, b in rec["runs_t"]]
+    return out
+
+
+def slow_host_report(recs: list[dict]) -> str:
+    """Per engine, its repeated cells' runs on a slow host (the probe SLOW_HOST x the matrix's
+    median or more) against its other runs, each as tok/s over its cell's fastest run: an engine
+    a slow host slows shows a lower figure there."""
+    runs = [(r["engine"], tok / max(r["runs_tok_s"]), ms)
+            for r in recs if "from" not in r and len(r.get("runs_host_ms") or []) > 1
+            for tok, ms in zip(r["runs_tok_s"], r["runs_host_ms"]) if ms is not None]
+    if not runs:
+        return ""
+    base = statistics.median(ms for _, _, ms in runs)
+    lines = ["\n## Runs on a slow host\n",
+             f"Host probe median {base:.1f} ms over the repeated cells' runs; a run at "
+             f">= {SLOW_HOST:g}x that ran on a slow host. tok/s over its cell's fastest run "
+             "(median, lowest):\n",
+             "| engine | slow-host runs | their speed | other runs | their speed |",
+             "|---|---|---|---|---|"]
+    for engine in sorted({e for e, _, _ in runs}):
+        slow = [v for e, v, ms in runs if e == engine and ms >= SLOW_HOST * base]
+        rest = [v for e, v, ms in runs if e == engine and ms < SLOW_HOST * base]
+        lines.append(f"| {engine} | {len(slow)} | {_spread(slow)} | {len(rest)} | "
+                     f"{_spread(rest)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f}, {min(values):.3f}" if values else "-"
+
+
 def machine_report(recs: list[dict]) -> str:
     """Per engine and accept phase, the machine around its cells: a fixed Python workload's
-    time (host speed), the GPU's SM clock after a cell, and the engine's CPU seconds per 1000
-    output tokens. A slow spell of the host shows in the first, one of the GPU in the second,
-    one of an engine's own process in the third alone."""
+    time before each cell and the side sampler's while it ran (host speed), the GPU's SM clock
+    after a cell, and the engine's CPU seconds per 1000 output tokens. A slow spell of the host
+    shows in the first two, one of the GPU in the third, one of an engine's own process in the
+    last alone."""
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
         if r.get("machine") and "from" not in r:
@@ -317,18 +367,21 @@ def machine_report(recs: list[dict]) -> str:
     if not groups:
         return ""
     lines = ["\n## The machine around the cells\n",
-             "| engine | accept | cells | host probe ms (median, max) | SM MHz (min-max) "
-             "| CPU s / 1k tokens |", "|---|---|---|---|---|---|"]
+             "| engine | accept | cells | host probe ms (median, max) | host ms during cells "
+             "(median, max) | SM MHz (min-max) | CPU s / 1k tokens |",
+             "|---|---|---|---|---|---|---|"]
     for (engine, accept), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         m = [r["machine"] for r in rs]
         probe = [x["host_probe_ms"] for x in m if "host_probe_ms" in x]
         sm = [x["sm_mhz"] for x in m if "sm_mhz" in x]
+        during = [x["host_ms"] for x in m if x.get("host_ms") is not None]
         timed = [r for r in rs if r["machine"].get("cpu_s") is not None]
         cpu = sum(r["machine"]["cpu_s"] for r in timed)
         tokens = sum(r.get("output_tokens_total", r["tok_s"] * r["seconds"]) for r in timed)
         lines.append(
             f"| {engine} | {'-' if accept is None else f'{accept:g}'} | {len(rs)} | "
             + (f"{statistics.median(probe):.1f}, {max(probe):.1f}" if probe else "-") + " | "
+            + (f"{statistics.median(during):.1f}, {max(during):.1f}" if during else "-") + " | "
             + (f"{min(sm):.0f}-{max(sm):.0f}" if sm else "-") + " | "
             + (f"{1000 * cpu / tokens:.2f}" if tokens and cpu else "-") + " |")
     return "\n".join(lines) + "\n"
@@ -396,6 +449,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="a cell whose first run is shorter runs --short-cell-runs times in all; "
                          "its tok/s is their median (0: every cell once)")
     ap.add_argument("--short-cell-runs", type=int, default=Repeats.runs)
+    ap.add_argument("--host-load", type=int, default=0, metavar="N",
+                    help="N processes spin on the CPU while every cell runs: how much a slower "
+                         "host costs each engine, measured on purpose (default 0)")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -411,6 +467,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     repeats = Repeats(args.short_cell_s, args.short_cell_runs)
+    if args.host_load < 0:
+        print(f"error: --host-load must be >= 0 processes, got {args.host_load}",
+              file=sys.stderr)
+        return 2
     if not 1 <= args.processes <= 9:
         print(f"error: --processes must be 1-9, got {args.processes}", file=sys.stderr)
         return 2
@@ -432,7 +492,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     backend = engine_attention_backend(args.attention_backend)
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
-                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}}
+                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs},
+                "host_load": args.host_load}
     earlier = []
     if args.fill_from:
         try:
@@ -449,7 +510,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     # The records kept from an earlier run into DIR must come from the same servers.
-    kept = ("attention_backend", "short_cells") + (() if "dual" in engines else ("dual_env",))
+    kept = ("attention_backend", "short_cells", "host_load") + (
+        () if "dual" in engines else ("dual_env",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
         return 2
@@ -464,46 +526,52 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
             f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
-            f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}")
+            f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}"
+            + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
+               "each cell runs" if args.host_load else ""))
     columns = merged_workloads(previous.get("workloads", []), workloads)
     accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
-    for process, kind in ((p, k) for p in range(args.processes) for k in engines):
-        env = {}
-        if kind != "plain":
-            acc_file = out / f"acc-{kind}"
-            acc_file.write_text(str(accepts[0]))
-            env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file),
-                   SAMPLING_ENV: args.acc_sampling}
-        if kind == "dual":
-            if args.step_log and not process:
-                (out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
-                env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
-            env |= dual_env
-        spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
-                                               args.log_level, backend),
-                "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size,
-                                               repeats)}
-        name = kind if not process else f"{kind}.p{process + 1}"
-        res = run_engine(name, spec, out, deadline)
-        recs += [r | {"process": process + 1} if args.processes > 1 else r
-                 for r in records(kind, res, workloads)]
-        filled = fill_from(recs, earlier, args.fill_from or "")
-        cells = ratios(per_cell_median(filled))
-        first_cells = ratios(per_cell_median(first_runs(filled))) if repeated(filled) else None
-        matrix = {"note": note, "accepts": accepts_seen,
-                  "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
-                                for w in columns],
-                  "records": filled, "cells": cells,
-                  **({"cells_first_run": first_cells} if first_cells else {}),
-                  "settings": settings,
-                  "startup_s": previous.get("startup_s", {}) | {name: res.get("startup_s")}}
-        previous = matrix
-        matrix_path.write_text(json.dumps(matrix, indent=1))
-        (out / "report.md").write_text(report(cells, accepts_seen, columns, note)
-                                       + first_run_report(first_cells, accepts_seen, columns)
-                                       + machine_report(filled))
-        if cells:
-            heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
+    with host_speed.Sampler(out / HOST_SPEED_FILE):
+        for process, kind in ((p, k) for p in range(args.processes) for k in engines):
+            env = {}
+            if kind != "plain":
+                acc_file = out / f"acc-{kind}"
+                acc_file.write_text(str(accepts[0]))
+                env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file),
+                       SAMPLING_ENV: args.acc_sampling}
+            if kind == "dual":
+                if args.step_log and not process:
+                    (out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
+                    env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
+                env |= dual_env
+            spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
+                                                   args.log_level, backend),
+                    "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size,
+                                                   repeats, args.host_load)}
+            name = kind if not process else f"{kind}.p{process + 1}"
+            res = run_engine(name, spec, out, deadline)
+            samples = host_speed.read(out / HOST_SPEED_FILE)
+            recs += [with_host_speed(r, samples) | ({"process": process + 1}
+                                                    if args.processes > 1 else {})
+                     for r in records(kind, res, workloads)]
+            filled = fill_from(recs, earlier, args.fill_from or "")
+            cells = ratios(per_cell_median(filled))
+            first_cells = ratios(per_cell_median(first_runs(filled))) if repeated(filled) else None
+            matrix = {"note": note, "accepts": accepts_seen,
+                      "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
+                                    for w in columns],
+                      "records": filled, "cells": cells,
+                      **({"cells_first_run": first_cells} if first_cells else {}),
+                      "settings": settings,
+                      "startup_s": previous.get("startup_s", {}) | {name: res.get("startup_s")}}
+            previous = matrix
+            matrix_path.write_text(json.dumps(matrix, indent=1))
+            (out / "report.md").write_text(report(cells, accepts_seen, columns, note)
+                                           + first_run_report(first_cells, accepts_seen, columns)
+                                           + machine_report(filled)
+                                           + slow_host_report(filled))
+            if cells:
+                heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
     if (out / "dual.steps.jsonl").exists():
         dual = json.loads((out / "dual.json").read_text()) if (out / "dual.json").exists() \

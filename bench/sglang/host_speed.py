@@ -1,0 +1,120 @@
+"""BENCHMARK ONLY: the host's speed over a run, and a load that slows the host on purpose.
+
+The policy matrix runs its engines one after another on a VM whose CPUs the host shares, so a
+slow spell of the host can land on one engine's cells and not another's. ``Sampler`` runs a side
+process that times a fixed piece of Python every PERIOD_S (``{"t", "ms"}`` lines); ``during``
+reads the host's speed over one cell or run from them. ``Hogs(k)`` spins k processes while a cell
+runs, so how much a slower host costs each engine is measured on purpose, not waited for.
+
+    python -m bench.sglang.host_speed FILE [--period S]     # the sampler, until killed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from dual_graph_worker.core.jsonl import json_lines
+
+PERIOD_S = 0.25
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def probe_ms() -> float:
+    """The median of three runs of a fixed piece of Python work, in ms: the host's speed now."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[1]
+
+
+class _Processes:
+    """Child processes that live as long as a ``with`` block."""
+
+    def __init__(self, commands: Sequence[list[str]]) -> None:
+        self._commands = commands
+        self._procs: list[subprocess.Popen] = []
+
+    def __enter__(self):
+        self._procs = [subprocess.Popen(c, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL) for c in self._commands]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self._procs:
+            p.terminate()
+        for p in self._procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self._procs = []
+
+
+class Sampler(_Processes):
+    """The host-speed side process, writing to `path` for as long as the block runs."""
+
+    def __init__(self, path: Path, period_s: float = PERIOD_S) -> None:
+        super().__init__([[sys.executable, "-m", "bench.sglang.host_speed", str(path),
+                           "--period", str(period_s), "--parent", str(os.getpid())]])
+
+
+class Hogs(_Processes):
+    """`count` processes spinning on the CPU for as long as the block runs (0: none)."""
+
+    def __init__(self, count: int) -> None:
+        if count < 0:
+            raise ValueError(f"host load must be >= 0 processes, got {count}")
+        super().__init__([[sys.executable, "-c", _SPIN, str(os.getpid())]] * count)
+
+
+# Spin until the parent goes: a hog must not outlive an engine process killed at its deadline.
+_SPIN = "import os, sys\np = int(sys.argv[1])\nwhile os.getppid() == p:\n    pass\n"
+
+
+def read(path: Path) -> list[tuple[float, float]]:
+    """(wall time, probe ms) samples of a sampler's file, in order ([] without one)."""
+    if not Path(path).exists():
+        return []
+    return [(d["t"], d["ms"]) for d in json_lines(path) if "t" in d and "ms" in d]
+
+
+def during(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> Optional[float]:
+    """The median probe ms taken in ``[t0, t1]``, or the nearest sample's for a span shorter
+    than the period; None without samples."""
+    inside = [ms for t, ms in samples if t0 <= t <= t1]
+    if inside:
+        return round(statistics.median(inside), 2)
+    if not samples:
+        return None
+    mid = (t0 + t1) / 2
+    return round(min(samples, key=lambda s: abs(s[0] - mid))[1], 2)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sglang.host_speed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file")
+    ap.add_argument("--period", type=float, default=PERIOD_S)
+    ap.add_argument("--parent", type=int, help="stop once this process is gone")
+    args = ap.parse_args(argv)
+    parent = args.parent or os.getppid()
+    with open(args.file, "a") as fh:
+        while os.getppid() == parent:
+            fh.write(json.dumps({"t": time.time(), "ms": round(probe_ms(), 3)}) + "\n")
+            fh.flush()
+            time.sleep(args.period)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

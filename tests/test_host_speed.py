@@ -1,0 +1,143 @@
+"""The host's speed over a matrix run (a side sampler) and a load that slows the host on purpose:
+each cell and run carries the host's speed while it ran, and the report sets runs on a slow host
+apart per engine."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from bench.sglang import engine_child, host_speed
+from bench.sglang import policy_matrix as pm
+
+
+def test_during_reads_the_median_inside_a_span_else_the_nearest_sample():
+    samples = [(10.0, 9.0), (10.25, 15.0), (10.5, 11.0), (12.0, 30.0)]
+    assert host_speed.during(samples, 10.0, 10.5) == 11.0
+    assert host_speed.during(samples, 11.0, 11.1) == 11.0      # between samples: the nearest
+    assert host_speed.during([], 0.0, 1.0) is None
+
+
+def test_the_sampler_writes_until_its_block_ends_and_a_torn_line_is_skipped(tmp_path):
+    path = tmp_path / "speed.jsonl"
+    with host_speed.Sampler(path, period_s=0.01) as sampler:
+        deadline = time.monotonic() + 30
+        while len(host_speed.read(path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (proc,) = sampler._procs
+    assert proc.poll() is not None                     # gone with the block
+    got = host_speed.read(path)
+    assert len(got) >= 2 and all(ms > 0 for _, ms in got)
+    with open(path, "a") as fh:
+        fh.write('{"t": 1.0, "m')
+    assert host_speed.read(path) == got
+    assert host_speed.read(tmp_path / "none.jsonl") == []
+
+
+def test_hogs_spin_only_inside_their_block():
+    with host_speed.Hogs(2) as hogs:
+        procs = list(hogs._procs)
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
+    with host_speed.Hogs(0) as none:
+        assert none._procs == []
+    with pytest.raises(ValueError, match=">= 0"):
+        host_speed.Hogs(-1)
+
+
+def test_a_sweep_under_load_spins_hogs_around_each_cells_runs_and_records_each_run(monkeypatch):
+    loads = []
+
+    class FakeHogs:
+        def __init__(self, count):
+            loads.append(count)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            loads.append("off")
+
+    class FakeEngine:
+        def generate(self, input_ids, sampling_params):
+            loads.append("run")
+            return [{"output_ids": [0] * sampling_params["max_new_tokens"]} for _ in input_ids]
+
+    monkeypatch.setattr(engine_child, "Hogs", FakeHogs)
+    monkeypatch.setattr(engine_child, "probe_ms", lambda: 0.0)
+    (task,) = [t for t in pm.tasks_for("dual", [2.0], [pm.Workload.parse("8x40@1")], 100,
+                                       pm.Repeats(1e9, 3), host_load=5) if t["kind"] == "sweep"]
+    task["warmup"] = task["warm_shapes"] = False
+    (point,) = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)["points"]
+    assert loads == [5, "run", "run", "run", "off"]
+    assert point["host_load"] == 5 and len(point["runs_t"]) == 3
+    assert all(a <= b for a, b in point["runs_t"])
+    (plain,) = [t for t in pm.tasks_for("plain", [2.0], [pm.Workload.parse("8x40@1")], 100)]
+    assert plain["host_load"] == 0
+
+
+def test_records_carry_the_hosts_speed_per_cell_and_per_run():
+    samples = [(t / 4, 10.0 if t < 8 else 20.0) for t in range(16)]
+    rec = {"engine": "dual", "t_start": 0.0, "t_end": 3.9, "machine": {"sm_mhz": 1980.0},
+           "runs_t": [[0.0, 1.9], [2.0, 3.9]]}
+    got = pm.with_host_speed(rec, samples)
+    assert got["machine"] == {"sm_mhz": 1980.0, "host_ms": 15.0}
+    assert got["runs_host_ms"] == [10.0, 20.0]
+    assert pm.with_host_speed(rec, []) == rec
+    assert pm.with_host_speed({"engine": "plain"}, samples) == {"engine": "plain"}
+
+
+def test_the_report_sets_each_engines_runs_on_a_slow_host_apart():
+    def cell(engine, speeds, host):
+        return {"engine": engine, "runs_tok_s": speeds, "runs_host_ms": host}
+    recs = [cell("eagle3", [100.0, 99.0, 100.0], [10.0, 20.0, 10.0]),
+            cell("dual", [100.0, 70.0, 99.0], [10.0, 20.0, 10.0]),
+            cell("dual", [50.0, 50.0, 40.0], [10.0, 10.0, None]),
+            cell("plain", [10.0], [30.0]) | {"from": "run7"}]
+    md = pm.slow_host_report(recs)
+    assert "Host probe median 10.0 ms" in md
+    assert "| dual | 1 | 0.700, 0.700 | 4 | 1.000, 0.990 |" in md
+    assert "| eagle3 | 1 | 0.990, 0.990 | 2 | 1.000, 1.000 |" in md
+    assert "plain" not in md
+    assert pm.slow_host_report([cell("dual", [1.0], [10.0])]) == ""
+
+
+def test_a_loaded_matrix_says_so_and_never_shares_a_folder_with_an_unloaded_one(tmp_path,
+                                                                                monkeypatch,
+                                                                                capsys):
+    specs = []
+
+    def fake_engine(name, spec, out, deadline):
+        specs.append(spec)
+        until = time.monotonic() + 30                   # the side sampler's first line
+        while not host_speed.read(out / pm.HOST_SPEED_FILE) and time.monotonic() < until:
+            time.sleep(0.05)
+        task = "256x256" if name == "plain" else "a3.0-256x256"
+        return {"returncode": 0, "startup_s": 1.0, "tasks": {task: {"points": [
+            {"concurrency": 1, "tok_s": 100.0, "seconds": 1.0, "t_start": time.time() - 1,
+             "t_end": time.time(), "runs_t": [[time.time() - 1, time.time()]]}]}}}
+
+    monkeypatch.setattr(pm, "run_engine", fake_engine)
+    out = tmp_path / "o"
+    args = ["--out", str(out), "--accept", "3", "--workload", "256x256@1"]
+    assert pm.main(args + ["--host-load", "3"]) == 0
+    assert {t["host_load"] for s in specs for t in s["tasks"] if t["kind"] == "sweep"} == {3}
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert "HOST LOADED ON PURPOSE: 3 processes" in matrix["note"]
+    assert matrix["settings"]["host_load"] == 3
+    assert all("host_ms" in r["machine"] for r in matrix["records"])
+    capsys.readouterr()
+    assert pm.main(args) == 2
+    assert "--host-load 3" in capsys.readouterr().err
+    assert pm.main(args + ["--host-load", "-1"]) == 2
+    assert "--host-load must be >= 0" in capsys.readouterr().err
+
+
+def test_a_matrix_from_before_the_load_setting_merges_as_unloaded():
+    from bench.sglang.merge_matrix import _servers
+
+    assert _servers({"settings": {"attention_backend": "default"}}) == \
+        _servers({"settings": {"attention_backend": "default", "host_load": 0}})
+    assert _servers({"settings": {"host_load": 16}}) != _servers({})
