@@ -141,3 +141,42 @@ def test_a_matrix_from_before_the_load_setting_merges_as_unloaded():
     assert _servers({"settings": {"attention_backend": "default"}}) == \
         _servers({"settings": {"attention_backend": "default", "host_load": 0}})
     assert _servers({"settings": {"host_load": 16}}) != _servers({})
+
+
+def _cost(t, mode, bs, seconds, **kw):
+    return {"event": "cost", "kind": "StepTime", "t": t, "mode": mode, "padded_bs": bs,
+            "seconds": seconds, "catch_up_tokens": 0, "carries_next": False} | kw
+
+
+def test_a_switchs_settling_is_read_within_each_run_against_its_own_steady_steps():
+    from bench.sglang import step_costs
+
+    def run(mode, early, late, n=16, bs=4):
+        return [_cost(0.0, mode, bs, early if 2 <= p <= 8 else late) for p in range(1, n + 1)]
+    log = (run("spec", 0.011, 0.010) + run("decode", 0.005, 0.005)
+           + run("spec", 0.020, 0.020)                   # a slower spell, settled alike
+           + run("decode", 0.005, 0.005, n=6)             # too short to read
+           + [_cost(0.0, "spec", 4, 0.5, catch_up_tokens=64)] + run("spec", 0.010, 0.010)[1:])
+    ratios = step_costs.settling_ratios(log)
+    assert [round(r, 3) for r in ratios["spec"]] == [1.1, 1.0, 1.0]
+    assert ratios["decode"] == [1.0]
+    md = step_costs.settling_report(log)
+    assert "| spec | 3 | 1.000 |" in md and step_costs.settling_report([]) == ""
+
+
+def test_the_spells_table_sets_the_workers_spec_steps_beside_the_hosts_speed(tmp_path):
+    from bench.sglang import step_costs
+
+    log = [_cost(t * 0.125, "spec", 4, 0.010 if t < 40 else 0.013) for t in range(80)]
+    log += [{"step": t, "mode": "spec", "t": t * 0.125, "plan_us": 100.0 + 50 * (t >= 40)}
+            for t in range(80)]
+    log.append(_cost(1.0, "spec", 32, 0.1))               # a size above 16: not in the table
+    host = [(t * 0.25, 17.0) for t in range(40)]
+    md = step_costs.spells_report(log, host)
+    assert "| 0 | 0.870 | 100 | 17.0 |" in md and "| 5 | 1.130 | 150 | 17.0 |" in md
+    assert "Correlation" not in md                       # two bins are too few to correlate
+    assert step_costs.spells_report(log, []) == ""
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in log) + "\n")
+    with pytest.raises(SystemExit):
+        step_costs.main([str(path), "--host-speed", str(tmp_path / "none.jsonl")])

@@ -576,7 +576,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if (out / "dual.steps.jsonl").exists():
         dual = json.loads((out / "dual.json").read_text()) if (out / "dual.json").exists() \
             else None
-        costs = step_costs.full_report(list(json_lines(out / "dual.steps.jsonl")), dual)
+        costs = step_costs.full_report(list(json_lines(out / "dual.steps.jsonl")), dual,
+                                       host_speed.read(out / HOST_SPEED_FILE))
         (out / "step-costs.md").write_text(costs)
         print("worker step costs by place in a run (step-costs.md):\n" + costs)
     return 0

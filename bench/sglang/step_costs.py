@@ -1,14 +1,17 @@
 """Measured step costs from a worker's step log (DGW_STEP_LOG "cost" events), grouped by mode,
 padded batch size and the step's place in its run since the last switch, with the steps whose
 cost also held the next batch's launch (a switch, a catch-up, a prefill: overlap scheduling)
-apart: whether steps near a switch cost more than the steady ones, and by how much. With
+apart: whether steps near a switch cost more than the steady ones, and by how much (also within
+each run, against its own steady steps). With
 --cells (an engine's JSON from the policy matrix, whose points carry their wall-clock window):
 per cell, the steps by mode and reason, median step ms per (mode, padded bs), catch-ups and
 prefill seconds: where a cell's time went. The controller's cost terms, where the log has them
-("estimates" lines, every 64 steps), follow as a table over time. With --trace, the log's batch
+("estimates" lines, every 64 steps), follow as a table over time; with --host-speed, the spec
+steps over time beside the host's speed. With --trace, the log's batch
 costs in order as the replay trace tests/test_controller_h200_trace.py reads.
 
     python -m bench.sglang.step_costs STEP_LOG [--cells DIR/dual.json] [--out FILE.md]
+                                      [--host-speed DIR/host-speed.jsonl]
                                       [--trace FILE.json.gz --source TEXT]
 """
 
@@ -24,6 +27,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from bench.sglang import host_speed
 from dual_graph_worker.core.jsonl import json_lines
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
@@ -181,14 +185,104 @@ def host_report(log: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def full_report(log: list[dict], engine: Optional[dict] = None) -> str:
+# A run's settling steps (these places since its switch) against its next steady ones.
+SETTLING, SETTLED = (2, 8), (9, 16)
+
+
+def settling_ratios(events: Iterable[dict]) -> dict[str, list[float]]:
+    """mode -> per run that reached place SETTLED[1] at a padded size: the mean seconds of its
+    SETTLING places over that of its SETTLED places at that size (catch-up steps and those
+    holding the next launch left out). Within one run, so a slow spell at another time in the
+    log never reads as a switch's cost."""
+    out: dict[str, list[float]] = defaultdict(list)
+    run: list[tuple[int, int, float]] = []
+
+    def close(mode: Optional[str]) -> None:
+        for bs in {b for b, place, _ in run if place >= SETTLED[0]}:
+            early = [s for b, p, s in run if b == bs and SETTLING[0] <= p <= SETTLING[1]]
+            late = [s for b, p, s in run if b == bs and SETTLED[0] <= p <= SETTLED[1]]
+            if early and len(late) >= 4:
+                out[mode].append((sum(early) / len(early)) / (sum(late) / len(late)))
+
+    last_mode, place = None, 0
+    for e in events:
+        if e.get("event") != "cost" or e.get("kind") != "StepTime":
+            continue
+        if e["mode"] != last_mode:
+            close(last_mode)
+            run, last_mode, place = [], e["mode"], 0
+        place += 1
+        if place <= SETTLED[1] and not e.get("catch_up_tokens") and not e.get("carries_next"):
+            run.append((int(e["padded_bs"]), place, float(e["seconds"])))
+    close(last_mode)
+    return out
+
+
+def settling_report(events: Iterable[dict]) -> str:
+    ratios = settling_ratios(events)
+    if not ratios:
+        return ""
+    lines = [f"\nA switch's settling steps: per run, its places {SETTLING[0]}-{SETTLING[1]} over "
+             f"its places {SETTLED[0]}-{SETTLED[1]} at the same size\n",
+             "| mode | runs | median | 10th-90th percentile |", "|---|---|---|---|"]
+    for mode, xs in sorted(ratios.items()):
+        lo, hi = np.percentile(xs, [10, 90])
+        lines.append(f"| {mode} | {len(xs)} | {statistics.median(xs):.3f} | "
+                     f"{lo:.3f}-{hi:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+SPELL_BIN_S = 5.0
+
+
+def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
+    """Over time (SPELL_BIN_S bins from the log's first cost): the worker's spec steps at sizes
+    up to 16 over their size's median in the whole log, its planning us, and the side sampler's
+    host probe ms (host_speed.py): a slow spell of the worker's steps that the probe does not
+    share is not the host's."""
+    costs = [e for e in log if e.get("event") == "cost" and e.get("kind") == "StepTime"
+             and e["mode"] == "spec" and e["padded_bs"] <= 16 and not e.get("catch_up_tokens")
+             and not e.get("carries_next")]
+    if not costs or not host:
+        return ""
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for e in costs:
+        by_size[e["padded_bs"]].append(e["seconds"])
+    median = {b: statistics.median(v) for b, v in by_size.items()}
+    t0 = costs[0]["t"]
+    bins: dict[int, list[list[float]]] = defaultdict(lambda: [[], [], []])
+    for e in costs:
+        bins[int((e["t"] - t0) // SPELL_BIN_S)][0].append(e["seconds"] / median[e["padded_bs"]])
+    for d in log:
+        if "step" in d and d.get("mode") == "spec" and "plan_us" in d and d["t"] >= t0:
+            bins[int((d["t"] - t0) // SPELL_BIN_S)][1].append(d["plan_us"])
+    for t, ms in host:
+        if t >= t0:
+            bins[int((t - t0) // SPELL_BIN_S)][2].append(ms)
+    rows = [(k, *(statistics.median(v) if v else float("nan") for v in b))
+            for k, b in sorted(bins.items()) if len(b[0]) >= 20 and b[2]]
+    if not rows:
+        return ""
+    lines = [f"\nSpec steps (padded bs <= 16) over their size's median, by {SPELL_BIN_S:g} s of "
+             "the run, beside the worker's planning and the host probe:\n",
+             "| s | spec step / median | planning us | host probe ms |", "|---|---|---|---|"]
+    lines += [f"| {k * SPELL_BIN_S:.0f} | {r:.3f} | {p:.0f} | {h:.1f} |" for k, r, p, h in rows]
+    if len(rows) >= 8:
+        corr = np.corrcoef([r for _, r, _, _ in rows], [h for _, _, _, h in rows])[0, 1]
+        lines.append(f"\nCorrelation of the step ratio with the host probe over the bins: "
+                     f"{corr:+.2f}.")
+    return "\n".join(lines) + "\n"
+
+
+def full_report(log: list[dict], engine: Optional[dict] = None,
+                host: Optional[list[tuple[float, float]]] = None) -> str:
     """The per-place table of a step log's lines, with the engine's JSON the per-cell one, the
     worker's host time per step, and the controller's cost terms over time where the log has
     them."""
-    text = report(group_costs(log))
+    text = report(group_costs(log)) + settling_report(log)
     if engine is not None:
         text += "\n" + cell_report(log, engine)
-    return text + host_report(log) + estimates_report(log)
+    return text + host_report(log) + spells_report(log, host or []) + estimates_report(log)
 
 
 def trace(log: list[dict], source: str) -> dict:
@@ -220,6 +314,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", help="also write the table here")
     ap.add_argument("--trace", metavar="FILE.json.gz", help="write the replay trace here")
     ap.add_argument("--source", default="", help="the trace's provenance line")
+    ap.add_argument("--host-speed", metavar="JSONL",
+                    help="the matrix's host-speed samples (DIR/host-speed.jsonl): the worker's "
+                         "spec steps over time beside the host's speed")
     args = ap.parse_args(argv)
     if not Path(args.step_log).is_file():
         ap.error(f"{args.step_log}: no such step log; run the worker with DGW_STEP_LOG=PATH")
@@ -239,7 +336,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             json.dump(costs, f, separators=(",", ":"))
         print(f"wrote {args.trace}: {len(costs['costs'])} costs")
         return 0
-    text = full_report(log, engine)
+    if args.host_speed and not Path(args.host_speed).is_file():
+        ap.error(f"--host-speed {args.host_speed}: no such file")
+    text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
     if args.out:
         Path(args.out).write_text(text)
     print(text, end="")
