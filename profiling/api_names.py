@@ -32,6 +32,11 @@ KERNEL_LAUNCH = frozenset({
 # them as added calls.
 POLLING = frozenset({"cudaEventQuery", "cuEventQuery", "cudaStreamQuery", "cuStreamQuery"})
 
+# An event pool's growth: PyTorch's caching allocators create an event when more of their blocks
+# are in flight than ever before, wherever that happens to be. Microseconds, and once; the switch
+# check reports a lone one among many compared switches rather than count it as a switch's cost.
+POOL_GROWTH = frozenset({"cudaEventCreate", "cudaEventCreateWithFlags", "cuEventCreate"})
+
 # Base-name prefixes that must not occur in steady state, by what they cost.
 # Prefixes, because each family has variants (cudaGraphInstantiateWithFlags, cudaMallocAsync,
 # cuMemAllocFromPoolAsync, cudaStreamBeginCaptureToGraph, ...).

@@ -38,6 +38,7 @@ BEGIN_CAPTURE = "cudaStreamBeginCapture_v10000"
 END_CAPTURE = "cudaStreamEndCapture_v10000"
 INSTANTIATE = "cudaGraphInstantiateWithFlags_v11040"
 EVENT_QUERY = "cudaEventQuery_v3020"
+EVENT_CREATE = "cudaEventCreateWithFlags_v3020"
 
 # Each fault `standard_profile` can plant, the one check that must catch it, and a phrase of
 # the violation it reports.
@@ -283,9 +284,10 @@ BLOCKS = (("spec", 4), ("decode", 4), ("spec", 4), ("decode", 4), ("spec", 4))
 
 def standard_profile(violation: Optional[str] = None, *, steady_mark: bool = True,
                      with_config: bool = True, k: int = K,
-                     switch_polls: int = 0) -> ProfileBuilder:
+                     switch_polls: int = 0, gap_events_at: tuple[int, ...] = ()) -> ProfileBuilder:
     """The shared scenario; `violation` (one of VIOLATIONS) plants one fault; `switch_polls`
-    adds that many cudaEventQuery calls to a switch step (and two to the gap before it).
+    adds that many cudaEventQuery calls to a switch step (and two to the gap before it);
+    `gap_events_at` an event creation to the gap before each of those steps.
 
     Faults sit where only their own check can see them: in non-switch steps and in gaps
     between non-switch steps, except the two switch faults.
@@ -323,6 +325,8 @@ def standard_profile(violation: Optional[str] = None, *, steady_mark: bool = Tru
             if switch_polls and i == 8:           # status polls only: not a violation
                 kw["extra_api"] = (EVENT_QUERY,) * switch_polls
                 kw["gap_extra"] = (EVENT_QUERY,) * 2
+            if i in gap_events_at:
+                kw["gap_extra"] = (EVENT_CREATE,)
             if violation == "eager_kernels" and i == 9:
                 kw["eager_kernels"] = 6
             if mode == "decode" and i == 13:  # an eager step: reported, never failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+from collections import Counter
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,21 @@ def test_status_polls_at_a_switch_are_reported_not_counted(tmp_path):
     assert any("29 in 5 switch steps" in n for n in switch.notes), switch.notes
     # A blocking call at the same place still fails (the planted switch fault).
     assert not _outcomes(_sqlite(tmp_path, "switch_extra_api"))[checks.SWITCH_COST].passed
+
+
+def test_a_lone_event_pool_growth_at_a_switch_is_reported_not_counted(tmp_path):
+    """An allocator creating one event, once, at one of many compared switches is its pool
+    growing, not what a switch costs; at two switches, or among too few compared, it counts."""
+    once = _outcomes(standard_profile(gap_events_at=(8,)).write_sqlite(tmp_path / "a.sqlite"))
+    switch = once[checks.SWITCH_COST]
+    assert switch.passed, switch.violations
+    assert any("event-pool growth once" in n and "cudaEventCreateWithFlags +1" in n
+               for n in switch.notes), switch.notes
+    twice = _outcomes(standard_profile(gap_events_at=(8, 12)).write_sqlite(tmp_path / "b.sqlite"))
+    assert len(twice[checks.SWITCH_COST].violations) == 2
+    assert checks._lone_growth([("x", Counter({"cudaEventCreate": 1}))], 9) == set()
+    assert checks._lone_growth([("x", Counter({"cudaEventCreate": 1,
+                                               "cudaStreamSynchronize": 1}))], 50) == set()
 
 
 def test_warm_up_capture_and_allocation_are_outside_steady_state(tmp_path):
