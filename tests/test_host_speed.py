@@ -13,10 +13,11 @@ from bench.sglang import engine_child, host_speed
 from bench.sglang import policy_matrix as pm
 
 
-def test_during_reads_the_median_inside_a_span_else_the_nearest_sample():
+def test_during_reads_the_median_inside_a_span_else_a_near_sample():
     samples = [(10.0, 9.0), (10.25, 15.0), (10.5, 11.0), (12.0, 30.0)]
     assert host_speed.during(samples, 10.0, 10.5) == 11.0
     assert host_speed.during(samples, 11.0, 11.1) == 11.0      # between samples: the nearest
+    assert host_speed.during(samples, 20.0, 21.0) is None      # the sampler had stopped
     assert host_speed.during([], 0.0, 1.0) is None
 
 
@@ -34,6 +35,33 @@ def test_the_sampler_writes_until_its_block_ends_and_a_torn_line_is_skipped(tmp_
         fh.write('{"t": 1.0, "m')
     assert host_speed.read(path) == got
     assert host_speed.read(tmp_path / "none.jsonl") == []
+
+
+def test_the_side_processes_go_with_a_parent_that_dies(tmp_path):
+    """A killed engine process (its deadline) leaves neither hogs nor a sampler running."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\nfrom pathlib import Path\nfrom bench.sglang.host_speed import Hogs, "
+            "Sampler\nh = Hogs(2).__enter__()\ns = Sampler(Path(sys.argv[1])).__enter__()\n"
+            "print(*[p.pid for p in h._procs + s._procs], flush=True)\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.jsonl")],
+                         cwd=host_speed.REPO_ROOT, capture_output=True, text=True, timeout=60)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 3, out.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(_running(p) for p in pids)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for a reaper the test does not own)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_hogs_spin_only_inside_their_block():
@@ -128,6 +156,7 @@ def test_a_loaded_matrix_says_so_and_never_shares_a_folder_with_an_unloaded_one(
     assert "HOST LOADED ON PURPOSE: 3 processes" in matrix["note"]
     assert matrix["settings"]["host_load"] == 3
     assert all("host_ms" in r["machine"] for r in matrix["records"])
+    assert all(len(r["runs_host_ms"]) == 1 for r in matrix["records"])
     capsys.readouterr()
     assert pm.main(args) == 2
     assert "--host-load 3" in capsys.readouterr().err
@@ -153,10 +182,14 @@ def test_a_switchs_settling_is_read_within_each_run_against_its_own_steady_steps
 
     def run(mode, early, late, n=16, bs=4):
         return [_cost(0.0, mode, bs, early if 2 <= p <= 8 else late) for p in range(1, n + 1)]
-    log = (run("spec", 0.011, 0.010) + run("decode", 0.005, 0.005)
+    held = run("spec", 0.010, 0.010)
+    held[2] = _cost(0.0, "spec", 4, 0.5, catch_up_tokens=64)      # place 3: a catch-up's
+    held[4] = _cost(0.0, "spec", 4, 0.5, carries_next=True)       # place 5: holds a launch
+    log = (run("decode", 0.009, 0.005)                   # the process's first run: no switch's
+           + run("spec", 0.011, 0.010) + run("decode", 0.005, 0.005)
            + run("spec", 0.020, 0.020)                   # a slower spell, settled alike
            + run("decode", 0.005, 0.005, n=6)             # too short to read
-           + [_cost(0.0, "spec", 4, 0.5, catch_up_tokens=64)] + run("spec", 0.010, 0.010)[1:])
+           + held)
     ratios = step_costs.settling_ratios(log)
     assert [round(r, 3) for r in ratios["spec"]] == [1.1, 1.0, 1.0]
     assert ratios["decode"] == [1.0]

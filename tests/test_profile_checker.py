@@ -75,9 +75,13 @@ def test_a_lone_event_pool_growth_at_a_switch_is_reported_not_counted(tmp_path):
                for n in switch.notes), switch.notes
     twice = _outcomes(standard_profile(gap_events_at=(8, 12)).write_sqlite(tmp_path / "b.sqlite"))
     assert len(twice[checks.SWITCH_COST].violations) == 2
-    assert checks._lone_growth([("x", Counter({"cudaEventCreate": 1}))], 9) == set()
+    lone = [("x", Counter({"cudaEventCreate": 1}))]
+    assert checks._lone_growth(lone, 10) == {0} and checks._lone_growth(lone, 9) == set()
     assert checks._lone_growth([("x", Counter({"cudaEventCreate": 1,
                                                "cudaStreamSynchronize": 1}))], 50) == set()
+    # Growth at two places, even under two names, or many events at one: a switch's cost.
+    assert checks._lone_growth(lone + [("y", Counter({"cuEventCreate": 1}))], 50) == set()
+    assert checks._lone_growth([("x", Counter({"cuEventCreate": 40}))], 50) == set()
 
 
 def test_warm_up_capture_and_allocation_are_outside_steady_state(tmp_path):

@@ -189,7 +189,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
             engine.generate(input_ids=probe, sampling_params=_sampling(1))
             probe_s = time.perf_counter() - t1
         before = _dual_state(engine)
-        probe, cpu0 = probe_ms(), _tree_cpu_s()
+        host_ms, cpu0 = probe_ms(), _tree_cpu_s()
         t0w = time.time()
         if task.get("short_cell_runs", 1) > 1 and not (
                 c < REPEAT_SEED_STRIDE and task["short_cell_runs"] <= MAX_RUNS):
@@ -212,7 +212,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
         dt, tokens = sorted(runs, key=lambda r: r[1] / r[0])[(len(runs) - 1) // 2]
         point = {"concurrency": c, "seconds": dt, "output_tokens": tokens, "tok_s": tokens / dt,
                  "t_start": t0w, "t_end": time.time(), "runs_t": spans,
-                 "machine": {"host_probe_ms": probe, **_gpu_state(),
+                 "machine": {"host_probe_ms": host_ms, **_gpu_state(),
                              "cpu_s": None if None in (cpu0, cpu1) else cpu1 - cpu0}}
         if len(runs) > 1:
             point |= {"runs_tok_s": [round(x, 2) for x in speeds],

@@ -38,15 +38,23 @@ def probe_ms() -> float:
 
 
 class _Processes:
-    """Child processes that live as long as a ``with`` block."""
+    """Child processes that live as long as a ``with`` block; each prints one byte once it runs
+    (so the block starts with them running) and exits when its parent is gone."""
 
     def __init__(self, commands: Sequence[list[str]]) -> None:
         self._commands = commands
         self._procs: list[subprocess.Popen] = []
 
-    def __enter__(self):
-        self._procs = [subprocess.Popen(c, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL) for c in self._commands]
+    def __enter__(self) -> "_Processes":
+        try:
+            for c in self._commands:
+                self._procs.append(subprocess.Popen(c, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                                    stdout=subprocess.PIPE))
+            for p in self._procs:
+                p.stdout.read(1)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -57,15 +65,19 @@ class _Processes:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+            p.stdout.close()
         self._procs = []
 
 
 class Sampler(_Processes):
-    """The host-speed side process, writing to `path` for as long as the block runs."""
+    """The host-speed side process, appending to `path` for as long as the block runs: a probe,
+    then `period_s` of sleep (~4-7% of one core on the H200's host)."""
 
     def __init__(self, path: Path, period_s: float = PERIOD_S) -> None:
-        super().__init__([[sys.executable, "-m", "bench.sglang.host_speed", str(path),
-                           "--period", str(period_s), "--parent", str(os.getpid())]])
+        super().__init__([[sys.executable, "-m", "bench.sglang.host_speed",
+                           str(Path(path).resolve()), "--period", str(period_s),
+                           "--parent", str(os.getpid())]])
 
 
 class Hogs(_Processes):
@@ -78,7 +90,8 @@ class Hogs(_Processes):
 
 
 # Spin until the parent goes: a hog must not outlive an engine process killed at its deadline.
-_SPIN = "import os, sys\np = int(sys.argv[1])\nwhile os.getppid() == p:\n    pass\n"
+_SPIN = ("import os, sys\np = int(sys.argv[1])\nsys.stdout.write('r')\nsys.stdout.flush()\n"
+         "while os.getppid() == p:\n    pass\n")
 
 
 def read(path: Path) -> list[tuple[float, float]]:
@@ -88,16 +101,16 @@ def read(path: Path) -> list[tuple[float, float]]:
     return [(d["t"], d["ms"]) for d in json_lines(path) if "t" in d and "ms" in d]
 
 
-def during(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> Optional[float]:
-    """The median probe ms taken in ``[t0, t1]``, or the nearest sample's for a span shorter
-    than the period; None without samples."""
+def during(samples: Sequence[tuple[float, float]], t0: float, t1: float,
+           within_s: float = 4 * PERIOD_S) -> Optional[float]:
+    """The median probe ms taken in ``[t0, t1]``; for a span between two samples the nearest
+    one's within `within_s` of it; else None (no sampler, or it had stopped)."""
     inside = [ms for t, ms in samples if t0 <= t <= t1]
     if inside:
         return round(statistics.median(inside), 2)
-    if not samples:
-        return None
-    mid = (t0 + t1) / 2
-    return round(min(samples, key=lambda s: abs(s[0] - mid))[1], 2)
+    near = [(min(abs(t - t0), abs(t - t1)), ms) for t, ms in samples]
+    best = min(near, default=None)
+    return None if best is None or best[0] > within_s else round(best[1], 2)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -105,9 +118,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file")
     ap.add_argument("--period", type=float, default=PERIOD_S)
-    ap.add_argument("--parent", type=int, help="stop once this process is gone")
+    ap.add_argument("--parent", type=int,
+                    help="the pid of the process that started it: stop once it is no longer "
+                         "the parent")
     args = ap.parse_args(argv)
     parent = args.parent or os.getppid()
+    sys.stdout.write("r")           # running (_Processes waits for it)
+    sys.stdout.flush()
     with open(args.file, "a") as fh:
         while os.getppid() == parent:
             fh.write(json.dumps({"t": time.time(), "ms": round(probe_ms(), 3)}) + "\n")

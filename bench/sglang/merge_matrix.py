@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (cell_key, fill_from, first_run_report, first_runs,
-                                       heatmap, merged_workloads, per_cell_median, ratios,
-                                       repeated, report)
+from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from,
+                                       first_run_report, first_runs, heatmap,
+                                       machine_report, merged_workloads, per_cell_median,
+                                       ratios, repeated, report, slow_host_report)
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
@@ -77,7 +78,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
 
 def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
-    settings = {"host_load": 0} | (matrix.get("settings") or {})    # unloaded before the key
+    settings = {"host_load": SETTINGS_BEFORE["host_load"]} | (matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k != "short_cells"}
 
 
@@ -125,7 +126,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     (out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
     columns = merged_workloads(matrix["workloads"], [])
     text = report(matrix["cells"], matrix["accepts"], columns, matrix["note"]) + \
-        first_run_report(matrix.get("cells_first_run"), matrix["accepts"], columns)
+        first_run_report(matrix.get("cells_first_run"), matrix["accepts"], columns) + \
+        machine_report(matrix["records"]) + slow_host_report(matrix["records"])
     (out / "report.md").write_text(text)
     heatmap(matrix["cells"], matrix["accepts"], columns, out / "heatmap.png", matrix["note"])
     print(text)

@@ -503,7 +503,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: --fill-from {args.fill_from}: not a policy-matrix.json ({e})",
                   file=sys.stderr)
             return 2
-        if err := other_settings(filler, settings, ("attention_backend",)):
+        if err := other_settings(filler, settings, ("attention_backend", "host_load")):
             print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
             return 2
     out = Path(args.out).resolve()

@@ -190,10 +190,11 @@ SETTLING, SETTLED = (2, 8), (9, 16)
 
 
 def settling_ratios(events: Iterable[dict]) -> dict[str, list[float]]:
-    """mode -> per run that reached place SETTLED[1] at a padded size: the mean seconds of its
-    SETTLING places over that of its SETTLED places at that size (catch-up steps and those
-    holding the next launch left out). Within one run, so a slow spell at another time in the
-    log never reads as a switch's cost."""
+    """mode -> per run after a switch and padded size in it with steps at SETTLING places and at
+    least 4 at SETTLED places: the mean seconds of the first over that of the second (catch-up
+    steps and those holding the next launch left out). Within one run, so a slow spell at
+    another time in the log never reads as a switch's cost; the log's first run (the process's
+    slow first steps) is no switch's."""
     out: dict[str, list[float]] = defaultdict(list)
     run: list[tuple[int, int, float]] = []
 
@@ -204,17 +205,19 @@ def settling_ratios(events: Iterable[dict]) -> dict[str, list[float]]:
             if early and len(late) >= 4:
                 out[mode].append((sum(early) / len(early)) / (sum(late) / len(late)))
 
-    last_mode, place = None, 0
+    last_mode, place, first = None, 0, True
     for e in events:
         if e.get("event") != "cost" or e.get("kind") != "StepTime":
             continue
         if e["mode"] != last_mode:
-            close(last_mode)
-            run, last_mode, place = [], e["mode"], 0
+            if not first:
+                close(last_mode)
+            run, first, last_mode, place = [], last_mode is None, e["mode"], 0
         place += 1
         if place <= SETTLED[1] and not e.get("catch_up_tokens") and not e.get("carries_next"):
             run.append((int(e["padded_bs"]), place, float(e["seconds"])))
-    close(last_mode)
+    if not first:
+        close(last_mode)
     return out
 
 
@@ -224,7 +227,7 @@ def settling_report(events: Iterable[dict]) -> str:
         return ""
     lines = [f"\nA switch's settling steps: per run, its places {SETTLING[0]}-{SETTLING[1]} over "
              f"its places {SETTLED[0]}-{SETTLED[1]} at the same size\n",
-             "| mode | runs | median | 10th-90th percentile |", "|---|---|---|---|"]
+             "| mode | runs x sizes | median | 10th-90th percentile |", "|---|---|---|---|"]
     for mode, xs in sorted(ratios.items()):
         lo, hi = np.percentile(xs, [10, 90])
         lines.append(f"| {mode} | {len(xs)} | {statistics.median(xs):.3f} | "
