@@ -5,6 +5,7 @@
 # machine is warm, so a later call can add engines to the same matrix and pack again.
 #   bash bench/sglang/gpu_pack.sh NAME MODULE ARGS...
 #   e.g. bash bench/sglang/gpu_pack.sh m6 policy_matrix --radix-cache --engines dual --step-log
+# An nsys SQLite export under /tmp/NAME/check/ also comes back gzipped where it fits.
 # GPU_PACK_S=N interrupts the module after N seconds (SIGINT: its servers are stopped on the way
 # out) and still packs what it wrote: set it below the device's per-call limit, since a run
 # killed at that limit packs nothing and leaves its servers (their own sessions) running.
@@ -17,4 +18,11 @@ timeout -s INT -k 90 "${GPU_PACK_S:-0}" python3 -m "bench.sglang.$module" --out 
 rc=${PIPESTATUS[0]}
 pkill -KILL -f -- "-m sglang[.]launch_server" || true      # none, unless the module was killed
 bash "$(dirname "$0")/pack_dir.sh" "/tmp/$name" "$OUT/$name.tar.gz"
+# An nsys export, gzipped, where it fits the device's 16 MiB a file: the checker can then be run
+# again here (`gunzip` it, then `python -m profiling.check FILE.sqlite --out DIR`) after it changes.
+for db in /tmp/"$name"/check/*.sqlite; do
+  [ -f "$db" ] || continue
+  gzip -c "$db" > "$OUT/$name.$(basename "$db").gz"
+  [ "$(stat -c %s "$OUT/$name.$(basename "$db").gz")" -le 16000000 ] || rm -f "$OUT/$name.$(basename "$db").gz"
+done
 exit $rc
