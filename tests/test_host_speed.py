@@ -201,12 +201,12 @@ def test_the_spells_table_sets_the_workers_spec_steps_beside_the_hosts_speed(tmp
     from bench.sglang import step_costs
 
     log = [_cost(t * 0.125, "spec", 4, 0.010 if t < 40 else 0.013) for t in range(80)]
-    log += [{"step": t, "mode": "spec", "t": t * 0.125, "plan_us": 100.0 + 50 * (t >= 40)}
-            for t in range(80)]
+    log += [{"step": t, "mode": "spec", "t": t * 0.125, "plan_us": 100.0 + 50 * (t >= 40),
+             "launch_us": 2000.0} for t in range(80)]
     log.append(_cost(1.0, "spec", 32, 0.1))               # a size above 16: not in the table
     host = [(t * 0.25, 17.0) for t in range(40)]
     md = step_costs.spells_report(log, host)
-    assert "| 0 | 0.870 | 100 | 17.0 |" in md and "| 5 | 1.130 | 150 | 17.0 |" in md
+    assert "| 0 | 0.870 | 100 | 2000 | 17.0 |" in md and "| 5 | 1.130 | 150 | 2000 | 17.0 |" in md
     assert "Correlation" not in md                       # two bins are too few to correlate
     assert step_costs.spells_report(log, []) == ""
     path = tmp_path / "steps.jsonl"

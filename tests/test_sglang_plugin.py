@@ -41,6 +41,7 @@ from dual_graph_worker.engines.sglang.server_args_hook import (
     fit_to_request_pool,
     plain_decode_batch_sizes,
 )
+from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.step_log import (
     StepLogWriter,
     read_step_events,
@@ -252,6 +253,20 @@ def test_ledger_pairs_results_in_launch_order():
     assert second.record.mode is Mode.DECODE and second.record.tokens == 3
     assert second.record.mean_accept_len == 1.0 and ledger.in_flight == 0
     assert ledger.completed([0], batch_size=1) is None      # nothing launched
+
+
+def test_each_step_logs_the_workers_planning_and_sglangs_launch_apart(registered, tmp_path,
+                                                                      bare_sglang_worker):
+    """plan_us: the worker's host time before the launch; launch_us: SGLang's forward call (a
+    slow spell of the steps that neither shares lies on the device)."""
+    w = bare_sglang_worker(ThresholdPolicy(threshold=4, num_draft_tokens=3),
+                           step_log=tmp_path / "steps.jsonl")
+    w._ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD), np.array([3, 4]),
+                       host_s=120e-6, launch_s=2.5e-3)
+    w.on_verify_complete_cpu([1, 0], batch_size=2)
+    w._step_log.close()
+    (step,) = [e for e in json_lines(tmp_path / "steps.jsonl") if "step" in e]
+    assert (step["plan_us"], step["launch_us"]) == (120.0, 2500.0)
 
 
 def test_ledger_drops_a_mismatched_result_instead_of_mislabelling():

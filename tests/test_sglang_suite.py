@@ -685,13 +685,15 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
 def test_step_costs_report_the_workers_host_time_per_step_and_slow_log_writes():
     from bench.sglang import step_costs
 
-    log = [{"step": i, "mode": "spec", "padded_bs": 4, "plan_us": 100.0 + i, "hook_us": 90.0}
-           for i in range(101)]
+    log = [{"step": i, "mode": "spec", "padded_bs": 4, "plan_us": 100.0 + i, "hook_us": 90.0,
+            "launch_us": 2000.0} for i in range(101)]
     log += [{"step": 0, "mode": "decode", "padded_bs": 1}]            # an older log's line
+    log += [{"step": 1, "mode": "spec", "padded_bs": 8, "plan_us": 1.0, "hook_us": 2.0}]
     log += [{"event": "log_writes", "lines": 4096, "slow": 2, "max_ms": 3.5},
             {"event": "log_writes", "lines": 8192, "slow": 3, "max_ms": 26.7}]
     text = step_costs.host_report(log)
-    assert "| spec | 4 | 101 | 150 / 199 | 90 / 90 |" in text
+    assert "| spec | 4 | 101 | 150 / 199 | 90 / 90 | 2000 / 2000 |" in text
+    assert "| spec | 8 | 1 | 1 / 1 | 2 / 2 | - |" in text       # a log from before launch_us
     assert "decode" not in text
     assert "5 of 8192, the slowest 26.7 ms" in text
     assert step_costs.host_report([{"step": 0, "mode": "spec", "padded_bs": 1}]) == ""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -162,27 +163,34 @@ def estimates_report(log: list[dict], rows: int = 40) -> str:
 
 def host_report(log: list[dict]) -> str:
     """The worker's own host time per step, by mode and padded batch: before the launch
-    (plan_us) and in the verify hook (hook_us), median and 99th percentile; the step log
-    writer's slow writes. Empty for a log without them."""
-    by: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    (plan_us) and in the verify hook (hook_us), median and 99th percentile, and SGLang's
+    launch of the step (launch_us, in logs that have it); the step log writer's slow writes.
+    Empty for a log without them."""
+    by: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for d in log:
         if "step" in d and "plan_us" in d:
-            by.setdefault((d["mode"], d["padded_bs"]), []).append((d["plan_us"], d["hook_us"]))
+            by.setdefault((d["mode"], d["padded_bs"]), []).append(
+                (d["plan_us"], d["hook_us"], d.get("launch_us", float("nan"))))
     if not by:
         return ""
-    lines = ["\nThe worker's host time per step (us, median / p99):\n",
-             "| mode | padded bs | steps | before launch | verify hook |", "|---|---|---|---|---|"]
+    lines = ["\nThe worker's host time per step (us, median / p99), and SGLang's launch:\n",
+             "| mode | padded bs | steps | before launch | verify hook | launch |",
+             "|---|---|---|---|---|---|"]
     for (mode, pb), v in sorted(by.items()):
-        plan, hook = (np.array(x) for x in zip(*v))
-        lines.append(f"| {mode} | {pb} | {len(v)} | {np.median(plan):.0f} / "
-                     f"{np.percentile(plan, 99):.0f} | {np.median(hook):.0f} / "
-                     f"{np.percentile(hook, 99):.0f} |")
+        plan, hook, launch = (np.array(x) for x in zip(*v))
+        lines.append(f"| {mode} | {pb} | {len(v)} | {_spread_us(plan)} | {_spread_us(hook)} | "
+                     f"{_spread_us(launch)} |")
     writes = [d for d in log if d.get("event") == "log_writes"]
     if writes:
         lines.append(f"\nStep log writes over 1 ms (off the serving thread): "
                      f"{sum(d['slow'] for d in writes)} of {writes[-1]['lines']}, the slowest "
                      f"{max(d['max_ms'] for d in writes):.1f} ms.")
     return "\n".join(lines) + "\n"
+
+
+def _spread_us(values: np.ndarray) -> str:
+    values = values[~np.isnan(values)]
+    return f"{np.median(values):.0f} / {np.percentile(values, 99):.0f}" if values.size else "-"
 
 
 # A run's settling steps (these places since its switch) against its next steady ones.
@@ -240,9 +248,9 @@ SPELL_BIN_S = 5.0
 
 def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
     """Over time (SPELL_BIN_S bins from the log's first cost): the worker's spec steps at sizes
-    up to 16 over their size's median in the whole log, its planning us, and the side sampler's
-    host probe ms (host_speed.py): a slow spell of the worker's steps that the probe does not
-    share is not the host's."""
+    up to 16 over their size's median in the whole log, its planning us, SGLang's launch us (nan
+    in logs without it) and the side sampler's host probe ms (host_speed.py): a slow spell of
+    the steps that neither the probe nor the launch shares lies on the device."""
     costs = [e for e in log if e.get("event") == "cost" and e.get("kind") == "StepTime"
              and e["mode"] == "spec" and e["padded_bs"] <= 16 and not e.get("catch_up_tokens")
              and not e.get("carries_next")]
@@ -253,12 +261,15 @@ def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
         by_size[e["padded_bs"]].append(e["seconds"])
     median = {b: statistics.median(v) for b, v in by_size.items()}
     t0 = costs[0]["t"]
-    bins: dict[int, list[list[float]]] = defaultdict(lambda: [[], [], []])
+    bins: dict[int, list[list[float]]] = defaultdict(lambda: [[], [], [], []])
     for e in costs:
         bins[int((e["t"] - t0) // SPELL_BIN_S)][0].append(e["seconds"] / median[e["padded_bs"]])
     for d in log:
         if "step" in d and d.get("mode") == "spec" and "plan_us" in d and d["t"] >= t0:
-            bins[int((d["t"] - t0) // SPELL_BIN_S)][1].append(d["plan_us"])
+            k = int((d["t"] - t0) // SPELL_BIN_S)
+            bins[k][1].append(d["plan_us"])
+            if "launch_us" in d:
+                bins[k][3].append(d["launch_us"])
     for t, ms in host:
         if t >= t0:
             bins[int((t - t0) // SPELL_BIN_S)][2].append(ms)
@@ -267,11 +278,13 @@ def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
     if not rows:
         return ""
     lines = [f"\nSpec steps (padded bs <= 16) over their size's median, by {SPELL_BIN_S:g} s of "
-             "the run, beside the worker's planning and the host probe:\n",
-             "| s | spec step / median | planning us | host probe ms |", "|---|---|---|---|"]
-    lines += [f"| {k * SPELL_BIN_S:.0f} | {r:.3f} | {p:.0f} | {h:.1f} |" for k, r, p, h in rows]
+             "the run, beside the worker's planning, SGLang's launch and the host probe:\n",
+             "| s | spec step / median | planning us | launch us | host probe ms |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {k * SPELL_BIN_S:.0f} | {r:.3f} | {p:.0f} | "
+              f"{'-' if math.isnan(la) else f'{la:.0f}'} | {h:.1f} |" for k, r, p, h, la in rows]
     if len(rows) >= 8:
-        corr = np.corrcoef([r for _, r, _, _ in rows], [h for _, _, _, h in rows])[0, 1]
+        corr = np.corrcoef([r[1] for r in rows], [r[3] for r in rows])[0, 1]
         lines.append(f"\nCorrelation of the step ratio with the host probe over the bins: "
                      f"{corr:+.2f}.")
     return "\n".join(lines) + "\n"

@@ -117,6 +117,7 @@ class _Launched:
     wall_time: float
     rows: Optional[np.ndarray]
     host_s: float
+    launch_s: float
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class CompletedStep:
     accept_lens: np.ndarray
     rows: Optional[np.ndarray]
     host_s: float = 0.0  # the worker's host time before this step's launch
+    launch_s: float = 0.0  # the engine's host time launching it (no device wait in either)
 
 
 class StepLedger:
@@ -144,14 +146,14 @@ class StepLedger:
         self.mismatches = 0
 
     def launched(self, plan: StepPlan, rows: Optional[np.ndarray] = None,
-                 host_s: float = 0.0) -> int:
+                 host_s: float = 0.0, launch_s: float = 0.0) -> int:
         step = self._next_step
         self._next_step += 1
         # Overlap scheduling keeps at most two results in flight; anything older was never
         # reported (e.g. a result the scheduler dropped) and would shift every later pairing.
         if len(self._pending) == self._pending.maxlen:
             self.mismatches += 1
-        self._pending.append(_Launched(step, plan, self._clock(), rows, host_s))
+        self._pending.append(_Launched(step, plan, self._clock(), rows, host_s, launch_s))
         return step
 
     def completed(self, num_correct_drafts_per_req: Sequence[int],
@@ -169,7 +171,8 @@ class StepLedger:
                             padded_bs=entry.plan.padded_bs, reason=entry.plan.reason,
                             graph=entry.plan.graph, tokens=tokens,
                             mean_accept_len=tokens / n if n else 1.0)
-        return CompletedStep(record, entry.wall_time, accept, entry.rows, entry.host_s)
+        return CompletedStep(record, entry.wall_time, accept, entry.rows, entry.host_s,
+                             entry.launch_s)
 
     @property
     def in_flight(self) -> int:

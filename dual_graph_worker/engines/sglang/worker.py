@@ -360,7 +360,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                 pending = 0
                 plan_s = time.perf_counter() - t0
                 result = self._decode_step(batch, rows, on_publish, grammar_barrier)
-        self._ledger.launched(plan, rows, plan_s)
+        # SGLang's own host time launching the step: a slow spell of the steps that this does
+        # not share lies on the device.
+        launch_s = time.perf_counter() - t0 - plan_s
+        self._ledger.launched(plan, rows, plan_s, launch_s)
         self._clock.launched(StepTag(plan.mode, plan.padded_bs, pending, kv_tokens,
                                       plan.bs))
         self.counters.launched(plan, pending)
@@ -527,6 +530,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                                  goodput_spec=state.spec_goodput,
                                  goodput_decode=state.decode_goodput,
                                  plan_us=round(done.host_s * 1e6, 1),
+                                 launch_us=round(done.launch_s * 1e6, 1),
                                  hook_us=round((time.perf_counter() - t0) * 1e6, 1))
             if self._completed % ESTIMATES_EVERY == 0:
                 self._log_estimates(policy)
