@@ -20,8 +20,8 @@ its processes (each process's record kept, with its `process`), since one proces
 low-concurrency cells move by a few percent from the next one's. The step log is the first
 worker process's. A side process samples the host's speed all along (host_speed.py,
 DIR/host-speed.jsonl): every cell and run carries it, and the report sets each engine's runs on
-a slow host apart; --host-load N spins N processes while each cell runs, to measure on purpose
-what a slower host costs each engine.
+a slow host apart; --host-load N spins N processes while each cell runs (what that does and does
+not slow: the option's help).
 """
 
 from __future__ import annotations
@@ -450,8 +450,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "its tok/s is their median (0: every cell once)")
     ap.add_argument("--short-cell-runs", type=int, default=Repeats.runs)
     ap.add_argument("--host-load", type=int, default=0, metavar="N",
-                    help="N processes spin on the CPU while every cell runs: how much a slower "
-                         "host costs each engine, measured on purpose (default 0)")
+                    help="N processes spin on the CPU while every cell runs (default 0). On the "
+                         "H200 (run 12, N=16) they slowed the host probe 1.9x, the serving "
+                         "thread little, and scattered every engine's runs of a cell")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
