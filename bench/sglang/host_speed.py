@@ -2,7 +2,7 @@
 
 The policy matrix runs its engines one after another on a VM whose CPUs the host shares, so a
 slow spell of the host can land on one engine's cells and not another's. ``Sampler`` runs a side
-process that times a fixed piece of Python every PERIOD_S (``{"t", "ms"}`` lines); ``during``
+process that times a fixed piece of Python, then sleeps PERIOD_S (``{"t", "ms"}`` lines); ``during``
 reads the host's speed over one cell or run from them. ``Hogs(k)`` spins k processes while a cell
 runs. On the H200 16 of them slowed the probe 1.9x but an engine's serving thread little (why
 is not measured), so they load the host more than the serving thread.
