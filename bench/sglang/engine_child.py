@@ -175,7 +175,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
                                                      seed=task.get("seed", 1000) + 7000 + c),
                             sampling_params=_sampling(min(16, task["output_len"])))
         res["warm_shapes_seconds"] = time.perf_counter() - t1
-    for c in task["concurrency"]:
+    for c in task["concurrency"] if task.get("timed", True) else ():
         probe_s = None
         if task.get("prefill_probe"):
             # The same batch shape generating one token: the prefill (and first step) alone.
@@ -316,32 +316,77 @@ TASKS = {"sweep": run_sweep, "exact": run_exact, "ramp": run_ramp,
          "set_accept": run_set_accept, "multiturn": run_multiturn}
 
 
+class Child:
+    """One engine process started from the parent: FOLDER/NAME.spec.json (`spec`: name,
+    engine_kwargs, env, tasks, optionally inbox; plus the paths main() needs) run by this module,
+    its output in FOLDER/NAME.log, its result in FOLDER/NAME.json."""
+
+    def __init__(self, folder: Path, spec: dict, *, shim_dir: Path,
+                 python: str = sys.executable) -> None:
+        from bench.sglang.plugin_shim import pythonpath_env
+
+        self.name = spec["name"]
+        spec_path, self.result_path = folder / f"{self.name}.spec.json", folder / f"{self.name}.json"
+        spec = spec | {"result_path": str(self.result_path), "shim_dir": str(shim_dir),
+                       "repo_root": str(REPO_ROOT)}
+        spec_path.write_text(json.dumps(spec, indent=1))
+        self._log = open(folder / f"{self.name}.log", "w")
+        self.proc = subprocess.Popen([python, "-m", "bench.sglang.engine_child", str(spec_path)],
+                                     cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT),
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def result(self) -> dict:
+        """What the child has written so far ({"name": NAME, "ok": False} before that)."""
+        try:
+            return json.loads(self.result_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {"name": self.name, "ok": False}
+
+    def wait(self, timeout: float) -> dict:
+        """Its result with "returncode": its exit status, or "timeout" (then it is killed)."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            rc = "timeout"
+        except BaseException:         # an interrupted parent takes its engine down with it
+            self.stop()
+            raise
+        finally:
+            self._log.close()
+        return self.result() | {"returncode": rc}
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
 def run_child(folder: Path, spec: dict, *, shim_dir: Path, timeout: float,
               python: str = sys.executable) -> dict:
-    """One engine process, run from the parent: writes FOLDER/NAME.spec.json (`spec`: name,
-    engine_kwargs, env, tasks; plus the paths main() needs), runs this module on it with its
-    output in FOLDER/NAME.log, and returns the result the child wrote to FOLDER/NAME.json
-    ({"name": NAME, "ok": False} if none) with "returncode": its exit status or "timeout"."""
-    from bench.sglang.plugin_shim import pythonpath_env
+    """One engine process run to its end (Child): its result, with "returncode"."""
+    return Child(folder, spec, shim_dir=shim_dir, python=python).wait(timeout)
 
-    name = spec["name"]
-    spec_path, result_path = folder / f"{name}.spec.json", folder / f"{name}.json"
-    spec = spec | {"result_path": str(result_path), "shim_dir": str(shim_dir),
-                   "repo_root": str(REPO_ROOT)}
-    spec_path.write_text(json.dumps(spec, indent=1))
-    with open(folder / f"{name}.log", "w") as log:
+
+def serve(engine, inbox: Path, record) -> int:
+    """Tasks one at a time from INBOX/NNNN.json (written whole by the parent), each answered in
+    INBOX/NNNN.out.json and passed to `record`, until an "exit" task; 1 if the parent goes."""
+    parent, n = os.getppid(), 0
+    while os.getppid() == parent:
+        path = inbox / f"{n:04d}.json"
+        if not path.exists():
+            time.sleep(0.005)
+            continue
+        task = json.loads(path.read_text())
+        if task["kind"] == "exit":
+            return 0
         try:
-            rc = subprocess.run([python, "-m", "bench.sglang.engine_child", str(spec_path)],
-                                cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT), stdout=log,
-                                stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    try:
-        result = json.loads(result_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        result = {"name": name, "ok": False}
-    result["returncode"] = rc
-    return result
+            answer = TASKS[task["kind"]](engine, task, lambda partial: None)
+        except Exception as exc:
+            answer = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
+        _write(str(inbox / f"{n:04d}.out.json"), answer)
+        record(task["name"], answer)
+        n += 1
+    return 1
 
 
 def main(spec_path: str) -> int:
@@ -390,6 +435,11 @@ def main(spec_path: str) -> int:
             _write(out, result)
             rc = 3
             break
+    if rc == 0 and spec.get("inbox"):
+        def record(name, answer):
+            result["tasks"][name] = answer
+            _write(out, result)
+        rc = serve(engine, Path(spec["inbox"]), record)
     result["ok"] = rc == 0
     _write(out, result)
     try:

@@ -78,7 +78,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
 
 def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
-    settings = {"host_load": SETTINGS_BEFORE["host_load"]} | (matrix.get("settings") or {})
+    settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave")} | (
+        matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k != "short_cells"}
 
 

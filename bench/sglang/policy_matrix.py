@@ -21,7 +21,8 @@ low-concurrency cells move by a few percent from the next one's. The step log is
 worker process's. A side process samples the host's speed all along (host_speed.py,
 DIR/host-speed.jsonl): every cell and run carries it, and the report sets each engine's runs on
 a slow host apart; --host-load N spins N processes while each cell runs (what that does and does
-not slow: the option's help).
+not slow: the option's help). With --interleave every engine is up at once and each cell runs on
+one engine after another (interleave.py), so a slow spell of seconds meets them alike.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang import host_speed, step_costs
+from bench.sglang import host_speed, interleave, step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, run_child
@@ -101,7 +102,8 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
 
 # What a matrix without a "settings" record was measured with (every run before it: triton).
 SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
-                   "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0}
+                   "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0,
+                   "interleave": False}
 
 
 def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
@@ -111,7 +113,8 @@ def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optio
     if not diff:
         return None
     flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
-             "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load"}
+             "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load",
+             "interleave": "--interleave"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
 
@@ -155,11 +158,10 @@ def sweep_task(w: Workload, name: str, vocab: int, *, warm_shapes: bool, seed: i
 def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab: int,
               repeats: Repeats = Repeats(), host_load: int = 0) -> list:
     def sweep(w: Workload, name: str, phase: int) -> dict:
-        # Prompts unique to each (phase, workload): the radix cache must serve none of them.
         # The first phase warms every shape first, alike for every engine.
         return sweep_task(w, name, vocab, warm_shapes=phase == 0,
-                          seed=1000 + 100_000 * phase + 10_000 * workloads.index(w),
-                          repeats=repeats, host_load=host_load)
+                          seed=_seed(phase, workloads.index(w)), repeats=repeats,
+                          host_load=host_load)
 
     if kind == "plain":
         return [sweep(w, w.name, 0) for w in workloads]
@@ -168,6 +170,34 @@ def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab:
         tasks.append({"name": f"set-a{a}", "kind": "set_accept", "accept_len": a})
         tasks += [sweep(w, f"a{a}-{w.name}", phase) for w in workloads]
     return tasks
+
+
+def _seed(phase: int, workload: int) -> int:
+    """Prompts unique to each (phase, workload): the radix cache must serve none of them."""
+    return 1000 + 100_000 * phase + 10_000 * workload
+
+
+def _task_name(kind: str, accept: float, w: Workload) -> str:
+    return w.name if kind == "plain" else f"a{accept}-{w.name}"
+
+
+def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
+    """The matrix as interleave.py runs it: every engine warms every shape first; then per
+    accept phase each cell is one task per engine (plain in the first phase only), with the
+    prompts tasks_for gives that phase and workload."""
+    warm = {k: [sweep_task(w, f"warm-{w.name}", run.vocab, warm_shapes=True,
+                           seed=_seed(0, i)) | {"timed": False}
+                for i, w in enumerate(run.workloads)] for k in kinds}
+    phases = []
+    for phase, a in enumerate(run.accepts):
+        cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)), _task_name(k, a, w),
+                                run.vocab, warm_shapes=False, seed=_seed(phase, i),
+                                repeats=run.repeats, host_load=run.host_load) | {"warmup": False}
+                  for k in kinds if k != "plain" or phase == 0}
+                 for i, w in enumerate(run.workloads) for c in w.concurrency]
+        phases.append(interleave.Phase({"name": f"set-a{a}", "kind": "set_accept",
+                                        "accept_len": a}, cells))
+    return interleave.Plan(warm, phases)
 
 
 def run_engine(name: str, spec: dict, out: Path, deadline: float) -> dict:
@@ -418,6 +448,79 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     plt.close(fig)
 
 
+@dataclass(frozen=True)
+class Run:
+    """One matrix call's inputs to every engine process it starts."""
+
+    out: Path
+    accepts: list[float]
+    workloads: list[Workload]
+    repeats: Repeats
+    host_load: int
+    vocab: int
+    target: Path
+    draft: Path
+    radix: bool
+    log_level: str
+    backend: Optional[str]
+    acc_sampling: str
+    dual_env: dict
+    step_log: bool
+
+
+def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] = None,
+                dual_env: Optional[dict] = None) -> dict:
+    """engine_child's spec of one engine process: its server arguments, environment (forced
+    acceptance, the worker's settings and step log; `dual_env` under the run's) and tasks."""
+    env = {}
+    if kind != "plain":
+        acc_file = run.out / f"acc-{kind}"
+        acc_file.write_text(str(run.accepts[0]))
+        env = {"SGLANG_SIMULATE_ACC_LEN": str(run.accepts[0]), ACC_ENV: str(acc_file),
+               SAMPLING_ENV: run.acc_sampling}
+    if kind == "dual":
+        if run.step_log and not process:
+            (run.out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
+            env["DGW_STEP_LOG"] = str(run.out / "dual.steps.jsonl")
+        env |= (dual_env or {}) | run.dual_env
+    kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
+    return {"engine_kwargs": kwargs | (extra_kwargs or {}), "env": env,
+            "tasks": tasks_for(kind, run.accepts, run.workloads, run.vocab, run.repeats,
+                               run.host_load)}
+
+
+class MatrixWriter:
+    """DIR/policy-matrix.json, report.md and heatmap.png, rewritten as engines finish."""
+
+    def __init__(self, out: Path, note: str, accepts: list[float], columns: list[Workload],
+                 settings: dict, earlier: list[dict], fill_source: str,
+                 startup_s: dict) -> None:
+        self.out, self.note, self.accepts, self.columns = out, note, accepts, columns
+        self.settings, self.earlier, self.fill_source = settings, earlier, fill_source
+        self.startup_s = dict(startup_s)
+
+    def started(self, name: str, res: dict) -> None:
+        self.startup_s[name] = res.get("startup_s")
+
+    def write(self, recs: list[dict]) -> None:
+        filled = fill_from(recs, self.earlier, self.fill_source)
+        cells = ratios(per_cell_median(filled))
+        first_cells = ratios(per_cell_median(first_runs(filled))) if repeated(filled) else None
+        matrix = {"note": self.note, "accepts": self.accepts,
+                  "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
+                                for w in self.columns],
+                  "records": filled, "cells": cells,
+                  **({"cells_first_run": first_cells} if first_cells else {}),
+                  "settings": self.settings, "startup_s": self.startup_s}
+        (self.out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
+        (self.out / "report.md").write_text(
+            report(cells, self.accepts, self.columns, self.note)
+            + first_run_report(first_cells, self.accepts, self.columns)
+            + machine_report(filled) + slow_host_report(filled))
+        if cells:
+            heatmap(cells, self.accepts, self.columns, self.out / "heatmap.png", self.note)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.policy_matrix",
                                  description=__doc__,
@@ -453,6 +556,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="N processes spin on the CPU while every cell runs (default 0). On the "
                          "H200 (run 12, N=16) they slowed the host probe 1.9x, the serving "
                          "thread little, and scattered every engine's runs of a cell")
+    ap.add_argument("--interleave", action="store_true",
+                    help="every engine up at once (same KV pool each), each cell taken by one "
+                         "engine after another in a rotating order (interleave.py)")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -494,7 +600,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     backend = engine_attention_backend(args.attention_backend)
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
                 "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs},
-                "host_load": args.host_load}
+                "host_load": args.host_load, "interleave": args.interleave}
     earlier = []
     if args.fill_from:
         try:
@@ -507,11 +613,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         if err := other_settings(filler, settings, ("attention_backend", "host_load")):
             print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
             return 2
+    if args.interleave and args.processes != 1:
+        print("error: --interleave runs one process per engine; leave out --processes",
+              file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     # The records kept from an earlier run into DIR must come from the same servers.
-    kept = ("attention_backend", "short_cells", "host_load") + (
+    kept = ("attention_backend", "short_cells", "host_load", "interleave") + (
         () if "dual" in engines else ("dual_env",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
@@ -529,50 +639,39 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}"
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
-               "each cell runs" if args.host_load else ""))
+               "each cell runs" if args.host_load else "")
+            + ("; engines up at once, each cell taken in turn in a rotating order, KV pool "
+               f"{interleave.ENGINE_KWARGS['max_total_tokens']} tokens each, worker stash "
+               f"{interleave.DUAL_ENV['DGW_LAZY_STASH_MB']} MiB" if args.interleave else ""))
     columns = merged_workloads(previous.get("workloads", []), workloads)
     accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
+    run = Run(out=out, accepts=accepts, workloads=workloads, repeats=repeats,
+              host_load=args.host_load, vocab=shapes.vocab_size, target=target, draft=draft,
+              radix=args.radix_cache, log_level=args.log_level, backend=backend,
+              acc_sampling=args.acc_sampling, dual_env=dual_env, step_log=args.step_log)
+    writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
+                          args.fill_from or "", previous.get("startup_s", {}))
     with host_speed.Sampler(out / HOST_SPEED_FILE):
-        for process, kind in ((p, k) for p in range(args.processes) for k in engines):
-            env = {}
-            if kind != "plain":
-                acc_file = out / f"acc-{kind}"
-                acc_file.write_text(str(accepts[0]))
-                env = {"SGLANG_SIMULATE_ACC_LEN": str(accepts[0]), ACC_ENV: str(acc_file),
-                       SAMPLING_ENV: args.acc_sampling}
-            if kind == "dual":
-                if args.step_log and not process:
-                    (out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
-                    env["DGW_STEP_LOG"] = str(out / "dual.steps.jsonl")
-                env |= dual_env
-            spec = {"engine_kwargs": engine_kwargs(kind, target, draft, args.radix_cache,
-                                                   args.log_level, backend),
-                    "env": env, "tasks": tasks_for(kind, accepts, workloads, shapes.vocab_size,
-                                                   repeats, args.host_load)}
+        if args.interleave:
+            results = interleave.run_all(
+                {kind: engine_spec(run, kind, 0, interleave.ENGINE_KWARGS, interleave.DUAL_ENV)
+                 for kind in engines},
+                interleave_plan(run, engines), out, deadline)
+            for kind, res in results.items():
+                recs += [with_host_speed(r, host_speed.read(out / HOST_SPEED_FILE))
+                         for r in records(kind, res, workloads)]
+                writer.started(kind, res)
+            writer.write(recs)
+        for process, kind in ((p, k) for p in range(args.processes) for k in engines
+                              if not args.interleave):
             name = kind if not process else f"{kind}.p{process + 1}"
-            res = run_engine(name, spec, out, deadline)
+            res = run_engine(name, engine_spec(run, kind, process), out, deadline)
             samples = host_speed.read(out / HOST_SPEED_FILE)
             recs += [with_host_speed(r, samples) | ({"process": process + 1}
                                                     if args.processes > 1 else {})
                      for r in records(kind, res, workloads)]
-            filled = fill_from(recs, earlier, args.fill_from or "")
-            cells = ratios(per_cell_median(filled))
-            first_cells = ratios(per_cell_median(first_runs(filled))) if repeated(filled) else None
-            matrix = {"note": note, "accepts": accepts_seen,
-                      "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
-                                    for w in columns],
-                      "records": filled, "cells": cells,
-                      **({"cells_first_run": first_cells} if first_cells else {}),
-                      "settings": settings,
-                      "startup_s": previous.get("startup_s", {}) | {name: res.get("startup_s")}}
-            previous = matrix
-            matrix_path.write_text(json.dumps(matrix, indent=1))
-            (out / "report.md").write_text(report(cells, accepts_seen, columns, note)
-                                           + first_run_report(first_cells, accepts_seen, columns)
-                                           + machine_report(filled)
-                                           + slow_host_report(filled))
-            if cells:
-                heatmap(cells, accepts_seen, columns, out / "heatmap.png", note)
+            writer.started(name, res)
+            writer.write(recs)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
     if (out / "dual.steps.jsonl").exists():
         dual = json.loads((out / "dual.json").read_text()) if (out / "dual.json").exists() \

@@ -1,0 +1,155 @@
+"""BENCHMARK ONLY: the policy matrix with every engine up at once, each cell taken in turn.
+
+Run one after another, the engines meet the machine at different times: a slow spell of a few
+seconds lands on one engine's cells and not another's (results/sglang/runs.md, runs 5-12). Here
+every engine process is started first, one after another, each with the same KV pool
+(ENGINE_KWARGS) and the same share of the memory free at its start; then each cell runs on one
+engine after another, in an order that rotates from cell to cell, so that a spell falls on all
+of them alike. engine_child serves the tasks one at a time from its inbox folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.sglang.engine_child import Child
+
+# Every engine the same KV pool, fitting a 256x512, 64x2112 or 128x1088-token cell with room;
+# each keeps 20% of the memory free at its start as SGLang's runtime slack
+# (kv_cache_configurator.py:1616-1625), so three engines fit one H200. NOT YET RUN ON THE GPU.
+ENGINE_KWARGS = {"max_total_tokens": 160_000, "mem_fraction_static": 0.8}
+# The worker sizes its lazy catch-up stash to a share of the memory free at its start: alone on
+# the H200 that came to 3697.7 MiB (run 12); up first beside the others it would take tens of GB.
+DUAL_ENV = {"DGW_LAZY_STASH_MB": "3700"}
+POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One forced accept length: the task that sets it, then its cells (engine kind -> its
+    task for that cell; plain only in the first phase)."""
+
+    accept_task: dict
+    cells: list[dict[str, dict]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    warm: dict[str, list[dict]]        # kind -> tasks before the first phase, untimed
+    phases: list[Phase]
+
+
+class EngineGone(RuntimeError):
+    pass
+
+
+@dataclass
+class Engine:
+    """A started engine process and the tasks it has been given."""
+
+    kind: str
+    child: Child
+    inbox: Path
+    asked: int = 0
+    result: dict = field(default_factory=lambda: {"tasks": {}})
+
+    def ask(self, task: dict, deadline: float) -> dict:
+        """Run `task` on this engine and return its answer; EngineGone if the process ends or
+        the deadline passes first."""
+        n, self.asked = self.asked, self.asked + 1
+        _write_json(self.inbox / f"{n:04d}.json", task)
+        answer = self.inbox / f"{n:04d}.out.json"
+        while not answer.exists():
+            if self.child.proc.poll() is not None:
+                raise EngineGone(f"{self.kind} exited ({self.child.proc.returncode})")
+            if time.time() > deadline:
+                raise EngineGone(f"{self.kind}: the budget ran out during {task['name']}")
+            time.sleep(POLL_S)
+        return json.loads(answer.read_text())
+
+    def record(self, task: dict, answer: dict) -> None:
+        """A cell's points go under its task's name, beside the other cells of that name."""
+        kept = self.result["tasks"].setdefault(
+            task["name"], {"input_len": task["input_len"], "output_len": task["output_len"],
+                           "points": []})
+        if "error" in answer:
+            kept["error"] = answer["error"]
+        kept["points"] += answer.get("points", [])
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)                   # the engine never reads a half-written task
+
+
+def start(kind: str, spec: dict, out: Path, deadline: float) -> Engine:
+    """One engine process serving its inbox, returned once it is up (its start-up alone, so
+    each measures the memory the ones before it left)."""
+    inbox = out / f"{kind}.inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    for stale in inbox.glob("*.json"):
+        stale.unlink()
+    child = Child(out, spec | {"name": kind, "tasks": [], "inbox": str(inbox)},
+                  shim_dir=out / "shim")
+    while "startup_s" not in (written := child.result()) and child.proc.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.1)
+    if "startup_s" not in written or "error" in written:
+        if child.proc.poll() is None:
+            child.stop()
+        raise EngineGone(f"{kind} did not start: {child.wait(1.0).get('error', 'no result')}")
+    return Engine(kind, child, inbox)
+
+
+def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float) -> dict[str, dict]:
+    """Every engine of `specs` (kind -> engine_child spec) through `plan`; per kind a result as
+    engine_child writes one (its cells' points under their task names), with "error" where the
+    engine failed or the budget ran out."""
+    engines: dict[str, Engine] = {}
+    failed: dict[str, dict] = {}
+    try:
+        for kind, spec in specs.items():
+            try:
+                engines[kind] = start(kind, spec, out, deadline)
+            except EngineGone as exc:
+                failed[kind] = {"tasks": {}, "error": str(exc)}
+        for kind in list(engines):
+            _each(engines, failed, kind, plan.warm.get(kind, []), deadline)
+        for phase in plan.phases:
+            for kind in [k for k in engines if k != "plain"]:     # plain ignores acceptance
+                _each(engines, failed, kind, [phase.accept_task], deadline)
+            for i, cell in enumerate(phase.cells):
+                kinds = [k for k in engines if k in cell]
+                for kind in kinds[i % max(len(kinds), 1):] + kinds[:i % max(len(kinds), 1)]:
+                    _each(engines, failed, kind, [cell[kind]], deadline, record=True)
+    finally:
+        results = {kind: _stop(engine) for kind, engine in engines.items()}
+    return results | failed
+
+
+def _each(engines: dict[str, Engine], failed: dict[str, dict], kind: str, tasks: list[dict],
+          deadline: float, record: bool = False) -> None:
+    """Run `tasks` on one engine; one that fails is stopped and set aside with its error."""
+    engine = engines.get(kind)
+    if engine is None:
+        return
+    try:
+        for task in tasks:
+            answer = engine.ask(task, deadline)
+            if record:
+                engine.record(task, answer)
+    except EngineGone as exc:
+        failed[kind] = _stop(engines.pop(kind)) | {"error": str(exc)}
+
+
+def _stop(engine: Engine) -> dict:
+    """Ask the engine to exit and wait for it; its start-up figures and the cells' points."""
+    if engine.child.proc.poll() is None:
+        _write_json(engine.inbox / f"{engine.asked:04d}.json", {"name": "exit", "kind": "exit"})
+    final = engine.child.wait(120.0)
+    return final | {"tasks": engine.result["tasks"]}

@@ -1,0 +1,67 @@
+"""The interleaved policy matrix end to end on a stand-in SGLang (tests/fake_sglang): every
+engine process up at once with the same KV pool, each cell run by one engine after another in
+an order that rotates from cell to cell, plain in the first accept phase only, every engine's
+points filed as the sequential matrix files them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.sglang import interleave
+from bench.sglang import policy_matrix as pm
+
+FAKE = Path(__file__).parent / "fake_sglang"
+
+
+def _matrix(tmp_path, monkeypatch, *extra):
+    log = tmp_path / "served.jsonl"
+    monkeypatch.setenv("FAKE_SGLANG_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", str(FAKE))
+    out = tmp_path / "m"
+    rc = pm.main(["--out", str(out), "--interleave", "--accept", "2,3", "--workload", "16x32@1,4",
+                  "--short-cell-runs", "1", "--budget-s", "120", *extra])
+    served = [json.loads(line) for line in log.read_text().splitlines()]
+    return rc, out, served
+
+
+def test_each_cell_runs_on_every_engine_in_a_rotating_order(tmp_path, monkeypatch):
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3,plain")
+    assert rc == 0
+    # Every engine warms first, alone (a 2-prompt warm-up, then each shape at 16 tokens) ...
+    warm = [(s["kind"], s["bs"]) for s in served[:9]]
+    assert warm == [(k, bs) for k in ("dual", "eagle3", "plain") for bs in (2, 1, 4)]
+    # ... then each cell on every engine, the order rotating: plain in the first phase only.
+    cells = [(s["kind"], s["bs"]) for s in served[9:]]
+    assert all(s["tokens"] == 32 for s in served[9:])
+    assert cells == [("dual", 1), ("eagle3", 1), ("plain", 1),
+                     ("eagle3", 4), ("plain", 4), ("dual", 4),
+                     ("dual", 1), ("eagle3", 1),
+                     ("eagle3", 4), ("dual", 4)]
+    assert {s["kv"] for s in served} == {interleave.ENGINE_KWARGS["max_total_tokens"]}
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert {(c["accept_len"], c["concurrency"]) for c in matrix["cells"]} == \
+        {(2.0, 1), (2.0, 4), (3.0, 1), (3.0, 4)}
+    by_engine = {e: sorted((r["accept_len"] or 0, r["concurrency"]) for r in matrix["records"]
+                           if r["engine"] == e) for e in ("plain", "eagle3", "dual")}
+    assert by_engine["plain"] == [(0, 1), (0, 4)]
+    assert by_engine["dual"] == by_engine["eagle3"] == [(2.0, 1), (2.0, 4), (3.0, 1), (3.0, 4)]
+    assert set(matrix["startup_s"]) == {"dual", "eagle3", "plain"}
+    assert matrix["settings"]["interleave"] and "engines up at once" in matrix["note"]
+    spec = json.loads((out / "dual.spec.json").read_text())
+    assert spec["env"]["DGW_LAZY_STASH_MB"] == interleave.DUAL_ENV["DGW_LAZY_STASH_MB"]
+
+
+def test_an_engine_that_fails_to_start_leaves_the_others_to_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_FAIL", "eagle3")
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3,plain")
+    assert rc == 0
+    assert {s["kind"] for s in served} == {"dual", "plain"}
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert {r["engine"] for r in matrix["records"]} == {"dual", "plain"}
+    assert matrix["cells"] == []                       # no ratio without EAGLE-3
+
+
+def test_interleaving_takes_one_process_per_engine(tmp_path, capsys):
+    assert pm.main(["--out", str(tmp_path / "x"), "--interleave", "--processes", "2"]) == 2
+    assert "--interleave runs one process per engine" in capsys.readouterr().err
