@@ -6,6 +6,7 @@ points filed as the sequential matrix files them."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from bench.sglang import interleave
@@ -31,13 +32,13 @@ def test_each_cell_runs_on_every_engine_in_a_rotating_order(tmp_path, monkeypatc
     # Every engine warms first, alone (a 2-prompt warm-up, then each shape at 16 tokens) ...
     warm = [(s["kind"], s["bs"]) for s in served[:9]]
     assert warm == [(k, bs) for k in ("dual", "eagle3", "plain") for bs in (2, 1, 4)]
-    # ... then each cell on every engine, the order rotating: plain in the first phase only.
-    cells = [(s["kind"], s["bs"]) for s in served[9:]]
-    assert all(s["tokens"] == 32 for s in served[9:])
-    assert cells == [("dual", 1), ("eagle3", 1), ("plain", 1),
-                     ("eagle3", 4), ("plain", 4), ("dual", 4),
-                     ("dual", 1), ("eagle3", 1),
-                     ("eagle3", 4), ("dual", 4)]
+    # ... then per phase the speculating engines' warm-up after the accept switch (2 prompts,
+    # untimed), and each cell on every engine, the order rotating; plain in phase one only.
+    rest = [(s["kind"], s["bs"], s["tokens"]) for s in served[9:]]
+    settle = [("dual", 2, 64), ("eagle3", 2, 64)]
+    assert rest == settle + [("dual", 1, 32), ("eagle3", 1, 32), ("plain", 1, 32),
+                             ("eagle3", 4, 32), ("plain", 4, 32), ("dual", 4, 32)] + \
+        settle + [("dual", 1, 32), ("eagle3", 1, 32), ("eagle3", 4, 32), ("dual", 4, 32)]
     assert {s["kv"] for s in served} == {interleave.ENGINE_KWARGS["max_total_tokens"]}
     matrix = json.loads((out / "policy-matrix.json").read_text())
     assert {(c["accept_len"], c["concurrency"]) for c in matrix["cells"]} == \
@@ -50,6 +51,43 @@ def test_each_cell_runs_on_every_engine_in_a_rotating_order(tmp_path, monkeypatc
     assert matrix["settings"]["interleave"] and "engines up at once" in matrix["note"]
     spec = json.loads((out / "dual.spec.json").read_text())
     assert spec["env"]["DGW_LAZY_STASH_MB"] == interleave.DUAL_ENV["DGW_LAZY_STASH_MB"]
+
+
+def test_a_second_run_into_the_same_folder_starts_afresh(tmp_path, monkeypatch):
+    """Earlier result files and accept acknowledgements never pass for this run's: engines
+    still start one after another and every accept switch is acknowledged anew."""
+    assert _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3")[0] == 0
+    (tmp_path / "served.jsonl").unlink()
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3")
+    assert rc == 0
+    assert [s["kind"] for s in served[:6]] == ["dual"] * 3 + ["eagle3"] * 3
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert not any("error" in json.loads((out / f"{k}.json").read_text())
+                   for k in ("dual", "eagle3"))
+    assert len([r for r in matrix["records"] if r["engine"] == "dual"]) == 4
+
+
+def test_an_engine_that_dies_is_set_aside_with_what_it_measured(
+        tmp_path, monkeypatch):
+    # EAGLE-3 dies in its 6th batch (3 warm-ups, the accept switch's, C=1): at C=4.
+    monkeypatch.setenv("FAKE_SGLANG_DIE", "eagle3:6")
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3,plain")
+    assert rc == 0
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    eagle = [r for r in matrix["records"] if r["engine"] == "eagle3"]
+    assert [(r["accept_len"], r["concurrency"]) for r in eagle] == [(2.0, 1)]
+    assert len([r for r in matrix["records"] if r["engine"] == "dual"]) == 4
+    assert "exited" in json.loads((out / "eagle3.json").read_text())["error"]
+
+
+def test_the_budget_ends_the_run_without_waiting_on_the_engines(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_SLOW_S", "0.5")
+    t0 = time.monotonic()
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3,plain",
+                              "--budget-s", "4")
+    assert rc == 0 and time.monotonic() - t0 < 60
+    results = [json.loads((out / f"{k}.json").read_text()) for k in ("dual", "eagle3", "plain")]
+    assert any("budget ran out" in r.get("error", "") for r in results)
 
 
 def test_an_engine_that_fails_to_start_leaves_the_others_to_run(tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ REPEAT_SEED_STRIDE = 400
 MAX_RUNS = 9
 
 
-def _write(path: str, result: dict) -> None:
+def write_json(path: str, result: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(result, fh, indent=1)
@@ -330,6 +330,7 @@ class Child:
         spec = spec | {"result_path": str(self.result_path), "shim_dir": str(shim_dir),
                        "repo_root": str(REPO_ROOT)}
         spec_path.write_text(json.dumps(spec, indent=1))
+        self.result_path.unlink(missing_ok=True)      # an earlier run's into the same folder
         self._log = open(folder / f"{self.name}.log", "w")
         self.proc = subprocess.Popen([python, "-m", "bench.sglang.engine_child", str(spec_path)],
                                      cwd=REPO_ROOT, env=pythonpath_env(REPO_ROOT),
@@ -383,7 +384,7 @@ def serve(engine, inbox: Path, record) -> int:
             answer = TASKS[task["kind"]](engine, task, lambda partial: None)
         except Exception as exc:
             answer = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
-        _write(str(inbox / f"{n:04d}.out.json"), answer)
+        write_json(str(inbox / f"{n:04d}.out.json"), answer)
         record(task["name"], answer)
         n += 1
     return 1
@@ -402,7 +403,7 @@ def main(spec_path: str) -> int:
         result["plugin"] = ensure_plugin_discoverable(spec["shim_dir"], spec["repo_root"])
     except Exception as exc:
         result["plugin"] = f"error: {exc}"
-    _write(out, result)
+    write_json(out, result)
     before = gpu_used_mib()
     t0 = time.perf_counter()
     try:
@@ -413,35 +414,40 @@ def main(spec_path: str) -> int:
         result["error"] = f"engine start failed: {exc!r}"
         result["traceback"] = traceback.format_exc()[-6000:]
         result["startup_s"] = time.perf_counter() - t0
-        _write(out, result)
+        write_json(out, result)
         return 2
     result["startup_s"] = time.perf_counter() - t0
     after = gpu_used_mib()
     result["gpu_used_mib"] = {"before": before, "after_start": after}
     result["server_info"] = _server_info(engine)
-    _write(out, result)
+    write_json(out, result)
     rc = 0
     for task in spec["tasks"]:
         name = task["name"]
 
         def emit(partial, _name=name):
             result["tasks"][_name] = partial
-            _write(out, result)
+            write_json(out, result)
 
         try:
             emit(TASKS[task["kind"]](engine, task, emit))
         except BaseException as exc:
             result["tasks"][name] = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
-            _write(out, result)
+            write_json(out, result)
             rc = 3
             break
     if rc == 0 and spec.get("inbox"):
         def record(name, answer):
-            result["tasks"][name] = answer
-            _write(out, result)
+            # Cells served one by one share their task's name: their points go together.
+            kept = result["tasks"].get(name)
+            if kept and "points" in kept and "points" in answer:
+                kept["points"] += answer["points"]
+            else:
+                result["tasks"][name] = answer
+            write_json(out, result)
         rc = serve(engine, Path(spec["inbox"]), record)
     result["ok"] = rc == 0
-    _write(out, result)
+    write_json(out, result)
     try:
         engine.shutdown()
     except Exception:

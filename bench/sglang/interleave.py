@@ -11,12 +11,12 @@ of them alike. engine_child serves the tasks one at a time from its inbox folder
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
-from bench.sglang.engine_child import Child
+from bench.sglang.engine_child import Child, write_json
 
 # Every engine the same KV pool, fitting a 256x512, 64x2112 or 128x1088-token cell with room;
 # each keeps 20% of the memory free at its start as SGLang's runtime slack
@@ -30,10 +30,11 @@ POLL_S = 0.005
 
 @dataclass(frozen=True)
 class Phase:
-    """One forced accept length: the task that sets it, then its cells (engine kind -> its
-    task for that cell; plain only in the first phase)."""
+    """One forced accept length: per engine kind the tasks that set it and warm up after it
+    (untimed), then its cells (engine kind -> its task for that cell; plain only in the first
+    phase)."""
 
-    accept_task: dict
+    setup: dict[str, list[dict]]
     cells: list[dict[str, dict]]
 
 
@@ -58,33 +59,31 @@ class Engine:
     result: dict = field(default_factory=lambda: {"tasks": {}})
 
     def ask(self, task: dict, deadline: float) -> dict:
-        """Run `task` on this engine and return its answer; EngineGone if the process ends or
-        the deadline passes first."""
+        """Run `task` on this engine and return its answer; EngineGone if the budget is spent,
+        the process ends, or the task fails."""
+        if time.time() > deadline:
+            raise EngineGone(f"{self.kind}: the budget ran out before {task['name']}")
         n, self.asked = self.asked, self.asked + 1
-        _write_json(self.inbox / f"{n:04d}.json", task)
+        write_json(str(self.inbox / f"{n:04d}.json"), task)
         answer = self.inbox / f"{n:04d}.out.json"
         while not answer.exists():
             if self.child.proc.poll() is not None:
-                raise EngineGone(f"{self.kind} exited ({self.child.proc.returncode})")
+                raise EngineGone(f"{self.kind} exited ({self.child.proc.returncode}) during "
+                                 f"{task['name']}")
             if time.time() > deadline:
                 raise EngineGone(f"{self.kind}: the budget ran out during {task['name']}")
             time.sleep(POLL_S)
-        return json.loads(answer.read_text())
+        reply = json.loads(answer.read_text())
+        if "error" in reply:
+            raise EngineGone(f"{self.kind}: {task['name']} failed: {reply['error']}")
+        return reply
 
     def record(self, task: dict, answer: dict) -> None:
         """A cell's points go under its task's name, beside the other cells of that name."""
         kept = self.result["tasks"].setdefault(
             task["name"], {"input_len": task["input_len"], "output_len": task["output_len"],
                            "points": []})
-        if "error" in answer:
-            kept["error"] = answer["error"]
         kept["points"] += answer.get("points", [])
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)                   # the engine never reads a half-written task
 
 
 def start(kind: str, spec: dict, out: Path, deadline: float) -> Engine:
@@ -96,9 +95,13 @@ def start(kind: str, spec: dict, out: Path, deadline: float) -> Engine:
         stale.unlink()
     child = Child(out, spec | {"name": kind, "tasks": [], "inbox": str(inbox)},
                   shim_dir=out / "shim")
-    while "startup_s" not in (written := child.result()) and child.proc.poll() is None \
-            and time.time() < deadline:
-        time.sleep(0.1)
+    try:
+        while "startup_s" not in (written := child.result()) and child.proc.poll() is None \
+                and time.time() < deadline:
+            time.sleep(0.1)
+    except BaseException:
+        child.stop()
+        raise
     if "startup_s" not in written or "error" in written:
         if child.proc.poll() is None:
             child.stop()
@@ -106,10 +109,19 @@ def start(kind: str, spec: dict, out: Path, deadline: float) -> Engine:
     return Engine(kind, child, inbox)
 
 
-def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float) -> dict[str, dict]:
+def kv_tokens(result: dict) -> Optional[int]:
+    """The KV pool an engine got (SGLang shrinks it below max_total_tokens when memory is short,
+    with a warning only)."""
+    usage = (result.get("server_info") or {}).get("memory_usage") or {}
+    return usage.get("token_capacity")
+
+
+def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
+            on_phase: Callable[[dict[str, dict]], None] = lambda results: None
+            ) -> dict[str, dict]:
     """Every engine of `specs` (kind -> engine_child spec) through `plan`; per kind a result as
     engine_child writes one (its cells' points under their task names), with "error" where the
-    engine failed or the budget ran out."""
+    engine failed or the budget ran out. `on_phase` gets the results so far after each phase."""
     engines: dict[str, Engine] = {}
     failed: dict[str, dict] = {}
     try:
@@ -121,14 +133,22 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float) -> d
         for kind in list(engines):
             _each(engines, failed, kind, plan.warm.get(kind, []), deadline)
         for phase in plan.phases:
-            for kind in [k for k in engines if k != "plain"]:     # plain ignores acceptance
-                _each(engines, failed, kind, [phase.accept_task], deadline)
+            for kind in list(engines):
+                _each(engines, failed, kind, phase.setup.get(kind, []), deadline)
             for i, cell in enumerate(phase.cells):
                 kinds = [k for k in engines if k in cell]
-                for kind in kinds[i % max(len(kinds), 1):] + kinds[:i % max(len(kinds), 1)]:
+                turn = i % max(len(kinds), 1)
+                for kind in kinds[turn:] + kinds[:turn]:
                     _each(engines, failed, kind, [cell[kind]], deadline, record=True)
+            on_phase({k: e.result for k, e in engines.items()} | failed)
     finally:
-        results = {kind: _stop(engine) for kind, engine in engines.items()}
+        results = {}
+        for kind, engine in engines.items():
+            try:
+                results[kind] = _stop(engine, deadline)
+            except BaseException as exc:       # stop the others all the same
+                engine.child.stop()
+                results[kind] = engine.result | {"error": f"stopping: {exc!r}"}
     return results | failed
 
 
@@ -144,12 +164,15 @@ def _each(engines: dict[str, Engine], failed: dict[str, dict], kind: str, tasks:
             if record:
                 engine.record(task, answer)
     except EngineGone as exc:
-        failed[kind] = _stop(engines.pop(kind)) | {"error": str(exc)}
+        failed[kind] = _stop(engines.pop(kind), deadline, error=str(exc))
 
 
-def _stop(engine: Engine) -> dict:
-    """Ask the engine to exit and wait for it; its start-up figures and the cells' points."""
+def _stop(engine: Engine, deadline: float, error: Optional[str] = None) -> dict:
+    """Ask the engine to exit and wait for it (killed at once past the deadline); its start-up
+    figures, the cells' points and `error`, also written to its NAME.json."""
     if engine.child.proc.poll() is None:
-        _write_json(engine.inbox / f"{engine.asked:04d}.json", {"name": "exit", "kind": "exit"})
-    final = engine.child.wait(120.0)
-    return final | {"tasks": engine.result["tasks"]}
+        write_json(str(engine.inbox / f"{engine.asked:04d}.json"), {"name": "exit", "kind": "exit"})
+    final = engine.child.wait(min(120.0, max(deadline - time.time(), 1.0)))
+    final |= {"tasks": engine.result["tasks"]} | ({"error": error} if error else {})
+    write_json(str(engine.child.result_path), final)
+    return final

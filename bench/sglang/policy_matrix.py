@@ -168,7 +168,7 @@ def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab:
     tasks = []
     for phase, a in enumerate(accepts):
         tasks.append({"name": f"set-a{a}", "kind": "set_accept", "accept_len": a})
-        tasks += [sweep(w, f"a{a}-{w.name}", phase) for w in workloads]
+        tasks += [sweep(w, _task_name(kind, a, w), phase) for w in workloads]
     return tasks
 
 
@@ -190,13 +190,18 @@ def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
                 for i, w in enumerate(run.workloads)] for k in kinds}
     phases = []
     for phase, a in enumerate(run.accepts):
+        # After the switch, the 2-prompt warm-up every sequential sweep opens with (the worker's
+        # acceptance estimate settles on it), untimed.
+        settle = sweep_task(Workload(8, 8, ()), f"warm-a{a}", run.vocab, warm_shapes=False,
+                            seed=_seed(phase, 0)) | {"timed": False}
+        setup = {k: [{"name": f"set-a{a}", "kind": "set_accept", "accept_len": a}, settle]
+                 for k in kinds if k != "plain"}
         cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)), _task_name(k, a, w),
                                 run.vocab, warm_shapes=False, seed=_seed(phase, i),
                                 repeats=run.repeats, host_load=run.host_load) | {"warmup": False}
                   for k in kinds if k != "plain" or phase == 0}
                  for i, w in enumerate(run.workloads) for c in w.concurrency]
-        phases.append(interleave.Phase({"name": f"set-a{a}", "kind": "set_accept",
-                                        "accept_len": a}, cells))
+        phases.append(interleave.Phase(setup, cells))
     return interleave.Plan(warm, phases)
 
 
@@ -476,6 +481,8 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
     if kind != "plain":
         acc_file = run.out / f"acc-{kind}"
         acc_file.write_text(str(run.accepts[0]))
+        for ack in run.out.glob(f"acc-{kind}.ack-*"):      # an earlier run's schedulers
+            ack.unlink()
         env = {"SGLANG_SIMULATE_ACC_LEN": str(run.accepts[0]), ACC_ENV: str(acc_file),
                SAMPLING_ENV: run.acc_sampling}
     if kind == "dual":
@@ -653,14 +660,26 @@ def main(argv: Optional[list[str]] = None) -> int:
                           args.fill_from or "", previous.get("startup_s", {}))
     with host_speed.Sampler(out / HOST_SPEED_FILE):
         if args.interleave:
+            def filed(results: dict[str, dict]) -> list[dict]:
+                samples = host_speed.read(out / HOST_SPEED_FILE)
+                return recs + [with_host_speed(r, samples) for kind, res in results.items()
+                               for r in records(kind, res, workloads)]
+
             results = interleave.run_all(
                 {kind: engine_spec(run, kind, 0, interleave.ENGINE_KWARGS, interleave.DUAL_ENV)
                  for kind in engines},
-                interleave_plan(run, engines), out, deadline)
+                interleave_plan(run, engines), out, deadline,
+                on_phase=lambda so_far: writer.write(filed(so_far)))
             for kind, res in results.items():
-                recs += [with_host_speed(r, host_speed.read(out / HOST_SPEED_FILE))
-                         for r in records(kind, res, workloads)]
                 writer.started(kind, res)
+                if res.get("error"):
+                    print(f"[matrix] {kind}: {res['error']}", flush=True)
+                got = interleave.kv_tokens(res)
+                if got is not None and got < interleave.ENGINE_KWARGS["max_total_tokens"]:
+                    print(f"[matrix] WARNING: {kind}'s KV pool is {got} tokens, under the "
+                          f"{interleave.ENGINE_KWARGS['max_total_tokens']} every engine should "
+                          "have", flush=True)
+            recs = filed(results)
             writer.write(recs)
         for process, kind in ((p, k) for p in range(args.processes) for k in engines
                               if not args.interleave):

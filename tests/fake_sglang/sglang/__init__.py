@@ -1,6 +1,7 @@
 """A stand-in for sglang in engine_child's process (tests/test_interleave.py): an Engine that
 answers at once and appends each batch it serves to FAKE_SGLANG_LOG (the kind named by
-FAKE_SGLANG_FAIL fails to start), and a follower of the
+FAKE_SGLANG_FAIL fails to start; FAKE_SGLANG_DIE=kind:n exits in that kind's n-th batch;
+FAKE_SGLANG_SLOW_S makes every batch take that long), and a follower of the
 bench's accept-length file that acknowledges each value as SGLang's scheduler would."""
 
 import json
@@ -21,6 +22,11 @@ class Engine:
             threading.Thread(target=_acknowledge, args=(acc,), daemon=True).start()
 
     def generate(self, input_ids, sampling_params):
+        self.batches = getattr(self, "batches", 0) + 1
+        die = os.environ.get("FAKE_SGLANG_DIE", "")
+        if die and die.split(":")[0] == self.kind and self.batches >= int(die.split(":")[1]):
+            os._exit(9)
+        time.sleep(float(os.environ.get("FAKE_SGLANG_SLOW_S", "0")))
         with open(os.environ["FAKE_SGLANG_LOG"], "a") as fh:
             fh.write(json.dumps({"kind": self.kind, "bs": len(input_ids),
                                  "tokens": sampling_params["max_new_tokens"],
