@@ -124,6 +124,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
     engine failed or the budget ran out. `on_phase` gets the results so far after each phase."""
     engines: dict[str, Engine] = {}
     failed: dict[str, dict] = {}
+    done: dict[str, dict] = {}          # engines no later phase needed, stopped early
     try:
         for kind, spec in specs.items():
             try:
@@ -132,7 +133,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 failed[kind] = {"tasks": {}, "error": str(exc)}
         for kind in list(engines):
             _each(engines, failed, kind, plan.warm.get(kind, []), deadline)
-        for phase in plan.phases:
+        for p, phase in enumerate(plan.phases):
             for kind in list(engines):
                 _each(engines, failed, kind, phase.setup.get(kind, []), deadline)
             for i, cell in enumerate(phase.cells):
@@ -140,7 +141,12 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 turn = i % max(len(kinds), 1)
                 for kind in kinds[turn:] + kinds[:turn]:
                     _each(engines, failed, kind, [cell[kind]], deadline, record=True)
-            on_phase({k: e.result for k, e in engines.items()} | failed)
+            # An engine no later phase needs (plain after the first) stops now: idle, its
+            # scheduler would still poll beside the others' cells.
+            later = {k for q in plan.phases[p + 1:] for cell in q.cells for k in cell}
+            for kind in [k for k in engines if k not in later]:
+                done[kind] = _stop(engines.pop(kind), deadline)
+            on_phase({k: e.result for k, e in engines.items()} | done | failed)
     finally:
         results = {}
         for kind, engine in engines.items():
@@ -149,7 +155,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
             except BaseException as exc:       # stop the others all the same
                 engine.child.stop()
                 results[kind] = engine.result | {"error": f"stopping: {exc!r}"}
-    return results | failed
+    return results | done | failed
 
 
 def _each(engines: dict[str, Engine], failed: dict[str, dict], kind: str, tasks: list[dict],
