@@ -438,12 +438,14 @@ def main(spec_path: str) -> int:
             break
     if rc == 0 and spec.get("inbox"):
         def record(name, answer):
-            # Cells served one by one share their task's name: their points go together.
+            # Cells served one by one share their task's name: their points go together, and a
+            # failed one keeps the points before it.
             kept = result["tasks"].get(name)
-            if kept and "points" in kept and "points" in answer:
-                kept["points"] += answer["points"]
-            else:
+            if kept is None or "points" not in kept:
                 result["tasks"][name] = answer
+            else:
+                kept["points"] += answer.get("points", [])
+                kept.update({"error": answer["error"]} if "error" in answer else {})
             write_json(out, result)
         rc = serve(engine, Path(spec["inbox"]), record)
     result["ok"] = rc == 0

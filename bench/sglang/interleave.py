@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -50,13 +50,13 @@ class EngineGone(RuntimeError):
 
 @dataclass
 class Engine:
-    """A started engine process and the tasks it has been given."""
+    """A started engine process and how many tasks it has been given; what it measured is its
+    own NAME.json (engine_child files each cell's points under its task's name)."""
 
     kind: str
     child: Child
     inbox: Path
     asked: int = 0
-    result: dict = field(default_factory=lambda: {"tasks": {}})
 
     def ask(self, task: dict, deadline: float) -> dict:
         """Run `task` on this engine and return its answer; EngineGone if the budget is spent,
@@ -77,13 +77,6 @@ class Engine:
         if "error" in reply:
             raise EngineGone(f"{self.kind}: {task['name']} failed: {reply['error']}")
         return reply
-
-    def record(self, task: dict, answer: dict) -> None:
-        """A cell's points go under its task's name, beside the other cells of that name."""
-        kept = self.result["tasks"].setdefault(
-            task["name"], {"input_len": task["input_len"], "output_len": task["output_len"],
-                           "points": []})
-        kept["points"] += answer.get("points", [])
 
 
 def start(kind: str, spec: dict, out: Path, deadline: float) -> Engine:
@@ -140,13 +133,13 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 kinds = [k for k in engines if k in cell]
                 turn = i % max(len(kinds), 1)
                 for kind in kinds[turn:] + kinds[:turn]:
-                    _each(engines, failed, kind, [cell[kind]], deadline, record=True)
+                    _each(engines, failed, kind, [cell[kind]], deadline)
             # An engine no later phase needs (plain after the first) stops now: idle, its
             # scheduler would still poll beside the others' cells.
             later = {k for q in plan.phases[p + 1:] for cell in q.cells for k in cell}
             for kind in [k for k in engines if k not in later]:
                 done[kind] = _stop(engines.pop(kind), deadline)
-            on_phase({k: e.result for k, e in engines.items()} | done | failed)
+            on_phase({k: e.child.result() for k, e in engines.items()} | done | failed)
     finally:
         results = {}
         for kind, engine in engines.items():
@@ -154,31 +147,30 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 results[kind] = _stop(engine, deadline)
             except BaseException as exc:       # stop the others all the same
                 engine.child.stop()
-                results[kind] = engine.result | {"error": f"stopping: {exc!r}"}
+                results[kind] = engine.child.result() | {"error": f"stopping: {exc!r}"}
     return results | done | failed
 
 
 def _each(engines: dict[str, Engine], failed: dict[str, dict], kind: str, tasks: list[dict],
-          deadline: float, record: bool = False) -> None:
+          deadline: float) -> None:
     """Run `tasks` on one engine; one that fails is stopped and set aside with its error."""
     engine = engines.get(kind)
     if engine is None:
         return
     try:
         for task in tasks:
-            answer = engine.ask(task, deadline)
-            if record:
-                engine.record(task, answer)
+            engine.ask(task, deadline)
     except EngineGone as exc:
         failed[kind] = _stop(engines.pop(kind), deadline, error=str(exc))
 
 
 def _stop(engine: Engine, deadline: float, error: Optional[str] = None) -> dict:
-    """Ask the engine to exit and wait for it (killed at once past the deadline); its start-up
-    figures, the cells' points and `error`, also written to its NAME.json."""
+    """Ask the engine to exit and wait for it (killed at once past the deadline); its result
+    (start-up figures, the cells' points), with `error` also written to its NAME.json."""
     if engine.child.proc.poll() is None:
         write_json(str(engine.inbox / f"{engine.asked:04d}.json"), {"name": "exit", "kind": "exit"})
     final = engine.child.wait(min(120.0, max(deadline - time.time(), 1.0)))
-    final |= {"tasks": engine.result["tasks"]} | ({"error": error} if error else {})
-    write_json(str(engine.child.result_path), final)
+    if error:
+        final["error"] = error
+        write_json(str(engine.child.result_path), final)
     return final
