@@ -167,7 +167,7 @@ def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab:
         return [sweep(w, w.name, 0) for w in workloads]
     tasks = []
     for phase, a in enumerate(accepts):
-        tasks.append({"name": f"set-a{a}", "kind": "set_accept", "accept_len": a})
+        tasks.append(_accept_task(a))
         tasks += [sweep(w, _task_name(kind, a, w), phase) for w in workloads]
     return tasks
 
@@ -175,6 +175,10 @@ def tasks_for(kind: str, accepts: list[float], workloads: list[Workload], vocab:
 def _seed(phase: int, workload: int) -> int:
     """Prompts unique to each (phase, workload): the radix cache must serve none of them."""
     return 1000 + 100_000 * phase + 10_000 * workload
+
+
+def _accept_task(accept: float) -> dict:
+    return {"name": f"set-a{accept}", "kind": "set_accept", "accept_len": accept}
 
 
 def _task_name(kind: str, accept: float, w: Workload) -> str:
@@ -194,8 +198,7 @@ def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
         # acceptance estimate settles on it), untimed.
         settle = sweep_task(Workload(8, 8, ()), f"warm-a{a}", run.vocab, warm_shapes=False,
                             seed=_seed(phase, 0)) | {"timed": False}
-        setup = {k: [{"name": f"set-a{a}", "kind": "set_accept", "accept_len": a}, settle]
-                 for k in kinds if k != "plain"}
+        setup = {k: [_accept_task(a), settle] for k in kinds if k != "plain"}
         cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)), _task_name(k, a, w),
                                 run.vocab, warm_shapes=False, seed=_seed(phase, i),
                                 repeats=run.repeats, host_load=run.host_load) | {"warmup": False}
