@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from,
-                                       first_run_report, first_runs, heatmap,
-                                       machine_report, merged_workloads, per_cell_median,
-                                       ratios, repeated, report, slow_host_report)
+from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from, first_runs,
+                                       heatmap, matrix_report, merged_workloads,
+                                       per_cell_median, ratios, repeated)
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
@@ -126,9 +125,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
     columns = merged_workloads(matrix["workloads"], [])
-    text = report(matrix["cells"], matrix["accepts"], columns, matrix["note"]) + \
-        first_run_report(matrix.get("cells_first_run"), matrix["accepts"], columns) + \
-        machine_report(matrix["records"]) + slow_host_report(matrix["records"])
+    text = matrix_report(matrix["cells"], matrix.get("cells_first_run"), matrix["records"],
+                         matrix["accepts"], columns, matrix["note"])
     (out / "report.md").write_text(text)
     heatmap(matrix["cells"], matrix["accepts"], columns, out / "heatmap.png", matrix["note"])
     print(text)

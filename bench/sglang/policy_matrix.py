@@ -308,6 +308,14 @@ def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
                      + _grid(cells, accepts, workloads)) + "\n"
 
 
+def matrix_report(cells: list[dict], first_cells: Optional[list[dict]], recs: list[dict],
+                  accepts: list[float], workloads: list[Workload], note: str) -> str:
+    """report.md: the grid, the first runs' grid, the machine and the runs on a slow host."""
+    return (report(cells, accepts, workloads, note)
+            + first_run_report(first_cells, accepts, workloads)
+            + machine_report(recs) + slow_host_report(recs))
+
+
 def repeated(recs: list[dict]) -> bool:
     return any("runs_tok_s" in r for r in recs)
 
@@ -524,9 +532,7 @@ class MatrixWriter:
                   "settings": self.settings, "startup_s": self.startup_s}
         (self.out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
         (self.out / "report.md").write_text(
-            report(cells, self.accepts, self.columns, self.note)
-            + first_run_report(first_cells, self.accepts, self.columns)
-            + machine_report(filled) + slow_host_report(filled))
+            matrix_report(cells, first_cells, filled, self.accepts, self.columns, self.note))
         if cells:
             heatmap(cells, self.accepts, self.columns, self.out / "heatmap.png", self.note)
 
