@@ -10,13 +10,11 @@ speculation that many times too dear.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.estimate_error import EXCHANGE_EVERY, replay
+from bench.sglang.estimate_error import EXCHANGE_EVERY, not_a_trace, read_trace, replay
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.argtypes import int_range
 
@@ -55,11 +53,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("|---|---|---|")
     for path in args.traces:
         try:
-            history = fit_history(json.loads(gzip.open(path, "rt").read()))
+            history = fit_history(read_trace(path))
         except (OSError, ValueError, KeyError) as err:
-            print(f"error: {path}: not a replay trace ({err}); make one with "
-                  "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`",
-                  file=sys.stderr)
+            print(not_a_trace(path, err), file=sys.stderr)
             return 2
         steep = sorted(history, key=lambda h: -h["us_per_token"])[:args.top]
         print(f"| {Path(path).name} | {len(history)} | "

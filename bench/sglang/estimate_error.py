@@ -39,6 +39,17 @@ def controller_for(trace: dict, prior: bool = True) -> GoodputController:
                              CalibrationTable.from_json(trace["calibration"]) if prior else None)
 
 
+def read_trace(path: str) -> dict:
+    """A replay trace (`step_costs --trace`)."""
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def not_a_trace(path: str, err: Exception) -> str:
+    return (f"error: {path}: not a replay trace ({err}); make one with "
+            "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`")
+
+
 def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
     """The trace's cost rows fed to a controller in order, each yielded (with the controller,
     its index) just before the controller takes it; each step committed in the mode it ran
@@ -109,12 +120,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for path in args.traces:
         try:
-            trace = json.loads(gzip.open(path, "rt").read())
+            trace = read_trace(path)
             errors = cell_errors(trace)
         except (OSError, ValueError, KeyError) as err:
-            print(f"error: {path}: not a replay trace ({err}); make one with "
-                  "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`",
-                  file=sys.stderr)
+            print(not_a_trace(path, err), file=sys.stderr)
             return 2
         stats = summary(errors)
         result["traces"][path] = {"source": trace.get("source"), "summary": stats,
