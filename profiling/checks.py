@@ -66,10 +66,11 @@ def engine_profile(tl: Timeline, cfg: CheckConfig) -> engines.EngineProfile:
     return engines.resolve(cfg.engine, tl.config)
 
 
-def _stated_stage_calls(step: Step, profile: engines.EngineProfile) -> dict[int, str]:
-    """{id of a call: its stage} for the step's calls inside the stages its engine states as
-    deliberate eager work (engines.EngineProfile.stated_eager_stages)."""
-    return {id(c): s.name for s in profile.stated_spans(step) for c in s.calls}
+def _stage_calls(spans: list) -> dict[int, str]:
+    """{id of a call: its stage} for the calls inside `spans` (EngineProfile.stated_spans: the
+    stages its engine states as deliberate eager work; eager_spans: those and the graph stages
+    it runs eagerly)."""
+    return {id(c): s.name for s in spans for c in s.calls}
 
 
 def _stage_label(stage: str) -> str:
@@ -204,7 +205,7 @@ def check_eager_kernels(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             in_step: Counter = Counter()
             # Kernels of a stated eager stage (or a graph stage the engine runs eagerly here)
             # count under that stage, never as glue.
-            in_stated = {id(c): s.name for s in profile.eager_spans(step) for c in s.calls}
+            in_stated = _stage_calls(profile.eager_spans(step))
             for c in step.calls:
                 if not api_names.is_kernel_launch(c.name):
                     continue
@@ -365,7 +366,7 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
             kind = "switch" if s.switch else "other"
             polls[f"{kind} polls"] += _polls(s.calls)
             polls[f"{kind} steps"] += 1
-            stated_ids = _stated_stage_calls(s, profile)
+            stated_ids = _stage_calls(profile.stated_spans(s))
             if stated_ids:
                 stated[f"{kind} steps with"] += 1
                 stated["calls"] += len(stated_ids)

@@ -83,6 +83,11 @@ SGLANG_METADATA = KernelFamily(
      r"get_last_loc", r"alloc_(?:decode|extend)_kernel", r"memcpy_triton_kernel"))
 
 
+def _spans(step, stages: tuple[str, ...]) -> list:
+    """The step's spans of those stages that ran work."""
+    return [s for s in step.stages if s.name in stages and s.calls]
+
+
 @dataclass(frozen=True)
 class EngineProfile:
     name: str
@@ -115,20 +120,18 @@ class EngineProfile:
                                f"{self.eager_graph_why}")
 
     def eager_in(self, mode: str) -> tuple[str, ...]:
-        return tuple(self.eager_stages.get(mode, ()))
+        return self.eager_stages.get(mode, ())
 
     def all_eager_stages(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s for st in self.eager_stages.values() for s in st))
 
     def stated_spans(self, step) -> list:
         """The step's stage spans (timeline.StageSpan) of its stated eager stages that ran work."""
-        return [s for s in step.stages if s.name in self.stated_eager_stages and s.calls]
+        return _spans(step, self.stated_eager_stages)
 
     def eager_spans(self, step) -> list:
         """Its stated eager stages' spans and those of the graph stages its mode runs eagerly."""
-        eager = self.eager_in(step.mode)
-        return [s for s in step.stages
-                if (s.name in self.stated_eager_stages or s.name in eager) and s.calls]
+        return _spans(step, self.stated_eager_stages + self.eager_in(step.mode))
 
     def decode_stages(self, config: Mapping[str, str]) -> frozenset[str]:
         extra = self.decode_extra_stages
@@ -144,15 +147,15 @@ class EngineProfile:
             return None
         eager = frozenset(self.eager_in(m.value))
         if m is Mode.DECODE:
-            stages = self.decode_stages(config) - eager
-            return stages, stages
-        if k is not None:
-            stages = frozenset(s.value for s in Stage.for_mode(m, k)) - eager
-            return stages, stages
-        # K unknown: the draft stage exists for K > 1 only, so accept it either way.
-        with_draft = frozenset(s.value for s in Stage.for_mode(m, 2)) - eager
-        without = frozenset(s.value for s in Stage.for_mode(m, 1)) - eager
-        return with_draft & without, with_draft | without
+            required = allowed = self.decode_stages(config)
+        elif k is not None:
+            required = allowed = frozenset(s.value for s in Stage.for_mode(m, k))
+        else:
+            # K unknown: the draft stage exists for K > 1 only, so accept it either way.
+            with_draft = frozenset(s.value for s in Stage.for_mode(m, 2))
+            without = frozenset(s.value for s in Stage.for_mode(m, 1))
+            required, allowed = with_draft & without, with_draft | without
+        return required - eager, allowed - eager
 
     def eager_family(self, short: str, demangled: str) -> Optional[KernelFamily]:
         """The stated-set family a kernel belongs to, or None (counts against the limit)."""
