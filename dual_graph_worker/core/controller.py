@@ -362,6 +362,7 @@ class GoodputController:
     def commit(self, decision: Decision) -> None:
         self._step += 1
         self._earn(self.config.explore_budget)
+        offer, self._offer = self._offer, None
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
             if not self._explore_left:
                 self._explore_left = self.config.explore_steps
@@ -369,9 +370,8 @@ class GoodputController:
                 self._explored_at[decision.mode] = self._step
                 if decision.mode is Mode.SPEC:
                     self._sight_from = self._step
-                    if self._offer is not None and self._offer[0] is decision:
-                        self._probe = self._offer[1]
-            self._offer = None
+                    if offer is not None and offer[0] is decision:
+                        self._probe = offer[1]
             self._explore_left -= 1
             self._unfolded = not self._explore_left
             probe = self._probe
@@ -381,7 +381,6 @@ class GoodputController:
                 if self._unfolded:
                     self._probe = None
             return
-        self._offer = None
         if self._probe is not None:
             self._end_probe()
         self._explore_left = 0
