@@ -163,6 +163,12 @@ def run_sweep(engine, task: dict, emit) -> dict:
     from bench.sglang.workload import random_prompts
 
     res = {"input_len": task["input_len"], "output_len": task["output_len"], "points": []}
+    if task.get("short_cell_runs", 1) > 1 and not (
+            max(task["concurrency"], default=0) < REPEAT_SEED_STRIDE
+            and task["short_cell_runs"] <= MAX_RUNS):
+        raise ValueError(f"short-cell repeats need C < {REPEAT_SEED_STRIDE} and at most "
+                         f"{MAX_RUNS} runs (fresh prompts each), not C="
+                         f"{max(task['concurrency'], default=0)}")
     if task.get("warmup", True):
         engine.generate(input_ids=random_prompts(2, 16, task["vocab"], seed=99),
                         sampling_params=_sampling(WARMUP_TOKENS))
@@ -191,10 +197,6 @@ def run_sweep(engine, task: dict, emit) -> dict:
         before = _dual_state(engine)
         host_ms, cpu0 = probe_ms(), _tree_cpu_s()
         t0w = time.time()
-        if task.get("short_cell_runs", 1) > 1 and not (
-                c < REPEAT_SEED_STRIDE and task["short_cell_runs"] <= MAX_RUNS):
-            raise ValueError(f"short-cell repeats need C < {REPEAT_SEED_STRIDE} and at most "
-                             f"{MAX_RUNS} runs (fresh prompts each), not C={c}")
         load = int(task.get("host_load", 0))
         runs, spans = [], []
         with Hogs(load):

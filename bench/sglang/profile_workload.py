@@ -209,10 +209,11 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
         from profiling.host_waits import format_waits, host_waits
         from profiling.nsys_sqlite import load_sqlite
 
-        waits = host_waits(load_sqlite(exported), f"stage:{names.CATCH_UP}")
-        (out / "host-waits.md").write_text(format_waits(waits) + "\n")
+        waits = host_waits(load_sqlite(exported), names.stage_name(names.CATCH_UP))
+        text = format_waits(waits)
+        (out / "host-waits.md").write_text(text + "\n")
         (out / "host-waits.json").write_text(json.dumps(waits.to_json(), indent=1))
-        print(format_waits(waits))
+        print(text)
     return rc
 
 
