@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -38,19 +37,31 @@ def _place(index_in_run: int) -> str:
     return PLACES[0] if index_in_run == 0 else PLACES[1] if index_in_run < 4 else PLACES[2]
 
 
-def group_costs(events: Iterable[dict]) -> dict[tuple[str, int, str], list[float]]:
-    """(mode, padded bs, place in run) -> step seconds, catch-up steps left out."""
-    out: dict[tuple[str, int, str], list[float]] = defaultdict(list)
-    last_mode, run = None, 0
+def _step_runs(events: Iterable[dict]) -> Iterator[tuple[int, int, dict]]:
+    """(run, place in it from 0, event) of each step cost; a run ends where the mode changes."""
+    run, place, last_mode = -1, 0, None
     for e in events:
         if e.get("event") != "cost" or e.get("kind") != "StepTime":
             continue
-        mode = e["mode"]
-        run = run + 1 if mode == last_mode else 0
-        last_mode = mode
+        if e["mode"] != last_mode:
+            run, place, last_mode = run + 1, 0, e["mode"]
+        else:
+            place += 1
+        yield run, place, e
+
+
+def _clean(e: dict) -> bool:
+    """A step's own cost: no catch-up in it, and it held no next launch."""
+    return not e.get("catch_up_tokens") and not e.get("carries_next")
+
+
+def group_costs(events: Iterable[dict]) -> dict[tuple[str, int, str], list[float]]:
+    """(mode, padded bs, place in run) -> step seconds, catch-up steps left out."""
+    out: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    for _, place, e in _step_runs(events):
         if not e.get("catch_up_tokens"):
-            place = PLACES[3] if e.get("carries_next") else _place(run)
-            out[(mode, int(e["padded_bs"]), place)].append(float(e["seconds"]))
+            label = PLACES[3] if e.get("carries_next") else _place(place)
+            out[(e["mode"], int(e["padded_bs"]), label)].append(float(e["seconds"]))
     return out
 
 
@@ -203,29 +214,17 @@ def settling_ratios(events: Iterable[dict]) -> dict[str, list[float]]:
     steps and those holding the next launch left out). Within one run, so a slow spell at
     another time in the log never reads as a switch's cost; the log's first run (the process's
     slow first steps) is no switch's."""
+    runs: dict[int, list[tuple[str, int, int, float]]] = defaultdict(list)
+    for run, place, e in _step_runs(events):
+        if run and place < SETTLED[1] and _clean(e):
+            runs[run].append((e["mode"], int(e["padded_bs"]), place + 1, float(e["seconds"])))
     out: dict[str, list[float]] = defaultdict(list)
-    run: list[tuple[int, int, float]] = []
-
-    def close(mode: Optional[str]) -> None:
-        for bs in {b for b, place, _ in run if place >= SETTLED[0]}:
-            early = [s for b, p, s in run if b == bs and SETTLING[0] <= p <= SETTLING[1]]
-            late = [s for b, p, s in run if b == bs and SETTLED[0] <= p <= SETTLED[1]]
+    for steps in runs.values():
+        for bs in {b for _, b, _, _ in steps}:
+            early = [s for _, b, p, s in steps if b == bs and SETTLING[0] <= p <= SETTLING[1]]
+            late = [s for _, b, p, s in steps if b == bs and SETTLED[0] <= p <= SETTLED[1]]
             if early and len(late) >= 4:
-                out[mode].append((sum(early) / len(early)) / (sum(late) / len(late)))
-
-    last_mode, place, first = None, 0, True
-    for e in events:
-        if e.get("event") != "cost" or e.get("kind") != "StepTime":
-            continue
-        if e["mode"] != last_mode:
-            if not first:
-                close(last_mode)
-            run, first, last_mode, place = [], last_mode is None, e["mode"], 0
-        place += 1
-        if place <= SETTLED[1] and not e.get("catch_up_tokens") and not e.get("carries_next"):
-            run.append((int(e["padded_bs"]), place, float(e["seconds"])))
-    if not first:
-        close(last_mode)
+                out[steps[0][0]].append((sum(early) / len(early)) / (sum(late) / len(late)))
     return out
 
 
@@ -251,9 +250,8 @@ def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
     up to 16 over their size's median in the whole log, its planning us, SGLang's launch us (nan
     in logs without it) and the side sampler's host probe ms (host_speed.py): a slow spell of
     the steps that neither the probe nor the launch shares lies on the device."""
-    costs = [e for e in log if e.get("event") == "cost" and e.get("kind") == "StepTime"
-             and e["mode"] == "spec" and e["padded_bs"] <= 16 and not e.get("catch_up_tokens")
-             and not e.get("carries_next")]
+    costs = [e for _, _, e in _step_runs(log)
+             if e["mode"] == "spec" and e["padded_bs"] <= 16 and _clean(e)]
     if not costs or not host:
         return ""
     by_size: dict[int, list[float]] = defaultdict(list)
@@ -261,20 +259,23 @@ def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
         by_size[e["padded_bs"]].append(e["seconds"])
     median = {b: statistics.median(v) for b, v in by_size.items()}
     t0 = costs[0]["t"]
-    bins: dict[int, list[list[float]]] = defaultdict(lambda: [[], [], [], []])
+    columns = ("ratio", "plan_us", "launch_us", "host_ms")
+    bins: dict[int, dict[str, list[float]]] = defaultdict(lambda: {c: [] for c in columns})
+
+    def at(t: float) -> dict[str, list[float]]:
+        return bins[int((t - t0) // SPELL_BIN_S)]
+
     for e in costs:
-        bins[int((e["t"] - t0) // SPELL_BIN_S)][0].append(e["seconds"] / median[e["padded_bs"]])
+        at(e["t"])["ratio"].append(e["seconds"] / median[e["padded_bs"]])
     for d in log:
         if "step" in d and d.get("mode") == "spec" and "plan_us" in d and d["t"] >= t0:
-            k = int((d["t"] - t0) // SPELL_BIN_S)
-            bins[k][1].append(d["plan_us"])
-            if "launch_us" in d:
-                bins[k][3].append(d["launch_us"])
+            at(d["t"])["plan_us"].append(d["plan_us"])
+            at(d["t"])["launch_us"] += [d["launch_us"]] if "launch_us" in d else []
     for t, ms in host:
         if t >= t0:
-            bins[int((t - t0) // SPELL_BIN_S)][2].append(ms)
-    rows = [(k, *(statistics.median(v) if v else float("nan") for v in b))
-            for k, b in sorted(bins.items()) if len(b[0]) >= 20 and b[2]]
+            at(t)["host_ms"].append(ms)
+    rows = [(k, *(statistics.median(b[c]) if b[c] else float("nan") for c in columns))
+            for k, b in sorted(bins.items()) if len(b["ratio"]) >= 20 and b["host_ms"]]
     if not rows:
         return ""
     lines = [f"\nSpec steps (padded bs <= 16) over their size's median, by {SPELL_BIN_S:g} s of "
@@ -282,9 +283,9 @@ def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
              "| s | spec step / median | planning us | launch us | host probe ms |",
              "|---|---|---|---|---|"]
     lines += [f"| {k * SPELL_BIN_S:.0f} | {r:.3f} | {p:.0f} | "
-              f"{'-' if math.isnan(la) else f'{la:.0f}'} | {h:.1f} |" for k, r, p, h, la in rows]
+              f"{'-' if np.isnan(la) else f'{la:.0f}'} | {h:.1f} |" for k, r, p, la, h in rows]
     if len(rows) >= 8:
-        corr = np.corrcoef([r[1] for r in rows], [r[3] for r in rows])[0, 1]
+        corr = np.corrcoef([r[1] for r in rows], [r[4] for r in rows])[0, 1]
         lines.append(f"\nCorrelation of the step ratio with the host probe over the bins: "
                      f"{corr:+.2f}.")
     return "\n".join(lines) + "\n"
