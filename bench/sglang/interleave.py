@@ -20,8 +20,9 @@ from bench.sglang.engine_child import Child, write_json
 
 # Every engine the same KV pool, fitting a 256x512, 64x2112 or 128x1088-token cell with room;
 # each keeps 20% of the memory free at its start as SGLang's runtime slack
-# (kv_cache_configurator.py:1616-1625), so three engines fit one H200. NOT YET RUN ON THE GPU.
-ENGINE_KWARGS = {"max_total_tokens": 160_000, "mem_fraction_static": 0.8}
+# (kv_cache_configurator.py:1616-1625), so three engines fit one H200. An idle scheduler polls
+# its sockets in a busy loop unless it sleeps on idle: the two waiting would spin two cores.
+ENGINE_KWARGS = {"max_total_tokens": 160_000, "mem_fraction_static": 0.8, "sleep_on_idle": True}
 # The worker sizes its lazy catch-up stash to a share of the memory free at its start: alone on
 # the H200 that came to 3697.7 MiB (run 12); up first beside the others it would take tens of GB.
 DUAL_ENV = {"DGW_LAZY_STASH_MB": "3700"}
