@@ -438,6 +438,34 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     assert q.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
 
 
+def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost():
+    """The H200's first 256x256 C=8 cell (run 13): catch-ups of 32 tokens took 2.8 ms over a
+    step, then one of 528 tokens 19.9 ms (its forward's first call at that shape), the next of
+    664 tokens 4.1 ms. Taken, the 528 made the draft's rate 12-34 us a token, dearer than the
+    target's own prefill (24 us), and priced speculation out where it was 9% faster. Held back,
+    the rate is the draft's; a second such catch-up in a row is the cost."""
+    def catch_ups(excesses: list[tuple[int, float]]) -> GoodputController:
+        p = _learned(controller(defers_prefill=True), 16)
+        p.observe(PrefillTime(8192, 0.195, draft=True))
+        p.exchange(lambda v: v)
+        for tokens, excess in excesses:
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + excess, catch_up_tokens=tokens))
+            p.exchange(lambda v: v)
+        return p
+
+    h200 = [(32, 2.77e-3), (32, 2.77e-3), (528, 19.9e-3), (664, 4.1e-3), (16, 2.6e-3)]
+    held = catch_ups(h200)
+    assert held.catch_up_s_per_token() == pytest.approx(2.1e-6, rel=0.1)
+    assert held.draft_prefill_s_per_token() == pytest.approx(2.1e-6, rel=0.1)
+    assert held.catch_up_seconds(528) < 5e-3
+    # Two in a row: the draft really is that dear now.
+    again = catch_ups(h200[:3] + [(600, 21e-3), (664, 23e-3), (16, 2.6e-3)])
+    assert again.catch_up_s_per_token() > 20e-6
+    # A large catch-up far over the small ones' fixed cost but under a prefill's is no outlier.
+    big = catch_ups([(32, 2.77e-3), (32, 2.77e-3), (36224, 35e-3), (16, 2.6e-3)])
+    assert big.catch_up_s_per_token() == pytest.approx((35e-3 - 2.7e-3) / 36192, rel=0.05)
+
+
 def test_catch_up_rates_come_only_from_sizes_far_enough_apart_and_runs_without_a_switch():
     rng = random.Random(1)
     # Sizes 4 and 8 with 0.2 ms of noise: no slope can be told; no rate is made up from them.

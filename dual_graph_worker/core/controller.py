@@ -203,6 +203,7 @@ class GoodputController:
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
+        self._catch_up_held = False     # rank-local: the last catch-up was held back
         # Rank-local: a prefill came since the last step; the last step was held back for one;
         # the last batch held the next one's launch; the last step's sample (key, context,
         # seconds, above its line) while in this window's sums; the key of the last step if it
@@ -654,6 +655,8 @@ class GoodputController:
             excess = self._excess(i, event.seconds, expected)
             if excess is not None:
                 x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
+                if self._first_call_cost(x, y):
+                    return
                 self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
             return
         # Nor is one whose launch the previous step held: its span starts late (on the H200 a
@@ -708,6 +711,20 @@ class GoodputController:
             acc[slot] -= v
         if acc[1] < 0.5:
             del self._step_sums[i]
+
+    def _first_call_cost(self, tokens: float, seconds: float) -> bool:
+        """Whether a catch-up is held back as a lone one-time cost: _SPIKE times its line and
+        dearer than the catch-ups' fixed part and a prefill of the target and draft over its
+        tokens, which the draft alone cannot be. On the H200 a 528-token catch-up's first
+        forward at its shape took 17 ms, the next one's (664 tokens) 2.8 ms; taken, its 34 us a
+        token priced speculation out for ~150 steps. Two in a row are the cost."""
+        prefill = self._prefill[True].ratio()
+        counted = self._catch_up[True].events + self._catch_up[False].events
+        held = prefill is not None and counted > 0 and not self._catch_up_held and \
+            seconds > max(_SPIKE * self.catch_up_seconds(int(tokens)),
+                          self._catch_up_fit[0] + tokens * prefill)
+        self._catch_up_held = held
+        return held
 
     def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
         """Seconds beyond key i's expected step, if it is measured and this is no idle gap."""
