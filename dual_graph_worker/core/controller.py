@@ -713,16 +713,17 @@ class GoodputController:
             del self._step_sums[i]
 
     def _first_call_cost(self, tokens: float, seconds: float) -> bool:
-        """Whether a catch-up is held back as a lone one-time cost: _SPIKE times its line and
-        dearer than the catch-ups' fixed part and a prefill of the target and draft over its
-        tokens, which the draft alone cannot be. On the H200 a 528-token catch-up's first
-        forward at its shape took 17 ms, the next one's (664 tokens) 2.8 ms; taken, its 34 us a
-        token priced speculation out for ~150 steps. Two in a row are the cost."""
+        """Whether a catch-up is held back as a lone one-time cost: _SPIKE times its line, at a
+        rate beyond 1/_SPIKE of a target-and-draft prefill's a token, which the draft alone
+        does not reach. On the H200 a 528-token catch-up's first forward at its shape took
+        13-17 ms and the next one's (664 tokens) 2.8; taken, its 20-34 us a token priced
+        speculation out for ~150 steps where it was 9% faster. Two in a row are the cost."""
         prefill = self._prefill[True].ratio()
+        fixed = self._catch_up_fit[0]
         counted = self._catch_up[True].events + self._catch_up[False].events
         held = prefill is not None and counted > 0 and not self._catch_up_held and \
-            seconds > max(_SPIKE * self.catch_up_seconds(int(tokens)),
-                          self._catch_up_fit[0] + tokens * prefill)
+            seconds > _SPIKE * self.catch_up_seconds(int(tokens)) and \
+            (seconds - fixed) / tokens > prefill / _SPIKE
         self._catch_up_held = held
         return held
 
