@@ -272,18 +272,23 @@ def test_estimate_error_names_a_file_that_is_no_trace(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "--trace" in err
 
 
-def test_catch_up_fit_replay_finds_run10s_steep_rate(capsys):
-    """Run 10's m21 costs: the open-loop replay fits a catch-up rate tens of times the draft's
-    (~0.6 us a token), the fault its note names; run 11's m26 stays within ~12x."""
+def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys):
+    """The open-loop replay of runs 10-13's costs: a lone catch-up's first call at its shape
+    made the fitted rate 20-67 us a token in runs 10, 12 and 13 (the draft's own is ~0.6), the
+    fault run 10's note names; held back, no fit passes 5 us."""
     from bench.sglang.catch_up_fit import fit_history, main
 
     def steepest(path):
         t = json.loads(gzip.open(ROOT / "results/sglang" / path, "rt").read())
         return max(h["us_per_token"] for h in fit_history(t))
 
-    assert steepest("policy-matrix-fa3-run10/costs-m21.json.gz") > 30
-    assert steepest("policy-matrix-fa3-run11/costs-m26.json.gz") < 8
+    for path in ("policy-matrix-fa3-run10/costs-m21.json.gz",
+                 "policy-matrix-fa3-run11/costs-m26.json.gz",
+                 "policy-matrix-fa3-run12/m27/costs-m27.json.gz",
+                 "policy-matrix-fa3-run13/m31/costs-m31.json.gz",
+                 "policy-matrix-fa3-run13/m32/costs-m32.json.gz"):
+        assert steepest(path) < 5, path
     assert main([str(ROOT / "results/sglang/policy-matrix-fa3-run11/costs-m26.json.gz")]) == 0
     out = capsys.readouterr().out
-    assert "| costs-m26.json.gz |" in out and "| 7.33 (800, 0.03)" in out
+    assert "| costs-m26.json.gz |" in out and "| 1.93 (1464, 0.00)" in out
     assert main(["/nonexistent.json.gz"]) == 2

@@ -203,7 +203,8 @@ class GoodputController:
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
-        self._catch_up_held = False     # rank-local: the last catch-up was held back
+        # Rank-local: the catch-up sizes (powers of two) whose last one was held back.
+        self._catch_up_held: set[int] = set()
         # Rank-local: a prefill came since the last step; the last step was held back for one;
         # the last batch held the next one's launch; the last step's sample (key, context,
         # seconds, above its line) while in this window's sums; the key of the last step if it
@@ -714,18 +715,23 @@ class GoodputController:
 
     def _first_call_cost(self, tokens: float, seconds: float) -> bool:
         """Whether a catch-up is held back as a lone one-time cost: _SPIKE times its line, at a
-        rate beyond 1/_SPIKE of a target-and-draft prefill's a token, which the draft alone
-        does not reach. On the H200 a 528-token catch-up's first forward at its shape took
-        13-17 ms and the next one's (664 tokens) 2.8; taken, its 20-34 us a token priced
-        speculation out for ~150 steps where it was 9% faster. Two in a row are the cost."""
-        prefill = self._prefill[True].ratio()
-        fixed = self._catch_up_fit[0]
+        rate beyond its fixed part of 1/_SPIKE of a prefill's per-token slope (the target's, with
+        the draft or not), which the draft alone does not reach. On the H200 a 528-token catch-up's first forward at its
+        shape took 13-17 ms and the next one's (664 tokens) 2.8; taken, its 20-34 us a token
+        priced speculation out for ~150 steps where it was 9% faster. Two in a row of a size (a
+        power of two) are the cost: a young line may hold back one of each size."""
+        slopes = (self._prefill[True].value(), self._prefill[False].value())
+        prefill = next((v for v in slopes if v is not None), None)
         counted = self._catch_up[True].events + self._catch_up[False].events
-        held = prefill is not None and counted > 0 and not self._catch_up_held and \
+        size = int(tokens).bit_length()
+        spike = prefill is not None and counted > 0 and \
             seconds > _SPIKE * self.catch_up_seconds(int(tokens)) and \
-            (seconds - fixed) / tokens > prefill / _SPIKE
-        self._catch_up_held = held
-        return held
+            seconds > self._catch_up_fit[0] + tokens * prefill / _SPIKE
+        if spike and size not in self._catch_up_held:
+            self._catch_up_held.add(size)
+            return True
+        self._catch_up_held.discard(size)
+        return False
 
     def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
         """Seconds beyond key i's expected step, if it is measured and this is no idle gap."""
