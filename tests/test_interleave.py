@@ -103,3 +103,28 @@ def test_an_engine_that_fails_to_start_leaves_the_others_to_run(tmp_path, monkey
 def test_interleaving_takes_one_process_per_engine(tmp_path, capsys):
     assert pm.main(["--out", str(tmp_path / "x"), "--interleave", "--processes", "2"]) == 2
     assert "--interleave runs one process per engine" in capsys.readouterr().err
+
+
+def test_rounds_take_each_cell_in_turn_and_read_the_median_round(tmp_path, monkeypatch):
+    """--rounds 3: each cell three times in a row, one run a round, each round in its own
+    engine order; a cell's record reads the median round and keeps every round's."""
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3", "--rounds", "3")
+    assert rc == 0
+    timed = [(s["kind"], s["bs"]) for s in served[6:] if s["tokens"] == 32]
+    assert timed[:6] == [("dual", 1), ("eagle3", 1), ("eagle3", 1), ("dual", 1), ("dual", 1),
+                         ("eagle3", 1)]
+    assert len(timed) == 2 * 2 * 2 * 3          # accepts x sizes x engines x rounds
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert len(matrix["records"]) == 8 and matrix["settings"]["rounds"] == 3
+    for r in matrix["records"]:
+        assert r["rounds"] == 3 and len(r["runs_tok_s"]) == len(r["runs_t"]) == 3
+        assert r["tok_s"] == sorted(r["runs_tok_s"])[1]
+        assert r["runs_t"] == sorted(r["runs_t"])
+    assert "in 3 rounds" in matrix["note"]
+    dual = json.loads((out / "dual.json").read_text())["tasks"]
+    assert {"a2.0-16x32#r0", "a2.0-16x32#r2", "a3.0-16x32#r1"} <= set(dual)
+
+
+def test_rounds_need_interleave(tmp_path, capsys):
+    assert pm.main(["--out", str(tmp_path / "m"), "--rounds", "3"]) == 2
+    assert "--rounds takes 1-9 and needs --interleave" in capsys.readouterr().err

@@ -235,7 +235,7 @@ def test_a_short_cell_runs_again_on_fresh_prompts_and_reads_the_median(monkeypat
     assert (bare["short_cell_s"], bare["short_cell_runs"]) == (0.0, 1)
     # Repeats draw fresh prompts only below the seed stride: a larger C is refused.
     big = dict(task, concurrency=[engine_child.REPEAT_SEED_STRIDE])
-    with pytest.raises(ValueError, match="short-cell repeats need C"):
+    with pytest.raises(ValueError, match="short-cell repeats and rounds need C"):
         engine_child.run_sweep(FakeEngine(), big, emit=lambda r: None)
 
 
@@ -672,9 +672,15 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
                             str(tmp_path / "dual.json")]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| a3 ")]
     assert rows == [
-        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | - | 0.000 |",
+        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | - | 0.000 | - |",
         "| a3 256x256 C=16 | 2000 | 2.00 | decode/goodput 3, spec/goodput 1 | d16 5.00 (3) "
-        "| - | 1, 512, 30.0 | 0.250 |"]
+        "| - | 1, 512, 30.0 | 0.250 | - |"]
+    # With SGLang's launch times: each cell's spec steps over their size's median in the log.
+    log = [{"step": i, "t": t, "mode": "spec", "padded_bs": 16, "reason": "goodput",
+            "launch_us": us} for i, (t, us) in enumerate(
+                [(10.1, 4000.0), (10.2, 4000.0), (20.4, 6000.0), (20.5, 2000.0), (20.6, 5000.0)])]
+    assert step_costs.cell_report(log, engine).splitlines()[2].endswith("| 1.00 |")
+    assert step_costs.cell_report(log, engine).splitlines()[3].endswith("| 1.25 |")
     # Each mode's ms per output token from the cell's own steps, spec at the forced length.
     own = {"s16": [0.021, 0.020, 0.022], "d16": [0.005] * 3, "d8": [0.004] * 2}
     assert step_costs.own_choice(own, 16, 3.0) == "0.438 / 0.312: d"

@@ -163,12 +163,13 @@ def run_sweep(engine, task: dict, emit) -> dict:
     from bench.sglang.workload import random_prompts
 
     res = {"input_len": task["input_len"], "output_len": task["output_len"], "points": []}
-    if task.get("short_cell_runs", 1) > 1 and not (
-            max(task["concurrency"], default=0) < REPEAT_SEED_STRIDE
-            and task["short_cell_runs"] <= MAX_RUNS):
-        raise ValueError(f"short-cell repeats need C < {REPEAT_SEED_STRIDE} and at most "
-                         f"{MAX_RUNS} runs (fresh prompts each), not C="
-                         f"{max(task['concurrency'], default=0)}")
+    # A round of an interleaved cell (its `first_run`) draws the prompts of that run.
+    last_run = task.get("first_run", 0) + task.get("short_cell_runs", 1)
+    if last_run > 1 and not (max(task["concurrency"], default=0) < REPEAT_SEED_STRIDE
+                             and last_run <= MAX_RUNS):
+        raise ValueError(f"short-cell repeats and rounds need C < {REPEAT_SEED_STRIDE} and at "
+                         f"most {MAX_RUNS} runs (fresh prompts each), not C="
+                         f"{max(task['concurrency'], default=0)} and run {last_run}")
     if task.get("warmup", True):
         engine.generate(input_ids=random_prompts(2, 16, task["vocab"], seed=99),
                         sampling_params=_sampling(WARMUP_TOKENS))
@@ -205,7 +206,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
             while not runs or (runs[0][0] < task.get("short_cell_s", 0.0)
                                and len(runs) < task.get("short_cell_runs", 1)):
                 t_run = time.time()
-                runs.append(_timed_batch(engine, task, c, len(runs)))
+                runs.append(_timed_batch(engine, task, c, task.get("first_run", 0) + len(runs)))
                 spans.append([round(t_run, 3), round(time.time(), 3)])
         cpu1 = _tree_cpu_s()
         # The median run (the slower middle one of an even count) is the cell's figure; the

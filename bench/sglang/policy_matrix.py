@@ -103,7 +103,7 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
 # What a matrix without a "settings" record was measured with (every run before it: triton).
 SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
                    "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0,
-                   "interleave": False}
+                   "interleave": False, "rounds": 1}
 
 
 def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
@@ -114,7 +114,7 @@ def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optio
         return None
     flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
              "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load",
-             "interleave": "--interleave"}
+             "interleave": "--interleave", "rounds": "--rounds"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
 
@@ -185,10 +185,15 @@ def _task_name(kind: str, accept: float, w: Workload) -> str:
     return w.name if kind == "plain" else f"a{accept}-{w.name}"
 
 
+def _round_name(name: str, r: int, rounds: int) -> str:
+    return f"{name}#r{r}" if rounds > 1 else name
+
+
 def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
     """The matrix as interleave.py runs it: every engine warms every shape first; then per
     accept phase each cell is one task per engine (plain in the first phase only), with the
-    prompts tasks_for gives that phase and workload."""
+    prompts tasks_for gives that phase and workload; with rounds, that many in a row, one run
+    each (the prompts of the short-cell repeats), each round in its own engine order."""
     warm = {k: [sweep_task(w, f"warm-{w.name}", run.vocab, warm_shapes=True,
                            seed=_seed(0, i)) | {"timed": False}
                 for i, w in enumerate(run.workloads)] for k in kinds}
@@ -199,11 +204,14 @@ def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
         settle = sweep_task(Workload(8, 8, ()), f"warm-a{a}", run.vocab, warm_shapes=False,
                             seed=_seed(phase, 0)) | {"timed": False}
         setup = {k: [_accept_task(a), settle] for k in kinds if k != "plain"}
-        cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)), _task_name(k, a, w),
-                                run.vocab, warm_shapes=False, seed=_seed(phase, i),
-                                repeats=run.repeats, host_load=run.host_load) | {"warmup": False}
+        cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)),
+                                _round_name(_task_name(k, a, w), r, run.rounds), run.vocab,
+                                warm_shapes=False, seed=_seed(phase, i),
+                                repeats=run.repeats if run.rounds == 1 else Repeats(0.0, 1),
+                                host_load=run.host_load) | {"warmup": False, "first_run": r}
                   for k in kinds if k != "plain" or phase == 0}
-                 for i, w in enumerate(run.workloads) for c in w.concurrency]
+                 for i, w in enumerate(run.workloads) for c in w.concurrency
+                 for r in range(run.rounds)]
         phases.append(interleave.Phase(setup, cells))
     return interleave.Plan(warm, phases)
 
@@ -224,6 +232,7 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
     for name, task in (res.get("tasks") or {}).items():
         if not isinstance(task, dict) or "points" not in task:
             continue
+        name, _, round_ = name.partition("#r")
         accept, _, wname = name.partition("-") if kind != "plain" else (None, "", name)
         w = by_name.get(wname)
         if w is None:
@@ -241,7 +250,38 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                 rec["dual_graph"] = p["dual_graph"]
             if p.get("machine"):
                 rec["machine"] = p["machine"]
+            if round_:
+                rec["round"] = int(round_)
             out.append(rec)
+    return merged_rounds(out)
+
+
+def merged_rounds(recs: list[dict]) -> list[dict]:
+    """An interleaved cell's rounds as one record, as a short cell's repeats make one: the
+    median round's tok/s (the slower middle one of an even count), every round's in
+    `runs_tok_s` and its span in `runs_t`; the machine as in the first, the worker's counters
+    and cost model as after the last."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault(cell_key(r) + (r["engine"],), []).append(r)
+    out = []
+    for rs in groups.values():
+        rounds = sorted((r for r in rs if "round" in r), key=lambda r: r["round"])
+        out += [r for r in rs if "round" not in r]
+        if not rounds:
+            continue
+        middle = sorted(rounds, key=lambda r: r["tok_s"])[(len(rounds) - 1) // 2]
+        first, last = rounds[0], rounds[-1]
+        merged = {k: v for k, v in first.items() if k not in ("round", "dual_graph")} | {
+            "tok_s": middle["tok_s"], "seconds": middle["seconds"],
+            "runs_tok_s": [r["tok_s"] for r in rounds],
+            "runs_t": [[r["t_start"], r["t_end"]] for r in rounds],
+            "t_end": last["t_end"], "rounds": len(rounds),
+            "seconds_total": round(sum(r["seconds"] for r in rounds), 4),
+            "output_tokens_total": round(sum(r["tok_s"] * r["seconds"] for r in rounds))}
+        if "dual_graph" in last:
+            merged["dual_graph"] = last["dual_graph"]
+        out.append(merged)
     return out
 
 
@@ -482,6 +522,7 @@ class Run:
     acc_sampling: str
     dual_env: dict
     step_log: bool
+    rounds: int = 1
 
 
 def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] = None,
@@ -575,6 +616,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--interleave", action="store_true",
                     help="every engine up at once (same KV pool each), each cell taken by one "
                          "engine after another in a rotating order (interleave.py)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help=f"with --interleave: every cell this many times (1-{MAX_RUNS}), one run "
+                         "a round, each round in its own engine order; tok/s is the median "
+                         "round (a spell of seconds then moves one round of one engine, not a "
+                         "cell). Over 1, the short-cell repeats are off")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -616,7 +662,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     backend = engine_attention_backend(args.attention_backend)
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
                 "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs},
-                "host_load": args.host_load, "interleave": args.interleave}
+                "host_load": args.host_load, "interleave": args.interleave,
+                "rounds": args.rounds}
     earlier = []
     if args.fill_from:
         try:
@@ -629,6 +676,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         if err := other_settings(filler, settings, ("attention_backend", "host_load")):
             print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
             return 2
+    if args.rounds != 1 and not (args.interleave and 1 <= args.rounds <= MAX_RUNS):
+        print(f"error: --rounds takes 1-{MAX_RUNS} and needs --interleave", file=sys.stderr)
+        return 2
+    if args.rounds > 1 and max(c for w in workloads for c in w.concurrency) >= REPEAT_SEED_STRIDE:
+        print(f"error: rounds draw fresh prompts for C < {REPEAT_SEED_STRIDE} only; pass "
+              "--rounds 1 for larger C", file=sys.stderr)
+        return 2
     if args.interleave and args.processes != 1:
         print("error: --interleave runs one process per engine; leave out --processes",
               file=sys.stderr)
@@ -637,7 +691,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     # The records kept from an earlier run into DIR must come from the same servers.
-    kept = ("attention_backend", "short_cells", "host_load", "interleave") + (
+    kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds") + (
         () if "dual" in engines else ("dual_env",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
@@ -656,7 +710,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}"
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
                "each cell runs" if args.host_load else "")
-            + ("; engines up at once, each cell taken in turn in a rotating order, KV pool "
+            + ("; engines up at once, each cell taken in turn in a rotating order"
+               + (f" in {args.rounds} rounds (tok/s: the median round)" if args.rounds > 1
+                  else "") + ", KV pool "
                f"{interleave.ENGINE_KWARGS['max_total_tokens']} tokens each, worker stash "
                f"{interleave.DUAL_ENV['DGW_LAZY_STASH_MB']} MiB" if args.interleave else ""))
     columns = merged_workloads(previous.get("workloads", []), workloads)
@@ -664,7 +720,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     run = Run(out=out, accepts=accepts, workloads=workloads, repeats=repeats,
               host_load=args.host_load, vocab=shapes.vocab_size, target=target, draft=draft,
               radix=args.radix_cache, log_level=args.log_level, backend=backend,
-              acc_sampling=args.acc_sampling, dual_env=dual_env, step_log=args.step_log)
+              acc_sampling=args.acc_sampling, dual_env=dual_env, step_log=args.step_log,
+              rounds=args.rounds)
     writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
                           args.fill_from or "", previous.get("startup_s", {}))
     with host_speed.Sampler(out / HOST_SPEED_FILE):

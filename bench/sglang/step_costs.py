@@ -87,7 +87,8 @@ def cells(engine: dict) -> list[tuple[str, dict, Optional[float]]]:
             continue
         for p in task.get("points", []):
             label = (f"a{accept:g} " if accept is not None else "") + \
-                f"{task['input_len']}x{task['output_len']} C={p['concurrency']}"
+                f"{task['input_len']}x{task['output_len']} C={p['concurrency']}" + \
+                (f" round {name.partition('#r')[2]}" if "#r" in name else "")
             out.append((label, p, accept))
     return sorted(out, key=lambda c: c[1]["t_start"])
 
@@ -107,17 +108,33 @@ def own_choice(steps: dict[str, list[float]], bs: int, accept: Optional[float]) 
     return f"{per_token['s']:.3f} / {per_token['d']:.3f}: {faster}"
 
 
+def launch_medians(log: list[dict]) -> dict[tuple[str, int], float]:
+    """Per (mode, padded bs), the median host time of SGLang's forward call over the log."""
+    launches: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for e in log:
+        if e.get("launch_us"):
+            launches[(e["mode"], e["padded_bs"])].append(e["launch_us"])
+    return {k: statistics.median(v) for k, v in launches.items()}
+
+
 def cell_report(log: list[dict], engine: dict) -> str:
-    """One row per cell from the step log's lines (step records and events)."""
+    """One row per cell from the step log's lines (step records and events). How fast its
+    spec steps' host work ran: the median of their launch times over their sizes' medians in
+    the whole log (at small batches a spec step is mostly that host time)."""
     lines = ["| cell | tok/s | wall s | steps by mode/reason | median step ms (n) by mode+bs | "
-             "own ms/token, spec / decode: faster | catch-ups: n, tokens, ms | prefill s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "own ms/token, spec / decode: faster | catch-ups: n, tokens, ms | prefill s | "
+             "spec launch / its size's median |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    typical = launch_medians(log)
     for label, p, accept in cells(engine):
         inside = [e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]]
         reasons: dict[str, int] = defaultdict(int)
+        slowdown = []
         for e in inside:
             if "step" in e:
                 reasons[f"{e['mode']}/{e['reason']}"] += 1
+                if e.get("launch_us") and e["mode"] == "spec":
+                    slowdown.append(e["launch_us"] / typical[(e["mode"], e["padded_bs"])])
         costs = [e for e in inside if e.get("event") == "cost"]
         steps: dict[str, list[float]] = defaultdict(list)
         ups = []
@@ -136,7 +153,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
         lines.append(f"| {label} | {p['tok_s']:.0f} | {p['seconds']:.2f} | "
                      + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
                      + f" | {med} | {own_choice(steps, p['concurrency'], accept)} | {up} | "
-                     f"{prefill:.3f} |")
+                     f"{prefill:.3f} | "
+                     + (f"{statistics.median(slowdown):.2f} |" if slowdown else "- |"))
     return "\n".join(lines) + "\n"
 
 
