@@ -22,7 +22,9 @@ worker process's. A side process samples the host's speed all along (host_speed.
 DIR/host-speed.jsonl): every cell and run carries it, and the report sets each engine's runs on
 a slow host apart; --host-load N spins N processes while each cell runs (what that does and does
 not slow: the option's help). With --interleave every engine is up at once and each cell runs on
-one engine after another (interleave.py), so a slow spell of seconds meets them alike.
+one engine after another (interleave.py), so a slow spell of seconds meets them alike; with
+--rounds N each cell runs N times, one run a round in its own engine order, and reads the median
+round, so such a spell moves one round of one engine.
 """
 
 from __future__ import annotations
