@@ -445,12 +445,15 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     own prefill (18-24 us), and priced speculation out where it was 9% faster. Held back, the
     rate is the draft's; a second such catch-up of a size in a row is the cost."""
     def catch_ups(excesses: list[tuple[int, float]]) -> GoodputController:
-        p = _learned(controller(defers_prefill=True), 16)
+        p = controller(defers_prefill=True)
+        for mode, seconds in ((Mode.SPEC, 6.9e-3), (Mode.DECODE, 5.1e-3)):    # bs 8 there
+            for _ in range(4):
+                p.observe(StepTime(mode, 16, seconds))
         for tokens in (2048, 4096, 8192):        # the target's and draft's 17.6 us a token
             p.observe(PrefillTime(tokens, 0.05 + tokens * 17.6e-6, draft=True))
         p.exchange(lambda v: v)
         for tokens, excess in excesses:
-            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + excess, catch_up_tokens=tokens))
+            p.observe(StepTime(Mode.SPEC, 16, 6.9e-3 + excess, catch_up_tokens=tokens))
             p.exchange(lambda v: v)
         return p
 
@@ -468,6 +471,33 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     # A large catch-up far over the small ones' fixed cost but under a prefill's is no outlier.
     big = catch_ups([(32, 2.77e-3), (32, 2.77e-3), (36224, 35e-3), (16, 2.6e-3)])
     assert big.catch_up_s_per_token() == pytest.approx((35e-3 - 2.7e-3) / 36192, rel=0.05)
+
+
+def test_a_switchs_catch_ups_turned_dear_are_learnt_between_cheap_ones_inside_runs():
+    """Holding a lone dear catch-up back must not hold every one: at-switch catch-ups that turn
+    dear for good count from the second on, whatever cheap catch-ups of deferred prompts inside
+    speculative runs come between them."""
+    p = controller(defers_prefill=True)
+    for mode, seconds in ((Mode.SPEC, 6.9e-3), (Mode.DECODE, 5.1e-3)):
+        for _ in range(4):
+            p.observe(StepTime(mode, 16, seconds))
+    for tokens in (2048, 4096, 8192):
+        p.observe(PrefillTime(tokens, 0.05 + tokens * 17.6e-6, draft=True))
+    p.exchange(lambda v: v)
+
+    def catch_up(at_switch: bool, tokens: int, excess: float) -> None:
+        p.observe(StepTime(Mode.DECODE if at_switch else Mode.SPEC, 16,
+                           5.1e-3 if at_switch else 6.9e-3))
+        p.observe(StepTime(Mode.SPEC, 16, 6.9e-3 + excess, catch_up_tokens=tokens))
+        p.exchange(lambda v: v)
+
+    for tokens in (48, 300, 48, 600):
+        catch_up(True, tokens, 0.5e-3 + tokens * 0.6e-6)
+    assert p.catch_up_seconds(48) < 1e-3
+    for _ in range(6):
+        catch_up(True, 48, 14e-3)
+        catch_up(False, 40, 0.5e-3)
+    assert p.catch_up_seconds(48) > 5e-3
 
 
 def test_catch_up_rates_come_only_from_sizes_far_enough_apart_and_runs_without_a_switch():

@@ -325,3 +325,32 @@ def test_the_report_shows_each_repeated_cell_first_run_apart(tmp_path):
     merged = json.loads((tmp_path / "pm" / "policy-matrix.json").read_text())
     assert [c["ratio"] for c in merged["cells_first_run"]] == [0.7]
     assert "cells below 0.98: 1 of 1" in (tmp_path / "pm" / "report.md").read_text()
+
+
+def test_an_interleaved_cells_rounds_make_one_record():
+    """The median round's tok/s, every round's kept; totals, CPU time and the worker's counters
+    summed over the rounds, its cost model as after the last."""
+    def rnd(r, tok_s, seconds, tokens, cpu, steps):
+        return {"accept_len": 2.0, "input_len": 256, "output_len": 256, "concurrency": 4,
+                "engine": "dual", "tok_s": tok_s, "seconds": seconds, "output_tokens": tokens,
+                "t_start": 10.0 * r, "t_end": 10.0 * r + seconds, "round": r,
+                "machine": {"cpu_s": cpu, "sm_mhz": 1980.0},
+                "dual_graph": {"mode": f"m{r}", "catch_ups": 1, "steps": {"spec": steps},
+                               "steps_by_reason": {"spec/goodput": steps}}}
+    other = {"accept_len": 2.0, "input_len": 256, "output_len": 256, "concurrency": 4,
+             "engine": "eagle3", "tok_s": 5.0, "seconds": 1.0}
+    merged = pm.merged_rounds([rnd(1, 90.0, 2.0, 181, 1.5, 60), rnd(0, 100.0, 1.0, 100, 1.0, 50),
+                               rnd(2, 50.0, 3.0, 152, None, 70), other])
+    assert [r for r in merged if r["engine"] == "eagle3"] == [other]
+    one = next(r for r in merged if r["engine"] == "dual")
+    assert (one["tok_s"], one["seconds"], one["rounds"]) == (90.0, 2.0, 3)
+    assert one["runs_tok_s"] == [100.0, 90.0, 50.0]
+    assert one["runs_t"] == [[0.0, 1.0], [10.0, 12.0], [20.0, 23.0]]
+    assert (one["t_start"], one["t_end"]) == (0.0, 23.0)
+    assert one["output_tokens_total"] == 433 and one["seconds_total"] == 6.0
+    assert one["machine"] == {"cpu_s": None, "sm_mhz": 1980.0}     # a round without it
+    assert one["dual_graph"]["mode"] == "m2" and one["dual_graph"]["catch_ups"] == 3
+    assert one["dual_graph"]["steps"] == {"spec": 180}
+    assert "round" not in one and "output_tokens" not in one
+    two = pm.merged_rounds([rnd(0, 100.0, 1.0, 100, 1.0, 50), rnd(1, 90.0, 2.0, 181, 1.5, 60)])
+    assert two[0]["tok_s"] == 90.0 and two[0]["machine"]["cpu_s"] == 2.5

@@ -79,7 +79,7 @@ def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
     settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave")} | (
         matrix.get("settings") or {})
-    return {k: v for k, v in settings.items() if k != "short_cells"}
+    return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
 
 
 def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:

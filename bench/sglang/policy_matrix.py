@@ -244,6 +244,8 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                    "input_len": w.input_len, "output_len": w.output_len,
                    "concurrency": int(p["concurrency"]), "engine": kind,
                    "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
+            if round_:
+                rec["output_tokens"] = p.get("output_tokens")
             for key in ("runs_tok_s", "seconds_total", "output_tokens_total", "t_start",
                         "t_end", "runs_t", "host_load"):
                 if key in p:
@@ -261,8 +263,10 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
 def merged_rounds(recs: list[dict]) -> list[dict]:
     """An interleaved cell's rounds as one record, as a short cell's repeats make one: the
     median round's tok/s (the slower middle one of an even count), every round's in
-    `runs_tok_s` and its span in `runs_t`; the machine as in the first, the worker's counters
-    and cost model as after the last."""
+    `runs_tok_s` and its span in `runs_t` (`t_start`-`t_end` span them all, the other engines'
+    turns between included); the machine as in the first round with the CPU time of all, the
+    worker's counters summed and its cost model as after the last. A cell cut short (an engine
+    gone, the budget spent) has fewer `rounds` than the run's."""
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
         groups.setdefault(cell_key(r) + (r["engine"],), []).append(r)
@@ -274,16 +278,36 @@ def merged_rounds(recs: list[dict]) -> list[dict]:
             continue
         middle = sorted(rounds, key=lambda r: r["tok_s"])[(len(rounds) - 1) // 2]
         first, last = rounds[0], rounds[-1]
-        merged = {k: v for k, v in first.items() if k not in ("round", "dual_graph")} | {
+        merged = {k: v for k, v in first.items()
+                  if k not in ("round", "dual_graph", "output_tokens")} | {
             "tok_s": middle["tok_s"], "seconds": middle["seconds"],
             "runs_tok_s": [r["tok_s"] for r in rounds],
             "runs_t": [[r["t_start"], r["t_end"]] for r in rounds],
             "t_end": last["t_end"], "rounds": len(rounds),
             "seconds_total": round(sum(r["seconds"] for r in rounds), 4),
-            "output_tokens_total": round(sum(r["tok_s"] * r["seconds"] for r in rounds))}
+            "output_tokens_total": sum(r["output_tokens"] or 0 for r in rounds)}
+        cpu = [(r.get("machine") or {}).get("cpu_s") for r in rounds]
+        if "machine" in first:
+            merged["machine"] = first["machine"] | {
+                "cpu_s": None if None in cpu else sum(cpu)}
         if "dual_graph" in last:
-            merged["dual_graph"] = last["dual_graph"]
+            merged["dual_graph"] = _summed_counters([r.get("dual_graph") for r in rounds])
         out.append(merged)
+    return out
+
+
+def _summed_counters(rounds: list[Optional[dict]]) -> dict:
+    """The worker's per-round counter deltas summed (engine_child._counter_delta), its state
+    (estimates, mode) as after the last round."""
+    out = dict(rounds[-1])
+    for key in ("switches", "catch_ups", "catch_up_tokens", "prefills", "deferred_prefills"):
+        out[key] = sum((d or {}).get(key, 0) for d in rounds)
+    for key in ("steps", "steps_by_reason"):
+        total: dict[str, int] = {}
+        for d in rounds:
+            for k, v in ((d or {}).get(key) or {}).items():
+                total[k] = total.get(k, 0) + v
+        out[key] = total
     return out
 
 
@@ -663,7 +687,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     backend = engine_attention_backend(args.attention_backend)
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
-                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs},
+                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}
+                if args.rounds == 1 else {"below_s": 0.0, "runs": 1},
                 "host_load": args.host_load, "interleave": args.interleave,
                 "rounds": args.rounds}
     earlier = []

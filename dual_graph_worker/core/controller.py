@@ -203,8 +203,9 @@ class GoodputController:
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
         self._spiked = [False] * n      # rank-local, per key: its last step was held back
-        # Rank-local: the catch-up sizes (powers of two) whose last one was held back.
-        self._catch_up_held: set[int] = set()
+        # Rank-local: the catch-up kinds (at a switch or not) and sizes (powers of two) whose
+        # last one was held back.
+        self._catch_up_held: set[tuple[bool, int]] = set()
         # Rank-local: a prefill came since the last step; the last step was held back for one;
         # the last batch held the next one's launch; the last step's sample (key, context,
         # seconds, above its line) while in this window's sums; the key of the last step if it
@@ -656,7 +657,7 @@ class GoodputController:
             excess = self._excess(i, event.seconds, expected)
             if excess is not None:
                 x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
-                if self._first_call_cost(x, y):
+                if self._first_call_cost(at_switch, x, y, expected):
                     return
                 self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
             return
@@ -713,19 +714,20 @@ class GoodputController:
         if acc[1] < 0.5:
             del self._step_sums[i]
 
-    def _first_call_cost(self, tokens: float, seconds: float) -> bool:
-        """Whether a catch-up is held back as a lone one-time cost: _SPIKE times its line, at a
-        rate beyond its fixed part of 1/_SPIKE of a prefill's per-token slope (the target's, with
-        the draft or not), which the draft alone does not reach. On the H200 a 528-token catch-up's first forward at its
-        shape took 13-17 ms and the next one's (664 tokens) 2.8; taken, its 20-34 us a token
-        priced speculation out for ~150 steps where it was 9% faster. Two in a row of a size (a
-        power of two) are the cost: a young line may hold back one of each size."""
+    def _first_call_cost(self, at_switch: bool, tokens: float, seconds: float,
+                         step: float) -> bool:
+        """Whether a catch-up is held back as a lone one-time cost: a whole `step` over its line,
+        at a rate beyond its fixed part of 1/_SPIKE of a prefill's per-token slope (the target's,
+        with the draft or not), which the draft alone does not reach. On the H200 a 528-token
+        catch-up's first forward at its shape took 13-17 ms and the next one's (664 tokens) 2.8;
+        taken, its 20-34 us a token priced speculation out for ~150 steps where it was 9%
+        faster. Two in a row of a kind and size (a power of two) are the cost."""
         slopes = (self._prefill[True].value(), self._prefill[False].value())
         prefill = next((v for v in slopes if v is not None), None)
         counted = self._catch_up[True].events + self._catch_up[False].events
-        size = int(tokens).bit_length()
+        size = (at_switch, int(tokens).bit_length())
         spike = prefill is not None and counted > 0 and \
-            seconds > _SPIKE * self.catch_up_seconds(int(tokens)) and \
+            seconds > self.catch_up_seconds(int(tokens)) + step and \
             seconds > self._catch_up_fit[0] + tokens * prefill / _SPIKE
         if spike and size not in self._catch_up_held:
             self._catch_up_held.add(size)
