@@ -725,14 +725,14 @@ class GoodputController:
         slopes = (self._prefill[True].value(), self._prefill[False].value())
         prefill = next((v for v in slopes if v is not None), None)
         counted = self._catch_up[True].events + self._catch_up[False].events
-        size = (at_switch, int(tokens).bit_length())
+        key = (at_switch, int(tokens).bit_length())
         spike = prefill is not None and counted > 0 and \
             seconds > self.catch_up_seconds(int(tokens)) + step and \
             seconds > self._catch_up_fit[0] + tokens * prefill / _SPIKE
-        if spike and size not in self._catch_up_held:
-            self._catch_up_held.add(size)
+        if spike and key not in self._catch_up_held:
+            self._catch_up_held.add(key)
             return True
-        self._catch_up_held.discard(size)
+        self._catch_up_held.discard(key)
         return False
 
     def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
