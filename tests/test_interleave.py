@@ -128,3 +128,25 @@ def test_rounds_take_each_cell_in_turn_and_read_the_median_round(tmp_path, monke
 def test_rounds_need_interleave(tmp_path, capsys):
     assert pm.main(["--out", str(tmp_path / "m"), "--rounds", "3"]) == 2
     assert "--rounds takes 1-9 and needs --interleave" in capsys.readouterr().err
+
+
+def test_every_engine_can_be_pinned_to_the_same_cpus(tmp_path, monkeypatch, capsys):
+    """--pin-cpus: each engine process (and so SGLang's processes it starts) on those CPUs,
+    recorded in its result and the matrix; a CPU the machine lacks or bad text is one line."""
+    rc, out, _ = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3", "--pin-cpus", "0")
+    assert rc == 0
+    for kind in ("dual", "eagle3"):
+        assert json.loads((out / f"{kind}.json").read_text())["cpus"] == [0]
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert matrix["settings"]["pin_cpus"] == "0" and "processes on CPUs 0" in matrix["note"]
+    capsys.readouterr()
+    for bad, says in (("100000", "CPU 100000 is not one this process may use"),
+                      ("3-1", "'3-1' is no CPU or range")):
+        assert pm.main(["--out", str(tmp_path / "x"), "--interleave", "--pin-cpus", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+
+
+def test_cpu_lists_read_as_written():
+    assert pm.cpu_list("4-7,9, 2") == [2, 4, 5, 6, 7, 9]
+    assert pm._spans([2, 4, 5, 6, 7, 9]) == "2,4-7,9"

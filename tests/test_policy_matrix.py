@@ -162,7 +162,7 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     merged = json.loads((out / "policy-matrix.json").read_text())
     # How each call repeated its short cells is its own; the servers' settings are shared.
     assert merged["settings"] == {"attention_backend": "default", "host_load": 0,
-                                  "interleave": False,
+                                  "interleave": False, "pin_cpus": None,
                                   "short_cells": {"a": repeats, "b": None}}
     assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
     assert {r["call"] for r in merged["records"]} == {"a", "b"}

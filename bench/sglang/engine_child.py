@@ -399,8 +399,12 @@ def main(spec_path: str) -> int:
     sys.path.insert(0, spec["repo_root"])
     from bench.sglang.plugin_shim import ensure_plugin_discoverable
 
+    if spec.get("cpus"):
+        # Inherited by SGLang's scheduler and detokenizer processes.
+        os.sched_setaffinity(0, spec["cpus"])
     result = {"name": spec["name"], "ok": False, "env": spec.get("env", {}),
-              "engine_kwargs": spec["engine_kwargs"], "tasks": {}}
+              "engine_kwargs": spec["engine_kwargs"], "tasks": {},
+              "cpus": sorted(os.sched_getaffinity(0))}
     out = spec["result_path"]
     try:
         result["plugin"] = ensure_plugin_discoverable(spec["shim_dir"], spec["repo_root"])

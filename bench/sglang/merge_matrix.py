@@ -77,7 +77,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
 
 def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
-    settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave")} | (
+    settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave", "pin_cpus")} | (
         matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
 

@@ -24,13 +24,15 @@ a slow host apart; --host-load N spins N processes while each cell runs (what th
 not slow: the option's help). With --interleave every engine is up at once and each cell runs on
 one engine after another (interleave.py), so a slow spell of seconds meets them alike; with
 --rounds N each cell runs N times, one run a round in its own engine order, and reads the median
-round, so such a spell moves one round of one engine.
+round, so such a spell moves one round of one engine. --pin-cpus LIST puts every engine's
+processes on the same CPUs: taking turns, each then serves on the same cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import textwrap
@@ -105,7 +107,7 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
 # What a matrix without a "settings" record was measured with (every run before it: triton).
 SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
                    "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0,
-                   "interleave": False, "rounds": 1}
+                   "interleave": False, "rounds": 1, "pin_cpus": None}
 
 
 def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
@@ -116,7 +118,7 @@ def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optio
         return None
     flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
              "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load",
-             "interleave": "--interleave", "rounds": "--rounds"}
+             "interleave": "--interleave", "rounds": "--rounds", "pin_cpus": "--pin-cpus"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
 
@@ -549,6 +551,7 @@ class Run:
     dual_env: dict
     step_log: bool
     rounds: int = 1
+    cpus: Optional[list[int]] = None     # every engine process pinned to these (all alike)
 
 
 def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] = None,
@@ -571,7 +574,29 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
     kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
     return {"engine_kwargs": kwargs | (extra_kwargs or {}), "env": env,
             "tasks": tasks_for(kind, run.accepts, run.workloads, run.vocab, run.repeats,
-                               run.host_load)}
+                               run.host_load)} | ({"cpus": run.cpus} if run.cpus else {})
+
+
+def _spans(cpus: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4,7'."""
+    spans: list[list[int]] = []
+    for c in cpus:
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
+def cpu_list(text: str) -> list[int]:
+    """'4-7,9' -> [4, 5, 6, 7, 9]; ValueError naming what is wrong."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"{part.strip()!r} is no CPU or range like 4 or 4-7")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cpus)
 
 
 class MatrixWriter:
@@ -647,6 +672,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "a round, each round in its own engine order; tok/s is the median "
                          "round (a spell of seconds then moves one round of one engine, not a "
                          "cell). Over 1, the short-cell repeats are off")
+    ap.add_argument("--pin-cpus", metavar="LIST",
+                    help="every engine's processes (its scheduler, detokenizer and client) on "
+                         "these CPUs, e.g. 2-5: with --interleave, engines take turns, so each "
+                         "serves on the same cores (a thread's core can run it 1.2-1.5x slower "
+                         "for seconds on the H200's virtual machine)")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -685,12 +715,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: --dual-env: {exc}", file=sys.stderr)
         return 2
+    cpus = None
+    if args.pin_cpus is not None:
+        try:
+            cpus = cpu_list(args.pin_cpus)
+        except ValueError as exc:
+            print(f"error: --pin-cpus: {exc}", file=sys.stderr)
+            return 2
+        if missing := sorted(set(cpus) - os.sched_getaffinity(0)):
+            print(f"error: --pin-cpus: CPU {missing[0]} is not one this process may use "
+                  f"({_spans(sorted(os.sched_getaffinity(0)))})", file=sys.stderr)
+            return 2
     backend = engine_attention_backend(args.attention_backend)
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
                 "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}
                 if args.rounds == 1 else {"below_s": 0.0, "runs": 1},
                 "host_load": args.host_load, "interleave": args.interleave,
-                "rounds": args.rounds}
+                "rounds": args.rounds, "pin_cpus": args.pin_cpus and _spans(cpus)}
     earlier = []
     if args.fill_from:
         try:
@@ -718,7 +759,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     matrix_path = out / "policy-matrix.json"
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     # The records kept from an earlier run into DIR must come from the same servers.
-    kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds") + (
+    kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
+            "pin_cpus") + (
         () if "dual" in engines else ("dual_env",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
@@ -735,6 +777,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}"
+            + (f"; every engine's processes on CPUs {_spans(cpus)}" if cpus else "")
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
                "each cell runs" if args.host_load else "")
             + ("; engines up at once, each cell taken in turn in a rotating order"
@@ -748,7 +791,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               host_load=args.host_load, vocab=shapes.vocab_size, target=target, draft=draft,
               radix=args.radix_cache, log_level=args.log_level, backend=backend,
               acc_sampling=args.acc_sampling, dual_env=dual_env, step_log=args.step_log,
-              rounds=args.rounds)
+              rounds=args.rounds, cpus=cpus)
     writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
                           args.fill_from or "", previous.get("startup_s", {}))
     with host_speed.Sampler(out / HOST_SPEED_FILE):
