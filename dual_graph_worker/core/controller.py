@@ -202,10 +202,9 @@ class GoodputController:
         self._catch_up = {at_switch: Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
                           for at_switch in (True, False)}
         self._last_mode: Optional[Mode] = None    # rank-local: the last step's mode (switches)
-        self._spiked = [False] * n      # rank-local, per key: its last step was held back
-        # Rank-local: the catch-up kinds (at a switch or not) and sizes (powers of two) whose
-        # last one was held back.
-        self._catch_up_held: set[tuple[bool, int]] = set()
+        # Rank-local: the samples whose last one was held back as a lone outlier (_hold_lone):
+        # a step key, or a catch-up kind (at a switch or not) and size (a power of two).
+        self._held: set = set()
         # Rank-local: a prefill came since the last step; the last step was held back for one;
         # the last batch held the next one's launch; the last step's sample (key, context,
         # seconds, above its line) while in this window's sums; the key of the last step if it
@@ -689,10 +688,8 @@ class GoodputController:
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
-        if expected is not None and event.seconds > _SPIKE * expected and not self._spiked[i]:
-            self._spiked[i] = True
+        if self._hold_lone(i, expected is not None and event.seconds > _SPIKE * expected):
             return
-        self._spiked[i] = False
         acc = self._step_sums.get(i)
         if acc is None:
             acc = self._step_sums[i] = [0.0] * KEY_SLOTS
@@ -725,14 +722,18 @@ class GoodputController:
         slopes = (self._prefill[True].value(), self._prefill[False].value())
         prefill = next((v for v in slopes if v is not None), None)
         counted = self._catch_up[True].events + self._catch_up[False].events
-        key = (at_switch, int(tokens).bit_length())
         spike = prefill is not None and counted > 0 and \
             seconds > self.catch_up_seconds(int(tokens)) + step and \
             seconds > self._catch_up_fit[0] + tokens * prefill / _SPIKE
-        if spike and key not in self._catch_up_held:
-            self._catch_up_held.add(key)
+        return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)
+
+    def _hold_lone(self, key: object, outlier: bool) -> bool:
+        """Whether to hold back a sample of `key`: an outlier unless the last one of that key
+        was too (two in a row are its cost)."""
+        if outlier and key not in self._held:
+            self._held.add(key)
             return True
-        self._catch_up_held.discard(key)
+        self._held.discard(key)
         return False
 
     def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
