@@ -24,11 +24,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from bench.sglang.host_speed import Hogs, probe_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 # An engine process's first ~35 steps run slow on the H200 (bs-1 spec 7.2-8.5 ms, 6.6 steady):
 # this warm-up (18-64 steps, by mode and acceptance) and the shapes' after it take them, so no
 # engine's first cell (nor the worker's estimates) holds them.
@@ -137,18 +138,42 @@ def _dual_state(engine) -> Optional[dict]:
     return state.get("dual_graph")
 
 
+# The worker's counters a point reports as what it did meanwhile: totals, and totals by name.
+COUNTS = ("switches", "catch_ups", "catch_up_tokens", "prefills", "deferred_prefills")
+COUNTS_BY = ("steps", "steps_by_reason")
+
+
 def _counter_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
     """What the worker did during one point: steps by mode and reason, catch-ups, prefills."""
     if not before or not after:
         return after
     out = {k: after[k] for k in ("accept_len_estimate", "expected_goodput_spec",
                                  "expected_goodput_decode", "mode", "estimates") if k in after}
-    for key in ("switches", "catch_ups", "catch_up_tokens", "prefills", "deferred_prefills"):
+    for key in COUNTS:
         out[key] = after.get(key, 0) - before.get(key, 0)
-    for key in ("steps", "steps_by_reason"):
+    for key in COUNTS_BY:
         b, a = before.get(key) or {}, after.get(key) or {}
         out[key] = {k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)}
     return out
+
+
+def summed_deltas(deltas: list[Optional[dict]]) -> dict:
+    """Points' _counter_delta over one span: the counts summed, the state as after the last."""
+    out = dict(deltas[-1] or {})
+    for key in COUNTS:
+        out[key] = sum((d or {}).get(key, 0) for d in deltas)
+    for key in COUNTS_BY:
+        total: dict[str, int] = {}
+        for d in deltas:
+            for k, v in ((d or {}).get(key) or {}).items():
+                total[k] = total.get(k, 0) + v
+        out[key] = total
+    return out
+
+
+def median_run(runs: list[T], speed: Callable[[T], float]) -> T:
+    """The run a cell reads: the median by `speed`, the slower middle one of an even count."""
+    return sorted(runs, key=speed)[(len(runs) - 1) // 2]
 
 
 def _sampling(max_new_tokens: int) -> dict:
@@ -212,7 +237,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
         # The median run (the slower middle one of an even count) is the cell's figure; the
         # machine record and the worker's counters span every run (`*_total`).
         speeds = [tokens / dt for dt, tokens in runs]
-        dt, tokens = sorted(runs, key=lambda r: r[1] / r[0])[(len(runs) - 1) // 2]
+        dt, tokens = median_run(runs, lambda r: r[1] / r[0])
         point = {"concurrency": c, "seconds": dt, "output_tokens": tokens, "tok_s": tokens / dt,
                  "t_start": t0w, "t_end": time.time(), "runs_t": spans,
                  "machine": {"host_probe_ms": host_ms, **_gpu_state(),

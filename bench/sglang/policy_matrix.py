@@ -44,7 +44,8 @@ from typing import Optional
 from bench.sglang import host_speed, interleave, step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
-from bench.sglang.engine_child import MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, run_child
+from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, median_run,
+                                       run_child, summed_deltas)
 from bench.sglang.model_configs import (
     ALGO,
     EAGLE3_MAX_RUNNING_REQUESTS,
@@ -246,8 +247,6 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
                    "input_len": w.input_len, "output_len": w.output_len,
                    "concurrency": int(p["concurrency"]), "engine": kind,
                    "tok_s": round(float(p["tok_s"]), 2), "seconds": round(p["seconds"], 4)}
-            if round_:
-                rec["output_tokens"] = p.get("output_tokens")
             for key in ("runs_tok_s", "seconds_total", "output_tokens_total", "t_start",
                         "t_end", "runs_t", "host_load"):
                 if key in p:
@@ -257,7 +256,7 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
             if p.get("machine"):
                 rec["machine"] = p["machine"]
             if round_:
-                rec["round"] = int(round_)
+                rec |= {"round": int(round_), "output_tokens": p.get("output_tokens")}
             out.append(rec)
     return merged_rounds(out)
 
@@ -278,7 +277,7 @@ def merged_rounds(recs: list[dict]) -> list[dict]:
         out += [r for r in rs if "round" not in r]
         if not rounds:
             continue
-        middle = sorted(rounds, key=lambda r: r["tok_s"])[(len(rounds) - 1) // 2]
+        middle = median_run(rounds, lambda r: r["tok_s"])
         first, last = rounds[0], rounds[-1]
         merged = {k: v for k, v in first.items()
                   if k not in ("round", "dual_graph", "output_tokens")} | {
@@ -293,23 +292,8 @@ def merged_rounds(recs: list[dict]) -> list[dict]:
             merged["machine"] = first["machine"] | {
                 "cpu_s": None if None in cpu else sum(cpu)}
         if "dual_graph" in last:
-            merged["dual_graph"] = _summed_counters([r.get("dual_graph") for r in rounds])
+            merged["dual_graph"] = summed_deltas([r.get("dual_graph") for r in rounds])
         out.append(merged)
-    return out
-
-
-def _summed_counters(rounds: list[Optional[dict]]) -> dict:
-    """The worker's per-round counter deltas summed (engine_child._counter_delta), its state
-    (estimates, mode) as after the last round."""
-    out = dict(rounds[-1])
-    for key in ("switches", "catch_ups", "catch_up_tokens", "prefills", "deferred_prefills"):
-        out[key] = sum((d or {}).get(key, 0) for d in rounds)
-    for key in ("steps", "steps_by_reason"):
-        total: dict[str, int] = {}
-        for d in rounds:
-            for k, v in ((d or {}).get(key) or {}).items():
-                total[k] = total.get(k, 0) + v
-        out[key] = total
     return out
 
 
@@ -760,8 +744,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
     # The records kept from an earlier run into DIR must come from the same servers.
     kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
-            "pin_cpus") + (
-        () if "dual" in engines else ("dual_env",))
+            "pin_cpus") + (() if "dual" in engines else ("dual_env",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
         return 2
