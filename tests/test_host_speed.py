@@ -213,3 +213,32 @@ def test_the_spells_table_sets_the_workers_spec_steps_beside_the_hosts_speed(tmp
     path.write_text("\n".join(json.dumps(e) for e in log) + "\n")
     with pytest.raises(SystemExit):
         step_costs.main([str(path), "--host-speed", str(tmp_path / "none.jsonl")])
+
+
+def test_placement_finds_a_scheduler_process_its_parent_and_its_cpu(tmp_path):
+    """Each sample names every SGLang scheduler process (by the name SGLang gives it), the
+    engine process above it, the CPU it last ran on and the CPU ticks it used since."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pathlib import Path\nPath('/proc/self/comm').write_text('sglang::scheduler')\n"
+            "print('r', flush=True)\nwhile True:\n    pass\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "r"
+        placement = host_speed.Placement()
+        first = placement.sample()
+        time.sleep(0.3)
+        second = placement.sample()
+    finally:
+        proc.kill()
+        proc.wait()
+    ours = [s for s in second["sched"] if s[0] == proc.pid]
+    assert len(ours) == 1
+    pid, parent, cpu, ticks = ours[0]
+    assert parent == os.getpid() and 0 <= cpu < os.cpu_count()
+    assert ticks > 0                                   # it spun between the two samples
+    assert [s for s in first["sched"] if s[0] == proc.pid][0][3] == 0
+    assert all(n > 0 for n in second["steal"].values())
+    json.dumps(second)                                 # a sampler line as it is written

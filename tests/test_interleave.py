@@ -106,13 +106,15 @@ def test_interleaving_takes_one_process_per_engine(tmp_path, capsys):
 
 
 def test_rounds_take_each_cell_in_turn_and_read_the_median_round(tmp_path, monkeypatch):
-    """--rounds 3: each cell three times in a row, one run a round, each round in its own
-    engine order; a cell's record reads the median round and keeps every round's."""
+    """--rounds 3: the phase's cells three times over, one run of each a round, each round of a
+    cell in its own engine order; a cell's record reads the median round and keeps every
+    round's."""
     rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3", "--rounds", "3")
     assert rc == 0
     timed = [(s["kind"], s["bs"]) for s in served[6:] if s["tokens"] == 32]
-    assert timed[:6] == [("dual", 1), ("eagle3", 1), ("eagle3", 1), ("dual", 1), ("dual", 1),
-                         ("eagle3", 1)]
+    assert timed[:12] == [("dual", 1), ("eagle3", 1), ("eagle3", 4), ("dual", 4),
+                          ("eagle3", 1), ("dual", 1), ("dual", 4), ("eagle3", 4),
+                          ("dual", 1), ("eagle3", 1), ("eagle3", 4), ("dual", 4)]
     assert len(timed) == 2 * 2 * 2 * 3          # accepts x sizes x engines x rounds
     matrix = json.loads((out / "policy-matrix.json").read_text())
     assert len(matrix["records"]) == 8 and matrix["settings"]["rounds"] == 3

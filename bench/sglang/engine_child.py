@@ -429,7 +429,7 @@ def main(spec_path: str) -> int:
         os.sched_setaffinity(0, spec["cpus"])
     result = {"name": spec["name"], "ok": False, "env": spec.get("env", {}),
               "engine_kwargs": spec["engine_kwargs"], "tasks": {},
-              "cpus": sorted(os.sched_getaffinity(0))}
+              "cpus": sorted(os.sched_getaffinity(0)), "pid": os.getpid()}
     out = spec["result_path"]
     try:
         result["plugin"] = ensure_plugin_discoverable(spec["shim_dir"], spec["repo_root"])

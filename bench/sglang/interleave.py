@@ -37,6 +37,7 @@ class Phase:
 
     setup: dict[str, list[dict]]
     cells: list[dict[str, dict]]
+    turns: tuple[int, ...] = ()         # per cell, how far its engine order rotates (default: i)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 _each(engines, failed, kind, phase.setup.get(kind, []), deadline)
             for i, cell in enumerate(phase.cells):
                 kinds = [k for k in engines if k in cell]
-                turn = i % max(len(kinds), 1)
+                turn = (phase.turns[i] if phase.turns else i) % max(len(kinds), 1)
                 for kind in kinds[turn:] + kinds[:turn]:
                     _each(engines, failed, kind, [cell[kind]], deadline)
             # An engine no later phase needs (plain after the first) stops now: idle, its

@@ -23,8 +23,8 @@ DIR/host-speed.jsonl): every cell and run carries it, and the report sets each e
 a slow host apart; --host-load N spins N processes while each cell runs (what that does and does
 not slow: the option's help). With --interleave every engine is up at once and each cell runs on
 one engine after another (interleave.py), so a slow spell of seconds meets them alike; with
---rounds N each cell runs N times, one run a round in its own engine order, and reads the median
-round, so such a spell moves one round of one engine. --pin-cpus LIST puts every engine's
+--rounds N each accept length's cells run N times over, one run of each a round, and a cell
+reads its median round, so such a spell moves one round of one engine. --pin-cpus LIST puts every engine's
 processes on the same CPUs: taking turns, each then serves on the same cores.
 """
 
@@ -197,8 +197,10 @@ def _round_name(name: str, r: int, rounds: int) -> str:
 def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
     """The matrix as interleave.py runs it: every engine warms every shape first; then per
     accept phase each cell is one task per engine (plain in the first phase only), with the
-    prompts tasks_for gives that phase and workload; with rounds, that many in a row, one run
-    each (the prompts of the short-cell repeats), each round in its own engine order."""
+    prompts tasks_for gives that phase and workload; with rounds, the phase's cells that many
+    times over, one run each (the prompts of the short-cell repeats), each round of a cell in its
+    own engine order: a spell of a few seconds then meets one round of a cell, not two in a
+    row."""
     warm = {k: [sweep_task(w, f"warm-{w.name}", run.vocab, warm_shapes=True,
                            seed=_seed(0, i)) | {"timed": False}
                 for i, w in enumerate(run.workloads)] for k in kinds}
@@ -209,15 +211,16 @@ def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
         settle = sweep_task(Workload(8, 8, ()), f"warm-a{a}", run.vocab, warm_shapes=False,
                             seed=_seed(phase, 0)) | {"timed": False}
         setup = {k: [_accept_task(a), settle] for k in kinds if k != "plain"}
+        sizes = [(i, w, c) for i, w in enumerate(run.workloads) for c in w.concurrency]
         cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)),
                                 _round_name(_task_name(k, a, w), r, run.rounds), run.vocab,
                                 warm_shapes=False, seed=_seed(phase, i),
                                 repeats=run.repeats if run.rounds == 1 else Repeats(0.0, 1),
                                 host_load=run.host_load) | {"warmup": False, "first_run": r}
                   for k in kinds if k != "plain" or phase == 0}
-                 for i, w in enumerate(run.workloads) for c in w.concurrency
-                 for r in range(run.rounds)]
-        phases.append(interleave.Phase(setup, cells))
+                 for r in range(run.rounds) for i, w, c in sizes]
+        turns = tuple(j + r for r in range(run.rounds) for j in range(len(sizes)))
+        phases.append(interleave.Phase(setup, cells, turns))
     return interleave.Plan(warm, phases)
 
 
