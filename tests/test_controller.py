@@ -806,6 +806,34 @@ def test_unmeasured_sizes_follow_the_prior_scaled_by_measured_neighbours():
     assert p.step_time(Mode.SPEC, 5) is None        # not a captured size
 
 
+def test_a_size_measured_a_few_times_high_leans_on_its_neighbours_until_it_has_its_own():
+    """The H200 sequence (run 14, m35): spec bs 16 measured twice at start-up at 7.9 ms, between
+    bs 8 and 32 measured hundreds of times at ~6.7; decode ran on at bs 16 and never re-measured
+    it. Its own samples weigh count/8; the rest is its neighbours' line, and only downwards."""
+    p = controller(replay_prior())
+    for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 100), (16, 0.0079, 2)):
+        for _ in range(n):
+            p.observe(StepTime(Mode.SPEC, pb, seconds))
+        p.exchange(lambda v: v)
+    # A quarter its own 7.9 ms, three quarters its neighbours' ~7 (their fixed parts scaled by
+    # the prior's ratio between the sizes): where speculation at accept 1.5 beats decode again.
+    assert 0.0069 < p.step_time(Mode.SPEC, 16) < 0.0073
+    # Six more samples of it: its own, whole.
+    for _ in range(6):
+        p.observe(StepTime(Mode.SPEC, 16, 0.0079))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 16) == pytest.approx(0.0079, rel=1e-6)
+    # Priced below its neighbours, a few samples stand: a size priced low is measured as soon
+    # as its mode runs. At the edge of the measured sizes (one neighbour) they stand too.
+    q = controller(replay_prior())
+    for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 100), (16, 0.0060, 2), (48, 0.0090, 2)):
+        for _ in range(n):
+            q.observe(StepTime(Mode.SPEC, pb, seconds))
+        q.exchange(lambda v: v)
+    assert q.step_time(Mode.SPEC, 16) == pytest.approx(0.0060, rel=1e-6)
+    assert q.step_time(Mode.SPEC, 48) == pytest.approx(0.0090, rel=1e-6)
+
+
 def test_step_times_follow_the_context_the_batch_attends_over():
     """A spec step over long prompts costs several times one over short ones (attention reads
     every context token, K+1 query tokens a request and again in each draft stage). Measured

@@ -293,3 +293,26 @@ def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys):
     out = capsys.readouterr().out
     assert "| costs-m26.json.gz |" in out and "| 7.33 (800, 0.03)" in out
     assert main(["/nonexistent.json.gz"]) == 2
+
+
+def test_a_size_measured_twice_at_start_up_does_not_keep_speculation_out():
+    """Run 14's m35, open loop: spec bs 16 was measured twice in the process's first ~90 steps
+    (7.9 ms; bs 8 and 32 then read ~6.7 for hundreds of steps). At accept 1.5 C=16 the worker
+    decoded all three rounds (0.923 of EAGLE-3) on that estimate: never re-measured, it priced
+    a speculative token above a decode one. Leaning on its neighbours, it is priced below
+    from the second round on (steps 2400-2700; the first round ran while bs 32 still read its
+    own start-up 8.6 ms)."""
+    from bench.sglang.estimate_error import read_trace, replay
+
+    t = read_trace(str(ROOT / "results/sglang/policy-matrix-fa3-run14/m35/costs-m35.json.gz"))
+    priced, steps = [], 0
+    for p, _, row in replay(t):
+        if row[0] == "p":
+            continue
+        steps += 1
+        if 2400 <= steps < 2700 and row[:2] == ["d", 16]:
+            kv = row[5]
+            priced.append(p.step_time(Mode.SPEC, 16, kv) / (16 * 1.5)
+                          / (p.step_time(Mode.DECODE, 16, kv) / 16))
+    assert len(priced) > 100
+    assert max(priced) < 0.95, max(priced)

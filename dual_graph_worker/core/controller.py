@@ -65,6 +65,9 @@ _AGE_STEPS = 32
 # steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
 # of two samples or more after them whole.
 _WARM_STEPS = 64
+# A key's own samples weigh in proportion to their count up to this many; short of it, where
+# its measured neighbours on both sides price it lower, the rest is their line.
+_TRUSTED_SAMPLES = 8
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
 # A measured key's step line: intercept, seconds per context token, the context that rate
@@ -87,6 +90,25 @@ _FIRST_DRAWS = 4
 # (until then each request's own estimate counts whole).
 _SPREAD_ALPHA = 0.05
 _SPREAD_MIN_REQUESTS = 8
+
+
+def _time_on(line: _Line, kv_tokens: float) -> float:
+    """A line's step seconds over `kv_tokens` context tokens."""
+    floor, parts = line
+    t = 0.0
+    for fixed, rate, (a, b, reach, b_far) in parts:
+        t += fixed * a + rate * b * kv_tokens
+        if kv_tokens > reach:       # beyond the contexts its own rate has seen
+            t += rate * (b_far - b) * (kv_tokens - reach)
+    return max(t, floor)
+
+
+def _blend(a: _Line, b: _Line, w: float) -> _Line:
+    """w of line a and 1 - w of line b."""
+    (floor_a, parts_a), (floor_b, parts_b) = a, b
+    return (w * floor_a + (1.0 - w) * floor_b,
+            tuple((w * f, w * r, part) for f, r, part in parts_a)
+            + tuple(((1.0 - w) * f, (1.0 - w) * r, part) for f, r, part in parts_b))
 
 
 def _total(v: np.ndarray) -> float:
@@ -426,19 +448,18 @@ class GoodputController:
         line = self._lines[i]
         if line is _UNFIT:
             line = self._lines[i] = self._fit_line(i)
-        if line is None:
-            return None
-        floor, parts = line
-        t = 0.0
-        for fixed, rate, (a, b, reach, b_far) in parts:
-            t += fixed * a + rate * b * kv_tokens
-            if kv_tokens > reach:       # beyond the contexts its own rate has seen
-                t += rate * (b_far - b) * (kv_tokens - reach)
-        return max(t, floor)
+        return None if line is None else _time_on(line, kv_tokens)
 
     def _fit_line(self, i: int) -> Optional[_Line]:
         if self._samples[i]:
-            return _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
+            own = _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
+            trust = self._samples[i] / _TRUSTED_SAMPLES
+            near = self._neighbours_line(i, between=True) if trust < 1.0 else None
+            # Only down: the mode not in use keeps its estimates until re-measured, one priced
+            # too low is measured as soon as it runs.
+            if near is None or _time_on(near, self._est_kv[i]) >= self._est[i]:
+                return own
+            return _blend(own, near, trust)
         prior = self._prior[i]
         near = self._neighbours_line(i)
         if near is None and not math.isnan(prior):
@@ -457,10 +478,10 @@ class GoodputController:
         beta = self._beta[self._mode_of[i]]
         return b if b - beta > FAR_ERRORS * self._ctx.own_error(i) else beta
 
-    def _neighbours_line(self, i: int) -> Optional[_Line]:
+    def _neighbours_line(self, i: int, between: bool = False) -> Optional[_Line]:
         """Key i's line from the nearest measured sizes of its mode below and above (a mode's
         keys ascend by size): their step times at the context, interpolated; None where none
-        is measured."""
+        is measured (`between`: unless both are)."""
         mode = self._mode_of[i]
         seen = [j for j in self._spans[mode] if self._samples[j] > 0]
         if not seen:
@@ -468,6 +489,8 @@ class GoodputController:
         prior = self._prior[i]
         below, above = [j for j in seen if j < i], [j for j in seen if j > i]
         near = below[-1:] + above[:1]
+        if between and len(near) < 2:
+            return None
         weights = [1.0]
         if len(near) == 2:
             size = [self._keys[j][1] for j in (near[0], i, near[1])]
