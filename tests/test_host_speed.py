@@ -126,8 +126,8 @@ def test_the_report_sets_each_engines_runs_on_a_slow_host_apart():
             cell("plain", [10.0], [30.0]) | {"from": "run7"}]
     md = pm.slow_host_report(recs)
     assert "Host probe median 10.0 ms" in md
-    assert "| dual | 1 | 0.700, 0.700 | 4 | 1.000, 0.990 |" in md
-    assert "| eagle3 | 1 | 0.990, 0.990 | 2 | 1.000, 1.000 |" in md
+    assert "| dual | 1 | 0.700, 0.700 | 4 | 1.000, 0.990 | 1 of 5 |" in md
+    assert "| eagle3 | 1 | 0.990, 0.990 | 2 | 1.000, 1.000 | 0 of 3 |" in md
     assert "plain" not in md
     assert pm.slow_host_report([cell("dual", [1.0], [10.0])]) == ""
 
@@ -242,3 +242,25 @@ def test_placement_finds_a_scheduler_process_its_parent_and_its_cpu(tmp_path):
     assert [s for s in first["sched"] if s[0] == proc.pid][0][3] == 0
     assert all(n > 0 for n in second["steal"].values())
     json.dumps(second)                                 # a sampler line as it is written
+
+
+def test_each_run_records_where_its_engines_scheduler_ran_and_the_report_sets_slow_runs_apart():
+    """The sampler's placement samples, read per run for one engine's scheduler (its parent is
+    the engine process): the CPUs it was seen on and those CPUs' steal; the report counts per
+    engine the runs seen on two CPUs and the steal of its slow runs against the others'."""
+    placed = [{"t": 0.0, "sched": [[11, 100, 3, 20], [12, 200, 5, 20]], "steal": {"3": 2}},
+              {"t": 0.5, "sched": [[11, 100, 3, 20]], "steal": {"5": 9}},
+              {"t": 1.5, "sched": [[11, 100, 4, 20]], "steal": {"4": 1, "3": 7}},
+              {"t": 9.0, "sched": [], "steal": {}}]
+    assert host_speed.placement_during(placed, 100, 0.0, 1.0) == {"cpus": [3], "steal": 2}
+    assert host_speed.placement_during(placed, 100, 0.0, 2.0) == {"cpus": [3, 4], "steal": 10}
+    assert host_speed.placement_during(placed, 200, 0.0, 1.0) == {"cpus": [5], "steal": 9}
+    assert host_speed.placement_during(placed, 100, 8.0, 9.5) is None
+    rec = {"engine": "dual", "t_start": 0.0, "t_end": 2.0, "runs_tok_s": [100.0, 90.0],
+           "runs_t": [[0.0, 1.0], [1.2, 2.0]]}
+    got = pm.with_host_speed(rec, [(0.0, 10.0), (1.5, 10.0)], placed, 100)
+    assert got["runs_placement"] == [{"cpus": [3], "steal": 2}, {"cpus": [4], "steal": 1}]
+    assert "runs_placement" not in pm.with_host_speed(rec, [(0.0, 10.0)], placed, None)
+    md = pm.placement_report([got, {**got, "from": "run7"}])
+    assert "| dual | 2 | 3, 4 | 0 | 1 | 1, 1 | 2, 2 |" in md
+    assert pm.placement_report([rec]) == ""

@@ -170,6 +170,26 @@ def read(path: Path) -> list[tuple[float, float]]:
     return [(d["t"], d["ms"]) for d in json_lines(path) if "t" in d and "ms" in d]
 
 
+def read_placement(path: Path) -> list[dict]:
+    """The samples of a sampler's file that carry Placement's fields, in order."""
+    if not Path(path).exists():
+        return []
+    return [d for d in json_lines(path) if "t" in d and "sched" in d]
+
+
+def placement_during(samples: Sequence[dict], engine_pid: int, t0: float,
+                     t1: float) -> Optional[dict]:
+    """Where the scheduler of the engine process `engine_pid` ran in ``[t0, t1]``: the CPUs it
+    was seen on and the steal ticks of those CPUs; None where no sample saw it."""
+    inside = [d for d in samples if t0 <= d["t"] <= t1]
+    cpus = sorted({cpu for d in inside for _, parent, cpu, _ in d["sched"]
+                   if parent == engine_pid})
+    if not cpus:
+        return None
+    steal = sum(n for d in inside for cpu, n in d.get("steal", {}).items() if int(cpu) in cpus)
+    return {"cpus": cpus, "steal": steal}
+
+
 def during(samples: Sequence[tuple[float, float]], t0: float, t1: float,
            within_s: float = 4 * PERIOD_S) -> Optional[float]:
     """The median probe ms taken in ``[t0, t1]``; for a span between two samples the nearest

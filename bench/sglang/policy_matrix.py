@@ -39,7 +39,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from bench.sglang import host_speed, interleave, step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
@@ -62,6 +62,8 @@ ENGINES = ("plain", "eagle3", "dual")
 HOST_SPEED_FILE = "host-speed.jsonl"
 # A run whose host probe read this much above the matrix's median ran on a slow host.
 SLOW_HOST = 1.25
+# A run under this share of its cell's fastest run of the same engine is a slow run.
+SLOW_RUN = 0.97
 
 
 @dataclass(frozen=True)
@@ -368,7 +370,7 @@ def matrix_report(cells: list[dict], first_cells: Optional[list[dict]], recs: li
     """report.md: the grid, the first runs' grid, the machine and the runs on a slow host."""
     return (report(cells, accepts, workloads, note)
             + first_run_report(first_cells, accepts, workloads)
-            + machine_report(recs) + slow_host_report(recs))
+            + machine_report(recs) + slow_host_report(recs) + placement_report(recs))
 
 
 def repeated(recs: list[dict]) -> bool:
@@ -415,22 +417,36 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
     return lines
 
 
-def with_host_speed(rec: dict, samples: list[tuple[float, float]]) -> dict:
+def with_host_speed(rec: dict, samples: list[tuple[float, float]],
+                    placed: Sequence[dict] = (), engine_pid: Optional[int] = None) -> dict:
     """`rec` with the host's speed while it ran (host_speed.during): the cell's in its machine
-    record (`host_ms`), each run's in `runs_host_ms`."""
+    record (`host_ms`), each run's in `runs_host_ms`; and with the sampler's placement samples
+    and the engine's pid, where each run's scheduler ran (`runs_placement`)."""
     if not samples or "t_start" not in rec:
         return rec
     out = rec | {"machine": (rec.get("machine") or {})
                  | {"host_ms": host_speed.during(samples, rec["t_start"], rec["t_end"])}}
     if rec.get("runs_t"):
         out["runs_host_ms"] = [host_speed.during(samples, a, b) for a, b in rec["runs_t"]]
+        if placed and engine_pid is not None:
+            out["runs_placement"] = [host_speed.placement_during(placed, engine_pid, a, b)
+                                     for a, b in rec["runs_t"]]
     return out
+
+
+def with_host_record(recs: list[dict], results: dict[str, dict], out: Path) -> list[dict]:
+    """Each engine's records `with_host_speed`, read from the sampler's file in `out`."""
+    samples = host_speed.read(out / HOST_SPEED_FILE)
+    placed = host_speed.read_placement(out / HOST_SPEED_FILE)
+    return [with_host_speed(r, samples, placed, results[r["engine"]].get("pid"))
+            for r in recs]
 
 
 def slow_host_report(recs: list[dict]) -> str:
     """Per engine, its repeated cells' runs on a slow host (the probe SLOW_HOST x the matrix's
     median or more) against its other runs, each as tok/s over its cell's fastest run: an engine
-    a slow host slows shows a lower figure there."""
+    a slow host slows shows a lower figure there; and how many of all its runs were slow runs
+    (under SLOW_RUN of that) of those the probe saw, whatever it read."""
     runs = [(r["engine"], tok / max(r["runs_tok_s"]), ms)
             for r in recs if "from" not in r and len(r.get("runs_host_ms") or []) > 1
             for tok, ms in zip(r["runs_tok_s"], r["runs_host_ms"]) if ms is not None]
@@ -440,15 +456,47 @@ def slow_host_report(recs: list[dict]) -> str:
     lines = ["\n## Runs on a slow host\n",
              f"Host probe median {base:.1f} ms over the repeated cells' runs; a run at "
              f">= {SLOW_HOST:g}x that ran on a slow host. tok/s over its cell's fastest run "
-             "(median, lowest):\n",
-             "| engine | slow-host runs | their speed | other runs | their speed |",
-             "|---|---|---|---|---|"]
+             f"(median, lowest), and the runs under {SLOW_RUN:g} of it:\n",
+             "| engine | slow-host runs | their speed | other runs | their speed | slow runs |",
+             "|---|---|---|---|---|---|"]
     for engine in sorted({e for e, _, _ in runs}):
         slow = [v for e, v, ms in runs if e == engine and ms >= SLOW_HOST * base]
         rest = [v for e, v, ms in runs if e == engine and ms < SLOW_HOST * base]
+        every = [v for e, v, _ in runs if e == engine]
         lines.append(f"| {engine} | {len(slow)} | {_spread(slow)} | {len(rest)} | "
-                     f"{_spread(rest)} |")
+                     f"{_spread(rest)} | {sum(v < SLOW_RUN for v in every)} of {len(every)} |")
     return "\n".join(lines) + "\n"
+
+
+def placement_report(recs: list[dict]) -> str:
+    """Per engine, where its scheduler ran in its repeated cells' runs (the side sampler's view,
+    host_speed.Placement): the CPUs, runs seen on two or more, and the steal ticks of its CPUs
+    in its slow runs (under SLOW_RUN of the cell's fastest) and in the others. A slow spell that
+    steal or a move to another CPU explains shows here."""
+    runs = [(r["engine"], tok / max(r["runs_tok_s"]) < SLOW_RUN, placed)
+            for r in recs if "from" not in r and r.get("runs_placement") and r.get("runs_tok_s")
+            for tok, placed in zip(r["runs_tok_s"], r["runs_placement"]) if placed]
+    if not runs:
+        return ""
+    lines = ["\n## Where each engine's scheduler ran\n",
+             f"Per run, the CPUs its scheduler was seen on (every {host_speed.PERIOD_S:g} s) "
+             f"and their steal ticks; slow runs: under {SLOW_RUN:g} of the cell's fastest.\n",
+             "| engine | runs | its CPUs | runs on 2+ CPUs | slow runs | their steal ticks "
+             "(median, max) | other runs' (median, max) |",
+             "|---|---|---|---|---|---|---|"]
+    for engine in sorted({e for e, _, _ in runs}):
+        mine = [(slow, placed) for e, slow, placed in runs if e == engine]
+        cpus = sorted({c for _, placed in mine for c in placed["cpus"]})
+        moved = sum(len(placed["cpus"]) > 1 for _, placed in mine)
+        slow = [placed["steal"] for s, placed in mine if s]
+        rest = [placed["steal"] for s, placed in mine if not s]
+        lines.append(f"| {engine} | {len(mine)} | {', '.join(map(str, cpus))} | {moved} | "
+                     f"{len(slow)} | {_ticks(slow)} | {_ticks(rest)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ticks(values: list[int]) -> str:
+    return f"{statistics.median(values):g}, {max(values)}" if values else "-"
 
 
 def _spread(values: list[float]) -> str:
@@ -783,9 +831,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     with host_speed.Sampler(out / HOST_SPEED_FILE):
         if args.interleave:
             def filed(results: dict[str, dict]) -> list[dict]:
-                samples = host_speed.read(out / HOST_SPEED_FILE)
-                return recs + [with_host_speed(r, samples) for kind, res in results.items()
-                               for r in records(kind, res, workloads)]
+                return recs + with_host_record([r for kind, res in results.items()
+                                                for r in records(kind, res, workloads)],
+                                               results, out)
 
             results = interleave.run_all(
                 {kind: engine_spec(run, kind, 0, interleave.ENGINE_KWARGS, interleave.DUAL_ENV)
@@ -807,10 +855,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                               if not args.interleave):
             name = kind if not process else f"{kind}.p{process + 1}"
             res = run_engine(name, engine_spec(run, kind, process), out, deadline)
-            samples = host_speed.read(out / HOST_SPEED_FILE)
-            recs += [with_host_speed(r, samples) | ({"process": process + 1}
-                                                    if args.processes > 1 else {})
-                     for r in records(kind, res, workloads)]
+            recs += [r | ({"process": process + 1} if args.processes > 1 else {})
+                     for r in with_host_record(records(kind, res, workloads), {kind: res}, out)]
             writer.started(name, res)
             writer.write(recs)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
