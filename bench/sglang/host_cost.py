@@ -44,7 +44,7 @@ def _worker(step_log: Optional[Path]):
     return bare_worker(build_policy(Settings(), ctx), step_log=step_log)
 
 
-def measure(bs: int, steps: int, step_log: Optional[Path]) -> dict:
+def measure(bs: int, steps: int, step_log: Optional[Path], gap_s: float = 0.0) -> dict:
     """Median microseconds of each part of a step at batch size `bs`; SGLang's own work (the
     parent class's methods, the decode pool's step) stubbed for the call."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -71,6 +71,8 @@ def measure(bs: int, steps: int, step_log: Optional[Path]) -> dict:
             t2 = time.perf_counter()
             w.dgw_result_processed()
             t3 = time.perf_counter()
+            if gap_s:
+                time.sleep(gap_s)
             if i >= steps // 10:
                 parts[i - steps // 10] = (t1 - t0, t2 - t1, t3 - t2)
     if w._step_log is not None:
@@ -92,6 +94,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--bs", default="1,16,64")
     ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--step-log", action="store_true", help="with the step log on (a temp file)")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="sleep this long after each step, as a GPU step's wait would: the "
+                         "worker's code then meets cold caches, as it does in a server")
     ap.add_argument("--out", default="out/host-cost.json")
     args = ap.parse_args(argv)
     try:
@@ -106,10 +111,11 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(b, args.steps, Path(tmp) / f"steps-{b}.jsonl" if args.step_log else None)
-                for b in sizes]
+        rows = [measure(b, args.steps, Path(tmp) / f"steps-{b}.jsonl" if args.step_log else None,
+                        args.gap_ms / 1e3) for b in sizes]
     print(f"the SGLang worker's own host time per step (us, median of {args.steps}; SGLang's "
-          f"parent methods stubbed, step log {'on' if args.step_log else 'off'}):")
+          f"parent methods stubbed, step log {'on' if args.step_log else 'off'}"
+          + (f", {args.gap_ms:g} ms between steps" if args.gap_ms else "") + "):")
     print("   bs  before launch  verify hook  result processed  total  total mean  total p99")
     for r in rows:
         print(f"{r['bs']:5d}  {r['before_launch_us']:13.1f}  {r['verify_hook_us']:11.1f}  "
@@ -117,7 +123,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{r['total_mean_us']:10.1f}  {r['total_p99_us']:9.1f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"step_log": args.step_log, "steps": args.steps, "rows": rows},
+    out.write_text(json.dumps({"step_log": args.step_log, "steps": args.steps,
+                               "gap_ms": args.gap_ms, "rows": rows},
                               indent=1))
     print(f"wrote {out}")
     return 0

@@ -14,18 +14,20 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Iterator, NamedTuple, Optional
 
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import Reason
+from dual_graph_worker.core.planner import CompletedStep
+from dual_graph_worker.core.policy import PolicyState, Reason
 from dual_graph_worker.core.results import StepRecord
 
 
 class StepLogWriter:
-    """The serving thread hands each line over as a fresh dict (a deque append, no wake-up); a
-    writer thread wakes every INTERVAL_S, serializes, writes and flushes what has come, so
-    neither the encoding nor a write stalled in the host's I/O lengthens a step."""
+    """The serving thread hands each line over as the immutable objects it is made of (a tuple
+    on a deque, no wake-up); a writer thread wakes every INTERVAL_S, builds, serializes, writes
+    and flushes what has come, so neither the line's making nor a write stalled in the host's
+    I/O lengthens a step."""
 
     INTERVAL_S = 0.05
     SLOW_S = 1e-3
@@ -47,11 +49,20 @@ class StepLogWriter:
         atexit.register(self.close)
 
     def write(self, record: StepRecord, wall_time: float, **extra: object) -> None:
-        self._put({**record.to_json(), "t": wall_time, **extra})
+        self._put((_record_line, record, wall_time, extra))
+
+    def write_step(self, done: CompletedStep, state: PolicyState, hook_s: float) -> None:
+        """A completed step's line: its record, the policy's beliefs after it, and the worker's
+        host time before its launch, in the engine's launch and in the verify hook."""
+        self._put((_step_line, done, state, hook_s))
 
     def write_event(self, event: str, wall_time: float, **fields: object) -> None:
         """A non-step line (start-up summary, config): readers skip lines without "step"."""
-        self._put({"event": event, "t": wall_time, **fields})
+        self._put((_event_line, event, wall_time, fields))
+
+    def write_cost(self, observation: NamedTuple, wall_time: float) -> None:
+        """A measured cost as the policy saw it (a "cost" event with its fields)."""
+        self._put((_cost_line, observation, wall_time))
 
     def flush(self, timeout: float = 10.0) -> None:
         """Return once every line handed over before this call is in the file."""
@@ -75,7 +86,7 @@ class StepLogWriter:
             except OSError:
                 pass
 
-    def _put(self, line: dict) -> None:
+    def _put(self, line: tuple) -> None:
         if self._fh is not None and self.failed is None:
             self._lines.append(line)
             self._handed += 1
@@ -100,10 +111,12 @@ class StepLogWriter:
         if not lines:
             return
         while lines:
-            item = lines.popleft()
+            make, *parts = lines.popleft()
+            item: dict = {}
             try:
+                item = make(*parts)
                 line = json.dumps(item)
-            except (TypeError, ValueError) as e:        # one bad line, not the log
+            except (TypeError, ValueError, AttributeError) as e:   # one bad line, not the log
                 line = json.dumps({"event": "unwritable", "t": item.get("t"), "error": str(e)})
             t0 = time.perf_counter()
             fh.write(line + "\n")
@@ -121,6 +134,26 @@ class StepLogWriter:
     def _timed(self, seconds: float) -> None:
         self._slow += seconds > self.SLOW_S
         self._worst = max(self._worst, seconds)
+
+
+def _record_line(record: StepRecord, wall_time: float, extra: dict) -> dict:
+    return {**record.to_json(), "t": wall_time, **extra}
+
+
+def _step_line(done: CompletedStep, state: PolicyState, hook_s: float) -> dict:
+    return {**done.record.to_json(), "t": done.wall_time,
+            "accept_ema": round(state.accept_len, 4), "goodput_spec": state.spec_goodput,
+            "goodput_decode": state.decode_goodput, "plan_us": round(done.host_s * 1e6, 1),
+            "launch_us": round(done.launch_s * 1e6, 1), "hook_us": round(hook_s * 1e6, 1)}
+
+
+def _event_line(event: str, wall_time: float, fields: dict) -> dict:
+    return {"event": event, "t": wall_time, **fields}
+
+
+def _cost_line(observation: NamedTuple, wall_time: float) -> dict:
+    return {"event": "cost", "t": wall_time, "kind": type(observation).__name__,
+            **observation._asdict()}
 
 
 def read_step_log(path: str | Path) -> Iterator[tuple[StepRecord, float]]:

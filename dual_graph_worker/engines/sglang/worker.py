@@ -498,8 +498,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self.planner.policy.observe(event)
         if self._step_log is not None:
             # Each batch's measured cost, as the controller saw it: what its estimates came from.
-            self._step_log.write_event("cost", time.time(), kind=type(event).__name__,
-                                       **event._asdict())
+            self._step_log.write_cost(event, time.time())
 
     def _log_lazy_event(self, kind: str, info: dict, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
@@ -524,14 +523,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if self._metrics is not None and self._completed % PUSH_EVERY == 0:
             self._metrics.push(self.counters, policy.state())
         if self._step_log is not None:
-            state = policy.state()
-            self._step_log.write(done.record, done.wall_time,
-                                 accept_ema=round(state.accept_len, 4),
-                                 goodput_spec=state.spec_goodput,
-                                 goodput_decode=state.decode_goodput,
-                                 plan_us=round(done.host_s * 1e6, 1),
-                                 launch_us=round(done.launch_s * 1e6, 1),
-                                 hook_us=round((time.perf_counter() - t0) * 1e6, 1))
+            self._step_log.write_step(done, policy.state(), time.perf_counter() - t0)
             if self._completed % ESTIMATES_EVERY == 0:
                 self._log_estimates(policy)
 
