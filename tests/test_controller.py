@@ -807,9 +807,9 @@ def test_unmeasured_sizes_follow_the_prior_scaled_by_measured_neighbours():
 
 
 def test_a_size_measured_a_few_times_high_leans_on_its_neighbours_until_it_has_its_own():
-    """The H200 sequence (run 14, m35): spec bs 16 measured twice at start-up at 7.9 ms, between
-    bs 8 and 32 measured hundreds of times at ~6.7; decode ran on at bs 16 and never re-measured
-    it. Its own samples weigh count/8; the rest is its neighbours' line, and only downwards."""
+    """As on the H200: spec bs 16 measured twice at start-up at 7.9 ms, between bs 8 and 32
+    measured hundreds of times at ~6.7; decode ran on at bs 16 and never re-measured it. Its own
+    samples weigh count/8; the rest is its neighbours' line, and only downwards."""
     p = controller(replay_prior())
     for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 100), (16, 0.0079, 2)):
         for _ in range(n):
@@ -832,6 +832,31 @@ def test_a_size_measured_a_few_times_high_leans_on_its_neighbours_until_it_has_i
         q.exchange(lambda v: v)
     assert q.step_time(Mode.SPEC, 16) == pytest.approx(0.0060, rel=1e-6)
     assert q.step_time(Mode.SPEC, 48) == pytest.approx(0.0090, rel=1e-6)
+
+
+def test_leaning_on_neighbours_never_raises_a_price_nor_follows_a_barely_measured_one():
+    """Neighbours whose context rate is steeper than the size's own would price it above its own
+    line at long contexts: the lower of the two counts. A neighbour measured a few times is no
+    better known than the size itself: it is not leant on."""
+    p = controller(replay_prior())
+    for pb, base, rate in ((1, 0.006, 0.0), (8, 0.0055, 6e-7), (32, 0.0055, 6e-7),
+                           (48, 0.007, 0.0)):
+        for kv in range(0, 4000, 40):
+            p.observe(StepTime(Mode.SPEC, pb, base + rate * kv, kv_tokens=kv))
+        p.exchange(lambda v: v)
+    for _ in range(2):
+        p.observe(StepTime(Mode.SPEC, 16, 0.0075, kv_tokens=2000))
+    p.exchange(lambda v: v)
+    i = p._at[Mode.SPEC][16]
+    for kv in (0, 2000, 8000, 20000):
+        assert p.step_time(Mode.SPEC, 16, kv) <= p._line_time(i, kv, own=True) + 1e-12
+    assert p.step_time(Mode.SPEC, 16, 2000) < p._line_time(i, 2000, own=True)
+    q = controller(replay_prior())
+    for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 3), (16, 0.0079, 2)):
+        for _ in range(n):
+            q.observe(StepTime(Mode.SPEC, pb, seconds))
+        q.exchange(lambda v: v)
+    assert q.step_time(Mode.SPEC, 16) == pytest.approx(0.0079, rel=1e-6)
 
 
 def test_step_times_follow_the_context_the_batch_attends_over():

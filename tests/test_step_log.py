@@ -78,12 +78,18 @@ def test_the_writer_logs_its_own_slow_writes(tmp_path):
 
 def test_a_line_that_cannot_be_serialized_is_named_and_the_log_goes_on(tmp_path):
     log = StepLogWriter(tmp_path / "steps.jsonl")
+    class Torn:                 # a line whose making fails in the writer thread itself
+        def to_json(self):
+            raise RuntimeError("dictionary changed size during iteration")
+
     log.write_event("cost", 1.0, seconds=object())
+    log.write(Torn(), 1.5)
     log.write_event("cost", 2.0, seconds=0.005)
     log.close()
     got = read_step_events(tmp_path / "steps.jsonl")
-    assert [e["event"] for e in got] == ["unwritable", "cost"]
+    assert [e["event"] for e in got] == ["unwritable", "unwritable", "cost"]
     assert got[0]["t"] == 1.0 and "object" in got[0]["error"]
+    assert got[1]["t"] == 1.5 and "changed size" in got[1]["error"]
 
 
 class FullDisk(io.StringIO):

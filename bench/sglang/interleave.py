@@ -39,6 +39,10 @@ class Phase:
     cells: list[dict[str, dict]]
     turns: tuple[int, ...] = ()         # per cell, how far its engine order rotates (default: i)
 
+    def __post_init__(self) -> None:
+        if self.turns and len(self.turns) != len(self.cells):
+            raise ValueError(f"a phase of {len(self.cells)} cells has {len(self.turns)} turns")
+
 
 @dataclass(frozen=True)
 class Plan:

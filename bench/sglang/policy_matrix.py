@@ -23,9 +23,10 @@ DIR/host-speed.jsonl): every cell and run carries it, and the report sets each e
 a slow host apart; --host-load N spins N processes while each cell runs (what that does and does
 not slow: the option's help). With --interleave every engine is up at once and each cell runs on
 one engine after another (interleave.py), so a slow spell of seconds meets them alike; with
---rounds N each accept length's cells run N times over, one run of each a round, and a cell
-reads its median round, so such a spell moves one round of one engine. --pin-cpus LIST puts every engine's
-processes on the same CPUs: taking turns, each then serves on the same cores.
+--rounds N each accept length's cells run N times over, one run of each a round, and a
+cell reads its median round, so such a spell moves one round of one engine. --pin-cpus LIST
+puts every engine's processes on the same CPUs: taking turns, each then serves on the same
+cores.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from bench.sglang import host_speed, interleave, step_costs
+from bench.sglang import host_speed, interleave, placement, step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, median_run,
@@ -428,8 +429,12 @@ def with_host_speed(rec: dict, samples: list[tuple[float, float]],
                  | {"host_ms": host_speed.during(samples, rec["t_start"], rec["t_end"])}}
     if rec.get("runs_t"):
         out["runs_host_ms"] = [host_speed.during(samples, a, b) for a, b in rec["runs_t"]]
+        # Rounds spread over a phase: the cell's span holds other cells, its runs do not.
+        seen = [ms for ms in out["runs_host_ms"] if ms is not None]
+        if seen:
+            out["machine"]["host_ms"] = round(statistics.median(seen), 2)
         if placed and engine_pid is not None:
-            out["runs_placement"] = [host_speed.placement_during(placed, engine_pid, a, b)
+            out["runs_placement"] = [placement.placement_during(placed, engine_pid, a, b)
                                      for a, b in rec["runs_t"]]
     return out
 
@@ -437,7 +442,7 @@ def with_host_speed(rec: dict, samples: list[tuple[float, float]],
 def with_host_record(recs: list[dict], results: dict[str, dict], out: Path) -> list[dict]:
     """Each engine's records `with_host_speed`, read from the sampler's file in `out`."""
     samples = host_speed.read(out / HOST_SPEED_FILE)
-    placed = host_speed.read_placement(out / HOST_SPEED_FILE)
+    placed = placement.read_placement(out / HOST_SPEED_FILE)
     return [with_host_speed(r, samples, placed, results[r["engine"]].get("pid"))
             for r in recs]
 

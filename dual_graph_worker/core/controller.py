@@ -66,7 +66,7 @@ _AGE_STEPS = 32
 # of two samples or more after them whole.
 _WARM_STEPS = 64
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
-# its measured neighbours on both sides price it lower, the rest is their line.
+# sizes measured that often on both sides price it lower, the rest is their line.
 _TRUSTED_SAMPLES = 8
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
 _DWELL_BREAK = 1.25
@@ -322,7 +322,8 @@ class GoodputController:
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
                                    Reason.NO_SPEC_GRAPH)}
         self._goodput = {m: self._decided[m, Reason.GOODPUT] for m in Mode}
-        self._lines: list = [_UNFIT] * n     # per key, its line until the next exchange
+        # Per key, until the next exchange: its line, and the line it may lean on (_lean_line).
+        self._lines: list = [_UNFIT] * n
         # A host-cost early-out: below this allowance no re-measurement is priced (infinite:
         # exploration is off). Most cost more; one into a much shorter step may wait a little.
         self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
@@ -441,25 +442,36 @@ class GoodputController:
         pooled one."""
         return self._line_time(self._at[mode].get(padded_bs), kv_tokens)
 
-    def _line_time(self, i: Optional[int], kv_tokens: int) -> Optional[float]:
+    def _line_time(self, i: Optional[int], kv_tokens: int,
+                   own: bool = False) -> Optional[float]:
+        """Key i's step seconds at `kv_tokens`: the lower of its line and the line it leans on,
+        or (`own`: what its own samples are judged against) its line alone."""
         if i is None:
             return None
-        # Estimates change only at an exchange, so each key's line is kept until the next one.
-        line = self._lines[i]
-        if line is _UNFIT:
-            line = self._lines[i] = self._fit_line(i)
-        return None if line is None else _time_on(line, kv_tokens)
+        # Estimates change only at an exchange, so each key's lines are kept until the next one.
+        lines = self._lines[i]
+        if lines is _UNFIT:
+            lines = self._lines[i] = (self._fit_line(i), self._lean_line(i))
+        line, lean = lines
+        if line is None:
+            return None
+        t = _time_on(line, kv_tokens)
+        return t if own or lean is None else min(t, _time_on(lean, kv_tokens))
+
+    def _lean_line(self, i: int) -> Optional[_Line]:
+        """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
+        the rest the line of trusted sizes on both sides of it. The mode not in use keeps its
+        estimates until re-measured, so only a price that comes down counts (_line_time takes
+        the lower); one priced too low is measured as soon as its mode runs."""
+        trust = self._samples[i] / _TRUSTED_SAMPLES
+        if not 0.0 < trust < 1.0:
+            return None
+        near = self._neighbours_line(i, min_samples=_TRUSTED_SAMPLES)
+        return None if near is None else _blend(self._fit_line(i), near, trust)
 
     def _fit_line(self, i: int) -> Optional[_Line]:
         if self._samples[i]:
-            own = _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
-            trust = self._samples[i] / _TRUSTED_SAMPLES
-            near = self._neighbours_line(i, between=True) if trust < 1.0 else None
-            # Only down: the mode not in use keeps its estimates until re-measured, one priced
-            # too low is measured as soon as it runs.
-            if near is None or _time_on(near, self._est_kv[i]) >= self._est[i]:
-                return own
-            return _blend(own, near, trust)
+            return _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
         prior = self._prior[i]
         near = self._neighbours_line(i)
         if near is None and not math.isnan(prior):
@@ -478,18 +490,19 @@ class GoodputController:
         beta = self._beta[self._mode_of[i]]
         return b if b - beta > FAR_ERRORS * self._ctx.own_error(i) else beta
 
-    def _neighbours_line(self, i: int, between: bool = False) -> Optional[_Line]:
+    def _neighbours_line(self, i: int, min_samples: float = 0.0) -> Optional[_Line]:
         """Key i's line from the nearest measured sizes of its mode below and above (a mode's
         keys ascend by size): their step times at the context, interpolated; None where none
-        is measured (`between`: unless both are)."""
+        is measured (with `min_samples`: unless both sides hold a size measured that often)."""
         mode = self._mode_of[i]
-        seen = [j for j in self._spans[mode] if self._samples[j] > 0]
+        seen = [j for j in self._spans[mode]
+                if self._samples[j] > 0 and self._samples[j] >= min_samples]
         if not seen:
             return None
         prior = self._prior[i]
         below, above = [j for j in seen if j < i], [j for j in seen if j > i]
         near = below[-1:] + above[:1]
-        if between and len(near) < 2:
+        if min_samples and len(near) < 2:
             return None
         weights = [1.0]
         if len(near) == 2:
@@ -654,7 +667,7 @@ class GoodputController:
         i = self._at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
-        expected = self._line_time(i, event.kv_tokens)
+        expected = self._line_time(i, event.kv_tokens, own=True)
         if carry is not None and event.bs != self._carry_bs:
             # Requests left or joined in between: that excess also holds their host work
             # (finished results, the new batch), which no launch of this one costs.

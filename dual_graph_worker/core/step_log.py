@@ -14,12 +14,12 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Iterator, NamedTuple, Optional
+from typing import IO, Iterator, Optional
 
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import CompletedStep
-from dual_graph_worker.core.policy import PolicyState, Reason
+from dual_graph_worker.core.policy import Observation, PolicyState, Reason
 from dual_graph_worker.core.results import StepRecord
 
 
@@ -49,20 +49,21 @@ class StepLogWriter:
         atexit.register(self.close)
 
     def write(self, record: StepRecord, wall_time: float, **extra: object) -> None:
-        self._put((_record_line, record, wall_time, extra))
+        self._put((_record_line, wall_time, record, extra))
 
     def write_step(self, done: CompletedStep, state: PolicyState, hook_s: float) -> None:
         """A completed step's line: its record, the policy's beliefs after it, and the worker's
         host time before its launch, in the engine's launch and in the verify hook."""
-        self._put((_step_line, done, state, hook_s))
+        self._put((_step_line, done.wall_time, done.record, done.host_s, done.launch_s, state,
+                   hook_s))
 
     def write_event(self, event: str, wall_time: float, **fields: object) -> None:
         """A non-step line (start-up summary, config): readers skip lines without "step"."""
-        self._put((_event_line, event, wall_time, fields))
+        self._put((_event_line, wall_time, event, fields))
 
-    def write_cost(self, observation: NamedTuple, wall_time: float) -> None:
+    def write_cost(self, observation: Observation, wall_time: float) -> None:
         """A measured cost as the policy saw it (a "cost" event with its fields)."""
-        self._put((_cost_line, observation, wall_time))
+        self._put((_cost_line, wall_time, observation))
 
     def flush(self, timeout: float = 10.0) -> None:
         """Return once every line handed over before this call is in the file."""
@@ -111,13 +112,11 @@ class StepLogWriter:
         if not lines:
             return
         while lines:
-            make, *parts = lines.popleft()
-            item: dict = {}
+            make, wall_time, *parts = lines.popleft()
             try:
-                item = make(*parts)
-                line = json.dumps(item)
-            except (TypeError, ValueError, AttributeError) as e:   # one bad line, not the log
-                line = json.dumps({"event": "unwritable", "t": item.get("t"), "error": str(e)})
+                line = json.dumps(make(wall_time, *parts))
+            except Exception as e:          # one bad line, not the log (nor its thread)
+                line = json.dumps({"event": "unwritable", "t": wall_time, "error": str(e)})
             t0 = time.perf_counter()
             fh.write(line + "\n")
             self._timed(time.perf_counter() - t0)
@@ -136,22 +135,24 @@ class StepLogWriter:
         self._worst = max(self._worst, seconds)
 
 
-def _record_line(record: StepRecord, wall_time: float, extra: dict) -> dict:
+# What the writer thread makes of a handed-over tuple (make, wall time, parts...).
+def _record_line(wall_time: float, record: StepRecord, extra: dict) -> dict:
     return {**record.to_json(), "t": wall_time, **extra}
 
 
-def _step_line(done: CompletedStep, state: PolicyState, hook_s: float) -> dict:
-    return {**done.record.to_json(), "t": done.wall_time,
-            "accept_ema": round(state.accept_len, 4), "goodput_spec": state.spec_goodput,
-            "goodput_decode": state.decode_goodput, "plan_us": round(done.host_s * 1e6, 1),
-            "launch_us": round(done.launch_s * 1e6, 1), "hook_us": round(hook_s * 1e6, 1)}
+def _step_line(wall_time: float, record: StepRecord, host_s: float, launch_s: float,
+               state: PolicyState, hook_s: float) -> dict:
+    return {**record.to_json(), "t": wall_time, "accept_ema": round(state.accept_len, 4),
+            "goodput_spec": state.spec_goodput, "goodput_decode": state.decode_goodput,
+            "plan_us": round(host_s * 1e6, 1), "launch_us": round(launch_s * 1e6, 1),
+            "hook_us": round(hook_s * 1e6, 1)}
 
 
-def _event_line(event: str, wall_time: float, fields: dict) -> dict:
+def _event_line(wall_time: float, event: str, fields: dict) -> dict:
     return {"event": event, "t": wall_time, **fields}
 
 
-def _cost_line(observation: NamedTuple, wall_time: float) -> dict:
+def _cost_line(wall_time: float, observation: Observation) -> dict:
     return {"event": "cost", "t": wall_time, "kind": type(observation).__name__,
             **observation._asdict()}
 
