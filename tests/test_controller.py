@@ -468,6 +468,11 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     # Two in a row: the draft really is that dear now.
     again = catch_ups(h200[:3] + [(600, 21e-3), (664, 23e-3), (16, 2.6e-3)])
     assert again.catch_up_s_per_token() > 20e-6
+    # Out to the sizes it has seen; beyond them no dearer a token than a third of a prefill's.
+    reach = again._catch_up_reach
+    assert 664 < reach < 2000
+    assert again.catch_up_seconds(10_000) == pytest.approx(
+        again.catch_up_seconds(int(reach)) + (10_000 - reach) * 17.6e-6 / 3, rel=0.01)
     # A large catch-up far over the small ones' fixed cost but under a prefill's is no outlier.
     big = catch_ups([(32, 2.77e-3), (32, 2.77e-3), (36224, 35e-3), (16, 2.6e-3)])
     assert big.catch_up_s_per_token() == pytest.approx((35e-3 - 2.7e-3) / 36192, rel=0.05)

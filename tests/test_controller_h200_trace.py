@@ -316,3 +316,18 @@ def test_a_size_measured_twice_at_start_up_does_not_keep_speculation_out():
                           / (p.step_time(Mode.DECODE, 16, kv) / 16))
     assert len(priced) > 100
     assert max(priced) < 0.95, max(priced)
+
+
+def test_a_large_catch_up_is_not_priced_on_small_ones_scatter():
+    """Run 14, open loop: small catch-ups' scatter (bs-1 catch-ups over long contexts, a switch's
+    costs riding on them) fitted 17-23 us a token, which priced a 12800-token catch-up at 225 ms
+    (m33) and 307 (m35), and a re-measurement of speculation at C=32 at ~50 steps of debt; one
+    of 10336 tokens took 27 ms there. Past the sizes the line has seen, a token costs no more
+    than a third of a prefill's: 32 and 87 ms."""
+    from bench.sglang.estimate_error import read_trace, replay
+
+    for call, most in (("m33", 0.040), ("m35", 0.090)):
+        t = read_trace(str(ROOT / f"results/sglang/policy-matrix-fa3-run14/{call}/"
+                                  f"costs-{call}.json.gz"))
+        priced = [p.catch_up_seconds(12800) for p, _, row in replay(t) if row[0] != "p"]
+        assert max(priced) < most, (call, max(priced))

@@ -253,6 +253,8 @@ class GoodputController:
         self._prompt_per_output = 0.0
         self._delta = 0.0
         self._catch_up_fit: tuple[float, float] = (0.0, 0.0)    # (fixed s, s per token)
+        self._catch_up_reach = math.inf     # tokens the fitted rate holds out to
+        self._catch_up_far = 0.0            # s per token beyond them
         # Rank-local sums since the last exchange: never read by a decision. Step samples
         # gather in Python floats per key (a numpy slice update costs ~1 us a step).
         self._local = np.zeros(KEY_SLOTS * n + _TAIL)
@@ -755,12 +757,11 @@ class GoodputController:
         catch-up's first forward at its shape took 13-17 ms and the next one's (664 tokens) 2.8;
         taken, its 20-34 us a token priced speculation out for ~150 steps where it was 9%
         faster. Two in a row of a kind and size (a power of two) are the cost."""
-        slopes = (self._prefill[True].value(), self._prefill[False].value())
-        prefill = next((v for v in slopes if v is not None), None)
+        cap = self._draft_rate_cap()
         counted = self._catch_up[True].events + self._catch_up[False].events
-        spike = prefill is not None and counted > 0 and \
+        spike = cap is not None and counted > 0 and \
             seconds > self.catch_up_seconds(int(tokens)) + step and \
-            seconds > self._catch_up_fit[0] + tokens * prefill / _SPIKE
+            seconds > self._catch_up_fit[0] + tokens * cap
         return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)
 
     def _hold_lone(self, key: object, outlier: bool) -> bool:
@@ -854,6 +855,10 @@ class GoodputController:
         if new:
             self._delta = self._draft_prefill_rate()
             self._catch_up_fit = self._fit_catch_up()
+            self._catch_up_reach = self._reach_of(self._both_catch_ups())
+            cap = self._draft_rate_cap()
+            rate = self._catch_up_fit[1]
+            self._catch_up_far = rate if cap is None else min(rate, cap)
 
     # ------------------------------------------------------------------------------ model
 
@@ -933,9 +938,31 @@ class GoodputController:
         return self._catch_up_fit[1]
 
     def catch_up_seconds(self, tokens: int) -> float:
-        """Expected seconds of one catch-up over `tokens` draft tokens."""
+        """Expected seconds of one catch-up over `tokens` draft tokens: the fitted line out to
+        the sizes it has seen, beyond them no dearer a token than the draft can be. Small
+        catch-ups' scatter (a switch's costs ride on them) fitted 8-23 us a token on the H200,
+        which priced a 12k-token one at ~300 ms where one of 10k took 27."""
+        if tokens <= 0:
+            return 0.0
         fixed, rate = self._catch_up_fit
-        return max(fixed + rate * tokens, 0.0) if tokens > 0 else 0.0
+        beyond = max(tokens - self._catch_up_reach, 0.0)
+        return max(fixed + rate * (tokens - beyond) + self._catch_up_far * beyond, 0.0)
+
+    @staticmethod
+    def _reach_of(ups: Slope) -> float:
+        """The catch-up sizes seen (of either kind): two standard deviations above their mean."""
+        n, sx, _, sxx, _ = ups.sums
+        if n <= 0:
+            return math.inf
+        mean = sx / n
+        return mean + 2.0 * math.sqrt(max(sxx / n - mean * mean, 0.0))
+
+    def _draft_rate_cap(self) -> Optional[float]:
+        """The most a draft token can cost beyond a catch-up's fixed part: 1/_SPIKE of a
+        prefill's per-token slope (the target's, with the draft or not); None before one."""
+        slopes = (self._prefill[True].value(), self._prefill[False].value())
+        prefill = next((v for v in slopes if v is not None), None)
+        return None if prefill is None else prefill / _SPIKE
 
     def _cost(self, spec: bool, t: Optional[float], bs: int, accept: float,
               catch_up_tokens: int, prompt_share: bool = True, switch: bool = False,
