@@ -839,6 +839,23 @@ def test_a_size_measured_a_few_times_high_leans_on_its_neighbours_until_it_has_i
     assert q.step_time(Mode.SPEC, 48) == pytest.approx(0.0090, rel=1e-6)
 
 
+def test_a_catch_up_at_a_size_that_leans_on_its_neighbours_costs_what_its_step_was_priced_under():
+    """A step is priced at the lower line; the catch-up it carries is what the step took beyond
+    that price, or a switch back would look cheaper than it is."""
+    p = controller(replay_prior())
+    for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 100), (16, 0.0079, 2)):
+        for _ in range(n):
+            p.observe(StepTime(Mode.SPEC, pb, seconds))
+        p.exchange(lambda v: v)
+    priced = p.step_time(Mode.SPEC, 16)
+    assert priced < 0.0075
+    for _ in range(4):
+        p.observe(StepTime(Mode.DECODE, 16, 0.0051))
+    p.observe(StepTime(Mode.SPEC, 16, 0.0079 + 0.002, catch_up_tokens=100))
+    p.exchange(lambda v: v)
+    assert p.catch_up_seconds(100) == pytest.approx(0.0079 + 0.002 - priced, rel=0.02)
+
+
 def test_leaning_on_neighbours_never_raises_a_price_nor_follows_a_barely_measured_one():
     """Neighbours whose context rate is steeper than the size's own would price it above its own
     line at long contexts: the lower of the two counts. A neighbour measured a few times is no

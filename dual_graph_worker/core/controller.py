@@ -453,23 +453,24 @@ class GoodputController:
         # Estimates change only at an exchange, so each key's lines are kept until the next one.
         lines = self._lines[i]
         if lines is _UNFIT:
-            lines = self._lines[i] = (self._fit_line(i), self._lean_line(i))
+            line = self._fit_line(i)
+            lines = self._lines[i] = (line, self._lean_line(i, line))
         line, lean = lines
         if line is None:
             return None
         t = _time_on(line, kv_tokens)
         return t if own or lean is None else min(t, _time_on(lean, kv_tokens))
 
-    def _lean_line(self, i: int) -> Optional[_Line]:
+    def _lean_line(self, i: int, own: Optional[_Line]) -> Optional[_Line]:
         """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
         the rest the line of trusted sizes on both sides of it. The mode not in use keeps its
         estimates until re-measured, so only a price that comes down counts (_line_time takes
         the lower); one priced too low is measured as soon as its mode runs."""
         trust = self._samples[i] / _TRUSTED_SAMPLES
-        if not 0.0 < trust < 1.0:
+        if own is None or not 0.0 < trust < 1.0:
             return None
         near = self._neighbours_line(i, min_samples=_TRUSTED_SAMPLES)
-        return None if near is None else _blend(self._fit_line(i), near, trust)
+        return None if near is None else _blend(own, near, trust)
 
     def _fit_line(self, i: int) -> Optional[_Line]:
         if self._samples[i]:
@@ -563,7 +564,10 @@ class GoodputController:
                 "context_s_per_token": {m.value: b for m, b in self._beta.items()},
                 "prompt_per_output": self._prompt_per_output, "replaced": self._replaced(),
                 "draft_prefill_s_per_token": self._delta, "catch_up_fixed_s": fixed,
-                "catch_up_s_per_token": rate, "switch_s": self._switch_s,
+                "catch_up_s_per_token": rate,
+                "catch_up_reach_tokens": None if math.isinf(self._catch_up_reach)
+                else self._catch_up_reach,
+                "catch_up_far_s_per_token": self._catch_up_far, "switch_s": self._switch_s,
                 "fresh_accept": self._fresh, "own_accept_weight": self._own_weight,
                 "run_len": self._run_len,
                 "explore_allowance_steps": self._allowance, "explore_debt_steps": self._debt}
@@ -669,7 +673,10 @@ class GoodputController:
         i = self._at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
             return
+        # Samples are judged against the key's own line; costs beyond a step are what is left
+        # over the step as priced (its own line, or lower where it leans on its neighbours).
         expected = self._line_time(i, event.kv_tokens, own=True)
+        priced = self._line_time(i, event.kv_tokens)
         if carry is not None and event.bs != self._carry_bs:
             # Requests left or joined in between: that excess also holds their host work
             # (finished results, the new batch), which no launch of this one costs.
@@ -680,21 +687,21 @@ class GoodputController:
         if carry is not None and switched and not event.catch_up_tokens:
             # The previous step held this switch's launch, so this one's span starts late: a
             # switch costs the two steps' excess (as a catch-up does).
-            excess = None if event.carries_next else self._excess(i, event.seconds, expected)
+            excess = None if event.carries_next else self._excess(i, event.seconds, priced)
             self._add_local(_SW, (1.0, carry + (excess or 0.0)))
         if event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
-            self._carry = self._excess(i, event.seconds, expected)
+            self._carry = self._excess(i, event.seconds, priced)
             self._carry_bs = event.bs
             return
         if event.catch_up_tokens > 0:
             # The catch-up's cost: this step's excess over a measured step of its size plus the
             # previous step's (which held this one's launch); fixed cost and switch included,
             # noise of either sign averages out in the regression.
-            excess = self._excess(i, event.seconds, expected)
+            excess = self._excess(i, event.seconds, priced)
             if excess is not None:
                 x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
-                if self._first_call_cost(at_switch, x, y, expected):
+                if self._first_call_cost(at_switch, x, y, priced):
                     return
                 self._add_local(_CU[at_switch], (1.0, x, y, x * x, x * y))
             return
@@ -855,7 +862,9 @@ class GoodputController:
         if new:
             self._delta = self._draft_prefill_rate()
             self._catch_up_fit = self._fit_catch_up()
-            self._catch_up_reach = self._reach_of(self._both_catch_ups())
+            at_switch = self._catch_up[True]     # the sizes the line was fitted on
+            self._catch_up_reach = self._reach_of(
+                at_switch if at_switch.fit() is not None else self._both_catch_ups())
             cap = self._draft_rate_cap()
             rate = self._catch_up_fit[1]
             self._catch_up_far = rate if cap is None else min(rate, cap)
@@ -950,7 +959,7 @@ class GoodputController:
 
     @staticmethod
     def _reach_of(ups: Slope) -> float:
-        """The catch-up sizes seen (of either kind): two standard deviations above their mean."""
+        """The catch-up sizes `ups` holds: two standard deviations above their mean."""
         n, sx, _, sxx, _ = ups.sums
         if n <= 0:
             return math.inf
