@@ -871,8 +871,8 @@ def test_leaning_on_neighbours_never_raises_a_price_nor_follows_a_barely_measure
     p.exchange(lambda v: v)
     i = p._at[Mode.SPEC][16]
     for kv in (0, 2000, 8000, 20000):
-        assert p.step_time(Mode.SPEC, 16, kv) <= p._line_time(i, kv, own=True) + 1e-12
-    assert p.step_time(Mode.SPEC, 16, 2000) < p._line_time(i, 2000, own=True)
+        assert p.step_time(Mode.SPEC, 16, kv) <= p._line_times(i, kv)[0] + 1e-12
+    assert p.step_time(Mode.SPEC, 16, 2000) < p._line_times(i, 2000)[0]
     q = controller(replay_prior())
     for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 3), (16, 0.0079, 2)):
         for _ in range(n):

@@ -425,14 +425,15 @@ def with_host_speed(rec: dict, samples: list[tuple[float, float]],
     and the engine's pid, where each run's scheduler ran (`runs_placement`)."""
     if not samples or "t_start" not in rec:
         return rec
-    out = rec | {"machine": (rec.get("machine") or {})
-                 | {"host_ms": host_speed.during(samples, rec["t_start"], rec["t_end"])}}
-    if rec.get("runs_t"):
-        out["runs_host_ms"] = [host_speed.during(samples, a, b) for a, b in rec["runs_t"]]
-        # Rounds spread over a phase: the cell's span holds other cells, its runs do not.
-        seen = [ms for ms in out["runs_host_ms"] if ms is not None]
-        if seen:
-            out["machine"]["host_ms"] = round(statistics.median(seen), 2)
+    out = dict(rec)
+    # Over its runs where it has them: rounds spread over a phase, whose span holds other cells.
+    runs = [host_speed.during(samples, a, b) for a, b in rec.get("runs_t") or []]
+    seen = [ms for ms in runs if ms is not None]
+    host_ms = round(statistics.median(seen), 2) if seen else \
+        host_speed.during(samples, rec["t_start"], rec["t_end"])
+    out["machine"] = (rec.get("machine") or {}) | {"host_ms": host_ms}
+    if runs:
+        out["runs_host_ms"] = runs
         if placed and engine_pid is not None:
             out["runs_placement"] = [placement.placement_during(placed, engine_pid, a, b)
                                      for a, b in rec["runs_t"]]
@@ -475,7 +476,7 @@ def slow_host_report(recs: list[dict]) -> str:
 
 def placement_report(recs: list[dict]) -> str:
     """Per engine, where its scheduler ran in its repeated cells' runs (the side sampler's view,
-    host_speed.Placement): the CPUs, runs seen on two or more, and the steal ticks of its CPUs
+    placement.Placement): the CPUs, runs seen on two or more, and the steal ticks of its CPUs
     in its slow runs (under SLOW_RUN of the cell's fastest) and in the others. A slow spell that
     steal or a move to another CPU explains shows here."""
     runs = [(r["engine"], tok / max(r["runs_tok_s"]) < SLOW_RUN, placed)

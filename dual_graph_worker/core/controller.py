@@ -444,12 +444,17 @@ class GoodputController:
         pooled one."""
         return self._line_time(self._at[mode].get(padded_bs), kv_tokens)
 
-    def _line_time(self, i: Optional[int], kv_tokens: int,
-                   own: bool = False) -> Optional[float]:
-        """Key i's step seconds at `kv_tokens`: the lower of its line and the line it leans on,
-        or (`own`: what its own samples are judged against) its line alone."""
+    def _line_time(self, i: Optional[int], kv_tokens: int) -> Optional[float]:
+        """Key i's step seconds at `kv_tokens` as priced: the lower of its line and the line it
+        leans on."""
+        return self._line_times(i, kv_tokens)[1]
+
+    def _line_times(self, i: Optional[int],
+                    kv_tokens: int) -> tuple[Optional[float], Optional[float]]:
+        """Key i's step seconds at `kv_tokens` on its own line (what its samples are judged
+        against) and as priced."""
         if i is None:
-            return None
+            return None, None
         # Estimates change only at an exchange, so each key's lines are kept until the next one.
         lines = self._lines[i]
         if lines is _UNFIT:
@@ -457,9 +462,9 @@ class GoodputController:
             lines = self._lines[i] = (line, self._lean_line(i, line))
         line, lean = lines
         if line is None:
-            return None
+            return None, None
         t = _time_on(line, kv_tokens)
-        return t if own or lean is None else min(t, _time_on(lean, kv_tokens))
+        return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
 
     def _lean_line(self, i: int, own: Optional[_Line]) -> Optional[_Line]:
         """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
@@ -675,8 +680,7 @@ class GoodputController:
             return
         # Samples are judged against the key's own line; costs beyond a step are what is left
         # over the step as priced (its own line, or lower where it leans on its neighbours).
-        expected = self._line_time(i, event.kv_tokens, own=True)
-        priced = self._line_time(i, event.kv_tokens)
+        expected, priced = self._line_times(i, event.kv_tokens)
         if carry is not None and event.bs != self._carry_bs:
             # Requests left or joined in between: that excess also holds their host work
             # (finished results, the new batch), which no launch of this one costs.
@@ -863,8 +867,8 @@ class GoodputController:
             self._delta = self._draft_prefill_rate()
             self._catch_up_fit = self._fit_catch_up()
             at_switch = self._catch_up[True]     # the sizes the line was fitted on
-            self._catch_up_reach = self._reach_of(
-                at_switch if at_switch.fit() is not None else self._both_catch_ups())
+            self._catch_up_reach = (at_switch if at_switch.fit() is not None
+                                    else self._both_catch_ups()).reach()
             cap = self._draft_rate_cap()
             rate = self._catch_up_fit[1]
             self._catch_up_far = rate if cap is None else min(rate, cap)
@@ -956,15 +960,6 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         beyond = max(tokens - self._catch_up_reach, 0.0)
         return max(fixed + rate * (tokens - beyond) + self._catch_up_far * beyond, 0.0)
-
-    @staticmethod
-    def _reach_of(ups: Slope) -> float:
-        """The catch-up sizes `ups` holds: two standard deviations above their mean."""
-        n, sx, _, sxx, _ = ups.sums
-        if n <= 0:
-            return math.inf
-        mean = sx / n
-        return mean + 2.0 * math.sqrt(max(sxx / n - mean * mean, 0.0))
 
     def _draft_rate_cap(self) -> Optional[float]:
         """The most a draft token can cost beyond a catch-up's fixed part: 1/_SPIKE of a

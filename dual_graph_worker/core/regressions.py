@@ -20,8 +20,9 @@ OWN_SPREAD = 0.1
 # Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
 # more slowly than step times drift.
 CONTEXT_DECAY = 0.99
-# A key's own slope holds out to this many standard deviations above its mean context.
-CONTEXT_REACH = 2.0
+# A fitted slope holds out to this many standard deviations above the mean size it was fitted
+# on (a key's context, a catch-up's tokens).
+REACH = 2.0
 # Beyond that, only where it stands this many standard errors above its mode's pooled slope.
 FAR_ERRORS = 2.0
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy.
@@ -86,6 +87,15 @@ class Slope:
     def mean_tokens(self) -> float:
         n, sx = self.sums[:2]
         return sx / n if n > 0 else 0.0
+
+    def reach(self) -> float:
+        """The sizes its line was fitted on: their mean plus REACH standard deviations
+        (infinite before any)."""
+        n, sx, _, sxx, _ = self.sums
+        if n <= 0:
+            return math.inf
+        mean = sx / n
+        return mean + REACH * math.sqrt(max(sxx / n - mean * mean, 0.0))
 
 
 class ContextSums:
@@ -166,8 +176,8 @@ class ContextSums:
         return math.sqrt(max(residual, 0.0) / ((count - 2.0) * var))
 
     def reach(self, i: int) -> float:
-        """Key i's mean context plus CONTEXT_REACH standard deviations."""
+        """Key i's mean context plus REACH standard deviations."""
         n = self.sums[1][i]
         if n <= 0:
             return 0.0
-        return self.sums[2][i] / n + CONTEXT_REACH * math.sqrt(max(self.var[i], 0.0) / n)
+        return self.sums[2][i] / n + REACH * math.sqrt(max(self.var[i], 0.0) / n)
