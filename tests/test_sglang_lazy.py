@@ -622,6 +622,27 @@ def test_rows_of_reads_host_rows(sgl):
                                     seq_lens=torch.zeros(2)))
 
 
+def test_row_context_total_follows_its_rows_while_the_batch_keeps_its_row_tensor(sgl):
+    from dual_graph_worker.engines.sglang.layout import RowContext
+
+    ctx = RowContext(8)
+    first = SimpleNamespace(req_pool_indices_cpu=torch.tensor([4, 2]), seq_lens=torch.zeros(2))
+    rows, total = ctx.of(first)
+    ctx.admitted(rows, np.array([100, 30]))
+    rows, total = ctx.of(first)
+    assert rows.tolist() == [4, 2] and total == 130 and not rows.flags.writeable
+    ctx.advanced(rows, np.array([3.0, 1.0]), 4)              # the same batch's step
+    assert ctx.of(first) == (rows, 134) and ctx.tokens(rows) == 134
+    # A step of an older batch that shares a row moves the total of the current one.
+    ctx.advanced(np.array([2, 5]), np.array([2.0, 2.0]), 4)
+    assert ctx.of(first)[1] == 136
+    # A new row tensor (SGLang's filter or merge) is read afresh.
+    merged = SimpleNamespace(req_pool_indices_cpu=torch.tensor([4, 2, 5]), seq_lens=torch.zeros(3))
+    assert ctx.of(merged)[1] == 138
+    ctx.admitted(np.array([5]), np.array([7]))
+    assert ctx.of(merged)[1] == 143
+
+
 def test_carried_draft_input_keeps_spec_shapes_without_new_tensors(sgl):
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 

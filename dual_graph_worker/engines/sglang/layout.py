@@ -7,7 +7,7 @@ dtypes. The contract: docs/sglang-0.5.17.md §4.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -63,19 +63,54 @@ def decode_lengths(seq_lens: torch.Tensor, seq_lens_cpu: Optional[torch.Tensor],
     )
 
 
+def rows_of(batch: Any) -> np.ndarray:
+    """The batch's request-pool rows on the host, in batch order (no device copy)."""
+    cpu = getattr(batch, "req_pool_indices_cpu", None)
+    rows = (cpu.numpy() if isinstance(cpu, torch.Tensor) else
+            np.asarray([r.req_pool_idx for r in batch.reqs] if cpu is None else cpu))
+    rows = rows.astype(np.int64, copy=False).reshape(-1)
+    if rows.shape[0] != batch.seq_lens.shape[0]:
+        raise RuntimeError(f"batch has {batch.seq_lens.shape[0]} requests but "
+                           f"{rows.shape[0]} host request-pool rows")
+    return rows
+
+
 class RowContext:
     """Each request-pool row's context length on the host: set when its prompt is prefilled,
     advanced by each step's accepted tokens. SGLang's speculative path keeps no host lengths
-    between decode steps (seq_lens_sum and seq_lens_cpu are None there)."""
+    between decode steps (seq_lens_sum and seq_lens_cpu are None there).
+
+    `of(batch)` memoises the batch's rows and their total on its host row tensor: SGLang
+    replaces that tensor whenever the batch's requests change and never writes it, so while the
+    same tensor comes back only advanced() moves the total (a cold numpy call costs ~10-50 us
+    a step on a busy host)."""
 
     def __init__(self, rows: int) -> None:
         self._len = np.zeros(rows, dtype=np.int64)
+        self._src: object = None
+        self._rows = np.zeros(0, dtype=np.int64)
+        self._total = 0
+
+    def of(self, batch) -> tuple[np.ndarray, int]:
+        """The batch's request-pool rows (read-only) and their context tokens."""
+        src = getattr(batch, "req_pool_indices_cpu", None)
+        if src is None or src is not self._src:
+            rows = rows_of(batch)
+            rows.flags.writeable = False
+            self._src, self._rows, self._total = src, rows, int(self._len[rows].sum())
+        return self._rows, self._total
 
     def admitted(self, rows: np.ndarray, lengths: np.ndarray) -> None:
         self._len[rows] = lengths
+        self._src = None
 
-    def advanced(self, rows: np.ndarray, accepted: np.ndarray) -> None:
+    def advanced(self, rows: np.ndarray, accepted: np.ndarray, tokens: int) -> None:
+        """`tokens`: accepted's sum."""
         self._len[rows] += accepted.astype(np.int64)
+        if rows is self._rows:
+            self._total += tokens
+        else:
+            self._src = None
 
     def tokens(self, rows: np.ndarray) -> int:
         return int(self._len[rows].sum())

@@ -53,6 +53,7 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft
+from dual_graph_worker.engines.sglang.layout import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
                                                                catch_up_backend_classes)
@@ -74,18 +75,6 @@ class CatchUpResult(NamedTuple):
     hidden_states: Optional[torch.Tensor]  # [m, draft hidden]
     keep_alive: list                      # forward batches / index tensors of the passes
     info: dict                            # for the step log
-
-
-def rows_of(batch: Any) -> np.ndarray:
-    """The batch's request-pool rows on the host, in batch order (no device copy)."""
-    cpu = getattr(batch, "req_pool_indices_cpu", None)
-    rows = (cpu.numpy() if isinstance(cpu, torch.Tensor) else
-            np.asarray([r.req_pool_idx for r in batch.reqs] if cpu is None else cpu))
-    rows = rows.astype(np.int64, copy=False).reshape(-1)
-    if rows.shape[0] != batch.seq_lens.shape[0]:
-        raise RuntimeError(f"batch has {batch.seq_lens.shape[0]} requests but "
-                           f"{rows.shape[0]} host request-pool rows")
-    return rows
 
 
 class LazyCatchUp:

@@ -73,8 +73,9 @@ from dual_graph_worker.engines.sglang.layout import (
     decode_step_layout,
     per_request_logprobs,
     prefill_lengths,
+    rows_of,
 )
-from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, rows_of
+from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
@@ -335,11 +336,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if batch.forward_mode.is_extend():
             return self._prefill(batch, on_publish, grammar_barrier)
         t0 = time.perf_counter()
-        rows = rows_of(batch)
+        rows, kv_tokens = self._context.of(batch)
         self._running_rows = rows
         continuity = self.continuity
         pending = continuity.pending_tokens(rows)
-        kv_tokens = self._context.tokens(rows)
         plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=pending,
                                  kv_tokens=kv_tokens)
         # NVTX step range, switch mark, profiling window (nvtx_spans); free without a profiler.
@@ -518,7 +518,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         policy = self.planner.policy
         policy.observe(accepted(rec.mode, done.accept_lens, done.rows))
         if done.rows is not None:
-            self._context.advanced(done.rows, done.accept_lens)
+            self._context.advanced(done.rows, done.accept_lens, rec.tokens)
         self._completed += 1
         if self._metrics is not None and self._completed % PUSH_EVERY == 0:
             self._metrics.push(self.counters, policy.state())
