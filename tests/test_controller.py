@@ -671,6 +671,29 @@ def test_exploration_stays_within_its_budget_and_heals_a_stale_estimate():
     assert all(r is not Reason.EXPLORE for r in quiet.reasons[50:])
 
 
+def _windows(p: GoodputController, mode: Mode, seconds: float, windows: int) -> None:
+    """`windows` exchanges of 8 steps of `mode` at bs 16, each taking `seconds`."""
+    for _ in range(windows):
+        for _ in range(8):
+            p.commit(Decision(mode, Reason.GOODPUT))
+            p.observe(StepTime(mode, 16, seconds))
+        p.exchange(lambda v: v)
+
+
+def test_a_slow_spell_that_ended_a_modes_run_fades_while_the_mode_is_not_run():
+    """A host spell (steps 1.4x) at the end of speculation's run: its estimate reads the spell
+    while it runs, then relaxes toward its typical level while decode runs. A spell as long as
+    the windows that make that level is the level: it stays."""
+    for spell_windows, after in ((3, 1.0), (16, 1.4)):
+        p = controller()
+        _windows(p, Mode.SPEC, t_spec(16), 12)
+        _windows(p, Mode.SPEC, 1.4 * t_spec(16), spell_windows)
+        assert p.step_time(Mode.SPEC, 16) > 1.3 * t_spec(16)
+        _windows(p, Mode.DECODE, t_decode(16), 60)
+        assert p.step_time(Mode.SPEC, 16) == pytest.approx(after * t_spec(16), rel=0.02)
+        assert p.step_time(Mode.DECODE, 16) == pytest.approx(t_decode(16))
+
+
 @pytest.mark.parametrize("bs,low", [(16, 1.2), (24, 1.2), (32, 1.5)])
 def test_a_rise_in_acceptance_is_found_where_speculation_looked_hopeless(bs, low):
     # Re-measuring spec here costs more than the bank holds (its steps 2-3x a decode step's,
@@ -692,10 +715,12 @@ def test_spec_is_not_explored_where_it_could_not_win_at_any_acceptance():
     p.exchange(lambda v: v)
     slow = SimServer(p, accept=lambda s: 1.0)
     slow.run(16, 50)
-    # Measured: spec at bs 16 would not win even at accept K+1 = 4 if it cost 6x; make it so.
-    for _ in range(40):
-        p.observe(StepTime(Mode.SPEC, 16, 6 * t_spec(16)))
-    p.exchange(lambda v: v)
+    # Measured: spec at bs 16 would not win even at accept K+1 = 4 if it cost 6x; make it so,
+    # over as many windows as make its typical level (one alone could be a slow spell).
+    for _ in range(16):
+        for _ in range(4):
+            p.observe(StepTime(Mode.SPEC, 16, 6 * t_spec(16)))
+        p.exchange(lambda v: v)
     assert 4.0 * 16 / p.step_time(Mode.SPEC, 16) < 16 / p.step_time(Mode.DECODE, 16)
     slow.run(16, 300)
     assert all(m is Mode.DECODE for m in slow.modes[-280:])

@@ -11,6 +11,7 @@ estimates only through `exchange`, so decisions read only rank-common values. do
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Sequence
 
@@ -58,9 +59,17 @@ _PROBE_ERRORS = 2.0
 # times barely do): decode is re-measured only where a step this much faster would win, and a
 # stale speculative step time is judged this much faster.
 _STEP_DRIFT = 0.3
-# A key's estimate ages: every this many steps without a sample of it weigh as one more sample
-# of EMA decay, so a warm-up's samples or a phase long gone yield to a re-measurement's.
-_AGE_STEPS = 32
+# While a key goes unmeasured its estimate relaxes toward its typical level, the median of its
+# last _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more, by 1/e every
+# _RELAX_STEPS steps: a host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a
+# mode's last run no longer prices it out long after, and a re-measurement's few settling steps
+# fold into that level rather than replace it. Windows older than _TYPICAL_HORIZON steps no
+# longer count.
+_RELAX_STEPS = 128
+_TYPICAL_WINDOWS = 16
+_TYPICAL_MIN_COUNT = 4
+_TYPICAL_HORIZON = 4096
+_SETTLED = 0.002
 # A process's first steps run slow (on the H200 bs-1 spec steps 7.2-8.5 ms for ~35 steps, 6.6
 # steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
 # of two samples or more after them whole.
@@ -90,6 +99,12 @@ _FIRST_DRAWS = 4
 # (until then each request's own estimate counts whole).
 _SPREAD_ALPHA = 0.05
 _SPREAD_MIN_REQUESTS = 8
+
+
+def _moved(slope: float, t: float, x: float, kv: float) -> float:
+    """A step of t seconds over x context tokens moved to kv along `slope`, no steeper than
+    the line through the origin and that step."""
+    return t + min(slope, t / max(x, 1.0)) * (kv - x)
 
 
 def _time_on(line: _Line, kv_tokens: float) -> float:
@@ -219,6 +234,12 @@ class GoodputController:
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
+        # Per key: its recent windows (mean seconds, mean context tokens, step) and their
+        # typical level as one such point.
+        self._windows: dict[int, deque] = {}
+        self._typical: dict[int, tuple[float, float, int]] = {}
+        self._relaxing: set[int] = set()
+        self._exchanged_at = 0
         self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
         self._catch_up = {at_switch: Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
@@ -817,10 +838,12 @@ class GoodputController:
         self._fold_batch_costs(vec[KEY_SLOTS * n:])
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
-        """Each key's EMA of step seconds and of context tokens, and the context regressions.
+        """Each key's EMA of step seconds and of context tokens, and the context regressions;
+        the keys not measured since the last exchange relax toward their calm level.
         A window holds samples of a few sizes: those are folded one by one."""
         self._ctx.decay()
         got = keys[1].nonzero()[0].tolist()
+        self._relax_idle(set(got))
         if not got:                 # every sum decayed alike: the same slopes
             return
         keep = 1.0 - self.config.ema_alpha
@@ -829,16 +852,42 @@ class GoodputController:
             self._ctx.add(i, self._mode_of[i], window)
             sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count
+            if count >= _TYPICAL_MIN_COUNT:
+                self._add_window(i, mean, mean_kv)
             if self._samples[i] > 0:
-                idle = max(self._step - self._last[i] - count, 0.0)
                 warm_only = self._last[i] < _WARM_STEPS <= self._step and count >= 2
-                w = 1.0 if warm_only else 1.0 - keep ** (count + idle / _AGE_STEPS)
+                w = 1.0 if warm_only else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
             self._est[i], self._est_kv[i] = mean, mean_kv
             self._samples[i] += count
             self._last[i] = self._step
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
+
+    def _add_window(self, i: int, mean: float, kv: float) -> None:
+        windows = self._windows.get(i)
+        if windows is None:
+            windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
+        windows.append((mean, kv, self._step))
+        oldest, b = self._step - _TYPICAL_HORIZON, self._key_slope(i)
+        levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
+        self._typical[i] = (levels[len(levels) // 2], kv, self._step)
+        self._relaxing.add(i)
+
+    def _relax_idle(self, measured: set) -> None:
+        """Move each unmeasured key's estimate toward its typical level, for the steps since the
+        last exchange; a key that reached it is left alone until it is measured again."""
+        keep = math.exp(-(self._step - self._exchanged_at) / _RELAX_STEPS)
+        self._exchanged_at = self._step
+        oldest = self._step - _TYPICAL_HORIZON
+        for i in [i for i in self._relaxing if i not in measured]:
+            t, x, at = self._typical[i]
+            typical = _moved(self._key_slope(i), t, x, self._est_kv[i])
+            gap = self._est[i] - typical
+            if at < oldest or gap < _SETTLED * typical:
+                self._relaxing.discard(i)
+            else:
+                self._est[i] = typical + keep * gap
 
     def _fold_batch_costs(self, tail: np.ndarray) -> None:
         """Prefills, catch-ups and switches (the slots after the per-key ones), and the
