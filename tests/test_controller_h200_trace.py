@@ -331,3 +331,29 @@ def test_a_large_catch_up_is_not_priced_on_small_ones_scatter():
                                   f"costs-{call}.json.gz"))
         priced = [p.catch_up_seconds(12800) for p, _, row in replay(t) if row[0] != "p"]
         assert max(priced) < most, (call, max(priced))
+
+
+def test_a_spells_estimate_does_not_outlive_the_spell():
+    """Run 15's m36, open loop: a slow spell left spec bs 32 at 8.26 ms (steady ~7.9) and, at
+    accept 2, spec bs 1 at 10.1 ms (steady 6.5) when decoding took over, and no new sample
+    corrected either: accept 1.5 C=32 decoded two rounds (0.951 of EAGLE-3) and accept 2 C=1
+    one (210 against 291 tok/s). Relaxing toward its typical level while unmeasured, each is
+    priced below decode at those batches' first steps."""
+    from bench.sglang.estimate_error import read_trace, replay
+
+    t = read_trace(str(ROOT / "results/sglang/policy-matrix-fa3-run15/m36/costs-m36.json.gz"))
+    # (first step, last step, padded bs, context tokens, forced accept length) of the batches
+    checks = [(2000, 4000, 32, 8192, 1.5), (7000, 7200, 1, 256, 2.0)]
+    priced, steps, after_prefill = [], 0, False
+    for p, _, row in replay(t):
+        if row[0] == "p":
+            after_prefill = True
+            continue
+        for lo, hi, pb, kv, accept in checks:
+            if after_prefill and lo <= steps < hi and row[1] == pb and row[5] == kv:
+                priced.append(p.step_time(Mode.SPEC, pb, kv) / accept
+                              / p.step_time(Mode.DECODE, pb, kv))
+        after_prefill = False
+        steps += 1
+    assert len(priced) == 3, priced
+    assert max(priced) < 0.97, priced
