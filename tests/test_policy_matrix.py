@@ -230,7 +230,7 @@ def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):
     assert {(c["concurrency"], c["plain"], c["eagle3"], c["dual"], c["ratio"])
             for c in merged["cells"]} == {(1, 200.0, 400.0, 396.0, 0.99),
                                           (64, 8000.0, 9000.0, 9090.0, 1.01)}
-    assert "merged from 4 calls on one machine (each one process" in merged["note"]
+    assert "merged from 4 calls (each one process" in merged["note"]
     # Without --processes the same calls measured one cell three times: one line, an error.
     assert mm.main(["--out", str(tmp_path / "bad"), *calls]) == 2
     assert capsys.readouterr().err.count("\n") == 1
@@ -354,3 +354,19 @@ def test_an_interleaved_cells_rounds_make_one_record():
     assert "round" not in one and "output_tokens" not in one
     two = pm.merged_rounds([rnd(0, 100.0, 1.0, 100, 1.0, 50), rnd(1, 90.0, 2.0, 181, 1.5, 60)])
     assert two[0]["tok_s"] == 90.0 and two[0]["machine"]["cpu_s"] == 2.5
+
+
+def test_a_cell_whose_rounds_the_budget_cut_short_is_marked_in_the_grid():
+    """m39 (run 17) ran out of budget in its second phase: cells read the slower of two rounds,
+    or one, under a note that says three. The grid marks them."""
+    def ran(engine, a, c, tok_s, rounds):
+        return rec(engine, a, c, tok_s) | {"rounds": rounds, "runs_tok_s": [tok_s] * rounds}
+    recs = [ran("plain", None, 1, 200.0, 3), ran("eagle3", 2.0, 1, 400.0, 3),
+            ran("dual", 2.0, 1, 396.0, 3), ran("plain", None, 4, 800.0, 3),
+            ran("eagle3", 2.0, 4, 1000.0, 2), ran("dual", 2.0, 4, 990.0, 2)]
+    cells = {c["concurrency"]: c for c in pm.ratios(recs)}
+    assert (cells[1]["rounds"], cells[4]["rounds"]) == (3, 2)
+    md = pm.report(list(cells.values()), [2.0], [pm.Workload.parse("256x256@1,4")], "note")
+    assert "| 2 | 0.990 | 0.990\u2021 |" in md and "fewer rounds than the run's 3" in md
+    whole = pm.report([cells[1]], [2.0], [pm.Workload.parse("256x256@1")], "note")
+    assert "\u2021" not in whole

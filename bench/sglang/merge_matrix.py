@@ -1,9 +1,10 @@
-"""One policy matrix from several calls on one machine, each measuring every engine on its own
-cells (the device's per-call limit splits a matrix): records, ratios, report and heatmap as
-policy_matrix writes them. A cell measured by two calls, or whose engines come from different
-calls, is an error: no ratio mixes calls. With --processes each call is one process of every
-engine, as `policy_matrix --processes N` runs them: a cell measured by several calls reads each
-engine's median over them, and each call must have measured all of the cell's engines.
+"""One policy matrix from several calls, each measuring every engine on its own cells (the device's
+per-call limit splits a matrix; the calls may run on different machines): records, ratios, report
+and heatmap as policy_matrix writes them. A cell measured by two calls, or whose engines come
+from different calls, is an error: no ratio mixes calls. With --processes each call is one
+process of every engine, as `policy_matrix --processes N` runs them: a cell measured by several
+calls reads each engine's median over them, and each call must have measured all of the cell's
+engines.
 
     python -m bench.sglang.merge_matrix --out DIR [--processes] IN_DIR IN_DIR ...
 """
@@ -61,7 +62,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \
         if processes else ""
-    note = f"{first['note']}; merged from {len(merged_calls)} calls on one machine{how}: " \
+    note = f"{first['note']}; merged from {len(merged_calls)} calls{how}: " \
         + ", ".join(merged_calls)
     workloads = merged_workloads(workload_lists, [])
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),

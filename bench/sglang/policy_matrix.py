@@ -341,7 +341,8 @@ def fill_from(recs: list[dict], earlier: list[dict], source: str) -> list[dict]:
 
 def ratios(recs: list[dict]) -> list[dict]:
     """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran;
-    `cross_run` where a baseline was filled from another matrix (--fill-from)."""
+    `cross_run` where a baseline was filled from another matrix (--fill-from); `rounds`, the
+    fewest any of its engines ran, where they ran in rounds."""
     plain = {(r["input_len"], r["output_len"], r["concurrency"]): r
              for r in recs if r["engine"] == "plain"}
     keyed = {cell_key(r): r for r in recs if r["engine"] != "plain"}
@@ -356,6 +357,9 @@ def ratios(recs: list[dict]) -> list[dict]:
                 "dual": rec["tok_s"], "ratio": round(rec["tok_s"] / best, 4)}
         if any("from" in b for b in base):
             cell["cross_run"] = True
+        ran = [r["rounds"] for r in (rec, *base) if "rounds" in r]
+        if ran:
+            cell["rounds"] = min(ran)
         out.append(cell)
     return out
 
@@ -381,7 +385,8 @@ def repeated(recs: list[dict]) -> bool:
 def first_runs(recs: list[dict]) -> list[dict]:
     """The records with each repeated cell's tok/s its first run's (the worker's later runs
     find it warmed to that batch; the static engines keep no state)."""
-    return [r | {"tok_s": r["runs_tok_s"][0]} if "runs_tok_s" in r else r for r in recs]
+    return [r | {"tok_s": r["runs_tok_s"][0], "rounds": 1} if "runs_tok_s" in r else r
+            for r in recs]
 
 
 def first_run_report(cells: Optional[list[dict]], accepts: list[float],
@@ -396,6 +401,7 @@ def first_run_report(cells: Optional[list[dict]], accepts: list[float],
 def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) -> list[str]:
     lines = []
     cols = [(w, c) for w in workloads for c in w.concurrency]
+    asked, short = _cut_short(cells)
     lines.append("| accept | " + " | ".join(f"{w.name} C={c}" for w, c in cols) + " |")
     lines.append("|---|" + "---|" * len(cols))
     index = _by_cell(cells)
@@ -405,10 +411,14 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
             r = index.get((a, w.input_len, w.output_len, c))
             text = "-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
                                           else f"{r['ratio']:.3f}")
-            row.append(text + ("†" if r is not None and r.get("cross_run") else ""))
+            row.append(text + ("†" if r is not None and r.get("cross_run") else "")
+                       + ("‡" if id(r) in short else ""))
         lines.append(f"| {a:g} | " + " | ".join(row) + " |")
     if any(r.get("cross_run") for r in cells):
         lines.append("\n† a baseline from another run (records marked `from`).")
+    if short:
+        lines.append(f"\n‡ fewer rounds than the run's {asked} (its budget ran out): the slower "
+                     "middle run of an even count, or the one run, stands for the median.")
     if cells:
         worst = min(cells, key=lambda r: r["ratio"])
         lines.append(f"\nLowest: {worst['ratio']:.3f} at accept {worst['accept_len']:g}, "
@@ -416,6 +426,13 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
                      f"C={worst['concurrency']}; cells below 0.98: "
                      f"{sum(r['ratio'] < 0.98 for r in cells)} of {len(cells)}.")
     return lines
+
+
+def _cut_short(cells: list[dict]) -> tuple[int, set[int]]:
+    """The rounds the run asked (the most any cell ran) and the ids of cells whose engines ran
+    fewer, the budget spent: the slower of two runs, or one, stands for their median."""
+    asked = max((r.get("rounds", 1) for r in cells), default=1)
+    return asked, {id(r) for r in cells if r.get("rounds", asked) < asked}
 
 
 def with_host_speed(rec: dict, samples: list[tuple[float, float]],
@@ -554,12 +571,14 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     index = _by_cell(cells)
     at = [[index.get((a, w.input_len, w.output_len, c)) for w, c in cols] for a in accepts]
     grid = np.array([[np.nan if r is None else r["ratio"] for r in row] for row in at])
+    _, short = _cut_short(cells)
     fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(cols), 1.6 + 0.6 * len(accepts)))
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0.85, vmax=1.15, aspect="auto")
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
-                mark = "\u2020" if at[i][j].get("cross_run") else ""
+                mark = ("\u2020" if at[i][j].get("cross_run") else "") \
+                    + ("\u2021" if id(at[i][j]) in short else "")
                 ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8,
                         fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
