@@ -356,17 +356,30 @@ def test_an_interleaved_cells_rounds_make_one_record():
     assert two[0]["tok_s"] == 90.0 and two[0]["machine"]["cpu_s"] == 2.5
 
 
-def test_a_cell_whose_rounds_the_budget_cut_short_is_marked_in_the_grid():
+def test_a_cell_whose_rounds_the_budget_cut_short_is_marked_in_the_grid(tmp_path):
     """m39 (run 17) ran out of budget in its second phase: cells read the slower of two rounds,
-    or one, under a note that says three. The grid marks them."""
+    or one, under a note that says three. The grid marks them; not a call that asked for two,
+    merged with one that asked for three."""
+    from bench.sglang import merge_matrix as mm
+
     def ran(engine, a, c, tok_s, rounds):
         return rec(engine, a, c, tok_s) | {"rounds": rounds, "runs_tok_s": [tok_s] * rounds}
-    recs = [ran("plain", None, 1, 200.0, 3), ran("eagle3", 2.0, 1, 400.0, 3),
-            ran("dual", 2.0, 1, 396.0, 3), ran("plain", None, 4, 800.0, 3),
-            ran("eagle3", 2.0, 4, 1000.0, 2), ran("dual", 2.0, 4, 990.0, 2)]
+    recs = pm.with_rounds_asked(
+        [ran("plain", None, 1, 200.0, 3), ran("eagle3", 2.0, 1, 400.0, 3),
+         ran("dual", 2.0, 1, 396.0, 3), ran("plain", None, 4, 800.0, 3),
+         ran("eagle3", 2.0, 4, 1000.0, 2), ran("dual", 2.0, 4, 990.0, 2)], {"rounds": 3})
     cells = {c["concurrency"]: c for c in pm.ratios(recs)}
-    assert (cells[1]["rounds"], cells[4]["rounds"]) == (3, 2)
+    assert "cut_short" not in cells[1] and cells[4]["cut_short"] is True
     md = pm.report(list(cells.values()), [2.0], [pm.Workload.parse("256x256@1,4")], "note")
-    assert "| 2 | 0.990 | 0.990\u2021 |" in md and "fewer rounds than the run's 3" in md
-    whole = pm.report([cells[1]], [2.0], [pm.Workload.parse("256x256@1")], "note")
-    assert "\u2021" not in whole
+    assert "| 2 | 0.990 | 0.990\u2021 |" in md and "fewer rounds than its call asked" in md
+    first = pm.ratios(pm.first_runs(recs))                  # one run each: none cut short
+    assert not any("cut_short" in c for c in first)
+    # Merged: a call that asked for two rounds and ran them is whole.
+    parts = []
+    for name, asked, c in (("three", 3, 1), ("two", 2, 4)):
+        rs = [ran("plain", None, c, 200.0, asked), ran("eagle3", 2.0, c, 400.0, asked),
+              ran("dual", 2.0, c, 396.0, asked)]
+        parts.append(_matrix(tmp_path, name, rs, settings={"rounds": asked}))
+    assert mm.main(["--out", str(tmp_path / "m"), *parts]) == 0
+    merged = json.loads((tmp_path / "m" / "policy-matrix.json").read_text())
+    assert not any("cut_short" in c for c in merged["cells"])

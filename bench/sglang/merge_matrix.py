@@ -19,7 +19,8 @@ from typing import Optional
 
 from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from, first_runs,
                                        heatmap, matrix_report, merged_workloads,
-                                       per_cell_median, ratios, repeated)
+                                       per_cell_median, ratios, repeated,
+                                       with_rounds_asked)
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
@@ -34,7 +35,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
             (_servers(m), _servers(first))
         if mine != theirs or m["note"] != first["note"]:
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
-        records += [r | {"call": name} for r in m["records"] if "from" not in r]
+        records += with_rounds_asked([r | {"call": name} for r in m["records"]
+                                      if "from" not in r], m.get("settings"))
         workload_lists += m["workloads"]
     calls_of = _calls_of(records, processes)
     # Filled baselines only where no part measured the cell: the first such part's, each of its

@@ -342,7 +342,8 @@ def fill_from(recs: list[dict], earlier: list[dict], source: str) -> list[dict]:
 def ratios(recs: list[dict]) -> list[dict]:
     """worker / max(plain, EAGLE-3) per (accept, workload, concurrency) that all three ran;
     `cross_run` where a baseline was filled from another matrix (--fill-from); `rounds`, the
-    fewest any of its engines ran, where they ran in rounds."""
+    fewest any of its engines ran, where they ran in rounds, and `cut_short` where that is
+    fewer than their call asked."""
     plain = {(r["input_len"], r["output_len"], r["concurrency"]): r
              for r in recs if r["engine"] == "plain"}
     keyed = {cell_key(r): r for r in recs if r["engine"] != "plain"}
@@ -358,8 +359,11 @@ def ratios(recs: list[dict]) -> list[dict]:
         if any("from" in b for b in base):
             cell["cross_run"] = True
         ran = [r["rounds"] for r in (rec, *base) if "rounds" in r]
+        asked = [r["rounds_asked"] for r in (rec, *base) if "rounds_asked" in r]
         if ran:
             cell["rounds"] = min(ran)
+            if asked and min(ran) < max(asked):
+                cell["cut_short"] = True
         out.append(cell)
     return out
 
@@ -385,7 +389,20 @@ def repeated(recs: list[dict]) -> bool:
 def first_runs(recs: list[dict]) -> list[dict]:
     """The records with each repeated cell's tok/s its first run's (the worker's later runs
     find it warmed to that batch; the static engines keep no state)."""
-    return [r | {"tok_s": r["runs_tok_s"][0], "rounds": 1} if "runs_tok_s" in r else r
+    return [_one_run(r) | {"tok_s": r["runs_tok_s"][0]} if "runs_tok_s" in r else r
+            for r in recs]
+
+
+def _one_run(rec: dict) -> dict:
+    """A record read as one run: no round of it was cut short."""
+    return {k: v for k, v in rec.items() if k not in ("rounds", "rounds_asked")}
+
+
+def with_rounds_asked(recs: list[dict], settings: Optional[dict]) -> list[dict]:
+    """Each of a call's records made of rounds with the rounds the call asked (its settings),
+    so that a merged matrix tells a round cut short from a call that asked fewer."""
+    asked = (settings or {}).get("rounds", 1)
+    return [r | {"rounds_asked": asked} if "rounds" in r and "from" not in r else r
             for r in recs]
 
 
@@ -401,7 +418,6 @@ def first_run_report(cells: Optional[list[dict]], accepts: list[float],
 def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) -> list[str]:
     lines = []
     cols = [(w, c) for w in workloads for c in w.concurrency]
-    asked, short = _cut_short(cells)
     lines.append("| accept | " + " | ".join(f"{w.name} C={c}" for w, c in cols) + " |")
     lines.append("|---|" + "---|" * len(cols))
     index = _by_cell(cells)
@@ -412,12 +428,12 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
             text = "-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
                                           else f"{r['ratio']:.3f}")
             row.append(text + ("†" if r is not None and r.get("cross_run") else "")
-                       + ("‡" if id(r) in short else ""))
+                       + ("‡" if r is not None and r.get("cut_short") else ""))
         lines.append(f"| {a:g} | " + " | ".join(row) + " |")
     if any(r.get("cross_run") for r in cells):
         lines.append("\n† a baseline from another run (records marked `from`).")
-    if short:
-        lines.append(f"\n‡ fewer rounds than the run's {asked} (its budget ran out): the slower "
+    if any(r.get("cut_short") for r in cells):
+        lines.append("\n‡ fewer rounds than its call asked (the budget ran out): the slower "
                      "middle run of an even count, or the one run, stands for the median.")
     if cells:
         worst = min(cells, key=lambda r: r["ratio"])
@@ -426,13 +442,6 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
                      f"C={worst['concurrency']}; cells below 0.98: "
                      f"{sum(r['ratio'] < 0.98 for r in cells)} of {len(cells)}.")
     return lines
-
-
-def _cut_short(cells: list[dict]) -> tuple[int, set[int]]:
-    """The rounds the run asked (the most any cell ran) and the ids of cells whose engines ran
-    fewer, the budget spent: the slower of two runs, or one, stands for their median."""
-    asked = max((r.get("rounds", 1) for r in cells), default=1)
-    return asked, {id(r) for r in cells if r.get("rounds", asked) < asked}
 
 
 def with_host_speed(rec: dict, samples: list[tuple[float, float]],
@@ -571,14 +580,13 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     index = _by_cell(cells)
     at = [[index.get((a, w.input_len, w.output_len, c)) for w, c in cols] for a in accepts]
     grid = np.array([[np.nan if r is None else r["ratio"] for r in row] for row in at])
-    _, short = _cut_short(cells)
     fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(cols), 1.6 + 0.6 * len(accepts)))
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0.85, vmax=1.15, aspect="auto")
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
                 mark = ("\u2020" if at[i][j].get("cross_run") else "") \
-                    + ("\u2021" if id(at[i][j]) in short else "")
+                    + ("\u2021" if at[i][j].get("cut_short") else "")
                 ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8,
                         fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
@@ -673,7 +681,8 @@ class MatrixWriter:
         self.startup_s[name] = res.get("startup_s")
 
     def write(self, recs: list[dict]) -> None:
-        filled = fill_from(recs, self.earlier, self.fill_source)
+        filled = fill_from(with_rounds_asked(recs, self.settings), self.earlier,
+                           self.fill_source)
         cells = ratios(per_cell_median(filled))
         first_cells = ratios(per_cell_median(first_runs(filled))) if repeated(filled) else None
         matrix = {"note": self.note, "accepts": self.accepts,

@@ -59,12 +59,13 @@ _PROBE_ERRORS = 2.0
 # times barely do): decode is re-measured only where a step this much faster would win, and a
 # stale speculative step time is judged this much faster.
 _STEP_DRIFT = 0.3
-# While a key goes unmeasured its estimate relaxes toward its typical level, the median of its
-# last _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more, by 1/e every
-# _RELAX_STEPS steps: a host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a
+# While a key goes unmeasured an estimate above its typical level (the lower median of its last
+# _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more) relaxes down toward it, by 1/e
+# every _RELAX_STEPS steps: a host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a
 # mode's last run no longer prices it out long after, and a re-measurement's few settling steps
-# fold into that level rather than replace it. Windows older than _TYPICAL_HORIZON steps no
-# longer count.
+# fold into that level rather than replace it. Only down: an estimate too low makes its mode
+# look cheap, so it runs and is measured. Windows older than _TYPICAL_HORIZON steps no longer
+# count; within _SETTLED of its level a key is left alone until it is measured again.
 _RELAX_STEPS = 128
 _TYPICAL_WINDOWS = 16
 _TYPICAL_MIN_COUNT = 4
@@ -235,9 +236,9 @@ class GoodputController:
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
-        # typical level as one such point.
-        self._windows: dict[int, deque] = {}
-        self._typical: dict[int, tuple[float, float, int]] = {}
+        # typical level (seconds, context tokens).
+        self._windows: dict[int, deque[tuple[float, float, int]]] = {}
+        self._typical: dict[int, tuple[float, float]] = {}
         self._relaxing: set[int] = set()
         self._exchanged_at = 0
         self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
@@ -839,7 +840,7 @@ class GoodputController:
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
         """Each key's EMA of step seconds and of context tokens, and the context regressions;
-        the keys not measured since the last exchange relax toward their calm level.
+        the keys not measured since the last exchange relax toward their typical level.
         A window holds samples of a few sizes: those are folded one by one."""
         self._ctx.decay()
         got = keys[1].nonzero()[0].tolist()
@@ -862,29 +863,30 @@ class GoodputController:
             self._est[i], self._est_kv[i] = mean, mean_kv
             self._samples[i] += count
             self._last[i] = self._step
+            if i in self._typical:      # a window too short to count still moves the estimate
+                self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
 
     def _add_window(self, i: int, mean: float, kv: float) -> None:
+        """Key i's window of samples into its recent ones, and its typical level anew."""
         windows = self._windows.get(i)
         if windows is None:
             windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
         windows.append((mean, kv, self._step))
         oldest, b = self._step - _TYPICAL_HORIZON, self._key_slope(i)
         levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
-        self._typical[i] = (levels[len(levels) // 2], kv, self._step)
-        self._relaxing.add(i)
+        self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
     def _relax_idle(self, measured: set) -> None:
-        """Move each unmeasured key's estimate toward its typical level, for the steps since the
-        last exchange; a key that reached it is left alone until it is measured again."""
+        """Move each unmeasured key's estimate down toward its typical level, for the steps
+        since the last exchange; a key that reached it is left alone until measured again."""
         keep = math.exp(-(self._step - self._exchanged_at) / _RELAX_STEPS)
         self._exchanged_at = self._step
-        oldest = self._step - _TYPICAL_HORIZON
         for i in [i for i in self._relaxing if i not in measured]:
-            t, x, at = self._typical[i]
+            t, x = self._typical[i]
             typical = _moved(self._key_slope(i), t, x, self._est_kv[i])
             gap = self._est[i] - typical
-            if at < oldest or gap < _SETTLED * typical:
+            if gap < _SETTLED * typical:
                 self._relaxing.discard(i)
             else:
                 self._est[i] = typical + keep * gap

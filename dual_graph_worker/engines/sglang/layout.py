@@ -112,9 +112,6 @@ class RowContext:
         else:
             self._src = None
 
-    def tokens(self, rows: np.ndarray) -> int:
-        return int(self._len[rows].sum())
-
 
 def prefill_lengths(batch, n: int) -> np.ndarray:
     """A prefill batch's `n` sequence lengths after it (prefix and this chunk): its host
