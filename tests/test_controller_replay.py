@@ -268,14 +268,22 @@ def test_the_controller_through_the_matrix_sequence_keeps_up_with_the_best_stati
 
 
 if __name__ == "__main__":
-    # python tests/test_controller_replay.py [CATCH_UP_FIXED_S]: the simulated ratios, a model,
-    # on both matrices' fits, acceptance error-diffused or sampled as SGLANG_SIMULATE_ACC_LEN
-    # does, step times exact or off by the H200's 5.9%.
+    # python tests/test_controller_replay.py [CATCH_UP_FIXED_S] [--seeds N]: the simulated
+    # ratios, a model, on both matrices' fits, acceptance error-diffused or sampled as
+    # SGLANG_SIMULATE_ACC_LEN does (seeds 0-3 and 0-1, or 0..N-1 of each), step times exact or
+    # off by the H200's 5.9%. A change that moves single cells moves them by 3-9% either way:
+    # more seeds tell a gain from where a costly re-measurement happened to land.
+    import argparse
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench/, run as a script
-    if len(sys.argv) > 1:
-        CATCH_UP_FIXED_S = float(sys.argv[1])
+    ap = argparse.ArgumentParser(prog="python tests/test_controller_replay.py")
+    ap.add_argument("catch_up_fixed_s", nargs="?", type=float, default=CATCH_UP_FIXED_S)
+    ap.add_argument("--seeds", type=int, help="sampled variants per matrix (default 4 and 2)")
+    args = ap.parse_args()
+    CATCH_UP_FIXED_S = args.catch_up_fixed_s
+    triton_seeds = range(args.seeds or 4)
+    fa3_seeds = range(args.seeds or 2)
     variants = [("triton run 1, error-diffused", dict(diffused=True)),
                 ("triton run 1, error-diffused, noisy steps", dict(diffused=True, noise=0.059)),
                 ("fa3 run 1, error-diffused", dict(diffused=True, matrix=MATRIX_FA3)),
@@ -283,9 +291,9 @@ if __name__ == "__main__":
                  dict(diffused=True, matrix=MATRIX_FA3, noise=0.059))]
     variants += [("fa3 run 1, error-diffused, batch edges off", dict(diffused=True, matrix=MATRIX_FA3, warm=True)),
                  ("triton run 1, error-diffused, batch edges off", dict(diffused=True, warm=True))]
-    variants += [(f"triton run 1, sampled, seed {s}", dict(seed=s)) for s in range(4)]
+    variants += [(f"triton run 1, sampled, seed {s}", dict(seed=s)) for s in triton_seeds]
     variants += [(f"fa3 run 1, sampled, seed {s}, noisy steps",
-                  dict(seed=s, matrix=MATRIX_FA3, noise=0.059)) for s in range(2)]
+                  dict(seed=s, matrix=MATRIX_FA3, noise=0.059)) for s in fa3_seeds]
     every = []
     for how, kw in variants:
         r = simulated_ratios(**kw)
@@ -293,4 +301,7 @@ if __name__ == "__main__":
         print(f"catch-up fixed cost {CATCH_UP_FIXED_S * 1e3:g} ms, {how}: lowest cell "
               f"{min(r.values()):.3f}, {sum(v < 0.98 for v in r.values())} of {len(r)} cells "
               f"below 0.98, mean {np.mean(list(r.values())):.3f} (SIMULATED)", flush=True)
-    print(f"all {len(variants)} variants: mean {np.mean(every):.4f} (SIMULATED)")
+    every = np.array(every)
+    print(f"all {len(variants)} variants: mean {every.mean():.4f}, {int((every < 0.98).sum())} "
+          f"cells below 0.98, shortfall below it {np.maximum(0.98 - every, 0).sum():.3f}, "
+          f"lowest {every.min():.3f} (SIMULATED)")
