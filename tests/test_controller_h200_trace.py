@@ -272,6 +272,20 @@ def test_estimate_error_names_a_file_that_is_no_trace(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "--trace" in err
 
 
+def test_estimate_error_over_several_traces_ends_with_their_pooled_cells(tmp_path, capsys):
+    from bench.sglang.estimate_error import main
+
+    paths = [str(ROOT / "results/sglang" / p) for p in ("policy-matrix-fa3-run6/costs-m7.json.gz",
+                                                        "policy-matrix-fa3-run6/costs-m8.json.gz")]
+    assert main([*paths, "--out", str(tmp_path / "e.json")]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    counts = [int(r.split("|")[3]) for r in rows if r.startswith("| costs-m") and "| spec |" in r]
+    pooled = next(r for r in rows if r.startswith("| all 2 traces | spec |"))
+    assert int(pooled.split("|")[3]) == sum(counts) > 0
+    saved = json.loads((tmp_path / "e.json").read_text())["summary"]["spec"]
+    assert saved["cells"] == sum(counts)
+
+
 def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys):
     """The open-loop replay of runs 10-13's costs: a lone catch-up's first call at its shape
     made the fitted rate 20-67 us a token in runs 10, 12 and 13 (the draft's own is ~0.6), the

@@ -108,6 +108,12 @@ def summary(errors: list[dict]) -> dict:
     return out
 
 
+def _print_rows(name: str, stats: dict) -> None:
+    for mode, s in stats.items():
+        print(f"| {name} | {mode} | {s['cells']} | {s['mean_abs']:.3f} | "
+              f"{s['median_abs']:.3f} | {s['max_abs']:.3f} | {s['mean_signed']:+.3f} |")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.estimate_error", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,6 +124,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "traces": {}}
     print("| trace | mode | cells | mean abs error | median | max | mean signed |")
     print("|---|---|---|---|---|---|---|")
+    every: list[dict] = []
     for path in args.traces:
         try:
             trace = read_trace(path)
@@ -125,12 +132,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         except (OSError, ValueError, KeyError) as err:
             print(not_a_trace(path, err), file=sys.stderr)
             return 2
+        every += errors
         stats = summary(errors)
         result["traces"][path] = {"source": trace.get("source"), "summary": stats,
                                   "cells": errors}
-        for mode, s in stats.items():
-            print(f"| {Path(path).name} | {mode} | {s['cells']} | {s['mean_abs']:.3f} | "
-                  f"{s['median_abs']:.3f} | {s['max_abs']:.3f} | {s['mean_signed']:+.3f} |")
+        _print_rows(Path(path).name, stats)
+    result["summary"] = summary(every)
+    if len(args.traces) > 1:
+        _print_rows(f"all {len(args.traces)} traces", result["summary"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
