@@ -309,6 +309,22 @@ def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys):
     assert main(["/nonexistent.json.gz"]) == 2
 
 
+def _step_rows(path: str):
+    """A filed trace's step rows fed to the controller in order, open loop: (the controller
+    before it takes the row, the steps so far this one included, the row, whether a prefill
+    came just before)."""
+    from bench.sglang.estimate_error import read_trace, replay
+
+    steps, after_prefill = 0, False
+    for p, _, row in replay(read_trace(str(ROOT / "results/sglang" / path))):
+        if row[0] == "p":
+            after_prefill = True
+            continue
+        steps += 1
+        yield p, steps, row, after_prefill
+        after_prefill = False
+
+
 def test_a_size_measured_twice_at_start_up_does_not_keep_speculation_out():
     """Run 14's m35, open loop: spec bs 16 was measured twice in the process's first ~90 steps
     (7.9 ms; bs 8 and 32 then read ~6.7 for hundreds of steps). At accept 1.5 C=16 the worker
@@ -316,14 +332,8 @@ def test_a_size_measured_twice_at_start_up_does_not_keep_speculation_out():
     a speculative token above a decode one. Leaning on its neighbours, it is priced below
     from the second round on (steps 2400-2700; the first round ran while bs 32 still read its
     own start-up 8.6 ms)."""
-    from bench.sglang.estimate_error import read_trace, replay
-
-    t = read_trace(str(ROOT / "results/sglang/policy-matrix-fa3-run14/m35/costs-m35.json.gz"))
-    priced, steps = [], 0
-    for p, _, row in replay(t):
-        if row[0] == "p":
-            continue
-        steps += 1
+    priced = []
+    for p, steps, row, _ in _step_rows("policy-matrix-fa3-run14/m35/costs-m35.json.gz"):
         if 2400 <= steps < 2700 and row[:2] == ["d", 16]:
             kv = row[5]
             priced.append(p.step_time(Mode.SPEC, 16, kv) / (16 * 1.5)
@@ -353,21 +363,13 @@ def test_a_spells_estimate_does_not_outlive_the_spell():
     corrected either: accept 1.5 C=32 decoded two rounds (0.951 of EAGLE-3) and accept 2 C=1
     one (210 against 291 tok/s). Relaxing toward its typical level while unmeasured, each is
     priced below decode at those batches' first steps."""
-    from bench.sglang.estimate_error import read_trace, replay
-
-    t = read_trace(str(ROOT / "results/sglang/policy-matrix-fa3-run15/m36/costs-m36.json.gz"))
     # (first step, last step, padded bs, context tokens, forced accept length) of the batches
     checks = [(2000, 4000, 32, 8192, 1.5), (7000, 7200, 1, 256, 2.0)]
-    priced, steps, after_prefill = [], 0, False
-    for p, _, row in replay(t):
-        if row[0] == "p":
-            after_prefill = True
-            continue
+    priced = []
+    for p, steps, row, batch_start in _step_rows("policy-matrix-fa3-run15/m36/costs-m36.json.gz"):
         for lo, hi, pb, kv, accept in checks:
-            if after_prefill and lo <= steps < hi and row[1] == pb and row[5] == kv:
+            if batch_start and lo <= steps < hi and row[1] == pb and row[5] == kv:
                 priced.append(p.step_time(Mode.SPEC, pb, kv) / accept
                               / p.step_time(Mode.DECODE, pb, kv))
-        after_prefill = False
-        steps += 1
     assert len(priced) == 3, priced
     assert max(priced) < 0.97, priced

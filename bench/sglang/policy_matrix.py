@@ -402,8 +402,7 @@ def with_rounds_asked(recs: list[dict], settings: Optional[dict]) -> list[dict]:
     """Each of a call's records made of rounds with the rounds the call asked (its settings),
     so that a merged matrix tells a round cut short from a call that asked fewer."""
     asked = (settings or {}).get("rounds", 1)
-    return [r | {"rounds_asked": asked} if "rounds" in r and "from" not in r else r
-            for r in recs]
+    return [r | {"rounds_asked": asked} if "rounds" in r else r for r in recs]
 
 
 def first_run_report(cells: Optional[list[dict]], accepts: list[float],

@@ -840,7 +840,7 @@ class GoodputController:
 
     def _fold_step_times(self, keys: np.ndarray) -> None:
         """Each key's EMA of step seconds and of context tokens, and the context regressions;
-        the keys not measured since the last exchange relax toward their typical level.
+        the keys not measured since the last exchange relax down toward their typical level.
         A window holds samples of a few sizes: those are folded one by one."""
         self._ctx.decay()
         got = keys[1].nonzero()[0].tolist()
