@@ -1379,7 +1379,9 @@ def _balance(p: GoodputController) -> float:
 def _probing(bs: int, draws: tuple, decode_steps: int, **kw) -> tuple[GoodputController,
                                                                       Decision]:
     """A controller that learnt both step times at `bs` and requests drawing `draws` in turn,
-    then decoded `decode_steps`, and the re-measurement of speculation it now starts."""
+    admitted one request in place of the last, then decoded `decode_steps`, and the
+    re-measurement of speculation it now starts (the newcomer makes acceptance stale after a
+    quarter of the window, the step times are not)."""
     p = controller(min_dwell_steps=0, stale_after=64, **kw)
     rows = np.arange(bs)
     for mode, t in ((Mode.SPEC, t_spec), (Mode.DECODE, t_decode)):
@@ -1387,6 +1389,7 @@ def _probing(bs: int, draws: tuple, decode_steps: int, **kw) -> tuple[GoodputCon
             p.observe(StepTime(mode, bs, t(bs)))
     for a in draws:
         p.observe(accepted(Mode.SPEC, np.full(bs, a), rows))
+    p.observe(Admitted(64, rows[-1:]))
     p.exchange(lambda v: v)
     _commit(p, Mode.DECODE, decode_steps)
     d = p.decide(PolicyInputs(bs, bs, bs, rows=rows))
@@ -1421,6 +1424,38 @@ def test_a_re_measurement_of_speculation_ends_once_its_acceptance_shows_it_canno
                 else:                                       # 3 of its 4 steps go back
                     assert refunded == pytest.approx(d.price - one, rel=0.05)
                 assert p.decide(inputs).mode is Mode.DECODE
+
+
+def test_a_steady_batchs_acceptance_goes_stale_over_the_whole_window_a_newcomers_sooner():
+    """Requests whose acceptance was seen drift slowly: a batch of only them is re-measured
+    once acceptance is DGW_STALE_AFTER steps old, one holding a request admitted since after a
+    quarter of that (on the H200 a decode cell of 256 steps at accept 1.5, C=48-128, re-measured
+    speculation every ~70 steps over the same requests, 1.4-2% of the cell)."""
+    def first_re_measurement(newcomer: bool) -> int:
+        p = controller(min_dwell_steps=0, stale_after=64)
+        rows = np.arange(16)
+        p.observe(Admitted(64, rows))
+        for mode, t in ((Mode.SPEC, t_spec), (Mode.DECODE, t_decode)):
+            for _ in range(4):
+                p.observe(StepTime(mode, 16, t(16)))
+        for _ in range(4):
+            _commit(p, Mode.SPEC, 1)
+            p.observe(accepted(Mode.SPEC, np.full(16, 1.0), rows))
+        p.exchange(lambda v: v)
+        if newcomer:
+            p.observe(Admitted(64, rows[-1:]))
+        for step in range(200):
+            # Step times stay fresh: only acceptance can go stale.
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16)))
+            p.observe(StepTime(Mode.DECODE, 16, t_decode(16)))
+            d = p.decide(PolicyInputs(16, 16, 16, rows=rows))
+            if d.reason is Reason.EXPLORE:
+                return step
+            p.commit(d)
+        return 200
+
+    assert 16 <= first_re_measurement(newcomer=True) < 32
+    assert 64 <= first_re_measurement(newcomer=False) < 96
 
 
 def test_a_re_measurement_priced_as_ending_early_pays_for_the_steps_it_runs_on():

@@ -297,6 +297,9 @@ class GoodputController:
         self._draws = [0] * rows
         self._admissions = np.zeros(rows, dtype=np.int64) if rows else None
         self._admitted_at = np.full(rows, -1, dtype=np.int64)     # _turnover's scratch
+        # The step each row's request was admitted at: a batch holding one admitted since
+        # acceptance was last seen has an acceptance nobody measured.
+        self._admitted_step = np.full(rows, -1, dtype=np.int64)
         self._members: Optional[tuple[np.ndarray, np.ndarray]] = None
         self._batch_rows: Optional[np.ndarray] = None
         # What a request not measured yet is expected to accept: the first estimates of the
@@ -403,7 +406,8 @@ class GoodputController:
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
         if self._allowance >= self._min_price and self._measured(here_key) and \
-                self._stale(there_key, other) and self._plausible(other, there_t, here_t, inputs):
+                self._stale(there_key, other, inputs.rows) and \
+                self._plausible(other, there_t, here_t, inputs):
             return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
                                  inputs) or stay
         return stay
@@ -614,6 +618,7 @@ class GoodputController:
                     self._rows[row], self._draws[row] = math.nan, 0
                     self._draw_sum[row] = self._draw_sq[row] = 0.0
                 self._admissions[event.rows] += 1
+                self._admitted_step[event.rows] = self._step
         elif isinstance(event, PrefillTime):
             self._after_prefill, self._after_carry = True, False
             carry, self._carry = self._carry or 0.0, None
@@ -1044,15 +1049,25 @@ class GoodputController:
     def _measured(self, i: Optional[int]) -> bool:
         return i is not None and self._samples[i] > 0
 
-    def _stale(self, i: Optional[int], mode: Mode) -> bool:
+    def _stale(self, i: Optional[int], mode: Mode, rows: Optional[np.ndarray] = None) -> bool:
         """Key i (of `mode`) not measured lately; for spec, or no acceptance seen lately."""
         if i is None:
             return False
-        if self._explored_at[mode] >= self._step - self.config.stale_after // 4:
+        window = self.config.stale_after
+        if self._explored_at[mode] >= self._step - window // 4:
             return False             # re-measured lately; its samples may still be on the way
-        # Acceptance moves faster than step times do: a quarter of the window makes it stale.
-        return self._time_stale(i) or (
-            mode is Mode.SPEC and self._accept_at < self._step - self.config.stale_after // 4)
+        # A request admitted since acceptance was last seen makes it stale after a quarter of
+        # the window; the requests it was seen on drift more slowly.
+        if mode is Mode.SPEC and self._newcomers(rows):
+            window //= 4
+        return self._time_stale(i) or (mode is Mode.SPEC and self._accept_at < self._step - window)
+
+    def _newcomers(self, rows: Optional[np.ndarray]) -> bool:
+        """The batch holds a request admitted since acceptance was last seen (True without
+        rows: nothing says otherwise)."""
+        if rows is None or not len(rows) or self._admissions is None:
+            return True
+        return int(self._admitted_step[rows].max()) >= self._accept_at
 
     def _time_stale(self, i: int) -> bool:
         """Key i's step time not measured within the last stale_after steps."""
