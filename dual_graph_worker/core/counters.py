@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlan
+from dual_graph_worker.core.policy import Reason
+
+# (mode, reason) -> their values: an enum's .value is a descriptor call, twice a step.
+_LABELS = {(m, r): (m.value, r.value) for m in Mode for r in Reason}
 
 
 @dataclass
@@ -26,7 +30,7 @@ class WorkerCounters:
     mode: Mode | None = None
 
     def launched(self, plan: StepPlan, catch_up_tokens: int = 0) -> None:
-        self.steps[(plan.mode.value, plan.reason.value)] += 1
+        self.steps[_LABELS[plan.mode, plan.reason]] += 1
         if self.mode is not None and plan.mode is not self.mode:
             self.switches += 1
         self.mode = plan.mode

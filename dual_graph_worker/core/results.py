@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Reason
 
 
-@dataclass(frozen=True)
-class StepRecord:
+class StepRecord(NamedTuple):
     """What one step did and why: exported as metrics (mode, padded bs, reason, graph or eager)."""
 
     step: int

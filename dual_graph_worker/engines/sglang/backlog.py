@@ -24,6 +24,15 @@ class Behind(NamedTuple):
     counts: np.ndarray        # [m] tokens each is behind, int64, all >= 1
 
 
+def _read_only_empty() -> np.ndarray:
+    a = np.zeros(0, dtype=np.int64)
+    a.flags.writeable = False
+    return a
+
+
+_NONE_BEHIND = Behind(_read_only_empty(), _read_only_empty())
+
+
 @dataclass
 class BacklogStats:
     decode_steps: int = 0
@@ -191,9 +200,13 @@ class LazyBacklog:
 
     def pending_tokens(self, rows) -> int:
         """Draft tokens a catch-up of `rows` would run."""
+        if not self.cursor:          # every token behind holds a cell: none is (a spec run)
+            return 0
         return int(self.count[self._rows(rows)].sum())
 
     def behind(self, rows) -> Behind:
+        if not self.cursor:
+            return _NONE_BEHIND
         r = self._rows(rows)
         counts = self.count[r]
         pos = np.flatnonzero(counts > 0).astype(np.int64)
