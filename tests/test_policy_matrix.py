@@ -213,6 +213,36 @@ def test_calls_at_other_accept_lengths_each_rate_against_their_own_plain(tmp_pat
         {(1.5, 1000.0, 0.99), (3.0, 800.0, 1.0)}
 
 
+def test_latest_rates_a_cell_measured_again_by_its_last_call_alone(tmp_path, capsys):
+    """merge_matrix --latest brings a matrix up to date after the worker changed: a worker cell
+    a later call measured again reads that call's three engines; the earlier call's records
+    there go (its plain record too, once none of its worker cells uses it), its other cells
+    stay. Without --latest the same parts are an error."""
+    from bench.sglang import merge_matrix as mm
+
+    old = _matrix(tmp_path, "old", [rec("plain", None, 8, 1000.0), rec("eagle3", 1.5, 8, 900.0),
+                                    rec("dual", 1.5, 8, 950.0), rec("plain", None, 64, 8000.0),
+                                    rec("eagle3", 1.5, 64, 7000.0), rec("dual", 1.5, 64, 7800.0)])
+    new = _matrix(tmp_path, "new", [rec("plain", None, 8, 1100.0), rec("eagle3", 1.5, 8, 950.0),
+                                    rec("dual", 1.5, 8, 1089.0)])
+    out = tmp_path / "m"
+    assert mm.main(["--out", str(out), "--latest", old, new]) == 0
+    merged = json.loads((out / "policy-matrix.json").read_text())
+    assert {(c["concurrency"], c["plain"], c["dual"], c["ratio"]) for c in merged["cells"]} == \
+        {(8, 1100.0, 1089.0, 0.99), (64, 8000.0, 7800.0, 0.975)}
+    assert sorted((r["call"], r["concurrency"]) for r in merged["records"]) == \
+        [("new", 8)] * 3 + [("old", 64)] * 3
+    assert "3 records of cells a later call measured again dropped" in merged["note"]
+    # The order given decides: the other way round the old call's figures stand.
+    assert mm.main(["--out", str(tmp_path / "r"), "--latest", new, old]) == 0
+    merged = json.loads((tmp_path / "r" / "policy-matrix.json").read_text())
+    assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(8, 0.95), (64, 0.975)}
+    capsys.readouterr()
+    assert mm.main(["--out", str(tmp_path / "bad"), old, new]) == 2
+    assert mm.main(["--out", str(tmp_path / "bad"), "--latest", "--processes", old, new]) == 2
+    assert capsys.readouterr().err.count("\n") == 2
+
+
 def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):
     """merge_matrix --processes: every call is one process of each engine, as policy_matrix
     --processes runs them; a cell measured by several calls reads each engine's median."""

@@ -6,7 +6,11 @@ process of every engine, as `policy_matrix --processes N` runs them: a cell meas
 calls reads each engine's median over them, and each call must have measured all of the cell's
 engines.
 
-    python -m bench.sglang.merge_matrix --out DIR [--processes] IN_DIR IN_DIR ...
+With --latest a worker cell measured by several calls is rated by the last of them (in the
+order given) alone: its EAGLE-3 and plain records at that cell from earlier calls are dropped,
+so a matrix can be brought up to date cell by cell after the worker changed.
+
+    python -m bench.sglang.merge_matrix --out DIR [--processes | --latest] IN_DIR IN_DIR ...
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from, fi
                                        with_rounds_asked)
 
 
-def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
+def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool = False) -> dict:
     """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, an
-    engine two calls measured at one accept length (without `processes`), or a worker cell whose
-    baseline only another call measured."""
+    engine two calls measured at one accept length (without `processes` or `latest`), or a
+    worker cell whose baseline only another call measured."""
     first = parts[0][1]
     records, workload_lists = [], []
     for name, m in parts:
@@ -38,6 +42,10 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
         records += with_rounds_asked([r | {"call": name} for r in m["records"]
                                       if "from" not in r], m.get("settings"))
         workload_lists += m["workloads"]
+    superseded = _superseded(records) if latest else []
+    if superseded:
+        dropped = {id(r) for r in superseded}
+        records = [r for r in records if id(r) not in dropped]
     calls_of = _calls_of(records, processes)
     # Filled baselines only where no part measured the cell: the first such part's, each of its
     # processes (a part filled from a matrix run with --processes rates their median).
@@ -66,6 +74,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False) -> dict:
         if processes else ""
     note = f"{first['note']}; merged from {len(merged_calls)} calls{how}: " \
         + ", ".join(merged_calls)
+    if superseded:
+        note += f"; {len(superseded)} records of cells a later call measured again dropped"
     workloads = merged_workloads(workload_lists, [])
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
@@ -83,6 +93,23 @@ def _servers(matrix: dict) -> dict:
     settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave", "pin_cpus")} | (
         matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
+
+
+def _superseded(records: list[dict]) -> list[dict]:
+    """The records a later call replaced: at each worker cell (accept, workload, C) measured by
+    several calls, the worker's and EAGLE-3's of every call but the last, and each call's plain
+    record at that workload and C that no worker cell still kept from that call rates."""
+    last: dict[tuple, str] = {}
+    for r in records:                        # in the parts' order: the last call wins
+        if r["engine"] == "dual":
+            last[cell_key(r)[1:]] = r["call"]
+    gone = [r for r in records if r["engine"] != "plain"
+            and last.get(cell_key(r)[1:], r["call"]) != r["call"]]
+    dropped = {id(r) for r in gone}
+    rated = {(r["call"], *cell_key(r)[2:]) for r in records
+             if r["engine"] == "dual" and id(r) not in dropped}
+    return gone + [r for r in records if r["engine"] == "plain"
+                   and (r["call"], *cell_key(r)[2:]) not in rated]
 
 
 def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:
@@ -115,12 +142,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--processes", action="store_true",
                     help="each call is one process of every engine: cells measured by several "
                          "read each engine's median")
+    ap.add_argument("--latest", action="store_true",
+                    help="a worker cell several calls measured is rated by the last of them "
+                         "(in the order given); the earlier calls' records there are dropped")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
+    if args.processes and args.latest:
+        print("error: --processes reads a cell's median over calls, --latest its last call: "
+              "pick one", file=sys.stderr)
+        return 2
     try:
         parts = [(Path(p).name, json.loads((Path(p) / "policy-matrix.json").read_text()))
                  for p in args.parts]
-        matrix = merge(parts, args.processes)
+        matrix = merge(parts, args.processes, args.latest)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
