@@ -83,7 +83,7 @@ controller-cost: setup          ## host time of one controller decision -> $(OUT
 	$(BIN)/python -m bench.controller_cost --out $(OUT)/controller-cost.json
 
 host-cost: setup-test           ## the SGLang worker's own host time per step -> $(OUT)/host-cost.json
-	$(BIN)/python -m bench.sglang.host_cost --step-log --out $(OUT)/host-cost.json
+	$(BIN)/python -m bench.sglang.host_cost --step-log --opcodes 300 --out $(OUT)/host-cost.json
 
 REPORT ?= $(OUT)/profile/workload.nsys-rep
 nsys-check: setup                ## verdict on a profile: make nsys-check REPORT=path.nsys-rep

@@ -901,6 +901,13 @@ def test_lazy_catch_up_checks_sglangs_default_backend_before_weights_load(
     assert ServerArgs(**args).attention_backend == "torch_native"
 
 
+def test_the_host_cost_bytecode_count_is_the_same_every_time(supported_sglang):
+    """What makes it worth having beside the timings: two counts of one path agree exactly."""
+    from bench.sglang.host_cost import count_opcodes
+
+    assert count_opcodes(4, 30) == count_opcodes(4, 30)
+
+
 def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang, tmp_path):
     """Run as a user would (its own process: it stubs SGLang's parent methods)."""
     import json
@@ -909,12 +916,19 @@ def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang,
 
     out = tmp_path / "host.json"
     done = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", "1,16",
-                           "--steps", "200", "--step-log", "--out", str(out)],
+                           "--steps", "200", "--step-log", "--opcodes", "20", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [r["bs"] for r in rows] == [1, 16]
     assert all(r["before_launch_us"] > 0 and r["verify_hook_us"] > 0 for r in rows)
+    # The bytecode count: every part runs Python, and a larger batch's hook loops over more
+    # requests (its acceptance, per request).
+    ops = result["opcodes"]
+    assert [r["bs"] for r in ops] == [1, 16]
+    assert all(r["before_launch_ops"] > 0 and r["verify_hook_ops"] > 0 for r in ops)
+    assert ops[1]["verify_hook_ops"] > ops[0]["verify_hook_ops"]
     bad = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", "one"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --bs")

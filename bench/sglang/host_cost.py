@@ -4,10 +4,11 @@ default goodput controller deciding. What the worker adds to every step of a ser
 batches are host-bound (on the H200 the step log reads 110-210 us before launch and 80-260 us in
 the hook); not SGLang's own host work.
 
-    python -m bench.sglang.host_cost [--bs 1,16,64] [--steps 5000] [--step-log]
+    python -m bench.sglang.host_cost [--bs 1,16,64] [--steps 5000] [--step-log] [--opcodes N]
 
 Prints the median microseconds of each part per batch size, and the total's mean and 99th
-percentile (where stalls show); writes out/host-cost.json. With --step-log the steps run back
+percentile (where stalls show); with --opcodes, the Python bytecodes each part executes (the
+same on any host); writes out/host-cost.json. With --step-log the steps run back
 to back, ~1000 in the writer thread's 50 ms where a GPU step takes ~6 ms: its serializing then
 holds the interpreter for a share of their time a server's steps never see.
 Needs SGLang 0.5.17 importable (`make setup-test` installs its CPU build).
@@ -16,13 +17,15 @@ Needs SGLang 0.5.17 importable (`make setup-test` installs its CPU build).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, Optional
 from unittest.mock import patch
 
 import numpy as np
@@ -44,9 +47,11 @@ def _worker(step_log: Optional[Path]):
     return bare_worker(build_policy(Settings(), ctx), step_log=step_log)
 
 
-def measure(bs: int, steps: int, step_log: Optional[Path], gap_s: float = 0.0) -> dict:
-    """Median microseconds of each part of a step at batch size `bs`; SGLang's own work (the
-    parent class's methods, the decode pool's step) stubbed for the call."""
+def _parts(bs: int, steps: int, step_log: Optional[Path], gap_s: float,
+           meter: Callable[[], float]) -> np.ndarray:
+    """Each step's three parts (before launch, verify hook, result processed) as differences of
+    `meter`, at batch size `bs`; SGLang's own work (the parent class's methods, the decode pool's
+    step) stubbed for the call. The first tenth of the steps warms up and is left out."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
@@ -63,20 +68,26 @@ def measure(bs: int, steps: int, step_log: Optional[Path], gap_s: float = 0.0) -
                          lambda self, n, batch_size=0: None), \
             patch.object(type(w), "_decode_step",
                          lambda self, batch, rows, on_publish, gb: done):
-        for i in range(steps + steps // 10):             # the first tenth warms up
-            t0 = time.perf_counter()
+        for i in range(steps + steps // 10):
+            t0 = meter()
             w.forward_batch_generation(batch)
-            t1 = time.perf_counter()
+            t1 = meter()
             w.on_verify_complete_cpu(accepted, batch_size=bs)
-            t2 = time.perf_counter()
+            t2 = meter()
             w.dgw_result_processed()
-            t3 = time.perf_counter()
+            t3 = meter()
             if gap_s:
                 time.sleep(gap_s)
             if i >= steps // 10:
                 parts[i - steps // 10] = (t1 - t0, t2 - t1, t3 - t2)
     if w._step_log is not None:
         w._step_log.close()
+    return parts
+
+
+def measure(bs: int, steps: int, step_log: Optional[Path], gap_s: float = 0.0) -> dict:
+    """Median microseconds of each part of a step at batch size `bs`."""
+    parts = _parts(bs, steps, step_log, gap_s, time.perf_counter)
     med = np.median(parts, axis=0) * 1e6
     total = parts.sum(axis=1) * 1e6
     return {"bs": bs, "before_launch_us": round(float(med[0]), 1),
@@ -88,6 +99,34 @@ def measure(bs: int, steps: int, step_log: Optional[Path], gap_s: float = 0.0) -
             "total_p99_us": round(float(np.percentile(total, 99)), 1)}
 
 
+def count_opcodes(bs: int, steps: int) -> dict:
+    """Median Python bytecodes each part of a step executes at batch size `bs`: the same path
+    as `measure`, under a tracer that counts every opcode of every Python frame (C work, numpy's
+    included, counts nothing). Deterministic, so a change to the path reads the same on any
+    machine, where its microseconds on a shared 2-core CPU move 2x from run to run."""
+    count = [0]
+    meter = functools.partial(operator.getitem, count, 0)     # C calls: no frame, no opcode
+
+    def opcode(frame, event, arg):
+        if event == "opcode":
+            count[0] += 1
+        return opcode
+
+    def call(frame, event, arg):
+        frame.f_trace_opcodes = True
+        return opcode
+
+    before = sys.gettrace()           # a coverage tool's or a debugger's: put back after
+    sys.settrace(call)
+    try:
+        parts = _parts(bs, steps, None, 0.0, meter)
+    finally:
+        sys.settrace(before)
+    med = np.median(parts, axis=0)
+    return {"bs": bs, "before_launch_ops": int(med[0]), "verify_hook_ops": int(med[1]),
+            "result_processed_ops": int(med[2]), "total_ops": int(np.median(parts.sum(axis=1)))}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sglang.host_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,6 +136,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="sleep this long after each step, as a GPU step's wait would: the "
                          "worker's code then meets cold caches, as it does in a server")
+    ap.add_argument("--opcodes", type=int, default=0, metavar="STEPS",
+                    help="also count the Python bytecodes each part executes over this many "
+                         "steps (deterministic: compares two versions of the path on a noisy "
+                         "host; ~100x slower than the path itself)")
     ap.add_argument("--out", default="out/host-cost.json")
     args = ap.parse_args(argv)
     try:
@@ -121,10 +164,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{r['bs']:5d}  {r['before_launch_us']:13.1f}  {r['verify_hook_us']:11.1f}  "
               f"{r['result_processed_us']:16.1f}  {r['total_us']:5.1f}  "
               f"{r['total_mean_us']:10.1f}  {r['total_p99_us']:9.1f}")
+    ops = [count_opcodes(b, args.opcodes) for b in sizes] if args.opcodes > 0 else []
+    if ops:
+        print(f"Python bytecodes executed per step (median of {args.opcodes}, step log off):")
+        print("   bs  before launch  verify hook  result processed  total")
+        for r in ops:
+            print(f"{r['bs']:5d}  {r['before_launch_ops']:13d}  {r['verify_hook_ops']:11d}  "
+                  f"{r['result_processed_ops']:16d}  {r['total_ops']:5d}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"step_log": args.step_log, "steps": args.steps,
-                               "gap_ms": args.gap_ms, "rows": rows},
+                               "gap_ms": args.gap_ms, "rows": rows,
+                               **({"opcodes": ops} if ops else {})},
                               indent=1))
     print(f"wrote {out}")
     return 0
