@@ -232,15 +232,33 @@ def test_latest_rates_a_cell_measured_again_by_its_last_call_alone(tmp_path, cap
         {(8, 1100.0, 1089.0, 0.99), (64, 8000.0, 7800.0, 0.975)}
     assert sorted((r["call"], r["concurrency"]) for r in merged["records"]) == \
         [("new", 8)] * 3 + [("old", 64)] * 3
-    assert "3 records of cells a later call measured again dropped" in merged["note"]
+    assert "1 worker cells measured again by a later call, which rates them (3 earlier " \
+        "records dropped)" in merged["note"]
     # The order given decides: the other way round the old call's figures stand.
     assert mm.main(["--out", str(tmp_path / "r"), "--latest", new, old]) == 0
     merged = json.loads((tmp_path / "r" / "policy-matrix.json").read_text())
     assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(8, 0.95), (64, 0.975)}
+    # A plain record no worker cell of its call used stays, as without --latest.
+    lone = _matrix(tmp_path, "lone", [rec("plain", None, 16, 500.0)])
+    assert mm.main(["--out", str(tmp_path / "l"), "--latest", old, lone, new]) == 0
+    merged = json.loads((tmp_path / "l" / "policy-matrix.json").read_text())
+    assert ("lone", 16) in {(r["call"], r["concurrency"]) for r in merged["records"]}
+    # Errors, one line each, nothing written: the two parts without --latest; --latest with
+    # --processes; a later call that measured the worker again but not EAGLE-3 (the cell would
+    # go); two parts of one name (their records would read as one call's).
+    no_eagle = _matrix(tmp_path, "no-eagle", [rec("plain", None, 8, 1100.0),
+                                              rec("dual", 1.5, 8, 1089.0)])
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    same_name = _matrix(twin, "new", [rec("plain", None, 64, 1.0), rec("eagle3", 3.0, 64, 1.0),
+                                      rec("dual", 3.0, 64, 1.0)])
     capsys.readouterr()
-    assert mm.main(["--out", str(tmp_path / "bad"), old, new]) == 2
-    assert mm.main(["--out", str(tmp_path / "bad"), "--latest", "--processes", old, new]) == 2
-    assert capsys.readouterr().err.count("\n") == 2
+    for args in ([old, new], ["--latest", "--processes", old, new], ["--latest", old, no_eagle],
+                 ["--latest", new, same_name]):
+        assert mm.main(["--out", str(tmp_path / "bad"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 4 and "eagle3 baseline" in err and "named 'new'" in err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import operator
 import sys
@@ -48,14 +49,20 @@ def _worker(step_log: Optional[Path]):
 
 
 def _parts(bs: int, steps: int, step_log: Optional[Path], gap_s: float,
-           meter: Callable[[], float]) -> np.ndarray:
+           meter: Callable[[], float], clock: Optional[Callable[[], float]] = None
+           ) -> np.ndarray:
     """Each step's three parts (before launch, verify hook, result processed) as differences of
     `meter`, at batch size `bs`; SGLang's own work (the parent class's methods, the decode pool's
-    step) stubbed for the call. The first tenth of the steps warms up and is left out."""
+    step) stubbed for the call. `clock`: what the worker times its steps by (default its own,
+    the wall clock). The first tenth of the steps warms up and is left out."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
+    from dual_graph_worker.core.timing import ResultClock
+
     w = _worker(step_log)
+    if clock is not None:
+        w._clock = ResultClock(clock)
     done = SimpleNamespace(extra_keep_alive_refs=None)
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
                             seq_lens=torch.zeros(bs, dtype=torch.int64),
@@ -102,10 +109,13 @@ def measure(bs: int, steps: int, step_log: Optional[Path], gap_s: float = 0.0) -
 def count_opcodes(bs: int, steps: int) -> dict:
     """Median Python bytecodes each part of a step executes at batch size `bs`: the same path
     as `measure`, under a tracer that counts every opcode of every Python frame (C work, numpy's
-    included, counts nothing). Deterministic, so a change to the path reads the same on any
-    machine, where its microseconds on a shared 2-core CPU move 2x from run to run."""
+    included, counts nothing). The worker's steps are timed by a clock that reads 3 ms a call,
+    so its decisions (speculation, every step, at accept 3) never depend on the host: the count
+    is the same on any machine, where the path's microseconds on a shared 2-core CPU move 2x
+    from run to run."""
     count = [0]
     meter = functools.partial(operator.getitem, count, 0)     # C calls: no frame, no opcode
+    clock = functools.partial(next, itertools.count(0.0, 0.003))
 
     def opcode(frame, event, arg):
         if event == "opcode":
@@ -119,7 +129,7 @@ def count_opcodes(bs: int, steps: int) -> dict:
     before = sys.gettrace()           # a coverage tool's or a debugger's: put back after
     sys.settrace(call)
     try:
-        parts = _parts(bs, steps, None, 0.0, meter)
+        parts = _parts(bs, steps, None, 0.0, meter, clock)
     finally:
         sys.settrace(before)
     med = np.median(parts, axis=0)

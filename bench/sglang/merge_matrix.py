@@ -42,7 +42,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
         records += with_rounds_asked([r | {"call": name} for r in m["records"]
                                       if "from" not in r], m.get("settings"))
         workload_lists += m["workloads"]
-    superseded = _superseded(records) if latest else []
+    superseded, cells_again = _superseded(records) if latest else ([], 0)
     if superseded:
         dropped = {id(r) for r in superseded}
         records = [r for r in records if id(r) not in dropped]
@@ -75,7 +75,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
     note = f"{first['note']}; merged from {len(merged_calls)} calls{how}: " \
         + ", ".join(merged_calls)
     if superseded:
-        note += f"; {len(superseded)} records of cells a later call measured again dropped"
+        note += (f"; {cells_again} worker cells measured again by a later call, which rates "
+                 f"them ({len(superseded)} earlier records dropped)")
     workloads = merged_workloads(workload_lists, [])
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
@@ -95,21 +96,33 @@ def _servers(matrix: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
 
 
-def _superseded(records: list[dict]) -> list[dict]:
-    """The records a later call replaced: at each worker cell (accept, workload, C) measured by
-    several calls, the worker's and EAGLE-3's of every call but the last, and each call's plain
-    record at that workload and C that no worker cell still kept from that call rates."""
-    last: dict[tuple, str] = {}
+def _superseded(records: list[dict]) -> tuple[list[dict], int]:
+    """The records a later call replaced, and how many worker cells: at each worker cell
+    (accept, workload, C) several calls measured, the worker's and EAGLE-3's of every call but
+    the last, and an earlier call's plain record there once none of its worker cells at that
+    workload and C is kept. Raises ValueError where the last call did not measure both of the
+    cell's baselines itself (the cell an earlier call measured whole would go for one that
+    cannot be rated)."""
+    calls: dict[tuple, list[str]] = {}
     for r in records:                        # in the parts' order: the last call wins
         if r["engine"] == "dual":
-            last[cell_key(r)[1:]] = r["call"]
+            calls.setdefault(cell_key(r)[1:], []).append(r["call"])
+    measured = {(r["call"], *cell_key(r)) for r in records}
+    again = {cell: names[-1] for cell, names in calls.items() if len(set(names)) > 1}
+    for (a, i, o, c), name in again.items():
+        for need in (("plain", None, i, o, c), ("eagle3", a, i, o, c)):
+            if (name, *need) not in measured:
+                raise ValueError(f"{name} measured the worker at {(a, i, o, c)} again but not "
+                                 f"its {need[0]} baseline: --latest would drop the whole cell "
+                                 "an earlier call measured")
     gone = [r for r in records if r["engine"] != "plain"
-            and last.get(cell_key(r)[1:], r["call"]) != r["call"]]
+            and again.get(cell_key(r)[1:], r["call"]) != r["call"]]
     dropped = {id(r) for r in gone}
-    rated = {(r["call"], *cell_key(r)[2:]) for r in records
-             if r["engine"] == "dual" and id(r) not in dropped}
+    ran = {(r["call"], *cell_key(r)[2:]) for r in records if r["engine"] == "dual"}
+    kept = {(r["call"], *cell_key(r)[2:]) for r in records
+            if r["engine"] == "dual" and id(r) not in dropped}
     return gone + [r for r in records if r["engine"] == "plain"
-                   and (r["call"], *cell_key(r)[2:]) not in rated]
+                   and (r["call"], *cell_key(r)[2:]) in ran - kept], len(again)
 
 
 def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:
@@ -154,6 +167,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         parts = [(Path(p).name, json.loads((Path(p) / "policy-matrix.json").read_text()))
                  for p in args.parts]
+        names = [name for name, _ in parts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two parts are named {twice[0]!r} (a part is named by its "
+                             "folder): their records would read as one call's; copy one to "
+                             "another name")
         matrix = merge(parts, args.processes, args.latest)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)

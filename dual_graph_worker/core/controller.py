@@ -1056,11 +1056,14 @@ class GoodputController:
         window = self.config.stale_after
         if self._explored_at[mode] >= self._step - window // 4:
             return False             # re-measured lately; its samples may still be on the way
-        # A request admitted since acceptance was last seen makes it stale after a quarter of
-        # the window; the requests it was seen on drift more slowly.
-        if mode is Mode.SPEC and self._newcomers(rows):
-            window //= 4
-        return self._time_stale(i) or (mode is Mode.SPEC and self._accept_at < self._step - window)
+        if self._time_stale(i):
+            return True
+        if mode is not Mode.SPEC:
+            return False
+        # Acceptance: stale after the window over the requests it was seen on (they drift
+        # slowly), after a quarter of it once a request admitted since has joined.
+        seen = self._step - self._accept_at
+        return seen > window or (seen > window // 4 and self._newcomers(rows))
 
     def _newcomers(self, rows: Optional[np.ndarray]) -> bool:
         """The batch holds a request admitted since acceptance was last seen (True without
