@@ -29,8 +29,13 @@ from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from, fi
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool = False) -> dict:
     """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, an
-    engine two calls measured at one accept length (without `processes` or `latest`), or a
-    worker cell whose baseline only another call measured."""
+    engine two calls measured at one accept length (without `processes` or `latest`), a
+    worker cell whose baseline only another call measured, or two parts of one name."""
+    names = [name for name, _ in parts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"two parts are named {twice[0]!r} (a part is named by its folder): "
+                         "their records would read as one call's; copy one to another name")
     first = parts[0][1]
     records, workload_lists = [], []
     for name, m in parts:
@@ -167,12 +172,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         parts = [(Path(p).name, json.loads((Path(p) / "policy-matrix.json").read_text()))
                  for p in args.parts]
-        names = [name for name, _ in parts]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"two parts are named {twice[0]!r} (a part is named by its "
-                             "folder): their records would read as one call's; copy one to "
-                             "another name")
         matrix = merge(parts, args.processes, args.latest)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)

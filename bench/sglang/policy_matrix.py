@@ -405,6 +405,12 @@ def with_rounds_asked(recs: list[dict], settings: Optional[dict]) -> list[dict]:
     return [r | {"rounds_asked": asked} if "rounds" in r else r for r in recs]
 
 
+def _marks(cell: dict) -> str:
+    """A ratio's marks in the grid and the heatmap: † a baseline from another run, ‡ fewer
+    rounds than its call asked."""
+    return ("†" if cell.get("cross_run") else "") + ("‡" if cell.get("cut_short") else "")
+
+
 def first_run_report(cells: Optional[list[dict]], accepts: list[float],
                      workloads: list[Workload]) -> str:
     """The grid again from first runs alone (`cells_first_run`), or "" where none were kept."""
@@ -426,8 +432,7 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
             r = index.get((a, w.input_len, w.output_len, c))
             text = "-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
                                           else f"{r['ratio']:.3f}")
-            row.append(text + ("†" if r is not None and r.get("cross_run") else "")
-                       + ("‡" if r is not None and r.get("cut_short") else ""))
+            row.append(text + ("" if r is None else _marks(r)))
         lines.append(f"| {a:g} | " + " | ".join(row) + " |")
     if any(r.get("cross_run") for r in cells):
         lines.append("\n† a baseline from another run (records marked `from`).")
@@ -584,9 +589,7 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
-                mark = ("\u2020" if at[i][j].get("cross_run") else "") \
-                    + ("\u2021" if at[i][j].get("cut_short") else "")
-                ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8,
+                ax.text(j, i, f"{grid[i, j]:.2f}{_marks(at[i][j])}", ha="center", va="center", fontsize=8,
                         fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
     ax.set_yticks(range(len(accepts)), [f"accept {a:g}" for a in accepts])
