@@ -252,6 +252,33 @@ def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
     assert 0.72 < p.estimates()["own_accept_weight"] < 0.79
 
 
+def test_a_request_that_stopped_speculating_keeps_the_noise_of_its_first_draws():
+    """Requests that differ (as above): one whose four first draws were all 1 and that then
+    decoded is weighed as four draws (~0.63), not as the ~9 its EMA would hold had it gone on
+    speculating (~0.80: it widened the spread); further spec steps move its weight to that."""
+    p = controller()
+    for wave in range(8):
+        rows = np.arange(16 * (wave % 4), 16 * (wave % 4) + 16)
+        p.observe(Admitted(64, rows))
+        means = np.where(rows % 2 == 0, 1.75, 3.25)
+        for step in range(8):
+            p.observe(accepted(Mode.SPEC, means + (0.75 if step % 2 else -0.75), rows))
+    row = np.arange(64, 65)
+    p.observe(Admitted(16, row))
+    for _ in range(4):
+        p.observe(accepted(Mode.SPEC, np.ones(1), row))
+    first, full = (p.estimates()["own_accept_weight_first"],
+                   p.estimates()["own_accept_weight"])
+    assert 0.55 < first < 0.7 and 0.72 < full < 0.82
+    every = p.state().accept_len
+    assert p.expected_accept(row) == pytest.approx(every + first * (1.0 - every))
+    for _ in range(20):
+        p.observe(accepted(Mode.SPEC, np.ones(1), row))
+    every = p.state().accept_len
+    w = (p.expected_accept(row) - every) / (1.0 - every)
+    assert first < w < full and w == pytest.approx(full, abs=0.02)
+
+
 def test_where_requests_accept_alike_the_noise_of_their_spread_gives_them_little_weight():
     """The spread of ~40 requests' first estimates is itself noisy (~22%): read whole, it passed
     for requests that differ and gave alike requests' noisy estimates weight in 9 of 20
@@ -269,7 +296,7 @@ def test_in_a_batch_of_measured_and_new_requests_only_the_measured_are_pulled_to
     p.observe(Admitted(32, np.concatenate([unlucky, new])))
     for _ in range(4):
         p.observe(accepted(Mode.SPEC, np.ones(1), unlucky))
-    w, every, fresh = (p.estimates()["own_accept_weight"], p.state().accept_len,
+    w, every, fresh = (p.estimates()["own_accept_weight_first"], p.state().accept_len,
                        p.estimates()["fresh_accept"])
     assert w < 0.3
     assert p.expected_accept(np.concatenate([unlucky, new])) == pytest.approx(

@@ -42,6 +42,11 @@ _ROW_ALPHA = 0.2
 # The draws a request's EMA holds once past its first ones: its variance is one draw's times
 # alpha / (2 - alpha).
 _ROW_DRAWS = (2.0 - _ROW_ALPHA) / _ROW_ALPHA
+_KEEP_SQ = (1.0 - _ROW_ALPHA) ** 2
+# From this many rows a batch's expected acceptance weighs every measured request alike, as if
+# its EMA were full: the batch's mean averages out what its requests' differing noise would
+# change, and a per-row weight would cost a Python loop over the batch each step.
+_POOLED_ROWS = 32
 _RUN_ALPHA = 0.3
 # Catch-ups are rarer than prefills: their regression keeps ~100 exchanges of history.
 _CATCH_UP_DECAY = 0.99
@@ -295,6 +300,9 @@ class GoodputController:
         self._draw_sum = [0.0] * rows
         self._draw_sq = [0.0] * rows
         self._draws = [0] * rows
+        # Each row estimate's variance in units of one draw's: 1/_FIRST_DRAWS at first, toward
+        # 1/_ROW_DRAWS as its EMA fills. A request that decodes keeps its first, noisier one.
+        self._noise = [0.0] * rows
         self._admissions = np.zeros(rows, dtype=np.int64) if rows else None
         self._admitted_at = np.full(rows, -1, dtype=np.int64)     # _turnover's scratch
         # The step each row's request was admitted at: a batch holding one admitted since
@@ -307,12 +315,12 @@ class GoodputController:
         # requests that came after it). Optimistic until a request is measured.
         self._fresh = k1
         # Decayed sums over requests' first estimates (count, sum, sum of squares, the variance
-        # of one draw within each, squared weights): how much requests differ beyond their
-        # draws' noise, and so how far a request's own estimate is trusted over all requests'
-        # (_own_weight).
+        # of one draw within each, squared weights): how much requests surely differ beyond
+        # their draws' noise (None until the spread is trusted: own estimates count whole), and
+        # one draw's variance within a request. Together they weigh a request's own estimate
+        # against all requests' (_own_weight).
         self._spread = [0.0] * 5
-        self._own_weight = 1.0
-        # One draw's variance within a request, once the spread is trusted.
+        self._differ: Optional[float] = None
         self._draw_var: Optional[float] = None
         self._prompt_window = 0.0
         self._output_window = 0.0
@@ -447,20 +455,37 @@ class GoodputController:
 
     def expected_accept(self, rows: Optional[np.ndarray] = None) -> float:
         """Accept length expected of a batch: each measured request's own estimate, pulled
-        toward all requests' recent acceptance as far as requests are seen not to differ (a few
-        draws of one request are noisy: four draws of 1 at accept 1.88 wrote a request off for
+        toward all requests' recent acceptance as far as requests are seen to differ against
+        the noise of the draws it holds (four draws of 1 at accept 1.88 wrote a request off for
         44 steps); what the latest requests first measured for requests not measured yet."""
         est = self._rows
         if rows is None or est is None or not len(rows):
             return self._accept
         ids = rows.tolist()
-        n, w, every = len(ids), self._own_weight, self._accept
+        n, every, fresh = len(ids), self._accept, self._fresh
+        if n < _POOLED_ROWS and self._differ is not None:
+            total, noise = 0.0, self._noise
+            for i in ids:
+                e = est[i]
+                total += fresh if e != e else every + self._own_weight(noise[i]) * (e - every)
+            return total / n
+        w = self._own_weight(1.0 / _ROW_DRAWS)
         total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
             return every + w * (total / n - every)
         known = [v for v in map(est.__getitem__, ids) if v == v]
         own = (1.0 - w) * every * len(known) + w * sum(known)
-        return (own + (n - len(known)) * self._fresh) / n
+        return (own + (n - len(known)) * fresh) / n
+
+    def _own_weight(self, noise: float) -> float:
+        """The weight of a request's own estimate, of variance `noise` draws', over all
+        requests': how far requests surely differ against that noise."""
+        differ, draw = self._differ, self._draw_var
+        if differ is None:
+            return 1.0
+        if differ > 0:
+            return differ / (differ + draw * noise)
+        return 0.0 if draw > 0 else 1.0
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
         """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
@@ -599,7 +624,9 @@ class GoodputController:
                 "catch_up_reach_tokens": None if math.isinf(self._catch_up_reach)
                 else self._catch_up_reach,
                 "catch_up_far_s_per_token": self._catch_up_far, "switch_s": self._switch_s,
-                "fresh_accept": self._fresh, "own_accept_weight": self._own_weight,
+                "fresh_accept": self._fresh,
+                "own_accept_weight": self._own_weight(1.0 / _ROW_DRAWS),
+                "own_accept_weight_first": self._own_weight(1.0 / _FIRST_DRAWS),
                 "run_len": self._run_len,
                 "explore_allowance_steps": self._allowance, "explore_debt_steps": self._debt}
 
@@ -648,7 +675,7 @@ class GoodputController:
         self._accept_sum = decay * self._accept_sum + total
         self._accept_weight = decay * self._accept_weight + n
         self._accept_at = self._step
-        est = self._rows
+        est, noise = self._rows, self._noise
         if event.rows is None or est is None:
             return
         firsts, within = [], []
@@ -656,12 +683,14 @@ class GoodputController:
             r = est[row]
             if r == r:
                 est[row] = r + _ROW_ALPHA * (accept - r)
+                noise[row] = _KEEP_SQ * noise[row] + _ROW_ALPHA * _ROW_ALPHA
                 continue
             self._draw_sum[row] += accept
             self._draw_sq[row] += accept * accept
             self._draws[row] += 1
             if self._draws[row] >= _FIRST_DRAWS:
                 mean = est[row] = self._draw_sum[row] / _FIRST_DRAWS
+                noise[row] = 1.0 / _FIRST_DRAWS
                 firsts.append(mean)
                 within.append((self._draw_sq[row] - _FIRST_DRAWS * mean * mean)
                               / (_FIRST_DRAWS - 1))
@@ -669,10 +698,9 @@ class GoodputController:
             self._learn_spread(firsts, within)
 
     def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
-        """Fold requests' first estimates into the new-request expectation and the spreads;
-        then the weight of a request's own estimate: how far requests surely differ (the first
-        estimates' variance, less its standard error and their four draws' noise) against the
-        noise of the ~9 draws its EMA holds (a first estimate, of 4, is soon past them)."""
+        """Fold requests' first estimates into the new-request expectation and the spreads:
+        how far requests surely differ (the first estimates' variance, less its standard error
+        and their four draws' noise), and one draw's variance."""
         n = len(firsts)
         self._fresh += _first_weight(n) * (sum(firsts) / n - self._fresh)
         keep = (1.0 - _SPREAD_ALPHA) ** n
@@ -690,11 +718,7 @@ class GoodputController:
         # requests accept alike, its noise alone read as a spread gave their own noisy
         # estimates a third of the weight or more.
         sure = between * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
-        differ = max(sure - draw / _FIRST_DRAWS, 0.0)
-        if differ > 0:
-            self._own_weight = differ / (differ + draw / _ROW_DRAWS)
-        else:
-            self._own_weight = 0.0 if draw > 0 else 1.0
+        self._differ = max(sure - draw / _FIRST_DRAWS, 0.0)
 
     def _observe_step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
