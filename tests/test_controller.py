@@ -465,6 +465,34 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     assert q.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
 
 
+def test_a_draft_token_costs_no_less_than_the_drafts_share_of_a_prefill_token():
+    """The H200 (run 19, accept 1.5, 2048x64 C=64): catch-ups of 4-256 tokens fitted a flat
+    line (0 a token), so 131k prompt tokens' draft prefill looked free and the worker kept
+    speculating, 3.4% behind plain decoding. The draft's share of the weights (~4% for
+    Llama-3-8B's EAGLE-3 head) of a prefill token's 24 us is the least a draft token costs."""
+    def learned(share: float) -> GoodputController:
+        p = _learned(controller(defers_prefill=True, draft_share=share), 16)
+        for tokens in (2048, 8192, 32768):
+            p.observe(PrefillTime(tokens, 0.005 + tokens * 24e-6, draft=True))
+        for tokens in (4, 256, 16, 128, 64, 8):
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3, catch_up_tokens=tokens))
+            p.exchange(lambda v: v)
+        return p
+    assert learned(0.0).draft_prefill_s_per_token() == 0.0
+    floored = learned(0.04)
+    assert floored.draft_prefill_s_per_token() == pytest.approx(0.04 * 24e-6, rel=0.01)
+    assert floored.catch_up_seconds(100_000) > 0.04 * 24e-6 * 90_000
+    # Prefills of one size (2048-token prompts in chunks of 8192) give no line: their ratio.
+    chunks = _learned(controller(defers_prefill=True, draft_share=0.04), 16)
+    for _ in range(4):
+        chunks.observe(PrefillTime(8192, 8192 * 24e-6, draft=True))
+    chunks.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3, catch_up_tokens=4))
+    chunks.exchange(lambda v: v)
+    assert chunks.draft_prefill_s_per_token() == pytest.approx(0.04 * 24e-6, rel=0.01)
+    with pytest.raises(ConfigError, match="draft_share"):
+        ControllerConfig(num_draft_tokens=K, draft_share=1.0)
+
+
 def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost():
     """The H200's first 256x256 C=8 cell (run 13, m31): catch-ups of 32 tokens took 2.8 ms over
     a step, then one of 528 tokens 19.9 ms (its forward's first call at that shape), the next of
@@ -718,6 +746,22 @@ def test_a_slow_spell_that_ended_a_modes_run_fades_while_the_mode_is_not_run():
         assert p.step_time(Mode.SPEC, 16) > 1.3 * t_spec(16)
         _windows(p, Mode.DECODE, t_decode(16), 60)
         assert p.step_time(Mode.SPEC, 16) == pytest.approx(after * t_spec(16), rel=0.02)
+
+
+def test_a_stall_seen_for_a_few_steps_fades_sooner_than_a_spell_seen_for_long():
+    """A stall of 8 steps at 2x (on the H200, bs-4 spec steps at 13 ms for 7 steps, 6.7 ms
+    steady) fades within ~2 exchanges of the other mode: at a fixed 128-step pace it still
+    priced speculation ~65% dear 32 steps on, which kept decode for 52 steps. A spell seen for
+    48 steps is expected to last about as long, and fades at that pace."""
+    def after_decode(spell: float, windows: int) -> float:
+        p = controller()
+        _windows(p, Mode.SPEC, t_spec(16), 12)
+        _windows(p, Mode.SPEC, spell * t_spec(16), windows)
+        _windows(p, Mode.DECODE, t_decode(16), 4)
+        return p.step_time(Mode.SPEC, 16) / t_spec(16)
+    stall, spell = after_decode(2.0, 1), after_decode(1.4, 6)
+    assert stall < 1.15
+    assert spell > 1.15
 
 
 def test_a_short_re_measurement_in_a_spell_fades_too():

@@ -12,6 +12,7 @@ import pytest
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.policies import draft_share
 from dual_graph_worker.core.policy import (AcceptLengthEMA, CyclePolicy, Decision, PinnedPolicy,
                                            PolicyInputs, Reason, ThresholdPolicy, accepted)
 
@@ -200,3 +201,25 @@ def test_calibration_file_missing_or_not_json_is_a_config_error(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="capture-tune"):
         CalibrationTable.load(bad)
+
+
+def test_the_drafts_share_leaves_embeddings_and_lm_heads_out():
+    """Llama-3-8B and its EAGLE-3 head by SGLang's parameter names: the draft's one layer and
+    fc are ~4% of a prefill token's weights; embeddings (a lookup) and LM heads (a prefill's
+    logits are its last token's) count for neither."""
+    h, inter = 4096, 14336
+    layer = [("self_attn.qkv_proj.weight", 6144 * h), ("self_attn.o_proj.weight", h * h),
+             ("mlp.gate_up_proj.weight", 2 * inter * h), ("mlp.down_proj.weight", h * inter),
+             ("input_layernorm.weight", h), ("post_attention_layernorm.weight", h)]
+    target = [("model.embed_tokens.weight", 128256 * h), ("model.norm.weight", h),
+              ("lm_head.weight", 128256 * h)]
+    target += [(f"model.layers.{i}.{n}", size) for i in range(32) for n, size in layer]
+    draft = [("model.embed_tokens.weight", 128256 * h), ("model.fc.weight", 3 * h * h),
+             ("lm_head.weight", 32000 * h)]
+    draft += [(f"model.midlayer.{n}", size * (2 if "qkv" in n else 1)) for n, size in layer]
+    share = draft_share(target, draft)
+    assert 0.04 < share < 0.05
+    assert draft_share(target, draft[:1] + draft[2:]) < share
+    assert draft_share(target, [("lm_head.weight", 10 ** 9)]) == 0.0
+    assert draft_share([], []) == 0.0
+

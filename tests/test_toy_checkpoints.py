@@ -11,9 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
-                                                     write_toy_checkpoints)
-from dual_graph_worker.engines.reference.weights import load_draft, load_target
+from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
+                                                     toy_permutations, write_toy_checkpoints)
+from dual_graph_worker.engines.reference.config import ModelPair
+from dual_graph_worker.engines.reference.weights import (dummy_weights, load_draft, load_target,
+                                                          named_sizes)
+from dual_graph_worker.core.policies import draft_share
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import PinnedPolicy
 
@@ -138,3 +141,11 @@ def test_draft_mlp_maps_a_one_hot_to_its_successor(toy_ckpts):
     assert torch.equal(out.argmax(-1), perms.s)
     assert torch.allclose(out, torch.eye(V)[perms.s], atol=1e-3)
     assert math.isclose(float(out.max()), 1.0, abs_tol=1e-3)
+
+
+def test_the_reference_engines_share_comes_from_its_weight_tensors():
+    t, d = toy_configs(64)
+    tw, dw = dummy_weights(ModelPair(t, d))
+    names = dict(named_sizes(dw))
+    assert names["layer.qkv"] == dw.layer.qkv.numel() and "lm_head" in names
+    assert 0.0 < draft_share(named_sizes(tw), named_sizes(dw)) < 0.5

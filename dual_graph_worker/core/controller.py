@@ -66,12 +66,17 @@ _PROBE_ERRORS = 2.0
 _STEP_DRIFT = 0.3
 # While a key goes unmeasured an estimate above its typical level (the lower median of its last
 # _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more) relaxes down toward it, by 1/e
-# every _RELAX_STEPS steps: a host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a
-# mode's last run no longer prices it out long after, and a re-measurement's few settling steps
-# fold into that level rather than replace it. Only down: an estimate too low makes its mode
-# look cheap, so it runs and is measured. Windows older than _TYPICAL_HORIZON steps no longer
-# count; within _SETTLED of its level a key is left alone until it is measured again.
+# every so many steps: as many as its latest samples ran _HIGH over that level in a row (a
+# spell seen that long is expected to last about as long), from _RELAX_MIN_STEPS to _RELAX_STEPS.
+# A host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a mode's last run no
+# longer prices it out long after; a stall of 7 bs-4 spec steps at 2x priced it out for 52 steps
+# at a fixed 128. A re-measurement's few settling steps fold into that level rather than replace
+# it. Only down: an estimate too low makes its mode look cheap, so it runs and is measured.
+# Windows older than _TYPICAL_HORIZON steps no longer count; within _SETTLED of its level a key
+# is left alone until it is measured again.
 _RELAX_STEPS = 128
+_RELAX_MIN_STEPS = 16
+_HIGH = 0.1
 _TYPICAL_WINDOWS = 16
 _TYPICAL_MIN_COUNT = 4
 _TYPICAL_HORIZON = 4096
@@ -167,6 +172,9 @@ class ControllerConfig:
     # pays the draft per prompt token.
     defers_prefill: bool = False
     max_rows: int = 0                 # request rows tracked for per-request acceptance
+    # The draft's share of a prefill's weights (policies.draft_share): a draft token costs no
+    # less than that share of a prefill token, whatever small catch-ups' scatter fits.
+    draft_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
@@ -180,11 +188,13 @@ class ControllerConfig:
                 or self.min_dwell_steps < 0 or self.max_rows < 0:
             raise ConfigError("explore_steps, stale_after, sync_every and switch_horizon must be "
                               ">= 1, min_dwell_steps and max_rows >= 0")
+        if not 0 <= self.draft_share < 1:
+            raise ConfigError(f"draft_share must be in [0, 1), got {self.draft_share}")
 
     @classmethod
     def from_settings(cls, settings: Settings, num_draft_tokens: int, **engine: Any
                       ) -> "ControllerConfig":
-        """`engine`: what the engine knows (defers_prefill, max_rows)."""
+        """`engine`: what the engine knows (defers_prefill, max_rows, draft_share)."""
         shared = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name in BY_KEY}
         return cls(num_draft_tokens, **shared, **engine)
 
@@ -245,6 +255,7 @@ class GoodputController:
         self._windows: dict[int, deque[tuple[float, float, int]]] = {}
         self._typical: dict[int, tuple[float, float]] = {}
         self._relaxing: set[int] = set()
+        self._high_steps = [0.0] * n            # the latest samples over the typical level
         self._exchanged_at = 0
         self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
@@ -884,6 +895,7 @@ class GoodputController:
             mean, mean_kv = sums / count, kv / count
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv)
+            self._count_high(i, mean, mean_kv, count)
             if self._samples[i] > 0:
                 warm_only = self._last[i] < _WARM_STEPS <= self._step and count >= 2
                 w = 1.0 if warm_only else 1.0 - keep ** count
@@ -906,10 +918,17 @@ class GoodputController:
         levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
+    def _count_high(self, i: int, mean: float, kv: float, count: float) -> None:
+        """Key i's samples in a row over its typical level (a window's mean decides)."""
+        level = self._typical.get(i)
+        high = level is not None and mean > (1.0 + _HIGH) * _moved(
+            self._key_slope(i), level[0], level[1], kv)
+        self._high_steps[i] = self._high_steps[i] + count if high else 0.0
+
     def _relax_idle(self, measured: set) -> None:
         """Move each unmeasured key's estimate down toward its typical level, for the steps
         since the last exchange; a key that reached it is left alone until measured again."""
-        keep = math.exp(-(self._step - self._exchanged_at) / _RELAX_STEPS)
+        steps = self._step - self._exchanged_at
         self._exchanged_at = self._step
         for i in [i for i in self._relaxing if i not in measured]:
             t, x = self._typical[i]
@@ -918,7 +937,8 @@ class GoodputController:
             if gap < _SETTLED * typical:
                 self._relaxing.discard(i)
             else:
-                self._est[i] = typical + keep * gap
+                spell = min(max(self._high_steps[i], _RELAX_MIN_STEPS), _RELAX_STEPS)
+                self._est[i] = typical + math.exp(-steps / spell) * gap
 
     def _fold_batch_costs(self, tail: np.ndarray) -> None:
         """Prefills, catch-ups and switches (the slots after the per-key ones), and the
@@ -944,14 +964,15 @@ class GoodputController:
         self._prompt_per_output = self._replaced() * self._prompt / self._output \
             if self._output > 0 else 0.0
         if new:
-            self._delta = self._draft_prefill_rate()
+            floor = self._draft_floor()
+            self._delta = max(self._draft_prefill_rate(), floor)
             self._catch_up_fit = self._fit_catch_up()
             at_switch = self._catch_up[True]     # the sizes the line was fitted on
             self._catch_up_reach = (at_switch if at_switch.fit() is not None
                                     else self._both_catch_ups()).reach()
             cap = self._draft_rate_cap()
             rate = self._catch_up_fit[1]
-            self._catch_up_far = rate if cap is None else min(rate, cap)
+            self._catch_up_far = max(rate if cap is None else min(rate, cap), floor)
 
     # ------------------------------------------------------------------------------ model
 
@@ -1040,6 +1061,26 @@ class GoodputController:
         fixed, rate = self._catch_up_fit
         beyond = max(tokens - self._catch_up_reach, 0.0)
         return max(fixed + rate * (tokens - beyond) + self._catch_up_far * beyond, 0.0)
+
+    def _draft_floor(self) -> float:
+        """The least a draft token can cost: the draft's share of a prefill token with it (a
+        catch-up fitted on a few hundred tokens read 0 a token; on the H200 a prefill of 8192
+        tokens took 16-25 ms more with the draft, where its share of the weights gives ~8)."""
+        share = self.config.draft_share
+        with_draft, plain = self._prefill_rate(True), self._prefill_rate(False)
+        if with_draft is not None:
+            return share * with_draft
+        return 0.0 if plain is None else share / (1.0 - share) * plain
+
+    def _prefill_rate(self, draft: bool) -> Optional[float]:
+        """A prefill's seconds per token (with the draft or not): its line's slope, else, where
+        prefills were of one size (a wave of long prompts in equal chunks), their ratio if
+        large enough for their fixed cost not to count."""
+        prefills = self._prefill[draft]
+        rate = prefills.value()
+        if rate is None and prefills.mean_tokens() >= _RATIO_MIN_TOKENS:
+            rate = prefills.ratio()
+        return rate
 
     def _draft_rate_cap(self) -> Optional[float]:
         """The most a draft token can cost beyond a catch-up's fixed part: 1/_SPIKE of a

@@ -6,7 +6,7 @@ A new policy is a class that satisfies `policy.ModePolicy` plus one entry in `BU
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
@@ -24,12 +24,24 @@ class PolicyContext:
     prior: Optional[CalibrationTable] = None   # start-up calibration (goodput's prior)
     defers_prefill: bool = False               # decode-mode prefills skip the draft's prefill
     max_rows: int = 0                          # request rows, for per-request acceptance
+    draft_share: float = 0.0                   # draft_share() of the two models
+
+
+def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, int]]) -> float:
+    """The draft's share of a prefill's weights, from each model's (parameter name, size):
+    embeddings and LM heads left out (a lookup; a prefill's logits are its last token's)."""
+    def per_token(params: Iterable[tuple[str, int]]) -> int:
+        return sum(size for name, size in params
+                   if not any(part.startswith("embed") or part == "lm_head"
+                              for part in name.split(".")))
+    t, d = per_token(target), per_token(draft)
+    return d / (t + d) if t + d > 0 else 0.0
 
 
 def _goodput(s: Settings, ctx: PolicyContext) -> ModePolicy:
     config = ControllerConfig.from_settings(s, ctx.num_draft_tokens,
                                             defers_prefill=ctx.defers_prefill,
-                                            max_rows=ctx.max_rows)
+                                            max_rows=ctx.max_rows, draft_share=ctx.draft_share)
     return GoodputController(config, ctx.sizes, ctx.prior)
 
 

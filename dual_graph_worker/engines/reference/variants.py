@@ -21,11 +21,12 @@ from typing import Callable, Iterator, Optional
 from dual_graph_worker.core.argtypes import output_dir, positive_int, torch_device
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
+from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.policy import PinnedPolicy
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import EngineSpec, default_device
 from dual_graph_worker.engines.reference.calibration import calibrate
+from dual_graph_worker.engines.reference.weights import named_sizes
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 VARIANTS = ("plain", "static-spec", "dynamic", "dual-off", "verify-off")
@@ -94,7 +95,8 @@ def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
                 f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
         worker.policy = build_policy(settings, PolicyContext(
             k, {Mode.SPEC: sizes.spec, Mode.DECODE: sizes.decode}, table,
-            defers_prefill=worker.continuity.defers_prefill, max_rows=engine.limits.max_requests))
+            defers_prefill=worker.continuity.defers_prefill, max_rows=engine.limits.max_requests,
+            draft_share=draft_share(named_sizes(engine.target.w), named_sizes(engine.draft.w))))
     return BuiltWorker(name, worker, report, table)
 
 

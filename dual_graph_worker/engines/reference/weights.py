@@ -9,9 +9,9 @@ the same folders load in SGLang.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 import torch
 
@@ -44,6 +44,18 @@ class DraftWeights:
     layer: LayerWeights           # qkv reads 2H: [norm(embed), norm(hidden)]
     norm: torch.Tensor            # [H]
     lm_head: torch.Tensor         # [V_draft, H]
+
+
+def named_sizes(w: object, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """(dotted name, element count) of every tensor in a weights dataclass."""
+    if isinstance(w, torch.Tensor):
+        yield prefix, w.numel()
+    elif is_dataclass(w):
+        for f in fields(w):
+            yield from named_sizes(getattr(w, f.name), f"{prefix}.{f.name}".lstrip("."))
+    elif isinstance(w, list):
+        for i, item in enumerate(w):
+            yield from named_sizes(item, f"{prefix}.{i}")
 
 
 def _linear(out_f: int, in_f: int, g: torch.Generator, dtype, device) -> torch.Tensor:

@@ -42,7 +42,7 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepLedger, StepPlanner, expected_batch_size
-from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
+from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepTime, accepted,
                                            same_rank)
 from dual_graph_worker.core.settings import MEASURE, Settings
@@ -221,17 +221,19 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # After every capture, so the graphs (and their pool) are those of keep-current.
         self.continuity = self._build_continuity(mr)
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
+        share = self._draft_share(mr)
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps,
             {Mode.SPEC: table.spec_sizes or tuple(range(1, table.max_decode_bs + 1)),
              Mode.DECODE: table.decode_sizes or tuple(range(1, r2t.shape[0]))},
-            prior, defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0])))
+            prior, defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0]),
+            draft_share=share))
         self.planner = StepPlanner(table, policy, graphs_enabled=self._graphs_enabled,
                                    reduce=_tp_mean(mr.tp_group))
         summary = dict(policy=type(policy).__name__, config=self.settings.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
                        draft_sync_bs=list(self._draft_sync.capture_bs),
-                       num_steps=self.speculative_num_steps, topk=self.topk,
+                       num_steps=self.speculative_num_steps, topk=self.topk, draft_share=share,
                        calibration=None if prior is None else prior.to_json(),
                        continuity=self.continuity.describe())
         logger.info("dual-graph: ready: %s", summary)
@@ -239,6 +241,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._finish_capture_probe(mr, spec_bs)
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
+
+    def _draft_share(self, mr) -> float:
+        """policies.draft_share of this rank's shards, made common: the mean over TP ranks."""
+        def sizes(model):
+            return ((name, p.numel()) for name, p in model.named_parameters())
+        local = draft_share(sizes(mr.model), sizes(self._draft_worker.draft_runner.model))
+        return float(_tp_mean(mr.tp_group)(np.array([local]))[0])
 
     def _model_shape(self, mr) -> dict:
         """This server's capture fingerprint shape (capture_config.sglang_model_shape)."""
