@@ -47,6 +47,8 @@ _KEEP_SQ = (1.0 - _ROW_ALPHA) ** 2
 # its EMA were full: the batch's mean averages out what its requests' differing noise would
 # change, and a per-row weight would cost a Python loop over the batch each step.
 _POOLED_ROWS = 32
+# Within 5% of a full EMA's noise (8 spec steps past the first draws) a row is weighed as full.
+_FULL_NOISE = 1.05 / _ROW_DRAWS
 _RUN_ALPHA = 0.3
 # Catch-ups are rarer than prefills: their regression keeps ~100 exchanges of history.
 _CATCH_UP_DECAY = 0.99
@@ -474,8 +476,10 @@ class GoodputController:
             return self._accept
         ids = rows.tolist()
         n, every, fresh = len(ids), self._accept, self._fresh
-        if n < _POOLED_ROWS and self._differ is not None:
-            total, noise = 0.0, self._noise
+        noise = self._noise
+        if n < _POOLED_ROWS and self._differ is not None \
+                and max(map(noise.__getitem__, ids)) > _FULL_NOISE:
+            total = 0.0
             for i in ids:
                 e = est[i]
                 total += fresh if e != e else every + self._own_weight(noise[i]) * (e - every)
@@ -654,7 +658,7 @@ class GoodputController:
             if event.rows is not None and self._rows is not None:
                 for row in event.rows.tolist():
                     self._rows[row], self._draws[row] = math.nan, 0
-                    self._draw_sum[row] = self._draw_sq[row] = 0.0
+                    self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
                 self._admissions[event.rows] += 1
                 self._admitted_step[event.rows] = self._step
         elif isinstance(event, PrefillTime):
