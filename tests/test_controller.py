@@ -237,11 +237,9 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
     assert q.expected_accept(hard) == pytest.approx(1.0)
 
 
-def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
-    """Requests that differ (accept 1.75 or 3.25) and whose draws are noisy (0.75 each side of
-    the request's mean, a draw's variance 0.75): a request's EMA soon holds ~9 draws' worth, and
-    is weighed as such, B / (B + var / 9), with B the spread beyond the draws' noise less its
-    standard error: ~0.76 (as four draws: 0.58)."""
+def _differing_requests() -> GoodputController:
+    """128 requests in rows 0-63 that differ (accept 1.75 or 3.25) and whose draws are noisy
+    (0.75 each side of the request's mean, a draw's variance 0.75)."""
     p = controller()
     for wave in range(8):
         rows = np.arange(16 * (wave % 4), 16 * (wave % 4) + 16)
@@ -249,6 +247,15 @@ def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
         means = np.where(rows % 2 == 0, 1.75, 3.25)
         for step in range(8):
             p.observe(accepted(Mode.SPEC, means + (0.75 if step % 2 else -0.75), rows))
+    return p
+
+
+def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
+    """Requests that differ (accept 1.75 or 3.25) and whose draws are noisy (0.75 each side of
+    the request's mean, a draw's variance 0.75): a request's EMA soon holds ~9 draws' worth, and
+    is weighed as such, B / (B + var / 9), with B the spread beyond the draws' noise less its
+    standard error: ~0.76 (as four draws: 0.58)."""
+    p = _differing_requests()
     assert 0.72 < p.estimates()["own_accept_weight"] < 0.79
 
 
@@ -256,13 +263,7 @@ def test_a_request_that_stopped_speculating_keeps_the_noise_of_its_first_draws()
     """Requests that differ (as above): one whose four first draws were all 1 and that then
     decoded is weighed as four draws (~0.63), not as the ~9 its EMA would hold had it gone on
     speculating (~0.80: it widened the spread); further spec steps move its weight to that."""
-    p = controller()
-    for wave in range(8):
-        rows = np.arange(16 * (wave % 4), 16 * (wave % 4) + 16)
-        p.observe(Admitted(64, rows))
-        means = np.where(rows % 2 == 0, 1.75, 3.25)
-        for step in range(8):
-            p.observe(accepted(Mode.SPEC, means + (0.75 if step % 2 else -0.75), rows))
+    p = _differing_requests()
     row = np.arange(64, 65)
     p.observe(Admitted(16, row))
     for _ in range(4):
