@@ -39,7 +39,7 @@ DECODE = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 
 PREFILL_S_PER_TOKEN = 26e-6        # target prefill (2048x64 C=64, plain: 4.0 s, ~0.6 s decode)
 DRAFT_S_PER_TOKEN = 2e-6           # the draft's extend over a token (prefill or catch-up)
 CATCH_UP_FIXED_S = 2e-3            # a catch-up is one more (eager) draft forward, whatever its size
-DRAFT_SHARE = 0.044                # Llama-3-8B's EAGLE-3 head: policies.draft_share by its weights
+DRAFT_SHARE = 0.040                # Llama-3-8B's EAGLE-3 head: policies.draft_share by its weights
 # Host launch of a step of another kind (a switch, a catch-up): eager and kernel-launch-bound at
 # small batches, it idles the GPU; under overlap it lands in the previous step's measured cost.
 SWITCH_HOST_S = 3e-3
@@ -224,12 +224,13 @@ def _run(server: Server) -> dict:
 
 
 def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix: Path = MATRIX,
-                     noise: float = 0.0, warm: bool = False) -> dict:
+                     noise: float = 0.0, warm: bool = False, settings: Settings = Settings()
+                     ) -> dict:
     """worker / max(plain, spec) per matrix cell, in the simulator fitted to `matrix`; with
     `seed`, acceptance sampled as SGLang forces it (each engine its own draws from the same
     seed); `diffused`, as the policy matrix forces it (bench/sglang/acc_control.py); `noise`,
     each step's time off its fit by that relative standard deviation (seeded alike); `warm`,
-    each graph's first steps off as on the H200 (WARM)."""
+    each graph's first steps off as on the H200 (WARM); `settings`, the worker's."""
     truth = Truth.from_matrix(json.loads(matrix.read_text())["records"])
     ctx = PolicyContext(K, {Mode.SPEC: SPEC, Mode.DECODE: DECODE}, _prior(truth),
                         defers_prefill=True, max_rows=512, draft_share=DRAFT_SHARE)
@@ -239,7 +240,7 @@ def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix:
     forced = DiffusedAcceptance if diffused else (lambda: None)
     noisy = {"noise": noise, "noise_rng": np.random.default_rng(1000),
              "warm": WARM if warm else None}
-    dual = _run(Server(truth, _planner(build_policy(Settings(), ctx)), rng=rng(),
+    dual = _run(Server(truth, _planner(build_policy(settings, ctx)), rng=rng(),
                        diffused=forced(), **noisy))
     noisy["noise_rng"] = np.random.default_rng(1000)
     plain = _run(Server(truth, _planner(PinnedPolicy(mode=Mode.DECODE, num_draft_tokens=K)),
@@ -281,6 +282,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python tests/test_controller_replay.py")
     ap.add_argument("catch_up_fixed_s", nargs="?", type=float, default=CATCH_UP_FIXED_S)
     ap.add_argument("--seeds", type=int, help="sampled variants per matrix (default 4 and 2)")
+    ap.add_argument("--no-draft-floor", action="store_true", help="the worker with "
+                    "DGW_DRAFT_FLOOR=0")
     args = ap.parse_args()
     CATCH_UP_FIXED_S = args.catch_up_fixed_s
     triton_seeds = range(args.seeds or 4)
@@ -295,9 +298,10 @@ if __name__ == "__main__":
     variants += [(f"triton run 1, sampled, seed {s}", dict(seed=s)) for s in triton_seeds]
     variants += [(f"fa3 run 1, sampled, seed {s}, noisy steps",
                   dict(seed=s, matrix=MATRIX_FA3, noise=0.059)) for s in fa3_seeds]
+    settings = Settings(draft_floor=not args.no_draft_floor)
     every = []
     for how, kw in variants:
-        r = simulated_ratios(**kw)
+        r = simulated_ratios(**kw, settings=settings)
         every += r.values()
         print(f"catch-up fixed cost {CATCH_UP_FIXED_S * 1e3:g} ms, {how}: lowest cell "
               f"{min(r.values()):.3f}, {sum(v < 0.98 for v in r.values())} of {len(r)} cells "

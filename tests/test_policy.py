@@ -221,5 +221,8 @@ def test_the_drafts_share_leaves_embeddings_and_lm_heads_out():
     assert 0.04 < share < 0.05
     assert draft_share(target, draft[:1] + draft[2:]) < share
     assert draft_share(target, [("lm_head.weight", 10 ** 9)]) == 0.0
+    others = [("transformer.wte.weight", 10 ** 9), ("word_embeddings.weight", 10 ** 9),
+              ("model.layers.3.shared_head.head.weight", 10 ** 9)]
+    assert draft_share(target, draft + others) == share
     assert draft_share([], []) == 0.0
 

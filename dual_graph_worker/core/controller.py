@@ -68,8 +68,9 @@ _PROBE_ERRORS = 2.0
 _STEP_DRIFT = 0.3
 # While a key goes unmeasured an estimate above its typical level (the lower median of its last
 # _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more) relaxes down toward it, by 1/e
-# every so many steps: as many as its latest samples ran _HIGH over that level in a row (a
-# spell seen that long is expected to last about as long), from _RELAX_MIN_STEPS to _RELAX_STEPS.
+# every _RELAX_STEPS steps; where its mode left in a spell (its latest windows ran _HIGH over
+# that level), every as many steps as the spell was seen for (it is expected to last about as
+# long), from _RELAX_MIN_STEPS on. A gap of a normal window (context, noise) keeps the slow pace.
 # A host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a mode's last run no
 # longer prices it out long after; a stall of 7 bs-4 spec steps at 2x priced it out for 52 steps
 # at a fixed 128. A re-measurement's few settling steps fold into that level rather than replace
@@ -174,8 +175,9 @@ class ControllerConfig:
     # pays the draft per prompt token.
     defers_prefill: bool = False
     max_rows: int = 0                 # request rows tracked for per-request acceptance
-    # The draft's share of a prefill's weights (policies.draft_share): a draft token costs no
-    # less than that share of a prefill token, whatever small catch-ups' scatter fits.
+    draft_floor: bool = _default("draft_floor")
+    # The draft's share of a prefill's weights (policies.draft_share): with draft_floor, a draft
+    # token costs no less than that share of a prefill token, whatever small catch-ups fit.
     draft_share: float = 0.0
 
     def __post_init__(self) -> None:
@@ -335,6 +337,7 @@ class GoodputController:
         self._spread = [0.0] * 5
         self._differ: Optional[float] = None
         self._draw_var: Optional[float] = None
+        self._full_weight = 1.0                  # _own_weight of a full EMA's noise
         self._prompt_window = 0.0
         self._output_window = 0.0
         # Decision state.
@@ -476,15 +479,16 @@ class GoodputController:
             return self._accept
         ids = rows.tolist()
         n, every, fresh = len(ids), self._accept, self._fresh
-        noise = self._noise
-        if n < _POOLED_ROWS and self._differ is not None \
-                and max(map(noise.__getitem__, ids)) > _FULL_NOISE:
+        differ, draw, noise = self._differ, self._draw_var, self._noise
+        # Where differ or draw is 0 every row weighs alike (0 or 1): the pooled path's answer.
+        if n < _POOLED_ROWS and differ and draw and max(map(noise.__getitem__, ids)) > _FULL_NOISE:
             total = 0.0
             for i in ids:
                 e = est[i]
-                total += fresh if e != e else every + self._own_weight(noise[i]) * (e - every)
+                total += fresh if e != e else \
+                    every + differ * (e - every) / (differ + draw * noise[i])
             return total / n
-        w = self._own_weight(1.0 / _ROW_DRAWS)
+        w = self._full_weight
         total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
             return every + w * (total / n - every)
@@ -640,7 +644,7 @@ class GoodputController:
                 else self._catch_up_reach,
                 "catch_up_far_s_per_token": self._catch_up_far, "switch_s": self._switch_s,
                 "fresh_accept": self._fresh,
-                "own_accept_weight": self._own_weight(1.0 / _ROW_DRAWS),
+                "own_accept_weight": self._full_weight,
                 "own_accept_weight_first": self._own_weight(1.0 / _FIRST_DRAWS),
                 "run_len": self._run_len,
                 "explore_allowance_steps": self._allowance, "explore_debt_steps": self._debt}
@@ -734,6 +738,7 @@ class GoodputController:
         # estimates a third of the weight or more.
         sure = between * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
         self._differ = max(sure - draw / _FIRST_DRAWS, 0.0)
+        self._full_weight = self._own_weight(1.0 / _ROW_DRAWS)
 
     def _observe_step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
@@ -941,7 +946,8 @@ class GoodputController:
             if gap < _SETTLED * typical:
                 self._relaxing.discard(i)
             else:
-                spell = min(max(self._high_steps[i], _RELAX_MIN_STEPS), _RELAX_STEPS)
+                high = self._high_steps[i]
+                spell = min(max(high, _RELAX_MIN_STEPS), _RELAX_STEPS) if high else _RELAX_STEPS
                 self._est[i] = typical + math.exp(-steps / spell) * gap
 
     def _fold_batch_costs(self, tail: np.ndarray) -> None:
@@ -1070,7 +1076,9 @@ class GoodputController:
         """The least a draft token can cost: the draft's share of a prefill token with it (a
         catch-up fitted on a few hundred tokens read 0 a token; on the H200 a prefill of 8192
         tokens took 16-25 ms more with the draft, where its share of the weights gives ~8)."""
-        share = self.config.draft_share
+        if not self.config.draft_floor:
+            return 0.0
+        share = min(self.config.draft_share, 1.0 / _SPIKE)     # no dearer than _draft_rate_cap
         with_draft, plain = self._prefill_rate(True), self._prefill_rate(False)
         if with_draft is not None:
             return share * with_draft

@@ -165,6 +165,9 @@ class Settings:
                                 "sample", minimum=0.001, maximum=1.0)
     switch_horizon: int = _setting("DGW_SWITCH_HORIZON", 64, "goodput: steps a switch's "
                                    "catch-up cost is spread over", minimum=1)
+    draft_floor: bool = _setting("DGW_DRAFT_FLOOR", True, "goodput: a draft token costs no "
+                                 "less than the draft's share of the weights of a prefill "
+                                 "token (0: as measured, whatever small catch-ups fit)")
     calibration: str = _setting("DGW_CALIBRATION", MEASURE, "goodput prior: 'measure' (graph "
                                 "replays at start-up) or a calibration JSON path")
     calibrate_iters: int = _setting("DGW_CALIBRATE_ITERS", 5, "timed replays per graph when "

@@ -243,10 +243,16 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._step_log.write_event("ready", time.time(), **summary)
 
     def _draft_share(self, mr) -> float:
-        """policies.draft_share of this rank's shards, made common: the mean over TP ranks."""
-        def sizes(model):
-            return ((name, p.numel()) for name, p in model.named_parameters())
-        local = draft_share(sizes(mr.model), sizes(self._draft_worker.draft_runner.model))
+        """policies.draft_share of this rank's shards, made common: the mean over TP ranks; 0
+        (no floor) where either model holds integer weights, whose elements pack several."""
+        models = (mr.model, self._draft_worker.draft_runner.model)
+        params = [list(m.named_parameters()) for m in models]
+        if any(not p.is_floating_point() for ps in params for _, p in ps):
+            logger.info("dual-graph: quantized weights: no floor on the draft's prefill rate")
+            local = 0.0
+        else:
+            target, draft = ([(name, p.numel()) for name, p in ps] for ps in params)
+            local = draft_share(target, draft)
         return float(_tp_mean(mr.tp_group)(np.array([local]))[0])
 
     def _model_shape(self, mr) -> dict:
