@@ -589,8 +589,8 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}{_marks(at[i][j])}", ha="center", va="center", fontsize=8,
-                        fontweight="bold" if grid[i, j] < 0.98 else "normal")
+                ax.text(j, i, f"{grid[i, j]:.2f}{_marks(at[i][j])}", ha="center", va="center",
+                        fontsize=8, fontweight="bold" if grid[i, j] < 0.98 else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
     ax.set_yticks(range(len(accepts)), [f"accept {a:g}" for a in accepts])
     wrap = max(int(14 * fig.get_size_inches()[0]), 60)     # characters that fit at 8 pt

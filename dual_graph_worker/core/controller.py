@@ -481,6 +481,7 @@ class GoodputController:
         n, every, fresh = len(ids), self._accept, self._fresh
         differ, draw, noise = self._differ, self._draw_var, self._noise
         # Where differ or draw is 0 every row weighs alike (0 or 1): the pooled path's answer.
+        # Otherwise each row's weight is _own_weight(noise), inline: this runs every step.
         if n < _POOLED_ROWS and differ and draw and max(map(noise.__getitem__, ids)) > _FULL_NOISE:
             total = 0.0
             for i in ids:

@@ -221,7 +221,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # After every capture, so the graphs (and their pool) are those of keep-current.
         self.continuity = self._build_continuity(mr)
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
-        share = self._draft_share(mr)
+        reduce = _tp_mean(mr.tp_group)
+        share = self._draft_share(mr, reduce)
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps,
             {Mode.SPEC: table.spec_sizes or tuple(range(1, table.max_decode_bs + 1)),
@@ -229,7 +230,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             prior, defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0]),
             draft_share=share))
         self.planner = StepPlanner(table, policy, graphs_enabled=self._graphs_enabled,
-                                   reduce=_tp_mean(mr.tp_group))
+                                   reduce=reduce)
         summary = dict(policy=type(policy).__name__, config=self.settings.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
                        draft_sync_bs=list(self._draft_sync.capture_bs),
@@ -242,7 +243,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
 
-    def _draft_share(self, mr) -> float:
+    def _draft_share(self, mr, reduce: Reducer) -> float:
         """policies.draft_share of this rank's shards, made common: the mean over TP ranks; 0
         (no floor) where either model holds integer weights, whose elements pack several."""
         models = (mr.model, self._draft_worker.draft_runner.model)
@@ -253,7 +254,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         else:
             target, draft = ([(name, p.numel()) for name, p in ps] for ps in params)
             local = draft_share(target, draft)
-        return float(_tp_mean(mr.tp_group)(np.array([local]))[0])
+        return float(reduce(np.array([local]))[0])
 
     def _model_shape(self, mr) -> dict:
         """This server's capture fingerprint shape (capture_config.sglang_model_shape)."""
