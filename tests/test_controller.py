@@ -524,6 +524,25 @@ def test_a_draft_token_costs_no_less_than_the_drafts_share_of_a_prefill_token():
         ControllerConfig(num_draft_tokens=K, draft_share=1.0)
 
 
+def test_the_draft_floor_takes_the_lower_of_its_two_prefill_readings():
+    """The H200 (run 20): the process's first prefill, 32 tokens with the draft, took 2.2 s and,
+    with one more of 2048 tokens, read 690 us a token; prefills with the draft are rare where
+    they are deferred, so the floor stood at 28 us a token (~1 steady) and priced a catch-up
+    of 4192 tokens at 117 ms. Prefills without the draft at a steady 24 us a token bring it
+    down to the share of theirs."""
+    p = _learned(controller(defers_prefill=True, draft_share=0.04, draft_floor=True), 16)
+    p.observe(PrefillTime(32, 2.2, draft=True))
+    p.observe(PrefillTime(2048, 0.128, draft=True))
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3, catch_up_tokens=4))
+    p.exchange(lambda v: v)
+    assert p.draft_prefill_s_per_token() > 20e-6
+    for _ in range(4):
+        p.observe(PrefillTime(8192, 8192 * 24e-6, draft=False))
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3, catch_up_tokens=4))
+    p.exchange(lambda v: v)
+    assert p.draft_prefill_s_per_token() == pytest.approx(0.04 / 0.96 * 24e-6, rel=0.01)
+
+
 def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost():
     """The H200's first 256x256 C=8 cell (run 13, m31): catch-ups of 32 tokens took 2.8 ms over
     a step, then one of 528 tokens 19.9 ms (its forward's first call at that shape), the next of

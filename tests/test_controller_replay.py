@@ -50,9 +50,13 @@ CHUNK = 8192
 CONTEXT_S_PER_TOKEN = {Mode.SPEC: {1: 1.8e-6, 16: 0.53e-6, 32: 0.34e-6, 64: 0.55e-6},
                        Mode.DECODE: {1: 0.33e-6, 16: 0.032e-6, 64: 0.05e-6, 128: 0.036e-6,
                                      256: 0.036e-6}}
-WARM_STEPS = 3
-WARM = {"first_spec": 1.13, Mode.SPEC: 0.91, Mode.DECODE: 0.71, "before_last": 1.45,
-        "last": 0.58, "after_catch_up": 0.97}
+WARM = {"first_spec": 1.13, "first_spec_steps": 3, Mode.SPEC: 0.91, Mode.DECODE: 0.71,
+        "before_last": 1.45, "last": 0.58, "after_catch_up": 0.97}
+# As on H200 run 20's slower host: the process's first prefill (32 tokens with the draft) took
+# 2.2 s, a prefill at a size not seen before ~0.1 s more (256 tokens 157 ms, 1024 138 ms, 8192
+# 170 ms), each spec graph's first ~40 steps 1.2-1.35x.
+FIRST_CALLS = WARM | {"first_spec": 1.3, "first_spec_steps": 40, "first_prefill_s": 2.0,
+                      "new_prefill_s": 0.1}
 REF_CONTEXT = 384                   # a request's mean context in the cells the fit comes from
 
 
@@ -109,11 +113,13 @@ class Server:
     # from `noise_rng`; 0: every step takes its fitted time.
     noise: float = 0.0
     noise_rng: Optional[np.random.Generator] = None
-    # As on the H200 (matrix runs 5-6), each spec graph's first WARM_STEPS steps in the
-    # process slow, the first step after a prefill or a catch-up short, a batch's last step
-    # short and the one before it long, by these factors; None: none of these.
+    # As on the H200 (matrix runs 5-6), each spec graph's first steps in the process slow, the
+    # first step after a prefill or a catch-up short, a batch's last step short and the one
+    # before it long, by these factors (WARM); with FIRST_CALLS also prefills' first calls
+    # dear; None: none of these.
     warm: Optional[dict] = None
     _runs: dict = field(default_factory=dict)
+    _prefilled: set = field(default_factory=set)
 
     def forced_accept(self, accept: float) -> float:
         """The accept length of a step: `accept`; with an rng as SGLANG_SIMULATE_ACC_LEN
@@ -136,6 +142,7 @@ class Server:
             defer = self.lazy and p.preview(c, kv_tokens=c * in_len) is Mode.DECODE
             drafted = self.draft and not defer
             cost = tokens * (PREFILL_S_PER_TOKEN + (DRAFT_S_PER_TOKEN if drafted else 0)) + 0.004
+            cost += self._first_call(tokens)
             # The requests of this chunk are new: their rows forget their last occupants.
             first = start // in_len
             p.policy.observe(Admitted(tokens, rows[first:first + -(-tokens // in_len)]))
@@ -154,7 +161,7 @@ class Server:
             if self.warm is not None:
                 key = (plan.mode, plan.padded_bs)
                 self._runs[key] = self._runs.get(key, 0) + 1
-                if plan.mode is Mode.SPEC and self._runs[key] <= WARM_STEPS:
+                if plan.mode is Mode.SPEC and self._runs[key] <= self.warm["first_spec_steps"]:
                     seconds *= self.warm["first_spec"]
                 if not made.any():
                     seconds *= self.warm[plan.mode]
@@ -193,6 +200,17 @@ class Server:
         return c * out_len / (self.clock - t0)
 
 
+    def _first_call(self, tokens: int) -> float:
+        """A prefill's first-call cost: the process's first, or the first at its size."""
+        if self.warm is None or "first_prefill_s" not in self.warm:
+            return 0.0
+        shape, first = tokens.bit_length(), not self._prefilled
+        if shape in self._prefilled:
+            return 0.0
+        self._prefilled.add(shape)
+        return self.warm["first_prefill_s"] if first else self.warm["new_prefill_s"]
+
+
 def _planner(policy) -> StepPlanner:
     return StepPlanner(DispatchTable.build(SPEC, DECODE), policy)
 
@@ -224,13 +242,14 @@ def _run(server: Server) -> dict:
 
 
 def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix: Path = MATRIX,
-                     noise: float = 0.0, warm: bool = False, settings: Settings = Settings()
-                     ) -> dict:
+                     noise: float = 0.0, warm: Optional[dict] = None,
+                     settings: Settings = Settings()) -> dict:
     """worker / max(plain, spec) per matrix cell, in the simulator fitted to `matrix`; with
     `seed`, acceptance sampled as SGLang forces it (each engine its own draws from the same
     seed); `diffused`, as the policy matrix forces it (bench/sglang/acc_control.py); `noise`,
     each step's time off its fit by that relative standard deviation (seeded alike); `warm`,
-    each graph's first steps off as on the H200 (WARM); `settings`, the worker's."""
+    each graph's first steps off as on the H200 (WARM, FIRST_CALLS); `settings`, the
+    worker's."""
     truth = Truth.from_matrix(json.loads(matrix.read_text())["records"])
     ctx = PolicyContext(K, {Mode.SPEC: SPEC, Mode.DECODE: DECODE}, _prior(truth),
                         defers_prefill=True, max_rows=512, draft_share=DRAFT_SHARE)
@@ -239,7 +258,7 @@ def simulated_ratios(seed: Optional[int] = None, diffused: bool = False, matrix:
     rng = (lambda: None) if seed is None else (lambda: np.random.default_rng(seed))
     forced = DiffusedAcceptance if diffused else (lambda: None)
     noisy = {"noise": noise, "noise_rng": np.random.default_rng(1000),
-             "warm": WARM if warm else None}
+             "warm": warm}
     dual = _run(Server(truth, _planner(build_policy(settings, ctx)), rng=rng(),
                        diffused=forced(), **noisy))
     noisy["noise_rng"] = np.random.default_rng(1000)
@@ -293,8 +312,13 @@ if __name__ == "__main__":
                 ("fa3 run 1, error-diffused", dict(diffused=True, matrix=MATRIX_FA3)),
                 ("fa3 run 1, error-diffused, noisy steps",
                  dict(diffused=True, matrix=MATRIX_FA3, noise=0.059))]
-    variants += [("fa3 run 1, error-diffused, batch edges off", dict(diffused=True, matrix=MATRIX_FA3, warm=True)),
-                 ("triton run 1, error-diffused, batch edges off", dict(diffused=True, warm=True))]
+    variants += [("fa3 run 1, error-diffused, batch edges off",
+                  dict(diffused=True, matrix=MATRIX_FA3, warm=WARM)),
+                 ("triton run 1, error-diffused, batch edges off", dict(diffused=True, warm=WARM))]
+    variants += [("fa3 run 1, error-diffused, first calls slow",
+                  dict(diffused=True, matrix=MATRIX_FA3, warm=FIRST_CALLS)),
+                 ("triton run 1, error-diffused, first calls slow",
+                  dict(diffused=True, warm=FIRST_CALLS))]
     variants += [(f"triton run 1, sampled, seed {s}", dict(seed=s)) for s in triton_seeds]
     variants += [(f"fa3 run 1, sampled, seed {s}, noisy steps",
                   dict(seed=s, matrix=MATRIX_FA3, noise=0.059)) for s in fa3_seeds]
