@@ -524,30 +524,6 @@ def test_a_draft_token_costs_no_less_than_the_drafts_share_of_a_prefill_token():
         ControllerConfig(num_draft_tokens=K, draft_share=1.0)
 
 
-def test_a_sizes_first_steps_count_over_the_warm_factor_its_mode_has_shown():
-    """H200 run 20: each spec size's first ~36 steps ran 1.1-1.5x, and bs 1 priced on them
-    (8.4-8.7 ms, 6.64 steady) stayed out of cells where it won by 9%. A size that has run 64
-    steps shows the factor (its first 32 over its next 32); other sizes' first steps count over
-    it. Where first steps run as later ones, or before any size has run 64, they count as they
-    come."""
-    def warmed(first: float, steps: int = 64) -> GoodputController:
-        p = controller()
-        for k in range(steps):
-            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) * (first if k < 32 else 1.0)))
-            if k % 8 == 7:
-                p.exchange(lambda v: v)
-        for _ in range(8):
-            p.observe(StepTime(Mode.SPEC, 1, t_spec(1) * first))
-        p.exchange(lambda v: v)
-        return p
-    slow = warmed(1.3)
-    assert slow.step_time(Mode.SPEC, 1) == pytest.approx(t_spec(1), rel=0.02)
-    assert slow.step_time(Mode.SPEC, 16) == pytest.approx(t_spec(16), rel=0.02)
-    assert warmed(1.0).step_time(Mode.SPEC, 1) == pytest.approx(t_spec(1), rel=0.01)
-    assert warmed(1.3, steps=56).step_time(Mode.SPEC, 1) == pytest.approx(1.3 * t_spec(1),
-                                                                          rel=0.02)
-
-
 def test_the_draft_floor_takes_the_lower_of_its_two_prefill_readings():
     """The H200 (run 20): the process's first prefill, 32 tokens with the draft, took 2.2 s and,
     with one more of 2048 tokens, read 690 us a token; prefills with the draft are rare where

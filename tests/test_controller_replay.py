@@ -54,7 +54,8 @@ WARM = {"first_spec": 1.13, "first_spec_steps": 3, Mode.SPEC: 0.91, Mode.DECODE:
         "before_last": 1.45, "last": 0.58, "after_catch_up": 0.97}
 # As on H200 run 20's slower host: the process's first prefill (32 tokens with the draft) took
 # 2.2 s, a prefill at a size not seen before ~0.1 s more (256 tokens 157 ms, 1024 138 ms, 8192
-# 170 ms), each spec graph's first ~40 steps 1.2-1.35x.
+# 170 ms); bs 1's first ~36 spec steps 1.1-1.5x (other sizes' first 32 steps 1.00-1.18x their
+# next 32), here every spec size's first 40.
 FIRST_CALLS = WARM | {"first_spec": 1.3, "first_spec_steps": 40, "first_prefill_s": 2.0,
                       "new_prefill_s": 0.1}
 REF_CONTEXT = 384                   # a request's mean context in the cells the fit comes from

@@ -11,7 +11,6 @@ estimates only through `exchange`, so decisions read only rank-common values. do
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Sequence
@@ -89,13 +88,6 @@ _SETTLED = 0.002
 # steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
 # of two samples or more after them whole.
 _WARM_STEPS = 64
-# And on some hosts each size's first steps run slow (on H200 run 20 a spec size's first ~40 at
-# 1.2-1.35x, none on run 19's): a key's first _KEY_WARM samples count over its mode's warm
-# factor, the median, over the keys that have run 2 x _KEY_WARM steps, of their first
-# _KEY_WARM's mean over the next ones' (1 before any; held to 1.._WARM_MAX). Taken whole, a
-# spec size priced at its first steps stayed out through the phases where it won.
-_KEY_WARM = 32
-_WARM_MAX = 2.0
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
 # sizes measured that often on both sides price it lower, the rest is their line.
 _TRUSTED_SAMPLES = 8
@@ -268,11 +260,6 @@ class GoodputController:
         self._typical: dict[int, tuple[float, float]] = {}
         self._relaxing: set[int] = set()
         self._high_steps = [0.0] * n            # the latest samples over the typical level
-        # Per key until it has run 2 x _KEY_WARM steps: seconds, count and context sums of its
-        # first _KEY_WARM samples and of the next ones; per mode, the ratios learnt and factor.
-        self._first_sums: dict[int, list[float]] = {i: [0.0] * 6 for i in range(n)}
-        self._warm_ratios: dict[Mode, list[float]] = {Mode.SPEC: [], Mode.DECODE: []}
-        self._warm_factor = {Mode.SPEC: 1.0, Mode.DECODE: 1.0}
         self._exchanged_at = 0
         self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
@@ -916,11 +903,6 @@ class GoodputController:
             self._ctx.add(i, self._mode_of[i], window)
             sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count
-            warm = self._samples[i] < _KEY_WARM
-            if i in self._first_sums:
-                self._learn_warm(i, warm, sums, count, kv)
-            if warm:
-                mean /= self._warm_factor[self._mode_of[i]]
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv)
             self._count_high(i, mean, mean_kv, count)
@@ -935,23 +917,6 @@ class GoodputController:
             if i in self._typical:      # a window too short to count still moves the estimate
                 self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
-
-    def _learn_warm(self, i: int, warm: bool, sums: float, count: float, kv: float) -> None:
-        """Key i's window into its first or next samples' sums; once both hold _KEY_WARM, their
-        ratio (the first moved to the next ones' context) into its mode's warm factor."""
-        acc = self._first_sums[i]
-        at = 0 if warm else 3
-        acc[at] += sums
-        acc[at + 1] += count
-        acc[at + 2] += kv
-        if acc[4] < _KEY_WARM:
-            return
-        del self._first_sums[i]
-        mode, n_first, n_next = self._mode_of[i], acc[1], acc[4]
-        first = _moved(self._key_slope(i), acc[0] / n_first, acc[2] / n_first, acc[5] / n_next)
-        ratios = self._warm_ratios[mode]
-        ratios.append(first / (acc[3] / n_next))
-        self._warm_factor[mode] = min(max(statistics.median(ratios), 1.0), _WARM_MAX)
 
     def _add_window(self, i: int, mean: float, kv: float) -> None:
         """Key i's window of samples into its recent ones, and its typical level anew."""
