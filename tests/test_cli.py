@@ -217,6 +217,15 @@ def test_bad_argument_gives_one_line_and_non_zero_exit(argv, want, paths, capsys
     assert want.format(**paths) in line, line
 
 
+@pytest.mark.parametrize("command", ["demo", "accept-shift"])
+def test_the_demos_read_the_dgw_settings_as_a_server_does(command, monkeypatch, capsys,
+                                                          tmp_path):
+    # The dynamic worker's DGW_* settings (a pinned policy, say): a bad one fails first.
+    monkeypatch.setenv("DGW_POLICY", "bogus")
+    rc, out, err = _call(dgw, [command, "--out", str(tmp_path / "out")], capsys)
+    assert "DGW_POLICY='bogus' is not valid" in _error_line(rc, out, err, f"dgw {command}")
+
+
 def test_the_table_is_broad():
     assert len(CASES) >= 40
     assert {getattr(c, "values", c)[0][0] for c in CASES} >= set(COMMANDS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 
 from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int, unit_float
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
+from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
                                                      toy_permutations, write_toy_checkpoints)
@@ -92,6 +94,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> int:
+    settings = Settings.from_env(os.environ)    # the dynamic worker's, as a server's
     torch.set_num_threads(max(1, torch.get_num_threads()))
     ramp = args.ramp
     out = Path(args.out)
@@ -113,7 +116,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
     workers = {}
     t0 = time.perf_counter()
     for built in build_trio(engine, sizes, cuda=args.device.startswith("cuda"),
-                            calib_context=args.input_len + args.output_len // 2):
+                            calib_context=args.input_len + args.output_len // 2,
+                            settings=settings):
         workers[built.name] = built
         print(f"  {built.name:12s} ready in {time.perf_counter() - t0:.1f}s")
         t0 = time.perf_counter()
