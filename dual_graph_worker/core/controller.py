@@ -1080,9 +1080,8 @@ class GoodputController:
         if not self.config.draft_floor:
             return 0.0
         share = min(self.config.draft_share, 1.0 / _SPIKE)     # no dearer than _draft_rate_cap
-        # A floor takes the lower reading: prefills with the draft are rare where they are
-        # deferred, so one first call's (on the H200 32 tokens in 2.2 s, a floor of 28 us a
-        # token, ~1 steady) stood for minutes.
+        # The lower reading: prefills with the draft are rare where they are deferred, so a
+        # slow first call's would stand for minutes.
         with_draft, plain = self._prefill_rate(True), self._prefill_rate(False)
         rates = [r for r in (with_draft, None if plain is None else plain / (1.0 - share))
                  if r is not None]
