@@ -200,14 +200,12 @@ class Server:
                 p.policy.observe(event)
         return c * out_len / (self.clock - t0)
 
-
     def _first_call(self, tokens: int) -> float:
         """A prefill's first-call cost: the process's first, or the first at its size."""
-        if self.warm is None or "first_prefill_s" not in self.warm:
+        shape = tokens.bit_length()
+        if self.warm is None or "first_prefill_s" not in self.warm or shape in self._prefilled:
             return 0.0
-        shape, first = tokens.bit_length(), not self._prefilled
-        if shape in self._prefilled:
-            return 0.0
+        first = not self._prefilled
         self._prefilled.add(shape)
         return self.warm["first_prefill_s"] if first else self.warm["new_prefill_s"]
 

@@ -124,10 +124,10 @@ def _superseded(records: list[dict]) -> tuple[list[dict], int]:
             and again.get(cell_key(r)[1:], r["call"]) != r["call"]]
     dropped = {id(r) for r in gone}
     ran = {(r["call"], *cell_key(r)[2:]) for r in records if r["engine"] == "dual"}
-    kept = {(r["call"], *cell_key(r)[2:]) for r in records
-            if r["engine"] == "dual" and id(r) not in dropped}
+    unrated = ran - {(r["call"], *cell_key(r)[2:]) for r in records
+                     if r["engine"] == "dual" and id(r) not in dropped}
     return gone + [r for r in records if r["engine"] == "plain"
-                   and (r["call"], *cell_key(r)[2:]) in ran - kept], len(again)
+                   and (r["call"], *cell_key(r)[2:]) in unrated], len(again)
 
 
 def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:

@@ -1082,10 +1082,9 @@ class GoodputController:
         share = min(self.config.draft_share, 1.0 / _SPIKE)     # no dearer than _draft_rate_cap
         # The lower reading: prefills with the draft are rare where they are deferred, so a
         # slow first call's would stand for minutes.
-        with_draft, plain = self._prefill_rate(True), self._prefill_rate(False)
-        rates = [r for r in (with_draft, None if plain is None else plain / (1.0 - share))
-                 if r is not None]
-        return share * min(rates) if rates else 0.0
+        plain = self._prefill_rate(False)
+        rates = (self._prefill_rate(True), None if plain is None else plain / (1.0 - share))
+        return share * min((r for r in rates if r is not None), default=0.0)
 
     def _prefill_rate(self, draft: bool) -> Optional[float]:
         """A prefill's seconds per token (with the draft or not): its line's slope, else, where
