@@ -66,9 +66,13 @@ class SimServer:
     noise: float = 0.0
     seed: int = 0
     catch_up_s_per_token: float = 2e-6
+    # The process's first `warm_spec_steps` spec steps take `warm_spec_factor` x their time.
+    warm_spec_steps: int = 0
+    warm_spec_factor: float = 1.0
     reduce: Callable = lambda v: v
     planner: StepPlanner = field(init=False)
     backlog: int = 0           # lazy catch-up: draft tokens behind
+    spec_steps: int = 0
     modes: list = field(default_factory=list)
     reasons: list = field(default_factory=list)
     seconds: float = 0.0
@@ -83,6 +87,10 @@ class SimServer:
         rows = np.arange(bs) if rows is None else rows
         plan = self.planner.plan(bs, rows=rows, catch_up_tokens=self.backlog)
         truth = (t_spec if plan.mode is Mode.SPEC else t_decode)(plan.padded_bs)
+        if plan.mode is Mode.SPEC:
+            self.spec_steps += 1
+            if self.spec_steps <= self.warm_spec_steps:
+                truth *= self.warm_spec_factor
         caught = 0
         if plan.mode is Mode.SPEC and self.backlog:
             caught, truth = self.backlog, truth + self.backlog * self.catch_up_s_per_token
@@ -1443,6 +1451,30 @@ def test_an_estimate_long_unmeasured_yields_to_its_re_measurement():
             q.exchange(lambda v: v)
     q.exchange(lambda v: v)
     assert q.step_time(Mode.SPEC, 16) == pytest.approx(0.0082 - 0.36 * 0.0011, rel=0.01)
+
+
+def test_a_modes_slow_first_steps_do_not_price_it_out_where_it_wins():
+    """As on the H200: speculation's first ~100 steps in the process ran 1.25x, so at bs 2 and
+    accept 2 (spec 10% ahead once warm) the worker that judged it by them decoded. While a
+    mode has run fewer than 128 steps and the other more, it is priced no higher than measured
+    / 1.3: the worker speculates through the warm-up and stays where speculation wins."""
+    assert best_mode(2, 2.0) is Mode.SPEC
+    sim = SimServer(controller(replay_prior()), accept=lambda s: 2.0, noise=0.03,
+                    warm_spec_steps=100, warm_spec_factor=1.25)
+    sim.run(2, 1200)
+    assert sim.modes[100:].count(Mode.SPEC) > 0.95 * 1100
+    # Where speculation loses by more than warm-up could explain, it is not chosen for it.
+    assert best_mode(32, 2.0) is Mode.DECODE and t_spec(32) / 2 > 1.3 * t_decode(32)
+    far = SimServer(controller(replay_prior()), accept=lambda s: 2.0, noise=0.03,
+                    warm_spec_steps=100, warm_spec_factor=1.25)
+    far.run(32, 1200)
+    assert far.modes[100:].count(Mode.SPEC) < 0.05 * 1100
+    # Slow for good, not warming up: it speculates at most through the warm-up, then decodes.
+    slow = SimServer(controller(replay_prior()), accept=lambda s: 2.0, noise=0.03,
+                     warm_spec_steps=10**9, warm_spec_factor=1.25)
+    slow.run(2, 1200)
+    assert settled(slow.modes, 500) is Mode.DECODE
+    assert slow.modes.count(Mode.SPEC) < 128 + 0.05 * 1200
 
 
 def test_a_key_measured_only_in_the_first_steps_takes_its_next_window_whole():

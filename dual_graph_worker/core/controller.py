@@ -88,6 +88,13 @@ _SETTLED = 0.002
 # steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
 # of two samples or more after them whole.
 _WARM_STEPS = 64
+# A mode's first steps in a process can all run slow: on the H200 a process's first 40-120
+# spec steps, whatever their size, 1.13-1.29x steady in 5 of 16 processes; where decode served,
+# they came as sparse re-measurements that priced speculation out for minutes. Until a mode has
+# run this many steps and the other has, the choice of mode prices its keys no higher than
+# measured over the factor (nor lower than the prior): at most that many wrong steps, once.
+_MODE_WARM_STEPS = 128
+_MODE_WARM_FACTOR = 1.3
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
 # sizes measured that often on both sides price it lower, the rest is their line.
 _TRUSTED_SAMPLES = 8
@@ -254,6 +261,7 @@ class GoodputController:
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
+        self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, all ranks alike
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
         # typical level (seconds, context tokens).
         self._windows: dict[int, deque[tuple[float, float, int]]] = {}
@@ -396,12 +404,11 @@ class GoodputController:
         spec_key = self._spec_at.get(spec_bs)
         decode_key = self._decode_at.get(inputs.decode_padded_bs)
         # Each mode's step time here, looked up once: the re-measurement checks read them too.
-        spec_t = self._line_time(spec_key, inputs.kv_tokens)
-        decode_t = self._line_time(decode_key, inputs.kv_tokens)
-        spec = self._cost(True, spec_t, inputs.bs, self.expected_accept(inputs.rows),
-                          inputs.catch_up_tokens, prefill_tokens=inputs.prefill_tokens)
-        decode = self._cost(False, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
-        self._costs = (spec, decode)
+        kv = inputs.kv_tokens
+        spec_t, decode_t = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
+        chosen_at = (self._warm_time(spec_key, spec_t, kv),
+                     self._warm_time(decode_key, decode_t, kv))
+        spec, decode = self._costs = self._mode_costs(*chosen_at, inputs, from_decode)
         if from_decode:
             here, there, here_t, there_t = decode, spec, decode_t, spec_t
             here_key, there_key = decode_key, spec_key
@@ -432,12 +439,16 @@ class GoodputController:
         if self._allowance >= self._min_price and self._measured(here_key) and \
                 self._stale(there_key, other, inputs.rows) and \
                 self._plausible(other, there_t, here_t, inputs):
+            if chosen_at != (spec_t, decode_t):     # a re-measurement is priced as measured
+                spec, decode = self._mode_costs(spec_t, decode_t, inputs, from_decode)
+                here, there = (decode, spec) if from_decode else (spec, decode)
             return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
                                  inputs) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
+        self._mode_steps[decision.mode] += 1
         self._earn(self.config.explore_budget)
         offer, self._offer = self._offer, None
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
@@ -536,6 +547,17 @@ class GoodputController:
             return None, None
         t = _time_on(line, kv_tokens)
         return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
+
+    def _warm_time(self, i: Optional[int], t: Optional[float], kv_tokens: int) -> Optional[float]:
+        """Key i's step seconds `t` as the choice of mode prices them: while its mode is warming
+        up and the other is not, no higher than t over _MODE_WARM_FACTOR where its prior is lower
+        still (two modes warming up are compared as measured)."""
+        if t is None or math.isnan(self._prior[i]):
+            return t
+        mode = self._mode_of[i]
+        if not self._mode_steps[mode] < _MODE_WARM_STEPS <= self._mode_steps[OTHER[mode]]:
+            return t
+        return min(t, max(t / _MODE_WARM_FACTOR, self._prior[i] + self._beta[mode] * kv_tokens))
 
     def _lean_line(self, i: int, own: Optional[_Line]) -> Optional[_Line]:
         """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
@@ -1103,6 +1125,13 @@ class GoodputController:
         prefill = next((v for v in slopes if v is not None), None)
         return None if prefill is None else prefill / _SPIKE
 
+    def _mode_costs(self, spec_t: Optional[float], decode_t: Optional[float],
+                    inputs: PolicyInputs, from_decode: bool) -> tuple:
+        """Each mode's seconds per output token here, from its step time (_cost)."""
+        spec = self._cost(True, spec_t, inputs.bs, self.expected_accept(inputs.rows),
+                          inputs.catch_up_tokens, prefill_tokens=inputs.prefill_tokens)
+        return spec, self._cost(False, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
+
     def _cost(self, spec: bool, t: Optional[float], bs: int, accept: float,
               catch_up_tokens: int, prompt_share: bool = True, switch: bool = False,
               prefill_tokens: int = 0) -> Optional[float]:
@@ -1197,8 +1226,11 @@ class GoodputController:
             return False
         mean = p.total / p.seen
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
-        spec_t = self._line_time(self._spec_at.get(inputs.spec_padded_bs), inputs.kv_tokens)
-        decode_t = self._line_time(self._decode_at.get(inputs.decode_padded_bs), inputs.kv_tokens)
+        spec_key = self._spec_at.get(inputs.spec_padded_bs)
+        decode_key = self._decode_at.get(inputs.decode_padded_bs)
+        kv = inputs.kv_tokens
+        spec_t = self._warm_time(spec_key, self._line_time(spec_key, kv), kv)
+        decode_t = self._warm_time(decode_key, self._line_time(decode_key, kv), kv)
         return self._spec_wins(self._steps_high(mean, variance, p.seen),
                                spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
 
