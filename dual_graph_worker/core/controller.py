@@ -261,7 +261,11 @@ class GoodputController:
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
-        self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, all ranks alike
+        self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until both warm
+        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (_warm_times);
+        # _warmed once both have, for good, or from the start without a prior to price against.
+        self._cold: Optional[Mode] = None
+        self._warmed = prior is None
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
         # typical level (seconds, context tokens).
         self._windows: dict[int, deque[tuple[float, float, int]]] = {}
@@ -406,9 +410,10 @@ class GoodputController:
         # Each mode's step time here, looked up once: the re-measurement checks read them too.
         kv = inputs.kv_tokens
         spec_t, decode_t = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
-        chosen_at = (self._warm_time(spec_key, spec_t, kv),
-                     self._warm_time(decode_key, decode_t, kv))
-        spec, decode = self._costs = self._mode_costs(*chosen_at, inputs, from_decode)
+        chosen_at = (spec_t, decode_t) if self._cold is None else \
+            self._warm_times(spec_key, decode_key, spec_t, decode_t, kv)
+        accept = self.expected_accept(inputs.rows)
+        spec, decode = self._costs = self._mode_costs(*chosen_at, accept, inputs, from_decode)
         if from_decode:
             here, there, here_t, there_t = decode, spec, decode_t, spec_t
             here_key, there_key = decode_key, spec_key
@@ -440,7 +445,7 @@ class GoodputController:
                 self._stale(there_key, other, inputs.rows) and \
                 self._plausible(other, there_t, here_t, inputs):
             if chosen_at != (spec_t, decode_t):     # a re-measurement is priced as measured
-                spec, decode = self._mode_costs(spec_t, decode_t, inputs, from_decode)
+                spec, decode = self._mode_costs(spec_t, decode_t, accept, inputs, from_decode)
                 here, there = (decode, spec) if from_decode else (spec, decode)
             return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
                                  inputs) or stay
@@ -448,7 +453,12 @@ class GoodputController:
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
-        self._mode_steps[decision.mode] += 1
+        if not self._warmed:
+            steps = self._mode_steps
+            steps[decision.mode] += 1
+            if steps[decision.mode] == _MODE_WARM_STEPS:
+                self._warmed = min(steps.values()) >= _MODE_WARM_STEPS
+                self._cold = None if self._warmed else OTHER[decision.mode]
         self._earn(self.config.explore_budget)
         offer, self._offer = self._offer, None
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
@@ -548,16 +558,21 @@ class GoodputController:
         t = _time_on(line, kv_tokens)
         return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
 
+    def _warm_times(self, spec_key: Optional[int], decode_key: Optional[int],
+                    spec_t: Optional[float], decode_t: Optional[float], kv_tokens: int) -> tuple:
+        """Each mode's step seconds (spec, decode) as the choice of mode prices them while one
+        is warming up and the other is not (self._cold): the cold one's no higher than measured
+        over _MODE_WARM_FACTOR where its prior is lower still. Two modes warming up are
+        compared as measured."""
+        if self._cold is Mode.SPEC:
+            return self._warm_time(spec_key, spec_t, kv_tokens), decode_t
+        return spec_t, self._warm_time(decode_key, decode_t, kv_tokens)
+
     def _warm_time(self, i: Optional[int], t: Optional[float], kv_tokens: int) -> Optional[float]:
-        """Key i's step seconds `t` as the choice of mode prices them: while its mode is warming
-        up and the other is not, no higher than t over _MODE_WARM_FACTOR where its prior is lower
-        still (two modes warming up are compared as measured)."""
         if t is None or math.isnan(self._prior[i]):
             return t
-        mode = self._mode_of[i]
-        if not self._mode_steps[mode] < _MODE_WARM_STEPS <= self._mode_steps[OTHER[mode]]:
-            return t
-        return min(t, max(t / _MODE_WARM_FACTOR, self._prior[i] + self._beta[mode] * kv_tokens))
+        return min(t, max(t / _MODE_WARM_FACTOR,
+                          self._prior[i] + self._beta[self._mode_of[i]] * kv_tokens))
 
     def _lean_line(self, i: int, own: Optional[_Line]) -> Optional[_Line]:
         """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
@@ -1125,11 +1140,11 @@ class GoodputController:
         prefill = next((v for v in slopes if v is not None), None)
         return None if prefill is None else prefill / _SPIKE
 
-    def _mode_costs(self, spec_t: Optional[float], decode_t: Optional[float],
+    def _mode_costs(self, spec_t: Optional[float], decode_t: Optional[float], accept: float,
                     inputs: PolicyInputs, from_decode: bool) -> tuple:
         """Each mode's seconds per output token here, from its step time (_cost)."""
-        spec = self._cost(True, spec_t, inputs.bs, self.expected_accept(inputs.rows),
-                          inputs.catch_up_tokens, prefill_tokens=inputs.prefill_tokens)
+        spec = self._cost(True, spec_t, inputs.bs, accept, inputs.catch_up_tokens,
+                          prefill_tokens=inputs.prefill_tokens)
         return spec, self._cost(False, decode_t, inputs.bs, 1.0, 0, switch=not from_decode)
 
     def _cost(self, spec: bool, t: Optional[float], bs: int, accept: float,
@@ -1229,8 +1244,9 @@ class GoodputController:
         spec_key = self._spec_at.get(inputs.spec_padded_bs)
         decode_key = self._decode_at.get(inputs.decode_padded_bs)
         kv = inputs.kv_tokens
-        spec_t = self._warm_time(spec_key, self._line_time(spec_key, kv), kv)
-        decode_t = self._warm_time(decode_key, self._line_time(decode_key, kv), kv)
+        spec_t, decode_t = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
+        if self._cold is not None:
+            spec_t, decode_t = self._warm_times(spec_key, decode_key, spec_t, decode_t, kv)
         return self._spec_wins(self._steps_high(mean, variance, p.seen),
                                spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
 
