@@ -166,10 +166,10 @@ class Server:
             if self.warm is not None:
                 key = (plan.mode, plan.padded_bs)
                 self._runs[key] = self._runs.get(key, 0) + 1
-                if plan.mode is Mode.SPEC and self._runs[key] <= self.warm["first_spec_steps"]:
-                    seconds *= self.warm["first_spec"]
                 if plan.mode is Mode.SPEC:
                     self._spec_steps += 1
+                    if self._runs[key] <= self.warm["first_spec_steps"]:
+                        seconds *= self.warm["first_spec"]
                     if self._spec_steps <= self.warm.get("spec_mode_steps", 0):
                         seconds *= self.warm["spec_mode"]
                 if not made.any():
