@@ -93,6 +93,9 @@ _WARM_STEPS = 64
 # they came as sparse re-measurements that priced speculation out for minutes. Until a mode has
 # run this many steps and the other has, the choice of mode prices its keys no higher than
 # measured over the factor (nor lower than the prior): at most that many wrong steps, once.
+# A key measured only while its mode had run fewer takes its first window after them whole
+# where that comes lower (a bs-8 spec key's three cold samples, 1.3x steady, kept it priced out
+# of a cell where it was 9% faster); a higher one, a batch's first steps or a spell, ages as usual.
 _MODE_WARM_STEPS = 128
 _MODE_WARM_FACTOR = 1.3
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
@@ -262,10 +265,12 @@ class GoodputController:
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
         self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until both warm
-        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (_warm_times);
-        # _warmed once both have, for good, or from the start without a prior to price against.
+        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (_warm_times;
+        # never without a prior to price against); _warmed once both have, for good.
         self._cold: Optional[Mode] = None
-        self._warmed = prior is None
+        self._warmed = False
+        self._priced_warm = prior is not None
+        self._cold_keys = [False] * n           # measured only while its mode was warming up
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
         # typical level (seconds, context tokens).
         self._windows: dict[int, deque[tuple[float, float, int]]] = {}
@@ -458,7 +463,8 @@ class GoodputController:
             steps[decision.mode] += 1
             if steps[decision.mode] == _MODE_WARM_STEPS:
                 self._warmed = min(steps.values()) >= _MODE_WARM_STEPS
-                self._cold = None if self._warmed else OTHER[decision.mode]
+                if self._priced_warm:
+                    self._cold = None if self._warmed else OTHER[decision.mode]
         self._earn(self.config.explore_budget)
         offer, self._offer = self._offer, None
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
@@ -943,17 +949,25 @@ class GoodputController:
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv)
             self._count_high(i, mean, mean_kv, count)
-            if self._samples[i] > 0:
-                warm_only = self._last[i] < _WARM_STEPS <= self._step and count >= 2
+            cold = self._mode_cold(self._mode_of[i])
+            measured = self._samples[i] > 0
+            if measured:
+                warm_only = count >= 2 and (self._last[i] < _WARM_STEPS <= self._step or
+                                            self._cold_keys[i] and not cold and
+                                            mean < self._est[i])
                 w = 1.0 if warm_only else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
+            self._cold_keys[i] = cold and (self._cold_keys[i] or not measured)
             self._est[i], self._est_kv[i] = mean, mean_kv
             self._samples[i] += count
             self._last[i] = self._step
             if i in self._typical:      # a window too short to count still moves the estimate
                 self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
+
+    def _mode_cold(self, mode: Mode) -> bool:
+        return not self._warmed and self._mode_steps[mode] < _MODE_WARM_STEPS
 
     def _add_window(self, i: int, mean: float, kv: float) -> None:
         """Key i's window of samples into its recent ones, and its typical level anew."""
