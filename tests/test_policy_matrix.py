@@ -346,17 +346,21 @@ def test_the_machine_report_tells_a_slow_host_from_a_slow_engine_process():
     assert pm.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""
 
 
-def test_the_report_shows_each_repeated_cell_first_run_apart(tmp_path):
+def test_the_report_shows_each_repeated_cell_first_and_fastest_run_apart(tmp_path):
     from bench.sglang import merge_matrix as mm
-    from bench.sglang.policy_matrix import (Workload, first_run_report, first_runs,
-                                            per_cell_median, ratios, repeated)
+    from bench.sglang.policy_matrix import Workload, other_readings, reading_report
 
     w = [Workload.parse("256x256@1")]
-    recs = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0),
+    recs = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0) | {
+                "runs_tok_s": [400.0, 350.0, 410.0]},
             rec("dual", 3.0, 1, 396.0) | {"runs_tok_s": [300.0, 396.0, 400.0]}]
-    text = first_run_report(ratios(per_cell_median(first_runs(recs))), [3.0], w)
+    other = other_readings(recs)
+    text = reading_report("cells_first_run", other["cells_first_run"], [3.0], w)
     assert "first run alone" in text and "| 3 | **0.750** |" in text
-    assert not repeated(recs[:2]) and first_run_report(None, [3.0], w) == ""
+    # Each engine's fastest round: 400 against EAGLE-3's 410.
+    text = reading_report("cells_best_run", other["cells_best_run"], [3.0], w)
+    assert "fastest round" in text and "| 3 | **0.976** |" in text
+    assert other_readings(recs[:1]) == {} and reading_report("cells_first_run", None, [3.0], w) == ""
     # Merged: a baseline filled from an earlier run and a cell two processes measured are rated
     # as the main grid rates them (the filled plain, the median of the processes' first runs).
     filled = _matrix(tmp_path, "a", [
@@ -365,6 +369,8 @@ def test_the_report_shows_each_repeated_cell_first_run_apart(tmp_path):
     assert mm.main(["--out", str(tmp_path / "m"), filled]) == 0
     merged = json.loads((tmp_path / "m" / "policy-matrix.json").read_text())
     assert [c["ratio"] for c in merged["cells_first_run"]] == [0.8]
+    assert [c["ratio"] for c in merged["cells_best_run"]] == [0.95]
+    assert "fastest round" in (tmp_path / "m" / "report.md").read_text()
     procs = [_matrix(tmp_path, f"p{n}", [
         rec("plain", None, 1, 50.0), rec("eagle3", 3.0, 1, 100.0),
         rec("dual", 3.0, 1, 90.0) | {"runs_tok_s": [first, 90.0, 90.0]}])

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (SETTINGS_BEFORE, cell_key, fill_from, first_runs,
+from bench.sglang.policy_matrix import (READINGS, SETTINGS_BEFORE, cell_key, fill_from,
                                        heatmap, matrix_report, merged_workloads,
                                        per_cell_median, ratios, repeated,
                                        with_rounds_asked)
@@ -61,7 +61,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
             if "from" in r and cell_key(r) not in calls_of and cell_key(r) not in filled:
                 mine.setdefault(cell_key(r), []).append(r)
         filled |= mine
-    cells, first_cells, any_repeats = [], [], repeated(records)
+    cells, other, any_repeats = [], {key: [] for key in READINGS}, repeated(records)
     for key, calls in calls_of.items():
         engine, a, i, o, c = key
         if engine != "dual":
@@ -72,7 +72,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
         here = own + [r for k in wanted for r in filled.get(k, [])]
         cells += ratios(per_cell_median(here))
         if any_repeats:
-            first_cells += ratios(per_cell_median(first_runs(here)))
+            for key, (read, _) in READINGS.items():
+                other[key] += ratios(per_cell_median(read(here)))
     merged_calls = sorted({r["call"] for r in records})
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \
@@ -86,7 +87,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
             "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
             "records": records, "cells": cells,
-            **({"cells_first_run": first_cells} if first_cells else {}),
+            **{key: c for key, c in other.items() if c},
             # How short cells were repeated is each call's own (without --processes every ratio
             # is within a call).
             "settings": _servers(first) | {"short_cells": {
@@ -180,8 +181,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
     columns = merged_workloads(matrix["workloads"], [])
-    text = matrix_report(matrix["cells"], matrix.get("cells_first_run"), matrix["records"],
-                         matrix["accepts"], columns, matrix["note"])
+    text = matrix_report(matrix["cells"], {key: matrix.get(key) for key in READINGS},
+                         matrix["records"], matrix["accepts"], columns, matrix["note"])
     (out / "report.md").write_text(text)
     heatmap(matrix["cells"], matrix["accepts"], columns, out / "heatmap.png", matrix["note"])
     print(text)
