@@ -1503,9 +1503,10 @@ def test_a_key_measured_only_while_its_mode_warmed_up_takes_its_next_window_whol
     steps of the process, at 8.7-9.2 ms, 1.3x its steady 6.7; 570 steps later its next window
     moved the estimate only to 7.9, and decode served a cell where speculation was 9% faster.
     Once its mode has run _MODE_WARM_STEPS, such a key takes its first window whole; one
-    whose mode is still warming up ages as usual."""
-    def re_measured(spec_steps_between: int) -> float:
-        p = controller()
+    whose mode is still warming up ages as usual. (With a prior: without one nothing is
+    counted.)"""
+    def re_measured(spec_steps_between: int, lone_first: bool = False) -> float:
+        p = controller(replay_prior())
         _commit(p, Mode.DECODE, 100)
         for _ in range(3):
             p.observe(StepTime(Mode.SPEC, 8, 0.0089))
@@ -1515,6 +1516,10 @@ def test_a_key_measured_only_while_its_mode_warmed_up_takes_its_next_window_whol
             p.observe(StepTime(Mode.SPEC, 1, 0.0064))
             _commit(p, Mode.SPEC, 1)
         p.exchange(lambda v: v)
+        if lone_first:          # one sample alone is no window: it ages the estimate as usual
+            p.observe(StepTime(Mode.SPEC, 8, 0.0070))
+            _commit(p, Mode.SPEC, 1)
+            p.exchange(lambda v: v)
         for _ in range(3):
             p.observe(StepTime(Mode.SPEC, 8, 0.0067))
             _commit(p, Mode.SPEC, 1)
@@ -1522,6 +1527,7 @@ def test_a_key_measured_only_while_its_mode_warmed_up_takes_its_next_window_whol
         return p.step_time(Mode.SPEC, 8)
 
     assert re_measured(200) == pytest.approx(0.0067)
+    assert re_measured(200, lone_first=True) == pytest.approx(0.0067)
     assert re_measured(50) > 0.0075
 
 

@@ -357,9 +357,9 @@ def test_the_report_shows_each_repeated_cell_first_and_fastest_run_apart(tmp_pat
     other = other_readings(recs)
     text = reading_report("cells_first_run", other["cells_first_run"], [3.0], w)
     assert "first run alone" in text and "| 3 | **0.750** |" in text
-    # Each engine's fastest round: 400 against EAGLE-3's 410.
+    # Each engine's fastest run: 400 against EAGLE-3's 410.
     text = reading_report("cells_best_run", other["cells_best_run"], [3.0], w)
-    assert "fastest round" in text and "| 3 | **0.976** |" in text
+    assert "fastest run" in text and "| 3 | **0.976** |" in text
     assert other_readings(recs[:1]) == {} and reading_report("cells_first_run", None, [3.0], w) == ""
     # Merged: a baseline filled from an earlier run and a cell two processes measured are rated
     # as the main grid rates them (the filled plain, the median of the processes' first runs).
@@ -370,7 +370,7 @@ def test_the_report_shows_each_repeated_cell_first_and_fastest_run_apart(tmp_pat
     merged = json.loads((tmp_path / "m" / "policy-matrix.json").read_text())
     assert [c["ratio"] for c in merged["cells_first_run"]] == [0.8]
     assert [c["ratio"] for c in merged["cells_best_run"]] == [0.95]
-    assert "fastest round" in (tmp_path / "m" / "report.md").read_text()
+    assert "fastest run" in (tmp_path / "m" / "report.md").read_text()
     procs = [_matrix(tmp_path, f"p{n}", [
         rec("plain", None, 1, 50.0), rec("eagle3", 3.0, 1, 100.0),
         rec("dual", 3.0, 1, 90.0) | {"runs_tok_s": [first, 90.0, 90.0]}])

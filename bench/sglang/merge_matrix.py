@@ -72,8 +72,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
         here = own + [r for k in wanted for r in filled.get(k, [])]
         cells += ratios(per_cell_median(here))
         if any_repeats:
-            for key, (read, _) in READINGS.items():
-                other[key] += ratios(per_cell_median(read(here)))
+            for reading, (read, _) in READINGS.items():
+                other[reading] += ratios(per_cell_median(read(here)))
     merged_calls = sorted({r["call"] for r in records})
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \

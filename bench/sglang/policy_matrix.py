@@ -395,17 +395,18 @@ def first_runs(recs: list[dict]) -> list[dict]:
 
 
 def best_runs(recs: list[dict]) -> list[dict]:
-    """The records with each repeated cell's tok/s its fastest run's: a host's slow spells only
-    ever slow a run, so this reads what each engine does off them."""
-    return [_one_run(r) | {"tok_s": max(r["runs_tok_s"])} if "runs_tok_s" in r else r
-            for r in recs]
+    """The records with each repeated cell's tok/s its fastest run's (its rounds, or its
+    repeats in one process): a host's slow spells only ever slow a run, so this reading is the
+    least exposed to them. A cell cut short keeps its mark: it had fewer runs to be fast in."""
+    return [r | {"tok_s": max(r["runs_tok_s"])} if "runs_tok_s" in r else r for r in recs]
 
 
 # The grid's other readings of repeated cells: the matrix JSON's key, the records' reading, and
-# the report's heading. The grid itself (each engine's median round) is the one rated.
+# the report's heading. The grid itself (each engine's median run) is the one rated.
 READINGS = {
     "cells_first_run": (first_runs, "Each repeated cell's first run alone"),
-    "cells_best_run": (best_runs, "Each engine's fastest round (off the host's slow spells)"),
+    "cells_best_run": (best_runs, "Each engine's fastest run of a cell (the reading least "
+                                  "exposed to the host's slow spells)"),
 }
 
 
@@ -413,7 +414,8 @@ def other_readings(recs: list[dict]) -> dict[str, list[dict]]:
     """READINGS' cells of `recs` ({} where no cell was repeated)."""
     if not repeated(recs):
         return {}
-    return {key: ratios(per_cell_median(read(recs))) for key, (read, _) in READINGS.items()}
+    cells = {key: ratios(per_cell_median(read(recs))) for key, (read, _) in READINGS.items()}
+    return {key: c for key, c in cells.items() if c}
 
 
 def _one_run(rec: dict) -> dict:
@@ -439,10 +441,12 @@ def reading_report(key: str, cells: Optional[list[dict]], accepts: list[float],
     """The grid again as READINGS[key] reads it, or "" where none were kept."""
     if not cells:
         return ""
-    return "\n".join([f"\n## {READINGS[key][1]}\n"] + _grid(cells, accepts, workloads)) + "\n"
+    return "\n".join([f"\n## {READINGS[key][1]}\n"]
+                     + _grid(cells, accepts, workloads, median=False)) + "\n"
 
 
-def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) -> list[str]:
+def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload],
+          median: bool = True) -> list[str]:
     lines = []
     cols = [(w, c) for w in workloads for c in w.concurrency]
     lines.append("| accept | " + " | ".join(f"{w.name} C={c}" for w, c in cols) + " |")
@@ -459,8 +463,9 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload]) ->
     if any(r.get("cross_run") for r in cells):
         lines.append("\n† a baseline from another run (records marked `from`).")
     if any(r.get("cut_short") for r in cells):
-        lines.append("\n‡ fewer rounds than its call asked (the budget ran out): the slower "
-                     "middle run of an even count, or the one run, stands for the median.")
+        lines.append("\n‡ fewer rounds than its call asked (the budget ran out)" + (
+            ": the slower middle run of an even count, or the one run, stands for the median."
+            if median else "."))
     if cells:
         worst = min(cells, key=lambda r: r["ratio"])
         lines.append(f"\nLowest: {worst['ratio']:.3f} at accept {worst['accept_len']:g}, "

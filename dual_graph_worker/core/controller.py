@@ -265,11 +265,10 @@ class GoodputController:
         self._samples = [0.0] * n
         self._last = [-math.inf] * n             # step of the last fold with samples
         self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until both warm
-        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (_warm_times;
-        # never without a prior to price against); _warmed once both have, for good.
+        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (_warm_times);
+        # _warmed once both have, for good, or from the start without a prior to price against.
         self._cold: Optional[Mode] = None
-        self._warmed = False
-        self._priced_warm = prior is not None
+        self._warmed = prior is None
         self._cold_keys = [False] * n           # measured only while its mode was warming up
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
         # typical level (seconds, context tokens).
@@ -463,8 +462,7 @@ class GoodputController:
             steps[decision.mode] += 1
             if steps[decision.mode] == _MODE_WARM_STEPS:
                 self._warmed = min(steps.values()) >= _MODE_WARM_STEPS
-                if self._priced_warm:
-                    self._cold = None if self._warmed else OTHER[decision.mode]
+                self._cold = None if self._warmed else OTHER[decision.mode]
         self._earn(self.config.explore_budget)
         offer, self._offer = self._offer, None
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
@@ -941,6 +939,9 @@ class GoodputController:
         if not got:                 # every sum decayed alike: the same slopes
             return
         keep = 1.0 - self.config.ema_alpha
+        # Judged as the window is folded: samples taken cold and folded after count as warm.
+        cold_mode = {m: not self._warmed and self._mode_steps[m] < _MODE_WARM_STEPS
+                     for m in self._mode_steps}
         for i in got:
             window = keys[:, i].tolist()
             self._ctx.add(i, self._mode_of[i], window)
@@ -949,7 +950,7 @@ class GoodputController:
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv)
             self._count_high(i, mean, mean_kv, count)
-            cold = self._mode_cold(self._mode_of[i])
+            cold = cold_mode[self._mode_of[i]]
             measured = self._samples[i] > 0
             if measured:
                 warm_only = count >= 2 and (self._last[i] < _WARM_STEPS <= self._step or
@@ -958,16 +959,15 @@ class GoodputController:
                 w = 1.0 if warm_only else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
-            self._cold_keys[i] = cold and (self._cold_keys[i] or not measured)
+            # A lone sample is no window to take whole: the key stays cold-only past it.
+            self._cold_keys[i] = cold and (self._cold_keys[i] or not measured) or \
+                self._cold_keys[i] and count < 2
             self._est[i], self._est_kv[i] = mean, mean_kv
             self._samples[i] += count
             self._last[i] = self._step
             if i in self._typical:      # a window too short to count still moves the estimate
                 self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
-
-    def _mode_cold(self, mode: Mode) -> bool:
-        return not self._warmed and self._mode_steps[mode] < _MODE_WARM_STEPS
 
     def _add_window(self, i: int, mean: float, kv: float) -> None:
         """Key i's window of samples into its recent ones, and its typical level anew."""
