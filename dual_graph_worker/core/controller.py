@@ -63,9 +63,13 @@ _MIN_LOSS = 0.05
 # above its mean, still leaves speculation behind: its acceptance was what it was checking.
 _PROBE_ERRORS = 2.0
 # How far a size's step time may have drifted since it was measured (acceptance moves, step
-# times barely do): decode is re-measured only where a step this much faster would win, and a
-# stale speculative step time is judged this much faster.
+# times barely do): a stale speculative step time is judged this much faster, and decode is
+# re-measured only where a step _DECODE_DRIFT faster would win. Decode's steps hold steadier
+# than speculation's (on the H200 a decode run's settling steps 0.999 of its later ones; spells
+# slow speculation's host-bound steps far more): at 0.3 the accept-2 cells re-measured decode,
+# 4 steps and a catch-up, at every size up to C=32, where speculation led by 15-47%.
 _STEP_DRIFT = 0.3
+_DECODE_DRIFT = 0.15
 # While a key goes unmeasured an estimate above its typical level (the lower median of its last
 # _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more) relaxes down toward it, by 1/e
 # every _RELAX_STEPS steps; where its mode left in a spell (its latest windows ran _HIGH over
@@ -446,13 +450,16 @@ class GoodputController:
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
         if self._allowance >= self._min_price and self._measured(here_key) and \
-                self._stale(there_key, other, inputs.rows) and \
-                self._plausible(other, there_t, here_t, inputs):
-            if chosen_at != (spec_t, decode_t):     # a re-measurement is priced as measured
+                self._stale(there_key, other, inputs.rows):
+            if chosen_at != (spec_t, decode_t):
+                # A re-measurement is judged and priced as measured: a mode only ever
+                # re-measured stays warming up, and its warm-up price would re-measure it on
+                # every chance (on the H200 decode, 4 steps every accept-2 cell).
                 spec, decode = self._mode_costs(spec_t, decode_t, accept, inputs, from_decode)
                 here, there = (decode, spec) if from_decode else (spec, decode)
-            return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
-                                 inputs) or stay
+            if self._plausible(other, there_t, here_t, inputs, (spec, decode)):
+                return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
+                                     inputs) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
@@ -1214,18 +1221,18 @@ class GoodputController:
         return self._last[i] < self._step - self.config.stale_after
 
     def _plausible(self, mode: Mode, t: Optional[float], current_t: float,
-                   inputs: PolicyInputs) -> bool:
-        """Worth re-measuring: decode if it would win with its steps _STEP_DRIFT faster than
+                   inputs: PolicyInputs, costs: tuple) -> bool:
+        """Worth re-measuring: decode if it would win with its steps _DECODE_DRIFT faster than
         estimated (its time is all it has to refresh); spec if its steps would win at the best
         possible acceptance (a new request's acceptance is unknown). The draft's
         prompt cost is left out here: only a spec run's catch-ups re-measure it, so an
         overestimate of it must not keep spec from ever being tried. `t`: its step time here,
-        `current_t`: the current mode's."""
+        `current_t`: the current mode's, `costs`: each mode's (spec, decode) as measured."""
         if mode is Mode.DECODE:
-            spec, decode = self._costs
+            spec, decode = costs
             if spec is None or decode is None or not t:
                 return True
-            return (decode - _STEP_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
+            return (decode - _DECODE_DRIFT * t / inputs.bs) * (1 + self.config.margin) < spec
         return self._spec_wins(self.config.num_draft_tokens + 1.0, t, current_t, inputs.bs) is True
 
     def _spec_wins(self, accept: float, spec_t: Optional[float], decode_t: Optional[float],
