@@ -67,6 +67,21 @@ def test_a_second_run_into_the_same_folder_starts_afresh(tmp_path, monkeypatch):
     assert len([r for r in matrix["records"] if r["engine"] == "dual"]) == 4
 
 
+def test_engines_launched_together_serve_the_same_matrix(tmp_path, monkeypatch):
+    """--start-together: every engine launched at once (each its own entry-point shim), then
+    the same plan, engine by engine, as when each starts after the last is up."""
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3,plain",
+                              "--start-together")
+    assert rc == 0
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert {(c["accept_len"], c["concurrency"]) for c in matrix["cells"]} == \
+        {(2.0, 1), (2.0, 4), (3.0, 1), (3.0, 4)}
+    assert set(matrix["startup_s"]) == {"dual", "eagle3", "plain"}
+    assert "launched together" in matrix["note"]
+    assert {p.name for p in (out / "shim").iterdir()} == {"dual", "eagle3", "plain"}
+    assert pm.main(["--out", str(tmp_path / "x"), "--start-together"]) == 2
+
+
 def test_an_engine_that_dies_is_set_aside_with_what_it_measured(
         tmp_path, monkeypatch):
     # EAGLE-3 dies in its 6th batch (3 warm-ups, the accept switch's, C=1): at C=4.

@@ -764,6 +764,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--interleave", action="store_true",
                     help="every engine up at once (same KV pool each), each cell taken by one "
                          "engine after another in a rotating order (interleave.py)")
+    ap.add_argument("--start-together", action="store_true",
+                    help="with --interleave: launch every engine at once rather than each "
+                         "after the last is up (on the H200 the three start-ups took 230 s of "
+                         "a 395-s call); each KV pool is checked after and a short one warned of")
     ap.add_argument("--rounds", type=int, default=1,
                     help=f"with --interleave: every cell this many times (1-{MAX_RUNS}), one run "
                          "a round, each round in its own engine order; tok/s is the median "
@@ -848,6 +852,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: rounds draw fresh prompts for C < {REPEAT_SEED_STRIDE} only; pass "
               "--rounds 1 for larger C", file=sys.stderr)
         return 2
+    if args.start_together and not args.interleave:
+        print("error: --start-together needs --interleave", file=sys.stderr)
+        return 2
     if args.interleave and args.processes != 1:
         print("error: --interleave runs one process per engine; leave out --processes",
               file=sys.stderr)
@@ -876,7 +883,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             + (f"; every engine's processes on CPUs {_spans(cpus)}" if cpus else "")
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
                "each cell runs" if args.host_load else "")
-            + ("; engines up at once, each cell taken in turn in a rotating order"
+            + ("; engines up at once" + (" (launched together)" if args.start_together
+                                          else "")
+               + ", each cell taken in turn in a rotating order"
                + (f" in {args.rounds} rounds (tok/s: the median round)" if args.rounds > 1
                   else "") + ", KV pool "
                f"{interleave.ENGINE_KWARGS['max_total_tokens']} tokens each, worker stash "
@@ -901,7 +910,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 {kind: engine_spec(run, kind, 0, interleave.ENGINE_KWARGS, interleave.DUAL_ENV)
                  for kind in engines},
                 interleave_plan(run, engines), out, deadline,
-                on_phase=lambda so_far: writer.write(filed(so_far)))
+                on_phase=lambda so_far: writer.write(filed(so_far)),
+                together=args.start_together)
             for kind, res in results.items():
                 writer.started(kind, res)
                 if res.get("error"):
