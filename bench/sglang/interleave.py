@@ -85,12 +85,6 @@ class Engine:
         return reply
 
 
-def start(kind: str, spec: dict, out: Path, deadline: float) -> Engine:
-    """One engine process serving its inbox, returned once it is up (its start-up alone, so
-    each measures the memory the ones before it left)."""
-    return wait_up(launch(kind, spec, out), deadline)
-
-
 def launch(kind: str, spec: dict, out: Path) -> tuple[str, Child, Path]:
     """One engine process serving its inbox, just launched."""
     inbox = out / f"{kind}.inbox"
@@ -138,14 +132,16 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
     engines: dict[str, Engine] = {}
     failed: dict[str, dict] = {}
     done: dict[str, dict] = {}          # engines no later phase needed, stopped early
-    launched: list[tuple[str, Child, Path]] = []
+    # Otherwise each launched alone once the last is up, so each measures the memory the ones
+    # before it left.
+    pending: dict[str, tuple[str, Child, Path]] = {}
     try:
-        if together:
-            launched = [launch(kind, spec, out) for kind, spec in specs.items()]
+        for kind, spec in specs.items() if together else ():
+            pending[kind] = launch(kind, spec, out)
         for kind, spec in specs.items():
             try:
-                engines[kind] = wait_up(launched.pop(0), deadline) if together else \
-                    start(kind, spec, out, deadline)
+                engines[kind] = wait_up(pending.pop(kind, None) or launch(kind, spec, out),
+                                        deadline)
             except EngineGone as exc:
                 failed[kind] = {"tasks": {}, "error": str(exc)}
         for kind in list(engines):
@@ -165,7 +161,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 done[kind] = _stop(engines.pop(kind), deadline)
             on_phase({k: e.child.result() for k, e in engines.items()} | done | failed)
     finally:
-        for _, child, _ in launched:        # never waited on (the run was interrupted)
+        for _, child, _ in pending.values():    # never waited on (the run was interrupted)
             child.stop()
         results = {}
         for kind, engine in engines.items():

@@ -413,12 +413,13 @@ class GoodputController:
                 return self._goodput[cur]
             return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
+        # Each mode's step time here, looked up once: the re-measurement checks read them too.
+        # _times_here, inline: a call and its tuples cost ~20 bytecodes on every step.
         spec_key = self._spec_at.get(spec_bs)
         decode_key = self._decode_at.get(inputs.decode_padded_bs)
-        # Each mode's step time here, looked up once: the re-measurement checks read them too.
         kv = inputs.kv_tokens
-        spec_t, decode_t = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
-        chosen_at = (spec_t, decode_t) if self._cold is None else \
+        measured = spec_t, decode_t = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
+        chosen_at = measured if self._cold is None else \
             self._warm_times(spec_key, decode_key, spec_t, decode_t, kv)
         accept = self.expected_accept(inputs.rows)
         spec, decode = self._costs = self._mode_costs(*chosen_at, accept, inputs, from_decode)
@@ -451,7 +452,7 @@ class GoodputController:
         # reference), when the other's estimate here is stale and could change the answer.
         if self._allowance >= self._min_price and self._measured(here_key) and \
                 self._stale(there_key, other, inputs.rows):
-            if chosen_at != (spec_t, decode_t):
+            if chosen_at != measured:
                 # A re-measurement is judged and priced as measured: a mode only ever
                 # re-measured stays warming up, and its warm-up price would re-measure it on
                 # every chance (on the H200 decode, 4 steps every accept-2 cell).
@@ -568,6 +569,16 @@ class GoodputController:
             return None, None
         t = _time_on(line, kv_tokens)
         return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
+
+    def _times_here(self, inputs: PolicyInputs) -> tuple:
+        """Each mode's step seconds here (spec, decode) as the choice of mode prices them
+        (_warm_times while one mode warms up); decide has its own copy, inline."""
+        spec_key = self._spec_at.get(inputs.spec_padded_bs)
+        decode_key = self._decode_at.get(inputs.decode_padded_bs)
+        kv = inputs.kv_tokens
+        measured = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
+        return measured if self._cold is None else \
+            self._warm_times(spec_key, decode_key, *measured, kv)
 
     def _warm_times(self, spec_key: Optional[int], decode_key: Optional[int],
                     spec_t: Optional[float], decode_t: Optional[float], kv_tokens: int) -> tuple:
@@ -1262,12 +1273,7 @@ class GoodputController:
             return False
         mean = p.total / p.seen
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
-        spec_key = self._spec_at.get(inputs.spec_padded_bs)
-        decode_key = self._decode_at.get(inputs.decode_padded_bs)
-        kv = inputs.kv_tokens
-        spec_t, decode_t = self._line_time(spec_key, kv), self._line_time(decode_key, kv)
-        if self._cold is not None:
-            spec_t, decode_t = self._warm_times(spec_key, decode_key, spec_t, decode_t, kv)
+        spec_t, decode_t = self._times_here(inputs)
         return self._spec_wins(self._steps_high(mean, variance, p.seen),
                                spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
 
