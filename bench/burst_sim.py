@@ -27,8 +27,8 @@ from dual_graph_worker.core.controller import ControllerConfig, GoodputControlle
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policy import (Admitted, PinnedPolicy, PrefillTime, StepTime,
-                                           accepted)
+from dual_graph_worker.core.policy import (Admitted, PinnedPolicy, PrefillTime, Reducer,
+                                           StepTime, accepted)
 from dual_graph_worker.core.settings import Settings
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, *range(72, 257, 8))
@@ -72,9 +72,9 @@ class SteadyPromptShare(GoodputController):
         super().__init__(*args)
         self.ratio = ratio
 
-    def _fold_batch_costs(self, tail: np.ndarray) -> None:
-        super()._fold_batch_costs(tail)
-        self._prompt_per_output = self.ratio
+    def exchange(self, reduce: Reducer) -> None:
+        super().exchange(reduce)
+        self._batch_costs.prompt_per_output = self.ratio
 
 
 def planner(rows: int, pin: Optional[Mode], steady_share: Optional[float] = None) -> StepPlanner:

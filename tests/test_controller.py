@@ -582,7 +582,7 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     again = catch_ups(h200[:3] + [(600, 21e-3), (664, 23e-3), (16, 2.6e-3)])
     assert again.catch_up_s_per_token() > 20e-6
     # Out to the sizes it has seen; beyond them no dearer a token than a third of a prefill's.
-    reach = again._catch_up_reach
+    reach = again._batch_costs.catch_up_reach
     assert 664 < reach < 2000
     assert again.catch_up_seconds(10_000) == pytest.approx(
         again.catch_up_seconds(int(reach)) + (10_000 - reach) * 17.6e-6 / 3, rel=0.01)
@@ -1051,10 +1051,10 @@ def test_leaning_on_neighbours_never_raises_a_price_nor_follows_a_barely_measure
     for _ in range(2):
         p.observe(StepTime(Mode.SPEC, 16, 0.0075, kv_tokens=2000))
     p.exchange(lambda v: v)
-    i = p._at[Mode.SPEC][16]
+    i = p._times.at[Mode.SPEC][16]
     for kv in (0, 2000, 8000, 20000):
-        assert p.step_time(Mode.SPEC, 16, kv) <= p._line_times(i, kv)[0] + 1e-12
-    assert p.step_time(Mode.SPEC, 16, 2000) < p._line_times(i, 2000)[0]
+        assert p.step_time(Mode.SPEC, 16, kv) <= p._times.line_times(i, kv)[0] + 1e-12
+    assert p.step_time(Mode.SPEC, 16, 2000) < p._times.line_times(i, 2000)[0]
     q = controller(replay_prior())
     for pb, seconds, n in ((8, 0.0068, 300), (32, 0.0066, 3), (16, 0.0079, 2)):
         for _ in range(n):
@@ -1179,7 +1179,7 @@ def test_a_line_holds_at_least_out_to_the_context_it_was_last_measured_at():
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * 24_000, kv_tokens=24_000))
     p.exchange(lambda v: v)
     est, _, _, kv, _ = p.estimates()["step_s"]["spec"][16]
-    assert p._ctx.reach(p._spec_at[16]) < kv       # the decayed spread lags
+    assert p._times._ctx.reach(p._times.spec_at[16]) < kv       # the decayed spread lags
     assert p.step_time(Mode.SPEC, 16, int(kv)) == pytest.approx(est, rel=2e-3)
 
 
@@ -1306,7 +1306,7 @@ def test_a_fitted_catch_up_never_prices_negative():
     # A line fitted through noisy catch-ups may slope down; a catch-up still costs >= 0 s, so
     # neither the switch's amortisation nor an exploration's price can turn into a credit.
     p = controller(replay_prior())
-    p._catch_up_fit = (0.002, -3e-6)
+    p._batch_costs.catch_up_fit = (0.002, -3e-6)
     assert p.catch_up_seconds(8000) == 0.0 and p.catch_up_seconds(100) > 0
 
 
@@ -1321,8 +1321,8 @@ def test_explore_cap_rules_out_the_dearest_re_measurements():
     p = controller(explore_budget=0.01, explore_steps=4, explore_cap=3.0)
     p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
     bank = 4.0
-    assert p._affordable(3 * bank) and not p._affordable(3 * bank + 0.1)
-    assert controller(explore_cap=0.0)._affordable(100 * bank)       # 0: no cap
+    assert p._budget.affordable(3 * bank) and not p._budget.affordable(3 * bank + 0.1)
+    assert controller(explore_cap=0.0)._budget.affordable(100 * bank)       # 0: no cap
     # Where rising acceptance needs a dear re-measurement (bs 48 from accept 2: a catch-up of
     # the draft's backlog, which grows while decoding), it goes unseen.
     rise = 1400
@@ -1340,24 +1340,24 @@ def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones(
     p = controller(explore_budget=0.01, explore_steps=4)
     bank = 4.0
     p.commit(Decision(Mode.DECODE, Reason.GOODPUT))              # decoding
-    assert p._affordable(bank) and p._affordable(3 * bank)      # a full bank, no debt
+    assert p._budget.affordable(bank) and p._budget.affordable(3 * bank)      # a full bank, no debt
     for _ in range(4):                                           # one costly re-measurement
         p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3 * bank))
     # Its price went into debt; the bank is untouched: a cheap one is still affordable, the
     # next costly one only once the debt is repaid by what the full bank cannot hold.
-    assert p._allowance == pytest.approx(bank) and p._debt == pytest.approx(3 * bank - 0.03)
+    assert p._budget.allowance == pytest.approx(bank) and p._budget.debt == pytest.approx(3 * bank - 0.03)
     shown = p.estimates()                                        # /get_server_info
-    assert (shown["explore_allowance_steps"], shown["explore_debt_steps"]) == (p._allowance,
-                                                                                p._debt)
-    assert p._affordable(bank) and not p._affordable(bank + 0.1)
+    assert (shown["explore_allowance_steps"], shown["explore_debt_steps"]) == (p._budget.allowance,
+                                                                                p._budget.debt)
+    assert p._budget.affordable(bank) and not p._budget.affordable(bank + 0.1)
     steps = 0
-    while not p._affordable(bank + 0.1):
+    while not p._budget.affordable(bank + 0.1):
         p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
         steps += 1
     assert steps == pytest.approx(1197, abs=1)                   # 11.97 at 0.01 a step
     # A cheap one is paid from the bank, which refills at the budget's rate.
     p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3.0))
-    assert p._allowance == pytest.approx(1.0) and not p._affordable(2.0)
+    assert p._budget.allowance == pytest.approx(1.0) and not p._budget.affordable(2.0)
 
 
 def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale():

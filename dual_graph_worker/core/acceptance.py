@@ -1,0 +1,179 @@
+"""Accept lengths: each request's, learnt from its speculative steps, and what a batch of
+requests is expected to accept. Acceptance is the same on every rank (the engine counts the
+accepted tokens), so it is applied at once, not at an exchange."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+# Each observation's weight halves every ~22 steps, whatever mode ran meanwhile, so the first
+# speculative steps after a long decode period speak for the present.
+_DECAY = 1.0 / 32.0
+_ROW_ALPHA = 0.2
+# The draws a request's EMA holds once past its first ones: its variance is one draw's times
+# alpha / (2 - alpha).
+_ROW_DRAWS = (2.0 - _ROW_ALPHA) / _ROW_ALPHA
+_KEEP_SQ = (1.0 - _ROW_ALPHA) ** 2
+# From this many rows a batch's expected acceptance weighs every measured request alike, as if
+# its EMA were full: the batch's mean averages out what its requests' differing noise would
+# change, and a per-row weight would cost a Python loop over the batch each step.
+_POOLED_ROWS = 32
+# Within 5% of a full EMA's noise (8 spec steps past the first draws) a row is weighed as full.
+_FULL_NOISE = 1.05 / _ROW_DRAWS
+# A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
+# a request (or, as a new request's expectation, for the next ones).
+_FIRST_DRAWS = 4
+# Requests' spread of acceptance is learnt over the latest ~40 of them, and trusted from 8 on
+# (until then each request's own estimate counts whole).
+_SPREAD_ALPHA = 0.05
+_SPREAD_MIN_REQUESTS = 8
+
+
+def _first_weight(requests: int) -> float:
+    """The weight of `requests` first estimates in what a new request is expected to accept
+    (each moves it as one request's EMA step does)."""
+    return 1.0 - (1.0 - _ROW_ALPHA) ** requests
+
+
+class AcceptanceEstimate:
+    """All requests' recent acceptance (decayed sums, an optimistic prior of K+1 of weight 1)
+    and, per request-pool row, its request's own: NaN until _FIRST_DRAWS draws are in, then an
+    EMA. Rows live in Python lists: a spec step reads and updates at most a few dozen, where
+    numpy's per-call cost outweighs the work."""
+
+    def __init__(self, num_draft_tokens: int, max_rows: int) -> None:
+        k1 = num_draft_tokens + 1.0
+        self._sum, self._weight = k1, 1.0
+        self.seen_at = 0                          # the step acceptance was last seen at
+        self._rows: Optional[list[float]] = [math.nan] * max_rows if max_rows else None
+        self._draw_sum = [0.0] * max_rows
+        self._draw_sq = [0.0] * max_rows
+        self._draws = [0] * max_rows
+        # Each row estimate's variance in units of one draw's: 1/_FIRST_DRAWS at first, toward
+        # 1/_ROW_DRAWS as its EMA fills. A request that decodes keeps its first, noisier one.
+        self._noise = [0.0] * max_rows
+        # What a request not measured yet is expected to accept: the first estimates of the
+        # latest requests (per request, so one long phase of many steps does not outweigh the
+        # requests that came after it). Optimistic until a request is measured.
+        self.fresh = k1
+        # Decayed sums over requests' first estimates (count, sum, sum of squares, the variance
+        # of one draw within each, squared weights): how much requests surely differ beyond
+        # their draws' noise (None until the spread is trusted: own estimates count whole), and
+        # one draw's variance within a request. Together they weigh a request's own estimate
+        # against all requests' (own_weight).
+        self._spread = [0.0] * 5
+        self._differ: Optional[float] = None
+        self.draw_var: Optional[float] = None
+        self.full_weight = 1.0                    # own_weight of a full EMA's noise
+
+    @property
+    def mean(self) -> float:
+        """Every request's recent acceptance."""
+        return self._sum / self._weight
+
+    def expected(self, rows: Optional[np.ndarray] = None) -> float:
+        """Accept length expected of a batch: each measured request's own estimate, pulled
+        toward all requests' recent acceptance as far as requests are seen to differ against
+        the noise of the draws it holds (four draws of 1 at accept 1.88 wrote a request off for
+        44 steps); what the latest requests first measured for requests not measured yet."""
+        est = self._rows
+        every = self._sum / self._weight
+        if rows is None or est is None or not len(rows):
+            return every
+        ids = rows.tolist()
+        n, fresh = len(ids), self.fresh
+        differ, draw, noise = self._differ, self.draw_var, self._noise
+        # Where differ or draw is 0 every row weighs alike (0 or 1): the pooled path's answer.
+        # Otherwise each row's weight is own_weight(noise), inline: this runs every step.
+        if n < _POOLED_ROWS and differ and draw and max(map(noise.__getitem__, ids)) > _FULL_NOISE:
+            total = 0.0
+            for i in ids:
+                e = est[i]
+                total += fresh if e != e else \
+                    every + differ * (e - every) / (differ + draw * noise[i])
+            return total / n
+        w = self.full_weight
+        total = sum(map(est.__getitem__, ids))
+        if total == total:                               # every request measured (no NaN)
+            return every + w * (total / n - every)
+        known = [v for v in map(est.__getitem__, ids) if v == v]
+        own = (1.0 - w) * every * len(known) + w * sum(known)
+        return (own + (n - len(known)) * fresh) / n
+
+    def own_weight(self, noise: float) -> float:
+        """The weight of a request's own estimate, of variance `noise` draws', over all
+        requests': how far requests surely differ against that noise."""
+        differ, draw = self._differ, self.draw_var
+        if differ is None:
+            return 1.0
+        if differ > 0:
+            return differ / (differ + draw * noise)
+        return 0.0 if draw > 0 else 1.0
+
+    def admit(self, rows: list[int]) -> None:
+        """A new request holds each of `rows`: nothing is known of it."""
+        if self._rows is None:
+            return
+        for row in rows:
+            self._rows[row], self._draws[row] = math.nan, 0
+            self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
+
+    def add(self, accepts: list[float], total: float, rows: Optional[np.ndarray],
+            step: int) -> None:
+        """One speculative step's accept lengths (1..K+1, their sum `total`) of request `rows`."""
+        decay = (1.0 - _DECAY) ** (step - self.seen_at)
+        self._sum = decay * self._sum + total
+        self._weight = decay * self._weight + len(accepts)
+        self.seen_at = step
+        est, noise = self._rows, self._noise
+        if rows is None or est is None:
+            return
+        firsts, within = [], []
+        for row, accept in zip(rows.tolist(), accepts):
+            r = est[row]
+            if r == r:
+                est[row] = r + _ROW_ALPHA * (accept - r)
+                noise[row] = _KEEP_SQ * noise[row] + _ROW_ALPHA * _ROW_ALPHA
+                continue
+            self._draw_sum[row] += accept
+            self._draw_sq[row] += accept * accept
+            self._draws[row] += 1
+            if self._draws[row] >= _FIRST_DRAWS:
+                mean = est[row] = self._draw_sum[row] / _FIRST_DRAWS
+                noise[row] = 1.0 / _FIRST_DRAWS
+                firsts.append(mean)
+                within.append((self._draw_sq[row] - _FIRST_DRAWS * mean * mean)
+                              / (_FIRST_DRAWS - 1))
+        if firsts:
+            self._learn_spread(firsts, within)
+
+    def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
+        """Fold requests' first estimates into the new-request expectation and the spreads:
+        how far requests surely differ (the first estimates' variance, less its standard error
+        and their four draws' noise), and one draw's variance."""
+        n = len(firsts)
+        self.fresh += _first_weight(n) * (sum(firsts) / n - self.fresh)
+        keep = (1.0 - _SPREAD_ALPHA) ** n
+        # Each request weighs 1 when folded: the squared weights decay twice as fast.
+        decays = (keep, keep, keep, keep, keep * keep)
+        window = (n, sum(firsts), sum(m * m for m in firsts), sum(within), n)
+        self._spread = [d * s + v for d, s, v in zip(decays, self._spread, window)]
+        count, s1, s2, sw, squares = self._spread
+        effective = count * count / squares
+        if effective < _SPREAD_MIN_REQUESTS:
+            return
+        between = max(s2 / count - (s1 / count) ** 2, 0.0) * effective / (effective - 1.0)
+        draw = self.draw_var = sw / count
+        # Less one standard error of that variance (~22% of it over ~40 requests): where
+        # requests accept alike, its noise alone read as a spread gave their own noisy
+        # estimates a third of the weight or more.
+        sure = between * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
+        self._differ = max(sure - draw / _FIRST_DRAWS, 0.0)
+        self.full_weight = self.own_weight(1.0 / _ROW_DRAWS)
+
+    def estimates(self) -> dict:
+        return {"fresh_accept": self.fresh, "own_accept_weight": self.full_weight,
+                "own_accept_weight_first": self.own_weight(1.0 / _FIRST_DRAWS)}

@@ -1,0 +1,260 @@
+"""What speculation costs outside its steps: the draft's prefill of new prompts (the workload's
+prompt share), a catch-up of the draft's backlog and a switch back to decode. Batches' seconds
+gather rank-locally (`add_*`) and reach the fits only at an exchange (`fold`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from dual_graph_worker.core.regressions import MIN_SPREAD, Slope
+
+# Per exchange, how much of the prompt/output token history is kept (~20 exchanges).
+_WORKLOAD_DECAY = 0.95
+# Catch-ups are rarer than prefills: their regression keeps ~100 exchanges of history.
+_CATCH_UP_DECAY = 0.99
+# Below this many tokens per catch-up, a catch-up's fixed cost (one more draft forward) hides
+# its per-token rate: the plain ratio is no rate then.
+_RATIO_MIN_TOKENS = 512
+# A draft token costs at most 1/_RATE_CAP of a prefill token (the target's, with the draft or
+# not) beyond a catch-up's fixed part: the draft is a small share of the weights.
+_RATE_CAP = 3.0
+# Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of
+# prefills with and without the draft, of catch-ups at a switch back from decode, and of
+# catch-ups inside a speculative run (after deferred prefills); switches without a catch-up
+# (count, sum of seconds).
+_PF = {True: 0, False: 5}
+_CU = {True: 10, False: 15}
+_SW = 20
+_SLOTS = 22
+
+
+class BatchCosts:
+    """The fits of prefills, catch-ups and switches, and the workload's prompt share.
+    `draft_floor`, `draft_share`: ControllerConfig's; `max_rows`: request rows tracked (0:
+    none, and no turnover is counted)."""
+
+    def __init__(self, draft_floor: bool, draft_share: float, max_rows: int) -> None:
+        self._draft_floor_on = draft_floor
+        self._draft_share = draft_share
+        self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
+        # Catch-ups at a switch carry the switch; those inside a speculative run do not.
+        self.catch_up = {at_switch: Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+                         for at_switch in (True, False)}
+        # A switch without a catch-up (spec -> decode): decayed count and seconds.
+        self._switches = self._switch_sum = 0.0
+        # Decayed prompt and output tokens, and requests that joined the running batch and
+        # those of them that took a finished request's place: the prompt share counts only
+        # those (a batch filling up admits prompts no future step pays for again). A place left
+        # waits one exchange for its taker, then counts as the batch shrinking.
+        self._prompt = 0.0
+        self._output = 0.0
+        self._joined = 0.0
+        self._took_place = 0.0
+        self._vacant = 0
+        self.prompt_window = 0.0
+        self.output_window = 0.0
+        # Derived from the above at each exchange (they change nowhere else), read every step:
+        # prompt tokens per output token, the draft's seconds per prompt token, a switch's
+        # seconds, a catch-up's (fixed s, s per token), the tokens that rate holds out to and
+        # the seconds per token beyond them.
+        self.prompt_per_output = 0.0
+        self.delta = 0.0
+        self.switch_s = 0.0
+        self.catch_up_fit: tuple[float, float] = (0.0, 0.0)
+        self.catch_up_reach = math.inf
+        self._catch_up_far = 0.0
+        # Per request row: its admissions (a reused row holds a new request) and the step of
+        # the latest; the running batch's rows at the last exchange with theirs, and the
+        # latest step's rows.
+        self._admissions = np.zeros(max_rows, dtype=np.int64) if max_rows else None
+        self._admitted_at = np.full(max_rows, -1, dtype=np.int64)     # _turnover's scratch
+        self._admitted_step = np.full(max_rows, -1, dtype=np.int64)
+        self._members: Optional[tuple[np.ndarray, np.ndarray]] = None
+        self.batch_rows: Optional[np.ndarray] = None
+        # Rank-local sums since the last exchange: never read by a decision.
+        self._local = np.zeros(_SLOTS)
+
+    # ------------------------------------------------------------------------------ write
+
+    def add_prefill(self, draft: bool, tokens: float, seconds: float) -> None:
+        self._add(_PF[draft], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+
+    def add_catch_up(self, at_switch: bool, tokens: float, seconds: float) -> None:
+        self._add(_CU[at_switch], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+
+    def add_switch(self, seconds: float) -> None:
+        self._add(_SW, (1.0, seconds))
+
+    def _add(self, slot: int, values: tuple) -> None:
+        self._local[slot:slot + len(values)] += values
+
+    def admitted(self, rows: np.ndarray, step: int) -> None:
+        """New requests hold `rows` from `step` on."""
+        self._admissions[rows] += 1
+        self._admitted_step[rows] = step
+
+    def take_local(self) -> np.ndarray:
+        """This rank's sums since the last exchange, and cleared."""
+        local = self._local.copy()
+        self._local[:] = 0.0
+        return local
+
+    def fold(self, tail: np.ndarray) -> None:
+        """Every rank's sums (take_local's layout, reduced), and the workload's prompt share;
+        then the terms derived from them."""
+        # Nothing new: every fit, a ratio of sums decayed alike, is unchanged.
+        new = np.count_nonzero(tail) > 0
+        for draft, at in _PF.items():
+            self._prefill[draft].fold(tail[at:at + 5] if new else None)
+        for at_switch, at in _CU.items():
+            self.catch_up[at_switch].fold(tail[at:at + 5] if new else None)
+        switches, seconds = tail[_SW:_SW + 2].tolist()
+        self._switches = _CATCH_UP_DECAY * self._switches + switches
+        self._switch_sum = _CATCH_UP_DECAY * self._switch_sum + seconds
+        self.switch_s = max(self._switch_sum / self._switches, 0.0) if self._switches > 0 \
+            else 0.0
+        self._prompt = _WORKLOAD_DECAY * self._prompt + self.prompt_window
+        self._output = _WORKLOAD_DECAY * self._output + self.output_window
+        self.prompt_window = self.output_window = 0.0
+        joined, left = self._turnover()
+        took = min(joined, left + self._vacant)
+        self._vacant = min(left + self._vacant - took, left)
+        self._joined = _WORKLOAD_DECAY * self._joined + joined
+        self._took_place = _WORKLOAD_DECAY * self._took_place + took
+        self.prompt_per_output = self.replaced() * self._prompt / self._output \
+            if self._output > 0 else 0.0
+        if new:
+            floor = self._draft_floor()
+            self.delta = max(self._draft_prefill_rate(), floor)
+            self.catch_up_fit = self._fit_catch_up()
+            at_switch = self.catch_up[True]     # the sizes the line was fitted on
+            self.catch_up_reach = (at_switch if at_switch.fit() is not None
+                                   else self._both_catch_ups()).reach()
+            cap = self.draft_rate_cap()
+            rate = self.catch_up_fit[1]
+            self._catch_up_far = max(rate if cap is None else min(rate, cap), floor)
+
+    def _turnover(self) -> tuple[int, int]:
+        """Requests that joined and left the running batch since the last exchange, from its
+        rows then and now (a row re-admitted meanwhile holds a new request); none without rows.
+        A request that joined and left in between is missed (fewer steps than sync_every)."""
+        rows = self.batch_rows
+        if rows is None or self._admissions is None:
+            return 0, 0
+        rows = np.array(rows, dtype=np.int64)
+        admissions = self._admissions[rows]
+        last, self._members = self._members, (rows, admissions)
+        if last is None:
+            return len(rows), 0
+        last_rows, last_admissions = last
+        here = self._admitted_at
+        here[rows] = admissions
+        stayed = int(np.count_nonzero(here[last_rows] == last_admissions))
+        here[rows] = -1
+        return len(rows) - stayed, len(last_rows) - stayed
+
+    # ------------------------------------------------------------------------------ read
+
+    def newcomers(self, rows: Optional[np.ndarray], since: int) -> bool:
+        """The batch holds a request admitted at `since` or later (True without rows: nothing
+        says otherwise)."""
+        if rows is None or not len(rows) or self._admissions is None:
+            return True
+        return int(self._admitted_step[rows].max()) >= since
+
+    def replaced(self) -> float:
+        """The share of joining requests that took a finished request's place (all, without
+        the batch's rows)."""
+        return self._took_place / self._joined if self._joined > 0 else 1.0
+
+    def _draft_prefill_rate(self) -> float:
+        """The draft's seconds per prompt token: the slope of catch-ups inside speculative runs
+        (the same draft extend over deferred prompts, no switch in it), else of all catch-ups,
+        else a ratio of large catch-ups (their fixed cost negligible), else the difference of
+        the prefill slopes with and without the draft, else 0."""
+        run, every = self.catch_up[False], self._both_catch_ups()
+        for fit in (run.fit(), every.fit()):
+            if fit is not None:
+                return fit[1]
+        for ups in (run, every):
+            ratio = ups.ratio()
+            if ratio is not None and ups.mean_tokens() >= _RATIO_MIN_TOKENS:
+                return max(ratio, 0.0)
+        with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
+        if with_draft is not None and plain is not None:
+            return max(with_draft - plain, 0.0)
+        return 0.0
+
+    def _both_catch_ups(self) -> Slope:
+        both = Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+        both.sums = self.catch_up[True].decayed() + self.catch_up[False].decayed()
+        both.events = self.catch_up[True].events + self.catch_up[False].events
+        return both
+
+    def _fit_catch_up(self) -> tuple[float, float]:
+        """A switch's catch-up, fixed part and rate: the line through the catch-ups at switches;
+        where their sizes cannot give one, delta as the rate and their mean excess over it as
+        the fixed part (or, with no delta, the ratio of large ones)."""
+        at_switch = self.catch_up[True]
+        fit = at_switch.fit()
+        if fit is not None:
+            return fit
+        n, mean_tokens = at_switch.sums[0], at_switch.mean_tokens()
+        if n <= 0:
+            return 0.0, self.delta
+        if self.delta == 0.0 and mean_tokens >= _RATIO_MIN_TOKENS:
+            return 0.0, max(at_switch.ratio() or 0.0, 0.0)
+        return max(at_switch.sums[2] / n - self.delta * mean_tokens, 0.0), self.delta
+
+    def catch_up_seconds(self, tokens: int) -> float:
+        """Expected seconds of one catch-up over `tokens` draft tokens: the fitted line out to
+        the sizes it has seen, beyond them no dearer a token than the draft can be. Small
+        catch-ups' scatter (a switch's costs ride on them) fitted 8-23 us a token on the H200,
+        which priced a 12k-token one at ~300 ms where one of 10k took 27."""
+        if tokens <= 0:
+            return 0.0
+        fixed, rate = self.catch_up_fit
+        beyond = max(tokens - self.catch_up_reach, 0.0)
+        return max(fixed + rate * (tokens - beyond) + self._catch_up_far * beyond, 0.0)
+
+    def _draft_floor(self) -> float:
+        """The least a draft token can cost: the draft's share of a prefill token with it (a
+        catch-up fitted on a few hundred tokens read 0 a token; on the H200 a prefill of 8192
+        tokens took 16-25 ms more with the draft, where its share of the weights gives ~8)."""
+        if not self._draft_floor_on:
+            return 0.0
+        share = min(self._draft_share, 1.0 / _RATE_CAP)     # no dearer than draft_rate_cap
+        # The lower reading: prefills with the draft are rare where they are deferred, so a
+        # slow first call's would stand for minutes.
+        plain = self._prefill_rate(False)
+        rates = (self._prefill_rate(True), None if plain is None else plain / (1.0 - share))
+        return share * min((r for r in rates if r is not None), default=0.0)
+
+    def _prefill_rate(self, draft: bool) -> Optional[float]:
+        """A prefill's seconds per token (with the draft or not): its line's slope, else, where
+        prefills were of one size (a wave of long prompts in equal chunks), their ratio if
+        large enough for their fixed cost not to count."""
+        prefills = self._prefill[draft]
+        rate = prefills.value()
+        if rate is None and prefills.mean_tokens() >= _RATIO_MIN_TOKENS:
+            rate = prefills.ratio()
+        return rate
+
+    def draft_rate_cap(self) -> Optional[float]:
+        """The most a draft token can cost beyond a catch-up's fixed part (_RATE_CAP); None
+        before a prefill's per-token slope is known."""
+        slopes = (self._prefill[True].value(), self._prefill[False].value())
+        prefill = next((v for v in slopes if v is not None), None)
+        return None if prefill is None else prefill / _RATE_CAP
+
+    def estimates(self) -> dict:
+        fixed, rate = self.catch_up_fit
+        return {"prompt_per_output": self.prompt_per_output, "replaced": self.replaced(),
+                "draft_prefill_s_per_token": self.delta, "catch_up_fixed_s": fixed,
+                "catch_up_s_per_token": rate,
+                "catch_up_reach_tokens": None if math.isinf(self.catch_up_reach)
+                else self.catch_up_reach,
+                "catch_up_far_s_per_token": self._catch_up_far, "switch_s": self.switch_s}

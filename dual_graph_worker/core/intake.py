@@ -1,0 +1,159 @@
+"""Which estimate a measured time feeds: a step's seconds are a sample of its key's step time,
+or the excess of a catch-up or a switch it carried, or nothing (an idle gap, a stall, a span
+cut short or started late). Prefills' seconds feed the prefill fits. All of it rank-local."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from dual_graph_worker.core.batch_costs import BatchCosts
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.policy import PrefillTime, StepTime
+from dual_graph_worker.core.step_times import StepTimeTable
+
+# A sample this many times the current estimate is an idle gap, not a step.
+_OUTLIER = 8.0
+# One this many times it is a stall (a GC pause, finished requests' host work), unless the key's
+# next step is one too: then it is the key's cost now.
+_SPIKE = 3.0
+_NO_ESTIMATE_MAX_S = 2.0
+
+
+class SampleIntake:
+    """Routes StepTime and PrefillTime observations into `times` and `costs`."""
+
+    def __init__(self, times: StepTimeTable, costs: BatchCosts) -> None:
+        self._times = times
+        self._costs = costs
+        self._last_mode: Optional[Mode] = None    # the last step's mode (switches)
+        # The samples whose last one was held back as a lone outlier (_hold_lone): a step key,
+        # or a catch-up kind (at a switch or not) and size (a power of two).
+        self._held: set = set()
+        # A prefill came since the last step; the last step was held back for one; the last
+        # batch held the next one's launch; the last step's sample (key, context, seconds, above
+        # its line) while in this window's sums; the key of the last step if it was held back
+        # as short.
+        self._after_prefill = self._held_after_prefill = self._after_carry = False
+        self._last_sample: Optional[tuple[int, float, float, bool]] = None
+        self._short: Optional[int] = None
+        # The excess of a step that carried the next batch's launch, which belongs to that
+        # batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
+        self._carry: Optional[float] = None
+        self._carry_bs = 0
+
+    def exchanged(self) -> None:
+        """The window's sums left for the exchange: its last sample can no longer be dropped."""
+        self._last_sample = None
+
+    def prefill(self, event: PrefillTime) -> None:
+        self._after_prefill, self._after_carry = True, False
+        carry, self._carry = self._carry or 0.0, None
+        if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
+            self._costs.add_prefill(event.draft, float(event.tokens),
+                                    float(event.seconds) + carry)
+
+    def step(self, event: StepTime) -> None:
+        after_prefill, self._after_prefill = self._after_prefill, False
+        after_carry, self._after_carry = self._after_carry, event.carries_next
+        last, self._last_sample = self._last_sample, None
+        short, self._short = self._short, None
+        carry, self._carry = self._carry, None
+        times = self._times
+        i = times.at[event.mode].get(event.padded_bs)
+        if i is None or not event.seconds > 0:
+            return
+        # Samples are judged against the key's own line; costs beyond a step are what is left
+        # over the step as priced (its own line, or lower where it leans on its neighbours).
+        expected, priced = times.line_times(i, event.kv_tokens)
+        if carry is not None and event.bs != self._carry_bs:
+            # Requests left or joined in between: that excess also holds their host work
+            # (finished results, the new batch), which no launch of this one costs.
+            carry = None
+        switched = self._last_mode not in (None, event.mode)
+        at_switch = self._last_mode is Mode.DECODE
+        self._last_mode = event.mode
+        if carry is not None and switched and not event.catch_up_tokens:
+            # The previous step held this switch's launch, so this one's span starts late: a
+            # switch costs the two steps' excess (as a catch-up does).
+            excess = None if event.carries_next else self._excess(i, event.seconds, priced)
+            self._costs.add_switch(carry + (excess or 0.0))
+        if event.carries_next:
+            # Not a plain step's cost: its excess goes to the batch whose launch it holds.
+            self._carry = self._excess(i, event.seconds, priced)
+            self._carry_bs = event.bs
+            return
+        if event.catch_up_tokens > 0:
+            # The catch-up's cost: this step's excess over a measured step of its size plus the
+            # previous step's (which held this one's launch); fixed cost and switch included,
+            # noise of either sign averages out in the regression.
+            excess = self._excess(i, event.seconds, priced)
+            if excess is not None:
+                x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
+                if self._first_call_cost(at_switch, x, y, priced):
+                    return
+                self._costs.add_catch_up(at_switch, x, y)
+            return
+        # Nor is one whose launch the previous step held: its span starts late (on the H200 a
+        # decode step after a switch from spec ran 0.81-0.99x its size's median).
+        if after_carry:
+            return
+        # The first step after a prefill is no clean sample: its span starts inside the prefill's
+        # (on the H200 0.71x its size's median when the batch arrived at once, 1.07x over HTTP).
+        # Every other one is taken, so a prefill before every step still leaves samples.
+        if after_prefill and not self._held_after_prefill:
+            self._held_after_prefill = True
+            return
+        self._held_after_prefill = False
+        # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
+        # (measured, else the prior: start-up replays are off by a few times, not by eight).
+        if expected is not None and event.seconds > _OUTLIER * expected:
+            return
+        if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
+            return
+        # Nor is a lone one under a third of a measured key's line: a batch's last step, its span
+        # cut short under overlap (0.4 ms among 6 ms steps on the H200), nor the step before it
+        # if of the same key and above its line: that one holds the finished requests' work
+        # (their sum is two steps). Two in a row are the key's cost.
+        if times.samples[i] > 0 and event.seconds * _SPIKE < expected and short != i:
+            if last is not None and last[0] == i and last[3]:
+                times.drop(*last[:3])
+            self._short = i
+            return
+        # A lone stall is no step either: as a size's first sample it would price its mode out
+        # until the size is re-measured. Two in a row are the key's cost.
+        if self._hold_lone(i, expected is not None and event.seconds > _SPIKE * expected):
+            return
+        x, y = float(event.kv_tokens), event.seconds
+        times.add(i, x, y)
+        self._last_sample = (i, x, y, expected is not None and y > expected)
+
+    def _first_call_cost(self, at_switch: bool, tokens: float, seconds: float,
+                         step: float) -> bool:
+        """Whether a catch-up is held back as a lone one-time cost: a whole `step` over its line,
+        at a rate beyond its fixed part that the draft alone does not reach (draft_rate_cap).
+        On the H200 a 528-token catch-up's first forward at its shape took 13-17 ms and the next
+        one's (664 tokens) 2.8; taken, its 20-34 us a token priced speculation out for ~150
+        steps where it was 9% faster. Two in a row of a kind and size (a power of two) are the
+        cost."""
+        costs = self._costs
+        cap = costs.draft_rate_cap()
+        counted = costs.catch_up[True].events + costs.catch_up[False].events
+        spike = cap is not None and counted > 0 and \
+            seconds > costs.catch_up_seconds(int(tokens)) + step and \
+            seconds > costs.catch_up_fit[0] + tokens * cap
+        return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)
+
+    def _hold_lone(self, key: object, outlier: bool) -> bool:
+        """Whether to hold back a sample of `key`: an outlier unless the last one of that key
+        was too (two in a row are its cost)."""
+        if outlier and key not in self._held:
+            self._held.add(key)
+            return True
+        self._held.discard(key)
+        return False
+
+    def _excess(self, i: int, seconds: float, expected: Optional[float]) -> Optional[float]:
+        """Seconds beyond key i's expected step, if it is measured and this is no idle gap."""
+        if self._times.samples[i] > 0 and seconds < _OUTLIER * expected + _NO_ESTIMATE_MAX_S:
+            return seconds - expected
+        return None

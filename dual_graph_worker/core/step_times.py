@@ -1,0 +1,402 @@
+"""Each (mode, padded batch size)'s step seconds, as measured while serving: per key a recent
+mean at its recent mean context, moved along its seconds per context token; sizes not measured
+lean on their measured neighbours, the start-up calibration is only the prior. Samples gather
+rank-locally and reach the estimates only at an exchange (`fold`)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.modes import OTHER, Mode
+from dual_graph_worker.core.regressions import FAR_ERRORS, KEY_SLOTS, ContextSums
+
+# A measured step time predicts no less than this share of itself at a shorter context.
+_CONTEXT_FLOOR = 0.25
+# While a key goes unmeasured an estimate above its typical level (the lower median of its last
+# _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more) relaxes down toward it, by 1/e
+# every _RELAX_STEPS steps; where its mode left in a spell (its latest windows ran _HIGH over
+# that level), every as many steps as the spell was seen for (it is expected to last about as
+# long), from _RELAX_MIN_STEPS on. A gap of a normal window (context, noise) keeps the slow pace.
+# A host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a mode's last run no
+# longer prices it out long after; a stall of 7 bs-4 spec steps at 2x priced it out for 52 steps
+# at a fixed 128. A re-measurement's few settling steps fold into that level rather than replace
+# it. Only down: an estimate too low makes its mode look cheap, so it runs and is measured.
+# Windows older than _TYPICAL_HORIZON steps no longer count; within _SETTLED of its level a key
+# is left alone until it is measured again.
+_RELAX_STEPS = 128
+_RELAX_MIN_STEPS = 16
+_HIGH = 0.1
+_TYPICAL_WINDOWS = 16
+_TYPICAL_MIN_COUNT = 4
+_TYPICAL_HORIZON = 4096
+_SETTLED = 0.002
+# A process's first steps run slow (on the H200 bs-1 spec steps 7.2-8.5 ms for ~35 steps, 6.6
+# steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
+# of two samples or more after them whole.
+_WARM_STEPS = 64
+# A mode's first steps in a process can all run slow: on the H200 a process's first 40-120
+# spec steps, whatever their size, 1.13-1.29x steady in 5 of 16 processes; where decode served,
+# they came as sparse re-measurements that priced speculation out for minutes. Until a mode has
+# run this many steps and the other has, the choice of mode prices its keys no higher than
+# measured over the factor (nor lower than the prior): at most that many wrong steps, once.
+# A key measured only while its mode had run fewer takes its first window after them whole
+# where that comes lower (a bs-8 spec key's three cold samples, 1.3x steady, kept it priced out
+# of a cell where it was 9% faster); a higher one, a batch's first steps or a spell, ages as usual.
+_MODE_WARM_STEPS = 128
+_MODE_WARM_FACTOR = 1.3
+# A key's own samples weigh in proportion to their count up to this many; short of it, where
+# sizes measured that often on both sides price it lower, the rest is their line.
+_TRUSTED_SAMPLES = 8
+# A measured key's step line: intercept, seconds per context token, the context that rate
+# reaches, the rate beyond. A key's step time is a weighted sum of such lines, held to a floor.
+_Part = tuple[float, float, float, float]
+_Line = tuple[float, tuple[tuple[float, float, _Part], ...]]
+# A line not fitted since the last exchange.
+_UNFIT: Any = object()
+
+
+def _moved(slope: float, t: float, x: float, kv: float) -> float:
+    """A step of t seconds over x context tokens moved to kv along `slope`, no steeper than
+    the line through the origin and that step."""
+    return t + min(slope, t / max(x, 1.0)) * (kv - x)
+
+
+def _time_on(line: _Line, kv_tokens: float) -> float:
+    """A line's step seconds over `kv_tokens` context tokens."""
+    floor, parts = line
+    t = 0.0
+    for fixed, rate, (a, b, reach, b_far) in parts:
+        t += fixed * a + rate * b * kv_tokens
+        if kv_tokens > reach:       # beyond the contexts its own rate has seen
+            t += rate * (b_far - b) * (kv_tokens - reach)
+    return max(t, floor)
+
+
+def _blend(a: _Line, b: _Line, w: float) -> _Line:
+    """w of line a and 1 - w of line b."""
+    (floor_a, parts_a), (floor_b, parts_b) = a, b
+    return (w * floor_a + (1.0 - w) * floor_b,
+            tuple((w * f, w * r, part) for f, r, part in parts_a)
+            + tuple(((1.0 - w) * f, (1.0 - w) * r, part) for f, r, part in parts_b))
+
+
+class StepTimeTable:
+    """Step-time estimates per key: an index, spec sizes ascending, then decode sizes ascending
+    (`spec_at`, `decode_at`: padded bs -> key). `sizes`: each pool's captured batch sizes;
+    `prior`: the start-up calibration or None; `ema_alpha`: a sample's weight in its key's mean."""
+
+    def __init__(self, sizes: Mapping[Mode, Sequence[int]], prior: Optional[CalibrationTable],
+                 ema_alpha: float) -> None:
+        self._keys = [(m, int(b)) for m in (Mode.SPEC, Mode.DECODE)
+                      for b in sorted(sizes.get(m, ()))]
+        self.at = {m: {b: i for i, (km, b) in enumerate(self._keys) if km is m}
+                   for m in (Mode.SPEC, Mode.DECODE)}
+        self.spec_at, self.decode_at = self.at[Mode.SPEC], self.at[Mode.DECODE]
+        n_spec = len(self.spec_at)
+        self._spans = {Mode.SPEC: range(0, n_spec), Mode.DECODE: range(n_spec, len(self._keys))}
+        self._mode_of = [m for m, _ in self._keys]
+        self._keep = 1.0 - ema_alpha
+        n = self.size = len(self._keys)
+        self._prior = [math.nan] * n
+        if prior is not None:
+            for i, (m, b) in enumerate(self._keys):
+                t = prior.latency(m, b)
+                self._prior[i] = math.nan if t is None else float(t)
+        # Shared estimates: read by decisions. A key's step time is its recent mean at its
+        # recent mean context, moved along its seconds per context token (_key_slope).
+        self._est = [math.nan] * n
+        self._est_kv = [0.0] * n
+        self._ctx = ContextSums(n)
+        self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
+        self.samples = [0.0] * n                 # per key, folded so far
+        self._last = [-math.inf] * n             # step of the last fold with samples
+        self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until both warm
+        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (warm_times);
+        # warmed once both have, for good, or from the start without a prior to price against.
+        self.cold: Optional[Mode] = None
+        self.warmed = prior is None
+        self._cold_keys = [False] * n           # measured only while its mode was warming up
+        # Per key: its recent windows (mean seconds, mean context tokens, step) and their
+        # typical level (seconds, context tokens).
+        self._windows: dict[int, deque[tuple[float, float, int]]] = {}
+        self._typical: dict[int, tuple[float, float]] = {}
+        self._relaxing: set[int] = set()
+        self._high_steps = [0.0] * n            # the latest samples over the typical level
+        self._exchanged_at = 0
+        # Per key, until the next fold: its line, and the line it may lean on (_lean_line).
+        self._lines: list = [_UNFIT] * n
+        # Rank-local sums per key since the last exchange, in Python floats (a numpy slice
+        # update costs ~1 us a step): never read by a decision.
+        self._step_sums: dict[int, list[float]] = {}
+
+    # ------------------------------------------------------------------------------ read
+
+    def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
+        """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
+        is measured, else the nearest measured sizes' times at that context, interpolated by
+        size, their fixed parts scaled by the prior's ratio between the sizes; beyond the
+        contexts a line has seen, its own rate only where it is surely steeper than its mode's
+        pooled one."""
+        return self.line_time(self.at[mode].get(padded_bs), kv_tokens)
+
+    def line_time(self, i: Optional[int], kv_tokens: int) -> Optional[float]:
+        """Key i's step seconds at `kv_tokens` as priced: the lower of its line and the line it
+        leans on."""
+        return self.line_times(i, kv_tokens)[1]
+
+    def line_times(self, i: Optional[int],
+                   kv_tokens: int) -> tuple[Optional[float], Optional[float]]:
+        """Key i's step seconds at `kv_tokens` on its own line (what its samples are judged
+        against) and as priced."""
+        if i is None:
+            return None, None
+        # Estimates change only at an exchange, so each key's lines are kept until the next one.
+        lines = self._lines[i]
+        if lines is _UNFIT:
+            line = self._fit_line(i)
+            lines = self._lines[i] = (line, self._lean_line(i, line))
+        line, lean = lines
+        if line is None:
+            return None, None
+        t = _time_on(line, kv_tokens)
+        return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
+
+    def warm_times(self, spec_key: Optional[int], decode_key: Optional[int],
+                   spec_t: Optional[float], decode_t: Optional[float], kv_tokens: int) -> tuple:
+        """Each mode's step seconds (spec, decode) as the choice of mode prices them while one
+        is warming up and the other is not (self.cold): the cold one's no higher than measured
+        over _MODE_WARM_FACTOR where its prior is lower still. Two modes warming up are
+        compared as measured."""
+        if self.cold is Mode.SPEC:
+            return self._warm_time(spec_key, spec_t, kv_tokens), decode_t
+        return spec_t, self._warm_time(decode_key, decode_t, kv_tokens)
+
+    def _warm_time(self, i: Optional[int], t: Optional[float], kv_tokens: int) -> Optional[float]:
+        if t is None or math.isnan(self._prior[i]):
+            return t
+        return min(t, max(t / _MODE_WARM_FACTOR,
+                          self._prior[i] + self._beta[self._mode_of[i]] * kv_tokens))
+
+    def measured(self, i: Optional[int]) -> bool:
+        return i is not None and self.samples[i] > 0
+
+    def measured_at(self, i: int) -> float:
+        """The step key i was last folded with samples at (-inf: never)."""
+        return self._last[i]
+
+    def _lean_line(self, i: int, own: Optional[_Line]) -> Optional[_Line]:
+        """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
+        the rest the line of trusted sizes on both sides of it. The mode not in use keeps its
+        estimates until re-measured, so only a price that comes down counts (line_time takes
+        the lower); one priced too low is measured as soon as its mode runs."""
+        trust = self.samples[i] / _TRUSTED_SAMPLES
+        if own is None or not 0.0 < trust < 1.0:
+            return None
+        near = self._neighbours_line(i, min_samples=_TRUSTED_SAMPLES)
+        return None if near is None else _blend(own, near, trust)
+
+    def _fit_line(self, i: int) -> Optional[_Line]:
+        if self.samples[i]:
+            return _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
+        prior = self._prior[i]
+        near = self._neighbours_line(i)
+        if near is None and not math.isnan(prior):
+            beta = self._beta[self._mode_of[i]]
+            return _CONTEXT_FLOOR * prior, ((1.0, 1.0, (prior, 0.0, 0.0, beta)),)
+        return near
+
+    def _own_part(self, i: int) -> _Part:
+        b = self._key_slope(i)
+        return (self._est[i] - b * self._est_kv[i], b, self._reach(i),
+                min(self._far_slope(b, i), self._steepest(i)))
+
+    def _far_slope(self, b: float, i: int) -> float:
+        """Beyond the contexts key i has seen: its own rate where it is surely steeper than its
+        mode's pooled one (a few steps fit any rate), else the pooled one."""
+        beta = self._beta[self._mode_of[i]]
+        return b if b - beta > FAR_ERRORS * self._ctx.own_error(i) else beta
+
+    def _neighbours_line(self, i: int, min_samples: float = 0.0) -> Optional[_Line]:
+        """Key i's line from the nearest measured sizes of its mode below and above (a mode's
+        keys ascend by size): their step times at the context, interpolated; None where none
+        is measured (with `min_samples`: unless both sides hold a size measured that often)."""
+        mode = self._mode_of[i]
+        seen = [j for j in self._spans[mode]
+                if self.samples[j] > 0 and self.samples[j] >= min_samples]
+        if not seen:
+            return None
+        prior = self._prior[i]
+        below, above = [j for j in seen if j < i], [j for j in seen if j > i]
+        near = below[-1:] + above[:1]
+        if min_samples and len(near) < 2:
+            return None
+        weights = [1.0]
+        if len(near) == 2:
+            size = [self._keys[j][1] for j in (near[0], i, near[1])]
+            w = (size[1] - size[0]) / (size[2] - size[0])
+            weights = [1.0 - w, w]
+        # The neighbours' fixed parts scaled by the prior's ratio between this size and them,
+        # held between the same cost and one in proportion to the batch (start-up replays are
+        # noisy: on the H200 spec bs 112 replayed 1.2x bs 128); their seconds per context token
+        # interpolated, unscaled (a step's fixed part grows with the batch, attention's cost
+        # per token read does not).
+        scaled = not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near)
+        floor, parts = 0.0, []
+        for j, w in zip(near, weights):
+            ratio = self._keys[i][1] / self._keys[j][1]
+            scale = w * (min(max(prior / self._prior[j], min(ratio, 1.0)), max(ratio, 1.0))
+                         if scaled else 1.0)
+            floor += scale * _CONTEXT_FLOOR * self._est[j]
+            parts.append((scale, w, self._own_part(j)))
+        return floor, tuple(parts)
+
+    def _key_slope(self, i: int) -> float:
+        """Key i's seconds per context token: its own where its contexts have spread (attention's
+        cost per token differs with the batch), else its mode's pooled one; no steeper than the
+        line through the origin and its recent step (a step has no negative fixed part, and a
+        few samples over a narrow range of contexts fit any slope)."""
+        own = self._ctx.own(i)
+        return min(self._beta[self._mode_of[i]] if own is None else own, self._steepest(i))
+
+    def _steepest(self, i: int) -> float:
+        """The slope of the line through the origin and key i's recent step."""
+        est_kv = self._est_kv[i]
+        return self._est[i] / max(est_kv, 1.0) if est_kv > 0 else math.inf
+
+    def _reach(self, i: int) -> float:
+        """The context key i's own rate holds out to: its spread above the decayed mean, and at
+        least its recent context (the line's anchor, which moves faster than the decayed sums)."""
+        return max(self._ctx.reach(i), self._est_kv[i])
+
+    def estimates(self) -> dict:
+        """Per measured (mode, padded bs) the step seconds, its sample count, prior, mean context
+        tokens and seconds per context token; each mode's pooled seconds per context token."""
+        steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
+        for i, (m, b) in enumerate(self._keys):
+            if self.samples[i] > 0:
+                prior = None if math.isnan(self._prior[i]) else self._prior[i]
+                steps[m.value][b] = [self._est[i], int(self.samples[i]), prior,
+                                     self._est_kv[i], self._key_slope(i)]
+        return {"step_s": steps,
+                "context_s_per_token": {m.value: b for m, b in self._beta.items()}}
+
+    # ------------------------------------------------------------------------------ write
+
+    def ran(self, mode: Mode) -> None:
+        """A step of `mode` was committed, while a mode is warming up."""
+        steps = self._mode_steps
+        steps[mode] += 1
+        if steps[mode] == _MODE_WARM_STEPS:
+            self.warmed = min(steps.values()) >= _MODE_WARM_STEPS
+            self.cold = None if self.warmed else OTHER[mode]
+
+    def add(self, i: int, x: float, y: float) -> None:
+        """A step sample of key i: `y` seconds over `x` context tokens (rank-local)."""
+        acc = self._step_sums.get(i)
+        if acc is None:
+            acc = self._step_sums[i] = [0.0] * KEY_SLOTS
+        acc[0] += y
+        acc[1] += 1.0
+        acc[2] += x
+        acc[3] += x * x
+        acc[4] += x * y
+        acc[5] += y * y
+
+    def drop(self, i: int, x: float, y: float) -> None:
+        """Take a sample of this window back out of key i's sums."""
+        acc = self._step_sums[i]
+        for slot, v in enumerate((y, 1.0, x, x * x, x * y, y * y)):   # as add added it
+            acc[slot] -= v
+        if acc[1] < 0.5:
+            del self._step_sums[i]
+
+    def take_local(self) -> np.ndarray:
+        """This rank's sums since the last exchange, slot-major (KEY_SLOTS x keys), and cleared."""
+        n = self.size
+        local = np.zeros(KEY_SLOTS * n)
+        for i, acc in self._step_sums.items():
+            local[i::n] += acc
+        self._step_sums.clear()
+        return local
+
+    def fold(self, sums: np.ndarray, step: int) -> None:
+        """Every rank's sums (take_local's layout, reduced) at `step`: each key's EMA of step
+        seconds and of context tokens, and the context regressions; the keys not measured since
+        the last exchange relax down toward their typical level. A window holds samples of a
+        few sizes: those are folded one by one."""
+        n = self.size
+        keys = sums.reshape(KEY_SLOTS, n)
+        self._lines = [_UNFIT] * n
+        self._ctx.decay()
+        got = keys[1].nonzero()[0].tolist()
+        self._relax_idle(set(got), step)
+        if not got:                 # every sum decayed alike: the same slopes
+            return
+        keep = self._keep
+        # Judged as the window is folded: samples taken cold and folded after count as warm.
+        cold_mode = {m: not self.warmed and self._mode_steps[m] < _MODE_WARM_STEPS
+                     for m in self._mode_steps}
+        for i in got:
+            window = keys[:, i].tolist()
+            self._ctx.add(i, self._mode_of[i], window)
+            sums, count, kv = window[:3]
+            mean, mean_kv = sums / count, kv / count
+            if count >= _TYPICAL_MIN_COUNT:
+                self._add_window(i, mean, mean_kv, step)
+            self._count_high(i, mean, mean_kv, count)
+            cold = cold_mode[self._mode_of[i]]
+            measured = self.samples[i] > 0
+            if measured:
+                warm_only = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
+                                            self._cold_keys[i] and not cold and
+                                            mean < self._est[i])
+                w = 1.0 if warm_only else 1.0 - keep ** count
+                mean = self._est[i] + w * (mean - self._est[i])
+                mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
+            # A lone sample is no window to take whole: the key stays cold-only past it.
+            self._cold_keys[i] = cold and (self._cold_keys[i] or not measured) or \
+                self._cold_keys[i] and count < 2
+            self._est[i], self._est_kv[i] = mean, mean_kv
+            self.samples[i] += count
+            self._last[i] = step
+            if i in self._typical:      # a window too short to count still moves the estimate
+                self._relaxing.add(i)
+        self._beta = {m: self._ctx.pooled(m) for m in self._beta}
+
+    def _add_window(self, i: int, mean: float, kv: float, step: int) -> None:
+        """Key i's window of samples into its recent ones, and its typical level anew."""
+        windows = self._windows.get(i)
+        if windows is None:
+            windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
+        windows.append((mean, kv, step))
+        oldest, b = step - _TYPICAL_HORIZON, self._key_slope(i)
+        levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
+        self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
+
+    def _count_high(self, i: int, mean: float, kv: float, count: float) -> None:
+        """Key i's samples in a row over its typical level (a window's mean decides)."""
+        level = self._typical.get(i)
+        high = level is not None and mean > (1.0 + _HIGH) * _moved(
+            self._key_slope(i), level[0], level[1], kv)
+        self._high_steps[i] = self._high_steps[i] + count if high else 0.0
+
+    def _relax_idle(self, measured: set, step: int) -> None:
+        """Move each unmeasured key's estimate down toward its typical level, for the steps
+        since the last exchange; a key that reached it is left alone until measured again."""
+        steps = step - self._exchanged_at
+        self._exchanged_at = step
+        for i in [i for i in self._relaxing if i not in measured]:
+            t, x = self._typical[i]
+            typical = _moved(self._key_slope(i), t, x, self._est_kv[i])
+            gap = self._est[i] - typical
+            if gap < _SETTLED * typical:
+                self._relaxing.discard(i)
+            else:
+                high = self._high_steps[i]
+                spell = min(max(high, _RELAX_MIN_STEPS), _RELAX_STEPS) if high else _RELAX_STEPS
+                self._est[i] = typical + math.exp(-steps / spell) * gap
