@@ -143,7 +143,7 @@ class RandomModePolicy:
 
     def observe(self, event) -> None:
         if isinstance(event, Accepted) and event.mode is Mode.SPEC:
-            self._ema.update(float(event.accept_lens.mean()))
+            self._ema.update(float(np.mean(event.accept_lens)))
 
     def exchange(self, reduce) -> None:
         pass

@@ -650,6 +650,28 @@ def test_row_context_total_follows_its_rows_while_the_batch_keeps_its_row_tensor
     assert ctx.of(merged)[1] == 143
 
 
+def test_row_context_keeps_every_rows_length_while_steps_wait_to_be_applied(sgl):
+    """A steady batch's steps reach the rows' own lengths only every _FLUSH_STEPS: a new row
+    tensor, a re-admitted row or a step of another batch must still see every one of them."""
+    from dual_graph_worker.engines.sglang.layout import RowContext
+
+    ctx = RowContext(8)
+    batch = SimpleNamespace(req_pool_indices_cpu=torch.tensor([1, 3]), seq_lens=torch.zeros(2))
+    rows, _ = ctx.of(batch)
+    ctx.admitted(rows, np.array([10, 20]))
+    rows, _ = ctx.of(batch)
+    steps = RowContext._FLUSH_STEPS + 5                     # one flush, then 5 waiting
+    for _ in range(steps):
+        ctx.advanced(rows, [2.0, 1.0], 3)
+    assert ctx.of(batch) == (rows, 30 + 3 * steps)
+    one = SimpleNamespace(req_pool_indices_cpu=torch.tensor([3]), seq_lens=torch.zeros(1))
+    assert ctx.of(one)[1] == 20 + steps                     # row 3 alone, read afresh
+    rows, _ = ctx.of(batch)
+    ctx.advanced(rows, [1.0, 1.0], 2)
+    ctx.admitted(np.array([1]), np.array([5]))              # row 1 holds a new request
+    assert ctx.of(batch)[1] == 5 + 20 + steps + 1
+
+
 def test_carried_draft_input_keeps_spec_shapes_without_new_tensors(sgl):
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 

@@ -48,12 +48,6 @@ _DECODE_DRIFT = 0.15
 _DWELL_BREAK = 1.25
 
 
-def _total(v: np.ndarray) -> float:
-    """A batch's sum (NaN if any is): below 32 values a Python sum of its list, since numpy's
-    per-call cost (~1.5 us) outweighs the work there."""
-    return sum(v.tolist()) if len(v) < 32 else float(np.add.reduce(v))
-
-
 def _default(key: str):
     return BY_KEY[key].default
 
@@ -298,18 +292,16 @@ class GoodputController:
             self._intake.prefill(event)
 
     def _observe_accept(self, event: Accepted) -> None:
-        lens = event.accept_lens
-        n = len(lens)
+        accepts = event.accept_lens
+        n = len(accepts)
         if not n:
             return
         costs = self._batch_costs
         costs.batch_rows = event.rows
-        if event.mode is not Mode.SPEC:
-            costs.output_window += _total(lens)
-            return
-        accepts = lens.tolist()
         total = sum(accepts)
         costs.output_window += total
+        if event.mode is not Mode.SPEC:
+            return
         if self._sight_from is not None:
             self._sight = max(self._step - self._sight_from + 1, 1)
             self._sight_from = None

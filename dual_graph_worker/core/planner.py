@@ -109,6 +109,9 @@ def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[
     return min(max(size - int(available()), 0) + max(int(queued), 0), size)
 
 
+# A request's accepted drafts -> its tokens (the bonus one included), mapped in C.
+_ONE_MORE = (1.0).__add__
+
 # NamedTuples, not frozen dataclasses, on the per-step path: a frozen dataclass sets each field
 # through object.__setattr__, ~3x the construction cost.
 class _Launched(NamedTuple):
@@ -123,7 +126,7 @@ class _Launched(NamedTuple):
 class CompletedStep(NamedTuple):
     record: StepRecord
     wall_time: float     # time.time() at launch, to line the log up with a client's clock
-    accept_lens: np.ndarray
+    accept_lens: list[float]    # tokens each request received, bonus included
     rows: Optional[np.ndarray]
     host_s: float = 0.0  # the worker's host time before this step's launch
     launch_s: float = 0.0  # the engine's host time launching it (no device wait in either)
@@ -164,8 +167,8 @@ class StepLedger:
         if n != entry.plan.bs or (batch_size and batch_size != entry.plan.bs):
             self.mismatches += 1
             return None
-        accept = np.asarray(num_correct_drafts_per_req, dtype=np.float64) + 1.0
-        tokens = int(accept.sum())
+        accept = list(map(_ONE_MORE, num_correct_drafts_per_req))
+        tokens = int(sum(accept))
         record = StepRecord(step=entry.step, mode=entry.plan.mode, bs=entry.plan.bs,
                             padded_bs=entry.plan.padded_bs, reason=entry.plan.reason,
                             graph=entry.plan.graph, tokens=tokens,

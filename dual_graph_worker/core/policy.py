@@ -63,7 +63,7 @@ class Accepted(NamedTuple):
     """A completed step's accepted tokens per request (rank-common). Decode steps accept 1."""
 
     mode: Mode
-    accept_lens: np.ndarray               # [bs] tokens each request received, bonus included
+    accept_lens: list[float]              # [bs] tokens each request received, bonus included
     rows: Optional[np.ndarray] = None     # [bs] request rows, when the engine knows them
 
 
@@ -283,7 +283,11 @@ class CyclePolicy(_Observing):
         self._step += 1
 
 
-def accepted(mode: Mode, accept_lens: Sequence[int] | np.ndarray,
+def accepted(mode: Mode, accept_lens: Sequence[float] | np.ndarray,
              rows: Optional[np.ndarray] = None) -> Accepted:
-    return Accepted(mode, np.asarray(accept_lens, dtype=np.float64),
-                    None if rows is None else np.asarray(rows))
+    """A list passes as it is (the SGLang worker's, every step: a cold numpy call costs more
+    than the step's whole bookkeeping at a small batch); anything else becomes one."""
+    lens = accept_lens if type(accept_lens) is list else \
+        np.asarray(accept_lens, dtype=np.float64).tolist()
+    return Accepted(mode, lens, rows if rows is None or type(rows) is np.ndarray
+                    else np.asarray(rows))
