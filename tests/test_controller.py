@@ -193,6 +193,25 @@ def test_per_request_acceptance_weighs_the_batch_it_holds():
     assert p.expected_accept(easy[:1]) < 2.0 < p.state().accept_len
 
 
+def test_a_batchs_rows_are_read_afresh_unless_nobody_can_write_them():
+    """The SGLang worker's rows come read-only, one array per batch, and their list is kept;
+    an array that can be written (an engine reusing its buffer) is read every time."""
+    p = controller()
+    p.observe(Admitted(64, np.arange(8)))
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.array([4.0, 4.0, 1.0, 1.0]), np.array([0, 1, 2, 3])))
+    frozen = np.array([0, 1])
+    frozen.flags.writeable = False
+    assert p.expected_accept(frozen) == pytest.approx(4.0, abs=0.05)
+    assert p.expected_accept(frozen) == pytest.approx(4.0, abs=0.05)
+    buffer = np.array([0, 1])
+    assert p.expected_accept(buffer) == pytest.approx(4.0, abs=0.05)
+    buffer[:] = (2, 3)                                    # the same array, other requests
+    assert p.expected_accept(buffer) == pytest.approx(1.0, abs=0.05)
+    p.observe(accepted(Mode.SPEC, [4.0, 4.0], buffer))    # and its steps go to those rows
+    assert p.expected_accept(np.array([2])) > 1.2
+
+
 def test_a_request_is_measured_by_the_mean_of_its_first_draws_not_by_one():
     # Forced acceptance 1.5 draws 1, 2, 1, 2, ...: one first draw says 1.0 of every request.
     p = controller()

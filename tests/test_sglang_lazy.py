@@ -1191,6 +1191,7 @@ def test_only_keep_currents_draft_extend_is_a_draft_extend_stage(sgl, lazy_worke
     monkeypatch.setattr(nvtx, "stage_range", stage_range)
     lz = _bare_lazy(sgl, rows=8, cells=8) if lazy else None
     w, batch, _, _, published = _decode_fixture(lazy_worker, monkeypatch, lz)
+    monkeypatch.setattr(w._spans, "stage", stage_range)   # the worker's own, inside its step
     w._decode_step(batch, np.array([3, 6]), published.append, None)
     assert ("draft_extend" in stages) is not lazy and "decode" in stages
 

@@ -271,7 +271,8 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
     assert w.forward_batch_generation(batch) == "decode-result"
     spans = [(k, t) for k, t in rec.log if not t.startswith("config:")]
     assert spans == [
-        ("start", "step:spec:bs3"), ("start", "stage:draft"), ("end", "stage:draft"),
+        ("start", "step:spec:bs3"), ("start", "stage:catch_up"), ("end", "stage:catch_up"),
+        ("start", "stage:draft"), ("end", "stage:draft"),
         ("start", "stage:verify"), ("end", "stage:verify"),
         ("start", "stage:draft_extend"), ("end", "stage:draft_extend"), ("end", "step:spec:bs3"),
         ("mark", "switch:spec->decode"), ("start", "step:decode:bs4"), ("end", "step:decode:bs4"),
@@ -281,29 +282,36 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
 def test_lazy_catch_up_runs_inside_its_own_stage_range(eagle_module, monkeypatch,
                                                        bare_sglang_worker):
     """The spec step's catch-up (and a decode step's make_room) sit inside stage:catch_up,
-    which the checker reports as stated eager work (profiling.engines SGLANG)."""
+    which the checker reports as stated eager work (profiling.engines SGLANG); without a
+    profiler listening, neither the step nor its stages range anything."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from dual_graph_worker.engines.sglang import worker as worker_mod
-
     rec = Recorder()
-    monkeypatch.setattr(worker_mod, "nvtx_ranges", rec.annotator())
     log = rec.log
     monkeypatch.setattr(eagle_module.EAGLEWorkerV2, "forward_batch_generation",
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         log.append(("body", "spec")) or SimpleNamespace(
                             extra_keep_alive_refs=None))
-    w = bare_sglang_worker(CyclePolicy(hold=1, num_draft_tokens=3), continuity=SimpleNamespace(
-        pending_tokens=lambda rows: 0,
-        before_spec_step=lambda b, r: log.append(("body", "catch-up")) or ["kept"]))
-    w._spans = StepSpans(Annotator(None))
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
                             seq_lens=torch.zeros(3, dtype=torch.int64),
                             req_pool_indices_cpu=torch.arange(3))
-    res = w.forward_batch_generation(batch)
-    assert res.extra_keep_alive_refs == ["kept"]
-    assert log == [("start", "stage:catch_up"), ("body", "catch-up"), ("end", "stage:catch_up"),
-                   ("body", "spec")]
+
+    def spec_step(annotator: Annotator) -> object:
+        w = bare_sglang_worker(CyclePolicy(hold=1, num_draft_tokens=3),
+                               continuity=SimpleNamespace(
+                                   pending_tokens=lambda rows: 0,
+                                   before_spec_step=lambda b, r: log.append(("body", "catch-up"))
+                                   or ["kept"]))
+        w._spans = StepSpans(annotator)
+        return w.forward_batch_generation(batch)
+
+    assert spec_step(rec.annotator()).extra_keep_alive_refs == ["kept"]
+    assert [e for e in log if not e[1].startswith("config:")] == [
+        ("start", "step:spec:bs3"), ("start", "stage:catch_up"), ("body", "catch-up"),
+        ("end", "stage:catch_up"), ("body", "spec"), ("end", "step:spec:bs3")]
+    log.clear()
+    spec_step(Annotator(None))
+    assert log == [("body", "catch-up"), ("body", "spec")]
 
 
 def test_profile_workload_runs_from_the_repository_root():

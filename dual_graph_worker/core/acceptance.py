@@ -68,6 +68,9 @@ class AcceptanceEstimate:
         self._differ: Optional[float] = None
         self.draw_var: Optional[float] = None
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
+        # The latest read-only rows array and its list (one per batch in the SGLang worker).
+        self._rows_of: Optional[np.ndarray] = None
+        self._ids: list[int] = []
 
     @property
     def mean(self) -> float:
@@ -83,7 +86,7 @@ class AcceptanceEstimate:
         every = self._sum / self._weight
         if rows is None or est is None or not len(rows):
             return every
-        ids = rows.tolist()
+        ids = self._ids_of(rows)
         n, fresh = len(ids), self.fresh
         differ, draw, noise = self._differ, self.draw_var, self._noise
         # Where differ or draw is 0 every row weighs alike (0 or 1): the pooled path's answer.
@@ -102,6 +105,15 @@ class AcceptanceEstimate:
         known = [v for v in map(est.__getitem__, ids) if v == v]
         own = (1.0 - w) * every * len(known) + w * sum(known)
         return (own + (n - len(known)) * fresh) / n
+
+    def _ids_of(self, rows: np.ndarray) -> list[int]:
+        """`rows` as a list: kept for an array nobody can write (a cold tolist costs ~7 us)."""
+        if rows is self._rows_of:
+            return self._ids
+        ids = rows.tolist()
+        if not rows.flags.writeable:
+            self._rows_of, self._ids = rows, ids
+        return ids
 
     def own_weight(self, noise: float) -> float:
         """The weight of a request's own estimate, of variance `noise` draws', over all
@@ -132,7 +144,7 @@ class AcceptanceEstimate:
         if rows is None or est is None:
             return
         firsts, within = [], []
-        for row, accept in zip(rows.tolist(), accepts):
+        for row, accept in zip(self._ids_of(rows), accepts):
             r = est[row]
             if r == r:
                 est[row] = r + _ROW_ALPHA * (accept - r)

@@ -5,6 +5,7 @@ gather rank-locally (`add_*`) and reach the fits only at an exchange (`fold`).""
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional
 
 import numpy as np
@@ -67,15 +68,15 @@ class BatchCosts:
         self.catch_up_reach = math.inf
         self._catch_up_far = 0.0
         # Per request row: its admissions (a reused row holds a new request) and the step of
-        # the latest; the running batch's rows at the last exchange with theirs, and the
-        # latest step's rows.
-        self._admissions = np.zeros(max_rows, dtype=np.int64) if max_rows else None
-        self._admitted_at = np.full(max_rows, -1, dtype=np.int64)     # _turnover's scratch
-        self._admitted_step = np.full(max_rows, -1, dtype=np.int64)
-        self._members: Optional[tuple[np.ndarray, np.ndarray]] = None
+        # the latest, and the latest of any; the running batch's rows at the last exchange with
+        # theirs, and the latest step's rows.
+        self._admissions: Optional[list[int]] = [0] * max_rows if max_rows else None
+        self._admitted_step = [-1] * max_rows
+        self._last_admitted = -1
+        self._members: Optional[tuple[list[int], list[int]]] = None
         self.batch_rows: Optional[np.ndarray] = None
         # Rank-local sums since the last exchange: never read by a decision.
-        self._local = np.zeros(_SLOTS)
+        self._local = [0.0] * _SLOTS
 
     # ------------------------------------------------------------------------------ write
 
@@ -89,29 +90,33 @@ class BatchCosts:
         self._add(_SW, (1.0, seconds))
 
     def _add(self, slot: int, values: tuple) -> None:
-        self._local[slot:slot + len(values)] += values
+        local = self._local
+        for at, v in enumerate(values, slot):
+            local[at] += v
 
     def admitted(self, rows: np.ndarray, step: int) -> None:
         """New requests hold `rows` from `step` on."""
-        self._admissions[rows] += 1
-        self._admitted_step[rows] = step
+        admissions, admitted_step = self._admissions, self._admitted_step
+        for row in rows.tolist():
+            admissions[row] += 1
+            admitted_step[row] = step
+        self._last_admitted = step
 
-    def take_local(self) -> np.ndarray:
+    def take_local(self) -> list[float]:
         """This rank's sums since the last exchange, and cleared."""
-        local = self._local.copy()
-        self._local[:] = 0.0
+        local, self._local = self._local, [0.0] * _SLOTS
         return local
 
-    def fold(self, tail: np.ndarray) -> None:
+    def fold(self, tail: list[float]) -> None:
         """Every rank's sums (take_local's layout, reduced), and the workload's prompt share;
         then the terms derived from them."""
         # Nothing new: every fit, a ratio of sums decayed alike, is unchanged.
-        new = np.count_nonzero(tail) > 0
+        new = any(tail)
         for draft, at in _PF.items():
             self._prefill[draft].fold(tail[at:at + 5] if new else None)
         for at_switch, at in _CU.items():
             self.catch_up[at_switch].fold(tail[at:at + 5] if new else None)
-        switches, seconds = tail[_SW:_SW + 2].tolist()
+        switches, seconds = tail[_SW:_SW + 2]
         self._switches = _CATCH_UP_DECAY * self._switches + switches
         self._switch_sum = _CATCH_UP_DECAY * self._switch_sum + seconds
         self.switch_s = max(self._switch_sum / self._switches, 0.0) if self._switches > 0 \
@@ -144,17 +149,16 @@ class BatchCosts:
         rows = self.batch_rows
         if rows is None or self._admissions is None:
             return 0, 0
-        rows = np.array(rows, dtype=np.int64)
-        admissions = self._admissions[rows]
-        last, self._members = self._members, (rows, admissions)
+        ids = rows.tolist()
+        admissions = list(map(self._admissions.__getitem__, ids))
+        last, self._members = self._members, (ids, admissions)
         if last is None:
-            return len(rows), 0
-        last_rows, last_admissions = last
-        here = self._admitted_at
-        here[rows] = admissions
-        stayed = int(np.count_nonzero(here[last_rows] == last_admissions))
-        here[rows] = -1
-        return len(rows) - stayed, len(last_rows) - stayed
+            return len(ids), 0
+        last_ids, last_admissions = last
+        # Those of the last rows that hold the same request now (in C: a batch of 256 rows).
+        here = dict(zip(ids, admissions))
+        stayed = sum(map(operator.eq, map(here.get, last_ids), last_admissions))
+        return len(ids) - stayed, len(last_ids) - stayed
 
     # ------------------------------------------------------------------------------ read
 
@@ -163,7 +167,9 @@ class BatchCosts:
         says otherwise)."""
         if rows is None or not len(rows) or self._admissions is None:
             return True
-        return int(self._admitted_step[rows].max()) >= since
+        if self._last_admitted < since:          # no request anywhere is that new
+            return False
+        return max(map(self._admitted_step.__getitem__, rows.tolist())) >= since
 
     def replaced(self) -> float:
         """The share of joining requests that took a finished request's place (all, without

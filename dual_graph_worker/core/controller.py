@@ -26,7 +26,7 @@ from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellState,
                                            Observation, PolicyInputs, PolicyState, PrefillTime,
-                                           Reason, Reducer, StepTime)
+                                           Reason, Reducer, StepTime, same_rank)
 from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.step_times import StepTimeTable
 
@@ -318,13 +318,16 @@ class GoodputController:
     def exchange(self, reduce: Reducer) -> None:
         """Fold every rank's local measurements into the shared estimates: all ranks call this
         at the same step with the same `reduce` (the mean over ranks)."""
-        keys = self._times.take_local()
+        local = self._times.take_local()
+        split = len(local)
+        local += self._batch_costs.take_local()
         self._intake.exchanged()
-        vec = np.asarray(reduce(np.concatenate((keys, self._batch_costs.take_local()))),
-                         dtype=np.float64)
+        # A single rank has nothing to reduce: no numpy round trip.
+        vec = local if reduce is same_rank else \
+            np.asarray(reduce(np.array(local)), dtype=np.float64).tolist()
         self._unfolded = False
-        self._times.fold(vec[:len(keys)], self._step)
-        self._batch_costs.fold(vec[len(keys):])
+        self._times.fold(vec[:split], self._step)
+        self._batch_costs.fold(vec[split:])
 
     # ------------------------------------------------------------------------------ model
 

@@ -315,25 +315,24 @@ class StepTimeTable:
         if acc[1] < 0.5:
             del self._step_sums[i]
 
-    def take_local(self) -> np.ndarray:
+    def take_local(self) -> list[float]:
         """This rank's sums since the last exchange, slot-major (KEY_SLOTS x keys), and cleared."""
         n = self.size
-        local = np.zeros(KEY_SLOTS * n)
+        local = [0.0] * (KEY_SLOTS * n)
         for i, acc in self._step_sums.items():
-            local[i::n] += acc
+            local[i::n] = acc
         self._step_sums.clear()
         return local
 
-    def fold(self, sums: np.ndarray, step: int) -> None:
+    def fold(self, local: list[float], step: int) -> None:
         """Every rank's sums (take_local's layout, reduced) at `step`: each key's EMA of step
         seconds and of context tokens, and the context regressions; the keys not measured since
         the last exchange relax down toward their typical level. A window holds samples of a
         few sizes: those are folded one by one."""
         n = self.size
-        keys = sums.reshape(KEY_SLOTS, n)
         self._lines = [_UNFIT] * n
         self._ctx.decay()
-        got = keys[1].nonzero()[0].tolist()
+        got = [i for i, count in enumerate(local[n:2 * n]) if count]
         self._relax_idle(set(got), step)
         if not got:                 # every sum decayed alike: the same slopes
             return
@@ -342,7 +341,7 @@ class StepTimeTable:
         cold_mode = {m: not self.warmed and self._mode_steps[m] < _MODE_WARM_STEPS
                      for m in self._mode_steps}
         for i in got:
-            window = keys[:, i].tolist()
+            window = local[i::n]
             self._ctx.add(i, self._mode_of[i], window)
             sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count

@@ -103,6 +103,7 @@ class StepSpans:
         self._last_mode: Optional[Mode] = None
         self._config_pending = True         # config marks go out once per capture
         self._hooks_tried = False           # install the spec-stage hooks once, when listened
+        self._listening = False             # the current step's answer (stage)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "StepSpans":
@@ -116,7 +117,7 @@ class StepSpans:
         """The range around one decode-family step, and the marks that precede it."""
         a = self._annotator
         window = self._window
-        listening = a.listening()
+        listening = self._listening = a.listening()
         if window is None and not listening:
             return NULL_CONTEXT               # no profiler, no window: nothing to do
         taken = self._taken
@@ -126,7 +127,7 @@ class StepSpans:
             self._config_pending = True       # marks sent before the range are not recorded
             logger.info("dual-graph profiling: capture range opened before step %d", taken + 1)
             # nsys attaches its listener at cudaProfilerStart: ask again.
-            listening = a.listening()
+            listening = self._listening = a.listening()
         if listening:
             if self._config_pending:
                 for key, value in worker_config_marks(worker).items():
@@ -145,6 +146,11 @@ class StepSpans:
                         window.steps)
         self._last_mode = plan.mode
         return a.step_range(plan.mode, plan.padded_bs, plan.graph)
+
+    def stage(self, stage: object) -> ContextManager[None]:
+        """A stage range inside the current step's range (names.STAGES), where that step found a
+        profiler listening: one check a step (a cold one costs ~15 us)."""
+        return self._annotator.stage_range(stage) if self._listening else NULL_CONTEXT
 
 
 @contextlib.contextmanager

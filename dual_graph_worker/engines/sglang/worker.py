@@ -33,7 +33,6 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-from dual_graph_worker.core import nvtx as nvtx_ranges
 from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.calibration import (CalibrationTable, measure_calibration,
                                                 wall_clock_timer)
@@ -364,7 +363,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             if plan.mode is Mode.SPEC:
                 # Its own NVTX stage: the checker reports this eager draft extend as the
                 # deferred draft work, apart from glue and switch cost (profiling.engines).
-                with nvtx_ranges.stage_range(names.CATCH_UP):
+                with self._spans.stage(names.CATCH_UP):
                     keep_alive = continuity.before_spec_step(batch, rows)
                 plan_s = time.perf_counter() - t0
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
@@ -442,7 +441,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if not isinstance(draft_input, EagleDraftInput) or draft_input.bonus_tokens is None:
             raise RuntimeError("dual-graph decode step needs the previous step's bonus tokens "
                                f"in batch.spec_info (got {type(draft_input).__name__})")
-        with nvtx_ranges.stage_range(names.CATCH_UP):
+        with self._spans.stage(names.CATCH_UP):
             room_keep_alive = self.continuity.before_decode_step(batch, rows)
         mr = self._target_worker.model_runner
         out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
@@ -452,7 +451,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             # Spec mode advances the grammar FSM over the previous result inside verify; the
             # sampler's vocab mask here needs the same up-to-date FSM.
             grammar_barrier()
-        with nvtx_ranges.stage_range("decode"), self._decode_pool.installed(mr):
+        with self._spans.stage("decode"), self._decode_pool.installed(mr):
             forward_batch = ForwardBatch.init_new(view, mr,
                                                   capture_hidden_mode=CaptureHiddenMode.FULL,
                                                   return_hidden_states_before_norm=False)
