@@ -22,7 +22,7 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import (Admitted, Decision, PolicyInputs, PrefillTime, Reason,
-                                           StepTime, accepted)
+                                           StepTime, accepted, same_rank)
 
 K = 3
 SPEC = (1, 2, 4, 8, 16, 24, 32, 48)
@@ -210,6 +210,47 @@ def test_a_batchs_rows_are_read_afresh_unless_nobody_can_write_them():
     assert p.expected_accept(buffer) == pytest.approx(1.0, abs=0.05)
     p.observe(accepted(Mode.SPEC, [4.0, 4.0], buffer))    # and its steps go to those rows
     assert p.expected_accept(np.array([2])) > 1.2
+    # A read-only view sees its base written: it is no array nobody can write.
+    base = np.array([0, 1])
+    view = base[:]
+    view.flags.writeable = False
+    assert p.expected_accept(view) == pytest.approx(4.0, abs=0.05)
+    base[:] = (4, 5)                                      # rows never measured
+    assert p.expected_accept(view) == pytest.approx(p.expected_accept(np.array([6])))
+
+
+def test_a_single_rank_exchanges_without_a_reducer_as_one_that_copies_does():
+    """same_rank skips the vector a reducer takes: the estimates must be those of a reducer
+    that hands back a copy, bit for bit."""
+    def run(reduce) -> dict:
+        p = controller(replay_prior())
+        rng = np.random.default_rng(3)
+        rows = np.arange(8)
+        p.observe(Admitted(512, rows))
+        for step in range(200):
+            bs = 8 if step < 120 else 4
+            d = p.decide(PolicyInputs(bs, bs, bs, 0, rows[:bs], 300 * bs + step))
+            p.commit(d)
+            p.observe(accepted(d.mode, rng.integers(1, 5, bs).astype(float) if d.mode is
+                               Mode.SPEC else np.ones(bs), rows[:bs]))
+            p.observe(StepTime(d.mode, bs, rng.uniform(0.008, 0.012), kv_tokens=300 * bs))
+            if step % 8 == 7:
+                p.exchange(reduce)
+        return p.estimates()
+
+    assert run(same_rank) == run(lambda v: np.array(v, copy=True))
+
+
+def test_a_request_admitted_outside_the_batch_leaves_its_acceptance_current():
+    p = controller()
+    batch, elsewhere = np.arange(4), np.arange(4, 8)
+    p.observe(Admitted(64, batch))
+    p.commit(Decision(Mode.SPEC, Reason.GOODPUT))
+    p.observe(accepted(Mode.SPEC, np.full(4, 2.0), batch))
+    p.commit(Decision(Mode.SPEC, Reason.GOODPUT))
+    p.observe(Admitted(64, elsewhere))                     # after acceptance was seen
+    assert not p._acceptance.newcomers(batch)
+    assert p._acceptance.newcomers(np.concatenate([batch, elsewhere[:1]]))
 
 
 def test_a_request_is_measured_by_the_mean_of_its_first_draws_not_by_one():

@@ -269,6 +269,18 @@ def test_each_step_logs_the_workers_planning_and_sglangs_launch_apart(registered
     assert (step["plan_us"], step["launch_us"]) == (120.0, 2500.0)
 
 
+@pytest.mark.parametrize("counts", [[2, 0], np.array([2, 0]), [np.int64(2), np.int64(0)],
+                                    torch.tensor([2, 0], dtype=torch.int32)])
+def test_ledger_takes_accepted_drafts_as_any_sequence_of_integers(counts):
+    """SGLang 0.5.17 hands the verify hook a list of ints; another release's array or tensor
+    must not break a step's bookkeeping."""
+    ledger = StepLedger()
+    ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD))
+    done = ledger.completed(counts, batch_size=2)
+    assert done.accept_lens == [3.0, 1.0] and done.record.tokens == 4
+    assert done.record.mean_accept_len == 2.0
+
+
 def test_ledger_drops_a_mismatched_result_instead_of_mislabelling():
     ledger = StepLedger()
     ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.THRESHOLD))

@@ -55,6 +55,10 @@ class AcceptanceEstimate:
         # Each row estimate's variance in units of one draw's: 1/_FIRST_DRAWS at first, toward
         # 1/_ROW_DRAWS as its EMA fills. A request that decodes keeps its first, noisier one.
         self._noise = [0.0] * max_rows
+        # The step each row's request was admitted at, and the latest of any: a batch holding
+        # one admitted since acceptance was last seen has an acceptance nobody measured.
+        self._admitted_at = [-1] * max_rows
+        self._last_admitted = -1
         # What a request not measured yet is expected to accept: the first estimates of the
         # latest requests (per request, so one long phase of many steps does not outweigh the
         # requests that came after it). Optimistic until a request is measured.
@@ -68,7 +72,7 @@ class AcceptanceEstimate:
         self._differ: Optional[float] = None
         self.draw_var: Optional[float] = None
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
-        # The latest read-only rows array and its list (one per batch in the SGLang worker).
+        # The latest rows array nobody can write and its list (one per batch, SGLang worker).
         self._rows_of: Optional[np.ndarray] = None
         self._ids: list[int] = []
 
@@ -107,11 +111,12 @@ class AcceptanceEstimate:
         return (own + (n - len(known)) * fresh) / n
 
     def _ids_of(self, rows: np.ndarray) -> list[int]:
-        """`rows` as a list: kept for an array nobody can write (a cold tolist costs ~7 us)."""
+        """`rows` as a list, kept for an array nobody can write: read-only and owning its memory
+        (a read-only view may see its base written). A cold tolist costs ~7 us."""
         if rows is self._rows_of:
             return self._ids
         ids = rows.tolist()
-        if not rows.flags.writeable:
+        if rows.base is None and not rows.flags.writeable:
             self._rows_of, self._ids = rows, ids
         return ids
 
@@ -125,13 +130,24 @@ class AcceptanceEstimate:
             return differ / (differ + draw * noise)
         return 0.0 if draw > 0 else 1.0
 
-    def admit(self, rows: list[int]) -> None:
-        """A new request holds each of `rows`: nothing is known of it."""
+    def admit(self, rows: list[int], step: int) -> None:
+        """A new request holds each of `rows` from `step` on: nothing is known of it."""
         if self._rows is None:
             return
         for row in rows:
             self._rows[row], self._draws[row] = math.nan, 0
             self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
+            self._admitted_at[row] = step
+        self._last_admitted = step
+
+    def newcomers(self, rows: Optional[np.ndarray]) -> bool:
+        """The batch holds a request admitted since acceptance was last seen (True without
+        rows: nothing says otherwise)."""
+        if rows is None or not len(rows) or self._rows is None:
+            return True
+        if self._last_admitted < self.seen_at:      # no request anywhere is that new
+            return False
+        return max(map(self._admitted_at.__getitem__, self._ids_of(rows))) >= self.seen_at
 
     def add(self, accepts: list[float], total: float, rows: Optional[np.ndarray],
             step: int) -> None:

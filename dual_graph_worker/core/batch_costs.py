@@ -26,8 +26,8 @@ _RATE_CAP = 3.0
 # prefills with and without the draft, of catch-ups at a switch back from decode, and of
 # catch-ups inside a speculative run (after deferred prefills); switches without a catch-up
 # (count, sum of seconds).
-_PF = {True: 0, False: 5}
-_CU = {True: 10, False: 15}
+_PF = (5, 0)                  # [draft]: with the draft at 0, without at 5
+_CU = (15, 10)                # [at_switch]
 _SW = 20
 _SLOTS = 22
 
@@ -57,6 +57,7 @@ class BatchCosts:
         self._vacant = 0
         self.prompt_window = 0.0
         self.output_window = 0.0
+        self.batch_rows: Optional[np.ndarray] = None
         # Derived from the above at each exchange (they change nowhere else), read every step:
         # prompt tokens per output token, the draft's seconds per prompt token, a switch's
         # seconds, a catch-up's (fixed s, s per token), the tokens that rate holds out to and
@@ -67,14 +68,10 @@ class BatchCosts:
         self.catch_up_fit: tuple[float, float] = (0.0, 0.0)
         self.catch_up_reach = math.inf
         self._catch_up_far = 0.0
-        # Per request row: its admissions (a reused row holds a new request) and the step of
-        # the latest, and the latest of any; the running batch's rows at the last exchange with
-        # theirs, and the latest step's rows.
+        # Per request row its admissions (a reused row holds a new request); the running
+        # batch's rows at the last exchange with theirs, and the latest step's rows.
         self._admissions: Optional[list[int]] = [0] * max_rows if max_rows else None
-        self._admitted_step = [-1] * max_rows
-        self._last_admitted = -1
         self._members: Optional[tuple[list[int], list[int]]] = None
-        self.batch_rows: Optional[np.ndarray] = None
         # Rank-local sums since the last exchange: never read by a decision.
         self._local = [0.0] * _SLOTS
 
@@ -94,13 +91,21 @@ class BatchCosts:
         for at, v in enumerate(values, slot):
             local[at] += v
 
-    def admitted(self, rows: np.ndarray, step: int) -> None:
-        """New requests hold `rows` from `step` on."""
-        admissions, admitted_step = self._admissions, self._admitted_step
-        for row in rows.tolist():
-            admissions[row] += 1
-            admitted_step[row] = step
-        self._last_admitted = step
+    def admitted(self, tokens: int, rows: Optional[list[int]]) -> None:
+        """A prefill of `tokens` prompt tokens; new requests hold `rows` (None: not known)."""
+        self.prompt_window += tokens
+        if rows is not None and self._admissions is not None:
+            admissions = self._admissions
+            for row in rows:
+                admissions[row] += 1
+
+    def served(self, rows: Optional[np.ndarray], tokens: float) -> None:
+        """A step gave `tokens` output tokens to the requests of `rows`."""
+        self.batch_rows = rows
+        self.output_window += tokens
+
+    def catch_ups_seen(self) -> float:
+        return self.catch_up[True].events + self.catch_up[False].events
 
     def take_local(self) -> list[float]:
         """This rank's sums since the last exchange, and cleared."""
@@ -112,10 +117,9 @@ class BatchCosts:
         then the terms derived from them."""
         # Nothing new: every fit, a ratio of sums decayed alike, is unchanged.
         new = any(tail)
-        for draft, at in _PF.items():
-            self._prefill[draft].fold(tail[at:at + 5] if new else None)
-        for at_switch, at in _CU.items():
-            self.catch_up[at_switch].fold(tail[at:at + 5] if new else None)
+        for kind in (True, False):
+            self._prefill[kind].fold(tail[_PF[kind]:_PF[kind] + 5] if new else None)
+            self.catch_up[kind].fold(tail[_CU[kind]:_CU[kind] + 5] if new else None)
         switches, seconds = tail[_SW:_SW + 2]
         self._switches = _CATCH_UP_DECAY * self._switches + switches
         self._switch_sum = _CATCH_UP_DECAY * self._switch_sum + seconds
@@ -161,15 +165,6 @@ class BatchCosts:
         return len(ids) - stayed, len(last_ids) - stayed
 
     # ------------------------------------------------------------------------------ read
-
-    def newcomers(self, rows: Optional[np.ndarray], since: int) -> bool:
-        """The batch holds a request admitted at `since` or later (True without rows: nothing
-        says otherwise)."""
-        if rows is None or not len(rows) or self._admissions is None:
-            return True
-        if self._last_admitted < since:          # no request anywhere is that new
-            return False
-        return max(map(self._admitted_step.__getitem__, rows.tolist())) >= since
 
     def replaced(self) -> float:
         """The share of joining requests that took a finished request's place (all, without

@@ -3,8 +3,8 @@
 Per step it compares the expected seconds per output token of each mode at this batch, from
 step times measured while serving (step_times.py; the start-up calibration is only the prior),
 each request's expected accept length (acceptance.py), the prompt share and the draft's prefill
-and catch-up costs (batch_costs.py); exploration re-measures the mode not chosen within a
-step-time budget (exploration.py). Timings are rank-local (intake.py routes them) and reach the
+and catch-up costs (batch_costs.py); it re-measures the mode not chosen where that could change
+the answer, within a step-time budget (exploration.py keeps the accounts). Timings are rank-local (intake.py routes them) and reach the
 estimates only through `exchange`, so decisions read only rank-common values. docs/design.md,
 "The controller", derives the cost model.
 """
@@ -284,10 +284,10 @@ class GoodputController:
         elif isinstance(event, Accepted):
             self._observe_accept(event)
         elif isinstance(event, Admitted):
-            self._batch_costs.prompt_window += event.tokens
-            if event.rows is not None and self.config.max_rows:
-                self._acceptance.admit(event.rows.tolist())
-                self._batch_costs.admitted(event.rows, self._step)
+            rows = None if event.rows is None else event.rows.tolist()
+            self._batch_costs.admitted(event.tokens, rows)
+            if rows is not None:
+                self._acceptance.admit(rows, self._step)
         elif isinstance(event, PrefillTime):
             self._intake.prefill(event)
 
@@ -296,10 +296,8 @@ class GoodputController:
         n = len(accepts)
         if not n:
             return
-        costs = self._batch_costs
-        costs.batch_rows = event.rows
         total = sum(accepts)
-        costs.output_window += total
+        self._batch_costs.served(event.rows, total)
         if event.mode is not Mode.SPEC:
             return
         if self._sight_from is not None:
@@ -387,10 +385,8 @@ class GoodputController:
             return False
         # Acceptance: stale after the window over the requests it was seen on (they drift
         # slowly), after a quarter of it once a request admitted since has joined.
-        seen_at = self._acceptance.seen_at
-        seen = self._step - seen_at
-        return seen > window or (seen > window // 4 and
-                                 self._batch_costs.newcomers(rows, seen_at))
+        seen = self._step - self._acceptance.seen_at
+        return seen > window or (seen > window // 4 and self._acceptance.newcomers(rows))
 
     def _time_stale(self, i: int) -> bool:
         """Key i's step time not measured within the last stale_after steps."""

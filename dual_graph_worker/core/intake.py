@@ -137,8 +137,7 @@ class SampleIntake:
         cost."""
         costs = self._costs
         cap = costs.draft_rate_cap()
-        counted = costs.catch_up[True].events + costs.catch_up[False].events
-        spike = cap is not None and counted > 0 and \
+        spike = cap is not None and costs.catch_ups_seen() > 0 and \
             seconds > costs.catch_up_seconds(int(tokens)) + step and \
             seconds > costs.catch_up_fit[0] + tokens * cap
         return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)

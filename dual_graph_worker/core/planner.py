@@ -8,6 +8,8 @@ the ranks' measurements common (`policy.exchange`), at the same step on every ra
 
 from __future__ import annotations
 
+import itertools
+import operator
 import time
 from collections import deque
 from typing import Callable, Deque, NamedTuple, Optional, Sequence
@@ -109,9 +111,6 @@ def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[
     return min(max(size - int(available()), 0) + max(int(queued), 0), size)
 
 
-# A request's accepted drafts -> its tokens (the bonus one included), mapped in C.
-_ONE_MORE = (1.0).__add__
-
 # NamedTuples, not frozen dataclasses, on the per-step path: a frozen dataclass sets each field
 # through object.__setattr__, ~3x the construction cost.
 class _Launched(NamedTuple):
@@ -126,7 +125,7 @@ class _Launched(NamedTuple):
 class CompletedStep(NamedTuple):
     record: StepRecord
     wall_time: float     # time.time() at launch, to line the log up with a client's clock
-    accept_lens: list[float]    # tokens each request received, bonus included
+    accept_lens: list[float]    # tokens each request received, bonus included (never written)
     rows: Optional[np.ndarray]
     host_s: float = 0.0  # the worker's host time before this step's launch
     launch_s: float = 0.0  # the engine's host time launching it (no device wait in either)
@@ -167,7 +166,11 @@ class StepLedger:
         if n != entry.plan.bs or (batch_size and batch_size != entry.plan.bs):
             self.mismatches += 1
             return None
-        accept = list(map(_ONE_MORE, num_correct_drafts_per_req))
+        # Each request's tokens, the bonus one included: mapped in C over SGLang's list.
+        counts = num_correct_drafts_per_req
+        if type(counts) is not list:
+            counts = np.asarray(counts).tolist()
+        accept = list(map(operator.add, counts, itertools.repeat(1.0, n)))
         tokens = int(sum(accept))
         record = StepRecord(step=entry.step, mode=entry.plan.mode, bs=entry.plan.bs,
                             padded_bs=entry.plan.padded_bs, reason=entry.plan.reason,

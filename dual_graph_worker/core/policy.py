@@ -63,7 +63,7 @@ class Accepted(NamedTuple):
     """A completed step's accepted tokens per request (rank-common). Decode steps accept 1."""
 
     mode: Mode
-    accept_lens: list[float]              # [bs] tokens each request received, bonus included
+    accept_lens: list                     # [bs] tokens each request received, bonus included
     rows: Optional[np.ndarray] = None     # [bs] request rows, when the engine knows them
 
 
@@ -285,8 +285,9 @@ class CyclePolicy(_Observing):
 
 def accepted(mode: Mode, accept_lens: Sequence[float] | np.ndarray,
              rows: Optional[np.ndarray] = None) -> Accepted:
-    """A list passes as it is (the SGLang worker's, every step: a cold numpy call costs more
-    than the step's whole bookkeeping at a small batch); anything else becomes one."""
+    """A list of numbers passes as it is, and is never written after (the SGLang worker's,
+    every step: a cold numpy call costs more than the step's whole bookkeeping at a small
+    batch); anything else becomes a list of floats."""
     lens = accept_lens if type(accept_lens) is list else \
         np.asarray(accept_lens, dtype=np.float64).tolist()
     return Accepted(mode, lens, rows if rows is None or type(rows) is np.ndarray

@@ -45,7 +45,7 @@ class Slope:
         self.min_spread = min_spread
         self.idle = 0               # exchanges since the last window: their decay is not applied
 
-    def fold(self, window: Optional[np.ndarray]) -> None:
+    def fold(self, window: Optional[Sequence[float]]) -> None:
         """None: an exchange with nothing new. Its decay waits for the next window, since every
         fit is a ratio of sums decayed alike."""
         if window is None:

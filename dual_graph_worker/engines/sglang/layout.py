@@ -100,7 +100,7 @@ class RowContext:
         src = getattr(batch, "req_pool_indices_cpu", None)
         if src is None or src is not self._src:
             self._flush()
-            rows = rows_of(batch)
+            rows = rows_of(batch).copy()       # its own: nobody can write it (acceptance.py)
             rows.flags.writeable = False
             self._src, self._rows, self._total = src, rows, int(self._len[rows].sum())
         return self._rows, self._total
