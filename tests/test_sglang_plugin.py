@@ -920,6 +920,24 @@ def test_the_host_cost_bytecode_count_is_the_same_every_time(supported_sglang):
     assert count_opcodes(4, 30) == count_opcodes(4, 30)
 
 
+def test_the_host_cost_a_b_reads_each_pair_of_adjacent_runs(tmp_path, capsys):
+    """A version is judged by the ratios of its runs to the other's adjacent ones (a shared
+    host drifts between runs), and a folder that is no checkout is named, not a traceback."""
+    from bench.sglang.host_cost_ab import PARTS, main, summary
+
+    def run(scale: float) -> list[dict]:
+        return [{"bs": 1, **{p: 100.0 * scale for p in PARTS}}]
+
+    # The host drifts 2x over the rounds; B is 0.8x of A within every pair.
+    rows = summary({"a": [run(1.0), run(2.0), run(1.5)], "b": [run(0.8), run(1.6), run(1.2)]})
+    total = next(r for r in rows if r["part"] == "total_us")
+    assert total["ratio_median"] == pytest.approx(0.8)
+    assert (total["ratio_min"], total["ratio_max"]) == (pytest.approx(0.8), pytest.approx(0.8))
+    assert total["a_median"] == 150.0 and total["b_median"] == 120.0
+    assert main([str(tmp_path), str(tmp_path)]) == 2
+    assert "no checkout of this project" in capsys.readouterr().err
+
+
 def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang, tmp_path):
     """Run as a user would (its own process: it stubs SGLang's parent methods)."""
     import json
