@@ -13,7 +13,7 @@ OUT     ?= out
 TORCH_CPU ?= torch==2.13.0
 
 .PHONY: help setup setup-test demo test settings toy capture-tune capture-report capture-flags \
-        controller-cost host-cost nsys-check test-gpu bench capture-measure capture-compare nsys-profile serve-bench policy-matrix \
+        controller-cost host-cost host-cost-ab nsys-check test-gpu bench capture-measure capture-compare nsys-profile serve-bench policy-matrix \
         clean
 
 help:                            ## this list
@@ -84,6 +84,11 @@ controller-cost: setup          ## host time of one controller decision -> $(OUT
 
 host-cost: setup-test           ## the SGLang worker's own host time per step -> $(OUT)/host-cost.json
 	$(BIN)/python -m bench.sglang.host_cost --step-log --opcodes 300 --out $(OUT)/host-cost.json
+
+BASE ?= HEAD
+host-cost-ab: setup-test        ## this tree's per-step host time against BASE's, cold: make host-cost-ab BASE=ref
+	rm -rf $(OUT)/base-tree && mkdir -p $(OUT)/base-tree && git archive $(BASE) | tar -x -C $(OUT)/base-tree
+	$(BIN)/python -m bench.sglang.host_cost_ab $(OUT)/base-tree . --out $(OUT)/host-cost-ab
 
 REPORT ?= $(OUT)/profile/workload.nsys-rep
 nsys-check: setup                ## verdict on a profile: make nsys-check REPORT=path.nsys-rep
