@@ -212,9 +212,8 @@ class BatchCosts:
 
     def catch_up_seconds(self, tokens: int) -> float:
         """Expected seconds of one catch-up over `tokens` draft tokens: the fitted line out to
-        the sizes it has seen, beyond them no dearer a token than the draft can be. Small
-        catch-ups' scatter (a switch's costs ride on them) fitted 8-23 us a token on the H200,
-        which priced a 12k-token one at ~300 ms where one of 10k took 27."""
+        the sizes it has seen, beyond them no dearer a token than the draft can be (small
+        catch-ups' scatter, a switch's costs riding on them, fits any rate)."""
         if tokens <= 0:
             return 0.0
         fixed, rate = self.catch_up_fit
@@ -223,8 +222,7 @@ class BatchCosts:
 
     def _draft_floor(self) -> float:
         """The least a draft token can cost: the draft's share of a prefill token with it (a
-        catch-up fitted on a few hundred tokens read 0 a token; on the H200 a prefill of 8192
-        tokens took 16-25 ms more with the draft, where its share of the weights gives ~8)."""
+        catch-up fitted on a few hundred tokens can read 0 a token)."""
         if not self._draft_floor_on:
             return 0.0
         share = min(self._draft_share, 1.0 / _RATE_CAP)     # no dearer than draft_rate_cap

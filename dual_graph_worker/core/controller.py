@@ -4,9 +4,9 @@ Per step it compares the expected seconds per output token of each mode at this 
 step times measured while serving (step_times.py; the start-up calibration is only the prior),
 each request's expected accept length (acceptance.py), the prompt share and the draft's prefill
 and catch-up costs (batch_costs.py); it re-measures the mode not chosen where that could change
-the answer, within a step-time budget (exploration.py keeps the accounts). Timings are rank-local (intake.py routes them) and reach the
-estimates only through `exchange`, so decisions read only rank-common values. docs/design.md,
-"The controller", derives the cost model.
+the answer, within a step-time budget (exploration.py keeps the accounts). Timings are
+rank-local (intake.py routes them) and reach the estimates only through `exchange`, so
+decisions read only rank-common values. docs/design.md, "The controller", derives the cost model.
 """
 
 from __future__ import annotations
@@ -36,12 +36,9 @@ _MIN_LOSS = 0.05
 # A re-measurement of speculation ends once its acceptance so far, this many standard errors
 # above its mean, still leaves speculation behind: its acceptance was what it was checking.
 _PROBE_ERRORS = 2.0
-# How far a size's step time may have drifted since it was measured (acceptance moves, step
-# times barely do): a stale speculative step time is judged this much faster, and decode is
-# re-measured only where a step _DECODE_DRIFT faster would win. Decode's steps hold steadier
-# than speculation's (on the H200 a decode run's settling steps 0.999 of its later ones; spells
-# slow speculation's host-bound steps far more): at 0.3 the accept-2 cells re-measured decode,
-# 4 steps and a catch-up, at every size up to C=32, where speculation led by 15-47%.
+# How far a step time may have drifted since it was measured: a stale speculative one is judged
+# this much faster; decode, whose steps hold steadier, is re-measured only where a step
+# _DECODE_DRIFT faster would win.
 _STEP_DRIFT = 0.3
 _DECODE_DRIFT = 0.15
 # Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
@@ -196,7 +193,7 @@ class GoodputController:
             if chosen_at != measured:
                 # A re-measurement is judged and priced as measured: a mode only ever
                 # re-measured stays warming up, and its warm-up price would re-measure it on
-                # every chance (on the H200 decode, 4 steps every accept-2 cell).
+                # every chance.
                 spec, decode = self._mode_costs(spec_t, decode_t, accept, inputs, from_decode)
                 here, there = (decode, spec) if from_decode else (spec, decode)
             if self._plausible(other, there_t, here_t, inputs, (spec, decode)):

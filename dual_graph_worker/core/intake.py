@@ -93,12 +93,10 @@ class SampleIntake:
                     return
                 self._costs.add_catch_up(at_switch, x, y)
             return
-        # Nor is one whose launch the previous step held: its span starts late (on the H200 a
-        # decode step after a switch from spec ran 0.81-0.99x its size's median).
+        # Nor is one whose launch the previous step held: its span starts late.
         if after_carry:
             return
-        # The first step after a prefill is no clean sample: its span starts inside the prefill's
-        # (on the H200 0.71x its size's median when the batch arrived at once, 1.07x over HTTP).
+        # The first step after a prefill is no clean sample: its span starts inside the prefill's.
         # Every other one is taken, so a prefill before every step still leaves samples.
         if after_prefill and not self._held_after_prefill:
             self._held_after_prefill = True
@@ -110,10 +108,9 @@ class SampleIntake:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
-        # Nor is a lone one under a third of a measured key's line: a batch's last step, its span
-        # cut short under overlap (0.4 ms among 6 ms steps on the H200), nor the step before it
-        # if of the same key and above its line: that one holds the finished requests' work
-        # (their sum is two steps). Two in a row are the key's cost.
+        # Nor is a lone one under a third of a measured key's line (a batch's last step, cut short
+        # under overlap), nor the step before it if of the same key and above its line: that one
+        # holds the finished requests' work. Two in a row are the key's cost.
         if times.samples[i] > 0 and event.seconds * _SPIKE < expected and short != i:
             if last is not None and last[0] == i and last[3]:
                 times.drop(*last[:3])
@@ -129,11 +126,9 @@ class SampleIntake:
 
     def _first_call_cost(self, at_switch: bool, tokens: float, seconds: float,
                          step: float) -> bool:
-        """Whether a catch-up is held back as a lone one-time cost: a whole `step` over its line,
-        at a rate beyond its fixed part that the draft alone does not reach (draft_rate_cap).
-        On the H200 a 528-token catch-up's first forward at its shape took 13-17 ms and the next
-        one's (664 tokens) 2.8; taken, its 20-34 us a token priced speculation out for ~150
-        steps where it was 9% faster. Two in a row of a kind and size (a power of two) are the
+        """Whether a catch-up is held back as a lone one-time cost (a first forward at its shape):
+        a whole `step` over its line, at a rate beyond its fixed part that the draft alone does
+        not reach (draft_rate_cap). Two in a row of a kind and size (a power of two) are the
         cost."""
         costs = self._costs
         cap = costs.draft_rate_cap()

@@ -17,17 +17,9 @@ from dual_graph_worker.core.regressions import FAR_ERRORS, KEY_SLOTS, ContextSum
 
 # A measured step time predicts no less than this share of itself at a shorter context.
 _CONTEXT_FLOOR = 0.25
-# While a key goes unmeasured an estimate above its typical level (the lower median of its last
-# _TYPICAL_WINDOWS windows of _TYPICAL_MIN_COUNT samples or more) relaxes down toward it, by 1/e
-# every _RELAX_STEPS steps; where its mode left in a spell (its latest windows ran _HIGH over
-# that level), every as many steps as the spell was seen for (it is expected to last about as
-# long), from _RELAX_MIN_STEPS on. A gap of a normal window (context, noise) keeps the slow pace.
-# A host's slow spell (steps 1.2-1.5x for ~2 s on the H200) that ended a mode's last run no
-# longer prices it out long after; a stall of 7 bs-4 spec steps at 2x priced it out for 52 steps
-# at a fixed 128. A re-measurement's few settling steps fold into that level rather than replace
-# it. Only down: an estimate too low makes its mode look cheap, so it runs and is measured.
-# Windows older than _TYPICAL_HORIZON steps no longer count; within _SETTLED of its level a key
-# is left alone until it is measured again.
+# An unmeasured key's estimate above its typical level relaxes down toward it, so a host spell
+# that ended its mode's last run does not price the mode out long after; only down, since an
+# estimate too low gets its mode run and measured (docs/design.md: the windows and the pace).
 _RELAX_STEPS = 128
 _RELAX_MIN_STEPS = 16
 _HIGH = 0.1
@@ -35,18 +27,11 @@ _TYPICAL_WINDOWS = 16
 _TYPICAL_MIN_COUNT = 4
 _TYPICAL_HORIZON = 4096
 _SETTLED = 0.002
-# A process's first steps run slow (on the H200 bs-1 spec steps 7.2-8.5 ms for ~35 steps, 6.6
-# steady; on the CPU demo 12-13 ms, 8.3 steady): a key measured only then takes its first window
-# of two samples or more after them whole.
+# A process's first steps run slow: a key measured only then takes its next window whole.
 _WARM_STEPS = 64
-# A mode's first steps in a process can all run slow: on the H200 a process's first 40-120
-# spec steps, whatever their size, 1.13-1.29x steady in 5 of 16 processes; where decode served,
-# they came as sparse re-measurements that priced speculation out for minutes. Until a mode has
-# run this many steps and the other has, the choice of mode prices its keys no higher than
-# measured over the factor (nor lower than the prior): at most that many wrong steps, once.
-# A key measured only while its mode had run fewer takes its first window after them whole
-# where that comes lower (a bs-8 spec key's three cold samples, 1.3x steady, kept it priced out
-# of a cell where it was 9% faster); a higher one, a batch's first steps or a spell, ages as usual.
+# A mode's first steps in a process can all run slow: until it has run this many, the choice
+# prices its keys no higher than measured over the factor (at most that many wrong steps, once),
+# and a key measured only then takes its next window whole where that comes lower.
 _MODE_WARM_STEPS = 128
 _MODE_WARM_FACTOR = 1.3
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
@@ -242,9 +227,8 @@ class StepTimeTable:
             weights = [1.0 - w, w]
         # The neighbours' fixed parts scaled by the prior's ratio between this size and them,
         # held between the same cost and one in proportion to the batch (start-up replays are
-        # noisy: on the H200 spec bs 112 replayed 1.2x bs 128); their seconds per context token
-        # interpolated, unscaled (a step's fixed part grows with the batch, attention's cost
-        # per token read does not).
+        # noisy); their seconds per context token interpolated, unscaled (a step's fixed part
+        # grows with the batch, attention's cost per token read does not).
         scaled = not math.isnan(prior) and all(not math.isnan(self._prior[j]) for j in near)
         floor, parts = 0.0, []
         for j, w in zip(near, weights):
