@@ -26,7 +26,7 @@ from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellState,
                                            Observation, PolicyInputs, PolicyState, PrefillTime,
-                                           Reason, Reducer, StepTime, same_rank)
+                                           Reason, Reducer, StepTime)
 from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.step_times import StepTimeTable
 
@@ -317,9 +317,7 @@ class GoodputController:
         split = len(local)
         local += self._batch_costs.take_local()
         self._intake.exchanged()
-        # A single rank has nothing to reduce: no numpy round trip.
-        vec = local if reduce is same_rank else \
-            np.asarray(reduce(np.array(local)), dtype=np.float64).tolist()
+        vec = reduce(local)
         self._unfolded = False
         self._times.fold(vec[:split], self._step)
         self._batch_costs.fold(vec[split:])

@@ -253,7 +253,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         else:
             target, draft = ([(name, p.numel()) for name, p in ps] for ps in params)
             local = draft_share(target, draft)
-        return float(reduce(np.array([local]))[0])
+        return float(reduce([local])[0])
 
     def _model_shape(self, mr) -> dict:
         """This server's capture fingerprint shape (capture_config.sglang_model_shape)."""
@@ -575,10 +575,10 @@ def _tp_mean(tp_group) -> Reducer:
         return same_rank
     import torch.distributed as dist
 
-    def reduce(vec: np.ndarray) -> np.ndarray:
-        t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float64))
+    def reduce(vec: list[float]) -> list[float]:
+        t = torch.tensor(vec, dtype=torch.float64)
         dist.all_reduce(t, group=tp_group.cpu_group)
-        return (t / world).numpy()
+        return (t / world).tolist()
 
     return reduce
 
