@@ -23,7 +23,7 @@ from typing import Optional
 
 from bench.sglang.policy_matrix import (READINGS, SETTINGS_BEFORE, cell_key, fill_from,
                                        heatmap, matrix_report, merged_workloads,
-                                       per_cell_median, ratios, repeated,
+                                       per_cell_median, ratios, readings, repeated,
                                        with_rounds_asked)
 
 
@@ -72,8 +72,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
         here = own + [r for k in wanted for r in filled.get(k, [])]
         cells += ratios(per_cell_median(here))
         if any_repeats:
-            for reading, (read, _) in READINGS.items():
-                other[reading] += ratios(per_cell_median(read(here)))
+            for key, read in readings(here).items():
+                other[key] += read
     merged_calls = sorted({r["call"] for r in records})
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \

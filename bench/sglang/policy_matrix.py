@@ -410,12 +410,16 @@ READINGS = {
 }
 
 
+def readings(recs: list[dict]) -> dict[str, list[dict]]:
+    """Each of READINGS' cells of `recs`."""
+    return {key: ratios(per_cell_median(read(recs))) for key, (read, _) in READINGS.items()}
+
+
 def other_readings(recs: list[dict]) -> dict[str, list[dict]]:
     """READINGS' cells of `recs` ({} where no cell was repeated)."""
     if not repeated(recs):
         return {}
-    cells = {key: ratios(per_cell_median(read(recs))) for key, (read, _) in READINGS.items()}
-    return {key: c for key, c in cells.items() if c}
+    return {key: c for key, c in readings(recs).items() if c}
 
 
 def _one_run(rec: dict) -> dict:
