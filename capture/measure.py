@@ -4,8 +4,8 @@ representative context, and the pool growth of capturing all candidates together
 
 Before the measured loop, a throwaway warm-up captures and replays the smallest key of each mode
 once, then drops its pool: the one-time costs of the first capture (Triton JIT compilation,
-library initialisation: 2.4 s for decode bs=1 and 0.79 s for spec bs=1 on the first H200 run,
-against ~0.07 s for every other key) land there, not in any key's capture_s. Its wall time
+library initialisation: seconds, where a later key's capture takes a tenth of one) land there,
+not in any key's capture_s. Its wall time
 (the compilation plus two ordinary captures and replays, ~0.2 s) is recorded as
 meta.one_time_compile_s.
 

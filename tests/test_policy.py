@@ -12,9 +12,10 @@ import pytest
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.policies import draft_share
+from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.policy import (AcceptLengthEMA, CyclePolicy, Decision, PinnedPolicy,
                                            PolicyInputs, Reason, ThresholdPolicy, accepted)
+from dual_graph_worker.core.settings import PolicyKind, Settings
 
 K = 3
 SPEC_SIZES = (1, 2, 4, 8, 16)
@@ -226,3 +227,14 @@ def test_the_drafts_share_leaves_embeddings_and_lm_heads_out():
     assert draft_share(target, draft + others) == share
     assert draft_share([], []) == 0.0
 
+
+
+@pytest.mark.parametrize("kind", list(PolicyKind))
+def test_every_policy_kind_builds_and_says_whether_it_reads_a_prior(kind):
+    """Engines build any DGW_POLICY the same way and calibrate at start-up only for a policy
+    whose builder reads the prior (without one it must still build)."""
+    settings = Settings(policy=kind)
+    ctx = PolicyContext(K, {Mode.SPEC: SPEC_SIZES, Mode.DECODE: DECODE_SIZES}, max_rows=8)
+    policy = build_policy(settings, ctx)
+    assert step(policy, 1, accept=3.0).mode in (Mode.SPEC, Mode.DECODE)
+    assert needs_prior(settings) is (kind is PolicyKind.GOODPUT)

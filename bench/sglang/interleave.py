@@ -1,7 +1,7 @@
 """BENCHMARK ONLY: the policy matrix with every engine up at once, each cell taken in turn.
 
 Run one after another, the engines meet the machine at different times: a slow spell of a few
-seconds lands on one engine's cells and not another's (results/sglang/runs.md, runs 5-12). Here
+seconds lands on one engine's cells and not another's (results/sglang/runs.md). Here
 every engine process is started first, one after another, each with the same KV pool
 (ENGINE_KWARGS) and the same share of the memory free at its start; then each cell runs on one
 engine after another, in an order that rotates from cell to cell, so that a spell falls on all
@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from bench.sglang.engine_child import Child, write_json
+from dual_graph_worker.core.settings import BY_KEY
 
 # Every engine the same KV pool, fitting a 256x512, 64x2112 or 128x1088-token cell with room;
 # each keeps 20% of the memory free at its start as SGLang's runtime slack
 # (kv_cache_configurator.py:1616-1625), so three engines fit one H200. An idle scheduler polls
 # its sockets in a busy loop unless it sleeps on idle: the two waiting would spin two cores.
 ENGINE_KWARGS = {"max_total_tokens": 160_000, "mem_fraction_static": 0.8, "sleep_on_idle": True}
-# The worker sizes its lazy catch-up stash to a share of the memory free at its start: alone on
-# the H200 that came to 3697.7 MiB (run 12); up first beside the others it would take tens of GB.
-DUAL_ENV = {"DGW_LAZY_STASH_MB": "3700"}
+# The worker sizes its lazy catch-up stash to a share of the memory free at its start: up first
+# beside the others it would take tens of GB, so it is pinned to what it takes alone on an H200.
+DUAL_ENV = {BY_KEY["lazy_stash_mb"].env: "3700"}
 POLL_S = 0.005
 
 

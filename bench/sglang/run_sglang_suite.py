@@ -35,7 +35,7 @@ show catch-ups (``catch_up`` events in its step log) for its correctness checks 
 
 Phase split of the bench. ``--decode-step-time`` also times each sweep batch at one output
 token, right before the batch itself (so the dual worker's deferral decisions start from the same
-policy state in both; until bench11 the probe ran after the batch, from decode mode): the report
+policy state in both): the report
 gives the prefill phase (that time) and the decode phase per token, each as a ratio to plain. ``--decode-log-interval N`` has every bench engine log SGLang's own "Decode
 batch" line every N decode steps; the report turns the decode-mode windows into a step time per
 running batch, the direct form of "decode step within 2% of plain at the same batch size".
@@ -423,7 +423,7 @@ class Suite:
                                   "the dual worker's deferred draft prefill off"
                                   if a.with_radix_cache else "")
                                + ("; dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft "
-                                  "prefill runs for every prompt, as before bench5)"
+                                  "prefill runs for every prompt)"
                                   if a.with_no_defer else ""))
 
     # -------------------------------------------------------------------- helpers

@@ -1,6 +1,6 @@
 """The policy a `Settings` names, built the same way for every engine.
 
-A new policy is a class that satisfies `policy.ModePolicy` plus one entry in `BUILDERS`.
+A new policy is a class that satisfies `policy.ModePolicy` plus one `PolicyBuilder` in `BUILDERS`.
 """
 
 from __future__ import annotations
@@ -49,23 +49,30 @@ def _goodput(s: Settings, ctx: PolicyContext) -> ModePolicy:
     return GoodputController(config, ctx.sizes, ctx.prior)
 
 
-BUILDERS: Mapping[PolicyKind, Callable[[Settings, PolicyContext], ModePolicy]] = {
-    PolicyKind.GOODPUT: _goodput,
-    PolicyKind.THRESHOLD: lambda s, ctx: ThresholdPolicy(
+@dataclass(frozen=True)
+class PolicyBuilder:
+    build: Callable[[Settings, PolicyContext], ModePolicy]
+    uses_prior: bool = False    # reads PolicyContext.prior: the engine calibrates at start-up
+
+
+BUILDERS: Mapping[PolicyKind, PolicyBuilder] = {
+    PolicyKind.GOODPUT: PolicyBuilder(_goodput, uses_prior=True),
+    PolicyKind.THRESHOLD: PolicyBuilder(lambda s, ctx: ThresholdPolicy(
         threshold=s.threshold, band=s.band, min_dwell_steps=s.min_dwell_steps,
-        num_draft_tokens=ctx.num_draft_tokens),
-    PolicyKind.SPEC: lambda s, ctx: PinnedPolicy(mode=Mode.SPEC,
-                                                 num_draft_tokens=ctx.num_draft_tokens),
-    PolicyKind.DECODE: lambda s, ctx: PinnedPolicy(mode=Mode.DECODE,
-                                                   num_draft_tokens=ctx.num_draft_tokens),
-    PolicyKind.CYCLE: lambda s, ctx: CyclePolicy(hold=s.min_dwell_steps,
-                                                 num_draft_tokens=ctx.num_draft_tokens),
+        num_draft_tokens=ctx.num_draft_tokens)),
+    PolicyKind.SPEC: PolicyBuilder(lambda s, ctx: PinnedPolicy(
+        mode=Mode.SPEC, num_draft_tokens=ctx.num_draft_tokens)),
+    PolicyKind.DECODE: PolicyBuilder(lambda s, ctx: PinnedPolicy(
+        mode=Mode.DECODE, num_draft_tokens=ctx.num_draft_tokens)),
+    PolicyKind.CYCLE: PolicyBuilder(lambda s, ctx: CyclePolicy(
+        hold=s.min_dwell_steps, num_draft_tokens=ctx.num_draft_tokens)),
 }
 
 
 def build_policy(settings: Settings, ctx: PolicyContext) -> ModePolicy:
-    return BUILDERS[settings.policy](settings, ctx)
+    return BUILDERS[settings.policy].build(settings, ctx)
 
 
 def needs_prior(settings: Settings) -> bool:
-    return settings.policy is PolicyKind.GOODPUT
+    """Whether the policy `settings` names reads a start-up calibration (worth its replays)."""
+    return BUILDERS[settings.policy].uses_prior

@@ -18,12 +18,12 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core import nvtx as nvtx_ranges, nvtx_names as names
 from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator
-from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.core.settings import BY_KEY, Settings
 
 logger = logging.getLogger(__name__)
 
-STEADY_AFTER_ENV = "DGW_PROFILE_STEADY_AFTER_STEPS"
-STEPS_ENV = "DGW_PROFILE_STEPS"
+STEADY_AFTER_ENV = BY_KEY["profile_steady_after_steps"].env
+STEPS_ENV = BY_KEY["profile_steps"].env
 CONFIG_POLICY = "policy"
 
 
