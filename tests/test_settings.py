@@ -27,7 +27,7 @@ def test_defaults_precedence_and_explicit_keys(tmp_path):
     assert cfg.threshold == 5                        # the variable beats the file
     assert cfg.spec_max_bs == 16 and cfg.step_log == "/tmp/x.jsonl" and cfg.decode_max_bs is None
     assert explicit_keys(env) == {"policy", "threshold", "spec_max_bs", "step_log"}
-    assert Settings().continuity is Continuity.LAZY_CATCH_UP and Settings().lazy
+    assert Settings().continuity is Continuity.LAZY_CATCH_UP
 
 
 @pytest.mark.parametrize("env,match", [

@@ -60,9 +60,9 @@ def test_lazy_modules_do_not_import_sglang():
 
 def test_continuity_config():
     # Lazy catch-up is the default since the H200 bench; keep-current is one switch.
-    assert Settings().continuity is Continuity.LAZY_CATCH_UP and Settings().lazy
+    assert Settings().continuity is Continuity.LAZY_CATCH_UP
     cfg = Settings.from_env({"DGW_CONTINUITY": "Keep-Current", "DGW_LAZY_STASH_MB": "64"})
-    assert not cfg.lazy and cfg.lazy_stash_mb == 64
+    assert cfg.continuity is Continuity.KEEP_CURRENT and cfg.lazy_stash_mb == 64
     assert cfg.to_json()["continuity"] == "keep-current"
     assert Settings.from_mapping({"continuity": "lazy-catch-up"}) == Settings()
     with pytest.raises(ConfigError, match="keep-current"):
@@ -1392,3 +1392,22 @@ def test_a_prompt_aborted_between_its_chunks_leaves_nothing_behind():
     # A pending row that is in the batch (its next chunk) is kept.
     b.note_prefill([3], [0], [8], chunked=0)
     assert b.drop_abandoned_pending([3, 0]) == 0 and b.pending_cells() == 8
+
+
+def test_every_continuity_has_its_launch_needs_and_its_strategy(sgl):
+    """Launch checks, the radix cache and the draft-sync graphs follow the strategy a setting
+    names, from one table each (no flag for the worker to branch on)."""
+    from dual_graph_worker.engines.sglang.radix import BACKEND
+    from dual_graph_worker.engines.sglang.spec_algo import LAUNCH
+    from dual_graph_worker.engines.sglang.worker import _STRATEGIES
+
+    assert set(LAUNCH) == set(_STRATEGIES) == set(Continuity)
+    assert all(cls.kind is kind for kind, cls in _STRATEGIES.items())
+    lazy, keep = LAUNCH[Continuity.LAZY_CATCH_UP], LAUNCH[Continuity.KEEP_CURRENT]
+    assert (lazy.radix_backend, keep.radix_backend) == (BACKEND, None)
+    refused = SimpleNamespace(attention_backend="trtllm_mha")
+    with pytest.raises(ConfigError, match="--attention-backend triton"):
+        lazy.check_server_args(refused)
+    keep.check_server_args(refused)
+    assert [_STRATEGIES[k].draft_sync_graphs for k in Continuity] == \
+        [k is Continuity.KEEP_CURRENT for k in Continuity]

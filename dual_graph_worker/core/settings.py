@@ -219,10 +219,6 @@ class Settings:
             raise ConfigError("DGW_POLICY=cycle holds each mode for DGW_MIN_DWELL steps, which "
                               f"must be >= 1, got {self.min_dwell_steps}")
 
-    @property
-    def lazy(self) -> bool:
-        return self.continuity is Continuity.LAZY_CATCH_UP
-
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> "Settings":
         unknown = sorted(set(data) - set(BY_KEY))

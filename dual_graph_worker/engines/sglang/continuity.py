@@ -22,6 +22,8 @@ class DecodeDraft(NamedTuple):
 
 
 class SGLangContinuity(ContinuityStrategy, Protocol):
+    draft_sync_graphs: bool        # wants its one-token draft extend captured as graphs
+
     def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
         """Whether this prefill batch runs the target alone (the draft's prefill deferred)."""
 
@@ -50,6 +52,7 @@ class KeepCurrent:
 
     kind = Continuity.KEEP_CURRENT
     defers_prefill = False
+    draft_sync_graphs = True       # its one-token draft extend, captured beside the decode pool
 
     def __init__(self, draft_worker: Any, graph_runner: Optional[Any],
                  ones: Optional[torch.Tensor] = None) -> None:

@@ -140,6 +140,7 @@ class LazyCatchUp:
                     self.max_pass_tokens, self.defer_prefill_off or "on")
 
     kind = Continuity.LAZY_CATCH_UP
+    draft_sync_graphs = False      # the draft catches up when speculation resumes
 
     @property
     def defers_prefill(self) -> bool:

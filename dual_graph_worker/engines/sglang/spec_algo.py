@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
 
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
@@ -58,8 +60,7 @@ def validate_server_args(server_args: Any) -> None:
     # Parse the worker settings here too, so a typo in DGW_* fails at launch, not in a
     # scheduler process after the weights are loaded.
     config = Settings.from_env(os.environ)
-    if config.lazy:
-        check_lazy_catch_up_server_args(server_args)
+    LAUNCH[config.continuity].check_server_args(server_args)
     if config.capture_config is not None:
         # The file only: its GPU and model shape are checked in each scheduler process.
         from dual_graph_worker.engines.sglang.capture_config import load_server_capture_config
@@ -107,6 +108,21 @@ def worker_factory(server_args: Any) -> type:
     return DualGraphEagleWorker
 
 
+
+@dataclass(frozen=True)
+class ContinuityLaunch:
+    """What a continuity strategy asks of the server at launch, in the main process, before any
+    worker exists (the strategies themselves load with the GPU stack, in the schedulers)."""
+
+    check_server_args: Callable[[Any], None]     # raises ConfigError naming the fix
+    radix_backend: Optional[str]                 # the radix cache it needs; None: SGLang's own
+
+
+LAUNCH: Mapping[Continuity, ContinuityLaunch] = {
+    Continuity.KEEP_CURRENT: ContinuityLaunch(lambda server_args: None, None),
+    Continuity.LAZY_CATCH_UP: ContinuityLaunch(check_lazy_catch_up_server_args, RADIX_BACKEND),
+}
+
 class DualGraphEagle3Spec(CustomSpecAlgo):
     """EAGLE3's predicates under a plugin name."""
 
@@ -153,5 +169,5 @@ class DualGraphEagle3Spec(CustomSpecAlgo):
         adjustment = apply_dual_graph_server_args(
             server_args, spec_max_bs=config.spec_max_bs,
             max_running_requests_was_unset=was_unset,
-            draft_valid_backend=RADIX_BACKEND if config.lazy else None, spec_bs=spec_bs)
+            draft_valid_backend=LAUNCH[config.continuity].radix_backend, spec_bs=spec_bs)
         logger.info("%s: %s", ALGORITHM_NAME, adjustment.describe())

@@ -36,6 +36,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.calibration import (CalibrationTable, measure_calibration,
                                                 wall_clock_timer)
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.counters import WorkerCounters
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
@@ -79,6 +80,8 @@ from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSerie
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
 logger = logging.getLogger(__name__)
+
+_STRATEGIES = {Continuity.KEEP_CURRENT: KeepCurrent, Continuity.LAZY_CATCH_UP: LazyCatchUp}
 # Completed steps between the step log's lines of the controller's cost terms.
 ESTIMATES_EVERY = 64
 
@@ -209,7 +212,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._decode_pool = build_decode_pool(mr, self._decode_bs)
             self._additional_graph_memory_usage["decode_pool"] = self._decode_pool.memory_gb
             self._additional_graph_time_usage["decode_pool"] = self._decode_pool.capture_time_s
-            if self.settings.draft_extend_graphs and not self.settings.lazy:
+            if self.settings.draft_extend_graphs and \
+                    _STRATEGIES[self.settings.continuity].draft_sync_graphs:
                 self._draft_sync = self._capture_draft_sync_graphs()
         spec_bs = tuple(getattr(mr.decode_cuda_graph_runner, "capture_bs", None) or ())
         table = DispatchTable.build(spec_bs if self._graphs_enabled else (),
@@ -281,8 +285,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                         probe.path)
 
     def _build_continuity(self, mr) -> SGLangContinuity:
-        if not self.settings.lazy:
-            return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones)
+        build = {KeepCurrent: self._keep_current, LazyCatchUp: self._lazy_catch_up}
+        return build[_STRATEGIES[self.settings.continuity]](mr)
+
+    def _keep_current(self, mr) -> KeepCurrent:
+        return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones)
+
+    def _lazy_catch_up(self, mr) -> LazyCatchUp:
         lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
                            stash_mb=self.settings.lazy_stash_mb,
                            defer_prefill=self.settings.defer_draft_prefill)
