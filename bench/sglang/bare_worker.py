@@ -25,8 +25,9 @@ class NoDraftWork:
         return []
 
 
-def bare_worker(policy, continuity=None, step_log=None):
-    """The bare worker deciding by `policy`; `continuity` defaults to one with nothing to do."""
+def bare_worker(policy, continuity=None, step_log=None, sizes=(SPEC_BS, DECODE_BS)):
+    """The bare worker deciding by `policy` over graphs of `sizes` (spec, decode);
+    `continuity` defaults to one with nothing to do."""
     from dual_graph_worker.core.counters import WorkerCounters
     from dual_graph_worker.core.dispatch import DispatchTable
     from dual_graph_worker.core.planner import StepLedger, StepPlanner
@@ -47,7 +48,7 @@ def bare_worker(policy, continuity=None, step_log=None):
     w.counters = WorkerCounters()
     w._metrics = None
     w._completed = 0
-    w.planner = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), policy)
+    w.planner = StepPlanner(DispatchTable.build(*sizes), policy)
     w.continuity = continuity or NoDraftWork()
     w._stall_watch = None
     w._step_log = None if step_log is None else StepLogWriter(step_log)

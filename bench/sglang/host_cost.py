@@ -32,7 +32,8 @@ from unittest.mock import patch
 import numpy as np
 import torch
 
-from bench.sglang.bare_worker import DECODE_BS, SPEC_BS, bare_worker
+from bench.capture_lists import DECODE_BS, SPEC_BS
+from bench.sglang.bare_worker import bare_worker
 
 
 K = 3
@@ -45,7 +46,8 @@ def _worker(step_log: Optional[Path]):
 
     ctx = PolicyContext(K, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS}, None,
                         defers_prefill=True, max_rows=512)
-    return bare_worker(build_policy(Settings(), ctx), step_log=step_log)
+    return bare_worker(build_policy(Settings(), ctx), step_log=step_log,
+                       sizes=(SPEC_BS, DECODE_BS))
 
 
 def _parts(bs: int, steps: int, step_log: Optional[Path], gap_s: float,

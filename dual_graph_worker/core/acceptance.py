@@ -160,11 +160,12 @@ class AcceptanceEstimate:
         if rows is None or est is None:
             return
         firsts, within = [], []
+        alpha, keep_sq, alpha_sq = _ROW_ALPHA, _KEEP_SQ, _ROW_ALPHA * _ROW_ALPHA
         for row, accept in zip(self._ids_of(rows), accepts):
             r = est[row]
             if r == r:
-                est[row] = r + _ROW_ALPHA * (accept - r)
-                noise[row] = _KEEP_SQ * noise[row] + _ROW_ALPHA * _ROW_ALPHA
+                est[row] = r + alpha * (accept - r)
+                noise[row] = keep_sq * noise[row] + alpha_sq
                 continue
             self._draw_sum[row] += accept
             self._draw_sq[row] += accept * accept
