@@ -24,7 +24,9 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.engines.sglang import version as version_mod
 from dual_graph_worker.core.calibration import measure_calibration, wall_clock_timer
 from dual_graph_worker.core.controller import GoodputController
-from dual_graph_worker.core.planner import StepLedger, StepPlan, StepPlanner, expected_batch_size
+from dual_graph_worker.core.ledger import StepLedger
+from dual_graph_worker.core.planner import StepPlan, StepPlanner
+from dual_graph_worker.engines.sglang.hooks import expected_batch_size
 from dual_graph_worker.core.policies import PolicyContext, build_policy
 from dual_graph_worker.core.settings import PolicyKind, Settings
 from dual_graph_worker.engines.sglang.layout import (

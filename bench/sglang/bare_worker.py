@@ -30,7 +30,8 @@ def bare_worker(policy, continuity=None, step_log=None, sizes=(SPEC_BS, DECODE_B
     `continuity` defaults to one with nothing to do."""
     from dual_graph_worker.core.counters import WorkerCounters
     from dual_graph_worker.core.dispatch import DispatchTable
-    from dual_graph_worker.core.planner import StepLedger, StepPlanner
+    from dual_graph_worker.core.ledger import StepLedger
+    from dual_graph_worker.core.planner import StepPlanner
     from dual_graph_worker.core.settings import Settings
     from dual_graph_worker.core.step_log import StepLogWriter
     from dual_graph_worker.core.timing import ResultClock

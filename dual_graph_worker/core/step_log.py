@@ -18,7 +18,7 @@ from typing import IO, Iterator, Optional
 
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.planner import CompletedStep
+from dual_graph_worker.core.ledger import CompletedStep
 from dual_graph_worker.core.policy import Observation, PolicyState, Reason
 from dual_graph_worker.core.results import StepRecord
 

@@ -8,7 +8,7 @@ and swallows no error, so a failure is loud on every TP rank. docs/sglang-0.5.17
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
 RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
@@ -42,6 +42,19 @@ def add_internal_state(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -
     if state is not None and isinstance(getattr(result, "internal_state", None), dict):
         result.internal_state[STATE_KEY] = state()
     return None
+
+
+def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[int]:
+    """The size the running batch grows to once a prefill and the `queued` requests behind it
+    have joined: the request rows held (``size - available_size()``) plus `queued`, capped at
+    the pool's size (a server's max running requests); None for a pool without that interface.
+    A prefill's rows are allocated before the worker runs it, and a finished request's row is
+    freed when its result is processed."""
+    size = getattr(req_to_token_pool, "size", None)
+    available = getattr(req_to_token_pool, "available_size", None)
+    if not isinstance(size, int) or not callable(available):
+        return None
+    return min(max(size - int(available()), 0) + max(int(queued), 0), size)
 
 
 def queued_requests(batch: Any) -> int:

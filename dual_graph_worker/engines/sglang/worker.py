@@ -41,7 +41,8 @@ from dual_graph_worker.core.counters import WorkerCounters
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.planner import StepLedger, StepPlanner, expected_batch_size
+from dual_graph_worker.core.ledger import StepLedger
+from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepTime, accepted,
                                            same_rank)
@@ -65,7 +66,7 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
     DraftSyncGraphs,
     build_draft_sync_graphs,
 )
-from dual_graph_worker.engines.sglang.hooks import queued_requests
+from dual_graph_worker.engines.sglang.hooks import expected_batch_size, queued_requests
 from dual_graph_worker.engines.sglang.layout import (
     RowContext,
     decode_lengths,
