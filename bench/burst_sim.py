@@ -27,8 +27,8 @@ from dual_graph_worker.core.controller import ControllerConfig, GoodputControlle
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policy import (Admitted, PinnedPolicy, PrefillTime, Reducer,
-                                           StepTime, accepted)
+from dual_graph_worker.core.policy import Admitted, PrefillTime, Reducer, StepTime, accepted
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.settings import Settings
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, *range(72, 257, 8))

@@ -32,7 +32,7 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160,

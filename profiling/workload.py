@@ -20,7 +20,8 @@ from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_du
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import non_negative_int, output_file, positive_int
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import Decision, PinnedPolicy, Reason
+from dual_graph_worker.core.policy import Decision, Reason
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 from dual_graph_worker.core import nvtx as nvtx_ranges
 

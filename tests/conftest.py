@@ -25,8 +25,8 @@ from dual_graph_worker.engines.reference.weights import load_draft, load_target
 from dual_graph_worker.engines.reference.toy import ToyPermutations, toy_permutations, write_toy_checkpoints
 from dual_graph_worker.engines.reference.kv_slots import DUMMY_SLOT
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import (Accepted, AcceptLengthEMA, Decision, PolicyInputs,
-                                           PolicyState, Reason)
+from dual_graph_worker.core.policy import Accepted, Decision, PolicyInputs, PolicyState, Reason
+from dual_graph_worker.core.simple_policies import AcceptLengthEMA
 from dual_graph_worker.engines.reference.results import StepResult
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 

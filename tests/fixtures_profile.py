@@ -382,7 +382,7 @@ SGLANG_CYCLES = 2
 
 def sglang_schedule(hold: int = SGLANG_HOLD, cycles: int = SGLANG_CYCLES) -> list[str]:
     """The cycle policy's modes, from the policy itself."""
-    from dual_graph_worker.core.policy import CyclePolicy
+    from dual_graph_worker.core.simple_policies import CyclePolicy
 
     policy = CyclePolicy(hold=hold)
     return [policy.mode_at(i).value for i in range(policy.period * cycles)]

@@ -20,7 +20,7 @@ from dual_graph_worker.engines.reference.weights import (draft_state_dict, load_
 from dual_graph_worker.core.errors import (CheckpointError, ConfigError, ContextOverflow, DualGraphError,
                                       NoGraphForBatch)
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
 K = 3
@@ -381,7 +381,7 @@ def test_failed_prefill_admits_nothing_and_leaks_nothing(monkeypatch):
     from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
     from dual_graph_worker.engines.reference.config import tiny_shape
     from dual_graph_worker.core.modes import Mode
-    from dual_graph_worker.core.policy import PinnedPolicy
+    from dual_graph_worker.core.simple_policies import PinnedPolicy
     from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
     engine = engine_from_dummy(tiny_shape(), EngineSpec(num_draft_tokens=3, max_requests=8, max_context=64))

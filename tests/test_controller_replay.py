@@ -23,8 +23,8 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy
-from dual_graph_worker.core.policy import (Admitted, PinnedPolicy, PrefillTime, StepTime,
-                                           accepted)
+from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accepted
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.settings import Settings
 
 RESULTS = Path(__file__).resolve().parents[1] / "results/sglang"

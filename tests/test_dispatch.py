@@ -11,7 +11,7 @@ import pytest
 from dual_graph_worker.core.dispatch import DispatchTable, EagerDispatch
 from dual_graph_worker.core.errors import ConfigError, NoGraphForBatch
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
-from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 
 def _brute_force(sizes, bs):

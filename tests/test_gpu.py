@@ -23,7 +23,8 @@ from dual_graph_worker.engines.reference.build import (EngineSpec, engine_from_c
 from dual_graph_worker.engines.reference.config import tiny_shape  # noqa: E402
 from dual_graph_worker.engines.reference.toy import toy_permutations, write_toy_checkpoints  # noqa: E402
 from dual_graph_worker.core.modes import Mode  # noqa: E402
-from dual_graph_worker.core.policy import Decision, PinnedPolicy, Reason  # noqa: E402
+from dual_graph_worker.core.policy import Decision, Reason  # noqa: E402
+from dual_graph_worker.core.simple_policies import PinnedPolicy  # noqa: E402
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig  # noqa: E402
 
 K = 3

@@ -11,7 +11,8 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError, KVPoolExhausted
 from dual_graph_worker.engines.reference.kv_slots import DUMMY_SLOT, KVSlotPlanner, SlotAccountingError, SlotAllocator
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PinnedPolicy, Reason
+from dual_graph_worker.core.policy import Reason
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 K = 3
 TOY_VOCAB = 64

@@ -38,7 +38,7 @@ from dual_graph_worker.engines.sglang.catch_up import (
 )
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policy import ThresholdPolicy
+from dual_graph_worker.core.simple_policies import ThresholdPolicy
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.core.errors import ConfigError
 

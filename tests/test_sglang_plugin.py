@@ -52,7 +52,8 @@ from dual_graph_worker.core.step_log import (
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.policy import PinnedPolicy, Reason, StepTime, ThresholdPolicy, accepted
+from dual_graph_worker.core.policy import Reason, StepTime, accepted
+from dual_graph_worker.core.simple_policies import PinnedPolicy, ThresholdPolicy
 from dual_graph_worker.core.results import StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.engines.sglang import nvtx_spans
 from dual_graph_worker.core.planner import StepPlan, StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy
-from dual_graph_worker.core.policy import CyclePolicy
+from dual_graph_worker.core.simple_policies import CyclePolicy
 from dual_graph_worker.core.settings import PolicyKind, Settings
 from dual_graph_worker.engines.sglang.nvtx_spans import ProfileWindow, StepSpans
 from dual_graph_worker.core.errors import ConfigError

@@ -15,7 +15,7 @@ from dual_graph_worker.core.dispatch import EagerDispatch
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
-from dual_graph_worker.core.policy import PinnedPolicy, ThresholdPolicy
+from dual_graph_worker.core.simple_policies import PinnedPolicy, ThresholdPolicy
 
 K = 3
 TOY_VOCAB = 64

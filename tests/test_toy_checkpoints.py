@@ -18,7 +18,7 @@ from dual_graph_worker.engines.reference.weights import (dummy_weights, load_dra
                                                           named_sizes)
 from dual_graph_worker.core.policies import draft_share
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 V = 64
 

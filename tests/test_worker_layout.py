@@ -12,7 +12,8 @@ import torch
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PinnedPolicy, Reason
+from dual_graph_worker.core.policy import Reason
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 TOY_VOCAB = 64
 

@@ -11,7 +11,8 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import CyclePolicy, ModePolicy, PinnedPolicy, ThresholdPolicy
+from dual_graph_worker.core.policy import ModePolicy
+from dual_graph_worker.core.simple_policies import CyclePolicy, PinnedPolicy, ThresholdPolicy
 from dual_graph_worker.core.settings import PolicyKind, Settings
 
 

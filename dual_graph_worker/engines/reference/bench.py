@@ -26,7 +26,7 @@ from dual_graph_worker.core.argtypes import (existing_file, int_list, name_list,
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import CyclePolicy, PinnedPolicy
+from dual_graph_worker.core.simple_policies import CyclePolicy, PinnedPolicy
 from dual_graph_worker.engines.reference.variants import VARIANTS, PoolSizes, build_variant
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 from dual_graph_worker.core.continuity import Continuity

@@ -22,7 +22,7 @@ from dual_graph_worker.core.argtypes import output_dir, positive_int, torch_devi
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
-from dual_graph_worker.core.policy import PinnedPolicy
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import EngineSpec, default_device
 from dual_graph_worker.engines.reference.calibration import calibrate
