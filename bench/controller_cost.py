@@ -14,8 +14,11 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -43,28 +46,27 @@ def planner(settings: Settings = Settings()) -> StepPlanner:
 
 def per_step_us(bs: int, steps: int, settings: Settings = Settings(),
                 turnover: bool = True) -> tuple[list[float], float]:
-    """Each step's microseconds after the first tenth, and the share of steps speculating.
-    `turnover`: requests finish as a 256-token output at accept 3 does (bs * 3 / 256 a step) and
-    new ones take their rows, each admission timed as the controller sees it (an Admitted event
-    and a new batch's rows); without it the batch never changes."""
+    """Each step's microseconds after the first tenth, and the share of those steps
+    speculating. `turnover`: requests of 256 output tokens finish as the steps' tokens say
+    (bs x 3 / 256 a spec step at accept 3, bs / 256 a decode step) and new ones take their rows
+    in the order rows were freed, each admission timed as the controller sees it (an Admitted
+    event and a new batch's rows); without it the batch never changes."""
     p = planner(settings)
     ids = list(range(1, bs + 1))
     free = list(range(bs + 1, ROWS))
     rows = _frozen(ids)                   # the worker's: one read-only array per batch
     # Accept lengths as SGLang hands them over, a list (made by SGLang, not timed here).
     accept, ones = [3.0] * bs, [1.0] * bs
-    samples, spec, owed = [], 0, 0.0
+    samples, modes, owed = [], [], 0.0
     for i in range(steps):
         joined = None
-        if turnover:
-            owed += bs * 3.0 / 256
-            if owed >= 1.0:
-                done = min(int(owed), bs)
-                owed -= done
-                free += ids[:done]
-                ids = ids[done:] + free[:done]
-                free = free[done:]
-                rows, joined = _frozen(ids), _frozen(ids[-done:])
+        if turnover and owed >= 1.0:
+            done = min(int(owed), bs)
+            owed -= done
+            free += ids[:done]
+            ids = ids[done:] + free[:done]
+            free = free[done:]
+            rows, joined = _frozen(ids), _frozen(ids[-done:])
         t0 = time.perf_counter_ns()
         if joined is not None:
             p.policy.observe(Admitted(256 * len(joined), joined))
@@ -73,8 +75,19 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(),
         p.policy.observe(StepTime(plan.mode, plan.padded_bs, 0.01, kv_tokens=kv))
         p.policy.observe(accepted(plan.mode, accept if plan.mode is Mode.SPEC else ones, rows))
         samples.append((time.perf_counter_ns() - t0) / 1e3)
-        spec += plan.mode is Mode.SPEC
-    return samples[steps // 10:], spec / steps
+        modes.append(plan.mode is Mode.SPEC)
+        owed += bs * (3.0 if plan.mode is Mode.SPEC else 1.0) / 256
+    timed = modes[steps // 10:]
+    return samples[steps // 10:], sum(timed) / len(timed)
+
+
+def _commit() -> Optional[str]:
+    """The checkout's commit (with -dirty for uncommitted changes), None outside git."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def _frozen(ids: list[int]) -> np.ndarray:
@@ -99,9 +112,10 @@ def main(argv=None) -> int:
         ap.error("--sync-every must be in 1..1024 (DGW_SYNC_EVERY's range)")
     settings = Settings(sync_every=args.sync_every)
     rows = []
+    joins = "" if args.steady else " + Admitted as requests replace finished ones"
     print(f"{'bs':>5} {'median us':>10} {'mean us':>8} {'p99 us':>8} {'spec':>5}  (plan + StepTime + "
-          f"Accepted, one step; the mean includes the exchange every {args.sync_every} steps; "
-          "spec: the share of steps speculating)")
+          f"Accepted{joins}, one step; the mean includes the exchange every {args.sync_every} "
+          "steps; spec: the share of steps speculating)")
     for bs in (1, 16, 64, 256):
         s, spec = per_step_us(bs, args.steps, settings, turnover=not args.steady)
         med, mean, p99 = statistics.median(s), statistics.fmean(s), float(np.percentile(s, 99))
@@ -110,7 +124,10 @@ def main(argv=None) -> int:
         print(f"{bs:5d} {med:10.2f} {mean:8.2f} {p99:8.2f} {spec:5.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": "python -m bench.controller_cost",
+    out.write_text(json.dumps({"command": " ".join(["python -m bench.controller_cost",
+                                                    *(argv if argv is not None else sys.argv[1:])]),
+                               "commit": _commit(), "steps": args.steps,
+                               "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
                                "sync_every": args.sync_every,
                                "turnover": not args.steady,
                                "machine": platform.processor() or platform.machine(),

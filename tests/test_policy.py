@@ -229,7 +229,6 @@ def test_the_drafts_share_leaves_embeddings_and_lm_heads_out():
     assert draft_share([], []) == 0.0
 
 
-
 @pytest.mark.parametrize("kind", list(PolicyKind))
 def test_every_policy_kind_builds_and_says_whether_it_reads_a_prior(kind):
     """Engines build any DGW_POLICY the same way and calibrate at start-up only for a policy

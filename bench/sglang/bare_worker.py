@@ -3,8 +3,9 @@ worker's glue as the CPU tests and `host_cost` drive it. Needs SGLang importable
 
 from __future__ import annotations
 
-SPEC_BS = (1, 2, 3, 4, 6, 8, 16, 32, 48)
-DECODE_BS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+# A few sizes of each pool, for the CPU tests (the benches pass SGLang's default lists).
+TEST_SPEC_BS = (1, 2, 3, 4, 6, 8, 16, 32, 48)
+TEST_DECODE_BS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 
 
 class NoDraftWork:
@@ -25,7 +26,7 @@ class NoDraftWork:
         return []
 
 
-def bare_worker(policy, continuity=None, step_log=None, sizes=(SPEC_BS, DECODE_BS)):
+def bare_worker(policy, continuity=None, step_log=None, sizes=(TEST_SPEC_BS, TEST_DECODE_BS)):
     """The bare worker deciding by `policy` over graphs of `sizes` (spec, decode);
     `continuity` defaults to one with nothing to do."""
     from dual_graph_worker.core.counters import WorkerCounters

@@ -108,7 +108,6 @@ def worker_factory(server_args: Any) -> type:
     return DualGraphEagleWorker
 
 
-
 @dataclass(frozen=True)
 class ContinuityLaunch:
     """What a continuity strategy asks of the server at launch, in the main process, before any
@@ -122,6 +121,7 @@ LAUNCH: Mapping[Continuity, ContinuityLaunch] = {
     Continuity.KEEP_CURRENT: ContinuityLaunch(lambda server_args: None, None),
     Continuity.LAZY_CATCH_UP: ContinuityLaunch(check_lazy_catch_up_server_args, RADIX_BACKEND),
 }
+
 
 class DualGraphEagle3Spec(CustomSpecAlgo):
     """EAGLE3's predicates under a plugin name."""
