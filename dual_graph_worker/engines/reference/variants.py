@@ -14,17 +14,15 @@ same way everywhere.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
-from dual_graph_worker.core.argtypes import output_dir, positive_int, torch_device
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.engines.reference.build import EngineSpec, default_device
+from dual_graph_worker.engines.reference.build import EngineSpec
 from dual_graph_worker.engines.reference.calibration import calibrate
 from dual_graph_worker.engines.reference.weights import named_sizes
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
@@ -106,16 +104,6 @@ def toy_engine_spec(device: str, num_draft_tokens: int, max_requests: int,
     return EngineSpec(num_draft_tokens=num_draft_tokens, max_requests=max_requests,
                       max_context=max_context, device=device, dtype="float32",
                       attention="triton" if device.startswith("cuda") else "torch")
-
-
-def add_toy_run_args(ap: argparse.ArgumentParser, out: str) -> None:
-    """The arguments every toy side-by-side run (`dgw demo`, `dgw accept-shift`) takes."""
-    ap.add_argument("--input-len", type=positive_int, default=16)
-    ap.add_argument("--output-len", type=positive_int, default=48)
-    ap.add_argument("--hidden", type=positive_int, default=256,
-                    help="toy model width (= vocab), a multiple of 8")
-    ap.add_argument("--device", type=torch_device, default=default_device(), help="cpu or cuda[:N]")
-    ap.add_argument("--out", type=output_dir, default=out)
 
 
 def build_trio(make_engine: Callable[[], object], sizes: PoolSizes, *, cuda: bool,

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int, unit_float
+from dual_graph_worker.tools.argtypes import int_list, positive_float, positive_int, unit_float
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
@@ -28,8 +28,8 @@ from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_confi
                                                      toy_permutations, write_toy_checkpoints)
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
-from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, add_toy_run_args,
-                                                          build_trio, toy_engine_spec)
+from dual_graph_worker.engines.reference.variants import TRIO, PoolSizes, build_trio, toy_engine_spec
+from dual_graph_worker.tools.toy_args import add_toy_run_args
 
 
 def _plot(result: dict, path: Path) -> None:
