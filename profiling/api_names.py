@@ -59,7 +59,7 @@ FORBIDDEN_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 
-@functools.lru_cache(maxsize=None)   # a trace repeats a few dozen names ~1e5 times
+@functools.lru_cache(maxsize=1024)   # a trace repeats a few dozen names ~1e5 times
 def base_name(raw: str) -> str:
     """`cudaLaunchKernel_ptsz_v7000` -> `cudaLaunchKernel`; `cuMemAlloc_v2` -> `cuMemAlloc`."""
     name = _VERSION_SUFFIX.sub("", raw.strip())

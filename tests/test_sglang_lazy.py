@@ -779,7 +779,7 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
                             draft_tp_context=lambda group: contextlib.nullcontext())
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft)
     events = []
-    lz.on_event = lambda kind, info: kind == "catch_up" and events.append(info)
+    lz.on_event = lambda e: type(e) is sgl.CatchUpEvent and events.append(e._asdict())
     # Rows 5, 2 (batch positions 0, 2) ran 3 and 1 lazy decode steps; row 7 (position 1) is
     # current (prefilled since). Stash what those steps emitted.
     seq = {5: 10, 7: 4, 2: 6}

@@ -8,6 +8,7 @@ ServerArgs handling and plugin discovery against the real registry.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -965,3 +966,25 @@ def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang,
     bad = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", "one"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --bs")
+
+
+def test_lazy_catch_up_events_reach_the_step_log_under_their_kinds(bare_sglang_worker, tmp_path):
+    """Each typed event is one step-log line named by its kind, its fields as they were (the
+    readers of the log look them up by name), the running totals beside them."""
+    from dual_graph_worker.engines.sglang.backlog import BacklogStats
+    from dual_graph_worker.engines.sglang.lazy_sync import (CatchUpEvent, CompactionEvent,
+                                                            DeferredPrefillEvent)
+
+    w = bare_sglang_worker(PinnedPolicy(mode=Mode.SPEC), step_log=tmp_path / "steps.jsonl")
+    events = [DeferredPrefillEvent(2, 96, False), CompactionEvent(40, 64),
+              CatchUpEvent(False, 2, 7, 1, 4, 0, True, {"indices": 12.5})]
+    for e in events:
+        w._log_lazy_event(e, BacklogStats(catch_ups=3))
+    w._step_log.close()
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    lazy = [line for line in lines if line.get("event") in ("deferred_prefill", "compaction",
+                                                              "catch_up")]
+    assert [line["event"] for line in lazy] == ["deferred_prefill", "compaction", "catch_up"]
+    for line, e in zip(lazy, events):
+        assert {k: line[k] for k in e._fields} == e._asdict()
+        assert line["totals"]["catch_ups"] == 3

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -68,13 +68,46 @@ DEFAULT_MAX_PASS_TOKENS = 8192
 AUTO_STASH_SHARE = 0.4
 
 
+class CatchUpEvent(NamedTuple):
+    """A catch-up, for the step log ("catch_up")."""
+
+    forced: bool              # the arena was full: caught up before a decode step, not a spec one
+    requests: int
+    tokens: int
+    passes: int
+    max_backlog: int
+    orphans: int              # rows behind whose request left the batch (their backlog dropped)
+    host_indices: bool        # indices computed on the host (the batch had host lengths)
+    host_us: dict             # host microseconds by phase
+
+
+class CompactionEvent(NamedTuple):
+    """The arena's live cells moved to its front ("compaction")."""
+
+    live_cells: int
+    arena_cells: int
+
+
+class DeferredPrefillEvent(NamedTuple):
+    """A prefill that ran the target alone ("deferred_prefill")."""
+
+    requests: int
+    tokens: int
+    chunked: bool
+
+
+LazyEvent = Union[CatchUpEvent, CompactionEvent, DeferredPrefillEvent]
+EVENT_KINDS = {CatchUpEvent: "catch_up", CompactionEvent: "compaction",
+               DeferredPrefillEvent: "deferred_prefill"}
+
+
 class CatchUpResult(NamedTuple):
     batch_positions: list[int]            # rows of the batch whose proposal is below, in order
     topk_p: Optional[torch.Tensor]        # [m, topk] fp32 (None: proposals not wanted)
     topk_index: Optional[torch.Tensor]    # [m, topk] int64
     hidden_states: Optional[torch.Tensor]  # [m, draft hidden]
     keep_alive: list                      # forward batches / index tensors of the passes
-    info: dict                            # for the step log
+    event: CatchUpEvent                   # for the step log
 
 
 class LazyCatchUp:
@@ -83,7 +116,7 @@ class LazyCatchUp:
 
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
                  stash_mb: int, defer_prefill: bool = True,
-                 on_event: Optional[Callable[[str, dict], None]] = None) -> None:
+                 on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
         dr = draft_worker.draft_runner
         if not isinstance(dr.attn_backend, catch_up_backend_classes()):
             raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
@@ -132,7 +165,7 @@ class LazyCatchUp:
             reserve=self.max_pass_tokens, draft_hidden=self.draft_hidden)
         # Kept free for the next deferred prefill when a compaction can provide it.
         self.prefill_reserve = 0 if self.defer_prefill_off else self.max_pass_tokens
-        # (kind, info) for the step log: catch_up, compaction, deferred_prefill.
+        # Each event for the step log (EVENT_KINDS names them).
         self.on_event = on_event
         logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
                     "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s",
@@ -238,8 +271,7 @@ class LazyCatchUp:
             (i for i, r in enumerate(batch.reqs) if r is batch.chunked_req), -1)
         base = self.backlog.note_prefill(rows, prefix, ext, chunked=chunked)
         self.arena.write(base, aux, tokens, batch.out_cache_loc)
-        self._emit("deferred_prefill", {"requests": int(rows.shape[0]), "tokens": num_tokens,
-                                        "chunked": chunked >= 0})
+        self._emit(DeferredPrefillEvent(int(rows.shape[0]), num_tokens, chunked >= 0))
         bs, topk = rows.shape[0], self.dw.topk
         hidden_size, hidden_dtype = self.draft_hidden
         device = next_token_ids.device
@@ -258,13 +290,12 @@ class LazyCatchUp:
             catch_up=lambda behind: self._catch_up(batch, rows, behind, forced=True,
                                                    want_proposals=False).keep_alive)
         if room.action is RoomAction.COMPACT:
-            self._emit("compaction", {"live_cells": self.backlog.cursor,
-                                      "arena_cells": self.arena.cells})
+            self._emit(CompactionEvent(self.backlog.cursor, self.arena.cells))
         return room.keep_alive
 
-    def _emit(self, kind: str, info: dict) -> None:
+    def _emit(self, event: LazyEvent) -> None:
         if self.on_event is not None:
-            self.on_event(kind, info)
+            self.on_event(event)
 
     def stash(self, rows: np.ndarray, *, aux: Optional[torch.Tensor], sampled: torch.Tensor,
               out_cache_loc: torch.Tensor) -> None:
@@ -356,23 +387,22 @@ class LazyCatchUp:
         keep += stash_room.front_pending(self.arena, self.backlog, self.req_to_token, rows,
                                          device)
         laps.lap("bookkeeping")
-        info = {"forced": forced, "requests": int(behind.positions.size),
-                "tokens": done.tokens, "passes": len(passes),
-                "max_backlog": int(behind.counts.max()), "orphans": done.orphans,
-                "host_indices": ends_cpu is not None, "host_us": laps.us()}
+        event = CatchUpEvent(forced, int(behind.positions.size), done.tokens, len(passes),
+                             int(behind.counts.max()), done.orphans, ends_cpu is not None,
+                             laps.us())
         if done.orphans:
             # Expected for every request that finished, was aborted or retracted while behind;
             # counted in the step log's catch_up events ("orphans").
             logger.debug("dual-graph lazy catch-up: dropped the backlog of %d request rows "
                          "not in the running batch", done.orphans)
-        self._emit("catch_up", info)
+        self._emit(event)
         if not want_proposals:
-            return CatchUpResult([], None, None, None, keep, info)
+            return CatchUpResult([], None, None, None, keep, event)
         if len(props) == 1:
             topk_p, topk_index, hidden = props[0]
         else:
             topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
-        return CatchUpResult(positions, topk_p, topk_index, hidden, keep, info)
+        return CatchUpResult(positions, topk_p, topk_index, hidden, keep, event)
 
     def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps"):
         dr = self.dw.draft_runner

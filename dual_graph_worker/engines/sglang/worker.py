@@ -76,7 +76,7 @@ from dual_graph_worker.engines.sglang.layout import (
     prefill_lengths,
     rows_of,
 )
-from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp
+from dual_graph_worker.engines.sglang.lazy_sync import EVENT_KINDS, LazyCatchUp, LazyEvent
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
@@ -296,7 +296,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
                            stash_mb=self.settings.lazy_stash_mb,
                            defer_prefill=self.settings.defer_draft_prefill)
-        lazy.on_event = lambda kind, info: self._log_lazy_event(kind, info, lazy.backlog.stats)
+        lazy.on_event = lambda event: self._log_lazy_event(event, lazy.backlog.stats)
         # The radix cache is built after the workers; its factory finds these here.
         setattr(self._target_worker, BEHIND_ATTR, lazy.behind)
         setattr(self._target_worker, UNCLAMPED_ATTR, lazy.tree_unclamped)
@@ -525,12 +525,14 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             # Each batch's measured cost, as the controller saw it: what its estimates came from.
             self._step_log.write_cost(event, time.time())
 
-    def _log_lazy_event(self, kind: str, info: dict, totals) -> None:
+    def _log_lazy_event(self, event: LazyEvent, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
         totals (backlog.BacklogStats), into the step log."""
-        logger.debug("dual-graph lazy %s: %s", kind, info)
+        kind = EVENT_KINDS[type(event)]
+        logger.debug("dual-graph lazy %s: %s", kind, event)
         if self._step_log is not None:
-            self._step_log.write_event(kind, time.time(), **info, totals=totals.to_json())
+            self._step_log.write_event(kind, time.time(), **event._asdict(),
+                                       totals=totals.to_json())
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
