@@ -289,3 +289,12 @@ def test_every_subcommand_help_names_itself_dgw_cmd(name, capsys):
     rc, out, err = _call(dgw, [name, "--help"], capsys)
     assert rc in (0, None) and not err
     assert out.startswith(f"usage: dgw {name} "), out.splitlines()[0]
+
+
+def test_the_demo_names_the_phases_that_miss_its_target():
+    from dual_graph_worker.tools.demo import _target_line
+
+    assert _target_line([0.999, 0.945, 0.875], [1, 4, 1]) == (
+        "within 10% of the best static worker in every phase: NOT met; below: phase 2 (c=1) 0.875")
+    assert _target_line([0.999, 0.945, 0.975], [1, 4, 16]).endswith(
+        "met (lowest: phase 1, c=4, 0.945)")
