@@ -87,6 +87,10 @@ class ReferenceEngine:
         self._stash: Optional[torch.Tensor] = None      # lazy continuity: features per KV slot
 
     # ------------------------------------------------------------------ description
+    @property
+    def vocab_size(self) -> int:
+        return self.pair.target.vocab_size
+
     def describe(self) -> dict:
         return {"engine": "reference", "attention_backend": self.attention.name,
                 "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),

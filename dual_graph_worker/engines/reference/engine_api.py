@@ -35,6 +35,7 @@ class EngineLimits:
 class Engine(Protocol):
     limits: EngineLimits
     device: torch.device
+    vocab_size: int         # the target's: token ids a request may hold lie below it
 
     def bind(self, bufs: StaticInputs, continuity: Continuity,
              max_spec_bs: int) -> Mapping[Stage, StageFn]:

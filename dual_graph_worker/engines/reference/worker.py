@@ -97,7 +97,7 @@ class DualGraphWorker:
             self.runner = CudaGraphRunner(stage_fns, self.k, self.dispatch)
         else:
             self.runner = EagerRunner(stage_fns, self.k)
-        self._vocab = engine.describe()["model"]["target"]["vocab_size"]
+        self._vocab = engine.vocab_size
         self.stats = WorkerStats()
         self.finished: list[FinishedRequest] = []   # drained by the caller (take_finished)
         self._step = 0
