@@ -14,11 +14,9 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -30,6 +28,7 @@ from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy
 from dual_graph_worker.core.policy import Admitted, StepTime, accepted
 from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.tools.provenance import checkout_commit
 
 
 ROWS = 512                                # request rows (SGLang's max running requests here)
@@ -81,15 +80,6 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(),
     return samples[steps // 10:], sum(timed) / len(timed)
 
 
-def _commit() -> Optional[str]:
-    """The checkout's commit (with -dirty for uncommitted changes), None outside git."""
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _frozen(ids: list[int]) -> np.ndarray:
     rows = np.array(ids)
     rows.flags.writeable = False
@@ -126,7 +116,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(["python -m bench.controller_cost",
                                                     *(argv if argv is not None else sys.argv[1:])]),
-                               "commit": _commit(), "steps": args.steps,
+                               "commit": checkout_commit(), "steps": args.steps,
                                "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
                                "sync_every": args.sync_every,
                                "turnover": not args.steady,

@@ -150,7 +150,6 @@ class DwellState:
         return 0 < self.steps_in_mode < min_dwell_steps
 
 
-
 def accepted(mode: Mode, accept_lens: Sequence[float] | np.ndarray,
              rows: Optional[np.ndarray] = None) -> Accepted:
     """A list of numbers passes as it is, and is never written after (the SGLang worker's,

@@ -33,7 +33,9 @@ from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
-from dual_graph_worker.engines.reference.variants import TRIO, PoolSizes, build_trio, toy_engine_spec
+from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
+                                                          toy_engine_spec)
+from dual_graph_worker.tools.provenance import checkout_commit
 from dual_graph_worker.tools.toy_args import add_toy_run_args
 
 KINDS = ("easy", "hard")
@@ -223,6 +225,7 @@ def _run(cfg: ShiftConfig, out: Path, argv: Optional[list[str]]) -> int:
     t0 = time.perf_counter()
     result = run_shift(cfg, Settings.from_env(os.environ))
     result["command"] = "dgw accept-shift " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["commit"] = checkout_commit()
     result["seconds"] = time.perf_counter() - t0
     (out / "accept-shift.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "accept-shift.png")

@@ -28,7 +28,9 @@ from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_confi
                                                      toy_permutations, write_toy_checkpoints)
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
-from dual_graph_worker.engines.reference.variants import TRIO, PoolSizes, build_trio, toy_engine_spec
+from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
+                                                          toy_engine_spec)
+from dual_graph_worker.tools.provenance import checkout_commit
 from dual_graph_worker.tools.toy_args import add_toy_run_args
 
 
@@ -161,7 +163,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
               "dynamic_steps": [r.to_json() for r in dyn.stats.records],
               "dynamic_switches": dyn.stats.switches,
               "tokens_equal_known_continuation": same,
-              "command": "dgw demo " + " ".join(argv or [])}
+              "command": "dgw demo " + " ".join(argv or []), "commit": checkout_commit()}
     (out / "demo.json").write_text(json.dumps(result, indent=1))
     _plot(result, out / "demo.png")
     print(f"\ndynamic worker: {dyn.stats.switches} mode switches over {len(dyn.stats.records)} steps")
