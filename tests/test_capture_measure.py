@@ -88,13 +88,12 @@ def fake(monkeypatch):
 
 
 def _engine():
-    shape = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-             "head_dim": 16, "intermediate_size": 128, "vocab_size": 128}
+    target = SimpleNamespace(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=16, intermediate_size=128, vocab_size=128)
     return SimpleNamespace(
-        limits=SimpleNamespace(num_draft_tokens=3),
-        describe=lambda: {"model": {"target": shape, "draft": {"hidden_size": 64}},
-                          "dtype": "bfloat16", "num_draft_tokens": 3,
-                          "attention_backend": "triton"})
+        limits=SimpleNamespace(num_draft_tokens=3), dtype="bfloat16",
+        pair=SimpleNamespace(target=target, draft=SimpleNamespace(hidden_size=64)),
+        attention=SimpleNamespace(name="triton"))
 
 
 def test_warm_up_keeps_compile_time_out_of_every_key(fake) -> None:

@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 
 from dual_graph_worker.core.capture_schema import GpuInfo, build_model_shape, load_capture
 from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.engines.reference.engine import ReferenceEngine
 
 
 class TunedPools(NamedTuple):
@@ -24,16 +25,14 @@ class TunedPools(NamedTuple):
     calibration: CalibrationTable
 
 
-def model_shape(engine) -> dict:
-    """The reference engine's shape keys, read from its description."""
-    d = engine.describe()
-    t, dr = d["model"]["target"], d["model"]["draft"]
+def model_shape(engine: ReferenceEngine) -> dict:
+    """The reference engine's shape keys, from its model pair and settings."""
+    t, dr = engine.pair.target, engine.pair.draft
     return build_model_shape(
-        hidden_size=t["hidden_size"], num_layers=t["num_layers"], num_heads=t["num_heads"],
-        num_kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],
-        intermediate_size=t["intermediate_size"], vocab_size=t["vocab_size"], dtype=d["dtype"],
-        draft_hidden_size=dr["hidden_size"], num_draft_tokens=d["num_draft_tokens"],
-        attention_backend=d["attention_backend"])
+        hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, intermediate_size=t.intermediate_size,
+        vocab_size=t.vocab_size, dtype=engine.dtype, draft_hidden_size=dr.hidden_size,
+        num_draft_tokens=engine.limits.num_draft_tokens, attention_backend=engine.attention.name)
 
 
 def tuned_pools(path: str | Path, engine, gpu: Optional[GpuInfo] = None) -> TunedPools:
