@@ -28,7 +28,7 @@ from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy
 from dual_graph_worker.core.policy import Admitted, StepTime, accepted
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.tools.provenance import checkout_commit
+from dual_graph_worker.core.provenance import checkout_commit
 
 
 ROWS = 512                                # request rows (SGLang's max running requests here)

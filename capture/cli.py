@@ -24,7 +24,7 @@ from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
 from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
 from capture.units import parse_duration, parse_size
-from dual_graph_worker.tools.argtypes import positive_int
+from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.modes import Mode
 

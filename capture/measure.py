@@ -27,7 +27,7 @@ from dual_graph_worker.engines.reference.capture_config import model_shape
 from capture.measurements import GraphMeasurement, Measurements, save_measurements
 from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from dual_graph_worker.engines.reference.calibration import measure_step_latency
-from dual_graph_worker.tools.argtypes import output_file, positive_int
+from dual_graph_worker.core.argtypes import output_file, positive_int
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape

@@ -30,7 +30,7 @@ from dual_graph_worker.core.errors import report_user_errors
 
 
 def _make_toy(argv: Sequence[str]) -> int:
-    from dual_graph_worker.tools.argtypes import output_dir, positive_int, seed_int
+    from dual_graph_worker.core.argtypes import output_dir, positive_int, seed_int
     ap = argparse.ArgumentParser(prog="dgw make-toy-checkpoints",
                                  description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
     ap.add_argument("dir", type=output_dir, help="folder to write (created if missing)")
@@ -48,7 +48,7 @@ def _make_toy(argv: Sequence[str]) -> int:
 
 
 def _profile(argv: Sequence[str]) -> int:
-    from dual_graph_worker.tools.argtypes import output_dir, positive_int
+    from dual_graph_worker.core.argtypes import output_dir, positive_int
     from profiling.check import sm_name
     ap = argparse.ArgumentParser(
         prog="dgw profile",
@@ -97,10 +97,10 @@ def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Calla
 
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "demo": (_forward("dual_graph_worker.tools.demo"), "load ramp on a toy model with real acceptance"),
-    "accept-shift": (_forward("dual_graph_worker.tools.accept_shift"),
+    "demo": (_forward("dual_graph_worker.engines.reference.demo"), "load ramp on a toy model with real acceptance"),
+    "accept-shift": (_forward("dual_graph_worker.engines.reference.accept_shift"),
                      "acceptance that changes while serving, on a toy model"),
-    "bench": (_forward("dual_graph_worker.tools.bench"), "concurrency sweep of every worker variant"),
+    "bench": (_forward("dual_graph_worker.engines.reference.bench"), "concurrency sweep of every worker variant"),
     "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
     "profile": (_profile, "profile the scripted workload and check it"),
     "check-profile": (_forward("profiling.check"), "check an nsys report / torch trace"),

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from profiling import engines, nsys_sqlite, torch_trace
 from profiling.checks import (CheckConfig, CheckOutcome, DEFAULT_MAX_EAGER_KERNELS,
                               normalize_sm, run_checks)
-from dual_graph_worker.tools.argtypes import non_negative_int, output_dir, positive_int
+from dual_graph_worker.core.argtypes import non_negative_int, output_dir, positive_int
 from dual_graph_worker.core.errors import DualGraphError
 from profiling.errors import ProfileInputError
 from profiling.events import Trace
@@ -136,7 +136,7 @@ def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckCo
 # ---------------------------------------------------------------- argument types
 # argparse `type=` functions for the profiling command lines (this one, stall_report, and
 # `dgw profile`), torch-free like the checker. Only the profiling-specific ones are here; the
-# shared ones, which every CLI uses, live in dual_graph_worker/tools/argtypes.py (torch-free
+# shared ones, which every CLI uses, live in dual_graph_worker/core/argtypes.py (torch-free
 # too; profiling may not import the `dgw` entry point).
 
 

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.stall_watch import StallSample, read_stall_samples
-from dual_graph_worker.tools.argtypes import positive_int
+from dual_graph_worker.core.argtypes import positive_int
 
 STDLIB_MARKERS = ("/lib/python3", "/usr/lib/python")
 

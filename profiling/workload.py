@@ -18,7 +18,7 @@ import torch
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.tools.argtypes import non_negative_int, output_file, positive_int
+from dual_graph_worker.core.argtypes import non_negative_int, output_file, positive_int
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, Reason
 from dual_graph_worker.core.simple_policies import PinnedPolicy

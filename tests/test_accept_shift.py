@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from dual_graph_worker.tools.accept_shift import ShiftingPrompts, follow_steps
+from dual_graph_worker.engines.reference.accept_shift import ShiftingPrompts, follow_steps
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_checkpoints
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.engines.reference.toy import (two_cycle_permutations,

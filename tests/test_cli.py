@@ -292,7 +292,7 @@ def test_every_subcommand_help_names_itself_dgw_cmd(name, capsys):
 
 
 def test_the_demo_names_the_phases_that_miss_its_target():
-    from dual_graph_worker.tools.demo import _target_line
+    from dual_graph_worker.engines.reference.demo import _target_line
 
     assert _target_line([0.999, 0.945, 0.875], [1, 4, 1]) == (
         "within 10% of the best static worker in every phase: NOT met; below: phase 2 (c=1) 0.875")

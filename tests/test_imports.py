@@ -5,10 +5,9 @@ circle hidden inside a function is still a circle).
 
     layer 0  dual_graph_worker.core (and the package's own __init__)
     layer 1  dual_graph_worker.engines.reference | dual_graph_worker.engines.sglang
-    layer 2  dual_graph_worker.tools (the demo, the reference bench, argument types)
-    layer 3  capture | profiling
-    layer 4  bench
-    layer 5  dual_graph_worker.cli (the `dgw` entry point, on top of everything)
+    layer 2  capture | profiling
+    layer 3  bench
+    layer 4  dual_graph_worker.cli (the `dgw` entry point, on top of everything)
 
 Within one layer the groups do not import each other (the two engines, capture and profiling).
 """
@@ -62,7 +61,7 @@ def _resolve(name: str, modules: set[str]):
 
 def layer(module: str) -> tuple[int, str]:
     if module == "dual_graph_worker.cli":
-        return 5, "cli"
+        return 4, "cli"
     if module == "dual_graph_worker" or module.startswith("dual_graph_worker.core"):
         return 0, "core"
     for group in ("reference", "sglang"):
@@ -70,11 +69,9 @@ def layer(module: str) -> tuple[int, str]:
             return 1, group
     if module == "dual_graph_worker.engines":
         return 1, "engines"
-    if module.startswith("dual_graph_worker.tools"):
-        return 2, "tools"
     top = module.split(".")[0]
-    return {"capture": (3, "capture"), "profiling": (3, "profiling"),
-            "bench": (4, "bench")}[top]
+    return {"capture": (2, "capture"), "profiling": (2, "profiling"),
+            "bench": (3, "bench")}[top]
 
 
 EDGES = _imports()
@@ -121,5 +118,4 @@ def test_the_checker_sees_real_edges():
     """The parser must find what is there (a test that cannot fail is no test)."""
     assert "dual_graph_worker.core.planner" in EDGES["dual_graph_worker.engines.sglang.worker"]
     assert "dual_graph_worker.core.policy" in EDGES["dual_graph_worker.core.controller"]
-    assert layer("bench.sglang.policy_matrix") == (4, "bench")
-    assert layer("dual_graph_worker.tools.demo") == (2, "tools")
+    assert layer("bench.sglang.policy_matrix") == (3, "bench")

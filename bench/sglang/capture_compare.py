@@ -33,7 +33,7 @@ from capture.distribution import parse_distribution
 from capture.measurements import Measurements, load_measurements
 from capture.tuner import TuningError, modelled_cost, tune
 from capture.units import parse_size
-from dual_graph_worker.tools.argtypes import positive_int
+from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode

@@ -23,7 +23,7 @@ from bench.sglang.policy_matrix import engine_kwargs
 from capture.measure import CANDIDATES
 from capture.measurements import save_measurements
 from capture.sglang_probe import measurements_from_probe
-from dual_graph_worker.tools.argtypes import positive_int
+from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 from bench.sglang.estimate_error import EXCHANGE_EVERY, not_a_trace, read_trace, replay
 from dual_graph_worker.core.controller import GoodputController
-from dual_graph_worker.tools.argtypes import int_range
+from dual_graph_worker.core.argtypes import int_range
 
 
 def fit_history(trace: dict) -> list[dict]:

@@ -28,15 +28,15 @@ import numpy as np
 
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.tools.argtypes import positive_int
+from dual_graph_worker.core.argtypes import positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           toy_engine_spec)
-from dual_graph_worker.tools.provenance import checkout_commit
-from dual_graph_worker.tools.toy_args import add_toy_run_args
+from dual_graph_worker.core.provenance import checkout_commit
+from dual_graph_worker.engines.reference.toy_args import add_toy_run_args
 
 KINDS = ("easy", "hard")
 # Requests finish at different steps, so the batch's mix turns gradually.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dual_graph_worker.engines.reference.build import default_device
-from dual_graph_worker.tools.argtypes import output_dir, positive_int, torch_device
+from dual_graph_worker.core.argtypes import output_dir, positive_int, torch_device
 
 
 def add_toy_run_args(ap: argparse.ArgumentParser, out: str) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.tools.argtypes import (existing_file, int_list, name_list, output_dir,
+from dual_graph_worker.core.argtypes import (existing_file, int_list, name_list, output_dir,
                                               positive_float, positive_int)
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.tools.argtypes import int_list, positive_float, positive_int, unit_float
+from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int, unit_float
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
@@ -30,8 +30,8 @@ from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output
                                                          run_side_by_side)
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           toy_engine_spec)
-from dual_graph_worker.tools.provenance import checkout_commit
-from dual_graph_worker.tools.toy_args import add_toy_run_args
+from dual_graph_worker.core.provenance import checkout_commit
+from dual_graph_worker.engines.reference.toy_args import add_toy_run_args
 
 
 def _plot(result: dict, path: Path) -> None:
