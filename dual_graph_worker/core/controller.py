@@ -151,14 +151,9 @@ class GoodputController:
             return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
         # Each mode's step time here, looked up once: the re-measurement checks read them too.
-        # _times_here, inline: a call and its tuples cost ~20 bytecodes on every step.
         times = self._times
-        spec_key = times.spec_at.get(spec_bs)
-        decode_key = times.decode_at.get(inputs.decode_padded_bs)
-        kv = inputs.kv_tokens
-        measured = spec_t, decode_t = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
-        chosen_at = measured if times.cold is None else \
-            times.warm_times(spec_key, decode_key, spec_t, decode_t, kv)
+        spec_key, decode_key, measured, chosen_at = self._times_here(inputs)
+        spec_t, decode_t = measured
         accept = self._acceptance.expected(inputs.rows)
         spec, decode = self._costs = self._mode_costs(*chosen_at, accept, inputs, from_decode)
         if from_decode:
@@ -357,15 +352,16 @@ class GoodputController:
     # ------------------------------------------------------------------------------ explore
 
     def _times_here(self, inputs: PolicyInputs) -> tuple:
-        """Each mode's step seconds here (spec, decode) as the choice of mode prices them
-        (warm_times while one mode warms up); decide has its own copy, inline."""
+        """Each mode's key here and step seconds (spec, decode): as measured, and as the choice
+        of mode prices them (warm_times while one mode warms up)."""
         times = self._times
         spec_key = times.spec_at.get(inputs.spec_padded_bs)
         decode_key = times.decode_at.get(inputs.decode_padded_bs)
         kv = inputs.kv_tokens
         measured = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
-        return measured if times.cold is None else \
+        chosen = measured if times.cold is None else \
             times.warm_times(spec_key, decode_key, *measured, kv)
+        return spec_key, decode_key, measured, chosen
 
     def _stale(self, i: Optional[int], mode: Mode, rows: Optional[np.ndarray] = None) -> bool:
         """Key i (of `mode`) not measured lately; for spec, or no acceptance seen lately."""
@@ -429,7 +425,7 @@ class GoodputController:
             return False
         mean = p.total / p.seen
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
-        spec_t, decode_t = self._times_here(inputs)
+        spec_t, decode_t = self._times_here(inputs)[3]
         return self._spec_wins(self._steps_high(mean, variance, p.seen),
                                spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
 

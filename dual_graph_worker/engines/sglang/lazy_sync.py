@@ -69,8 +69,9 @@ AUTO_STASH_SHARE = 0.4
 
 
 class CatchUpEvent(NamedTuple):
-    """A catch-up, for the step log ("catch_up")."""
+    """A catch-up, for the step log."""
 
+    kind = "catch_up"         # not a field: the step log's event name
     forced: bool              # the arena was full: caught up before a decode step, not a spec one
     requests: int
     tokens: int
@@ -82,23 +83,23 @@ class CatchUpEvent(NamedTuple):
 
 
 class CompactionEvent(NamedTuple):
-    """The arena's live cells moved to its front ("compaction")."""
+    """The arena's live cells moved to its front."""
 
+    kind = "compaction"
     live_cells: int
     arena_cells: int
 
 
 class DeferredPrefillEvent(NamedTuple):
-    """A prefill that ran the target alone ("deferred_prefill")."""
+    """A prefill that ran the target alone."""
 
+    kind = "deferred_prefill"
     requests: int
     tokens: int
     chunked: bool
 
 
 LazyEvent = Union[CatchUpEvent, CompactionEvent, DeferredPrefillEvent]
-EVENT_KINDS = {CatchUpEvent: "catch_up", CompactionEvent: "compaction",
-               DeferredPrefillEvent: "deferred_prefill"}
 
 
 class CatchUpResult(NamedTuple):
@@ -165,7 +166,7 @@ class LazyCatchUp:
             reserve=self.max_pass_tokens, draft_hidden=self.draft_hidden)
         # Kept free for the next deferred prefill when a compaction can provide it.
         self.prefill_reserve = 0 if self.defer_prefill_off else self.max_pass_tokens
-        # Each event for the step log (EVENT_KINDS names them).
+        # Each event for the step log, named by its kind.
         self.on_event = on_event
         logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
                     "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s",

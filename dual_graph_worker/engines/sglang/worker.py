@@ -76,7 +76,7 @@ from dual_graph_worker.engines.sglang.layout import (
     prefill_lengths,
     rows_of,
 )
-from dual_graph_worker.engines.sglang.lazy_sync import EVENT_KINDS, LazyCatchUp, LazyEvent
+from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, LazyEvent
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
@@ -286,8 +286,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                         probe.path)
 
     def _build_continuity(self, mr) -> SGLangContinuity:
-        build = {KeepCurrent: self._keep_current, LazyCatchUp: self._lazy_catch_up}
-        return build[_STRATEGIES[self.settings.continuity]](mr)
+        build = {Continuity.KEEP_CURRENT: self._keep_current,
+                 Continuity.LAZY_CATCH_UP: self._lazy_catch_up}
+        return build[self.settings.continuity](mr)
 
     def _keep_current(self, mr) -> KeepCurrent:
         return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones)
@@ -528,10 +529,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def _log_lazy_event(self, event: LazyEvent, totals) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
         totals (backlog.BacklogStats), into the step log."""
-        kind = EVENT_KINDS[type(event)]
-        logger.debug("dual-graph lazy %s: %s", kind, event)
+        logger.debug("dual-graph lazy %s: %s", event.kind, event)
         if self._step_log is not None:
-            self._step_log.write_event(kind, time.time(), **event._asdict(),
+            self._step_log.write_event(event.kind, time.time(), **event._asdict(),
                                        totals=totals.to_json())
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
