@@ -288,7 +288,7 @@ class GoodputController:
         n = len(accepts)
         if not n:
             return
-        total = sum(accepts)
+        total = event.total
         self._batch_costs.served(event.rows, total)
         if event.mode is not Mode.SPEC:
             return

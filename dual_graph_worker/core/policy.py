@@ -63,6 +63,7 @@ class Accepted(NamedTuple):
 
     mode: Mode
     accept_lens: list                     # [bs] tokens each request received, bonus included
+    total: float                          # their sum
     rows: Optional[np.ndarray] = None     # [bs] request rows, when the engine knows them
 
 
@@ -151,11 +152,12 @@ class DwellState:
 
 
 def accepted(mode: Mode, accept_lens: Sequence[float] | np.ndarray,
-             rows: Optional[np.ndarray] = None) -> Accepted:
+             rows: Optional[np.ndarray] = None, total: Optional[float] = None) -> Accepted:
     """A list of numbers passes as it is, and is never written after (the SGLang worker's,
     every step: a cold numpy call costs more than the step's whole bookkeeping at a small
-    batch); anything else becomes a list of floats."""
+    batch); anything else becomes a list of floats. `total`: their sum, where the caller has
+    it already (the ledger counts a step's tokens)."""
     lens = accept_lens if type(accept_lens) is list else \
         np.asarray(accept_lens, dtype=np.float64).tolist()
-    return Accepted(mode, lens, rows if rows is None or type(rows) is np.ndarray
-                    else np.asarray(rows))
+    return Accepted(mode, lens, float(sum(lens)) if total is None else float(total),
+                    rows if rows is None or type(rows) is np.ndarray else np.asarray(rows))

@@ -543,7 +543,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         rec = done.record
         self.counters.completed(rec.mode, rec.bs, rec.tokens)
         policy = self.planner.policy
-        policy.observe(accepted(rec.mode, done.accept_lens, done.rows))
+        policy.observe(accepted(rec.mode, done.accept_lens, done.rows, total=rec.tokens))
         if done.rows is not None:
             self._context.advanced(done.rows, done.accept_lens, rec.tokens)
         self._completed += 1
