@@ -137,11 +137,11 @@ def test_sglangs_verify_path_draws_through_the_replaced_sampler(supported_sglang
     assert drafts == [2, 3, 2, 3]                 # accept lengths 3, 4, 3, 4
 
 
-def _matrix(tmp_path, name, records, settings=None):
+def _matrix(tmp_path, name, records, settings=None, note="note"):
     folder = tmp_path / name
     folder.mkdir()
     (folder / "policy-matrix.json").write_text(json.dumps({
-        "note": "note", "accepts": sorted({r["accept_len"] for r in records if r["accept_len"]}),
+        "note": note, "accepts": sorted({r["accept_len"] for r in records if r["accept_len"]}),
         "workloads": [{"input_len": 256, "output_len": 256,
                        "concurrency": sorted({r["concurrency"] for r in records})}],
         "records": records, "settings": settings or {"attention_backend": "default"}}))
@@ -196,6 +196,29 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     merged = json.loads((tmp_path / "sm" / "policy-matrix.json").read_text())
     assert [(c["plain"], c["ratio"]) for c in merged["cells"]] == [(200.0, 0.75)]
     assert "merged from 1 calls" in merged["note"] and len(merged["records"]) == 5
+
+
+def test_calls_whose_engines_were_launched_otherwise_merge_and_say_so(tmp_path, capsys):
+    """How the engines came up (one after another, or launched together) is not what they are:
+    such calls merge, and the merged note names the ones launched together; any other
+    difference in the note still refuses."""
+    from bench.sglang import merge_matrix as mm
+    from bench.sglang.policy_matrix import LAUNCHED_TOGETHER
+
+    cell = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0), rec("dual", 3.0, 1, 396.0)]
+    before = _matrix(tmp_path, "before", cell, note="engines up at once, KV")
+    together = _matrix(tmp_path, "together",
+                       [rec("plain", None, 8, 900.0), rec("eagle3", 3.0, 8, 1000.0),
+                        rec("dual", 3.0, 8, 1000.0)],
+                       note=f"engines up at once{LAUNCHED_TOGETHER}, KV")
+    assert mm.main(["--out", str(tmp_path / "m"), before, together]) == 0
+    note = json.loads((tmp_path / "m" / "policy-matrix.json").read_text())["note"]
+    assert note.startswith("engines up at once, KV; merged from 2 calls")
+    assert note.endswith("engines launched together in together")
+    other = _matrix(tmp_path, "other", cell, note="engines up at once, KV pinned")
+    capsys.readouterr()
+    assert mm.main(["--out", str(tmp_path / "bad"), together, other]) == 2
+    assert "other settings" in capsys.readouterr().err
 
 
 def test_calls_at_other_accept_lengths_each_rate_against_their_own_plain(tmp_path):

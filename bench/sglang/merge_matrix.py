@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (READINGS, SETTINGS_BEFORE, cell_key, fill_from,
+from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BEFORE, cell_key, fill_from,
                                        heatmap, matrix_report, merged_workloads,
                                        per_cell_median, ratios, readings, repeated,
                                        with_rounds_asked)
@@ -42,7 +42,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
         # With --processes a cell's median spans calls, which must then time cells alike.
         mine, theirs = (m.get("settings"), first.get("settings")) if processes else \
             (_servers(m), _servers(first))
-        if mine != theirs or m["note"] != first["note"]:
+        if mine != theirs or _servers_note(m) != _servers_note(first):
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
         records += with_rounds_asked([r | {"call": name} for r in m["records"]
                                       if "from" not in r], m.get("settings"))
@@ -78,8 +78,10 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \
         if processes else ""
-    note = f"{first['note']}; merged from {len(merged_calls)} calls{how}: " \
-        + ", ".join(merged_calls)
+    together = [name for name, m in parts if LAUNCHED_TOGETHER in m["note"]]
+    note = f"{_servers_note(first)}; merged from {len(merged_calls)} calls{how}: " \
+        + ", ".join(merged_calls) \
+        + (f"; engines launched together in {', '.join(together)}" if together else "")
     if superseded:
         note += (f"; {cells_again} worker cells measured again by a later call, which rates "
                  f"them ({len(superseded)} earlier records dropped)")
@@ -100,6 +102,11 @@ def _servers(matrix: dict) -> dict:
     settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave", "pin_cpus")} | (
         matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
+
+
+def _servers_note(matrix: dict) -> str:
+    """The matrix's note less how its engines were launched."""
+    return matrix["note"].replace(LAUNCHED_TOGETHER, "")
 
 
 def _superseded(records: list[dict]) -> tuple[list[dict], int]:

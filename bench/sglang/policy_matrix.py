@@ -108,6 +108,9 @@ DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
                      "2048x64@1,16,64")
 
 
+# How the engines came up, not what they are: calls that differ only here may be merged.
+LAUNCHED_TOGETHER = " (launched together)"
+
 # What a matrix without a "settings" record was measured with (every run before it: triton).
 SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
                    "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0,
@@ -887,8 +890,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             + (f"; every engine's processes on CPUs {_spans(cpus)}" if cpus else "")
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
                "each cell runs" if args.host_load else "")
-            + ("; engines up at once" + (" (launched together)" if args.start_together
-                                          else "")
+            + ("; engines up at once" + (LAUNCHED_TOGETHER if args.start_together else "")
                + ", each cell taken in turn in a rotating order"
                + (f" in {args.rounds} rounds (tok/s: the median round)" if args.rounds > 1
                   else "") + ", KV pool "
