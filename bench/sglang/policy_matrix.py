@@ -765,9 +765,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "its tok/s is their median (0: every cell once)")
     ap.add_argument("--short-cell-runs", type=int, default=Repeats.runs)
     ap.add_argument("--host-load", type=int, default=0, metavar="N",
-                    help="N processes spin on the CPU while every cell runs (default 0). On the "
-                         "H200 (run 12, N=16) they slowed the host probe 1.9x, the serving "
-                         "thread little, and scattered every engine's runs of a cell")
+                    help="N processes spin on the CPU while every cell runs (default 0): how a "
+                         "loaded host moves the engines (results/sglang/runs.md, run 12)")
     ap.add_argument("--interleave", action="store_true",
                     help="every engine up at once (same KV pool each), each cell taken by one "
                          "engine after another in a rotating order (interleave.py)")
