@@ -127,6 +127,8 @@ class RandomModePolicy:
     Honours the protocol's one hard rule: no spec graph for this batch -> decode. Records the
     committed modes so tests can check that switches really happened."""
 
+    sync_every = 0
+
     def __init__(self, seed: int, num_draft_tokens: int, p_spec: float = 0.5) -> None:
         self._rng = random.Random(seed)
         self._p_spec = p_spec

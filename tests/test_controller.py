@@ -1865,3 +1865,23 @@ def test_a_key_unmeasured_for_hours_has_no_standard_error_not_a_division_by_zero
     sums.add(1, Mode.SPEC, [0.01, 1.0, 1000.0, 1e6, 10.0, 1e-4])
     assert sums.squares[0] == 0.0 and sums.sums[1][0] > 0
     assert sums.own_error(0) == float("inf")
+
+
+def test_an_eager_step_ends_its_modes_run_for_the_next_catch_up():
+    """A step no graph key holds (eager: a batch beyond the pools) still ends its mode's run:
+    a catch-up after an eager decode step is a switch's, not one inside a speculative run."""
+    from types import SimpleNamespace
+
+    from dual_graph_worker.core.intake import SampleIntake
+
+    times = SimpleNamespace(at={Mode.SPEC: {8: 0}, Mode.DECODE: {8: 1}},
+                            line_times=lambda i, kv: (0.01, 0.01), samples=[1.0, 1.0],
+                            add=lambda i, x, y: None)
+    kinds = []
+    costs = SimpleNamespace(add_catch_up=lambda at_switch, x, y: kinds.append(at_switch),
+                            draft_rate_cap=lambda: None)
+    intake = SampleIntake(times, costs)
+    for mode, padded, catch_up in ((Mode.SPEC, 8, 0), (Mode.DECODE, 512, 0),
+                                   (Mode.SPEC, 8, 100)):
+        intake.step(StepTime(mode, padded, 0.015, catch_up_tokens=catch_up, bs=8))
+    assert kinds == [True]

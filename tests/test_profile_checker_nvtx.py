@@ -36,7 +36,7 @@ class Recorder:
 
 @pytest.mark.skipif(attached, reason="an NVTX tool is attached to this process")
 def test_without_a_profiler_everything_is_a_no_op():
-    assert not nvtx_ranges.DEFAULT.nvtx_listening
+    assert not nvtx_ranges.default().nvtx_listening
     assert not nvtx_ranges.listening()
     assert nvtx_ranges.step_range("spec", 8, graph=True) is NULL_CONTEXT
     assert nvtx_ranges.stage_range("verify") is NULL_CONTEXT

@@ -292,6 +292,22 @@ def test_ledger_drops_a_mismatched_result_instead_of_mislabelling():
     assert ledger.mismatches == 1 and ledger.in_flight == 0
 
 
+def test_ledger_resyncs_after_a_lost_result():
+    """A launch whose result never came would pair every later result with the launch before
+    its own: a result of another size pairs with the oldest launch of its size instead."""
+    ledger = StepLedger()
+    ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.GOODPUT))      # its result is lost
+    ledger.launched(StepPlan(Mode.DECODE, 3, 4, True, Reason.GOODPUT))
+    ledger.launched(StepPlan(Mode.SPEC, 3, 4, True, Reason.GOODPUT))
+    done = ledger.completed([0, 0, 0], batch_size=3)
+    assert done.record.mode is Mode.DECODE and ledger.mismatches == 1
+    done = ledger.completed([2, 2, 2], batch_size=3)
+    assert done.record.mode is Mode.SPEC and done.record.tokens == 9
+    # A result that disagrees with its own batch size consumes its launch, pairing nothing.
+    ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.GOODPUT))
+    assert ledger.completed([1, 1], batch_size=3) is None and ledger.in_flight == 0
+
+
 def test_ledger_bounds_in_flight_entries():
     ledger = StepLedger(max_in_flight=2)
     for _ in range(5):
@@ -849,6 +865,7 @@ def test_server_info_carries_the_workers_counters(registered, bare_sglang_worker
     state = result.internal_state[hooks.STATE_KEY]
     assert state["steps"] == {"spec": 1, "decode": 1} and state["switches"] == 1
     assert state["spec_accept_len"] == 3.0 and state["output_tokens"] == 8
+    assert state["unpaired_results"] == 0
     assert state["policy"] == "goodput" and result.internal_state["memory_usage"] == 1
     assert "estimates" not in state                 # a threshold has no cost model to show
     assert state["pools"] == {"spec_bs": list(w.planner.table.spec_sizes),

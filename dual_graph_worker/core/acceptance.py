@@ -84,8 +84,8 @@ class AcceptanceEstimate:
     def expected(self, rows: Optional[np.ndarray] = None) -> float:
         """Accept length expected of a batch: each measured request's own estimate, pulled
         toward all requests' recent acceptance as far as requests are seen to differ against
-        the noise of the draws it holds (four draws of 1 at accept 1.88 wrote a request off for
-        44 steps); what the latest requests first measured for requests not measured yet."""
+        the noise of the draws it holds (a few unlucky draws must not write a request off);
+        what the latest requests first measured for requests not measured yet."""
         est = self._rows
         every = self._sum / self._weight
         if rows is None or est is None or not len(rows):

@@ -5,9 +5,8 @@ in each mode (decode: the target decode graph; spec: draft chain + verify + draf
 timer. The table is measured on TP rank 0 and broadcast, so every rank decides from the same
 numbers (policy decisions must never depend on a rank's own clock).
 
-Known bias (documented in config.py): replays run with capture-time inputs (sequence length 1)
-and leave out host-side work, so both latencies are lower bounds; speculation's host-side
-share is the larger, which is why the default policy is the threshold.
+Replays run with capture-time inputs and leave out host work, so both latencies are lower
+bounds: the goodput controller takes them only as its prior.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ class SampleIntake:
         last, self._last_sample = self._last_sample, None
         short, self._short = self._short, None
         carry, self._carry = self._carry, None
+        # An eager step (no key) still ends its mode's run: the next catch-up is at a switch.
+        switched = self._last_mode not in (None, event.mode)
+        at_switch = self._last_mode is Mode.DECODE
+        self._last_mode = event.mode
         times = self._times
         i = times.at[event.mode].get(event.padded_bs)
         if i is None or not event.seconds > 0:
@@ -69,9 +73,6 @@ class SampleIntake:
             # Requests left or joined in between: that excess also holds their host work
             # (finished results, the new batch), which no launch of this one costs.
             carry = None
-        switched = self._last_mode not in (None, event.mode)
-        at_switch = self._last_mode is Mode.DECODE
-        self._last_mode = event.mode
         if carry is not None and switched and not event.catch_up_tokens:
             # The previous step held this switch's launch, so this one's span starts late: a
             # switch costs the two steps' excess (as a catch-up does).

@@ -40,8 +40,9 @@ class StepLedger:
 
     Accept counts come back per processed decode result, in launch order (one step late under
     overlap scheduling); decode-mode steps report zeros (accept length 1). A result whose batch
-    size does not match the oldest launch means the pairing is lost: the ledger drops that
-    entry rather than mislabel the step.
+    size does not match the oldest launch means that launch's result was lost: the ledger pairs
+    it with the oldest launch of its size and drops the launches before it, and drops the
+    result where none matches, rather than mislabel a step or stay one step off.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time, max_in_flight: int = 8) -> None:
@@ -65,11 +66,16 @@ class StepLedger:
                   batch_size: int) -> Optional[CompletedStep]:
         if not self._pending:
             return None
-        entry = self._pending.popleft()
         n = len(num_correct_drafts_per_req)
-        if n != entry.plan.bs or (batch_size and batch_size != entry.plan.bs):
+        entry = self._pending.popleft()
+        if entry.plan.bs != n or (batch_size and batch_size != n):
             self.mismatches += 1
-            return None
+            if batch_size and batch_size != n or all(e.plan.bs != n for e in self._pending):
+                return None
+            entry = self._pending.popleft()
+            while entry.plan.bs != n:        # the launches before it lost their results
+                entry = self._pending.popleft()
+                self.mismatches += 1
         # Each request's tokens, the bonus one included: mapped in C over SGLang's list.
         counts = num_correct_drafts_per_req
         if type(counts) is not list:

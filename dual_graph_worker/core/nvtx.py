@@ -12,6 +12,7 @@ docs/design.md, "Seeing what the worker does", says how listening is decided.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional
@@ -105,7 +106,7 @@ class _Range:
 class Annotator:
     """Emits the dgw convention to the listeners given at construction.
 
-    Immutable: the module builds one from the environment at import; tests build their own
+    Immutable: `default()` builds one from the environment at first use; tests build their own
     with a recording backend.
     """
 
@@ -184,18 +185,43 @@ class Annotator:
         self._mark(lambda: names.config_name(key, value))
 
 
-DEFAULT: Annotator = Annotator.from_environment()
+@functools.lru_cache(maxsize=1)
+def default() -> Annotator:
+    """The annotator the environment asks for, built at first use: importing this module reads
+    no setting, so a bad DGW_NVTX is reported where the caller reports configuration errors."""
+    return Annotator.from_environment()
 
-step_range = DEFAULT.step_range
-stage_range = DEFAULT.stage_range
-mark_switch = DEFAULT.mark_switch
-mark_capture = DEFAULT.mark_capture
-mark_steady_state = DEFAULT.mark_steady_state
-mark_config = DEFAULT.mark_config
-listening = DEFAULT.listening
+
+def step_range(mode: object, padded_bs: int, graph: bool) -> ContextManager[None]:
+    return default().step_range(mode, padded_bs, graph)
+
+
+def stage_range(stage: object) -> ContextManager[None]:
+    return default().stage_range(stage)
+
+
+def mark_switch(old: object, new: object) -> None:
+    default().mark_switch(old, new)
+
+
+def mark_capture(label: object) -> None:
+    default().mark_capture(label)
+
+
+def mark_steady_state() -> None:
+    default().mark_steady_state()
+
+
+def mark_config(key: str, value: object) -> None:
+    default().mark_config(key, value)
+
+
+def listening() -> bool:
+    return default().listening()
+
 
 __all__ = [
-    "Annotator", "Backend", "DEFAULT", "NULL_CONTEXT", "listening", "mark_capture",
+    "Annotator", "Backend", "NULL_CONTEXT", "default", "listening", "mark_capture",
     "mark_config", "mark_steady_state", "mark_switch", "stage_range", "step_range",
     "torch_profiler_running",
 ]

@@ -37,7 +37,7 @@ class StepPlanner:
         self.policy = policy
         self.graphs_enabled = graphs_enabled
         self.reduce = reduce
-        self.sync_every = int(getattr(policy, "sync_every", 0) or 0)
+        self.sync_every = policy.sync_every
         self.steps = 0
         self.last_mode: Optional[Mode] = None    # the mode of the latest plan (None: no step yet)
         # Per batch size, the table's (spec padded bs or None, decode padded bs): read per step.

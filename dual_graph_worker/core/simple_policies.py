@@ -4,7 +4,7 @@ aid). Each tracks the mean accept length for logs and measures nothing else."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class _Observing:
 
     num_draft_tokens: int = 1
     _ema: AcceptLengthEMA = field(init=False)
+    sync_every: ClassVar[int] = 0              # nothing measured to exchange
 
     def __post_init__(self) -> None:
         self._ema = AcceptLengthEMA(self.num_draft_tokens)

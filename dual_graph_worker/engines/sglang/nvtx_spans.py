@@ -107,7 +107,7 @@ class StepSpans:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "StepSpans":
-        return cls(nvtx_ranges.DEFAULT, ProfileWindow.from_settings(settings))
+        return cls(nvtx_ranges.default(), ProfileWindow.from_settings(settings))
 
     @property
     def steps_taken(self) -> int:

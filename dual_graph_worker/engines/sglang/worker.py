@@ -566,7 +566,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def dgw_internal_state(self) -> dict:
         """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
-        state = self.counters.to_json()
+        # Results that could not be paired with their launch (each one step's accounting lost).
+        state = self.counters.to_json() | {"unpaired_results": self._ledger.mismatches}
         if self.planner is not None:
             p, table = self.planner.policy.state(), self.planner.table
             state |= {"policy": self.settings.policy.value,
