@@ -89,6 +89,25 @@ def _profile(argv: Sequence[str]) -> int:
     return check_main([str(report), "--out", str(out)] + extra)
 
 
+def _settings(argv: Sequence[str]) -> int:
+    """`dgw settings`: every DGW_* variable (the docs table), or `--check`: validate this
+    environment's DGW_* variables and DGW_CONFIG file as a server would at launch."""
+    import json
+    import os
+
+    from dual_graph_worker.core.settings import Settings, docs_table
+
+    ap = argparse.ArgumentParser(prog="dgw settings", description=_settings.__doc__)
+    ap.add_argument("--check", action="store_true",
+                    help="validate the DGW_* environment and print the effective settings")
+    args = ap.parse_args(argv)
+    if not args.check:
+        print(docs_table(), end="")
+        return 0
+    print(json.dumps(Settings.from_env(os.environ).to_json(), indent=1))
+    return 0
+
+
 def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Callable[[Sequence[str]], int]:
     def run(argv: Sequence[str]) -> int:
         import importlib
@@ -109,8 +128,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "capture-report": (_forward("capture.cli", prefix=("report",)), "tables and plots of measurements"),
     "capture-flags": (_forward("dual_graph_worker.engines.sglang.capture_config"),
                       "SGLang flags and env for a tuned capture config"),
-    "settings": (_forward("dual_graph_worker.core.settings"),
-                 "every DGW_* setting, or --check this environment"),
+    "settings": (_settings, "every DGW_* setting, or --check this environment"),
 }
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from dual_graph_worker.cli import main as dgw_main
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import (BY_ENV, REGISTRY, PolicyKind, Settings, assignments,
-                                             docs_table, explicit_keys, main)
+                                             docs_table, explicit_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,10 +93,10 @@ def test_the_docs_table_is_generated_from_the_registry():
 
 def test_settings_check_validates_the_environment(monkeypatch, capsys):
     monkeypatch.setenv("DGW_THRESHOLD", "12")
-    assert main(["--check"]) == 0
+    assert dgw_main(["settings", "--check"]) == 0
     assert json.loads(capsys.readouterr().out)["threshold"] == 12
     monkeypatch.setenv("DGW_TRESHOLD", "8")
-    assert main(["--check"]) == 2
+    assert dgw_main(["settings", "--check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "DGW_THRESHOLD" in err and "Traceback" not in err
 

@@ -21,7 +21,7 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError, StaleConfig
 from dual_graph_worker.core.jsonio import (check_schema, need_field, need_int_list,
                                            need_mapping, need_number, read_json)
-from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.modes import GraphKey
 
 SCHEMA = "dgw-capture-config/1"
 RETUNE = "re-run `make capture-tune`"
@@ -180,8 +180,7 @@ class ServingCapture:
                               f"{missing}; {RETUNE}")
 
     def keys(self) -> tuple[GraphKey, ...]:
-        return tuple(GraphKey(Mode.SPEC, b) for b in self.spec_bs) + tuple(
-            GraphKey(Mode.DECODE, b) for b in self.decode_bs)
+        return self.dispatch_table().keys()
 
     def dispatch_table(self, allow_eager: bool = True) -> DispatchTable:
         return DispatchTable.build(self.spec_bs, self.decode_bs, allow_eager)

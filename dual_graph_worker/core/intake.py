@@ -84,19 +84,28 @@ class SampleIntake:
             self._carry_bs = event.bs
             return
         if event.catch_up_tokens > 0:
-            # The catch-up's cost: this step's excess over a measured step of its size plus the
-            # previous step's (which held this one's launch); fixed cost and switch included,
-            # noise of either sign averages out in the regression.
-            excess = self._excess(i, event.seconds, priced)
-            if excess is not None:
-                x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
-                if self._first_call_cost(at_switch, x, y, priced):
-                    return
-                self._costs.add_catch_up(at_switch, x, y)
+            self._catch_up_sample(i, event, priced, carry, at_switch)
+        elif not after_carry:         # one whose launch the previous step held starts late
+            self._step_sample(i, event, expected, last, short, after_prefill)
+
+    def _catch_up_sample(self, i: int, event: StepTime, priced: float, carry: Optional[float],
+                         at_switch: bool) -> None:
+        """The catch-up's cost: this step's excess over a measured step of its size plus the
+        previous step's (which held this one's launch); fixed cost and switch included, noise
+        of either sign averages out in the regression."""
+        excess = self._excess(i, event.seconds, priced)
+        if excess is None:
             return
-        # Nor is one whose launch the previous step held: its span starts late.
-        if after_carry:
-            return
+        x, y = float(event.catch_up_tokens), excess + (carry or 0.0)
+        if not self._first_call_cost(at_switch, x, y, priced):
+            self._costs.add_catch_up(at_switch, x, y)
+
+    def _step_sample(self, i: int, event: StepTime, expected: Optional[float],
+                     last: Optional[tuple], short: Optional[int], after_prefill: bool) -> None:
+        """Key i's sample from a plain step, unless it is none: the first after a prefill, an
+        idle gap, a step cut short or a lone stall. `last`: the previous step's sample, `short`:
+        the key of the previous step if it was held back as short."""
+        times = self._times
         # The first step after a prefill is no clean sample: its span starts inside the prefill's.
         # Every other one is taken, so a prefill before every step still leaves samples.
         if after_prefill and not self._held_after_prefill:

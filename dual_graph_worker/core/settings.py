@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import enum
-import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -324,30 +323,3 @@ def _read_json(path: str) -> Mapping[str, Any]:
     what = f"{CONFIG_FILE_ENV} file"
     return need_mapping(read_json(path, what, f"fix it or unset {CONFIG_FILE_ENV}"),
                         f"{what} {path}")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`dgw settings`: every DGW_* variable (the docs table), or `--check`: validate this
-    environment's DGW_* variables and DGW_CONFIG file as a server would at launch."""
-    import argparse
-    import os
-    import sys
-
-    ap = argparse.ArgumentParser(prog="dgw settings", description=main.__doc__)
-    ap.add_argument("--check", action="store_true",
-                    help="validate the DGW_* environment and print the effective settings")
-    args = ap.parse_args(argv)
-    if not args.check:
-        print(docs_table(), end="")
-        return 0
-    try:
-        settings = Settings.from_env(os.environ)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(settings.to_json(), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
