@@ -24,7 +24,7 @@ from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
 from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
 from capture.units import parse_duration, parse_size
-from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.modes import Mode
 
@@ -54,8 +54,8 @@ def _need_measurements(path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m capture.cli",
-                                description="Choose and report CUDA graph pool batch sizes.")
+    p = OneLineParser(prog="dgw capture",
+                      description="Choose and report CUDA graph pool batch sizes.")
     sub = p.add_subparsers(dest="command", required=True)
 
     # Each subcommand's usage names it as `dgw` runs it (dgw capture-tune / capture-report).

@@ -81,6 +81,9 @@ def parse_distribution(text: str, max_bs: int) -> BatchDistribution:
             body = path.read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read distribution file {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"distribution file {path} is not a UTF-8 text file; pass a JSON "
+                              "object of batch size -> weight") from exc
         return _from_json_text(body, f"distribution file {path}", description=s)
     name, _, arg = s.partition(":")
     if name == "uniform":

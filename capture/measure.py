@@ -27,7 +27,7 @@ from dual_graph_worker.engines.reference.capture_config import model_shape
 from capture.measurements import GraphMeasurement, Measurements, save_measurements
 from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from dual_graph_worker.engines.reference.calibration import measure_step_latency
-from dual_graph_worker.core.argtypes import output_file, positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, output_file, positive_int
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
@@ -96,8 +96,8 @@ def measure(engine, candidates=CANDIDATES, context_len: int = 384, repeats: int 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="dgw capture-measure", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="dgw capture-measure", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
     ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
     ap.add_argument("--context", type=positive_int, default=384)

@@ -18,7 +18,6 @@ naming the problem and the fix, and exit status 2.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -26,13 +25,14 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dual_graph_worker import __version__
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import report_user_errors
 
 
 def _make_toy(argv: Sequence[str]) -> int:
     from dual_graph_worker.core.argtypes import output_dir, positive_int, seed_int
-    ap = argparse.ArgumentParser(prog="dgw make-toy-checkpoints",
-                                 description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
+    ap = OneLineParser(prog="dgw make-toy-checkpoints",
+                       description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
     ap.add_argument("dir", type=output_dir, help="folder to write (created if missing)")
     ap.add_argument("--hidden", type=positive_int, default=64,
                     help="hidden size = vocab size, a multiple of 8")
@@ -50,7 +50,7 @@ def _make_toy(argv: Sequence[str]) -> int:
 def _profile(argv: Sequence[str]) -> int:
     from dual_graph_worker.core.argtypes import output_dir, positive_int
     from profiling.check import sm_name
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="dgw profile",
         description="Profile the scripted workload (warm-up, hold spec, hold decode, alternate) "
                     "under nsys when it is on PATH, else torch.profiler; then check the profile.")
@@ -96,15 +96,18 @@ def _settings(argv: Sequence[str]) -> int:
     import os
 
     from dual_graph_worker.core.settings import Settings, docs_table
+    from dual_graph_worker.engines.sglang.capture_config import check_setting_files
 
-    ap = argparse.ArgumentParser(prog="dgw settings", description=_settings.__doc__)
+    ap = OneLineParser(prog="dgw settings", description=_settings.__doc__)
     ap.add_argument("--check", action="store_true",
                     help="validate the DGW_* environment and print the effective settings")
     args = ap.parse_args(argv)
     if not args.check:
         print(docs_table(), end="")
         return 0
-    print(json.dumps(Settings.from_env(os.environ).to_json(), indent=1))
+    settings = Settings.from_env(os.environ)
+    check_setting_files(settings)
+    print(json.dumps(settings.to_json(), indent=1))
     return 0
 
 

@@ -26,7 +26,8 @@ from typing import Optional, Sequence
 from profiling import engines, nsys_sqlite, torch_trace
 from profiling.checks import (CheckConfig, CheckOutcome, DEFAULT_MAX_EAGER_KERNELS,
                               normalize_sm, run_checks)
-from dual_graph_worker.core.argtypes import non_negative_int, output_dir, positive_int
+from dual_graph_worker.core.argtypes import (OneLineParser, non_negative_int, output_dir,
+                                             positive_int)
 from dual_graph_worker.core.errors import DualGraphError
 from profiling.errors import ProfileInputError
 from profiling.events import Trace
@@ -153,7 +154,7 @@ def sm_name(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="dgw check-profile",
         description="Check an nsys report (or torch.profiler trace) of the dual-graph worker: one "
                     "graph launch per stage, few eager kernels, no capture/instantiate/malloc "

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core import nvtx_names as names
 from profiling.api_names import base_name
 from profiling.errors import ProfileInputError
@@ -104,8 +105,8 @@ def format_waits(w: HostWaits, top: int = 15) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m profiling.host_waits", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m profiling.host_waits", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("report", type=Path)
     ap.add_argument("--range", default="stage:catch_up", help="NVTX range name prefix")
     ap.add_argument("--min-us", type=float, default=100.0, help="list calls at least this long")

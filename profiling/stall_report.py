@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.stall_watch import StallSample, read_stall_samples
-from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 
 STDLIB_MARKERS = ("/lib/python3", "/usr/lib/python")
 
@@ -130,7 +130,7 @@ def _run_dir(text: str) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m profiling.stall_report", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=_run_dir)
     p.add_argument("--name", default="dual-bench", help="the engine's log suffix")
     p.add_argument("--top", type=positive_int, default=5, help="longest gaps to list")

@@ -18,7 +18,8 @@ import torch
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.core.argtypes import non_negative_int, output_file, positive_int
+from dual_graph_worker.core.argtypes import (OneLineParser, non_negative_int, output_file,
+                                             positive_int)
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, Reason
 from dual_graph_worker.core.simple_policies import PinnedPolicy
@@ -87,8 +88,8 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m profiling.workload", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m profiling.workload", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="tiny")
     ap.add_argument("--bs", type=positive_int, default=8)
     ap.add_argument("--hold", type=positive_int, default=10)

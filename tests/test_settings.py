@@ -114,3 +114,29 @@ def test_assignments_are_checked_as_the_worker_checks_its_environment():
         assignments(["DGW_SPEC_MAX_B=256"])             # the closest name is offered
     with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
         assignments(["DGW_SPEC_MAX_BS=0"])
+
+
+def test_a_variable_may_fix_what_the_settings_file_alone_gets_wrong(tmp_path, monkeypatch):
+    """The file and the variables are checked together: a cycle policy with no dwell in the
+    file is valid once DGW_MIN_DWELL sets one."""
+    path = tmp_path / "dgw.json"
+    path.write_text(json.dumps({"policy": "cycle", "min_dwell_steps": 0}))
+    monkeypatch.setenv("DGW_CONFIG", str(path))
+    with pytest.raises(ConfigError, match="DGW_MIN_DWELL"):
+        Settings.from_env({"DGW_CONFIG": str(path)})
+    got = Settings.from_env({"DGW_CONFIG": str(path), "DGW_MIN_DWELL": "3"})
+    assert (got.policy, got.min_dwell_steps) == (PolicyKind.CYCLE, 3)
+
+
+@pytest.mark.parametrize("env, want", [
+    ("DGW_CAPTURE_CONFIG", "DGW_CAPTURE_CONFIG={missing}: cannot read capture config"),
+    ("DGW_CALIBRATION", "DGW_CALIBRATION={missing}: cannot read calibration table"),
+])
+def test_settings_check_reads_the_files_the_settings_name(env, want, tmp_path, monkeypatch,
+                                                         capsys):
+    """What the server's launch check refuses, `dgw settings --check` refuses too."""
+    missing = tmp_path / "missing.json"
+    monkeypatch.setenv(env, str(missing))
+    assert dgw_main(["settings", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and want.format(missing=missing) in err

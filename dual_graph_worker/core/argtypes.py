@@ -8,7 +8,15 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, NoReturn, Optional, Sequence
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, naming the flag and pointing at --help
+    (argparse's own prints the whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def int_range(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:

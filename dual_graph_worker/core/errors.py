@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable
 
@@ -37,9 +38,22 @@ class StaleConfig(DualGraphError):
 def report_user_errors(fn: Callable[..., int], *args: Any, **kwargs: Any) -> int:
     """`fn(*args, **kwargs)`, for a command's entry point: a DualGraphError (an error a user can
     act on) becomes one stderr line `error: <message>` naming the problem and the fix, no
-    traceback, and exit status 2."""
+    traceback, and exit status 2; so does a file the command cannot read or write, and an
+    interrupt (Ctrl-C) one line and status 130."""
     try:
         return fn(*args, **kwargs)
     except DualGraphError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:               # the reader went away (`| head`): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        if exc.filename is None:          # not a path's problem: a bug or the system's
+            raise
+        print(f"error: cannot use {exc.filename}: {exc.strerror or exc}; pass a path this "
+              "user can read or write", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -18,6 +18,8 @@ def read_json(path: str | Path, what: str, fix: str) -> Any:
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}; {fix}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not a UTF-8 text file; {fix}") from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -13,7 +13,7 @@ import difflib
 import enum
 import math
 import typing
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.continuity import Continuity
@@ -220,19 +220,17 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> "Settings":
-        unknown = sorted(set(data) - set(BY_KEY))
-        if unknown:
-            raise ConfigError(f"{source}: unknown key {unknown[0]!r}{_closest(unknown[0], BY_KEY)}"
-                              f"; known keys: {', '.join(BY_KEY)}")
-        return cls(**{k: BY_KEY[k].parse(v, f"{source}: {k}") for k, v in data.items()})
+        return cls(**_parsed(data, source))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
+        """The file's values under the variables': checked together, so a variable may fix
+        what the file alone would get wrong."""
         given = user_settings(environ)
-        base = cls.from_mapping(given.file, f"{CONFIG_FILE_ENV}={given.file_path}") \
-            if given.file is not None else cls()
-        return replace(base, **{BY_ENV[env].key: BY_ENV[env].parse(raw, env)
-                                for env, raw in given.env.items()})
+        values = _parsed(given.file, f"{CONFIG_FILE_ENV}={given.file_path}") \
+            if given.file is not None else {}
+        return cls(**values | {BY_ENV[env].key: BY_ENV[env].parse(raw, env)
+                               for env, raw in given.env.items()})
 
     def to_json(self) -> dict:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
@@ -308,6 +306,14 @@ def docs_table() -> str:
         default = "unset" if s.default is None else _plain(s.default)
         rows.append(f"| `{s.env}` | `{s.key}` | `{default}` | {s.expects()} | {s.help} |")
     return "\n".join(rows) + "\n"
+
+
+def _parsed(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    unknown = sorted(set(data) - set(BY_KEY))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r}{_closest(unknown[0], BY_KEY)}"
+                          f"; known keys: {', '.join(BY_KEY)}")
+    return {k: BY_KEY[k].parse(v, f"{source}: {k}") for k, v in data.items()}
 
 
 def _closest(name: str, known: Mapping[str, Any]) -> str:

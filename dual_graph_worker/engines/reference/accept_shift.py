@@ -26,15 +26,16 @@ from typing import Optional
 
 import numpy as np
 
-from dual_graph_worker.core.errors import report_user_errors
+from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
+from dual_graph_worker.engines.reference.toy import toy_configs
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
-                                                          toy_engine_spec)
+                                                          check_toy_settings, toy_engine_spec)
 from dual_graph_worker.core.provenance import checkout_commit
 from dual_graph_worker.engines.reference.toy_args import add_toy_run_args
 
@@ -192,8 +193,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dgw accept-shift", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="dgw accept-shift", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", type=_phase_list, default="easy,hard,easy,hard",
                     help="the cycle new prompts end in, per phase: easy or hard, comma-separated")
     ap.add_argument("--concurrency", type=positive_int, default=8)
@@ -210,20 +211,32 @@ def _phase_list(text: str) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
     cfg = ShiftConfig(tuple(args.phases), args.concurrency, args.requests_per_phase,
                       args.input_len, args.output_len, args.hidden, device=args.device)
+    try:
+        limit = toy_configs(cfg.hidden)[0].max_position_embeddings
+    except DualGraphError as exc:
+        ap.error(f"--hidden: {exc}")
+    context = cfg.input_len + output_range(cfg.output_len, OUTPUT_SPREAD)[1] \
+        + cfg.num_draft_tokens + 4
+    if context > limit:
+        ap.error(f"--input-len + the longest output + the draft tokens + 4 = {context} is over "
+                 f"the toy model's context of {limit}; lower --input-len or --output-len")
     return report_user_errors(_run, cfg, Path(args.out), argv)
 
 
 def _run(cfg: ShiftConfig, out: Path, argv: Optional[list[str]]) -> int:
+    settings = Settings.from_env(os.environ)    # the dynamic worker's, as a server's
+    check_toy_settings(settings)
     out.mkdir(parents=True, exist_ok=True)
     print(f"dgw accept-shift on {cfg.device}: toy two-cycle pair (hidden=vocab={cfg.hidden}), "
           f"C={cfg.concurrency}, {cfg.requests_per_phase} requests per phase; REAL acceptance")
     print(f"{'phase':>5} {'kind':>5} | " + " | ".join(f"{n:>8s}" for n in TRIO)
           + " | dyn/best | dynamic modes (steps)")
     t0 = time.perf_counter()
-    result = run_shift(cfg, Settings.from_env(os.environ))
+    result = run_shift(cfg, settings)
     result["command"] = "dgw accept-shift " + " ".join(argv if argv is not None else sys.argv[1:])
     result["commit"] = checkout_commit()
     result["seconds"] = time.perf_counter() - t0

@@ -21,8 +21,8 @@ import torch
 
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.core.argtypes import (existing_file, int_list, name_list, output_dir,
-                                              positive_float, positive_int)
+from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_list, name_list,
+                                             output_dir, positive_float, positive_int)
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
@@ -125,8 +125,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dgw bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="dgw bench", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
     ap.add_argument("--concurrency", type=int_list, default="1,2,4,8,16,32,64,128,256",
                     help="comma-separated integers >= 1")

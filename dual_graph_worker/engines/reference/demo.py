@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.core.argtypes import int_list, positive_float, positive_int, unit_float
+from dual_graph_worker.core.argtypes import OneLineParser, int_list, positive_float, positive_int, unit_float
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
@@ -29,7 +29,7 @@ from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_confi
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
-                                                          toy_engine_spec)
+                                                          check_toy_settings, toy_engine_spec)
 from dual_graph_worker.core.provenance import checkout_commit
 from dual_graph_worker.engines.reference.toy_args import add_toy_run_args
 
@@ -61,8 +61,8 @@ def _plot(result: dict, path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dgw demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="dgw demo", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ramp", type=int_list, default="1,4,16,32,16,4,1",
                     help="concurrency of each phase, comma-separated integers >= 1")
     ap.add_argument("--requests-per-phase", type=positive_float, default=4.0,
@@ -97,6 +97,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> int:
     settings = Settings.from_env(os.environ)    # the dynamic worker's, as a server's
+    check_toy_settings(settings)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     ramp = args.ramp
     out = Path(args.out)
@@ -147,6 +148,11 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
         # The dynamic worker's cost model as the phase ended: what its choices came from.
         row["dynamic"]["estimates"] = workers["dynamic"].worker.policy.estimates()
         phases.append(row)
+        # What the phases so far measured is on disk, whatever stops the ramp later.
+        _write(out / "demo.json", {"device": args.device, "acceptance": acceptance, "ramp": ramp,
+                                   "phases": phases, "complete": False,
+                                   "command": "dgw demo " + " ".join(argv or []),
+                                   "commit": checkout_commit()})
         m = row["dynamic"]["modes"]
         print(f"{i:5d} {c:5d} | " + " | ".join(f"{row[n]['tok_s']:8.1f} t/s" for n in TRIO) +
               f" | {row['dynamic_over_best']:8.3f} | {m.get('spec', 0)}/{m.get('decode', 0)}"
@@ -162,9 +168,9 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
               "calibration": calib.to_json() if calib else None,
               "dynamic_steps": [r.to_json() for r in dyn.stats.records],
               "dynamic_switches": dyn.stats.switches,
-              "tokens_equal_known_continuation": same,
+              "tokens_equal_known_continuation": same, "complete": True,
               "command": "dgw demo " + " ".join(argv or []), "commit": checkout_commit()}
-    (out / "demo.json").write_text(json.dumps(result, indent=1))
+    _write(out / "demo.json", result)
     _plot(result, out / "demo.png")
     print(f"\ndynamic worker: {dyn.stats.switches} mode switches over {len(dyn.stats.records)} steps")
     print(_target_line([row["dynamic_over_best"] for row in phases], ramp))
@@ -173,6 +179,13 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
           + ", ".join(f"{n}={'yes' if ok else 'NO'}" for n, ok in same.items()))
     print(f"wrote {out / 'demo.json'} and {out / 'demo.png'}")
     return 0 if all(same.values()) else 1
+
+
+def _write(path: Path, result: dict) -> None:
+    """`result` as JSON at `path`, replacing it whole (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
 
 
 # The demo's target: the dynamic worker within this share of the best static worker in every phase.

@@ -21,7 +21,8 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.simple_policies import PinnedPolicy
-from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.settings import MEASURE, Settings
 from dual_graph_worker.engines.reference.build import EngineSpec
 from dual_graph_worker.engines.reference.calibration import calibrate
 from dual_graph_worker.engines.reference.weights import named_sizes
@@ -106,12 +107,25 @@ def toy_engine_spec(device: str, num_draft_tokens: int, max_requests: int,
                       attention="triton" if device.startswith("cuda") else "torch")
 
 
+def check_toy_settings(settings: Settings) -> None:
+    """ConfigError for a DGW_* setting a toy model cannot honour: files tuned for a server's
+    model (the toy sizes and calibrates its own pools)."""
+    for env, given in (("DGW_CAPTURE_CONFIG", settings.capture_config is not None),
+                       ("DGW_CALIBRATION", settings.calibration != MEASURE)):
+        if given:
+            raise ConfigError(f"{env} names a file tuned for a server's model; the toy model "
+                              f"sizes and calibrates its own pools: unset {env}")
+
+
 def build_trio(make_engine: Callable[[], object], sizes: PoolSizes, *, cuda: bool,
                calib_context: int, settings: Settings = Settings()) -> Iterator[BuiltWorker]:
     """The TRIO, built quietly, each on its own engine from `make_engine()` (they take turns
-    step by step, each with its own KV cache); yields each worker once it is ready."""
+    step by step, each with its own KV cache); yields each worker once it is ready. The dynamic
+    worker's continuity is DGW_CONTINUITY's; its pools and prior are the toy model's own."""
+    check_toy_settings(settings)
     for name in TRIO:
         yield build_variant(name, make_engine(), sizes, use_cuda_graphs=cuda, settings=settings,
+                            dynamic_continuity=settings.continuity,
                             calib_context=calib_context, progress=False, log=lambda s: None,
                             # CPU timings are noisy: a longer median.
                             calib_repeats=5 if cuda else 21)

@@ -9,14 +9,15 @@ match it (``dgw capture-flags``). Nothing here imports SGLang. docs/sglang-0.5.1
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from pathlib import Path
 from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.capture_schema import (GpuInfo, ServingCapture, build_model_shape,
                                                    load_capture)
-from dual_graph_worker.core.settings import BY_KEY, Settings
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings
 from dual_graph_worker.engines.sglang.server_args_hook import cap_batch_sizes
 from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
@@ -103,6 +104,19 @@ def load_server_capture_config(path: str, *, gpu: Optional[GpuInfo] = None,
                           "to run with the default pools and threshold") from exc
 
 
+def check_setting_files(config: Settings) -> None:
+    """The files the settings name, read as the server will read them (ConfigError if one cannot
+    be): at launch, before any weights load, and by `dgw settings --check`."""
+    if config.capture_config is not None:
+        load_server_capture_config(config.capture_config)
+    if config.calibration != MEASURE:
+        try:
+            CalibrationTable.load(config.calibration)
+        except ConfigError as exc:
+            raise ConfigError(f"DGW_CALIBRATION={config.calibration}: {exc}; or unset "
+                              "DGW_CALIBRATION to measure the prior at start-up") from exc
+
+
 def plan_capture(config: Settings, capture: ServingCapture, explicit: AbstractSet[str],
                  source: str) -> CapturePlan:
     """Apply `capture` to `config`; `explicit`: the keys the user set (settings.explicit_keys)."""
@@ -140,7 +154,7 @@ def capture_flags(capture: ServingCapture, path: str) -> CaptureFlags:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``dgw capture-flags CONFIG``: what to pass to SGLang and the worker for a capture config."""
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="dgw capture-flags",
         description="Print the launch line that runs a tuned capture config: DGW_CAPTURE_CONFIG "
                     "and the speculative flags it was tuned with. The GPU / model-shape check "

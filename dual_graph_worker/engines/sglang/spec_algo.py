@@ -61,11 +61,10 @@ def validate_server_args(server_args: Any) -> None:
     # scheduler process after the weights are loaded.
     config = Settings.from_env(os.environ)
     LAUNCH[config.continuity].check_server_args(server_args)
-    if config.capture_config is not None:
-        # The file only: its GPU and model shape are checked in each scheduler process.
-        from dual_graph_worker.engines.sglang.capture_config import load_server_capture_config
+    # The files only: a capture config's GPU and model shape are checked in each scheduler.
+    from dual_graph_worker.engines.sglang.capture_config import check_setting_files
 
-        load_server_capture_config(config.capture_config)
+    check_setting_files(config)
 
 
 # The server arguments that choose an attention backend the catch-up's draft extend may run on.
