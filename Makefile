@@ -67,7 +67,7 @@ CAPTURE_CONFIG ?= $(OUT)/capture/config.json
 SPEC_MAX_BS ?=
 capture-tune: setup              ## choose pool batch sizes under budgets -> $(CAPTURE_CONFIG)
 	$(BIN)/dgw capture-tune --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) \
-	  --time-budget $(TIME_BUDGET) --distribution $(DISTRIBUTION) --accept-len $(ACCEPT_LEN) \
+	  --time-budget $(TIME_BUDGET) --distribution '$(DISTRIBUTION)' --accept-len $(ACCEPT_LEN) \
 	  $(if $(SPEC_MAX_BS),--spec-max-bs $(SPEC_MAX_BS)) --out $(CAPTURE_CONFIG)
 
 capture-report: setup            ## tables and plots of measurements + config -> $(OUT)/capture

@@ -25,18 +25,19 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dual_graph_worker import __version__
-from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.argtypes import OneLineParser, int_range
 from dual_graph_worker.core.errors import report_user_errors
 
 
 def _make_toy(argv: Sequence[str]) -> int:
-    from dual_graph_worker.core.argtypes import output_dir, positive_int, seed_int
+    from dual_graph_worker.core.argtypes import output_dir, seed_int
+    from dual_graph_worker.engines.reference.toy import TOY_MAX_HIDDEN
     ap = OneLineParser(prog="dgw make-toy-checkpoints",
                        description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
     ap.add_argument("dir", type=output_dir, help="folder to write (created if missing)")
-    ap.add_argument("--hidden", type=positive_int, default=64,
+    ap.add_argument("--hidden", type=int_range(8, TOY_MAX_HIDDEN), default=64,
                     help="hidden size = vocab size, a multiple of 8")
-    ap.add_argument("--layers", type=positive_int, default=8, help="target layers, at least 4")
+    ap.add_argument("--layers", type=int_range(4, 64), default=8, help="target layers, 4 to 64")
     ap.add_argument("--seed", type=seed_int, default=0)
     args = ap.parse_args(argv)
     from dual_graph_worker.engines.reference.toy import write_toy_checkpoints
@@ -48,14 +49,14 @@ def _make_toy(argv: Sequence[str]) -> int:
 
 
 def _profile(argv: Sequence[str]) -> int:
-    from dual_graph_worker.core.argtypes import output_dir, positive_int
+    from dual_graph_worker.core.argtypes import output_dir
     from profiling.check import sm_name
     ap = OneLineParser(
         prog="dgw profile",
         description="Profile the scripted workload (warm-up, hold spec, hold decode, alternate) "
                     "under nsys when it is on PATH, else torch.profiler; then check the profile.")
     ap.add_argument("--model", choices=["tiny", "llama3-8b"], default="tiny")
-    ap.add_argument("--bs", type=positive_int, default=8)
+    ap.add_argument("--bs", type=int_range(1, 512), default=8)
     ap.add_argument("--out", type=output_dir, default="out/profile")
     ap.add_argument("--backend", choices=["auto", "nsys", "torch"], default="auto")
     ap.add_argument("--expect-sm", type=sm_name,

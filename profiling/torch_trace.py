@@ -61,6 +61,8 @@ def load_chrome_trace(path: Path) -> Trace:
     raw_events = data.get("traceEvents", []) if isinstance(data, dict) else data
     if not isinstance(raw_events, list):
         raise ProfileInputError(f"{path} has no traceEvents list; is it a Chrome trace?")
+    if not any(isinstance(ev, dict) and "ts" in ev for ev in raw_events):
+        raise ProfileInputError(f"{path} holds no timed events: not a trace of a run")
     events: list[TraceEvent] = []
     kernel_names: dict[KernelKey, str] = {}
     gpu_ns: dict[KernelKey, int] = {}

@@ -18,8 +18,8 @@ import torch
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.core.argtypes import (OneLineParser, non_negative_int, output_file,
-                                             positive_int)
+from dual_graph_worker.core.argtypes import (OneLineParser, int_range, non_negative_int,
+                                             output_file, positive_int)
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, Reason
 from dual_graph_worker.core.simple_policies import PinnedPolicy
@@ -91,7 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m profiling.workload", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="tiny")
-    ap.add_argument("--bs", type=positive_int, default=8)
+    ap.add_argument("--bs", type=int_range(1, 512), default=8)
     ap.add_argument("--hold", type=positive_int, default=10)
     ap.add_argument("--alternate", type=positive_int, default=20)
     ap.add_argument("--warmup", type=non_negative_int, default=3)

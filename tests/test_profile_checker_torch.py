@@ -71,10 +71,14 @@ def test_gzipped_trace_and_cli(tmp_path, capsys):
     assert "no_capture_instantiate_malloc  FAIL" in capsys.readouterr().out
 
 
-def test_not_a_trace_is_an_input_error(tmp_path):
+@pytest.mark.parametrize("body", [{"traceEvents": 3}, [], {}, {"traceEvents": []},
+                                  {"traceEvents": [{"name": "no timestamp"}]}])
+def test_not_a_trace_is_an_input_error(body, tmp_path, capsys):
+    """A file with nothing timed in it is no profile to judge: one line, not a FAIL report."""
     bad = tmp_path / "t.json"
-    bad.write_text(json.dumps({"traceEvents": 3}))
+    bad.write_text(json.dumps(body))
     assert main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_real_torch_profiler_run_with_the_emitter(tmp_path):

@@ -202,6 +202,13 @@ def test_capture_flags_cli_prints_a_complete_launch_line(capsys):
     # With the model paths, the line runs as copied.
     assert flags_main([str(ACC2), "--model-path", "/m/llama", "--draft-model-path", "/m/e3"]) == 0
     assert "--model-path /m/llama --speculative-draft-model-path /m/e3 " in capsys.readouterr().out
+    # A path with a space stays one argument when the line is pasted into a shell.
+    assert flags_main([str(ACC2), "--model-path", "/my models/llama"]) == 0
+    assert "--model-path '/my models/llama' " in capsys.readouterr().out
+    # --server-args prints no paths: asking for both is one line, not a silent drop.
+    with pytest.raises(SystemExit) as stop:
+        dgw_main(["capture-flags", "--server-args", str(ACC2), "--model-path", "/m"])
+    assert stop.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
 def test_capture_flags_cli_fails_cleanly_on_a_bad_file(tmp_path, capsys):

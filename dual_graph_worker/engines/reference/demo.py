@@ -20,7 +20,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.core.argtypes import OneLineParser, int_list, positive_float, positive_int, unit_float
+from dual_graph_worker.core.argtypes import (OneLineParser, int_list, int_range, positive_float,
+                                             positive_int, unit_float)
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
@@ -69,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="x concurrency (> 0)")
     ap.add_argument("--agreement", choices=sorted(AGREEMENT_LEVELS), default="f50",
                     help="toy draft: share of tokens where it agrees with the target")
-    ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
+    ap.add_argument("--num-draft-tokens", type=int_range(1, 8), default=3,
+                    help="draft tokens a speculative step proposes (an EAGLE-3 chain's steps)")
     # As a server's requests do: with equal lengths a non-speculative batch finishes in lockstep
     # and refills in one prefill, while a speculative one refills request by request.
     ap.add_argument("--output-spread", type=unit_float, default=0.5,

@@ -9,6 +9,7 @@ match it (``dgw capture-flags``). Nothing here imports SGLang. docs/sglang-0.5.1
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Sequence
@@ -52,12 +53,13 @@ class CaptureFlags(NamedTuple):
 
     def render(self, capture: ServingCapture, target: str = _TARGET,
                draft: str = _DRAFT) -> str:
-        env = " ".join(f"{name}={value}" for name, value in self.env)
+        env = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.env)
         lines = [f"# spec pool bs={list(capture.spec_bs)}, decode pool bs="
                  f"{list(capture.decode_bs)}: the plugin applies both at start-up; the goodput "
                  "controller chooses the mode per step",
-                 f"{env} python -m sglang.launch_server --model-path {target} "
-                 f"--speculative-draft-model-path {draft} {' '.join(self.server_args)}",
+                 f"{env} python -m sglang.launch_server --model-path {shlex.quote(target)} "
+                 f"--speculative-draft-model-path {shlex.quote(draft)} "
+                 f"{' '.join(self.server_args)}",
                  f"# tuned on {capture.gpu.describe()} for model shape "
                  f"{capture.model.fingerprint}, accept length {capture.accept_len:g}; measured "
                  + ("on this worker's SGLang graphs (make capture-measure ENGINE=sglang)"
@@ -166,6 +168,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--draft-model-path", default=_DRAFT,
                     help="the EAGLE-3 draft model, for the line")
     args = ap.parse_args(argv)
+    if args.server_args and (args.model_path != _TARGET or args.draft_model_path != _DRAFT):
+        ap.error("--server-args prints only the speculative flags; drop --model-path and "
+                 "--draft-model-path, or --server-args for the whole launch line")
     path = str(Path(args.config).resolve())   # the server may start from another directory
     capture = load_capture(path)    # a ConfigError here is one line from `dgw`
     flags = capture_flags(capture, path)
