@@ -115,7 +115,7 @@ COMPARE_DISTRIBUTION ?= served
 capture-compare:                 ## GPU: tuned config vs default lists on SGLang -> $(OUT)/capture-compare
 	$(GPU_PY) -m bench.sglang.capture_compare --out $(OUT)/capture-compare \
 	  --measurements $(MEASUREMENTS) --memory-budget $(MEMORY_BUDGET) --accept-len $(ACCEPT_LEN) \
-	  --distribution $(COMPARE_DISTRIBUTION) $(if $(SPEC_MAX_BS),--spec-max-bs $(SPEC_MAX_BS))
+	  --distribution '$(COMPARE_DISTRIBUTION)' $(if $(SPEC_MAX_BS),--spec-max-bs $(SPEC_MAX_BS))
 
 PROFILE_MODEL ?= llama3-8b
 EXPECT_SM ?=

@@ -54,7 +54,7 @@ def _need_measurements(path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="dgw capture",
+    p = OneLineParser(prog="python -m capture.cli",
                       description="Choose and report CUDA graph pool batch sizes.")
     sub = p.add_subparsers(dest="command", required=True)
 

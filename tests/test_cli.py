@@ -327,6 +327,33 @@ def test_a_path_the_command_cannot_use_an_interrupt_and_a_bug_each_end_as_they_s
     with pytest.raises(OSError, match="a socket closed"):
         report_user_errors(broken)
 
+    def too_many_files():
+        raise OSError(24, "Too many open files", "/etc/hosts")
+
+    with pytest.raises(OSError, match="Too many open files"):
+        report_user_errors(too_many_files)        # names a path, but no path is the fix
+
+
+def test_a_broken_pipe_is_quiet_only_when_it_is_stdouts(capsys, monkeypatch):
+    from dual_graph_worker.core.errors import report_user_errors
+
+    def socket_gone():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        report_user_errors(socket_gone)          # stdout still flushes: not the reader's going
+
+    class Gone:
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            raise ValueError("no descriptor")
+
+    monkeypatch.setattr("sys.stdout", Gone())
+    assert report_user_errors(socket_gone) == 141
+    assert capsys.readouterr().err == ""
+
 
 def test_a_settings_file_that_is_not_text_is_one_line(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "dgw.json"
@@ -358,3 +385,27 @@ def test_the_demos_dynamic_worker_takes_dgw_continuity(monkeypatch):
                              calib_context=8,
                              settings=Settings(continuity=Continuity.KEEP_CURRENT)))
     assert asked["dynamic"] is Continuity.KEEP_CURRENT
+
+
+def test_an_interrupted_demo_keeps_the_phases_it_finished(tmp_path, monkeypatch, capsys):
+    """The demo's JSON is rewritten after every phase: a Ctrl-C in phase 1 keeps phase 0."""
+    import json
+
+    from dual_graph_worker.engines.reference import demo
+
+    calls = []
+    real = demo.run_side_by_side
+
+    def interrupt_in_phase_1(runs):
+        calls.append(1)
+        if len(calls) == 3:                       # the warm-up, phase 0, then phase 1
+            raise KeyboardInterrupt
+        return real(runs)
+
+    monkeypatch.setattr(demo, "run_side_by_side", interrupt_in_phase_1)
+    out = tmp_path / "demo"
+    rc = dgw(["demo", "--ramp", "1,2", "--output-len", "4", "--input-len", "4", "--hidden", "64",
+              "--requests-per-phase", "1", "--out", str(out)])
+    assert rc == 130 and capsys.readouterr().err.endswith("interrupted\n")
+    written = json.loads((out / "demo.json").read_text())
+    assert written["complete"] is False and [p["concurrency"] for p in written["phases"]] == [1]

@@ -116,12 +116,11 @@ def test_assignments_are_checked_as_the_worker_checks_its_environment():
         assignments(["DGW_SPEC_MAX_BS=0"])
 
 
-def test_a_variable_may_fix_what_the_settings_file_alone_gets_wrong(tmp_path, monkeypatch):
+def test_a_variable_may_fix_what_the_settings_file_alone_gets_wrong(tmp_path):
     """The file and the variables are checked together: a cycle policy with no dwell in the
     file is valid once DGW_MIN_DWELL sets one."""
     path = tmp_path / "dgw.json"
     path.write_text(json.dumps({"policy": "cycle", "min_dwell_steps": 0}))
-    monkeypatch.setenv("DGW_CONFIG", str(path))
     with pytest.raises(ConfigError, match="DGW_MIN_DWELL"):
         Settings.from_env({"DGW_CONFIG": str(path)})
     got = Settings.from_env({"DGW_CONFIG": str(path), "DGW_MIN_DWELL": "3"})

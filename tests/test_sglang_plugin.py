@@ -292,20 +292,22 @@ def test_ledger_drops_a_mismatched_result_instead_of_mislabelling():
     assert ledger.mismatches == 1 and ledger.in_flight == 0
 
 
-def test_ledger_resyncs_after_a_lost_result():
+@pytest.mark.parametrize("depth", [1, 2])
+def test_ledger_drops_a_launch_whose_result_was_lost(depth):
     """A launch whose result never came would pair every later result with the launch before
-    its own: a result of another size pairs with the oldest launch of its size instead."""
-    ledger = StepLedger()
-    ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.GOODPUT))      # its result is lost
+    its own, batch sizes alike: a result finds at most `depth` launches pending (2 under
+    overlap: its own and the next), and older ones are dropped."""
+    ledger = StepLedger(depth=depth)
+    ledger.launched(StepPlan(Mode.SPEC, 3, 4, True, Reason.GOODPUT))      # its result is lost
     ledger.launched(StepPlan(Mode.DECODE, 3, 4, True, Reason.GOODPUT))
-    ledger.launched(StepPlan(Mode.SPEC, 3, 4, True, Reason.GOODPUT))
+    if depth == 2:
+        ledger.launched(StepPlan(Mode.SPEC, 3, 4, True, Reason.GOODPUT))  # overlap: launched next
     done = ledger.completed([0, 0, 0], batch_size=3)
     assert done.record.mode is Mode.DECODE and ledger.mismatches == 1
-    done = ledger.completed([2, 2, 2], batch_size=3)
-    assert done.record.mode is Mode.SPEC and done.record.tokens == 9
-    # A result that disagrees with its own batch size consumes its launch, pairing nothing.
-    ledger.launched(StepPlan(Mode.SPEC, 2, 2, True, Reason.GOODPUT))
-    assert ledger.completed([1, 1], batch_size=3) is None and ledger.in_flight == 0
+    if depth == 2:
+        done = ledger.completed([2, 2, 2], batch_size=3)
+        assert done.record.mode is Mode.SPEC and done.record.tokens == 9
+    assert ledger.in_flight == 0 and ledger.mismatches == 1
 
 
 def test_ledger_bounds_in_flight_entries():
@@ -610,12 +612,20 @@ def test_validator_rejects_adaptive_with_the_flag_to_drop(registered, tmp_path):
                    speculative_draft_model_path=str(draft), speculative_adaptive=True)
 
 
-def test_validator_rejects_bad_worker_settings_at_launch(registered, tmp_path, monkeypatch):
+@pytest.mark.parametrize("env, value, want", [
+    ("DGW_POLICY", "always", "DGW_POLICY"),
+    ("DGW_CALIBRATION", "{missing}", "DGW_CALIBRATION=.*cannot read calibration table"),
+    ("DGW_CAPTURE_CONFIG", "{missing}", "DGW_CAPTURE_CONFIG=.*cannot read capture config"),
+])
+def test_validator_rejects_bad_worker_settings_at_launch(env, value, want, registered, tmp_path,
+                                                         monkeypatch):
+    """Before any weight loads: a bad DGW_* value, or a file a setting names that cannot be
+    read (the scheduler would read it only after the weights)."""
     from sglang.srt.server_args import ServerArgs
 
     target, draft = _toy_configs(tmp_path)
-    monkeypatch.setenv("DGW_POLICY", "always")
-    with pytest.raises(ConfigError, match="DGW_POLICY"):
+    monkeypatch.setenv(env, value.format(missing=tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match=want):
         ServerArgs(model_path=str(target), device="cuda", load_format="dummy",
                    skip_tokenizer_init=True, speculative_algorithm="DUAL_GRAPH_EAGLE3",
                    speculative_draft_model_path=str(draft))
@@ -865,7 +875,7 @@ def test_server_info_carries_the_workers_counters(registered, bare_sglang_worker
     state = result.internal_state[hooks.STATE_KEY]
     assert state["steps"] == {"spec": 1, "decode": 1} and state["switches"] == 1
     assert state["spec_accept_len"] == 3.0 and state["output_tokens"] == 8
-    assert state["unpaired_results"] == 0
+    assert state["unpaired_steps"] == 0
     assert state["policy"] == "goodput" and result.internal_state["memory_usage"] == 1
     assert "estimates" not in state                 # a threshold has no cost model to show
     assert state["pools"] == {"spec_bs": list(w.planner.table.spec_sizes),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Any, Callable
@@ -35,25 +36,50 @@ class StaleConfig(DualGraphError):
     """A capture config was measured on another GPU or model shape."""
 
 
+# A path's problem the user can fix; any other OSError is a bug or the system's, traceback kept.
+_PATH_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+                          errno.EROFS, errno.ENOSPC})
+
+
 def report_user_errors(fn: Callable[..., int], *args: Any, **kwargs: Any) -> int:
     """`fn(*args, **kwargs)`, for a command's entry point: a DualGraphError (an error a user can
     act on) becomes one stderr line `error: <message>` naming the problem and the fix, no
-    traceback, and exit status 2; so does a file the command cannot read or write, and an
-    interrupt (Ctrl-C) one line and status 130."""
+    traceback, and exit status 2; so does a path the command cannot use. An interrupt (Ctrl-C)
+    is one line and status 130; a reader of stdout that went away (`| head`), a quiet 141."""
     try:
         return fn(*args, **kwargs)
     except DualGraphError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:               # the reader went away (`| head`): nothing to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
         return 141
     except OSError as exc:
-        if exc.filename is None:          # not a path's problem: a bug or the system's
+        if exc.filename is None or exc.errno not in _PATH_ERRNOS:
             raise
-        print(f"error: cannot use {exc.filename}: {exc.strerror or exc}; pass a path this "
-              "user can read or write", file=sys.stderr)
+        where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        fix = "free space on that disk" if exc.errno == errno.ENOSPC else \
+            "pass a path this user can read or write"
+        print(f"error: cannot use {where}: {exc.strerror}; {fix}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away; if so stdout is pointed at the null device, so the
+    interpreter's own flush at exit stays quiet."""
+    try:
+        sys.stdout.flush()
+        return False
+    except BrokenPipeError:
+        pass
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):          # no file descriptor behind stdout (a capture)
+        pass
+    return True

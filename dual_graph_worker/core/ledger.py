@@ -39,14 +39,18 @@ class StepLedger:
     """FIFO of launched decode steps, completed in launch order by their accept counts.
 
     Accept counts come back per processed decode result, in launch order (one step late under
-    overlap scheduling); decode-mode steps report zeros (accept length 1). A result whose batch
-    size does not match the oldest launch means that launch's result was lost: the ledger pairs
-    it with the oldest launch of its size and drops the launches before it, and drops the
-    result where none matches, rather than mislabel a step or stay one step off.
+    overlap scheduling); decode-mode steps report zeros (accept length 1). A result finds at
+    most `depth` launches pending (its own, and under overlap the next one); any older ones
+    lost their results and are dropped, so one lost result never leaves every later step
+    paired one off. A result whose batch size does not match its launch means the pairing is
+    lost: the ledger drops both rather than mislabel the step. `mismatches` counts the steps
+    so left unpaired.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time, max_in_flight: int = 8) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, max_in_flight: int = 8,
+                 depth: int = 2) -> None:
         self._clock = clock
+        self._depth = depth
         self._pending: Deque[_Launched] = deque(maxlen=max_in_flight)
         self._next_step = 0
         self.mismatches = 0
@@ -66,16 +70,14 @@ class StepLedger:
                   batch_size: int) -> Optional[CompletedStep]:
         if not self._pending:
             return None
-        n = len(num_correct_drafts_per_req)
-        entry = self._pending.popleft()
-        if entry.plan.bs != n or (batch_size and batch_size != n):
+        while len(self._pending) > self._depth:       # launches whose results were lost
+            self._pending.popleft()
             self.mismatches += 1
-            if batch_size and batch_size != n or all(e.plan.bs != n for e in self._pending):
-                return None
-            entry = self._pending.popleft()
-            while entry.plan.bs != n:        # the launches before it lost their results
-                entry = self._pending.popleft()
-                self.mismatches += 1
+        entry = self._pending.popleft()
+        n = len(num_correct_drafts_per_req)
+        if n != entry.plan.bs or (batch_size and batch_size != entry.plan.bs):
+            self.mismatches += 1
+            return None
         # Each request's tokens, the bonus one included: mapped in C over SGLang's list.
         counts = num_correct_drafts_per_req
         if type(counts) is not list:

@@ -143,7 +143,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._draft_sync = DraftSyncGraphs(runner=None)
         # NVTX step ranges and the profiling window of this scheduler process (one per TP rank).
         self._spans = nvtx_spans.StepSpans.from_settings(self.settings)
-        self._ledger = StepLedger()
+        # Under overlap a result finds its own launch and the next one pending, else its own.
+        self._ledger = StepLedger(
+            depth=1 if getattr(server_args, "disable_overlap_schedule", False) else 2)
         self._clock: ResultClock = ResultClock()
         self.counters = WorkerCounters()
         self._metrics: Optional[PrometheusSeries] = (
@@ -566,8 +568,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def dgw_internal_state(self) -> dict:
         """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
-        # Results that could not be paired with their launch (each one step's accounting lost).
-        state = self.counters.to_json() | {"unpaired_results": self._ledger.mismatches}
+        # Steps whose accepted tokens never reached the controller (a lost or mismatched result).
+        state = self.counters.to_json() | {"unpaired_steps": self._ledger.mismatches}
         if self.planner is not None:
             p, table = self.planner.policy.state(), self.planner.table
             state |= {"policy": self.settings.policy.value,
