@@ -51,3 +51,14 @@ def test_a_result_that_never_came_back_falls_off_the_front():
         rc.launched(tag)
     assert rc.in_flight == 2 and rc.peek() == "b"
     assert rc.processed()[0] == "b"
+
+
+def test_a_launch_older_than_a_result_can_find_is_dropped():
+    """Under overlap a result finds its own launch and the next pending: an older one lost its
+    result, and pairing past it would give every later batch the one before it's cost."""
+    now = Clock()
+    rc = ResultClock(clock=now, depth=2)
+    for tag in "abc":                  # a's result never comes
+        rc.launched(tag)
+    assert rc.processed()[0] == "b" and rc.peek() == "c"
+    assert rc.processed()[0] == "c" and rc.in_flight == 0

@@ -20,8 +20,11 @@ T = TypeVar("T")
 
 class ResultClock(Generic[T]):
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
-                 max_in_flight: int = 8) -> None:
+                 max_in_flight: int = 8, depth: Optional[int] = None) -> None:
         self._clock = clock
+        # A result finds at most `depth` launches pending (its own, and under overlap the next
+        # one): older ones never had theirs processed and are dropped (None: never).
+        self._depth = depth
         # A result that never came back (the scheduler dropped it) falls off the front rather
         # than pair every later result with the wrong launch.
         self._launched: Deque[tuple[T, float]] = deque(maxlen=max_in_flight)
@@ -36,6 +39,8 @@ class ResultClock(Generic[T]):
         if not self._launched:
             self._last_processed = now
             return None
+        while self._depth is not None and len(self._launched) > self._depth:
+            self._launched.popleft()
         tag, t_launch = self._launched.popleft()
         cost = now - max(self._last_processed, t_launch)
         self._last_processed = now

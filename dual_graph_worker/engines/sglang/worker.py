@@ -144,9 +144,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # NVTX step ranges and the profiling window of this scheduler process (one per TP rank).
         self._spans = nvtx_spans.StepSpans.from_settings(self.settings)
         # Under overlap a result finds its own launch and the next one pending, else its own.
-        self._ledger = StepLedger(
-            depth=1 if getattr(server_args, "disable_overlap_schedule", False) else 2)
-        self._clock: ResultClock = ResultClock()
+        depth = 1 if getattr(server_args, "disable_overlap_schedule", False) else 2
+        self._ledger = StepLedger(depth=depth)
+        self._clock: ResultClock = ResultClock(depth=depth)
         self.counters = WorkerCounters()
         self._metrics: Optional[PrometheusSeries] = (
             PrometheusSeries({"tp_rank": str(get_parallel().tp_rank)})
