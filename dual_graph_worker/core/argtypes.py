@@ -76,6 +76,20 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def int_list_up_to(hi: int) -> Callable[[str], list[int]]:
+    """Comma-separated integers in [1, hi]."""
+
+    def parse(text: str) -> list[int]:
+        values = int_list(text)
+        if max(values) > hi:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers in [1, {hi}], got {text!r}")
+        return values
+
+    parse.__name__ = f"integers in [1, {hi}]"
+    return parse
+
+
 def name_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
     """Comma-separated names, each one of `choices`, no repeats."""
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.core.argtypes import OneLineParser, positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, int_range, positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
                                                          run_side_by_side)
@@ -197,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", type=_phase_list, default="easy,hard,easy,hard",
                     help="the cycle new prompts end in, per phase: easy or hard, comma-separated")
-    ap.add_argument("--concurrency", type=positive_int, default=8)
+    ap.add_argument("--concurrency", type=int_range(1, 256), default=8)
     ap.add_argument("--requests-per-phase", type=positive_int, default=96)
     add_toy_run_args(ap, out="out/accept-shift")
     return ap

@@ -21,8 +21,9 @@ import torch
 
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
-from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_list, name_list,
-                                             output_dir, positive_float, positive_int)
+from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_list_up_to,
+                                             int_range, name_list, output_dir, positive_float,
+                                             positive_int)
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
@@ -128,13 +129,13 @@ def _parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="dgw bench", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="llama3-8b")
-    ap.add_argument("--concurrency", type=int_list, default="1,2,4,8,16,32,64,128,256",
+    ap.add_argument("--concurrency", type=int_list_up_to(512), default="1,2,4,8,16,32,64,128,256",
                     help="comma-separated integers >= 1")
     ap.add_argument("--input-len", type=positive_int, default=256)
     ap.add_argument("--output-len", type=positive_int, default=256)
     ap.add_argument("--requests-per-level", type=positive_float, default=1.0,
                     help="requests per concurrency level, as a multiple of the concurrency")
-    ap.add_argument("--num-draft-tokens", type=positive_int, default=3)
+    ap.add_argument("--num-draft-tokens", type=int_range(1, 8), default=3)
     ap.add_argument("--accept-len", type=positive_int, default=3,
                     help="forced accepted length (1..K+1)")
     ap.add_argument("--spec-max-bs", type=positive_int, default=256,

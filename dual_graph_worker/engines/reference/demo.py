@@ -20,8 +20,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dual_graph_worker.core.argtypes import (OneLineParser, int_list, int_range, positive_float,
-                                             positive_int, unit_float)
+from dual_graph_worker.core.argtypes import (OneLineParser, int_list_up_to, int_range,
+                                             positive_float, unit_float)
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
@@ -64,7 +64,7 @@ def _plot(result: dict, path: Path) -> None:
 def _parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="dgw demo", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ramp", type=int_list, default="1,4,16,32,16,4,1",
+    ap.add_argument("--ramp", type=int_list_up_to(256), default="1,4,16,32,16,4,1",
                     help="concurrency of each phase, comma-separated integers >= 1")
     ap.add_argument("--requests-per-phase", type=positive_float, default=4.0,
                     help="x concurrency (> 0)")
