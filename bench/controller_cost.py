@@ -103,8 +103,8 @@ def main(argv=None) -> int:
     settings = Settings(sync_every=args.sync_every)
     rows = []
     joins = "" if args.steady else " + Admitted as requests replace finished ones"
-    print(f"{'bs':>5} {'median us':>10} {'mean us':>8} {'p99 us':>8} {'spec':>5}  (plan + StepTime + "
-          f"Accepted{joins}, one step; the mean includes the exchange every {args.sync_every} "
+    print(f"{'bs':>5} {'median us':>10} {'mean us':>8} {'p99 us':>8} {'spec':>5}  "
+          f"(plan + StepTime + Accepted{joins}, one step; the mean includes the exchange every {args.sync_every} "
           "steps; spec: the share of steps speculating)")
     for bs in (1, 16, 64, 256):
         s, spec = per_step_us(bs, args.steps, settings, turnover=not args.steady)

@@ -130,7 +130,8 @@ def _run_dir(text: str) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = OneLineParser(prog="python -m profiling.stall_report", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m profiling.stall_report",
+                      description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=_run_dir)
     p.add_argument("--name", default="dual-bench", help="the engine's log suffix")
     p.add_argument("--top", type=positive_int, default=5, help="longest gaps to list")

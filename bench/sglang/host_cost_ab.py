@@ -9,8 +9,8 @@ the B/A ratio per pair, writes JSON and a plot.
 
 A_DIR, B_DIR: checkouts of the two versions (e.g. `git worktree add /tmp/a REF`). --gap-ms
 sleeps before each step, as a GPU step's wait would: the path then meets cold caches. Each
-checkout's `host_cost` uses its own graph lists: before f3ba4ed its spec pool ended at 48, so
-bs 64 there times the decode path and is no match for a later checkout's bs 64.
+checkout's `host_cost` uses its own graph lists: where an older one's spec pool ends below a
+batch size, that row times the decode path and is no match for the other's.
 """
 
 from __future__ import annotations

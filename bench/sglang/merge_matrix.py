@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BEFORE, cell_key, fill_from,
-                                       heatmap, matrix_report, merged_workloads,
+from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BEFORE, cell_key,
+                                       fill_from, heatmap, matrix_report, merged_workloads,
                                        per_cell_median, ratios, readings, repeated,
                                        with_rounds_asked)
 

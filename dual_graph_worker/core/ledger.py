@@ -59,8 +59,7 @@ class StepLedger:
                  host_s: float = 0.0, launch_s: float = 0.0) -> int:
         step = self._next_step
         self._next_step += 1
-        # Overlap scheduling keeps at most two results in flight; anything older was never
-        # reported (e.g. a result the scheduler dropped) and would shift every later pairing.
+        # Bounded even if no result ever comes back (completed trims to `depth` as one does).
         if len(self._pending) == self._pending.maxlen:
             self.mismatches += 1
         self._pending.append(_Launched(step, plan, self._clock(), rows, host_s, launch_s))

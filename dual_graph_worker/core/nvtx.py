@@ -119,9 +119,7 @@ class Annotator:
 
     @classmethod
     def from_environment(cls) -> "Annotator":
-        setting = BY_KEY["nvtx"]
-        raw = os.environ.get(setting.env)
-        if not (setting.default if raw is None else setting.parse(raw, setting.env)):
+        if not BY_KEY["nvtx"].read(os.environ):
             return cls(None, None)
         found = _nvtx_package_backend() or _torch_nvtx_backend()
         backend = found[0] if found is not None and found[1] else None

@@ -65,6 +65,12 @@ class Setting:
                                   f"expected {self.expects()}")
         return value
 
+    def read(self, environ: Mapping[str, str]) -> Any:
+        """This setting's value in `environ` alone (empty or unset: its default), parsed as
+        `Settings.from_env` parses it: for a reader that needs one setting before the rest."""
+        raw = environ.get(self.env, "")
+        return self.default if raw == "" else self.parse(raw, self.env)
+
     def expects(self) -> str:
         if isinstance(self.kind, type) and issubclass(self.kind, enum.Enum):
             return "one of " + ", ".join(m.value for m in self.kind)

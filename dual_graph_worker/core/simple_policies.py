@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-import numpy as np
-
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import (Accepted, Decision, DwellState, Observation,
@@ -47,7 +45,7 @@ class _Observing:
 
     def observe(self, event: Observation) -> None:
         if isinstance(event, Accepted) and event.mode is Mode.SPEC and len(event.accept_lens):
-            self._ema.update(float(np.mean(event.accept_lens)))
+            self._ema.update(event.total / len(event.accept_lens))
 
     def exchange(self, reduce: Reducer) -> None:
         pass

@@ -25,8 +25,7 @@ class ResultClock(Generic[T]):
         # A result finds at most `depth` launches pending (its own, and under overlap the next
         # one): older ones never had theirs processed and are dropped (None: never).
         self._depth = depth
-        # A result that never came back (the scheduler dropped it) falls off the front rather
-        # than pair every later result with the wrong launch.
+        # Bounded even if no result ever comes back.
         self._launched: Deque[tuple[T, float]] = deque(maxlen=max_in_flight)
         self._last_processed = -float("inf")
 

@@ -26,18 +26,17 @@ from typing import Optional
 
 import numpy as np
 
-from dual_graph_worker.core.errors import DualGraphError, report_user_errors
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
-from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
-                                                         run_side_by_side)
+from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
-from dual_graph_worker.engines.reference.toy import toy_configs
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           check_toy_settings, toy_engine_spec)
 from dual_graph_worker.core.provenance import checkout_commit
-from dual_graph_worker.engines.reference.toy_args import add_toy_run_args
+from dual_graph_worker.engines.reference.toy_args import (add_toy_run_args, needed_context,
+                                                          toy_context)
 
 KINDS = ("easy", "hard")
 # Requests finish at different steps, so the batch's mix turns gradually.
@@ -127,8 +126,7 @@ def _shift_run(worker, cfg: ShiftConfig, pools: dict, easy: np.ndarray) -> tuple
 def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> dict:
     ckpt, perms, easy = write_two_cycle_checkpoints(
         Path(tempfile.mkdtemp(prefix="dgw-shift-")), hidden=cfg.hidden)
-    context = (cfg.input_len + output_range(cfg.output_len, OUTPUT_SPREAD)[1]
-               + cfg.num_draft_tokens + 4)
+    context = needed_context(cfg.input_len, cfg.output_len, OUTPUT_SPREAD, cfg.num_draft_tokens)
     spec = toy_engine_spec(cfg.device, cfg.num_draft_tokens, cfg.concurrency, context)
     easy_np = easy.numpy()
     pools = {"easy": np.flatnonzero(easy_np), "hard": np.flatnonzero(~easy_np)}
@@ -215,15 +213,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     cfg = ShiftConfig(tuple(args.phases), args.concurrency, args.requests_per_phase,
                       args.input_len, args.output_len, args.hidden, device=args.device)
-    try:
-        limit = toy_configs(cfg.hidden)[0].max_position_embeddings
-    except DualGraphError as exc:
-        ap.error(f"--hidden: {exc}")
-    context = cfg.input_len + output_range(cfg.output_len, OUTPUT_SPREAD)[1] \
-        + cfg.num_draft_tokens + 4
-    if context > limit:
-        ap.error(f"--input-len + the longest output + the draft tokens + 4 = {context} is over "
-                 f"the toy model's context of {limit}; lower --input-len or --output-len")
+    toy_context(ap, cfg.hidden, cfg.input_len, cfg.output_len, OUTPUT_SPREAD,
+                cfg.num_draft_tokens, "--input-len or --output-len")
     return report_user_errors(_run, cfg, Path(args.out), argv)
 
 

@@ -22,17 +22,16 @@ import torch
 
 from dual_graph_worker.core.argtypes import (OneLineParser, int_list_up_to, int_range,
                                              positive_float, unit_float)
-from dual_graph_worker.core.errors import DualGraphError, report_user_errors
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
-from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
-                                                     toy_permutations, write_toy_checkpoints)
-from dual_graph_worker.engines.reference.loadgen import (Phase, PhaseRun, output_range,
-                                                         run_side_by_side)
+from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
+                                                     write_toy_checkpoints)
+from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           check_toy_settings, toy_engine_spec)
 from dual_graph_worker.core.provenance import checkout_commit
-from dual_graph_worker.engines.reference.toy_args import add_toy_run_args
+from dual_graph_worker.engines.reference.toy_args import add_toy_run_args, toy_context
 
 
 def _plot(result: dict, path: Path) -> None:
@@ -82,18 +81,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = _parser()
-    args = ap.parse_args(argv)   # bad values: usage and one error line, exit 2
-    try:
-        target_cfg, _ = toy_configs(args.hidden)
-    except DualGraphError as exc:
-        ap.error(f"--hidden: {exc}")
-    longest = output_range(args.output_len, args.output_spread)[1]
-    context = args.input_len + longest + args.num_draft_tokens + 4
-    if context > target_cfg.max_position_embeddings:
-        ap.error(f"--input-len + the longest output ({longest}) + --num-draft-tokens + 4 = "
-                 f"{context} is over the toy model's context of "
-                 f"{target_cfg.max_position_embeddings}; lower --input-len, --output-len or "
-                 "--output-spread")
+    args = ap.parse_args(argv)   # bad values: one error line, exit 2
+    context = toy_context(ap, args.hidden, args.input_len, args.output_len, args.output_spread,
+                          args.num_draft_tokens, "--input-len, --output-len or --output-spread")
     return report_user_errors(_run, args, argv, context)
 
 

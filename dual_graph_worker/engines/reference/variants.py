@@ -22,7 +22,7 @@ from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.settings import MEASURE, Settings
+from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings
 from dual_graph_worker.engines.reference.build import EngineSpec
 from dual_graph_worker.engines.reference.calibration import calibrate
 from dual_graph_worker.engines.reference.weights import named_sizes
@@ -110,9 +110,10 @@ def toy_engine_spec(device: str, num_draft_tokens: int, max_requests: int,
 def check_toy_settings(settings: Settings) -> None:
     """ConfigError for a DGW_* setting a toy model cannot honour: files tuned for a server's
     model (the toy sizes and calibrates its own pools)."""
-    for env, given in (("DGW_CAPTURE_CONFIG", settings.capture_config is not None),
-                       ("DGW_CALIBRATION", settings.calibration != MEASURE)):
+    for key, given in (("capture_config", settings.capture_config is not None),
+                       ("calibration", settings.calibration != MEASURE)):
         if given:
+            env = BY_KEY[key].env
             raise ConfigError(f"{env} names a file tuned for a server's model; the toy model "
                               f"sizes and calibrates its own pools: unset {env}")
 
@@ -121,8 +122,8 @@ def build_trio(make_engine: Callable[[], object], sizes: PoolSizes, *, cuda: boo
                calib_context: int, settings: Settings = Settings()) -> Iterator[BuiltWorker]:
     """The TRIO, built quietly, each on its own engine from `make_engine()` (they take turns
     step by step, each with its own KV cache); yields each worker once it is ready. The dynamic
-    worker's continuity is DGW_CONTINUITY's; its pools and prior are the toy model's own."""
-    check_toy_settings(settings)
+    worker's continuity is DGW_CONTINUITY's; its pools and prior are the toy model's own
+    (check_toy_settings refuses the settings that name others)."""
     for name in TRIO:
         yield build_variant(name, make_engine(), sizes, use_cuda_graphs=cuda, settings=settings,
                             dynamic_continuity=settings.continuity,

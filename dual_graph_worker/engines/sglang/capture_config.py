@@ -24,6 +24,7 @@ from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
 CAPTURE_CONFIG_ENV = BY_KEY["capture_config"].env
 THRESHOLD_ENV = BY_KEY["threshold"].env
+CALIBRATION_ENV = BY_KEY["calibration"].env
 # Placeholders of a launch line printed without the models' paths.
 _TARGET, _DRAFT = "TARGET", "EAGLE3_DRAFT"
 
@@ -115,8 +116,8 @@ def check_setting_files(config: Settings) -> None:
         try:
             CalibrationTable.load(config.calibration)
         except ConfigError as exc:
-            raise ConfigError(f"DGW_CALIBRATION={config.calibration}: {exc}; or unset "
-                              "DGW_CALIBRATION to measure the prior at start-up") from exc
+            raise ConfigError(f"{CALIBRATION_ENV}={config.calibration}: {exc}; or unset "
+                              f"{CALIBRATION_ENV} to measure the prior at start-up") from exc
 
 
 def plan_capture(config: Settings, capture: ServingCapture, explicit: AbstractSet[str],

@@ -33,8 +33,7 @@ def register() -> None:
 def _register() -> None:
     check_sglang_version(installed_sglang_version())
     # Parsed as the worker parses it ("none" or blank: unset), so the two agree.
-    setting = BY_KEY["capture_probe"]
-    probe = setting.parse(os.environ.get(setting.env), setting.env)
+    probe = BY_KEY["capture_probe"].read(os.environ)
     if probe:
         # Before any model runner exists: the target's graphs are captured before the worker.
         # Idempotent, as registration is.
