@@ -80,7 +80,7 @@ capture-flags: setup             ## SGLang flags + DGW_* env that run $(CAPTURE_
 	$(BIN)/dgw capture-flags $(CAPTURE_CONFIG) $(FLAGS_ARGS)
 
 controller-cost: setup          ## host time of one controller decision -> $(OUT)/controller-cost.json
-	$(BIN)/python -m bench.controller_cost --out $(OUT)/controller-cost.json
+	$(BIN)/python -m bench.controller_cost --both --out $(OUT)/controller-cost.json
 
 host-cost: setup-test           ## the SGLang worker's own host time per step -> $(OUT)/host-cost.json
 	$(BIN)/python -m bench.sglang.host_cost --step-log --opcodes 300 --out $(OUT)/host-cost.json

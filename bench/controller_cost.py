@@ -2,10 +2,12 @@
 plan (decide + commit; an exchange every sync_every steps), one StepTime and one Accepted
 observation, and an Admitted one as requests replace finished ones, at the batch sizes a server
 runs with SGLang's default graph lists, over growing contexts. CPU only; prints a table, writes
-JSON.
+JSON. Each round measures every batch size in turn (with --both, each with and without request
+turnover), so a host's slow spell or cold start falls on all of them alike and shows as the
+spread of the rounds' medians.
 
     python -m bench.controller_cost [--out out/controller-cost.json] [--steps 20000]
-                                    [--sync-every N] [--steady]
+                                    [--sync-every N] [--rounds 3] [--steady | --both]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dual_graph_worker.core.provenance import checkout_commit
 
 
 ROWS = 512                                # request rows (SGLang's max running requests here)
+BATCHES = (1, 16, 64, 256)
 
 
 def planner(settings: Settings = Settings()) -> StepPlanner:
@@ -90,36 +93,56 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.controller_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/controller-cost.json")
-    ap.add_argument("--steps", type=int, default=20000)
-    ap.add_argument("--steady", action="store_true",
-                    help="no request turnover: the batch never changes (the lower bound)")
+    ap.add_argument("--steps", type=int, default=20000, help="steps a batch size a round")
+    ap.add_argument("--rounds", type=int, default=3)
+    batch = ap.add_mutually_exclusive_group()
+    batch.add_argument("--steady", action="store_true",
+                       help="no request turnover: the batch never changes (the lower bound)")
+    batch.add_argument("--both", action="store_true",
+                       help="with and without turnover, alternated in each round")
     ap.add_argument("--sync-every", type=int, default=Settings().sync_every,
                     help="steps between exchanges (DGW_SYNC_EVERY; default %(default)s)")
     args = ap.parse_args(argv)
     if args.steps < 100:
         ap.error("--steps must be at least 100")
+    if not 1 <= args.rounds <= 20:
+        ap.error("--rounds must be in 1..20")
     if not 1 <= args.sync_every <= 1024:
         ap.error("--sync-every must be in 1..1024 (DGW_SYNC_EVERY's range)")
     settings = Settings(sync_every=args.sync_every)
+    variants = (True, False) if args.both else (not args.steady,)
+    samples = {(t, bs): [] for t in variants for bs in BATCHES}
+    medians = {key: [] for key in samples}
+    spec = {}
+    for _ in range(args.rounds):
+        for bs in BATCHES:
+            for turnover in variants:
+                s, spec[turnover, bs] = per_step_us(bs, args.steps, settings, turnover)
+                samples[turnover, bs] += s
+                medians[turnover, bs].append(statistics.median(s))
+    print(f"{'bs':>5} {'batch':>9} {'median us':>10} {'rounds':>13} {'mean us':>8} {'p99 us':>8} "
+          f"{'spec':>5}  (plan + StepTime + Accepted, + Admitted as requests replace finished "
+          f"ones with turnover, one step; median over {args.rounds} rounds, and the range of "
+          f"the rounds' medians; the mean includes the exchange every {args.sync_every} steps; "
+          "spec: the share of steps speculating)")
     rows = []
-    joins = "" if args.steady else " + Admitted as requests replace finished ones"
-    print(f"{'bs':>5} {'median us':>10} {'mean us':>8} {'p99 us':>8} {'spec':>5}  "
-          f"(plan + StepTime + Accepted{joins}, one step; the mean includes the exchange every {args.sync_every} "
-          "steps; spec: the share of steps speculating)")
-    for bs in (1, 16, 64, 256):
-        s, spec = per_step_us(bs, args.steps, settings, turnover=not args.steady)
+    for (turnover, bs), s in samples.items():
         med, mean, p99 = statistics.median(s), statistics.fmean(s), float(np.percentile(s, 99))
-        rows.append({"bs": bs, "median_us": round(med, 2), "mean_us": round(mean, 2),
-                     "p99_us": round(p99, 2), "spec_share": round(spec, 3)})
-        print(f"{bs:5d} {med:10.2f} {mean:8.2f} {p99:8.2f} {spec:5.2f}")
+        lo, hi = min(medians[turnover, bs]), max(medians[turnover, bs])
+        rows.append({"bs": bs, "turnover": turnover, "median_us": round(med, 2),
+                     "round_medians_us": [round(m, 2) for m in medians[turnover, bs]],
+                     "mean_us": round(mean, 2), "p99_us": round(p99, 2),
+                     "spec_share": round(spec[turnover, bs], 3)})
+        print(f"{bs:5d} {'turnover' if turnover else 'steady':>9} {med:10.2f} "
+              f"{f'{lo:.1f}-{hi:.1f}':>13} {mean:8.2f} {p99:8.2f} {spec[turnover, bs]:5.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(["python -m bench.controller_cost",
                                                     *(argv if argv is not None else sys.argv[1:])]),
                                "commit": checkout_commit(), "steps": args.steps,
+                               "rounds": args.rounds,
                                "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
                                "sync_every": args.sync_every,
-                               "turnover": not args.steady,
                                "machine": platform.processor() or platform.machine(),
                                "python": platform.python_version(), "rows": rows}, indent=1))
     print(f"wrote {out}")
