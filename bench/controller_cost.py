@@ -113,28 +113,32 @@ def main(argv=None) -> int:
     variants = (True, False) if args.both else (not args.steady,)
     samples = {(t, bs): [] for t in variants for bs in BATCHES}
     medians = {key: [] for key in samples}
-    spec = {}
+    spec = {key: [] for key in samples}
     for _ in range(args.rounds):
         for bs in BATCHES:
             for turnover in variants:
-                s, spec[turnover, bs] = per_step_us(bs, args.steps, settings, turnover)
+                s, share = per_step_us(bs, args.steps, settings, turnover)
                 samples[turnover, bs] += s
                 medians[turnover, bs].append(statistics.median(s))
-    print(f"{'bs':>5} {'batch':>9} {'median us':>10} {'rounds':>13} {'mean us':>8} {'p99 us':>8} "
-          f"{'spec':>5}  (plan + StepTime + Accepted, + Admitted as requests replace finished "
-          f"ones with turnover, one step; median over {args.rounds} rounds, and the range of "
-          f"the rounds' medians; the mean includes the exchange every {args.sync_every} steps; "
-          "spec: the share of steps speculating)")
+                spec[turnover, bs].append(share)
+    rounds = "1 round" if args.rounds == 1 else f"{args.rounds} rounds"
+    print(f"{'bs':>5} {'batch':>9} {'median us':>10} {'round range':>12} {'mean us':>8} "
+          f"{'p99 us':>8} {'spec':>5}")
     rows = []
     for (turnover, bs), s in samples.items():
         med, mean, p99 = statistics.median(s), statistics.fmean(s), float(np.percentile(s, 99))
         lo, hi = min(medians[turnover, bs]), max(medians[turnover, bs])
+        share = statistics.fmean(spec[turnover, bs])
         rows.append({"bs": bs, "turnover": turnover, "median_us": round(med, 2),
                      "round_medians_us": [round(m, 2) for m in medians[turnover, bs]],
                      "mean_us": round(mean, 2), "p99_us": round(p99, 2),
-                     "spec_share": round(spec[turnover, bs], 3)})
+                     "spec_share": round(share, 3)})
         print(f"{bs:5d} {'turnover' if turnover else 'steady':>9} {med:10.2f} "
-              f"{f'{lo:.1f}-{hi:.1f}':>13} {mean:8.2f} {p99:8.2f} {spec[turnover, bs]:5.2f}")
+              f"{f'{lo:.1f}-{hi:.1f}':>12} {mean:8.2f} {p99:8.2f} {share:5.2f}")
+    print(f"One step: plan + StepTime + Accepted, and with turnover an Admitted as requests "
+          f"replace finished ones. Median over {rounds}; round range: the rounds' medians; the "
+          f"mean includes the exchange every {args.sync_every} steps; spec: the share of steps "
+          "speculating.")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(["python -m bench.controller_cost",
