@@ -1,0 +1,41 @@
+"""bench.controller_cost on the CPU: every batch size measured in every round, with and without
+request turnover where asked, and its arguments checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.controller_cost import BATCHES, main
+
+
+def test_both_batches_are_measured_in_every_round(tmp_path):
+    out = tmp_path / "cc.json"
+    assert main(["--steps", "200", "--rounds", "2", "--both", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 2
+    rows = report["rows"]
+    assert sorted((r["turnover"], r["bs"]) for r in rows) == \
+        sorted((t, bs) for t in (True, False) for bs in BATCHES)
+    for r in rows:
+        assert len(r["round_medians_us"]) == 2
+        # Pooled over equal rounds, the median lies between the rounds' medians.
+        lo, hi = min(r["round_medians_us"]), max(r["round_medians_us"])
+        assert lo - 0.01 <= r["median_us"] <= hi + 0.01
+        assert 0.0 <= r["spec_share"] <= 1.0
+
+
+def test_steady_alone_measures_no_turnover(tmp_path):
+    out = tmp_path / "cc.json"
+    assert main(["--steps", "200", "--rounds", "1", "--steady", "--out", str(out)]) == 0
+    assert {r["turnover"] for r in json.loads(out.read_text())["rows"]} == {False}
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "10"], ["--steady", "--both"],
+                                  ["--sync-every", "0"]])
+def test_bad_arguments_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "error:" in capsys.readouterr().err
