@@ -651,6 +651,36 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     assert big.catch_up_s_per_token() == pytest.approx((35e-3 - 2.7e-3) / 36192, rel=0.05)
 
 
+def test_the_processs_first_catch_up_is_judged_as_a_one_time_cost_too():
+    """H200 run 24, m65: the process's first catch-up (512 tokens, in the warm-up) held 16.1 ms
+    beyond its step, most of it the first call of the catch-up's index path (19.3 ms of host
+    work). Taken as the first sample of the draft's rate, it read 31 us a token, and 6.3 prompt
+    tokens an output token priced a speculative token at ~196 us against its ~67: the first
+    cell decoded 65 steps where speculation ran 1.6x plain's tok/s. Held back like any lone dear
+    catch-up, the next (15408 tokens at 1.6 us a token) sets the rate; two dear ones in a row
+    still count."""
+    def first_catch_ups(excesses: list[tuple[int, float]]) -> GoodputController:
+        p = controller(defers_prefill=True, draft_share=0.04)      # Llama-3-8B's EAGLE-3 head
+        for mode, seconds in ((Mode.SPEC, 9.6e-3), (Mode.DECODE, 6.0e-3)):
+            for _ in range(4):
+                p.observe(StepTime(mode, 48, seconds))
+        for tokens in (2048, 4096, 8192):            # the target's and draft's ~23 us a token
+            p.observe(PrefillTime(tokens, 0.005 + tokens * 23e-6, draft=True))
+        p.exchange(lambda v: v)
+        for tokens, excess in excesses:
+            p.observe(StepTime(Mode.SPEC, 48, 9.6e-3 + excess, catch_up_tokens=tokens))
+            p.exchange(lambda v: v)
+        return p
+
+    held = first_catch_ups([(512, 16.1e-3), (15408, 25.3e-3)])
+    assert held.catch_up_s_per_token() < 2e-6
+    assert held.draft_prefill_s_per_token() < 2e-6
+    assert first_catch_ups([(512, 16.1e-3)]).catch_up_seconds(512) < 2e-3
+    # Dear ones in a row (each the second of its kind and size): the draft really is that dear.
+    dear = first_catch_ups([(512, 16.1e-3), (600, 18e-3), (664, 20e-3)])
+    assert dear.catch_up_s_per_token() > 20e-6
+
+
 def test_a_switchs_catch_ups_turned_dear_are_learnt_between_cheap_ones_inside_runs():
     """Holding a lone dear catch-up back must not hold every one: at-switch catch-ups that turn
     dear for good count from the second on, whatever cheap catch-ups of deferred prompts inside

@@ -139,10 +139,11 @@ class SampleIntake:
         """Whether a catch-up is held back as a lone one-time cost (a first forward at its shape):
         a whole `step` over its line, at a rate beyond its fixed part that the draft alone does
         not reach (draft_rate_cap). Two in a row of a kind and size (a power of two) are the
-        cost."""
+        cost. The process's first catch-up is judged so too: its index path's first call is
+        the dearest of all."""
         costs = self._costs
         cap = costs.draft_rate_cap()
-        spike = cap is not None and costs.catch_ups_seen() > 0 and \
+        spike = cap is not None and \
             seconds > costs.catch_up_seconds(int(tokens)) + step and \
             seconds > costs.catch_up_fit[0] + tokens * cap
         return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)
