@@ -104,9 +104,6 @@ class BatchCosts:
         self.batch_rows = rows
         self.output_window += tokens
 
-    def catch_ups_seen(self) -> float:
-        return self.catch_up[True].events + self.catch_up[False].events
-
     def take_local(self) -> list[float]:
         """This rank's sums since the last exchange, and cleared."""
         local, self._local = self._local, [0.0] * _SLOTS
