@@ -611,6 +611,24 @@ def test_the_draft_floor_takes_the_lower_of_its_two_prefill_readings():
     assert p.draft_prefill_s_per_token() == pytest.approx(0.04 / 0.96 * 24e-6, rel=0.01)
 
 
+def _catch_ups(p: GoodputController, bs: int, spec_s: float, decode_s: float,
+               prefill_s: Callable[[int], float],
+               excesses: list[tuple[int, float]]) -> GoodputController:
+    """`p` with both modes measured at `bs` and prefills with the draft of 2k-8k tokens, then a
+    speculative step carrying each (catch-up tokens, seconds beyond the step), an exchange
+    after each."""
+    for mode, seconds in ((Mode.SPEC, spec_s), (Mode.DECODE, decode_s)):
+        for _ in range(4):
+            p.observe(StepTime(mode, bs, seconds))
+    for tokens in (2048, 4096, 8192):
+        p.observe(PrefillTime(tokens, prefill_s(tokens), draft=True))
+    p.exchange(lambda v: v)
+    for tokens, excess in excesses:
+        p.observe(StepTime(Mode.SPEC, bs, spec_s + excess, catch_up_tokens=tokens))
+        p.exchange(lambda v: v)
+    return p
+
+
 def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost():
     """The H200's first 256x256 C=8 cell (run 13, m31): catch-ups of 32 tokens took 2.8 ms over
     a step, then one of 528 tokens 19.9 ms (its forward's first call at that shape), the next of
@@ -618,17 +636,9 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     own prefill (18-24 us), and priced speculation out where it was 9% faster. Held back, the
     rate is the draft's; a second such catch-up of a size in a row is the cost."""
     def catch_ups(excesses: list[tuple[int, float]]) -> GoodputController:
-        p = controller(defers_prefill=True)
-        for mode, seconds in ((Mode.SPEC, 6.9e-3), (Mode.DECODE, 5.1e-3)):    # bs 8 there
-            for _ in range(4):
-                p.observe(StepTime(mode, 16, seconds))
-        for tokens in (2048, 4096, 8192):        # the target's and draft's 17.6 us a token
-            p.observe(PrefillTime(tokens, 0.05 + tokens * 17.6e-6, draft=True))
-        p.exchange(lambda v: v)
-        for tokens, excess in excesses:
-            p.observe(StepTime(Mode.SPEC, 16, 6.9e-3 + excess, catch_up_tokens=tokens))
-            p.exchange(lambda v: v)
-        return p
+        # bs 8 there; the target's and draft's prefill 17.6 us a token.
+        return _catch_ups(controller(defers_prefill=True), 16, 6.9e-3, 5.1e-3,
+                          lambda tokens: 0.05 + tokens * 17.6e-6, excesses)
 
     h200 = [(32, 2.77e-3), (32, 2.77e-3), (528, 19.9e-3), (664, 4.1e-3), (16, 2.6e-3)]
     held = catch_ups(h200)
@@ -660,17 +670,9 @@ def test_the_processs_first_catch_up_is_judged_as_a_one_time_cost_too():
     catch-up, the next (15408 tokens at 1.6 us a token) sets the rate; two dear ones in a row
     still count."""
     def first_catch_ups(excesses: list[tuple[int, float]]) -> GoodputController:
-        p = controller(defers_prefill=True, draft_share=0.04)      # Llama-3-8B's EAGLE-3 head
-        for mode, seconds in ((Mode.SPEC, 9.6e-3), (Mode.DECODE, 6.0e-3)):
-            for _ in range(4):
-                p.observe(StepTime(mode, 48, seconds))
-        for tokens in (2048, 4096, 8192):            # the target's and draft's ~23 us a token
-            p.observe(PrefillTime(tokens, 0.005 + tokens * 23e-6, draft=True))
-        p.exchange(lambda v: v)
-        for tokens, excess in excesses:
-            p.observe(StepTime(Mode.SPEC, 48, 9.6e-3 + excess, catch_up_tokens=tokens))
-            p.exchange(lambda v: v)
-        return p
+        # Llama-3-8B's EAGLE-3 head; the target's and draft's prefill ~23 us a token.
+        return _catch_ups(controller(defers_prefill=True, draft_share=0.04), 48, 9.6e-3, 6.0e-3,
+                          lambda tokens: 0.005 + tokens * 23e-6, excesses)
 
     held = first_catch_ups([(512, 16.1e-3), (15408, 25.3e-3)])
     assert held.catch_up_s_per_token() < 2e-6
