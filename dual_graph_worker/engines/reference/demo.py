@@ -10,7 +10,6 @@ decides, and the demo checks that all three workers returned the same tokens. On
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -23,6 +22,7 @@ import torch
 from dual_graph_worker.core.argtypes import (OneLineParser, int_list_up_to, int_range,
                                              positive_float, unit_float)
 from dual_graph_worker.core.errors import report_user_errors
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
@@ -123,6 +123,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
     run_side_by_side({n: PhaseRun(b.worker, warm, vocab, seed=len(ramp))
                       for n, b in workers.items()})
     phases, outputs = [], {n: [] for n in TRIO}
+    head = {"device": args.device, "acceptance": acceptance, "ramp": ramp,
+            "command": "dgw demo " + " ".join(argv or []), "commit": checkout_commit()}
     print("\ntokens/s, prompts' prefill included; the workers take turns step by step, so a slow "
           "spell of the machine falls on all three alike")
     print(f"{'phase':>5} {'conc':>5} | " + " | ".join(f"{n:>12s}" for n in TRIO) +
@@ -141,10 +143,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
         row["dynamic"]["estimates"] = workers["dynamic"].worker.policy.estimates()
         phases.append(row)
         # What the phases so far measured is on disk, whatever stops the ramp later.
-        _write(out / "demo.json", {"device": args.device, "acceptance": acceptance, "ramp": ramp,
-                                   "phases": phases, "complete": False,
-                                   "command": "dgw demo " + " ".join(argv or []),
-                                   "commit": checkout_commit()})
+        write_json(head | {"phases": phases, "complete": False}, out / "demo.json")
         m = row["dynamic"]["modes"]
         print(f"{i:5d} {c:5d} | " + " | ".join(f"{row[n]['tok_s']:8.1f} t/s" for n in TRIO) +
               f" | {row['dynamic_over_best']:8.3f} | {m.get('spec', 0)}/{m.get('decode', 0)}"
@@ -156,13 +155,11 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
             for name in TRIO}
     dyn = workers["dynamic"].worker
     calib = workers["dynamic"].calibration
-    result = {"device": args.device, "acceptance": acceptance, "ramp": ramp, "phases": phases,
-              "calibration": calib.to_json() if calib else None,
-              "dynamic_steps": [r.to_json() for r in dyn.stats.records],
-              "dynamic_switches": dyn.stats.switches,
-              "tokens_equal_known_continuation": same, "complete": True,
-              "command": "dgw demo " + " ".join(argv or []), "commit": checkout_commit()}
-    _write(out / "demo.json", result)
+    result = head | {"phases": phases, "calibration": calib.to_json() if calib else None,
+                     "dynamic_steps": [r.to_json() for r in dyn.stats.records],
+                     "dynamic_switches": dyn.stats.switches,
+                     "tokens_equal_known_continuation": same, "complete": True}
+    write_json(result, out / "demo.json")
     _plot(result, out / "demo.png")
     print(f"\ndynamic worker: {dyn.stats.switches} mode switches over {len(dyn.stats.records)} steps")
     print(_target_line([row["dynamic_over_best"] for row in phases], ramp))
@@ -171,13 +168,6 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
           + ", ".join(f"{n}={'yes' if ok else 'NO'}" for n, ok in same.items()))
     print(f"wrote {out / 'demo.json'} and {out / 'demo.png'}")
     return 0 if all(same.values()) else 1
-
-
-def _write(path: Path, result: dict) -> None:
-    """`result` as JSON at `path`, replacing it whole (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
 
 
 # The demo's target: the dynamic worker within this share of the best static worker in every phase.
