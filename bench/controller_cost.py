@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.capture_lists import DECODE_BS, SPEC_BS
+from dual_graph_worker.core.argtypes import OneLineParser, int_range
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import GraphKey, Mode
@@ -90,25 +91,20 @@ def _frozen(ids: list[int]) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.controller_cost", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.controller_cost", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/controller-cost.json")
-    ap.add_argument("--steps", type=int, default=20000, help="steps a batch size a round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int_range(100), default=20000,
+                    help="steps a batch size a round")
+    ap.add_argument("--rounds", type=int_range(1, 20), default=3)
     batch = ap.add_mutually_exclusive_group()
     batch.add_argument("--steady", action="store_true",
                        help="no request turnover: the batch never changes (the lower bound)")
     batch.add_argument("--both", action="store_true",
                        help="with and without turnover, alternated in each round")
-    ap.add_argument("--sync-every", type=int, default=Settings().sync_every,
-                    help="steps between exchanges (DGW_SYNC_EVERY; default %(default)s)")
+    ap.add_argument("--sync-every", type=int_range(1, 1024), default=Settings().sync_every,
+                    help="steps between exchanges (DGW_SYNC_EVERY's range; default %(default)s)")
     args = ap.parse_args(argv)
-    if args.steps < 100:
-        ap.error("--steps must be at least 100")
-    if not 1 <= args.rounds <= 20:
-        ap.error("--rounds must be in 1..20")
-    if not 1 <= args.sync_every <= 1024:
-        ap.error("--sync-every must be in 1..1024 (DGW_SYNC_EVERY's range)")
     settings = Settings(sync_every=args.sync_every)
     variants = (True, False) if args.both else (not args.steady,)
     samples = {(t, bs): [] for t in variants for bs in BATCHES}
