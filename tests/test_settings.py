@@ -11,7 +11,7 @@ import pytest
 from dual_graph_worker.cli import main as dgw_main
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.settings import (BY_ENV, REGISTRY, PolicyKind, Settings, assignments,
+from dual_graph_worker.core.settings import (BY_ENV, BY_KEY, REGISTRY, PolicyKind, Settings, assignments,
                                              docs_table, explicit_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +29,22 @@ def test_defaults_precedence_and_explicit_keys(tmp_path):
     assert cfg.spec_max_bs == 16 and cfg.step_log == "/tmp/x.jsonl" and cfg.decode_max_bs is None
     assert explicit_keys(env) == {"policy", "threshold", "spec_max_bs", "step_log"}
     assert Settings().continuity is Continuity.LAZY_CATCH_UP
+
+
+def test_one_setting_read_before_the_rest_resolves_as_the_whole_settings_do(tmp_path):
+    """The plugin reads capture_probe and NVTX reads nvtx before any Settings exists: the
+    DGW_CONFIG file counts there too, under the variable."""
+    f = tmp_path / "dgw.json"
+    f.write_text(json.dumps({"nvtx": False, "capture_probe": "/tmp/probe.json",
+                             "threshold": 7}))
+    for env in ({"DGW_CONFIG": str(f)}, {"DGW_CONFIG": str(f), "DGW_NVTX": "1"},
+                {"DGW_CONFIG": str(f), "DGW_CAPTURE_PROBE": "none"}, {}):
+        whole = Settings.from_env(env)
+        for key in ("nvtx", "capture_probe", "threshold", "margin"):
+            assert BY_KEY[key].read(env) == getattr(whole, key), (env, key)
+    assert BY_KEY["nvtx"].read({"DGW_CONFIG": str(f)}) is False
+    with pytest.raises(ConfigError, match="DGW_CONFIG"):
+        BY_KEY["nvtx"].read({"DGW_CONFIG": str(tmp_path / "missing.json")})
 
 
 @pytest.mark.parametrize("env,match", [

@@ -66,10 +66,18 @@ class Setting:
         return value
 
     def read(self, environ: Mapping[str, str]) -> Any:
-        """This setting's value in `environ` alone (empty or unset: its default), parsed as
-        `Settings.from_env` parses it: for a reader that needs one setting before the rest."""
+        """This setting's value as `Settings.from_env` resolves it (its variable, else its key
+        in the DGW_CONFIG file, else its default), the others unchecked: for a reader that
+        needs one setting before the rest."""
         raw = environ.get(self.env, "")
-        return self.default if raw == "" else self.parse(raw, self.env)
+        if raw != "":
+            return self.parse(raw, self.env)
+        path = environ.get(CONFIG_FILE_ENV) or None
+        if path is not None:
+            file = _read_json(path)
+            if self.key in file:
+                return self.parse(file[self.key], f"{CONFIG_FILE_ENV}={path}: {self.key}")
+        return self.default
 
     def expects(self) -> str:
         if isinstance(self.kind, type) and issubclass(self.kind, enum.Enum):
