@@ -277,6 +277,24 @@ def test_with_no_defer_adds_the_engine_without_deferred_prefill(tmp_path, monkey
     assert "dual-no-defer" in suite.notes["bench"]
 
 
+def test_the_bench_says_what_is_forced_before_its_first_engine_and_in_its_summary(
+        tmp_path, monkeypatch):
+    suite, ran = _recording_suite(tmp_path, ["--no-adaptive"], monkeypatch)
+    notes_at_run = []
+    recorded = suite.run
+
+    def run(er):
+        notes_at_run.append(suite.notes.get("bench", ""))
+        return recorded(er)
+
+    monkeypatch.setattr(suite, "run", run)
+    suite.bench(with_ramp=False)
+    assert notes_at_run and all("accept length FORCED" in n and "DUMMY weights" in n
+                                for n in notes_at_run)
+    summary = suite.final_summary()
+    assert "FORCED" in summary and "DUMMY" in summary
+
+
 def test_with_radix_cache_adds_sglangs_default_server_pair(tmp_path, monkeypatch):
     suite, ran = _recording_suite(tmp_path, ["--with-radix-cache", "--no-adaptive",
                                              "--decode-log-interval", "20"], monkeypatch)

@@ -356,6 +356,8 @@ class Suite:
                  "input_len": a.input_len, "output_len": a.output_len,
                  "vocab": shapes.vocab_size, "prefill_probe": a.decode_step_time}
         sim = {"SGLANG_SIMULATE_ACC_LEN": str(a.simulate_acc_len)}
+        # Set before the first engine runs: a run cut short still reports what its figures are.
+        self.notes["bench"] = self.bench_note()
         base = self.common(target, "dummy", 256)
         if a.decode_log_interval:
             # SGLang's own per-window decode throughput (INFO lines, report.decode_log_step_ms).
@@ -402,31 +404,32 @@ class Suite:
                                base | self.spec_kwargs("EAGLE3", draft)
                                | {"speculative_adaptive": True}, sim, [adaptive_sweep],
                                est_s=20))
-        self.notes["bench"] = (f"accept length forced: SGLANG_SIMULATE_ACC_LEN="
-                               f"{a.simulate_acc_len} (speculative steps of eagle3 and dual); "
-                               f"{a.input_len} in / {a.output_len} out random token ids, "
-                               "ignore_eos, T=0; EAGLE-3 at its defaults (max_running_requests "
-                               "48); dummy weights, Llama-3-8B shapes, "
-                               f"{a.attention_backend} attention, "
-                               f"3 steps, topk 1; dual policy={a.dual_policy}; dual: "
-                               f"continuity {worker_default_continuity()} (the worker's "
-                               "default)"
-                               + "".join(f"; dual{SUFFIX[c]}: DGW_CONTINUITY={c}"
-                                         for c in self.continuities()[1:])
-                               + ("; dual-eager-draft: DGW_CONTINUITY=keep-current with "
-                                  "DGW_DRAFT_EXTEND_GRAPHS=0 (its one-token draft extend run "
-                                  "eagerly, not from width-1 graphs)"
-                                  if a.with_eager_draft else "")
-                               + ("; plain-radix, dual-radix: the radix cache on "
-                                  "(SGLang's default; the others run --disable-radix-cache; "
-                                  "fresh random prompts, so no prefix is reused), which turns "
-                                  "the dual worker's deferred draft prefill off"
-                                  if a.with_radix_cache else "")
-                               + ("; dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft "
-                                  "prefill runs for every prompt)"
-                                  if a.with_no_defer else ""))
-
     # -------------------------------------------------------------------- helpers
+
+    def bench_note(self) -> str:
+        """What the bench's figures are: forced acceptance, dummy weights, the workload and
+        every variant's settings (in the report, the plot and the summary)."""
+        a = self.args
+        variants = [f"dual{SUFFIX[c]}: DGW_CONTINUITY={c}" for c in self.continuities()[1:]]
+        if a.with_eager_draft:
+            variants.append("dual-eager-draft: DGW_CONTINUITY=keep-current with "
+                            "DGW_DRAFT_EXTEND_GRAPHS=0 (its one-token draft extend run eagerly, "
+                            "not from width-1 graphs)")
+        if a.with_radix_cache:
+            variants.append("plain-radix, dual-radix: the radix cache on (SGLang's default; the "
+                            "others run --disable-radix-cache; fresh random prompts, so no prefix "
+                            "is reused), which turns the dual worker's deferred draft prefill off")
+        if a.with_no_defer:
+            variants.append("dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft prefill "
+                            "runs for every prompt)")
+        return "; ".join([f"accept length FORCED: SGLANG_SIMULATE_ACC_LEN={a.simulate_acc_len} "
+                          "(speculative steps of eagle3 and dual)",
+                          f"{a.input_len} in / {a.output_len} out random token ids, ignore_eos, "
+                          "T=0", "EAGLE-3 at SGLang's defaults",
+                          f"DUMMY weights, Llama-3-8B shapes, {a.attention_backend} attention, "
+                          "3 steps, topk 1",
+                          f"dual policy={a.dual_policy}; dual: continuity "
+                          f"{worker_default_continuity()} (the worker's default)", *variants])
 
     def continuities(self) -> list[str]:
         """The dual worker's draft-continuity strategies to run: the worker's default always,
@@ -530,7 +533,9 @@ class Suite:
             md.append(report.markdown_prefill_phase(bench_results))
             md.append(report.markdown_decode_log(bench_results))
             report.plot_throughput(levels, table, self.out / "throughput.png",
-                                   self.notes.get("bench", "")[:120])
+                                   f"accept FORCED to {self.args.simulate_acc_len}, DUMMY "
+                                   f"weights (Llama-3-8B shapes), {self.args.input_len} in / "
+                                   f"{self.args.output_len} out")
         for name, chk in self.checks.items():
             md.append(f"- {name}: {verdict(chk)} "
                       f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")
@@ -575,6 +580,8 @@ class Suite:
             rows[name] = f"{verdict(chk)} {chk.get('error') or chk.get('skipped') or ''}".strip()
         levels, table = report.throughput_rows(
             {n: r.result for n, r in self.runs.items() if r.phase == "bench"})
+        if table:
+            rows["tok/s are of"] = self.notes.get("bench", "")
         for n, vals in table.items():
             rows[f"tok/s {n}"] = "  ".join(f"{c}:{vals[c]:.0f}" for c in levels if c in vals) \
                 or (self.runs[n].result.get("error") or self.runs[n].result.get("skipped")
