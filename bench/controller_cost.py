@@ -2,7 +2,8 @@
 plan (decide + commit; an exchange every sync_every steps), one StepTime and one Accepted
 observation, and an Admitted one as requests replace finished ones, at the batch sizes a server
 runs with SGLang's default graph lists, over growing contexts. CPU only; prints a table, writes
-JSON. Each round measures every batch size in turn (with --both, each with and without request
+JSON and a plot beside it (.png). The step times fed in are SYNTHETIC (the controller's choices,
+not its cost, depend on them). Each round measures every batch size in turn (with --both, each with and without request
 turnover), so a host's slow spell or cold start falls on all of them alike and shows as the
 spread of the rounds' medians.
 
@@ -13,7 +14,6 @@ spread of the rounds' medians.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.capture_lists import DECODE_BS, SPEC_BS
-from dual_graph_worker.core.argtypes import OneLineParser, int_range
+from bench.plots import Panel, Series, line_chart
+from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy
@@ -90,10 +92,25 @@ def _frozen(ids: list[int]) -> np.ndarray:
     return rows
 
 
+def _plot(rows: list[dict], path: Path, what: str) -> Path:
+    series = []
+    for turnover in (True, False):
+        mine = sorted((r for r in rows if r["turnover"] is turnover), key=lambda r: r["bs"])
+        if mine:
+            name = "turnover" if turnover else "steady"
+            xs = [r["bs"] for r in mine]
+            series += [Series(f"{name}, median", xs, [r["median_us"] for r in mine]),
+                       Series(f"{name}, p99", xs, [r["p99_us"] for r in mine], dashed=True)]
+    return line_chart(path, f"The controller's host cost per decode step ({what})",
+                      "batch size", [Panel("us per step", series, log_y=True,
+                                           lines=((20.0, "20 us"),))], log2_x=True)
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(prog="python -m bench.controller_cost", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="out/controller-cost.json")
+    ap.add_argument("--out", type=output_file, default="out/controller-cost.json",
+                    help="JSON to write (and the plot beside it, .png)")
     ap.add_argument("--steps", type=int_range(100), default=20000,
                     help="steps a batch size a round")
     ap.add_argument("--rounds", type=int_range(1, 20), default=3)
@@ -134,18 +151,17 @@ def main(argv=None) -> int:
     print(f"One step: plan + StepTime + Accepted, and with turnover an Admitted as requests "
           f"replace finished ones. Median over {rounds}; round range: the rounds' medians; the "
           f"mean includes the exchange every {args.sync_every} steps; spec: the share of steps "
-          "speculating.")
+          "speculating, under the bench's SYNTHETIC step times.")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python -m bench.controller_cost",
-                                                    *(argv if argv is not None else sys.argv[1:])]),
-                               "commit": checkout_commit(), "steps": args.steps,
-                               "rounds": args.rounds,
-                               "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
-                               "sync_every": args.sync_every,
-                               "machine": platform.processor() or platform.machine(),
-                               "python": platform.python_version(), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_json({"command": " ".join(["python -m bench.controller_cost",
+                                     *(argv if argv is not None else sys.argv[1:])]),
+                "commit": checkout_commit(), "steps": args.steps, "rounds": args.rounds,
+                "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
+                "sync_every": args.sync_every, "step_times": "synthetic",
+                "machine": platform.processor() or platform.machine(),
+                "python": platform.python_version(), "rows": rows}, out)
+    png = _plot(rows, out.with_suffix(".png"), f"{rounds}, {args.steps} steps a batch size")
+    print(f"wrote {out} and {png}")
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -117,8 +118,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=args.num_draft_tokens,
                                                 max_requests=max(cands), max_context=args.context + 16,
                                                 device="cuda", dtype="bfloat16", attention="triton"))
+    weights = f"DUMMY weights ({args.model} shapes: the shapes, not the values, set memory and time)"
+    print(weights)
     m = measure(engine, cands, args.context)
-    save_measurements(m, args.out)
+    save_measurements(replace(m, notes=f"{m.notes}; {weights}"), args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -14,7 +14,8 @@ def test_both_batches_are_measured_in_every_round(tmp_path):
     out = tmp_path / "cc.json"
     assert main(["--steps", "200", "--rounds", "2", "--both", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["rounds"] == 2
+    assert report["rounds"] == 2 and report["step_times"] == "synthetic"
+    assert out.with_suffix(".png").stat().st_size > 0
     rows = report["rows"]
     assert sorted((r["turnover"], r["bs"]) for r in rows) == \
         sorted((t, bs) for t in (True, False) for bs in BATCHES)
@@ -33,7 +34,7 @@ def test_steady_alone_measures_no_turnover(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "10"], ["--steady", "--both"],
-                                  ["--sync-every", "0"]])
+                                  ["--sync-every", "0"], ["--out", "."]])
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)

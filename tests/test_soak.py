@@ -125,11 +125,15 @@ def test_soak_section_of_the_report(tmp_path):
     soaked = {"server_env": sb.SOAK_ENV, "server_args": list(sb.SOAK_ARGS), "dgw": {
         "dgw_switches_total{tp_rank=0}": 41.0}, "alive_at_end": True, "leak_reports": 0,
         "retracted_requests": 7.0} | soak.summary(cfg, res, {"quiet vs plain": soak.Agreement(3, 3)})
-    text = sb.soak_report(soaked)
+    text = sb.soak_report(soaked, dummy=True)
     assert "| 300 / 250 / 50 / 0 / 0 |" in text and "| T=0 checks, quiet vs plain | 3 / 3 |" in text
     assert "| switches (dgw_switches_total) | 41 |" in text and "NOT forced" in text
     assert "| retracted requests (sglang:num_retracted_requests_total) | 7 |" in text
-    assert sb.soak_report({"error": "server exited with 1"}).strip().endswith("exited with 1")
+    assert "(DUMMY weights)" in text
+    # With --model the soak serves the real checkpoint: its report says so.
+    assert "(real weights)" in sb.soak_report(soaked, dummy=False)
+    assert sb.soak_report({"error": "server exited with 1"}, dummy=True).strip().endswith(
+        "exited with 1")
 
 
 def test_a_counter_family_is_summed_over_its_label_sets():

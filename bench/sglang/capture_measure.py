@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -98,7 +99,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    save_measurements(m, out)
+    weights = ("DUMMY weights (Llama-3-8B shapes: the shapes, not the values, set memory and "
+               "time)")
+    save_measurements(replace(m, notes=f"{m.notes}; {weights}"), out)
+    print(weights)
     for mode in ("spec", "decode"):
         keys = [g for g in m.graphs if g.key.mode.value == mode]
         print(f"{mode}: {len(keys)} keys, {sum(g.pool_bytes for g in keys) / 2**20:.0f} MiB "

@@ -79,6 +79,12 @@ class WorkloadSpec:
                              " so steady state starts after the profiled batch's prefill")
 
     @property
+    def forced(self) -> str:
+        """What the figures are of: a line printed and stored with them."""
+        return (f"DUMMY weights (Llama-3-8B shapes); accept length FORCED to {self.acc_len:g} "
+                "(SGLANG_SIMULATE_ACC_LEN)")
+
+    @property
     def needed_steps(self) -> int:
         """Decode-family steps the worker must begin for the capture range to close."""
         return self.warmup_steps + self.steps + 1
@@ -174,7 +180,7 @@ def run_workload(spec: WorkloadSpec, out: Path) -> dict:
     if len(records) < spec.needed_steps:
         notes.append(f"only {len(records)} of {spec.needed_steps} steps ran: the capture range "
                      "never closed; the report may be empty")
-    summary = {"spec": asdict(spec), "plugin": plugin, "startup_s": round(startup_s, 2),
+    summary = {"what": spec.forced, "spec": asdict(spec), "plugin": plugin, "startup_s": round(startup_s, 2),
                "profiled_generate_s": round(run_s, 2), "steps_logged": len(records),
                "window": {"steady_after_steps": spec.warmup_steps, "steps": spec.steps},
                "step_summary": summarize_steps(records).to_json() if records else None,
@@ -189,6 +195,7 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
         print("error: nsys is not on PATH (install Nsight Systems)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    print(spec.forced, flush=True)
     cmd = nsys_command(out, spec)
     print("+ " + " ".join(cmd), flush=True)
     from bench.sglang.plugin_shim import pythonpath_env
@@ -241,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.nsys:
         return profile(spec, out, args.expect_sm)
     summary = run_workload(spec, out)
-    print(json.dumps({k: summary[k] for k in ("startup_s", "profiled_generate_s",
+    print(json.dumps({k: summary[k] for k in ("what", "startup_s", "profiled_generate_s",
                                               "steps_logged", "notes")}))
     return 0
 

@@ -614,12 +614,13 @@ def write_results(cfg: ServeBenchConfig, points: list[ServePoint], soaked: dict)
     tmp.write_text(json.dumps({"config": config, "points": [asdict(p) for p in points],
                                "soak": soaked}, indent=1))
     os.replace(tmp, cfg.out / "serve-bench.json")
-    (cfg.out / "report.md").write_text(report(cfg, points) + soak_report(soaked))
+    (cfg.out / "report.md").write_text(report(cfg, points) + soak_report(soaked, cfg.dummy))
     if any(p.metrics for p in points):
         plot(cfg, points, cfg.out / "serve-bench.png")
 
 
-def soak_report(soaked: dict) -> str:
+def soak_report(soaked: dict, dummy: bool) -> str:
+    """`dummy`: the soak's server ran dummy weights (no --model)."""
     if not soaked:
         return ""
     if "error" in soaked:
@@ -642,7 +643,8 @@ def soak_report(soaked: dict) -> str:
         rows.append(("first error", r["first_error"]))
     return ("\n## Soak\n\n"
             f"The worker with {soaked['server_env']} and `{' '.join(soaked['server_args'])}`, "
-            f"radix cache on, acceptance NOT forced (dummy weights); random input "
+            f"radix cache on, acceptance NOT forced ({'DUMMY' if dummy else 'real'} weights); "
+            f"random input "
             f"{c['short_input']} or {c['long_input']} tokens, output {c['output_len']}, "
             f"{c['abort_share']:.0%} aborted within {c['abort_within_s']} s, "
             f"{c['prefix_share']:.0%} sharing one of {c['prefixes']} prefixes, "

@@ -1,0 +1,64 @@
+"""The benchmarks' line charts: named series of (x, y) points on shared axes, one panel each,
+drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+
+# Log axes labelled 64, not 2^6.
+_PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    ylabel: str
+    series: Sequence[Series]
+    log_y: bool = False
+    lines: Sequence[tuple[float, str]] = field(default_factory=tuple)   # (y, label) references
+
+
+def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel],
+               log2_x: bool = False) -> Path:
+    """One PNG: `panels` stacked, sharing the x axis (log2 for batch sizes)."""
+    fig = Figure(figsize=(8, 3.2 * len(panels) + 0.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, panel in zip(axes, panels):
+        for s in panel.series:
+            ax.plot(s.x, s.y, marker="o", markersize=4, linestyle="--" if s.dashed else "-",
+                    label=s.label)
+        for y, label in panel.lines:
+            ax.axhline(y, color="gray", linestyle=":", linewidth=1)
+            ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=8,
+                        color="gray", va="bottom")
+        if log2_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(_PLAIN)
+        if panel.log_y:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(_PLAIN)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(True, alpha=0.3)
+        if panel.series:
+            ax.legend(fontsize="small")
+    axes[0].set_title(title, fontsize=10)
+    axes[-1].set_xlabel(xlabel)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
