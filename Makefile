@@ -137,5 +137,5 @@ MATRIX_ARGS ?= --radix-cache
 policy-matrix:                   ## GPU: accept lengths x workloads x concurrency -> $(OUT)/policy-matrix
 	$(GPU_PY) -m bench.sglang.policy_matrix --out $(OUT)/policy-matrix $(MATRIX_ARGS)
 
-clean:
+clean:                          ## remove $(OUT) and .pytest_cache
 	rm -rf $(OUT) .pytest_cache

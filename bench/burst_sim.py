@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.dispatch import DispatchTable
@@ -151,8 +152,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.burst_sim", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.burst_sim", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--accept", default="3,2", help="forced accept lengths (integers), e.g. 3,2")
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--requests", type=int, default=256)

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dual_graph_worker.core.argtypes import OneLineParser, output_dir, positive_int, torch_device
 from dual_graph_worker.engines.sglang.catch_up import build_catch_up_indices, plan_passes
 
 SHAPES = ((1, 1), (1, 8), (8, 4), (64, 4), (64, 32))     # (requests behind, tokens each)
@@ -91,18 +92,14 @@ def _plot(rows: list[dict], path: Path, note: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.catch_up_indices", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--iters", type=int, default=300)
-    ap.add_argument("--out", type=Path, default=Path("out/catch-up-indices"))
+    ap = OneLineParser(prog="python -m bench.catch_up_indices", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", type=torch_device,
+                    default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--iters", type=positive_int, default=300)
+    ap.add_argument("--out", type=output_dir, default="out/catch-up-indices")
     args = ap.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("error: --device cuda but torch sees no GPU; pass --device cpu", file=sys.stderr)
-        return 2
-    if args.iters < 1:
-        print("error: --iters must be >= 1", file=sys.stderr)
-        return 2
+    out = Path(args.out)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     note = f"catch-up indices, host us per pass, {name}, torch {torch.__version__}"
     rows = [measure(r, t, args.device, args.iters) for r, t in SHAPES]
@@ -111,11 +108,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         print(f"{r['requests']:9d} x {r['tokens_each']:<6d} {r['host_us']:16.1f} "
               f"{r['device_us']:15.1f} {r['device_over_host']:15.2f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "catch-up-indices.json").write_text(json.dumps(
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "catch-up-indices.json").write_text(json.dumps(
         {"note": note, "device": args.device, "iters": args.iters, "rows": rows}, indent=1))
-    _plot(rows, args.out / "catch-up-indices.png", note)
-    print(f"wrote {args.out}/catch-up-indices.json and .png")
+    _plot(rows, out / "catch-up-indices.png", note)
+    print(f"wrote {out}/catch-up-indices.json and .png")
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reference engine's full GPU run (issues 3, 5, 6): capture measurements, an nsys profile
+# The reference engine's full GPU run: capture measurements, an nsys profile
 # with its check, and the concurrency sweeps at two forced accept lengths. Everything lands in
 # $OUT/results.tar.gz (+ the log). Start it as: source .devlibs/nsys/env.sh && bash bench/gpu_full.sh
 set -uo pipefail

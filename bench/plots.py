@@ -22,6 +22,7 @@ class Series:
     x: Sequence[float]
     y: Sequence[float]
     dashed: bool = False
+    joined: bool = True       # False: points only (readings that are no curve)
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, panel in zip(axes, panels):
         for s in panel.series:
-            ax.plot(s.x, s.y, marker="o", markersize=4, linestyle="--" if s.dashed else "-",
-                    label=s.label)
+            ax.plot(s.x, s.y, marker="o", markersize=4, label=s.label,
+                    linestyle="none" if not s.joined else "--" if s.dashed else "-")
         for y, label in panel.lines:
             ax.axhline(y, color="gray", linestyle=":", linewidth=1)
             ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=8,

@@ -20,12 +20,14 @@ import argparse
 import gc
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 from dual_graph_worker.engines.reference.capture_config import model_shape
 from capture.measurements import GraphMeasurement, Measurements, save_measurements
+from capture.report import plot_memory_and_capture
 from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from dual_graph_worker.engines.reference.calibration import measure_step_latency
 from dual_graph_worker.core.argtypes import OneLineParser, output_file, positive_int
@@ -121,8 +123,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     weights = f"DUMMY weights ({args.model} shapes: the shapes, not the values, set memory and time)"
     print(weights)
     m = measure(engine, cands, args.context)
-    save_measurements(replace(m, notes=f"{m.notes}; {weights}"), args.out)
-    print(f"wrote {args.out}")
+    m = replace(m, notes=f"{m.notes}; {weights}")
+    save_measurements(m, args.out)
+    png = Path(args.out).with_suffix(".png")
+    plot_memory_and_capture(m, None, png)
+    print(f"wrote {args.out} and {png}")
     return 0
 
 

@@ -12,7 +12,6 @@ copy, a host allocation) names the wait.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -20,8 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core import nvtx_names as names
+from dual_graph_worker.core.argtypes import (OneLineParser, non_negative_float, output_file,
+                                             positive_int)
+from dual_graph_worker.core.jsonio import write_json
 from profiling.api_names import base_name
 from profiling.errors import ProfileInputError
 from profiling.events import Trace
@@ -109,9 +110,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("report", type=Path)
     ap.add_argument("--range", default="stage:catch_up", help="NVTX range name prefix")
-    ap.add_argument("--min-us", type=float, default=100.0, help="list calls at least this long")
-    ap.add_argument("--top", type=int, default=15)
-    ap.add_argument("--json", type=Path, help="also write the result here")
+    ap.add_argument("--min-us", type=non_negative_float, default=100.0,
+                    help="list calls at least this long")
+    ap.add_argument("--top", type=positive_int, default=15)
+    ap.add_argument("--json", type=output_file, help="also write the result here")
     args = ap.parse_args(argv)
     from profiling.check import load_trace
 
@@ -124,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     waits = host_waits(trace, args.range, args.min_us)
     print(format_waits(waits, args.top))
     if args.json:
-        args.json.write_text(json.dumps(waits.to_json(), indent=1))
+        write_json(waits.to_json(), args.json)
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_catch_up_indices_bench_times_both_paths(tmp_path):
     from bench.catch_up_indices import SHAPES
@@ -14,4 +16,7 @@ def test_catch_up_indices_bench_times_both_paths(tmp_path):
     assert [(r["requests"], r["tokens_each"]) for r in rows] == list(SHAPES)
     assert all(r["host_us"] > 0 and r["device_us"] > 0 for r in rows)
     assert (tmp_path / "catch-up-indices.png").stat().st_size > 0
-    assert bench_main(["--device", "cpu", "--iters", "0", "--out", str(tmp_path)]) == 2
+    for bad in (["--iters", "0"], ["--device", "gpu"]):
+        with pytest.raises(SystemExit) as exit_:
+            bench_main(["--out", str(tmp_path), *bad])
+        assert exit_.value.code == 2

@@ -284,9 +284,10 @@ def test_estimate_error_over_several_traces_ends_with_their_pooled_cells(tmp_pat
     assert int(pooled.split("|")[3]) == sum(counts) > 0
     saved = json.loads((tmp_path / "e.json").read_text())["summary"]["spec"]
     assert saved["cells"] == sum(counts)
+    assert (tmp_path / "e.png").stat().st_size > 0
 
 
-def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys):
+def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys, tmp_path):
     """The open-loop replay of runs 10-13's costs: a lone catch-up's first call at its shape
     made the fitted rate 20-67 us a token in runs 10, 12 and 13 (the draft's own is ~0.6), the
     fault run 10's note names; held back, no fit passes 5 us. Run 11's steepest (7.76) is no
@@ -303,10 +304,15 @@ def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys):
                  "policy-matrix-fa3-run13/m31/costs-m31.json.gz",
                  "policy-matrix-fa3-run13/m32/costs-m32.json.gz"):
         assert steepest(path) < 5, path
-    assert main([str(ROOT / "results/sglang/policy-matrix-fa3-run11/costs-m26.json.gz")]) == 0
+    fits = tmp_path / "fits.json"
+    assert main([str(ROOT / "results/sglang/policy-matrix-fa3-run11/costs-m26.json.gz"),
+                 "--out", str(fits)]) == 0
     out = capsys.readouterr().out
     assert "| costs-m26.json.gz |" in out and "| 7.76 (800, 0.00)" in out
-    assert main(["/nonexistent.json.gz"]) == 2
+    history = next(iter(json.loads(fits.read_text())["histories"].values()))
+    assert max(h["us_per_token"] for h in history) == pytest.approx(7.76, abs=0.005)
+    assert fits.with_suffix(".png").stat().st_size > 0
+    assert main(["/nonexistent.json.gz", "--out", str(fits)]) == 2
 
 
 def _step_rows(path: str):

@@ -182,6 +182,7 @@ def test_resume_keeps_the_other_engines_points_of_a_run_cut_short(tmp_path):
     (["--concurrency", "1,x"], "write integers separated by commas"),
     (["--concurrency", "0"], "must be >= 1"),
     (["--model", "M"], "--model and --draft go together"),
+    (["--model", "meta-llama/Llama-3-8B", "--draft", "D"], "no config.json there"),
     (["--dual-env", "SPEC_MAX_BS=256"], "write DGW_NAME=VALUE"),
     (["--dual-env", "DGW_SPEC_MAX_B=256"], "DGW_SPEC_MAX_BS"),
 ])

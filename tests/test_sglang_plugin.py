@@ -967,6 +967,16 @@ def test_the_host_cost_a_b_reads_each_pair_of_adjacent_runs(tmp_path, capsys):
     assert total["a_median"] == 150.0 and total["b_median"] == 120.0
     assert main([str(tmp_path), str(tmp_path)]) == 2
     assert "no checkout of this project" in capsys.readouterr().err
+    # A checkout whose host_cost fails: one line naming the tree and its last error line.
+    broken = tmp_path / "broken"
+    (broken / "bench" / "sglang").mkdir(parents=True)
+    for init in (broken / "bench" / "__init__.py", broken / "bench" / "sglang" / "__init__.py"):
+        init.write_text("")
+    (broken / "bench" / "sglang" / "host_cost.py").write_text(
+        "import sys\nsys.exit('host_cost: the worker would not build')\n")
+    assert main([str(broken), str(broken), "--rounds", "2", "--out", str(tmp_path / "ab")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: host_cost in") and "would not build" in err[-1]
 
 
 def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang, tmp_path):
@@ -992,7 +1002,9 @@ def test_the_host_cost_bench_times_each_part_of_a_workers_step(supported_sglang,
     assert ops[1]["verify_hook_ops"] > ops[0]["verify_hook_ops"]
     bad = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", "one"],
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --bs")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "error: argument --bs" in bad.stderr
+    assert out.with_suffix(".png").stat().st_size > 0
 
 
 def test_lazy_catch_up_events_reach_the_step_log_under_their_kinds(bare_sglang_worker, tmp_path):

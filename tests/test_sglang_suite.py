@@ -600,7 +600,11 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
     text = step_costs.report(groups)
     assert groups[("decode", 1, "carries next")] == [0.019]
     assert "| decode | 1 | 12.00 (1) | 5.00 (3) | 5.00 (8) | 19.00 (1) |" in text
-    assert step_costs.main([str(tmp_path / "steps.jsonl")]) == 0
+    assert step_costs.main([str(tmp_path / "steps.jsonl"), "--out", str(tmp_path / "c.md")]) == 0
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert {"mode": "decode", "padded_bs": 1, "place": "1st", "steps": 1,
+            "median_ms": pytest.approx(12.0)} in saved
+    assert (tmp_path / "c.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         step_costs.main([str(tmp_path / "missing.jsonl")])
 

@@ -33,7 +33,7 @@ from capture.distribution import parse_distribution
 from capture.measurements import Measurements, load_measurements
 from capture.tuner import TuningError, modelled_cost, tune
 from capture.units import parse_size
-from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
@@ -172,9 +172,9 @@ def budgets(default: dict, m: Measurements, memory_bytes: int,
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.capture_compare",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.capture_compare",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--measurements", required=True,
                     help="measurements.json of `make capture-measure ENGINE=sglang`")

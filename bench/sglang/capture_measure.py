@@ -23,8 +23,9 @@ from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
 from bench.sglang.policy_matrix import engine_kwargs
 from capture.measure import CANDIDATES
 from capture.measurements import save_measurements
+from capture.report import plot_memory_and_capture
 from capture.sglang_probe import measurements_from_probe
-from dual_graph_worker.core.argtypes import positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY
 
@@ -56,9 +57,9 @@ def engine_spec(name: str, target: Path, draft: Path, sizes: list[int], env: dic
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.capture_measure",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.capture_measure",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True,
                     help="folder: measurements.json (what capture-tune reads), the probe's "
                          "raw file (capture-probe.json), each engine's log and result")
@@ -101,7 +102,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     weights = ("DUMMY weights (Llama-3-8B shapes: the shapes, not the values, set memory and "
                "time)")
-    save_measurements(replace(m, notes=f"{m.notes}; {weights}"), out)
+    m = replace(m, notes=f"{m.notes}; {weights}")
+    save_measurements(m, out)
+    plot_memory_and_capture(m, None, out.with_suffix(".png"))
     print(weights)
     for mode in ("spec", "decode"):
         keys = [g for g in m.graphs if g.key.mode.value == mode]
@@ -111,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"both pools captured together: {total / 2**20:.0f} MiB")
     if m.meta.get("incomplete_keys"):
         print(f"keys missing a stage (left out): {m.meta['incomplete_keys']}")
-    print(f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -4,7 +4,9 @@ ran), the catch-up line (fixed seconds and seconds per draft token) read after e
 A rate far above the draft's own (~0.6 us a token on the H200) prices re-measurements of
 speculation that many times too dear.
 
-    python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3]
+    python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3] [--out FILE.json]
+
+Prints the steepest fits; writes every fit as FILE.json and a plot beside it (FILE.png).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from bench.plots import Panel, Series, line_chart
 from bench.sglang.estimate_error import EXCHANGE_EVERY, not_a_trace, read_trace, replay
+from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.controller import GoodputController
-from dual_graph_worker.core.argtypes import int_range
+from dual_graph_worker.core.jsonio import write_json
 
 
 def fit_history(trace: dict) -> list[dict]:
@@ -42,25 +46,43 @@ def _read_fit(out: list[dict], p: GoodputController, step: int) -> None:
         out.append(now)
 
 
+def _plot(histories: dict[str, list[dict]], path: Path) -> Path:
+    def series(field: str) -> list[Series]:
+        return [Series(Path(name).name.split(".")[0], [h["step"] for h in history],
+                       [h[field] for h in history]) for name, history in histories.items()]
+
+    return line_chart(path, "The controller's catch-up fit as each trace went on", "step",
+                      [Panel("us per caught-up token", series("us_per_token")),
+                       Panel("fixed ms a catch-up", series("fixed_ms"))])
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.catch_up_fit", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.catch_up_fit", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
     ap.add_argument("--top", type=int_range(1), default=3,
                     help="the steepest fits listed per trace")
+    ap.add_argument("--out", type=output_file, default="out/catch-up-fit.json",
+                    help="every trace's fit history as JSON (and a plot beside it, .png)")
     args = ap.parse_args(argv)
+    histories = {}
     print("| trace | fits | steepest us/token (step, fixed ms) |")
     print("|---|---|---|")
     for path in args.traces:
         try:
-            history = fit_history(read_trace(path))
-        except (OSError, ValueError, KeyError) as err:
+            history = histories[path] = fit_history(read_trace(path))
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
             print(not_a_trace(path, err), file=sys.stderr)
             return 2
         steep = sorted(history, key=lambda h: -h["us_per_token"])[:args.top]
         print(f"| {Path(path).name} | {len(history)} | "
               + ", ".join(f"{h['us_per_token']:.2f} ({h['step']}, {h['fixed_ms']:.2f})"
                           for h in steep) + " |")
+    out = Path(args.out)
+    write_json({"command": "python -m bench.sglang.catch_up_fit " + " ".join(args.traces),
+                "histories": histories}, out)
+    png = _plot(histories, out.with_suffix(".png"))
+    print(f"wrote {out} and {png}")
     return 0
 
 

@@ -8,6 +8,8 @@ ran at that size over the next 400 steps, where it ran at least 8. Open loop: th
 run's, whatever this controller would have chosen. Run it from another tree to compare.
 
     python -m bench.sglang.estimate_error TRACE.json.gz ... [--out FILE.json]
+
+Writes FILE.json and a plot beside it (FILE.png): each cell's error by padded batch size.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from bench.plots import Panel, Series, line_chart
+from dual_graph_worker.core.argtypes import OneLineParser, output_file
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime
 
@@ -115,10 +120,11 @@ def _print_rows(name: str, stats: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.estimate_error", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.estimate_error", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
-    ap.add_argument("--out", default="out/estimate-error.json")
+    ap.add_argument("--out", type=output_file, default="out/estimate-error.json",
+                    help="JSON to write (and the plot beside it, .png)")
     args = ap.parse_args(argv)
     result = {"command": "python -m bench.sglang.estimate_error " + " ".join(args.traces),
               "traces": {}}
@@ -129,7 +135,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             trace = read_trace(path)
             errors = cell_errors(trace)
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
             print(not_a_trace(path, err), file=sys.stderr)
             return 2
         every += errors
@@ -141,10 +147,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args.traces) > 1:
         _print_rows(f"all {len(args.traces)} traces", result["summary"])
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_json(result, out)
+    png = _plot(result["traces"], out.with_suffix(".png"))
+    print(f"wrote {out} and {png}")
     return 0
+
+
+def _plot(traces: dict, path: Path) -> Path:
+    series = [Series(f"{Path(name).name.split('.')[0]}, {mode}",
+                     [c["padded_bs"] for c in t["cells"] if c["mode"] == mode],
+                     [100 * c["error"] for c in t["cells"] if c["mode"] == mode], joined=False)
+              for name, t in traces.items() for mode in ("spec", "decode")]
+    return line_chart(path, "The controller's step time at a cell's first step against what "
+                      "the cell measured", "padded batch size",
+                      [Panel("error, % (expected / measured - 1)", [s for s in series if s.x],
+                             lines=((0.0, ""),))], log2_x=True)
 
 
 if __name__ == "__main__":

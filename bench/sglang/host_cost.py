@@ -8,9 +8,9 @@ the hook); not SGLang's own host work.
 
 Prints the median microseconds of each part per batch size, and the total's mean and 99th
 percentile (where stalls show); with --opcodes, the Python bytecodes each part executes (the
-same on any host); writes out/host-cost.json. With --step-log the steps run back
-to back, ~1000 in the writer thread's 50 ms where a GPU step takes ~6 ms: its serializing then
-holds the interpreter for a share of their time a server's steps never see.
+same on any host); writes out/host-cost.json and a plot beside it (.png). With --step-log the
+steps run back to back, ~1000 in the writer thread's 50 ms where a GPU step takes ~6 ms: its
+serializing then holds the interpreter for a share of their time a server's steps never see.
 Needs SGLang 0.5.17 importable (`make setup-test` installs its CPU build).
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 import operator
 import sys
 import tempfile
@@ -33,7 +32,11 @@ import numpy as np
 import torch
 
 from bench.capture_lists import DECODE_BS, SPEC_BS
+from bench.plots import Panel, Series, line_chart
 from bench.sglang.bare_worker import bare_worker
+from dual_graph_worker.core.argtypes import (OneLineParser, int_list, int_range,
+                                             non_negative_float, output_file)
+from dual_graph_worker.core.jsonio import write_json
 
 
 K = 3
@@ -140,25 +143,22 @@ def count_opcodes(bs: int, steps: int) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.host_cost", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bs", default="1,16,64")
-    ap.add_argument("--steps", type=int, default=5000)
+    ap = OneLineParser(prog="python -m bench.sglang.host_cost", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bs", type=int_list, default=[1, 16, 64],
+                    help="batch sizes, comma-separated (default 1,16,64)")
+    ap.add_argument("--steps", type=int_range(10), default=5000)
     ap.add_argument("--step-log", action="store_true", help="with the step log on (a temp file)")
-    ap.add_argument("--gap-ms", type=float, default=0.0,
+    ap.add_argument("--gap-ms", type=non_negative_float, default=0.0,
                     help="sleep this long after each step, as a GPU step's wait would: the "
                          "worker's code then meets cold caches, as it does in a server")
-    ap.add_argument("--opcodes", type=int, default=0, metavar="STEPS",
+    ap.add_argument("--opcodes", type=int_range(0), default=0, metavar="STEPS",
                     help="also count the Python bytecodes each part executes over this many "
                          "steps (deterministic: compares two versions of the path on a noisy "
                          "host; ~100x slower than the path itself)")
-    ap.add_argument("--out", default="out/host-cost.json")
+    ap.add_argument("--out", type=output_file, default="out/host-cost.json")
     args = ap.parse_args(argv)
-    try:
-        sizes = [int(b) for b in args.bs.split(",") if b]
-    except ValueError:
-        print(f"error: --bs takes batch sizes like 1,16,64, not {args.bs!r}", file=sys.stderr)
-        return 2
+    sizes = args.bs
     try:
         import sglang.srt.speculative.eagle_worker_v2  # noqa: F401
     except ImportError:
@@ -184,13 +184,23 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{r['bs']:5d}  {r['before_launch_ops']:13d}  {r['verify_hook_ops']:11d}  "
                   f"{r['result_processed_ops']:16d}  {r['total_ops']:5d}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"step_log": args.step_log, "steps": args.steps,
-                               "gap_ms": args.gap_ms, "rows": rows,
-                               **({"opcodes": ops} if ops else {})},
-                              indent=1))
-    print(f"wrote {out}")
+    write_json({"step_log": args.step_log, "steps": args.steps, "gap_ms": args.gap_ms,
+                "rows": rows, **({"opcodes": ops} if ops else {})}, out)
+    png = _plot(rows, out.with_suffix(".png"), args.steps)
+    print(f"wrote {out} and {png}")
     return 0
+
+
+def _plot(rows: list[dict], path: Path, steps: int) -> Path:
+    sizes = [r["bs"] for r in rows]
+    parts = [Series(part.replace("_us", "").replace("_", " ") + ", median", sizes,
+                    [r[part] for r in rows])
+             for part in ("before_launch_us", "verify_hook_us", "result_processed_us",
+                          "total_us")]
+    parts.append(Series("total, p99", sizes, [r["total_p99_us"] for r in rows], dashed=True))
+    return line_chart(path, f"The SGLang worker's own host time per step ({steps} steps, "
+                      "SGLang's parent methods stubbed)", "batch size",
+                      [Panel("us per step", parts, log_y=True)], log2_x=True)
 
 
 if __name__ == "__main__":

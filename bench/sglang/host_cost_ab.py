@@ -25,6 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from dual_graph_worker.core.argtypes import (OneLineParser, int_list, int_range,
+                                             non_negative_float, output_dir)
+from dual_graph_worker.core.errors import DualGraphError, report_user_errors
+
 PARTS = ("before_launch_us", "verify_hook_us", "result_processed_us", "total_us",
          "total_mean_us")
 
@@ -32,10 +36,14 @@ PARTS = ("before_launch_us", "verify_hook_us", "result_processed_us", "total_us"
 def _run(tree: Path, bs: str, steps: int, gap_ms: float) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "host-cost.json"
-        subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", bs,
-                        "--steps", str(steps), "--gap-ms", str(gap_ms), "--out", str(out)],
-                       cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                       check=True, capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "bench.sglang.host_cost", "--bs", bs,
+                               "--steps", str(steps), "--gap-ms", str(gap_ms), "--out", str(out)],
+                              cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise DualGraphError(f"host_cost in {tree} exited with {done.returncode}: {last}; "
+                                 "run it there alone to see why")
         return json.loads(out.read_text())["rows"]
 
 
@@ -78,30 +86,34 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.host_cost_ab", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    return report_user_errors(_main, argv)
+
+
+def _main(argv: Optional[list[str]]) -> int:
+    ap = OneLineParser(prog="python -m bench.sglang.host_cost_ab", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a_dir", type=Path)
     ap.add_argument("b_dir", type=Path)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--bs", default="1,16")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--gap-ms", type=float, default=6.0)
-    ap.add_argument("--out", type=Path, default=Path("out/host-cost-ab"))
+    ap.add_argument("--rounds", type=int_range(2), default=8)
+    ap.add_argument("--bs", type=int_list, default=[1, 16],
+                    help="batch sizes, comma-separated (default 1,16)")
+    ap.add_argument("--steps", type=int_range(10), default=400)
+    ap.add_argument("--gap-ms", type=non_negative_float, default=6.0)
+    ap.add_argument("--out", type=output_dir, default="out/host-cost-ab")
     args = ap.parse_args(argv)
     for d in (args.a_dir, args.b_dir):
         if not (d / "bench" / "sglang" / "host_cost.py").exists():
             print(f"error: {d} is no checkout of this project (no bench/sglang/host_cost.py); "
                   "make one with `git worktree add DIR REF`", file=sys.stderr)
             return 2
-    if args.rounds < 2:
-        ap.error("--rounds must be at least 2")
+    out = Path(args.out)
     runs: dict[str, list[list[dict]]] = {"a": [], "b": []}
     for i in range(args.rounds):
         # Who goes first alternates, so a drift within a pair favours neither.
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
         for v in order:
-            runs[v].append(_run(args.a_dir if v == "a" else args.b_dir, args.bs, args.steps,
-                                args.gap_ms))
+            runs[v].append(_run(args.a_dir if v == "a" else args.b_dir,
+                                ",".join(map(str, args.bs)), args.steps, args.gap_ms))
         print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
     rows = summary(runs)
     print(f"host_cost, {args.steps} steps a run, {args.gap_ms:g} ms before each step, "
@@ -110,14 +122,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         print(f"{r['bs']:5d}  {r['part']:20s} {r['a_median']:9.1f} {r['b_median']:9.1f} "
               f"{r['ratio_median']:11.3f}  ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})")
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.sglang.host_cost_ab " + " ".join(sys.argv[1:] if argv is None
                                                                  else argv)
-    (args.out / "host-cost-ab.json").write_text(json.dumps(
+    (out / "host-cost-ab.json").write_text(json.dumps(
         {"command": command, "a": str(args.a_dir), "b": str(args.b_dir), "steps": args.steps,
          "gap_ms": args.gap_ms, "runs": runs, "summary": rows}, indent=1))
-    _plot(rows, args.out / "host-cost-ab.png", f"B/A, {args.gap_ms:g} ms gap: {command}")
-    print(f"wrote {args.out}/host-cost-ab.json and host-cost-ab.png")
+    _plot(rows, out / "host-cost-ab.png", f"B/A, {args.gap_ms:g} ms gap: {command}")
+    print(f"wrote {out}/host-cost-ab.json and host-cost-ab.png")
     return 0
 
 

@@ -127,9 +127,9 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
     """Every engine of `specs` (kind -> engine_child spec) through `plan`; per kind a result as
     engine_child writes one (its cells' points under their task names), with "error" where the
     engine failed or the budget ran out. `on_phase` gets the results so far after each phase.
-    `together`: every engine launched at once, not each after the last is up (on the H200 the
-    three start-ups took 230 s of a 395-s call one after another; each then measures its
-    memory while the others load, so the KV pools are checked after, kv_tokens)."""
+    `together`: every engine launched at once, not each after the last is up (start-ups one
+    after another take most of a short call); each then measures its memory while the others
+    load, so the KV pools are checked after (kv_tokens)."""
     engines: dict[str, Engine] = {}
     failed: dict[str, dict] = {}
     done: dict[str, dict] = {}          # engines no later phase needed, stopped early

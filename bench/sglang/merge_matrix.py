@@ -25,7 +25,7 @@ from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BE
                                        fill_from, heatmap, matrix_report, merged_workloads,
                                        per_cell_median, ratios, readings, repeated,
                                        with_rounds_asked)
-
+from dual_graph_worker.core.argtypes import OneLineParser
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool = False) -> dict:
     """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, an
@@ -162,8 +162,8 @@ def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.merge_matrix", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.merge_matrix", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--processes", action="store_true",
                     help="each call is one process of every engine: cells measured by several "

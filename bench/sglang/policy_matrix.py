@@ -55,7 +55,9 @@ from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_dummy_pair,
 )
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import need_mapping, read_json, write_json
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments
 
@@ -726,7 +728,7 @@ class MatrixWriter:
                                 for w in self.columns],
                   "records": filled, "cells": cells, **other,
                   "settings": self.settings, "startup_s": self.startup_s}
-        (self.out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
+        write_json(matrix, self.out / "policy-matrix.json")      # a killed run leaves it whole
         (self.out / "report.md").write_text(
             matrix_report(cells, other, filled, self.accepts, self.columns, self.note))
         if cells:
@@ -734,9 +736,9 @@ class MatrixWriter:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.policy_matrix",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.policy_matrix",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--accept", default="1.5,2.0,3.0,3.5")
     ap.add_argument("--engines", default=",".join(ENGINES))
@@ -766,14 +768,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--short-cell-runs", type=int, default=Repeats.runs)
     ap.add_argument("--host-load", type=int, default=0, metavar="N",
                     help="N processes spin on the CPU while every cell runs (default 0): how a "
-                         "loaded host moves the engines (results/sglang/runs.md, run 12)")
+                         "loaded host moves the engines")
     ap.add_argument("--interleave", action="store_true",
                     help="every engine up at once (same KV pool each), each cell taken by one "
                          "engine after another in a rotating order (interleave.py)")
     ap.add_argument("--start-together", action="store_true",
                     help="with --interleave: launch every engine at once rather than each "
-                         "after the last is up (on the H200 the three start-ups took 230 s of "
-                         "a 395-s call); each KV pool is checked after and a short one warned of")
+                         "after the last is up (start-ups one after another take most of a "
+                         "short call); each KV pool is checked after and a short one warned of")
     ap.add_argument("--rounds", type=int, default=1,
                     help=f"with --interleave: every cell this many times (1-{MAX_RUNS}), one run "
                          "a round, each round in its own engine order; tok/s is the median "
@@ -782,8 +784,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pin-cpus", metavar="LIST",
                     help="every engine's processes (its scheduler, detokenizer and client) on "
                          "these CPUs, e.g. 2-5: with --interleave, engines take turns, so each "
-                         "serves on the same cores (a thread's core can run it 1.2-1.5x slower "
-                         "for seconds on the H200's virtual machine)")
+                         "serves on the same cores (on a virtual machine a thread's core can "
+                         "run it slower for seconds)")
     ap.add_argument("--fill-from", metavar="JSON",
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
@@ -844,7 +846,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             filler = json.loads(Path(args.fill_from).read_text())
             earlier = filler["records"]
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"error: --fill-from {args.fill_from}: not a policy-matrix.json ({e})",
                   file=sys.stderr)
             return 2
@@ -867,7 +869,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     out = Path(args.out).resolve()
     matrix_path = out / "policy-matrix.json"
-    previous = json.loads(matrix_path.read_text()) if matrix_path.exists() else {}
+    try:
+        previous = need_mapping(read_json(matrix_path, "the matrix in --out", "pass another "
+                                          "--out or remove that file"), str(matrix_path)) \
+            if matrix_path.exists() else {}
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # The records kept from an earlier run into DIR must come from the same servers.
     kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
             "pin_cpus") + (() if "dual" in engines else ("dual_env",))

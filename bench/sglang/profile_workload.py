@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core import nvtx_names as names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -225,8 +226,8 @@ def profile(spec: WorkloadSpec, out: Path, expect_sm: Optional[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.profile_workload", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.profile_workload", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--nsys", action="store_true", help="run the workload under nsys, then check")
     ap.add_argument("--expect-sm", help="with --nsys: fail unless the GPU is this, e.g. SM90")

@@ -89,6 +89,7 @@ from bench.sglang.workload import (  # noqa: E402
     summarize_catch_ups,
     summarize_steps,
 )
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.step_log import (  # noqa: E402
     read_step_events,
     read_step_log,
@@ -481,7 +482,7 @@ class Suite:
     @staticmethod
     def gap_summary(log: Optional[str], top: int = 3) -> list[dict]:
         """The longest gaps between consecutive step-log lines after start-up: a stall (a lazy
-        kernel build, a sync) shows here even without the stall watch (stall15)."""
+        kernel build, a sync) shows here even without the stall watch."""
         if not log or not os.path.exists(log):
             return []
         _, lines = read_log(Path(log))
@@ -617,7 +618,7 @@ def _ints(s: str) -> list[int]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--phases", default=",".join(PHASES),
                    help=f"comma list of {PHASES}")
@@ -700,6 +701,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         p.error(f"unknown phases {sorted(unknown)}; choose from {PHASES}")
+    if args.toy_dir and not (Path(args.toy_dir) / "target").is_dir():
+        p.error(f"--toy-dir {args.toy_dir} holds no target/ checkpoint; make one with "
+                "`dgw make-toy-checkpoints DIR`")
     return args
 
 

@@ -43,6 +43,7 @@ from bench.sglang.model_configs import (
 from bench.sglang import soak, step_costs
 from bench.sglang.engine_child import gpu_name
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
+from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments
@@ -472,8 +473,8 @@ def plot(cfg: ServeBenchConfig, points: list[ServePoint], path: Path) -> None:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.serve_bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.serve_bench", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/serve-bench")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--concurrency", default="1,4,16,64,128,256")
@@ -524,6 +525,10 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
         ap.error("--soak wants a request count >= 0 (0: no soak)")
     if bool(args.model) != bool(args.draft):
         ap.error("--model and --draft go together (a real target and its EAGLE-3 draft)")
+    for flag, folder in (("--model", args.model), ("--draft", args.draft)):
+        if folder and not (Path(folder) / "config.json").is_file():
+            ap.error(f"{flag} {folder}: no config.json there; pass a local checkpoint folder "
+                     "(a hub id is not fetched here)")
     try:
         dual_env = tuple(assignments(args.dual_env).items())
     except ConfigError as exc:

@@ -13,6 +13,8 @@ costs in order as the replay trace tests/test_controller_h200_trace.py reads.
     python -m bench.sglang.step_costs STEP_LOG [--cells DIR/dual.json] [--out FILE.md]
                                       [--host-speed DIR/host-speed.jsonl]
                                       [--trace FILE.json.gz --source TEXT]
+
+With --out, the grouped step costs also go to FILE.json and a plot to FILE.png.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
+from bench.plots import Panel, Series, line_chart
 from bench.sglang import host_speed
+from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.jsonl import json_lines
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
@@ -341,13 +346,15 @@ def trace(log: list[dict], source: str) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sglang.step_costs", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m bench.sglang.step_costs", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step_log")
     ap.add_argument("--cells", metavar="ENGINE_JSON",
                     help="the worker's engine JSON of the same run (policy matrix DIR/dual.json)")
-    ap.add_argument("--out", help="also write the table here")
-    ap.add_argument("--trace", metavar="FILE.json.gz", help="write the replay trace here")
+    ap.add_argument("--out", type=output_file,
+                    help="also write the report here (FILE.md), with FILE.json and FILE.png")
+    ap.add_argument("--trace", type=output_file, metavar="FILE.json.gz",
+                    help="write the replay trace here")
     ap.add_argument("--source", default="", help="the trace's provenance line")
     ap.add_argument("--host-speed", metavar="JSONL",
                     help="the matrix's host-speed samples (DIR/host-speed.jsonl): the worker's "
@@ -375,9 +382,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--host-speed {args.host_speed}: no such file")
     text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
     if args.out:
-        Path(args.out).write_text(text)
+        out = Path(args.out)
+        out.write_text(text)
+        groups = group_costs(log)
+        write_json([{"mode": m, "padded_bs": b, "place": p, "steps": len(xs),
+                     "median_ms": 1e3 * statistics.median(xs)}
+                    for (m, b, p), xs in sorted(groups.items())], out.with_suffix(".json"))
+        _plot(groups, out.with_suffix(".png"))
     print(text, end="")
     return 0
+
+
+def _plot(groups: dict[tuple[str, int, str], list[float]], path: Path) -> Path:
+    series = []
+    for mode in sorted({m for m, _, _ in groups}):
+        for place in PLACES:
+            sizes = sorted(b for m, b, p in groups if m == mode and p == place)
+            if sizes:
+                series.append(Series(f"{mode}, {place}", sizes,
+                                     [1e3 * statistics.median(groups[mode, b, place])
+                                      for b in sizes], dashed=place != PLACES[2]))
+    return line_chart(path, "Measured step costs by place in the run since the last switch "
+                      "(catch-up steps left out)", "padded batch size",
+                      [Panel("median ms a step", series, log_y=True)], log2_x=True)
 
 
 if __name__ == "__main__":
