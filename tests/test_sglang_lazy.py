@@ -64,7 +64,7 @@ def test_continuity_config():
     cfg = Settings.from_env({"DGW_CONTINUITY": "Keep-Current", "DGW_LAZY_STASH_MB": "64"})
     assert cfg.continuity is Continuity.KEEP_CURRENT and cfg.lazy_stash_mb == 64
     assert cfg.to_json()["continuity"] == "keep-current"
-    assert Settings.from_mapping({"continuity": "lazy-catch-up"}) == Settings()
+    assert Settings.from_env({"DGW_CONTINUITY": "lazy-catch-up"}) == Settings()
     with pytest.raises(ConfigError, match="keep-current"):
         Settings.from_env({"DGW_CONTINUITY": "lazy"})
     with pytest.raises(ConfigError, match="DGW_CONTINUITY"):

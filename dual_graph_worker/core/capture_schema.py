@@ -2,7 +2,7 @@
 
 A config names the GPU it was tuned on, the model shape (fingerprinted), K, both pools' batch
 sizes, the replay calibration and the crossover the tuner predicted. Engines read it through
-`load_serving_capture`, which refuses a malformed file (ConfigError) and one tuned on another GPU
+`load_capture`, which refuses a malformed file (ConfigError) and one tuned on another GPU
 or model shape (StaleConfig). The capture tools write the full file (capture/config.py extends
 `ServingCapture` with budgets, distribution and savings).
 """
@@ -117,8 +117,8 @@ class ModelInfo:
         if stored != actual:
             raise ConfigError(f"{where}.fingerprint is {stored!r} but the shape hashes to "
                               f"{actual!r}: the shape was edited after recording; re-record it "
-                              "(or write the new fingerprint with capture.measurements."
-                              "model_fingerprint)")
+                              "(or write the new fingerprint with dual_graph_worker.core."
+                              "capture_schema.model_fingerprint)")
         return cls(shape, stored)
 
 

@@ -34,6 +34,7 @@ CONFIG_NUM_DRAFT_TOKENS = "num_draft_tokens"
 CONFIG_GPU_NAME = "gpu_name"
 CONFIG_COMPUTE_CAPABILITY = "compute_capability"  # "9.0"; a fallback when the report has none
 CONFIG_CONTINUITY = "continuity"  # draft continuity: which graph stages a decode step has
+CONFIG_POLICY = "policy"          # the mode policy (reported, not checked)
 
 
 def _text(value: object) -> str:

@@ -233,10 +233,6 @@ class Settings:
                               f"must be >= 1, got {self.min_dwell_steps}")
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> "Settings":
-        return cls(**_parsed(data, source))
-
-    @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
         """The file's values under the variables': checked together, so a variable may fix
         what the file alone would get wrong."""

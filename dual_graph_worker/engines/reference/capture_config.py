@@ -3,7 +3,7 @@ with, after checking the config was tuned for this GPU and this model shape.
 
     tuned = tuned_pools("capture/config.json", engine)     # StaleConfig if GPU/model differ
     WorkerConfig(spec_bs=tuned.spec_bs, decode_bs=tuned.decode_bs, ...)
-    GoodputPolicy(tuned.calibration)
+    # tuned.calibration: the goodput controller's prior (variants.build_variant)
 
 The SGLang plugin reads the same file through `dual_graph_worker.engines.sglang.capture_config`,
 with its shape built by `build_model_shape` from SGLang's model config.

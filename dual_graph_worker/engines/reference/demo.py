@@ -25,8 +25,8 @@ from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
-from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_permutations,
-                                                     write_toy_checkpoints)
+from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, expected_accept_len,
+                                                     toy_permutations, write_toy_checkpoints)
 from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           check_toy_settings, toy_engine_spec)
@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
         return engine_from_checkpoints(ckpt.target, ckpt.drafts[args.agreement], spec,
                                        note=f"toy checkpoint, draft {args.agreement}")
     f = AGREEMENT_LEVELS[args.agreement]
-    expected = sum(f ** j for j in range(args.num_draft_tokens + 1))
+    expected = expected_accept_len(f, args.num_draft_tokens)
     acceptance = (f"REAL acceptance: toy draft agrees on {f:.0%} of tokens "
                   f"(expected accept length {expected:.2f} of {args.num_draft_tokens + 1})")
     print(f"dgw demo on {args.device}: toy Llama target (hidden=vocab={args.hidden}, 8 layers) + "

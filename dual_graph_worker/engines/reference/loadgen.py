@@ -13,6 +13,8 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from dual_graph_worker.core.modes import Mode
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -134,7 +136,7 @@ class PhaseRun:
 
     def result(self) -> PhaseResult:
         recs = self.recs
-        spec = [r.mean_accept_len for r in recs if r.mode.value == "spec"]
+        spec = [r.mean_accept_len for r in recs if r.mode is Mode.SPEC]
         outputs = (tuple(RequestOutput(f.prompt, f.output, self.requested[f.rid])
                          for f in sorted(self.done, key=lambda f: f.rid))
                    if self.collect_outputs else ())

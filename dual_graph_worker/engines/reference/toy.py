@@ -44,9 +44,12 @@ class ToyPermutations:
         return out
 
     def expected_accept_len(self, num_draft_tokens: int) -> float:
-        """Tokens per request per spec step if proposals hit S at rate f independently."""
-        f = self.agreement
-        return sum(f ** j for j in range(num_draft_tokens + 1))
+        return expected_accept_len(self.agreement, num_draft_tokens)
+
+
+def expected_accept_len(agreement: float, num_draft_tokens: int) -> float:
+    """Tokens per request per spec step if proposals agree at rate `agreement` independently."""
+    return sum(agreement ** j for j in range(num_draft_tokens + 1))
 
 
 def toy_permutations(vocab: int, agreement: float, seed: int = 0) -> ToyPermutations:

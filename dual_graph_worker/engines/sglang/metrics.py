@@ -21,6 +21,7 @@ import copy
 from typing import Any, Optional
 
 from dual_graph_worker.core.counters import WorkerCounters
+from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import PolicyState
 
 PUSH_EVERY = 32
@@ -76,7 +77,7 @@ class PrometheusSeries:
             if now > before:
                 series.inc(now - before)
         if counters.mode is not None:
-            self.spec_mode.labels(**lb).set(1.0 if counters.mode.value == "spec" else 0.0)
+            self.spec_mode.labels(**lb).set(1.0 if counters.mode is Mode.SPEC else 0.0)
         if counters.spec_accept_len is not None:
             self.accept.labels(**lb).set(counters.spec_accept_len)
         if state is not None:

@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 STEADY_AFTER_ENV = BY_KEY["profile_steady_after_steps"].env
 STEPS_ENV = BY_KEY["profile_steps"].env
-CONFIG_POLICY = "policy"
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def worker_config_marks(worker: Any) -> dict[str, str]:
         # K as the checker means it: draft steps per spec step (no draft graph when K = 1).
         names.CONFIG_NUM_DRAFT_TOKENS: str(getattr(worker, "speculative_num_steps", "?")),
         names.CONFIG_CONTINUITY: str(getattr(getattr(cfg, "continuity", None), "value", "?")),
-        CONFIG_POLICY: str(getattr(getattr(cfg, "policy", None), "value", "?")),
+        names.CONFIG_POLICY: str(getattr(getattr(cfg, "policy", None), "value", "?")),
     }
 
 
