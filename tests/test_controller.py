@@ -1748,43 +1748,6 @@ def test_a_steady_batchs_acceptance_goes_stale_over_the_whole_window_a_newcomers
     assert 64 <= first_re_measurement(newcomer=False) < 96
 
 
-def _newcomer_re_measured_after(p: GoodputController, batch: int = 1) -> int:
-    """Decode steps, after `batch` new requests join a decoding batch of their own, until the
-    controller re-measures speculation: step times fresh and set so that speculation loses at
-    what a new request is expected to accept (fresh) and wins at 0.25 above it."""
-    fresh = p.estimates()["fresh_accept"]
-    t_decode_ = 0.010
-    t_spec_ = t_decode_ * (fresh + 0.25) / (1 + p.config.margin)
-    for mode, t in ((Mode.SPEC, t_spec_), (Mode.DECODE, t_decode_)):
-        for _ in range(4):
-            p.observe(StepTime(mode, batch, t))
-    p.exchange(same_rank)
-    _commit(p, Mode.DECODE, 8)
-    rows = np.arange(200, 200 + batch)
-    p.observe(Admitted(16 * batch, rows))
-    for step in range(100):
-        p.observe(StepTime(Mode.DECODE, batch, t_decode_))
-        d = p.decide(PolicyInputs(batch, batch, batch, rows=rows))
-        if d.reason is Reason.EXPLORE:
-            return step
-        assert d.mode is Mode.DECODE             # at the new-request expectation, it loses
-        p.commit(d)
-    return 100
-
-
-def test_where_requests_differ_a_newcomer_is_measured_while_it_is_young():
-    """On the CPU demo at c=1 a phase's speculation won 11%, all of it from one request of
-    four (accept 3.3 against ~1.9): it came after two with unlucky first draws, so what a new
-    request is expected to accept read low, and it decoded unmeasured until a re-measurement
-    came due, a quarter window later, by then near its end. Where requests differ, a newcomer
-    that would make speculation win one standard error up is measured at once; where they
-    accept alike, a new one is what the latest were, and waits the quarter window."""
-    assert _newcomer_re_measured_after(_differing_requests()) == 0
-    assert _newcomer_re_measured_after(_alike_requests(seed=0)) >= 50
-    # One standard error of 16 newcomers' mean is a quarter of one's: no win 0.25 up at once.
-    assert _newcomer_re_measured_after(_differing_requests(), batch=16) >= 50
-
-
 def test_a_re_measurement_priced_as_ending_early_pays_for_the_steps_it_runs_on():
     """Priced as one step (all requests drew 1), it sees acceptance 4 and runs whole: each step
     beyond the one priced is charged as it runs, so the budget still bounds what it costs."""

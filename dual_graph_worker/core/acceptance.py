@@ -149,18 +149,6 @@ class AcceptanceEstimate:
             return False
         return max(map(self._admitted_at.__getitem__, self._ids_of(rows))) >= self.seen_at
 
-    def newcomers_spread(self, rows: Optional[np.ndarray]) -> float:
-        """One standard error of a batch's mean acceptance from its newcomers (admitted since
-        acceptance was last seen): each one's own is unknown and spreads as far as requests
-        surely differ. 0 where they are not seen to differ or none is new."""
-        differ, est = self._differ, self._rows
-        if not differ or rows is None or est is None or not len(rows) \
-                or self._last_admitted < self.seen_at:
-            return 0.0
-        ids = self._ids_of(rows)
-        new = sum(map(self.seen_at.__le__, map(self._admitted_at.__getitem__, ids)))
-        return math.sqrt(new * differ) / len(ids)
-
     def add(self, accepts: list[float], total: float, rows: Optional[np.ndarray],
             step: int) -> None:
         """One speculative step's accept lengths (1..K+1, their sum `total`) of request `rows`."""

@@ -194,10 +194,6 @@ class GoodputController:
             if self._plausible(other, there_t, here_t, inputs, (spec, decode)):
                 return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
                                      inputs) or stay
-        elif from_decode and self._budget.allowance >= self._min_price and \
-                times.measured(spec_key) and self._newcomers_may_win(inputs, accept, *measured):
-            return self._explore(other, spec_key, 1.0 - here / there, spec_t, decode_t,
-                                 inputs) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
@@ -382,22 +378,6 @@ class GoodputController:
         # slowly), after a quarter of it once a request admitted since has joined.
         seen = self._step - self._acceptance.seen_at
         return seen > window or (seen > window // 4 and self._acceptance.newcomers(rows))
-
-    def _newcomers_may_win(self, inputs: PolicyInputs, accept: float, spec_t: float,
-                           decode_t: float) -> bool:
-        """Speculation would win with the batch's newcomers one standard error of their mean
-        above what a new request is expected to accept (AcceptanceEstimate.newcomers_spread):
-        where requests differ, a new one is measured while it is young, not a stale window
-        later, and then runs the mode it is fast in. Not within two exchanges of the last
-        re-measurement, whose step times may still be on the way."""
-        if self._explored_at[Mode.SPEC] >= self._step - 2 * self.config.sync_every:
-            return False
-        up = self._acceptance.newcomers_spread(inputs.rows)
-        if not up:
-            return False
-        spec = self._cost(True, spec_t, inputs.bs, accept + up, inputs.catch_up_tokens,
-                          prefill_tokens=inputs.prefill_tokens)
-        return spec * (1 + self.config.margin) < self._cost(False, decode_t, inputs.bs, 1.0, 0)
 
     def _time_stale(self, i: int) -> bool:
         """Key i's step time not measured within the last stale_after steps."""
