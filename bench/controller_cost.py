@@ -3,9 +3,9 @@ plan (decide + commit; an exchange every sync_every steps), one StepTime and one
 observation, and an Admitted one as requests replace finished ones, at the batch sizes a server
 runs with SGLang's default graph lists, over growing contexts. CPU only; prints a table, writes
 JSON and a plot beside it (.png). The step times fed in are SYNTHETIC (the controller's choices,
-not its cost, depend on them). Each round measures every batch size in turn (with --both, each with and without request
-turnover), so a host's slow spell or cold start falls on all of them alike and shows as the
-spread of the rounds' medians.
+not its cost, depend on them). Each round measures every batch size in turn (with --both, each
+with and without request turnover), so a host's slow spell or cold start falls on all of them
+alike and shows as the spread of the rounds' medians.
 
     python -m bench.controller_cost [--out out/controller-cost.json] [--steps 20000]
                                     [--sync-every N] [--rounds 3] [--steady | --both]

@@ -1,19 +1,12 @@
 """The benchmarks' line charts: named series of (x, y) points on shared axes, one panel each,
-drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state)."""
+drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state). matplotlib
+is imported by `line_chart` alone: a benchmark's arguments are checked before it loads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
-
-
-# Log axes labelled 64, not 2^6.
-_PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
 
 
 @dataclass(frozen=True)
@@ -36,6 +29,10 @@ class Panel:
 def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel],
                log2_x: bool = False) -> Path:
     """One PNG: `panels` stacked, sharing the x axis (log2 for batch sizes)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
     fig = Figure(figsize=(8, 3.2 * len(panels) + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
@@ -49,10 +46,10 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
                         color="gray", va="bottom")
         if log2_x:
             ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(_PLAIN)
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
         if panel.log_y:
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(_PLAIN)
+            ax.yaxis.set_major_formatter(FuncFormatter(_plain))
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
         if panel.series:
@@ -63,3 +60,8 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
+
+
+def _plain(value: float, _position: int) -> str:
+    """Log axes labelled 64, not 2^6."""
+    return f"{value:g}"

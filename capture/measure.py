@@ -120,7 +120,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=args.num_draft_tokens,
                                                 max_requests=max(cands), max_context=args.context + 16,
                                                 device="cuda", dtype="bfloat16", attention="triton"))
-    weights = f"DUMMY weights ({args.model} shapes: the shapes, not the values, set memory and time)"
+    weights = (f"DUMMY weights ({args.model} shapes: the shapes, not the values, set memory and "
+               "time)")
     print(weights)
     m = measure(engine, cands, args.context)
     m = replace(m, notes=f"{m.notes}; {weights}")

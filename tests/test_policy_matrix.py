@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.sglang import policy_matrix as pm
 
 
@@ -41,6 +43,18 @@ def test_fill_from_a_file_that_is_not_a_matrix_is_one_clear_error(tmp_path, caps
     assert pm.main(["--out", str(tmp_path / "o"), "--fill-from", str(bad),
                     "--engines", "plain"]) == 2
     assert "--fill-from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"records": [3]}'])
+def test_a_damaged_matrix_in_out_is_one_clear_error_before_any_work(tmp_path, capsys, content):
+    """A run killed mid-write, or another file under that name: one line naming it and the fix."""
+    old = tmp_path / "o"
+    old.mkdir()
+    (old / "policy-matrix.json").write_text(content)
+    assert pm.main(["--out", str(old), "--engines", "plain"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "remove that file" in err[0]
+    assert not (old / "models").exists()
 
 
 def test_a_misspelt_worker_setting_is_one_clear_error_before_any_work(tmp_path, capsys):

@@ -11,8 +11,8 @@ import pytest
 from dual_graph_worker.cli import main as dgw_main
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.settings import (BY_ENV, BY_KEY, REGISTRY, PolicyKind, Settings, assignments,
-                                             docs_table, explicit_keys)
+from dual_graph_worker.core.settings import (BY_ENV, BY_KEY, REGISTRY, PolicyKind, Settings,
+                                             assignments, docs_table, explicit_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
 

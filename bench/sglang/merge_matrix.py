@@ -27,6 +27,7 @@ from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BE
                                        with_rounds_asked)
 from dual_graph_worker.core.argtypes import OneLineParser
 
+
 def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool = False) -> dict:
     """`parts`: (call name, its policy-matrix.json); raises ValueError on mixed settings, an
     engine two calls measured at one accept length (without `processes` or `latest`), a

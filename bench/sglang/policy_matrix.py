@@ -869,12 +869,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     out = Path(args.out).resolve()
     matrix_path = out / "policy-matrix.json"
+    fix = "pass another --out or remove that file"
     try:
-        previous = need_mapping(read_json(matrix_path, "the matrix in --out", "pass another "
-                                          "--out or remove that file"), str(matrix_path)) \
-            if matrix_path.exists() else {}
+        previous = need_mapping(read_json(matrix_path, "the matrix in --out", fix),
+                                str(matrix_path)) if matrix_path.exists() else {}
+        kept_records = [r for r in previous.get("records", [])
+                        if r["engine"] not in engines and "from" not in r]
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}" + ("" if fix in str(exc) else f"; {fix}"), file=sys.stderr)
+        return 2
+    except (TypeError, KeyError, AttributeError) as exc:
+        print(f"error: {matrix_path}: not a policy-matrix.json ({exc!r}); {fix}",
+              file=sys.stderr)
         return 2
     # The records kept from an earlier run into DIR must come from the same servers.
     kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
@@ -886,8 +892,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     shapes = llama3_8b_shapes()
     target, draft = write_dummy_pair(out / "models", shapes)
-    recs = [r for r in previous.get("records", [])
-            if r["engine"] not in engines and "from" not in r]
+    recs = kept_records
     note = (f"{gpu_name()}, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
             f"(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths "
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "

@@ -181,7 +181,8 @@ def run_workload(spec: WorkloadSpec, out: Path) -> dict:
     if len(records) < spec.needed_steps:
         notes.append(f"only {len(records)} of {spec.needed_steps} steps ran: the capture range "
                      "never closed; the report may be empty")
-    summary = {"what": spec.forced, "spec": asdict(spec), "plugin": plugin, "startup_s": round(startup_s, 2),
+    summary = {"what": spec.forced, "spec": asdict(spec), "plugin": plugin,
+               "startup_s": round(startup_s, 2),
                "profiled_generate_s": round(run_s, 2), "steps_logged": len(records),
                "window": {"steady_after_steps": spec.warmup_steps, "steps": spec.steps},
                "step_summary": summarize_steps(records).to_json() if records else None,

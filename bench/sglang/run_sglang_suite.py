@@ -89,7 +89,7 @@ from bench.sglang.workload import (  # noqa: E402
     summarize_catch_ups,
     summarize_steps,
 )
-from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.argtypes import OneLineParser  # noqa: E402
 from dual_graph_worker.core.step_log import (  # noqa: E402
     read_step_events,
     read_step_log,
@@ -409,7 +409,8 @@ class Suite:
 
     def bench_note(self) -> str:
         """What the bench's figures are: forced acceptance, dummy weights, the workload and
-        every variant's settings (in the report, the plot and the summary)."""
+        every variant's settings (in the report and the summary; the plot's title leads with
+        the first two)."""
         a = self.args
         variants = [f"dual{SUFFIX[c]}: DGW_CONTINUITY={c}" for c in self.continuities()[1:]]
         if a.with_eager_draft:

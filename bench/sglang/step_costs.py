@@ -360,6 +360,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="the matrix's host-speed samples (DIR/host-speed.jsonl): the worker's "
                          "spec steps over time beside the host's speed")
     args = ap.parse_args(argv)
+    if args.out and Path(args.out).suffix == ".json":
+        ap.error(f"--out {args.out}: the report is markdown and its grouped costs go to "
+                 "FILE.json beside it; pass FILE.md")
     if not Path(args.step_log).is_file():
         ap.error(f"{args.step_log}: no such step log; run the worker with DGW_STEP_LOG=PATH")
     engine = None
@@ -374,6 +377,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             costs = trace(log, args.source)
         except ValueError as e:
             ap.error(f"{args.step_log}: {e}")
+        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(args.trace, "wt") as f:
             json.dump(costs, f, separators=(",", ":"))
         print(f"wrote {args.trace}: {len(costs['costs'])} costs")
@@ -383,6 +387,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
     if args.out:
         out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         groups = group_costs(log)
         write_json([{"mode": m, "padded_bs": b, "place": p, "steps": len(xs),

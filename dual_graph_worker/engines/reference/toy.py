@@ -44,6 +44,7 @@ class ToyPermutations:
         return out
 
     def expected_accept_len(self, num_draft_tokens: int) -> float:
+        """This pair's expected_accept_len (the module function)."""
         return expected_accept_len(self.agreement, num_draft_tokens)
 
 
