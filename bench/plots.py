@@ -27,11 +27,12 @@ class Panel:
 
 
 def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel],
-               log2_x: bool = False) -> Path:
-    """One PNG: `panels` stacked, sharing the x axis (log2 for batch sizes)."""
+               log2_x: bool = False, integer_x: bool = False) -> Path:
+    """One PNG: `panels` stacked, sharing the x axis (log2 for batch sizes; integer ticks
+    for counts)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     fig = Figure(figsize=(8, 3.2 * len(panels) + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
@@ -44,6 +45,8 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
             ax.axhline(y, color="gray", linestyle=":", linewidth=1)
             ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=8,
                         color="gray", va="bottom")
+        if integer_x:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if log2_x:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))

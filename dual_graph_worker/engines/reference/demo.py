@@ -60,7 +60,7 @@ def _plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="dgw demo", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ramp", type=int_list_up_to(256), default="1,4,16,32,16,4,1",
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = _parser()
+    ap = parser()
     args = ap.parse_args(argv)   # bad values: one error line, exit 2
     context = toy_context(ap, args.hidden, args.input_len, args.output_len, args.output_spread,
                           args.num_draft_tokens, "--input-len, --output-len or --output-spread")

@@ -1,0 +1,152 @@
+"""Each request of one `dgw demo` phase, drawn as the demo draws it (its seeds and arguments),
+with the accept lengths its speculative steps draw on the toy chain, every step speculative:
+which requests hold a phase's speculative lead, at given step times. A phase where the dynamic
+worker trails static speculation may owe the whole lead to one request it did not measure in
+time. The draws are the chain's own (no model runs); the step times are the user's.
+
+    python -m bench.demo_requests [demo arguments] [--phase 0] [--spec-ms 13.25]
+                                  [--decode-ms 7.02] [--regression N]
+
+Prints a table per request; writes OUT/requests.json and OUT/requests.png (OUT: --out). With
+--regression N, also N random requests of the phase's lengths: the slope of the mean of a
+request's later draws on its first four's, the weight a first estimate deserves against all
+requests' mean (what the controller's own_accept_weight_first learns).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from bench.plots import Panel, Series, line_chart
+from dual_graph_worker.core.argtypes import int_range, positive_float
+from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.engines.reference.demo import parser as demo_parser
+from dual_graph_worker.engines.reference.loadgen import Phase
+from dual_graph_worker.engines.reference.toy import AGREEMENT_LEVELS, toy_permutations
+
+FIRST_DRAWS = 4      # the controller's first estimate of a request is the mean of these
+
+
+class RequestDraws(NamedTuple):
+    prompt_end: int            # the prompt's last token, where its chain starts
+    tokens: int                # output tokens after the prefill's one
+    draws: list[int]           # accept length of each speculative step
+
+    def seconds(self, spec_s: float, decode_s: float) -> tuple[float, float]:
+        return len(self.draws) * spec_s, self.tokens * decode_s
+
+
+def chain_draws(p: np.ndarray, agree: np.ndarray, last_token: int, output_len: int,
+                num_draft_tokens: int) -> RequestDraws:
+    """The accept lengths of a request on the toy chain: the draft proposes s(a), which is p(a)
+    where `agree[a]`; each step accepts its agreeing run (at most K) and the bonus token, no
+    more than the tokens left."""
+    token, made, draws = int(p[last_token]), 1, []
+    while made < output_len:
+        accept, x = 1, token
+        while accept <= num_draft_tokens and agree[x]:
+            accept, x = accept + 1, int(p[x])
+        accept = min(accept, output_len - made)
+        for _ in range(accept):
+            token = int(p[token])
+        draws.append(accept)
+        made += accept
+    return RequestDraws(last_token, output_len - 1, draws)
+
+
+def phase_requests(args, index: int) -> list[RequestDraws]:
+    """The requests of the demo's phase `index` (PhaseRun's seeds: prompts and output lengths
+    from streams of their own)."""
+    c = args.ramp[index]
+    phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len, args.output_len,
+                  args.output_spread)
+    rng, len_rng = np.random.default_rng(index), np.random.default_rng((index, 1))
+    perms = toy_permutations(args.hidden, AGREEMENT_LEVELS[args.agreement])
+    p, agree = perms.p.numpy(), (perms.p == perms.s).numpy()
+    lens = phase.output_lens(len_rng, phase.num_requests)
+    prompts = rng.integers(0, args.hidden, size=(phase.num_requests, args.input_len))
+    return [chain_draws(p, agree, int(prompt[-1]), n, args.num_draft_tokens)
+            for prompt, n in zip(prompts, lens)]
+
+
+def first_estimate_slope(args, requests: int, seed: int = 0) -> float:
+    """Over `requests` random requests with the phase's output lengths, the least-squares slope
+    of the mean of each one's later draws on the mean of its first FIRST_DRAWS (requests with
+    at least twice that many steps)."""
+    phase = Phase(1, 1, args.input_len, args.output_len, args.output_spread)
+    rng = np.random.default_rng(seed)
+    perms = toy_permutations(args.hidden, AGREEMENT_LEVELS[args.agreement])
+    p, agree = perms.p.numpy(), (perms.p == perms.s).numpy()
+    first, later = [], []
+    for n in phase.output_lens(rng, requests):
+        draws = chain_draws(p, agree, int(rng.integers(args.hidden)), n,
+                            args.num_draft_tokens).draws
+        if len(draws) >= 2 * FIRST_DRAWS:
+            first.append(np.mean(draws[:FIRST_DRAWS]))
+            later.append(np.mean(draws[FIRST_DRAWS:]))
+    return float(np.polyfit(first, later, 1)[0])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = demo_parser()
+    ap.prog = "python -m bench.demo_requests"
+    ap.description = __doc__
+    ap.add_argument("--phase", type=int_range(0), default=0, help="the ramp's phase, from 0")
+    ap.add_argument("--spec-ms", type=positive_float, default=13.25,
+                    help="a speculative step's ms (the demo's bs-1 steps on this CPU: 13.25)")
+    ap.add_argument("--decode-ms", type=positive_float, default=7.02,
+                    help="a decode step's ms (7.02 likewise)")
+    ap.add_argument("--regression", type=int_range(0), default=0, metavar="N",
+                    help="also the first-estimate slope over N random requests (0: off)")
+    args = ap.parse_args(argv)
+    if args.phase >= len(args.ramp):
+        ap.error(f"--phase {args.phase}: the ramp has phases 0-{len(args.ramp) - 1}")
+    spec_s, decode_s = args.spec_ms / 1e3, args.decode_ms / 1e3
+    requests = phase_requests(args, args.phase)
+    print(f"phase {args.phase} (c={args.ramp[args.phase]}) of `dgw demo`: toy chain draws, every "
+          f"step speculative; spec {args.spec_ms:g} ms, decode {args.decode_ms:g} ms a step")
+    print("  req  tokens  spec steps  first 4  the rest  spec/decode time")
+    rows = []
+    for i, r in enumerate(requests):
+        spec, decode = r.seconds(spec_s, decode_s)
+        first = statistics.fmean(r.draws[:FIRST_DRAWS])
+        rest = statistics.fmean(r.draws[FIRST_DRAWS:]) if len(r.draws) > FIRST_DRAWS else None
+        rows.append({"request": i, "tokens": r.tokens, "draws": r.draws, "first_mean": first,
+                     "rest_mean": rest, "spec_over_decode": spec / decode})
+        print(f"{i:5d} {r.tokens:7d} {len(r.draws):11d} {first:8.2f} "
+              f"{'-' if rest is None else f'{rest:.2f}':>9s} {spec / decode:17.2f}")
+    spec, decode = (sum(x) for x in zip(*(r.seconds(spec_s, decode_s) for r in requests)))
+    print(f"the phase: speculation {decode / spec:.3f}x decode's speed")
+    slope = first_estimate_slope(args, args.regression) if args.regression else None
+    if slope is not None:
+        print(f"over {args.regression} random requests, later draws on the first "
+              f"{FIRST_DRAWS}: slope {slope:.3f}")
+    out = Path(args.out)
+    write_json({"command": " ".join(["python -m bench.demo_requests",
+                                     *(sys.argv[1:] if argv is None else argv)]),
+                "phase": args.phase, "concurrency": args.ramp[args.phase],
+                "spec_ms": args.spec_ms, "decode_ms": args.decode_ms,
+                "speculation_speedup": decode / spec, "first_estimate_slope": slope,
+                "requests": rows}, out / "requests.json")
+    xs = [r["request"] for r in rows]
+    png = line_chart(out / "requests.png", f"dgw demo phase {args.phase}: each request's "
+                     "speculative time over its decode time (toy chain draws)", "request", [
+                         Panel("spec / decode time", [Series("request", xs, [
+                             r["spec_over_decode"] for r in rows], joined=False)],
+                               lines=((1.0, "a tie"),)),
+                         Panel("mean accept length", [
+                             Series("first 4 draws", xs, [r["first_mean"] for r in rows],
+                                    joined=False),
+                             Series("the rest", xs, [r["rest_mean"] or np.nan for r in rows],
+                                    joined=False)])], integer_x=True)
+    print(f"wrote {out / 'requests.json'} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

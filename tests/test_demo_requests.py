@@ -1,0 +1,65 @@
+"""bench.demo_requests: a demo phase's requests drawn as the demo draws them, and the accept
+lengths of the toy chain."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bench.demo_requests import chain_draws, first_estimate_slope, main, phase_requests
+from dual_graph_worker.engines.reference.demo import parser as demo_parser
+from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun
+
+
+def test_a_step_accepts_its_agreeing_run_at_most_k_and_no_more_than_the_tokens_left():
+    p = np.array([1, 2, 3, 0])
+    assert chain_draws(p, np.ones(4, bool), 0, 10, 3).draws == [4, 4, 1]
+    assert chain_draws(p, np.zeros(4, bool), 0, 10, 3).draws == [1] * 9
+    # Agreement after tokens 1 and 2 only: from token p(0)=1 the run is 1, 2, then 3 disagrees.
+    agree = np.array([False, True, True, False])
+    assert chain_draws(p, agree, 0, 4, 3).draws[0] == 3
+
+
+def test_the_phase_holds_the_requests_the_demo_admits():
+    args = demo_parser().parse_args(["--ramp", "1,4"])
+    for index in (0, 1):
+        seen = []
+
+        class Recorder:
+            num_running = 0
+
+            def add_requests(self, prompts, lens):
+                seen.extend(zip((int(p[-1]) for p in prompts), lens))
+                return SimpleNamespace(rids=list(range(len(seen) - len(lens), len(seen))),
+                                       first_tokens=[0] * len(lens))
+
+        c = args.ramp[index]
+        phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len,
+                      args.output_len, args.output_spread)
+        run = PhaseRun(Recorder(), phase, args.hidden, seed=index)
+        while run.admitted < phase.num_requests:
+            run.advance()
+        requests = phase_requests(args, index)
+        assert [(r.prompt_end, r.tokens + 1) for r in requests] == seen
+
+
+def test_it_writes_each_requests_share_of_the_phase(tmp_path, capsys):
+    assert main(["--out", str(tmp_path), "--phase", "0"]) == 0
+    saved = json.loads((tmp_path / "requests.json").read_text())
+    assert len(saved["requests"]) == 4 and (tmp_path / "requests.png").stat().st_size > 0
+    assert saved["speculation_speedup"] == pytest.approx(
+        sum(r["tokens"] for r in saved["requests"]) * 7.02
+        / sum(len(r["draws"]) for r in saved["requests"]) / 13.25)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path), "--phase", "7"])
+    assert exit_.value.code == 2 and "--phase 7" in capsys.readouterr().err
+
+
+def test_a_first_estimate_deserves_a_partial_weight_on_the_half_agreeing_chain():
+    """The toy draft agrees on half the tokens: a request's first four draws say something of
+    its later ones (short cycles), far from all."""
+    args = demo_parser().parse_args([])
+    assert 0.2 < first_estimate_slope(args, 3000) < 0.6
