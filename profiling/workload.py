@@ -24,7 +24,6 @@ from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, Reason
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
-from dual_graph_worker.core import nvtx as nvtx_ranges
 
 
 class ScriptedPolicy(PinnedPolicy):
@@ -69,7 +68,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
         torch.cuda.synchronize()
 
     def measured() -> None:
-        nvtx_ranges.mark_steady_state()     # after capture, prefill and warm-up steps
+        worker.nvtx.mark_steady_state()     # after capture, prefill and warm-up steps
         for _ in range(2 * hold + alternate):
             worker.step()
         if cuda:

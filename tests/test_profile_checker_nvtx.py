@@ -36,19 +36,19 @@ class Recorder:
 
 @pytest.mark.skipif(attached, reason="an NVTX tool is attached to this process")
 def test_without_a_profiler_everything_is_a_no_op():
-    assert not nvtx_ranges.default().nvtx_listening
-    assert not nvtx_ranges.listening()
-    assert nvtx_ranges.step_range("spec", 8, graph=True) is NULL_CONTEXT
-    assert nvtx_ranges.stage_range("verify") is NULL_CONTEXT
-    with nvtx_ranges.step_range(Mode.DECODE, 3, graph=False):
-        with nvtx_ranges.stage_range(Stage.DECODE):
+    nvtx = Annotator.from_environment()
+    assert not nvtx.nvtx_listening and not nvtx.listening()
+    assert nvtx.step_range("spec", 8, graph=True) is NULL_CONTEXT
+    assert nvtx.stage_range("verify") is NULL_CONTEXT
+    with nvtx.step_range(Mode.DECODE, 3, graph=False):
+        with nvtx.stage_range(Stage.DECODE):
             pass
-    assert nvtx_ranges.mark_switch("spec", "decode") is None
-    assert nvtx_ranges.mark_capture("spec-bs8") is None
-    assert nvtx_ranges.mark_steady_state() is None
-    assert nvtx_ranges.mark_config("engine", "reference") is None
+    assert nvtx.mark_switch("spec", "decode") is None
+    assert nvtx.mark_capture("spec-bs8") is None
+    assert nvtx.mark_steady_state() is None
+    assert nvtx.mark_config("engine", "reference") is None
     with pytest.raises(KeyError):  # the body's exception passes through untouched
-        with nvtx_ranges.step_range("spec", 1, graph=True):
+        with nvtx.step_range("spec", 1, graph=True):
             raise KeyError("boom")
 
 
@@ -59,10 +59,11 @@ def test_no_name_is_built_when_nothing_listens():
         def value(self):
             raise AssertionError("the name was formatted")
 
-    with nvtx_ranges.step_range(Unprintable(), 8, graph=True):
+    nvtx = Annotator.from_environment()
+    with nvtx.step_range(Unprintable(), 8, graph=True):
         pass
-    nvtx_ranges.mark_switch(Unprintable(), Unprintable())
-    nvtx_ranges.mark_config("engine", Unprintable())
+    nvtx.mark_switch(Unprintable(), Unprintable())
+    nvtx.mark_config("engine", Unprintable())
 
 
 def test_names_sent_to_a_listener_follow_the_convention():
@@ -102,7 +103,7 @@ def test_a_range_ends_even_when_its_body_raises():
 
 def test_unknown_stage_is_rejected():
     with pytest.raises(ValueError, match="unknown stage"):
-        nvtx_ranges.stage_range("prefill")
+        Annotator.from_environment().stage_range("prefill")
 
 
 def test_nvtx_package_calls_are_valid_without_a_tool():

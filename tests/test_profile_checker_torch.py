@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dual_graph_worker.core import nvtx as nvtx_ranges
+from dual_graph_worker.core.nvtx import Annotator
 from profiling import checks
 from profiling.check import check_report, check_trace, main
 from profiling.checks import CheckConfig
@@ -83,17 +83,18 @@ def test_not_a_trace_is_an_input_error(body, tmp_path, capsys):
 
 def test_real_torch_profiler_run_with_the_emitter(tmp_path):
     """The emitter under a live torch.profiler, read back by the fallback (CPU: no CUDA calls)."""
+    nvtx = Annotator.from_environment()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        nvtx_ranges.mark_config("engine", "reference")
-        nvtx_ranges.mark_config("num_draft_tokens", 1)
-        nvtx_ranges.mark_steady_state()
+        nvtx.mark_config("engine", "reference")
+        nvtx.mark_config("num_draft_tokens", 1)
+        nvtx.mark_steady_state()
         for mode in ("spec", "spec", "decode"):
             if mode == "decode":
-                nvtx_ranges.mark_switch("spec", "decode")
-            with nvtx_ranges.step_range(mode, 4, graph=True):
+                nvtx.mark_switch("spec", "decode")
+            with nvtx.step_range(mode, 4, graph=True):
                 stages = ("verify", "draft_extend") if mode == "spec" else ("decode",)
                 for stage in stages + ("accept", "commit"):
-                    with nvtx_ranges.stage_range(stage):
+                    with nvtx.stage_range(stage):
                         torch.ones(8).sum()
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))

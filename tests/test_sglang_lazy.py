@@ -1179,8 +1179,6 @@ def test_only_keep_currents_draft_extend_is_a_draft_extend_stage(sgl, lazy_worke
     one-token draft extend of keep-current in stage:draft_extend, and lazy's stash in none."""
     import contextlib
 
-    from dual_graph_worker.core import nvtx
-
     stages = []
 
     @contextlib.contextmanager
@@ -1188,12 +1186,23 @@ def test_only_keep_currents_draft_extend_is_a_draft_extend_stage(sgl, lazy_worke
         stages.append(name)
         yield
 
-    monkeypatch.setattr(nvtx, "stage_range", stage_range)
     lz = _bare_lazy(sgl, rows=8, cells=8) if lazy else None
     w, batch, _, _, published = _decode_fixture(lazy_worker, monkeypatch, lz)
-    monkeypatch.setattr(w._spans, "stage", stage_range)   # the worker's own, inside its step
+    # The worker's own stage ranges, inside its step; keep-current's draft extend is one of them.
+    monkeypatch.setattr(w._spans, "stage", stage_range)
+    if not lazy:
+        monkeypatch.setattr(w.continuity, "_stage", stage_range)
     w._decode_step(batch, np.array([3, 6]), published.append, None)
     assert ("draft_extend" in stages) is not lazy and "decode" in stages
+
+
+def test_keep_current_draws_its_stage_ranges_from_the_workers_spans(lazy_worker):
+    """Its draft extend's range is the worker's (gated by the step's own listener check)."""
+    from types import SimpleNamespace
+
+    w = lazy_worker(None)
+    w._draft_worker, w._draft_sync, w._accept_ones = "dw", SimpleNamespace(runner=None), None
+    assert w._keep_current(None)._stage == w._spans.stage
 
 
 @pytest.mark.parametrize("host_lens", [True, False])

@@ -1,8 +1,9 @@
 """NVTX ranges and marks for the worker's hot path (domain "dgw"), free when nothing listens.
 
-    with step_range("spec", padded_bs=8, graph=True):
-        with stage_range("draft"): ...
-    mark_switch("spec", "decode")
+    nvtx = Annotator.from_environment()          # one per worker
+    with nvtx.step_range("spec", padded_bs=8, graph=True):
+        with nvtx.stage_range("draft"): ...
+    nvtx.mark_switch("spec", "decode")
 
 Listeners: the ``nvtx`` package, else ``torch.cuda.nvtx`` under Nsight, and a running
 torch.profiler; ``DGW_NVTX=0`` switches emission off. Names come from ``nvtx_names``.
@@ -12,7 +13,6 @@ docs/design.md, "Seeing what the worker does", says how listening is decided.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional
@@ -106,8 +106,8 @@ class _Range:
 class Annotator:
     """Emits the dgw convention to the listeners given at construction.
 
-    Immutable: `default()` builds one from the environment at first use; tests build their own
-    with a recording backend.
+    Immutable: each worker builds one from its settings (`from_environment`) and hands it to
+    what emits for it; tests build their own with a recording backend.
     """
 
     __slots__ = ("_backend", "_torch_probe")
@@ -183,43 +183,4 @@ class Annotator:
         self._mark(lambda: names.config_name(key, value))
 
 
-@functools.lru_cache(maxsize=1)
-def default() -> Annotator:
-    """The annotator the environment asks for, built at first use: importing this module reads
-    no setting, so a bad DGW_NVTX is reported where the caller reports configuration errors."""
-    return Annotator.from_environment()
-
-
-def step_range(mode: object, padded_bs: int, graph: bool) -> ContextManager[None]:
-    return default().step_range(mode, padded_bs, graph)
-
-
-def stage_range(stage: object) -> ContextManager[None]:
-    return default().stage_range(stage)
-
-
-def mark_switch(old: object, new: object) -> None:
-    default().mark_switch(old, new)
-
-
-def mark_capture(label: object) -> None:
-    default().mark_capture(label)
-
-
-def mark_steady_state() -> None:
-    default().mark_steady_state()
-
-
-def mark_config(key: str, value: object) -> None:
-    default().mark_config(key, value)
-
-
-def listening() -> bool:
-    return default().listening()
-
-
-__all__ = [
-    "Annotator", "Backend", "NULL_CONTEXT", "default", "listening", "mark_capture",
-    "mark_config", "mark_steady_state", "mark_switch", "stage_range", "step_range",
-    "torch_profiler_running",
-]
+__all__ = ["Annotator", "Backend", "NULL_CONTEXT", "torch_profiler_running"]

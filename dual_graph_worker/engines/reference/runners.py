@@ -16,9 +16,9 @@ from typing import Mapping, Optional, Protocol
 import torch
 
 from dual_graph_worker.core.dispatch import DispatchTable
-from dual_graph_worker.engines.reference.engine_api import StageFn
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
-from dual_graph_worker.core import nvtx as nvtx_ranges
+from dual_graph_worker.core.nvtx import Annotator
+from dual_graph_worker.engines.reference.engine_api import StageFn
 
 
 class StageRunner(Protocol):
@@ -38,13 +38,14 @@ def _stages_by_mode(stage_fns: Mapping[Stage, StageFn], k: int) -> dict[Mode, tu
 class EagerRunner:
     stage_fns: Mapping[Stage, StageFn]
     num_draft_tokens: int
+    nvtx: Annotator
 
     def __post_init__(self) -> None:
         self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
         for stage in self._stages[mode]:
-            with nvtx_ranges.stage_range(stage.value):
+            with self.nvtx.stage_range(stage.value):
                 self.stage_fns[stage](padded_bs)
 
 
@@ -75,6 +76,7 @@ class CaptureReport:
 class CudaGraphRunner:
     stage_fns: Mapping[Stage, StageFn]
     num_draft_tokens: int
+    nvtx: Annotator
     dispatch: DispatchTable
     graphs: dict[tuple[GraphKey, Stage], torch.cuda.CUDAGraph] = field(default_factory=dict)
     pool: Optional[tuple] = None
@@ -99,7 +101,7 @@ class CudaGraphRunner:
         with torch.inference_mode():
             for key in bar:
                 bar.set_postfix_str(key.label())
-                nvtx_ranges.mark_capture(key.label())
+                self.nvtx.mark_capture(key.label())
                 t0 = time.perf_counter()
                 stages = self._stages[key.mode]
                 # Warm up on a side stream (lazy inits, autotuning) before capturing.
@@ -130,10 +132,10 @@ class CudaGraphRunner:
         stages = self._stages[mode]
         if not use_graph:
             for stage in stages:
-                with nvtx_ranges.stage_range(stage.value):
+                with self.nvtx.stage_range(stage.value):
                     self.stage_fns[stage](padded_bs)
             return
         key = GraphKey(mode, padded_bs)
         for stage in stages:
-            with nvtx_ranges.stage_range(stage.value):
+            with self.nvtx.stage_range(stage.value):
                 self.graphs[(key, stage)].replay()

@@ -17,11 +17,11 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from dual_graph_worker.core import nvtx as nvtx_ranges
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.nvtx import Annotator
 from dual_graph_worker.core.planner import StepPlan, StepPlanner
 from dual_graph_worker.core.policy import (Admitted, ModePolicy, PrefillTime, Reason, StepTime,
                                            accepted)
@@ -69,8 +69,11 @@ class WorkerStats:
 
 
 class DualGraphWorker:
-    def __init__(self, engine: Engine, config: WorkerConfig, policy: ModePolicy) -> None:
+    def __init__(self, engine: Engine, config: WorkerConfig, policy: ModePolicy,
+                 nvtx: Optional[Annotator] = None) -> None:
+        """`nvtx`: where its ranges go (default: as the environment says, DGW_NVTX)."""
         lim = engine.limits
+        self.nvtx = nvtx if nvtx is not None else Annotator.from_environment()
         self.engine, self.config = engine, config
         self.k = lim.num_draft_tokens
         self.dispatch = DispatchTable.build(config.spec_bs, config.decode_bs, config.allow_eager)
@@ -94,9 +97,9 @@ class DualGraphWorker:
         stage_fns = engine.bind(self.bufs, config.continuity, self.dispatch.max_spec_bs)
         self.runner: StageRunner
         if config.use_cuda_graphs:
-            self.runner = CudaGraphRunner(stage_fns, self.k, self.dispatch)
+            self.runner = CudaGraphRunner(stage_fns, self.k, self.nvtx, self.dispatch)
         else:
-            self.runner = EagerRunner(stage_fns, self.k)
+            self.runner = EagerRunner(stage_fns, self.k, self.nvtx)
         self._vocab = engine.vocab_size
         self.stats = WorkerStats()
         self.finished: list[FinishedRequest] = []   # drained by the caller (take_finished)
@@ -108,12 +111,12 @@ class DualGraphWorker:
     def capture(self, progress: bool = True):
         """Capture both pools (CUDA only); returns the CaptureReport. Call once at start-up."""
         d = self.engine.describe()
-        nvtx_ranges.mark_config("engine", d.get("engine", "?"))
-        nvtx_ranges.mark_config("attention_backend", d.get("attention_backend", "?"))
-        nvtx_ranges.mark_config("num_draft_tokens", self.k)
+        self.nvtx.mark_config("engine", d.get("engine", "?"))
+        self.nvtx.mark_config("attention_backend", d.get("attention_backend", "?"))
+        self.nvtx.mark_config("num_draft_tokens", self.k)
         if not isinstance(self.runner, CudaGraphRunner):
             return None
-        # The caller marks steady state (dual_graph_worker.core.nvtx.mark_steady_state) once its own
+        # The caller marks steady state (self.nvtx.mark_steady_state) once its own
         # warm-up (first prefills, first steps) is over: capture alone is not the end of it.
         return self.runner.capture(progress=progress)
 
@@ -230,10 +233,10 @@ class DualGraphWorker:
         use_graph = isinstance(where, GraphKey) and self.config.use_cuda_graphs
         padded = where.bs
         if self._last_mode is not None and mode is not self._last_mode:
-            nvtx_ranges.mark_switch(self._last_mode.value, mode.value)
+            self.nvtx.mark_switch(self._last_mode.value, mode.value)
             self.stats.switches += 1
         caught_up = 0
-        with nvtx_ranges.step_range(mode.value, padded, use_graph):
+        with self.nvtx.step_range(mode.value, padded, use_graph):
             if mode is Mode.SPEC:
                 caught_up = self.continuity.before_spec_step(rows)
                 self.stats.catch_up_tokens += caught_up
@@ -243,7 +246,7 @@ class DualGraphWorker:
                 self.bufs.stage(rows, seq_before, plan.slots, padded)
                 self.bufs.upload()
                 self.runner.run(mode, padded, use_graph)
-                with nvtx_ranges.stage_range("accept"):
+                with self.nvtx.stage_range("accept"):
                     staged_tokens, staged_accept = self.bufs.download()
                     # Out of the staging buffer (the next step reuses it) straight into the
                     # speculative layout [bs, K+1]: columns past this mode's width stay zero.
@@ -253,7 +256,7 @@ class DualGraphWorker:
             except BaseException:
                 self.kv.cancel(plan)                  # nothing committed: no slot leaks
                 raise
-            with nvtx_ranges.stage_range("commit"):
+            with self.nvtx.stage_range("commit"):
                 result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
                                       padded, use_graph)
         # download() waited for the device, so the wall time is the step's whole cost.

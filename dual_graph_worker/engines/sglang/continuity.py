@@ -6,13 +6,13 @@ calls them at fixed points of a prefill, a speculative step and a decode step.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Protocol
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol
 
 import numpy as np
 import torch
 
-from dual_graph_worker.core import nvtx as nvtx_ranges
 from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
+from dual_graph_worker.core.nvtx import NULL_CONTEXT
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
 
 
@@ -55,8 +55,11 @@ class KeepCurrent:
     draft_sync_graphs = True       # its one-token draft extend, captured beside the decode pool
 
     def __init__(self, draft_worker: Any, graph_runner: Optional[Any],
-                 ones: Optional[torch.Tensor] = None) -> None:
-        self.dw, self.graph_runner = draft_worker, graph_runner
+                 ones: Optional[torch.Tensor] = None,
+                 stage: Callable[[str], ContextManager[None]] = lambda name: NULL_CONTEXT
+                 ) -> None:
+        """`stage`: the worker's stage range (nvtx_spans.StepSpans.stage)."""
+        self.dw, self.graph_runner, self._stage = draft_worker, graph_runner, stage
         # Each step's accept counts (0 drafts, 1 token), sliced from tensors made once.
         self._counts = None if ones is None else (torch.zeros_like(ones), ones)
 
@@ -81,7 +84,7 @@ class KeepCurrent:
 
     def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
                           out_cache_loc: torch.Tensor) -> DecodeDraft:
-        with nvtx_ranges.stage_range("draft_extend"):
+        with self._stage("draft_extend"):
             draft = run_one_token_draft_extend(self.dw, batch,
                                                target_hidden=target.logits_output.hidden_states,
                                                sampled=target.next_token_ids,

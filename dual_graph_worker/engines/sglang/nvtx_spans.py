@@ -16,7 +16,7 @@ from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Optional
 from dual_graph_worker.core.planner import StepPlan
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core import nvtx as nvtx_ranges, nvtx_names as names
+from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator
 from dual_graph_worker.core.settings import BY_KEY, Settings
 
@@ -106,7 +106,7 @@ class StepSpans:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "StepSpans":
-        return cls(nvtx_ranges.default(), ProfileWindow.from_settings(settings))
+        return cls(Annotator.from_environment(), ProfileWindow.from_settings(settings))
 
     @property
     def steps_taken(self) -> int:

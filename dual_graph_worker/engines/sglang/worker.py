@@ -293,7 +293,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return build[self.settings.continuity](mr)
 
     def _keep_current(self, mr) -> KeepCurrent:
-        return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones)
+        return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones,
+                           self._spans.stage)
 
     def _lazy_catch_up(self, mr) -> LazyCatchUp:
         lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
