@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
+from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
@@ -25,6 +26,9 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings
 from dual_graph_worker.engines.reference.build import EngineSpec
 from dual_graph_worker.engines.reference.calibration import calibrate
+from dual_graph_worker.engines.reference.capture_config import TunedPools
+from dual_graph_worker.engines.reference.engine import ReferenceEngine
+from dual_graph_worker.engines.reference.runners import CaptureReport
 from dual_graph_worker.engines.reference.weights import named_sizes
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
@@ -52,15 +56,15 @@ class PoolSizes:
 class BuiltWorker:
     name: str
     worker: DualGraphWorker
-    capture: Optional[object]       # CaptureReport on CUDA
-    calibration: Optional[object]   # CalibrationTable for the dynamic worker
+    capture: Optional[CaptureReport]         # on CUDA
+    calibration: Optional[CalibrationTable]  # the dynamic worker's prior
 
 
-def build_variant(name: str, engine, sizes: PoolSizes, *, use_cuda_graphs: bool,
-                  calib_context: int, settings: Settings = Settings(),
+def build_variant(name: str, engine: ReferenceEngine, sizes: PoolSizes, *,
+                  use_cuda_graphs: bool, calib_context: int, settings: Settings = Settings(),
                   dynamic_continuity: Continuity = Continuity.LAZY_CATCH_UP,
                   progress: bool = True, log: Callable[[str], None] = print,
-                  tuned=None, calib_repeats: int = 5) -> BuiltWorker:
+                  tuned: Optional[TunedPools] = None, calib_repeats: int = 5) -> BuiltWorker:
     """`settings` chooses the dynamic worker's policy exactly as DGW_* variables do on a server;
     `tuned` (capture_config.TunedPools) replaces the dual-pool variants' batch sizes and the
     start-up calibration with a tuned capture config's."""
@@ -118,7 +122,7 @@ def check_toy_settings(settings: Settings) -> None:
                               f"sizes and calibrates its own pools: unset {env}")
 
 
-def build_trio(make_engine: Callable[[], object], sizes: PoolSizes, *, cuda: bool,
+def build_trio(make_engine: Callable[[], ReferenceEngine], sizes: PoolSizes, *, cuda: bool,
                calib_context: int, settings: Settings = Settings()) -> Iterator[BuiltWorker]:
     """The TRIO, built quietly, each on its own engine from `make_engine()` (they take turns
     step by step, each with its own KV cache); yields each worker once it is ready. The dynamic
