@@ -294,7 +294,7 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
     p.observe(Admitted(16, unlucky))
     for _ in range(4):
         p.observe(accepted(Mode.SPEC, np.ones(1), unlucky))
-    assert p.estimates()["own_accept_weight"] < 0.3
+    assert p.estimates().acceptance.own_accept_weight < 0.3
     assert p.expected_accept(unlucky) > 1.6
     q = controller()
     easy, hard = np.arange(0, 8), np.arange(8, 16)
@@ -302,7 +302,7 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
         q.observe(Admitted(64, rows))
         for _ in range(6):
             q.observe(accepted(Mode.SPEC, np.where(rows < 8, 4.0, 1.0), rows))
-    assert q.estimates()["own_accept_weight"] == pytest.approx(1.0)
+    assert q.estimates().acceptance.own_accept_weight == pytest.approx(1.0)
     assert q.expected_accept(hard) == pytest.approx(1.0)
 
 
@@ -325,7 +325,7 @@ def test_a_requests_estimate_is_weighed_by_the_draws_its_average_holds():
     is weighed as such, B / (B + var / 9), with B the spread beyond the draws' noise less its
     standard error: ~0.76 (as four draws: 0.58)."""
     p = _differing_requests()
-    assert 0.72 < p.estimates()["own_accept_weight"] < 0.79
+    assert 0.72 < p.estimates().acceptance.own_accept_weight < 0.79
 
 
 def test_a_request_that_stopped_speculating_keeps_the_noise_of_its_first_draws():
@@ -339,8 +339,8 @@ def test_a_request_that_stopped_speculating_keeps_the_noise_of_its_first_draws()
         p.observe(accepted(Mode.SPEC, np.ones(1), row))
     for _ in range(30):
         p.observe(accepted(Mode.DECODE, np.ones(1), row))
-    first, full = (p.estimates()["own_accept_weight_first"],
-                   p.estimates()["own_accept_weight"])
+    first, full = (p.estimates().acceptance.own_accept_weight_first,
+                   p.estimates().acceptance.own_accept_weight)
     assert 0.55 < first < 0.7 and 0.72 < full < 0.82
     every = p.state().accept_len
     assert p.expected_accept(row) == pytest.approx(every + first * (1.0 - every))
@@ -356,7 +356,7 @@ def test_where_requests_accept_alike_the_noise_of_their_spread_gives_them_little
     for requests that differ and gave alike requests' noisy estimates weight in 9 of 20
     populations (up to 0.57; on the CPU demo 0.32-0.77 a phase). Less its standard error, the
     weight stays near 0."""
-    weights = [_alike_requests(seed).estimates()["own_accept_weight"] for seed in range(20)]
+    weights = [_alike_requests(seed).estimates().acceptance.own_accept_weight for seed in range(20)]
     assert np.mean(weights) < 0.07 and sum(w > 0 for w in weights) <= 5
 
 
@@ -368,8 +368,8 @@ def test_in_a_batch_of_measured_and_new_requests_only_the_measured_are_pulled_to
     p.observe(Admitted(32, np.concatenate([unlucky, new])))
     for _ in range(4):
         p.observe(accepted(Mode.SPEC, np.ones(1), unlucky))
-    w, every, fresh = (p.estimates()["own_accept_weight_first"], p.state().accept_len,
-                       p.estimates()["fresh_accept"])
+    w, every, fresh = (p.estimates().acceptance.own_accept_weight_first, p.state().accept_len,
+                       p.estimates().acceptance.fresh_accept)
     assert w < 0.3
     assert p.expected_accept(np.concatenate([unlucky, new])) == pytest.approx(
         ((1 - w) * every + w * 1.0 + fresh) / 2)
@@ -383,7 +383,7 @@ def test_the_spread_of_requests_is_trusted_only_from_eight_requests_on():
         p.observe(Admitted(16, np.array([row])))
         for d in draws:
             p.observe(accepted(Mode.SPEC, np.array([float(d)]), np.array([row])))
-    assert p.estimates()["own_accept_weight"] == 1.0
+    assert p.estimates().acceptance.own_accept_weight == 1.0
 
 
 # ---------------------------------------------------------------- prompts and catch-ups
@@ -524,7 +524,7 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     assert p.draft_prefill_s_per_token() == pytest.approx(2e-6, rel=0.05)
     assert p.catch_up_s_per_token() == pytest.approx(2e-6, rel=0.05)
     assert p.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
-    shown = p.estimates()                           # what /get_server_info reports
+    shown = p.estimates().to_json()                 # what /get_server_info reports
     assert shown["catch_up_fixed_s"] == pytest.approx(2e-3, rel=0.05)
     assert shown["step_s"]["spec"][16][1] > 0 and shown["step_s"]["decode"][16][1] > 0
     # Only tiny catch-ups of one size: no rate can be told from their fixed cost, so none is
@@ -756,7 +756,7 @@ def test_a_step_that_carried_the_next_launch_charges_it_to_that_batch():
                            catch_up_tokens=tokens))
         p.exchange(lambda v: v)
     assert p.step_time(Mode.DECODE, 16) == pytest.approx(t_decode(16))
-    assert p.estimates()["catch_up_fixed_s"] == pytest.approx(0.013, rel=0.02)
+    assert p.estimates().batch_costs.catch_up_fixed_s == pytest.approx(0.013, rel=0.02)
     assert p.catch_up_s_per_token() == pytest.approx(2e-6, rel=0.05)
     q = controller(defers_prefill=True)
     for tokens in (1024, 4096, 16384):
@@ -795,7 +795,7 @@ def test_a_switch_without_a_catch_up_is_measured_and_priced():
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.006, carries_next=True))
         p.observe(StepTime(Mode.DECODE, 16, t_decode(16)))
         p.exchange(lambda v: v)
-    assert p.estimates()["switch_s"] == pytest.approx(0.006)
+    assert p.estimates().batch_costs.switch_s == pytest.approx(0.006)
     assert p.step_time(Mode.SPEC, 16) == pytest.approx(t_spec(16))
     # Near a tie, the switch's price decides: spec at the accept where decode barely wins.
     a = t_spec(16) / t_decode(16) * 0.99
@@ -819,7 +819,7 @@ def test_the_step_a_switch_launched_late_is_no_sample_and_its_shortfall_is_the_s
         p.observe(StepTime(Mode.DECODE, 16, t_decode(16) - 0.002))
         p.observe(StepTime(Mode.DECODE, 16, t_decode(16)))
         p.exchange(lambda v: v)
-    assert p.estimates()["switch_s"] == pytest.approx(0.004)
+    assert p.estimates().batch_costs.switch_s == pytest.approx(0.004)
     assert p.step_time(Mode.DECODE, 16) == pytest.approx(t_decode(16))
 
 
@@ -1169,7 +1169,7 @@ def test_step_times_follow_the_context_the_batch_attends_over():
             for mode in (Mode.SPEC, Mode.DECODE):
                 p.observe(StepTime(mode, pb, truth[mode](pb) + beta[mode] * kv, kv_tokens=kv))
         p.exchange(lambda v: v)
-    got = p.estimates()["context_s_per_token"]
+    got = p.estimates().step_times.context_s_per_token
     assert got["spec"] == pytest.approx(beta[Mode.SPEC], rel=0.01)
     assert got["decode"] == pytest.approx(beta[Mode.DECODE], rel=0.01)
     short = 16 * 300
@@ -1200,10 +1200,10 @@ def test_each_size_keeps_its_own_cost_per_context_token():
                 p.observe(StepTime(Mode.SPEC, pb, t_spec(pb) + r * kv, kv_tokens=kv))
         p.observe(StepTime(Mode.SPEC, 8, t_spec(8) + 0.5e-6 * 8 * 300, kv_tokens=8 * 300))
         p.exchange(lambda v: v)
-    steps = p.estimates()["step_s"]["spec"]
+    steps = p.estimates().step_times.step_s["spec"]
     assert steps[1][4] == pytest.approx(1.8e-6, rel=0.01)
     assert steps[32][4] == pytest.approx(0.34e-6, rel=0.01)
-    pooled = p.estimates()["context_s_per_token"]["spec"]
+    pooled = p.estimates().step_times.context_s_per_token["spec"]
     assert 0.34e-6 < pooled < 1.8e-6 and steps[8][4] == pytest.approx(pooled)
     assert p.step_time(Mode.SPEC, 1, 4096) == pytest.approx(t_spec(1) + 1.8e-6 * 4096)
 
@@ -1226,9 +1226,9 @@ def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_ov
     prompts (0.40 us a token there) reaches 32k-token batches at the mode's rate, fitted where
     contexts were long (0.55 us: H200 run 7 estimated 21.8 ms against 25-28 ms measured)."""
     p = _short_and_long_context_history(exchanges=3)
-    own = p.estimates()["step_s"]["spec"][16][4]
+    own = p.estimates().step_times.step_s["spec"][16][4]
     assert own == pytest.approx(0.40e-6, rel=0.01)
-    assert p.estimates()["context_s_per_token"]["spec"] > 0.5e-6
+    assert p.estimates().step_times.context_s_per_token["spec"] > 0.5e-6
     # Within the contexts it has seen, its own line; far beyond, the steeper pooled rate.
     assert p.step_time(Mode.SPEC, 16, 16 * 400) == pytest.approx(
         t_spec(16) + 0.40e-6 * 16 * 400, rel=1e-3)
@@ -1236,7 +1236,7 @@ def test_far_beyond_the_contexts_a_size_has_seen_its_modes_steeper_rate_takes_ov
     assert far > t_spec(16) + 0.40e-6 * 16 * 2048 + 0.1e-6 * 16 * 1024
     # A shallower pooled rate never lowers a size's own beyond its reach: bs 32's 0.55 us holds
     # far beyond its 2-30k tokens though bs 16 pulls the pooled rate below it.
-    assert p.estimates()["context_s_per_token"]["spec"] < 0.55e-6
+    assert p.estimates().step_times.context_s_per_token["spec"] < 0.55e-6
     assert p.step_time(Mode.SPEC, 32, 32 * 4096) == pytest.approx(
         t_spec(32) + 0.55e-6 * 32 * 4096, rel=0.01)
 
@@ -1254,9 +1254,9 @@ def test_a_rate_fitted_over_a_few_noisy_steps_is_not_carried_far_beyond_them():
     for kv in range(130_000, 150_000, 128):
         p.observe(StepTime(Mode.DECODE, 128, 6.5e-3 + 0.031e-6 * kv, kv_tokens=kv))
     p.exchange(lambda v: v)
-    steps = p.estimates()["step_s"]["decode"]
+    steps = p.estimates().step_times.step_s["decode"]
     assert steps[32][4] == pytest.approx(0.34e-6, rel=0.05)         # within its contexts
-    assert p.estimates()["context_s_per_token"]["decode"] == pytest.approx(0.031e-6, rel=0.01)
+    assert p.estimates().step_times.context_s_per_token["decode"] == pytest.approx(0.031e-6, rel=0.01)
     assert p.step_time(Mode.DECODE, 32, 3100) == pytest.approx(5.25e-3, rel=0.02)
     assert p.step_time(Mode.DECODE, 64, 131_072) < 11e-3
     assert p.step_time(Mode.DECODE, 32, 65_536) < 8e-3
@@ -1270,7 +1270,7 @@ def test_a_line_holds_at_least_out_to_the_context_it_was_last_measured_at():
     for _ in range(8):
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.40e-6 * 24_000, kv_tokens=24_000))
     p.exchange(lambda v: v)
-    est, _, _, kv, _ = p.estimates()["step_s"]["spec"][16]
+    est, _, _, kv, _ = p.estimates().step_times.step_s["spec"][16]
     assert p._times._ctx.reach(p._times.spec_at[16]) < kv       # the decayed spread lags
     assert p.step_time(Mode.SPEC, 16, int(kv)) == pytest.approx(est, rel=2e-3)
 
@@ -1284,7 +1284,7 @@ def test_a_size_not_measured_scales_only_its_neighbours_fixed_part_by_the_prior(
         for kv in range(64, 1089, 64):
             p.observe(StepTime(Mode.SPEC, 1, t_spec(1) + 1.8e-6 * kv, kv_tokens=kv))
         p.exchange(lambda v: v)
-    assert p.estimates()["step_s"]["spec"][1][4] == pytest.approx(1.8e-6, rel=0.01)
+    assert p.estimates().step_times.step_s["spec"][1][4] == pytest.approx(1.8e-6, rel=0.01)
     assert p.step_time(Mode.SPEC, 32, 0) == pytest.approx(t_spec(32), rel=0.01)
     assert p.step_time(Mode.SPEC, 32, 32 * 300) == pytest.approx(
         t_spec(32) + 1.8e-6 * 32 * 300, rel=0.01)
@@ -1297,7 +1297,7 @@ def test_the_context_rate_waits_for_contexts_far_enough_apart():
         kv = 4096 + (i % 8)
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + (1e-4 if i % 2 else 0.0), kv_tokens=kv))
     p.exchange(lambda v: v)
-    assert p.estimates()["context_s_per_token"]["spec"] == 0.0
+    assert p.estimates().step_times.context_s_per_token["spec"] == 0.0
     assert p.step_time(Mode.SPEC, 16, 0) == pytest.approx(t_spec(16) + 0.5e-4)
 
 
@@ -1310,7 +1310,7 @@ def test_no_context_rate_is_steeper_than_the_line_through_the_origin_and_the_ste
         kv = 37_000 + 256 * i
         p.observe(StepTime(Mode.SPEC, 16, 0.0186 + 4.8e-6 * (kv - 37_000), kv_tokens=kv))
     p.exchange(lambda v: v)
-    est, _, _, est_kv, slope = p.estimates()["step_s"]["spec"][16]
+    est, _, _, est_kv, slope = p.estimates().step_times.step_s["spec"][16]
     assert slope == pytest.approx(est / est_kv)
     assert p.step_time(Mode.SPEC, 16, 55_000) == pytest.approx(est * 55_000 / est_kv)
     assert p.step_time(Mode.SPEC, 16, 55_000) < 0.04
@@ -1328,8 +1328,8 @@ def test_a_few_steps_of_a_large_batch_give_no_context_rate_of_their_own():
     for i, t in enumerate((0.0186, 0.0195, 0.0194, 0.0198)):
         p.observe(StepTime(Mode.SPEC, 32, t, kv_tokens=39_600 + 315 * i))
     p.exchange(lambda v: v)
-    slope = p.estimates()["step_s"]["spec"][32][4]
-    assert slope == pytest.approx(p.estimates()["context_s_per_token"]["spec"], rel=0.05)
+    slope = p.estimates().step_times.step_s["spec"][32][4]
+    assert slope == pytest.approx(p.estimates().step_times.context_s_per_token["spec"], rel=0.05)
     assert p.step_time(Mode.SPEC, 32, 52_000) < 0.0205
 
 
@@ -1438,7 +1438,7 @@ def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones(
     # Its price went into debt; the bank is untouched: a cheap one is still affordable, the
     # next costly one only once the debt is repaid by what the full bank cannot hold.
     assert p._budget.allowance == pytest.approx(bank) and p._budget.debt == pytest.approx(3 * bank - 0.03)
-    shown = p.estimates()                                        # /get_server_info
+    shown = p.estimates().to_json()                              # /get_server_info
     assert (shown["explore_allowance_steps"], shown["explore_debt_steps"]) == (p._budget.allowance,
                                                                                 p._budget.debt)
     assert p._budget.affordable(bank) and not p._budget.affordable(bank + 0.1)
@@ -1663,7 +1663,7 @@ def test_after_a_re_measurement_the_mode_holds_until_its_step_times_are_exchange
 
 def _balance(p: GoodputController) -> float:
     shown = p.estimates()
-    return shown["explore_allowance_steps"] - shown["explore_debt_steps"]
+    return shown.explore_allowance_steps - shown.explore_debt_steps
 
 
 def _probing(bs: int, draws: tuple, decode_steps: int, **kw) -> tuple[GoodputController,
@@ -1835,7 +1835,7 @@ def test_the_step_after_a_prefill_is_no_sample_unless_every_step_follows_one():
         q.observe(PrefillTime(256, 0.01, draft=False))
         q.observe(StepTime(Mode.DECODE, 16, 0.010))
     q.exchange(lambda v: v)
-    assert q.estimates()["step_s"]["decode"][16][1] == 4
+    assert q.estimates().step_times.step_s["decode"][16][1] == 4
 
 
 def test_after_a_prefill_the_step_is_held_as_the_prefills_not_as_a_carried_ones():
@@ -1866,7 +1866,7 @@ def test_a_batchs_last_step_cut_short_and_the_long_one_before_it_are_no_samples(
     p.observe(StepTime(Mode.DECODE, 48, 0.0004))
     p.exchange(lambda v: v)
     assert p.step_time(Mode.DECODE, 48) == pytest.approx(0.006)
-    assert p.estimates()["step_s"]["decode"][48][1] == 10
+    assert p.estimates().step_times.step_s["decode"][48][1] == 10
 
 
 def test_a_key_whose_line_reads_far_too_high_heals_from_its_short_steps():

@@ -169,7 +169,7 @@ def test_estimates_after_a_move_follow_the_context(run):
             last["since"] = last["since"] + 1 if (mode, pb) == last["key"] else 0
             last["key"] = (mode, pb)
             if 1 <= last["since"] <= 3 and not caught and not carries and \
-                    pb in p.estimates()["step_s"][MODE[mode].value]:
+                    pb in p.estimates().step_times.step_s[MODE[mode].value]:
                 guess = p.step_time(MODE[mode], pb, kv if with_context else 0)
                 out.append(abs(guess - seconds) / seconds)
         _replay(run, with_context, check)

@@ -767,9 +767,14 @@ def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_
     terms (its per-size step table left out): a run's decisions are read from them."""
     from dual_graph_worker.engines.sglang.worker import ESTIMATES_EVERY
 
+    from dual_graph_worker.core.estimates import (AcceptanceEstimates, BatchCostEstimates,
+                                                  Estimates, StepTimeEstimates)
+
     class WithEstimates(ThresholdPolicy):
         def estimates(self):
-            return {"step_s": {"spec": {"1": [0.01]}}, "prompt_per_output": 2.5}
+            return Estimates(StepTimeEstimates({"spec": {1: [0.01]}}, {"spec": 0.0}),
+                             BatchCostEstimates(2.5, 1.0, 0.0, 0.0, 0.0, None, 0.0, 0.0),
+                             AcceptanceEstimates(3.0, 0.0, 0.0), 64.0, 4.0, 0.0)
 
     w = bare_sglang_worker(WithEstimates(threshold=4, num_draft_tokens=3),
                            step_log=tmp_path / "steps.jsonl")

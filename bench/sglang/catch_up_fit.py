@@ -38,9 +38,9 @@ def fit_history(trace: dict) -> list[dict]:
 
 
 def _read_fit(out: list[dict], p: GoodputController, step: int) -> None:
-    e = p.estimates()
-    now = {"step": step, "fixed_ms": round(e["catch_up_fixed_s"] * 1e3, 3),
-           "us_per_token": round(e["catch_up_s_per_token"] * 1e6, 2)}
+    costs = p.estimates().batch_costs
+    now = {"step": step, "fixed_ms": round(costs.catch_up_fixed_s * 1e3, 3),
+           "us_per_token": round(costs.catch_up_s_per_token * 1e6, 2)}
     if not out or (out[-1]["fixed_ms"], out[-1]["us_per_token"]) != \
             (now["fixed_ms"], now["us_per_token"]):
         out.append(now)

@@ -9,6 +9,8 @@ from typing import Optional
 
 import numpy as np
 
+from dual_graph_worker.core.estimates import AcceptanceEstimates
+
 # Each observation's weight halves every ~22 steps, whatever mode ran meanwhile, so the first
 # speculative steps after a long decode period speak for the present.
 _DECAY = 1.0 / 32.0
@@ -203,6 +205,6 @@ class AcceptanceEstimate:
         self._differ = max(sure - draw / _FIRST_DRAWS, 0.0)
         self.full_weight = self.own_weight(1.0 / _ROW_DRAWS)
 
-    def estimates(self) -> dict:
-        return {"fresh_accept": self.fresh, "own_accept_weight": self.full_weight,
-                "own_accept_weight_first": self.own_weight(1.0 / _FIRST_DRAWS)}
+    def estimates(self) -> AcceptanceEstimates:
+        return AcceptanceEstimates(self.fresh, self.full_weight,
+                                   self.own_weight(1.0 / _FIRST_DRAWS))

@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from dual_graph_worker.core.estimates import BatchCostEstimates
 from dual_graph_worker.core.regressions import MIN_SPREAD, Slope
 
 # Per exchange, how much of the prompt/output token history is kept (~20 exchanges).
@@ -246,11 +247,9 @@ class BatchCosts:
         prefill = next((v for v in slopes if v is not None), None)
         return None if prefill is None else prefill / _RATE_CAP
 
-    def estimates(self) -> dict:
+    def estimates(self) -> BatchCostEstimates:
         fixed, rate = self.catch_up_fit
-        return {"prompt_per_output": self.prompt_per_output, "replaced": self.replaced(),
-                "draft_prefill_s_per_token": self.delta, "catch_up_fixed_s": fixed,
-                "catch_up_s_per_token": rate,
-                "catch_up_reach_tokens": None if math.isinf(self.catch_up_reach)
-                else self.catch_up_reach,
-                "catch_up_far_s_per_token": self._catch_up_far, "switch_s": self.switch_s}
+        return BatchCostEstimates(
+            self.prompt_per_output, self.replaced(), self.delta, fixed, rate,
+            None if math.isinf(self.catch_up_reach) else self.catch_up_reach,
+            self._catch_up_far, self.switch_s)

@@ -20,6 +20,7 @@ import numpy as np
 from dual_graph_worker.core.acceptance import AcceptanceEstimate
 from dual_graph_worker.core.batch_costs import BatchCosts
 from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.exploration import ExploreBudget, Probe
 from dual_graph_worker.core.intake import SampleIntake
@@ -257,15 +258,11 @@ class GoodputController:
         return PolicyState(self._acceptance.mean,
                            *(None if c is None else 1.0 / c for c in self._costs))
 
-    def estimates(self) -> dict:
-        """For /get_server_info and the step log, not per step: per measured (mode, padded bs)
-        the step seconds, its sample count, prior, mean context tokens and seconds per context
-        token; each mode's pooled seconds per context token; the prompt and catch-up terms; the
-        exploration accounts."""
-        return {**self._times.estimates(), **self._batch_costs.estimates(),
-                **self._acceptance.estimates(), "run_len": self._run_len,
-                "explore_allowance_steps": self._budget.allowance,
-                "explore_debt_steps": self._budget.debt}
+    def estimates(self) -> Estimates:
+        """For /get_server_info and the step log, not per step."""
+        return Estimates(self._times.estimates(), self._batch_costs.estimates(),
+                         self._acceptance.estimates(), self._run_len, self._budget.allowance,
+                         self._budget.debt)
 
     # ------------------------------------------------------------------------------ observe
 

@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
+from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.modes import Mode
 
 
@@ -128,7 +129,7 @@ class ModePolicy(Protocol):
     def observe(self, event: Observation) -> None: ...
     def exchange(self, reduce: Reducer) -> None: ...
     def state(self) -> PolicyState: ...
-    def estimates(self) -> Optional[dict]: ...
+    def estimates(self) -> Optional[Estimates]: ...
 
 
 @dataclass

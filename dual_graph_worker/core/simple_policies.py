@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import (Accepted, Decision, DwellState, Observation,
                                            PolicyInputs, PolicyState, Reason, Reducer)
@@ -53,7 +54,7 @@ class _Observing:
     def state(self) -> PolicyState:
         return PolicyState(self._ema.value)
 
-    def estimates(self) -> Optional[dict]:
+    def estimates(self) -> Optional[Estimates]:
         return None          # no cost model behind these decisions
 
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.estimates import StepTimeEstimates
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.regressions import FAR_ERRORS, KEY_SLOTS, ContextSums
 
@@ -257,7 +258,7 @@ class StepTimeTable:
         least its recent context (the line's anchor, which moves faster than the decayed sums)."""
         return max(self._ctx.reach(i), self._est_kv[i])
 
-    def estimates(self) -> dict:
+    def estimates(self) -> StepTimeEstimates:
         """Per measured (mode, padded bs) the step seconds, its sample count, prior, mean context
         tokens and seconds per context token; each mode's pooled seconds per context token."""
         steps = {m.value: {} for m in (Mode.SPEC, Mode.DECODE)}
@@ -266,8 +267,7 @@ class StepTimeTable:
                 prior = None if math.isnan(self._prior[i]) else self._prior[i]
                 steps[m.value][b] = [self._est[i], int(self.samples[i]), prior,
                                      self._est_kv[i], self._key_slope(i)]
-        return {"step_s": steps,
-                "context_s_per_token": {m.value: b for m, b in self._beta.items()}}
+        return StepTimeEstimates(steps, {m.value: b for m, b in self._beta.items()})
 
     # ------------------------------------------------------------------------------ write
 

@@ -140,7 +140,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
         row["dynamic_over_best"] = row["dynamic"]["tok_s"] / max(
             row["plain"]["tok_s"], row["static-spec"]["tok_s"])
         # The dynamic worker's cost model as the phase ended: what its choices came from.
-        row["dynamic"]["estimates"] = workers["dynamic"].worker.policy.estimates()
+        estimates = workers["dynamic"].worker.policy.estimates()
+        row["dynamic"]["estimates"] = None if estimates is None else estimates.to_json()
         phases.append(row)
         # What the phases so far measured is on disk, whatever stops the ramp later.
         write_json(head | {"phases": phases, "complete": False}, out / "demo.json")

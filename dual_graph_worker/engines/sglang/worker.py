@@ -565,7 +565,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         if estimates is not None:
             gc = self._gc.take() if self._gc is not None else None
             self._step_log.write_event("estimates", time.time(), gc=gc,
-                                       **{k: v for k, v in estimates.items() if k != "step_s"})
+                                       **{k: v for k, v in estimates.to_json().items()
+                                          if k != "step_s"})
 
     def dgw_internal_state(self) -> dict:
         """hooks.py: the worker's counters and the policy's beliefs, for /get_server_info."""
@@ -580,7 +581,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                       "expected_goodput_spec": p.spec_goodput,
                       "expected_goodput_decode": p.decode_goodput}
             if (estimates := self.planner.policy.estimates()) is not None:
-                state["estimates"] = estimates
+                state["estimates"] = estimates.to_json()
         return state
 
 

@@ -1,0 +1,46 @@
+"""What the goodput controller believes, as typed records: its step times, its batch costs,
+its acceptance and its exploration accounts. Reported (the step log, /get_server_info, the
+demo's JSON), never read back by a decision; `Estimates.to_json` is the flat form they print."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+
+class StepTimeEstimates(NamedTuple):
+    # mode -> padded bs -> [seconds, samples, prior, mean context tokens, seconds per context
+    # token], the measured keys only
+    step_s: dict[str, dict[int, list]]
+    context_s_per_token: dict[str, float]     # mode -> pooled over its sizes
+
+
+class BatchCostEstimates(NamedTuple):
+    prompt_per_output: float                  # prompt tokens per output token of newcomers
+    replaced: float                           # share of joining requests that took a place
+    draft_prefill_s_per_token: float          # delta
+    catch_up_fixed_s: float
+    catch_up_s_per_token: float               # kappa
+    catch_up_reach_tokens: Optional[float]    # kappa's sizes end here (None: no end)
+    catch_up_far_s_per_token: float           # a token beyond them
+    switch_s: float
+
+
+class AcceptanceEstimates(NamedTuple):
+    fresh_accept: float                       # what a request not measured yet accepts
+    own_accept_weight: float                  # a full EMA's weight against all requests'
+    own_accept_weight_first: float            # a first estimate's
+
+
+class Estimates(NamedTuple):
+    step_times: StepTimeEstimates
+    batch_costs: BatchCostEstimates
+    acceptance: AcceptanceEstimates
+    run_len: float                            # steps a mode recently ran between switches
+    explore_allowance_steps: float
+    explore_debt_steps: float
+
+    def to_json(self) -> dict:
+        return {**self.step_times._asdict(), **self.batch_costs._asdict(),
+                **self.acceptance._asdict(), "run_len": self.run_len,
+                "explore_allowance_steps": self.explore_allowance_steps,
+                "explore_debt_steps": self.explore_debt_steps}
