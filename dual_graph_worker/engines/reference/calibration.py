@@ -7,29 +7,15 @@ server rank 0's table is broadcast, so every rank decides from the same numbers.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Optional
 
 import numpy as np
 import torch
 
+from dual_graph_worker.core.calibration import CalibrationTable, wall_clock_timer
 from dual_graph_worker.core.errors import DualGraphError
 from dual_graph_worker.core.modes import GraphKey, Mode
-from dual_graph_worker.core.calibration import CalibrationTable
-
-
-def _time_once(run, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
 
 
 def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int = 5,
@@ -48,12 +34,11 @@ def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int =
         worker.bufs.upload()
         graph = worker.dispatch.has_graph(key.mode, P) if use_graph is None else use_graph
         run = lambda: worker.runner.run(key.mode, P, graph and worker.config.use_cuda_graphs)
-        run()  # warm-up
-        times = [_time_once(run, engine.device) for _ in range(repeats)]
+        sync = torch.cuda.synchronize if engine.device.type == "cuda" else lambda: None
+        return wall_clock_timer(time.perf_counter, sync)([run], warmup=1, iters=repeats)
     finally:
         alloc.free(ctx_slots)
         alloc.free(step_slots.reshape(-1))
-    return statistics.median(times)
 
 
 def calibrate(worker, context_len: int, repeats: int = 5, modes=(Mode.SPEC, Mode.DECODE)) -> CalibrationTable:
