@@ -1,10 +1,11 @@
 """torch.profiler Chrome trace (JSON) -> `Trace`: the fallback when nsys is not available.
 
 Profile the worker with `torch.profiler.profile(activities=[CPU, CUDA])`; the worker's dgw
-names arrive as `record_function` ranges (category "user_annotation", see `dual_graph_worker.core.nvtx`), CUDA
-runtime calls as category "cuda_runtime" (`cudaGraphLaunch`, `cudaLaunchKernel`, `cudaMalloc`,
-...), driver calls as "cuda_driver", and kernels as "kernel", linked to their launch through
-`args.correlation`. The same checks then run on the result.
+names arrive as `record_function` ranges (category "user_annotation", see
+`dual_graph_worker.core.nvtx`), CUDA runtime calls as category "cuda_runtime"
+(`cudaGraphLaunch`, `cudaLaunchKernel`, `cudaMalloc`, ...), driver calls as "cuda_driver", and
+kernels as "kernel", linked to their launch through `args.correlation`. The same checks then run
+on the result.
 """
 
 from __future__ import annotations

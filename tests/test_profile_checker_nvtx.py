@@ -118,6 +118,14 @@ def test_nvtx_package_calls_are_valid_without_a_tool():
     a.mark_steady_state()
 
 
+def test_a_workers_settings_switch_its_ranges_on_or_off():
+    """Settings.nvtx reaches the annotator a worker builds (a DGW_CONFIG file's too)."""
+    with profile(activities=[ProfilerActivity.CPU]):
+        assert Annotator.switched(True).listening()
+        assert not Annotator.switched(False).listening()
+        assert Annotator.switched(False).step_range("spec", 4, graph=True) is NULL_CONTEXT
+
+
 def test_dgw_nvtx_0_switches_everything_off(monkeypatch):
     monkeypatch.setenv("DGW_NVTX", "0")
     a = Annotator.from_environment()

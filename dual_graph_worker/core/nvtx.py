@@ -106,8 +106,9 @@ class _Range:
 class Annotator:
     """Emits the dgw convention to the listeners given at construction.
 
-    Immutable: each worker builds one from its settings (`from_environment`) and hands it to
-    what emits for it; tests build their own with a recording backend.
+    Immutable: each worker builds one from its settings (`switched(settings.nvtx)`, or
+    `from_environment`) and hands it to what emits for it; tests build their own with a
+    recording backend.
     """
 
     __slots__ = ("_backend", "_torch_probe")
@@ -119,7 +120,13 @@ class Annotator:
 
     @classmethod
     def from_environment(cls) -> "Annotator":
-        if not BY_KEY["nvtx"].read(os.environ):
+        """As DGW_NVTX (the variable or its DGW_CONFIG key) says, the other settings unread."""
+        return cls.switched(BY_KEY["nvtx"].read(os.environ))
+
+    @classmethod
+    def switched(cls, on: bool) -> "Annotator":
+        """Emitting to whatever listens where `on` (Settings.nvtx), to nothing otherwise."""
+        if not on:
             return cls(None, None)
         found = _nvtx_package_backend() or _torch_nvtx_backend()
         backend = found[0] if found is not None and found[1] else None

@@ -34,7 +34,8 @@ def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int =
         worker.bufs.upload()
         graph = worker.dispatch.has_graph(key.mode, P) if use_graph is None else use_graph
         run = lambda: worker.runner.run(key.mode, P, graph and worker.config.use_cuda_graphs)
-        sync = torch.cuda.synchronize if engine.device.type == "cuda" else lambda: None
+        sync = (lambda: torch.cuda.synchronize(engine.device)) if engine.device.type == "cuda" \
+            else (lambda: None)
         return wall_clock_timer(time.perf_counter, sync)([run], warmup=1, iters=repeats)
     finally:
         alloc.free(ctx_slots)

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Optional
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.nvtx import Annotator
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.errors import ConfigError
@@ -87,7 +88,7 @@ def build_variant(name: str, engine: ReferenceEngine, sizes: PoolSizes, *,
     if name not in cfgs:
         raise ValueError(f"unknown variant '{name}'; choose from {', '.join(VARIANTS)}")
     config, policy = cfgs[name]
-    worker = DualGraphWorker(engine, config, policy)
+    worker = DualGraphWorker(engine, config, policy, Annotator.switched(settings.nvtx))
     report = worker.capture(progress=progress)
     table = None
     if name == "dynamic":

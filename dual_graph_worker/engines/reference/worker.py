@@ -116,7 +116,7 @@ class DualGraphWorker:
         self.nvtx.mark_config("num_draft_tokens", self.k)
         if not isinstance(self.runner, CudaGraphRunner):
             return None
-        # The caller marks steady state (self.nvtx.mark_steady_state) once its own
+        # The caller marks steady state (worker.nvtx.mark_steady_state) once its own
         # warm-up (first prefills, first steps) is over: capture alone is not the end of it.
         return self.runner.capture(progress=progress)
 

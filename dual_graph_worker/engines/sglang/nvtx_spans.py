@@ -106,7 +106,7 @@ class StepSpans:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "StepSpans":
-        return cls(Annotator.from_environment(), ProfileWindow.from_settings(settings))
+        return cls(Annotator.switched(settings.nvtx), ProfileWindow.from_settings(settings))
 
     @property
     def steps_taken(self) -> int:
