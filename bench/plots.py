@@ -53,6 +53,7 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
         if panel.log_y:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+            ax.yaxis.set_minor_formatter(FuncFormatter(_plain))
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
         if panel.series:
