@@ -74,10 +74,11 @@ def phase_requests(args, index: int) -> list[RequestDraws]:
             for prompt, n in zip(prompts, lens)]
 
 
-def first_estimate_slope(args, requests: int, seed: int = 0) -> float:
+def first_estimate_slope(args, requests: int, seed: int = 0) -> Optional[float]:
     """Over `requests` random requests with the phase's output lengths, the least-squares slope
     of the mean of each one's later draws on the mean of its first FIRST_DRAWS (requests with
-    at least twice that many steps)."""
+    at least twice that many steps); None where fewer than two such requests' first estimates
+    differ (a draft that always or never agrees)."""
     phase = Phase(1, 1, args.input_len, args.output_len, args.output_spread)
     rng = np.random.default_rng(seed)
     perms = toy_permutations(args.hidden, AGREEMENT_LEVELS[args.agreement])
@@ -89,6 +90,8 @@ def first_estimate_slope(args, requests: int, seed: int = 0) -> float:
         if len(draws) >= 2 * FIRST_DRAWS:
             first.append(np.mean(draws[:FIRST_DRAWS]))
             later.append(np.mean(draws[FIRST_DRAWS:]))
+    if len(set(first)) < 2:
+        return None
     return float(np.polyfit(first, later, 1)[0])
 
 
@@ -123,9 +126,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec, decode = (sum(x) for x in zip(*(r.seconds(spec_s, decode_s) for r in requests)))
     print(f"the phase: speculation {decode / spec:.3f}x decode's speed")
     slope = first_estimate_slope(args, args.regression) if args.regression else None
-    if slope is not None:
+    if args.regression:
         print(f"over {args.regression} random requests, later draws on the first "
-              f"{FIRST_DRAWS}: slope {slope:.3f}")
+              f"{FIRST_DRAWS}: " + ("no slope (first estimates do not differ)" if slope is None
+                                    else f"slope {slope:.3f}"))
     out = Path(args.out)
     write_json({"command": " ".join(["python -m bench.demo_requests",
                                      *(sys.argv[1:] if argv is None else argv)]),

@@ -63,3 +63,6 @@ def test_a_first_estimate_deserves_a_partial_weight_on_the_half_agreeing_chain()
     its later ones (short cycles), far from all."""
     args = demo_parser().parse_args([])
     assert 0.2 < first_estimate_slope(args, 3000) < 0.6
+    # A draft that always agrees: every first estimate alike, no slope to fit.
+    assert first_estimate_slope(demo_parser().parse_args(["--agreement", "f100"]), 200) is None
+    assert first_estimate_slope(args, 1) is None
