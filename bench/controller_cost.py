@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy
 from dual_graph_worker.core.policy import Admitted, StepTime, accepted
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.core.provenance import checkout_commit
+from dual_graph_worker.core.provenance import checkout_commit, command_line
 
 
 ROWS = 512                                # request rows (SGLang's max running requests here)
@@ -153,8 +152,7 @@ def main(argv=None) -> int:
           f"mean includes the exchange every {args.sync_every} steps; spec: the share of steps "
           "speculating, under the bench's SYNTHETIC step times.")
     out = Path(args.out)
-    write_json({"command": " ".join(["python -m bench.controller_cost",
-                                     *(argv if argv is not None else sys.argv[1:])]),
+    write_json({"command": command_line("python -m bench.controller_cost", argv),
                 "commit": checkout_commit(), "steps": args.steps, "rounds": args.rounds,
                 "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
                 "sync_every": args.sync_every, "step_times": "synthetic",

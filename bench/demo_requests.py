@@ -16,7 +16,6 @@ requests' mean (what the controller's own_accept_weight_first learns).
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -25,6 +24,7 @@ import numpy as np
 from bench.plots import Panel, Series, line_chart
 from dual_graph_worker.core.argtypes import int_range, positive_float
 from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.core.provenance import command_line
 from dual_graph_worker.engines.reference.demo import parser as demo_parser
 from dual_graph_worker.engines.reference.loadgen import Phase
 from dual_graph_worker.engines.reference.toy import AGREEMENT_LEVELS, toy_permutations
@@ -131,8 +131,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{FIRST_DRAWS}: " + ("no slope (first estimates do not differ)" if slope is None
                                     else f"slope {slope:.3f}"))
     out = Path(args.out)
-    write_json({"command": " ".join(["python -m bench.demo_requests",
-                                     *(sys.argv[1:] if argv is None else argv)]),
+    write_json({"command": command_line("python -m bench.demo_requests", argv),
                 "phase": args.phase, "concurrency": args.ramp[args.phase],
                 "spec_ms": args.spec_ms, "decode_ms": args.decode_ms,
                 "speculation_speedup": decode / spec, "first_estimate_slope": slope,

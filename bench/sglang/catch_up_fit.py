@@ -21,6 +21,7 @@ from bench.sglang.estimate_error import EXCHANGE_EVERY, not_a_trace, read_trace,
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.core.provenance import command_line
 
 
 def fit_history(trace: dict) -> list[dict]:
@@ -79,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               + ", ".join(f"{h['us_per_token']:.2f} ({h['step']}, {h['fixed_ms']:.2f})"
                           for h in steep) + " |")
     out = Path(args.out)
-    write_json({"command": "python -m bench.sglang.catch_up_fit " + " ".join(args.traces),
+    write_json({"command": command_line("python -m bench.sglang.catch_up_fit", argv),
                 "histories": histories}, out)
     png = _plot(histories, out.with_suffix(".png"))
     print(f"wrote {out} and {png}")

@@ -29,6 +29,7 @@ from dual_graph_worker.core.controller import ControllerConfig, GoodputControlle
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime
+from dual_graph_worker.core.provenance import command_line
 
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
 AHEAD = 400
@@ -126,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=output_file, default="out/estimate-error.json",
                     help="JSON to write (and the plot beside it, .png)")
     args = ap.parse_args(argv)
-    result = {"command": "python -m bench.sglang.estimate_error " + " ".join(args.traces),
+    result = {"command": command_line("python -m bench.sglang.estimate_error", argv),
               "traces": {}}
     print("| trace | mode | cells | mean abs error | median | max | mean signed |")
     print("|---|---|---|---|---|---|---|")

@@ -28,6 +28,7 @@ from typing import Optional
 from dual_graph_worker.core.argtypes import (OneLineParser, int_list, int_range,
                                              non_negative_float, output_dir)
 from dual_graph_worker.core.errors import DualGraphError, report_user_errors
+from dual_graph_worker.core.provenance import command_line
 
 PARTS = ("before_launch_us", "verify_hook_us", "result_processed_us", "total_us",
          "total_mean_us")
@@ -123,8 +124,7 @@ def _main(argv: Optional[list[str]]) -> int:
         print(f"{r['bs']:5d}  {r['part']:20s} {r['a_median']:9.1f} {r['b_median']:9.1f} "
               f"{r['ratio_median']:11.3f}  ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})")
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.sglang.host_cost_ab " + " ".join(sys.argv[1:] if argv is None
-                                                                 else argv)
+    command = command_line("python -m bench.sglang.host_cost_ab", argv)
     (out / "host-cost-ab.json").write_text(json.dumps(
         {"command": command, "a": str(args.a_dir), "b": str(args.b_dir), "steps": args.steps,
          "gap_ms": args.gap_ms, "runs": runs, "summary": rows}, indent=1))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BEFORE, cell_key,
-                                       fill_from, heatmap, matrix_report, merged_workloads,
+                                       heatmap, matrix_report, merged_workloads,
                                        per_cell_median, ratios, readings, repeated,
                                        with_rounds_asked)
 from dual_graph_worker.core.argtypes import OneLineParser

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 
 def checkout_commit() -> Optional[str]:
@@ -15,3 +16,9 @@ def checkout_commit() -> Optional[str]:
                               text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def command_line(prog: str, argv: Optional[Sequence[str]]) -> str:
+    """The command that made a result: `prog` and its arguments (this process's where `argv`
+    is None, as argparse reads them)."""
+    return " ".join([prog, *(sys.argv[1:] if argv is None else argv)])

@@ -9,8 +9,6 @@ import math
 from collections import deque
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
-
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.estimates import StepTimeEstimates
 from dual_graph_worker.core.modes import OTHER, Mode

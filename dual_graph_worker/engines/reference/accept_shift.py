@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_sid
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           check_toy_settings, toy_engine_spec)
-from dual_graph_worker.core.provenance import checkout_commit
+from dual_graph_worker.core.provenance import checkout_commit, command_line
 from dual_graph_worker.engines.reference.toy_args import (add_toy_run_args, needed_context,
                                                           toy_context)
 
@@ -228,7 +227,7 @@ def _run(cfg: ShiftConfig, out: Path, argv: Optional[list[str]]) -> int:
           + " | dyn/best | dynamic modes (steps)")
     t0 = time.perf_counter()
     result = run_shift(cfg, settings)
-    result["command"] = "dgw accept-shift " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = command_line("dgw accept-shift", argv)
     result["commit"] = checkout_commit()
     result["seconds"] = time.perf_counter() - t0
     (out / "accept-shift.json").write_text(json.dumps(result, indent=1))

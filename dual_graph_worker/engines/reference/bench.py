@@ -27,6 +27,7 @@ from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_l
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.provenance import command_line
 from dual_graph_worker.core.simple_policies import CyclePolicy, PinnedPolicy
 from dual_graph_worker.engines.reference.variants import VARIANTS, PoolSizes, build_variant
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
@@ -187,7 +188,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
                "acceptance": acceptance, "input_len": args.input_len, "output_len": args.output_len,
                "concurrency": conc, "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
                "torch": torch.__version__, "pools": {"spec": sizes.spec, "decode": sizes.decode},
-               "variants": {}, "capture": {}, "command": "dgw bench " + " ".join(argv or [])}
+               "variants": {}, "capture": {}, "command": command_line("dgw bench", argv)}
     vocab = pair.target.vocab_size
     names = args.variants
     # Build every variant first, then measure them interleaved at each concurrency (order

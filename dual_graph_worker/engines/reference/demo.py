@@ -30,7 +30,7 @@ from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, expected_
 from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.variants import (TRIO, PoolSizes, build_trio,
                                                           check_toy_settings, toy_engine_spec)
-from dual_graph_worker.core.provenance import checkout_commit
+from dual_graph_worker.core.provenance import checkout_commit, command_line
 from dual_graph_worker.engines.reference.toy_args import add_toy_run_args, toy_context
 
 
@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
                       for n, b in workers.items()})
     phases, outputs = [], {n: [] for n in TRIO}
     head = {"device": args.device, "acceptance": acceptance, "ramp": ramp,
-            "command": "dgw demo " + " ".join(argv or []), "commit": checkout_commit()}
+            "command": command_line("dgw demo", argv), "commit": checkout_commit()}
     print("\ntokens/s, prompts' prefill included; the workers take turns step by step, so a slow "
           "spell of the machine falls on all three alike")
     print(f"{'phase':>5} {'conc':>5} | " + " | ".join(f"{n:>12s}" for n in TRIO) +
