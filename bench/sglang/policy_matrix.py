@@ -57,7 +57,7 @@ from bench.sglang.model_configs import (
 )
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.jsonio import need_mapping, read_json, write_json
+from dual_graph_worker.core.jsonio import read_json_object, write_json
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments
 
@@ -871,12 +871,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     matrix_path = out / "policy-matrix.json"
     fix = "pass another --out or remove that file"
     try:
-        previous = need_mapping(read_json(matrix_path, "the matrix in --out", fix),
-                                str(matrix_path)) if matrix_path.exists() else {}
+        previous = read_json_object(matrix_path, "the matrix in --out", fix) \
+            if matrix_path.exists() else {}
         kept_records = [r for r in previous.get("records", [])
                         if r["engine"] not in engines and "from" not in r]
     except ConfigError as exc:
-        print(f"error: {exc}" + ("" if fix in str(exc) else f"; {fix}"), file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except (TypeError, KeyError, AttributeError) as exc:
         print(f"error: {matrix_path}: not a policy-matrix.json ({exc!r}); {fix}",

@@ -43,6 +43,15 @@ def check_schema(d: Mapping, expected: str, what: str) -> None:
                           "another version of the tools, or is another kind of file")
 
 
+def read_json_object(path: str | Path, what: str, fix: str) -> Mapping:
+    """read_json, and a JSON object, or ConfigError naming `fix` either way."""
+    data = read_json(path, what, fix)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what} {path} must be a JSON object, got "
+                          f"{'nothing' if data is None else type(data).__name__}; {fix}")
+    return data
+
+
 def need_mapping(data: Any, where: str) -> Mapping:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where} must be a JSON object, got "

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.jsonio import need_mapping, read_json
+from dual_graph_worker.core.jsonio import read_json_object
 
 CONFIG_FILE_ENV = "DGW_CONFIG"
 ENV_PREFIX = "DGW_"
@@ -72,11 +72,9 @@ class Setting:
         raw = environ.get(self.env, "")
         if raw != "":
             return self.parse(raw, self.env)
-        path = environ.get(CONFIG_FILE_ENV) or None
-        if path is not None:
-            file = _read_json(path)
-            if self.key in file:
-                return self.parse(file[self.key], f"{CONFIG_FILE_ENV}={path}: {self.key}")
+        path, file = _config_file(environ)
+        if file is not None and self.key in file:
+            return self.parse(file[self.key], f"{CONFIG_FILE_ENV}={path}: {self.key}")
         return self.default
 
     def expects(self) -> str:
@@ -285,9 +283,8 @@ def user_settings(environ: Mapping[str, str]) -> UserSettings:
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]}{_closest(unknown[0], BY_ENV)}; "
                           "`dgw settings` lists every DGW_* variable")
-    path = environ.get(CONFIG_FILE_ENV) or None
-    return UserSettings(_read_json(path) if path else None, path,
-                        {k: v for k, v in environ.items() if k in BY_ENV and v != ""})
+    path, file = _config_file(environ)
+    return UserSettings(file, path, {k: v for k, v in environ.items() if k in BY_ENV and v != ""})
 
 
 def assignments(items: Sequence[str]) -> dict[str, str]:
@@ -335,7 +332,11 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _read_json(path: str) -> Mapping[str, Any]:
-    what = f"{CONFIG_FILE_ENV} file"
-    return need_mapping(read_json(path, what, f"fix it or unset {CONFIG_FILE_ENV}"),
-                        f"{what} {path}")
+def _config_file(environ: Mapping[str, str]
+                 ) -> tuple[Optional[str], Optional[Mapping[str, Any]]]:
+    """The DGW_CONFIG file's path and object (None, None where the variable is unset)."""
+    path = environ.get(CONFIG_FILE_ENV) or None
+    if path is None:
+        return None, None
+    return path, read_json_object(path, f"{CONFIG_FILE_ENV} file",
+                                  f"fix it or unset {CONFIG_FILE_ENV}")
