@@ -98,6 +98,18 @@ def measure(engine, candidates=CANDIDATES, context_len: int = 384, repeats: int 
                         meta={"torch": torch.__version__, "one_time_compile_s": compile_s})
 
 
+def save_dummy_measured(m: Measurements, path: str | Path, shapes: str) -> Path:
+    """Save `m`, measured on dummy weights of `shapes`, saying so (printed and in its notes),
+    with its memory-and-capture plot beside it; returns the plot's path."""
+    weights = f"DUMMY weights ({shapes} shapes: the shapes, not the values, set memory and time)"
+    print(weights)
+    m = replace(m, notes=f"{m.notes}; {weights}")
+    save_measurements(m, path)
+    png = Path(path).with_suffix(".png")
+    plot_memory_and_capture(m, None, png)
+    return png
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="dgw capture-measure", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,14 +132,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=args.num_draft_tokens,
                                                 max_requests=max(cands), max_context=args.context + 16,
                                                 device="cuda", dtype="bfloat16", attention="triton"))
-    weights = (f"DUMMY weights ({args.model} shapes: the shapes, not the values, set memory and "
-               "time)")
-    print(weights)
-    m = measure(engine, cands, args.context)
-    m = replace(m, notes=f"{m.notes}; {weights}")
-    save_measurements(m, args.out)
-    png = Path(args.out).with_suffix(".png")
-    plot_memory_and_capture(m, None, png)
+    png = save_dummy_measured(measure(engine, cands, args.context), args.out, args.model)
     print(f"wrote {args.out} and {png}")
     return 0
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
 from bench.sglang.policy_matrix import engine_kwargs
-from capture.measure import CANDIDATES
-from capture.measurements import save_measurements
-from capture.report import plot_memory_and_capture
+from capture.measure import CANDIDATES, save_dummy_measured
 from capture.sglang_probe import measurements_from_probe
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError
@@ -100,12 +97,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    weights = ("DUMMY weights (Llama-3-8B shapes: the shapes, not the values, set memory and "
-               "time)")
-    m = replace(m, notes=f"{m.notes}; {weights}")
-    save_measurements(m, out)
-    plot_memory_and_capture(m, None, out.with_suffix(".png"))
-    print(weights)
+    png = save_dummy_measured(m, out, "Llama-3-8B")
     for mode in ("spec", "decode"):
         keys = [g for g in m.graphs if g.key.mode.value == mode]
         print(f"{mode}: {len(keys)} keys, {sum(g.pool_bytes for g in keys) / 2**20:.0f} MiB "
@@ -114,7 +106,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"both pools captured together: {total / 2**20:.0f} MiB")
     if m.meta.get("incomplete_keys"):
         print(f"keys missing a stage (left out): {m.meta['incomplete_keys']}")
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    print(f"wrote {out} and {png}")
     return 0
 
 

@@ -389,24 +389,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        groups = group_costs(log)
-        write_json([{"mode": m, "padded_bs": b, "place": p, "steps": len(xs),
-                     "median_ms": 1e3 * statistics.median(xs)}
-                    for (m, b, p), xs in sorted(groups.items())], out.with_suffix(".json"))
-        _plot(groups, out.with_suffix(".png"))
+        rows = [{"mode": m, "padded_bs": b, "place": p, "steps": len(xs),
+                 "median_ms": 1e3 * statistics.median(xs)}
+                for (m, b, p), xs in sorted(group_costs(log).items())]
+        write_json(rows, out.with_suffix(".json"))
+        _plot(rows, out.with_suffix(".png"))
     print(text, end="")
     return 0
 
 
-def _plot(groups: dict[tuple[str, int, str], list[float]], path: Path) -> Path:
+def _plot(rows: list[dict], path: Path) -> Path:
     series = []
-    for mode in sorted({m for m, _, _ in groups}):
+    for mode in sorted({r["mode"] for r in rows}):
         for place in PLACES:
-            sizes = sorted(b for m, b, p in groups if m == mode and p == place)
-            if sizes:
-                series.append(Series(f"{mode}, {place}", sizes,
-                                     [1e3 * statistics.median(groups[mode, b, place])
-                                      for b in sizes], dashed=place != PLACES[2]))
+            mine = [r for r in rows if r["mode"] == mode and r["place"] == place]   # bs sorted
+            if mine:
+                series.append(Series(f"{mode}, {place}", [r["padded_bs"] for r in mine],
+                                     [r["median_ms"] for r in mine],
+                                     dashed=place != PLACES[2]))
     return line_chart(path, "Measured step costs by place in the run since the last switch "
                       "(catch-up steps left out)", "padded batch size",
                       [Panel("median ms a step", series, log_y=True)], log2_x=True)
