@@ -94,7 +94,7 @@ def test_toy_accept_length_is_real_and_matches_agreement(level, toy_engine, toy_
     """Spec mode's accept length comes from the draft really agreeing with the target: 4.0 at
     f=1, 1 + f + f^2 + f^3 = 1.875 at f=0.5 (up to the finite sample), 1.0 at f=0. Step by step
     it equals an independent simulation of the two permutations."""
-    from dual_graph_worker.engines.reference.toy import toy_permutations
+    from dual_graph_worker.engines.reference.toy import expected_accept_len, toy_permutations
 
     n_req, max_new = 16, 24
     prompts = [[(7 * i) % TOY_VOCAB, (4 * i + 1) % TOY_VOCAB] for i in range(n_req)]
@@ -133,7 +133,7 @@ def test_toy_accept_length_is_real_and_matches_agreement(level, toy_engine, toy_
     per_request_step = np.concatenate([a for a in sims])
     measured = sum(r.mean_accept_len * r.bs for r in records) / sum(r.bs for r in records)
     assert measured == pytest.approx(per_request_step.mean(), abs=1e-12)
-    expected = perms.expected_accept_len(K)
+    expected = expected_accept_len(perms.agreement, K)
     if level == "f100":
         assert measured == 4.0
     elif level == "f0":

@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, toy_configs,
-                                                     toy_permutations, write_toy_checkpoints)
+from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, expected_accept_len,
+                                                     toy_configs, toy_permutations,
+                                                     write_toy_checkpoints)
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.weights import (dummy_weights, load_draft, load_target,
                                                           named_sizes)
@@ -92,7 +93,7 @@ def test_draft_agreement_fraction(level, toy_ckpts, toy_perm):
     assert torch.equal(dw.lm_head, torch.eye(V))
     assert torch.equal(dw.fc[:, :V].argmax(0), toy_perm.p)  # target feature e_t -> e_p(t)
     assert not dw.fc[:, V:].any()
-    assert perms.expected_accept_len(3) == pytest.approx(sum(f ** j for j in range(4)))
+    assert expected_accept_len(perms.agreement, 3) == pytest.approx(sum(f ** j for j in range(4)))
 
 
 def test_target_greedy_continuation_is_the_permutation(toy_engine, toy_perm, make_worker,

@@ -407,10 +407,16 @@ class Suite:
                                est_s=20))
     # -------------------------------------------------------------------- helpers
 
+    def bench_headline(self) -> str:
+        """What every bench figure is of: the plot's title, the note's head."""
+        a = self.args
+        return (f"accept length FORCED to {a.simulate_acc_len} (SGLANG_SIMULATE_ACC_LEN, "
+                f"eagle3 and dual), DUMMY weights (Llama-3-8B shapes), {a.input_len} in / "
+                f"{a.output_len} out")
+
     def bench_note(self) -> str:
-        """What the bench's figures are: forced acceptance, dummy weights, the workload and
-        every variant's settings (in the report and the summary; the plot's title leads with
-        the first two)."""
+        """What the bench's figures are: the headline, then the workload and every variant's
+        settings (in the report and the summary)."""
         a = self.args
         variants = [f"dual{SUFFIX[c]}: DGW_CONTINUITY={c}" for c in self.continuities()[1:]]
         if a.with_eager_draft:
@@ -424,12 +430,9 @@ class Suite:
         if a.with_no_defer:
             variants.append("dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft prefill "
                             "runs for every prompt)")
-        return "; ".join([f"accept length FORCED: SGLANG_SIMULATE_ACC_LEN={a.simulate_acc_len} "
-                          "(speculative steps of eagle3 and dual)",
-                          f"{a.input_len} in / {a.output_len} out random token ids, ignore_eos, "
-                          "T=0", "EAGLE-3 at SGLang's defaults",
-                          f"DUMMY weights, Llama-3-8B shapes, {a.attention_backend} attention, "
-                          "3 steps, topk 1",
+        return "; ".join([self.bench_headline(),
+                          "random token ids, ignore_eos, T=0; EAGLE-3 at SGLang's defaults",
+                          f"{a.attention_backend} attention, 3 steps, topk 1",
                           f"dual policy={a.dual_policy}; dual: continuity "
                           f"{worker_default_continuity()} (the worker's default)", *variants])
 
@@ -535,9 +538,7 @@ class Suite:
             md.append(report.markdown_prefill_phase(bench_results))
             md.append(report.markdown_decode_log(bench_results))
             report.plot_throughput(levels, table, self.out / "throughput.png",
-                                   f"accept FORCED to {self.args.simulate_acc_len}, DUMMY "
-                                   f"weights (Llama-3-8B shapes), {self.args.input_len} in / "
-                                   f"{self.args.output_len} out")
+                                   self.bench_headline())
         for name, chk in self.checks.items():
             md.append(f"- {name}: {verdict(chk)} "
                       f"{json.dumps({k: v for k, v in chk.items() if k != 'ok'})[:600]}")

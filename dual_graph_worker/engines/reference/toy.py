@@ -43,10 +43,6 @@ class ToyPermutations:
             out.append(t)
         return out
 
-    def expected_accept_len(self, num_draft_tokens: int) -> float:
-        """This pair's expected_accept_len (the module function)."""
-        return expected_accept_len(self.agreement, num_draft_tokens)
-
 
 def expected_accept_len(agreement: float, num_draft_tokens: int) -> float:
     """Tokens per request per spec step if proposals agree at rate `agreement` independently."""

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
@@ -111,9 +112,9 @@ class DualGraphWorker:
     def capture(self, progress: bool = True):
         """Capture both pools (CUDA only); returns the CaptureReport. Call once at start-up."""
         d = self.engine.describe()
-        self.nvtx.mark_config("engine", d.get("engine", "?"))
-        self.nvtx.mark_config("attention_backend", d.get("attention_backend", "?"))
-        self.nvtx.mark_config("num_draft_tokens", self.k)
+        self.nvtx.mark_config(names.CONFIG_ENGINE, d.get("engine", "?"))
+        self.nvtx.mark_config(names.CONFIG_ATTENTION_BACKEND, d.get("attention_backend", "?"))
+        self.nvtx.mark_config(names.CONFIG_NUM_DRAFT_TOKENS, self.k)
         if not isinstance(self.runner, CudaGraphRunner):
             return None
         # The caller marks steady state (worker.nvtx.mark_steady_state) once its own
