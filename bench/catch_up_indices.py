@@ -12,7 +12,6 @@ table, writes JSON and a bar plot. Random KV-slot table, no model: indices only.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from dual_graph_worker.core.argtypes import OneLineParser, output_dir, positive_int, torch_device
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.engines.sglang.catch_up import build_catch_up_indices, plan_passes
 
 SHAPES = ((1, 1), (1, 8), (8, 4), (64, 4), (64, 32))     # (requests behind, tokens each)
@@ -108,9 +108,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         print(f"{r['requests']:9d} x {r['tokens_each']:<6d} {r['host_us']:16.1f} "
               f"{r['device_us']:15.1f} {r['device_over_host']:15.2f}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "catch-up-indices.json").write_text(json.dumps(
-        {"note": note, "device": args.device, "iters": args.iters, "rows": rows}, indent=1))
+    write_json({"note": note, "device": args.device, "iters": args.iters, "rows": rows},
+               out / "catch-up-indices.json")
     _plot(rows, out / "catch-up-indices.png", note)
     print(f"wrote {out}/catch-up-indices.json and .png")
     return 0

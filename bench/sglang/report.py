@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from bench.plots import Panel, Series, line_chart
+
 
 def _sweep(res: Optional[Mapping]) -> Mapping:
     """An engine result's sweep task ({} when it has none)."""
@@ -173,27 +175,12 @@ def markdown_decode_log(engines: Mapping[str, Mapping]) -> str:
                            "(> 1: slower)", decode_log_step_ms(engines), ".2f")
 
 
-def plot_throughput(levels, table, path: str | Path, title: str) -> Optional[Path]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, vals in table.items():
-        xs = [c for c in levels if c in vals]
-        ax.plot(xs, [vals[c] for c in xs], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (requests)")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+def plot_throughput(levels, table, path: str | Path, title: str) -> Path:
+    """tok/s by concurrency, one line an engine."""
+    series = [Series(name, [c for c in levels if c in vals], [vals[c] for c in levels if c in vals])
+              for name, vals in table.items()]
+    return line_chart(path, title, "concurrency (requests)",
+                      [Panel("output tokens / s", series)], log2_x=True)
 
 
 def plot_ramp(steps: Sequence[tuple], phases: Sequence[dict], path: str | Path,
