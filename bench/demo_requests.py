@@ -25,8 +25,8 @@ from bench.plots import Panel, Series, line_chart
 from dual_graph_worker.core.argtypes import int_range, positive_float
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import command_line
-from dual_graph_worker.engines.reference.demo import parser as demo_parser
-from dual_graph_worker.engines.reference.loadgen import Phase
+from dual_graph_worker.engines.reference.demo import parser as demo_parser, ramp_phase
+from dual_graph_worker.engines.reference.loadgen import request_streams
 from dual_graph_worker.engines.reference.toy import AGREEMENT_LEVELS, toy_permutations
 
 FIRST_DRAWS = 4      # the controller's first estimate of a request is the mean of these
@@ -59,15 +59,17 @@ def chain_draws(p: np.ndarray, agree: np.ndarray, last_token: int, output_len: i
     return RequestDraws(last_token, output_len - 1, draws)
 
 
-def phase_requests(args, index: int) -> list[RequestDraws]:
-    """The requests of the demo's phase `index` (PhaseRun's seeds: prompts and output lengths
-    from streams of their own)."""
-    c = args.ramp[index]
-    phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len, args.output_len,
-                  args.output_spread)
-    rng, len_rng = np.random.default_rng(index), np.random.default_rng((index, 1))
+def _chain(args) -> tuple[np.ndarray, np.ndarray]:
+    """The toy target's chain p and where the draft agrees with it."""
     perms = toy_permutations(args.hidden, AGREEMENT_LEVELS[args.agreement])
-    p, agree = perms.p.numpy(), (perms.p == perms.s).numpy()
+    return perms.p.numpy(), (perms.p == perms.s).numpy()
+
+
+def phase_requests(args, index: int) -> list[RequestDraws]:
+    """The requests of the demo's phase `index`, as its PhaseRun (seed `index`) draws them."""
+    phase = ramp_phase(args, args.ramp[index])
+    rng, len_rng = request_streams(index)
+    p, agree = _chain(args)
     lens = phase.output_lens(len_rng, phase.num_requests)
     prompts = rng.integers(0, args.hidden, size=(phase.num_requests, args.input_len))
     return [chain_draws(p, agree, int(prompt[-1]), n, args.num_draft_tokens)
@@ -79,12 +81,10 @@ def first_estimate_slope(args, requests: int, seed: int = 0) -> Optional[float]:
     of the mean of each one's later draws on the mean of its first FIRST_DRAWS (requests with
     at least twice that many steps); None where fewer than two such requests' first estimates
     differ (a draft that always or never agrees)."""
-    phase = Phase(1, 1, args.input_len, args.output_len, args.output_spread)
     rng = np.random.default_rng(seed)
-    perms = toy_permutations(args.hidden, AGREEMENT_LEVELS[args.agreement])
-    p, agree = perms.p.numpy(), (perms.p == perms.s).numpy()
+    p, agree = _chain(args)
     first, later = [], []
-    for n in phase.output_lens(rng, requests):
+    for n in ramp_phase(args, 1).output_lens(rng, requests):
         draws = chain_draws(p, agree, int(rng.integers(args.hidden)), n,
                             args.num_draft_tokens).draws
         if len(draws) >= 2 * FIRST_DRAWS:

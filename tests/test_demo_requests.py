@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bench.demo_requests import chain_draws, first_estimate_slope, main, phase_requests
-from dual_graph_worker.engines.reference.demo import parser as demo_parser
-from dual_graph_worker.engines.reference.loadgen import Phase, PhaseRun
+from dual_graph_worker.engines.reference.demo import parser as demo_parser, ramp_phase
+from dual_graph_worker.engines.reference.loadgen import PhaseRun
 
 
 def test_a_step_accepts_its_agreeing_run_at_most_k_and_no_more_than_the_tokens_left():
@@ -36,9 +36,7 @@ def test_the_phase_holds_the_requests_the_demo_admits():
                 return SimpleNamespace(rids=list(range(len(seen) - len(lens), len(seen))),
                                        first_tokens=[0] * len(lens))
 
-        c = args.ramp[index]
-        phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len,
-                      args.output_len, args.output_spread)
+        phase = ramp_phase(args, args.ramp[index])
         run = PhaseRun(Recorder(), phase, args.hidden, seed=index)
         while run.admitted < phase.num_requests:
             run.advance()

@@ -79,6 +79,12 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def ramp_phase(args: argparse.Namespace, concurrency: int) -> Phase:
+    """The ramp's phase at `concurrency`: --requests-per-phase x it, at least one each."""
+    return Phase(concurrency, max(concurrency, int(concurrency * args.requests_per_phase)),
+                 args.input_len, args.output_len, args.output_spread)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)   # bad values: one error line, exit 2
@@ -130,8 +136,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
     print(f"{'phase':>5} {'conc':>5} | " + " | ".join(f"{n:>12s}" for n in TRIO) +
           " | dyn/best | dynamic mode (spec/decode steps)")
     for i, c in enumerate(ramp):
-        phase = Phase(c, max(c, int(c * args.requests_per_phase)), args.input_len, args.output_len,
-                      args.output_spread)
+        phase = ramp_phase(args, c)
         results = run_side_by_side({n: PhaseRun(workers[n].worker, phase, vocab, seed=i,
                                                 collect_outputs=True) for n in TRIO})
         row = {"concurrency": c} | {n: r.to_json() for n, r in results.items()}

@@ -86,6 +86,12 @@ def uniform_prompts(vocab: int) -> PromptSource:
     return lambda rng, n, length: rng.integers(0, vocab, size=(n, length)).tolist()
 
 
+def request_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """A phase's prompt and output-length streams: their own, so every worker gets the same
+    requests in the same order, however its admissions are batched."""
+    return np.random.default_rng(seed), np.random.default_rng((seed, 1))
+
+
 class PhaseRun:
     """One worker's way through a phase, one action (an admission or a step) per `advance`, so
     several workers can share a noisy machine fairly (`run_side_by_side`). Seconds are the
@@ -96,10 +102,7 @@ class PhaseRun:
                  on_step: Optional[Callable[[object], None]] = None) -> None:
         self.worker, self.phase, self.prefill_chunk = worker, phase, prefill_chunk
         self.collect_outputs, self.on_step = collect_outputs, on_step
-        # Prompts and output lengths from streams of their own: every worker gets the same
-        # requests in the same order, however its admissions are batched.
-        self.rng = np.random.default_rng(seed)
-        self.len_rng = np.random.default_rng((seed, 1))
+        self.rng, self.len_rng = request_streams(seed)
         self.prompts = prompts or uniform_prompts(vocab)
         self.admitted = self.tokens = 0
         self.seconds = self.step_seconds = 0.0
