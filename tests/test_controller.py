@@ -1408,6 +1408,27 @@ def test_a_controller_with_no_captured_sizes_still_builds():
     assert p.decide(PolicyInputs(4, None, 4)).mode is Mode.DECODE
 
 
+def test_with_cuda_graphs_off_both_modes_are_keyed_at_every_size_and_measured():
+    """Graphs off (SGLang's --disable-cuda-graph): no pool captured a size, every step runs
+    eagerly at its own. Keyed at no size, speculation could never be measured and the
+    controller explored it for ever; step_sizes keys both modes at every size."""
+    table = DispatchTable.build((), ())
+    sizes = table.step_sizes(64)
+    assert sizes == {Mode.SPEC: tuple(range(1, 65)), Mode.DECODE: tuple(range(1, 65))}
+    assert DispatchTable.build(SPEC, DECODE).step_sizes(64) == {Mode.SPEC: SPEC,
+                                                               Mode.DECODE: DECODE}
+    policy = GoodputController(ControllerConfig(num_draft_tokens=K, max_rows=64), sizes, None)
+    planner = StepPlanner(table, policy, graphs_enabled=False)
+    modes = []
+    for _ in range(400):
+        plan = planner.plan(8, rows=np.arange(8))
+        policy.observe(StepTime(plan.mode, plan.padded_bs,
+                                (t_spec if plan.mode is Mode.SPEC else t_decode)(8)))
+        policy.observe(accepted(plan.mode, np.ones(8), np.arange(8)))
+        modes.append(plan.mode)
+    assert settled(modes) is Mode.DECODE and modes.count(Mode.SPEC) < 40
+
+
 def test_explore_cap_rules_out_the_dearest_re_measurements():
     """DGW_EXPLORE_CAP trades the guarantee for smoother short workloads: a re-measurement
     dearer than cap x the bank is never made; cheaper costly ones still run into debt."""

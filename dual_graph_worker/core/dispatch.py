@@ -82,6 +82,12 @@ class DispatchTable:
         return tuple(GraphKey(Mode.SPEC, b) for b in self.spec_sizes) + tuple(
             GraphKey(Mode.DECODE, b) for b in self.decode_sizes)
 
+    def step_sizes(self, max_bs: int) -> dict[Mode, tuple[int, ...]]:
+        """The padded sizes each mode's steps run at: its pool's, or every size up to `max_bs`
+        where it captured none (its steps run eagerly at their own size)."""
+        every = tuple(range(1, max_bs + 1))
+        return {Mode.SPEC: self.spec_sizes or every, Mode.DECODE: self.decode_sizes or every}
+
     def has_graph(self, mode: Mode, bs: int) -> bool:
         lut = self._spec_lut if mode is Mode.SPEC else self._decode_lut
         return 0 < bs < len(lut)

@@ -230,10 +230,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         reduce = _tp_mean(mr.tp_group)
         share = self._draft_share(mr, reduce)
         policy = build_policy(self.settings, PolicyContext(
-            self.speculative_num_steps,
-            {Mode.SPEC: table.spec_sizes or tuple(range(1, table.max_decode_bs + 1)),
-             Mode.DECODE: table.decode_sizes or tuple(range(1, r2t.shape[0]))},
-            prior, defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0]),
+            self.speculative_num_steps, table.step_sizes(int(r2t.shape[0]) - 1), prior,
+            defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0]),
             draft_share=share))
         self.planner = StepPlanner(table, policy, graphs_enabled=self._graphs_enabled,
                                    reduce=reduce)
