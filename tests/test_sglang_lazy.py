@@ -969,6 +969,30 @@ def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, laz
                                 "catch_up_tokens": 4 * 100})
 
 
+def test_a_prefill_under_mlp_sync_is_admitted_by_the_worker(sgl, lazy_worker, monkeypatch):
+    """SGLang sets is_extend_in_batch on every prefill when MLP sync is on (an MoE all-to-all
+    backend, no DP attention): the worker's own prefill still runs, so the request is admitted
+    (its row's backlog and estimates reset) and its draft prefill may be deferred."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
+                           defers_prefill_of=lambda b, decodes: True)
+    w = lazy_worker(lazy)
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None: "eagle")
+    monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish: "deferred")
+    admitted = []
+    observe = w.planner.policy.observe
+    w.planner.policy.observe = lambda e: admitted.append(type(e).__name__) or observe(e)
+    w.req_to_token_pool.used = 2
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=True,
+                            seq_lens=torch.full((2,), 64), seq_lens_cpu=torch.full((2,), 64),
+                            extend_num_tokens=128, req_pool_indices_cpu=torch.tensor([0, 1]))
+    assert w.forward_batch_generation(batch) == "deferred"
+    assert admitted == ["Admitted"]
+
+
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2

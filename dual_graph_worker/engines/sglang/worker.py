@@ -356,7 +356,9 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if self._stall_watch is not None:
             self._stall_watch.beat()
-        if self.planner is None or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+        # Not batch.is_extend_in_batch: SGLang also sets it on a prefill under MLP sync (MoE
+        # all-to-all), whose prompts the worker must admit; DP attention is refused.
+        if self.planner is None or batch.forward_mode.is_idle():
             self._clock.launched(None)
             return super().forward_batch_generation(batch, on_publish=on_publish,
                                                     grammar_barrier=grammar_barrier)
