@@ -4,6 +4,7 @@ table generated from it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -146,12 +147,44 @@ def test_a_variable_may_fix_what_the_settings_file_alone_gets_wrong(tmp_path):
 @pytest.mark.parametrize("env, want", [
     ("DGW_CAPTURE_CONFIG", "DGW_CAPTURE_CONFIG={missing}: cannot read capture config"),
     ("DGW_CALIBRATION", "DGW_CALIBRATION={missing}: cannot read calibration table"),
+    ("DGW_STEP_LOG", "DGW_STEP_LOG={missing}/x.jsonl: {missing} is not writable"),
+    ("DGW_STALL_TRACE", "DGW_STALL_TRACE={missing}/x.jsonl: {missing} is not writable"),
 ])
 def test_settings_check_reads_the_files_the_settings_name(env, want, tmp_path, monkeypatch,
                                                          capsys):
     """What the server's launch check refuses, `dgw settings --check` refuses too."""
     missing = tmp_path / "missing.json"
-    monkeypatch.setenv(env, str(missing))
+    if env in ("DGW_STEP_LOG", "DGW_STALL_TRACE"):   # an output under a file: unwritable
+        missing.write_text("")
+        monkeypatch.setenv(env, f"{missing}/x.jsonl")
+    else:
+        monkeypatch.setenv(env, str(missing))
     assert dgw_main(["settings", "--check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and want.format(missing=missing) in err
+
+
+def test_an_output_file_the_server_cannot_write_is_one_line_naming_its_variable(tmp_path):
+    """DGW_STEP_LOG / DGW_STALL_TRACE: refused at launch (check_output creates nothing) and
+    at open, with the variable and the fix, never an OSError's traceback."""
+    from dual_graph_worker.core.settings import check_output, open_output
+
+    (tmp_path / "file").write_text("")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    for key, env in (("step_log", "DGW_STEP_LOG"), ("stall_trace", "DGW_STALL_TRACE")):
+        with pytest.raises(ConfigError, match=f"{env}=.* is a folder.*unset {env}"):
+            check_output(key, str(tmp_path))
+        with pytest.raises(ConfigError, match=f"cannot open {env} file .*unset {env}"):
+            open_output(key, str(tmp_path / "file" / "x.jsonl"))
+        with pytest.raises(ConfigError, match=f"{env}=.*file.* is not writable"):
+            check_output(key, str(tmp_path / "file" / "x.jsonl"))
+        if os.geteuid() != 0:                      # root writes anywhere
+            with pytest.raises(ConfigError, match="is not writable"):
+                check_output(key, str(ro / "x.jsonl"))
+    check_output("step_log", str(tmp_path / "new" / "deeper" / "steps.jsonl"))
+    assert not (tmp_path / "new").exists()         # a check creates nothing
+    with open_output("step_log", str(tmp_path / "new" / "steps.jsonl")) as fh:
+        fh.write("x")
+    assert (tmp_path / "new" / "steps.jsonl").read_text() == "x"

@@ -108,3 +108,33 @@ def test_a_write_error_stops_the_log_not_the_server(tmp_path):
         log.write_event("cost", float(i))
     assert len(log._lines) == 0
     log.close()
+
+
+def test_a_writer_that_falls_behind_drops_lines_rather_than_grow_without_end(tmp_path):
+    """Stuck in a hung disk, the writer takes no lines: the serving thread keeps at most
+    MAX_PENDING of them, counts the rest, and the count reaches the file once it writes."""
+    log = StepLogWriter(tmp_path / "steps.jsonl")
+    log.MAX_PENDING, log.SLOW_EVERY = 10, 16
+    log._fh.close()
+    stalled = log._fh = StalledFile()
+    log.write_event("cost", 0.0)
+    stalled.entered.wait(5.0)                      # the writer holds line 0 in its write
+    for i in range(1, 31):
+        log.write_event("cost", float(i))
+    assert log.dropped == 20 and len(log._lines) == 10
+    stalled.go.set()
+    log.close()
+    lines = [json.loads(line) for line in stalled.text.splitlines()]
+    assert [d["t"] for d in lines if d["event"] == "cost"] == [float(i) for i in range(11)]
+    log2 = StepLogWriter(tmp_path / "b.jsonl")
+    log2.MAX_PENDING, log2.SLOW_EVERY = 2, 2
+    log2._fh.close()
+    stalled2 = log2._fh = StalledFile()
+    log2.write_event("cost", 0.0)
+    stalled2.entered.wait(5.0)
+    for i in range(1, 6):
+        log2.write_event("cost", float(i))
+    stalled2.go.set()
+    log2.close()
+    written = [json.loads(line) for line in stalled2.text.splitlines()]
+    assert [d["dropped"] for d in written if d["event"] == "log_writes"] == [3]

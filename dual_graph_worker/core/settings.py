@@ -12,9 +12,11 @@ from __future__ import annotations
 import difflib
 import enum
 import math
+import os
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional, Sequence
+from pathlib import Path
+from typing import IO, Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
@@ -304,6 +306,31 @@ def assignments(items: Sequence[str]) -> dict[str, str]:
 def explicit_keys(environ: Mapping[str, str]) -> frozenset[str]:
     """The keys a user set rather than left at their defaults."""
     return user_settings(environ).keys()
+
+
+def check_output(key: str, path: str) -> None:
+    """ConfigError naming setting `key` where the file it names could not be written, creating
+    nothing: it must be a writable file, or not exist under a writable folder."""
+    env, target = BY_KEY[key].env, Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{env}={path} is a folder; name a file in it, or unset {env}")
+    existing = target if target.exists() else next(p for p in target.absolute().parents
+                                                   if p.exists())
+    if not (os.access(existing, os.W_OK) and (existing is target or existing.is_dir())):
+        raise ConfigError(f"{env}={path}: {existing} is not writable; name a writable file, "
+                          f"or unset {env}")
+
+
+def open_output(key: str, path: str) -> IO[str]:
+    """The file setting `key` names (a diagnostic output), opened to append, its folder made;
+    ConfigError naming the variable where it cannot be."""
+    env = BY_KEY[key].env
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a")
+    except OSError as exc:
+        raise ConfigError(f"cannot open {env} file {path}: {exc.strerror or exc}; name a "
+                          f"writable file or unset {env}") from None
 
 
 def docs_table() -> str:

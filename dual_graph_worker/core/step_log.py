@@ -32,13 +32,20 @@ class StepLogWriter:
     INTERVAL_S = 0.05
     SLOW_S = 1e-3
     SLOW_EVERY = 4096
+    # Lines waiting beyond this are dropped (and counted): a writer stuck in a hung disk must
+    # not grow the server's memory by a line a step.
+    MAX_PENDING = 100_000
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, fh: Optional[IO[str]] = None) -> None:
+        """`fh`: the file at `path`, opened to append (opened here where not given)."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: Optional[IO[str]] = open(self.path, "a")
+        if fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a")
+        self._fh: Optional[IO[str]] = fh
         self._lines: deque = deque()
         self._handed = self._done = 0       # lines handed over / taken by the writer
+        self.dropped = 0                    # lines not handed over: the writer fell behind
         self.failed: Optional[str] = None   # the write error that stopped the log
         self._wake = threading.Event()
         self._drained = threading.Event()
@@ -88,9 +95,15 @@ class StepLogWriter:
                 pass
 
     def _put(self, line: tuple) -> None:
-        if self._fh is not None and self.failed is None:
-            self._lines.append(line)
-            self._handed += 1
+        if self._fh is None or self.failed is not None:
+            return
+        if len(self._lines) >= self.MAX_PENDING:
+            self.dropped += 1
+            if not self._thread.is_alive():
+                self.failed = "the writer thread stopped"
+            return
+        self._lines.append(line)
+        self._handed += 1
 
     def _run(self) -> None:
         while True:
@@ -123,7 +136,8 @@ class StepLogWriter:
             self._done += 1
             if self._done % self.SLOW_EVERY == 0:
                 fh.write(json.dumps({"event": "log_writes", "t": time.time(),
-                                     "lines": self._done, "slow": self._slow,
+                                     "lines": self._done, "dropped": self.dropped,
+                                     "slow": self._slow,
                                      "max_ms": round(self._worst * 1e3, 3)}) + "\n")
                 self._slow, self._worst = 0, 0.0
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.capture_schema import (GpuInfo, ServingCapture, build_model_shape,
                                                    load_capture)
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings
+from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings, check_output
 from dual_graph_worker.engines.sglang.server_args_hook import cap_batch_sizes
 from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
@@ -112,6 +112,9 @@ def check_setting_files(config: Settings) -> None:
     be): at launch, before any weights load, and by `dgw settings --check`."""
     if config.capture_config is not None:
         load_server_capture_config(config.capture_config)
+    for key in ("step_log", "stall_trace"):
+        if getattr(config, key):
+            check_output(key, getattr(config, key))
     if config.calibration != MEASURE:
         try:
             CalibrationTable.load(config.calibration)

@@ -46,7 +46,7 @@ from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
 from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepTime, accepted,
                                            same_rank)
-from dual_graph_worker.core.settings import MEASURE, Settings
+from dual_graph_worker.core.settings import MEASURE, Settings, open_output
 from dual_graph_worker.core.stall_watch import StallWatch
 from dual_graph_worker.core.gc_pauses import GcPauses
 from dual_graph_worker.core.step_log import StepLogWriter
@@ -154,7 +154,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._completed = 0
         self._is_rank0 = get_parallel().tp_rank == 0
         self._step_log: Optional[StepLogWriter] = (
-            StepLogWriter(self.settings.step_log)
+            StepLogWriter(self.settings.step_log, open_output("step_log", self.settings.step_log))
             if self.settings.step_log and self._is_rank0 else None)
         self._stall_watch = _stall_watch(self.settings) if self._is_rank0 else None
         self._gc = GcPauses().start() if self._step_log is not None else None
@@ -604,11 +604,7 @@ def _stall_watch(settings: Settings) -> Optional[StallWatch]:
     """The diagnostic stall sampler DGW_STALL_TRACE asks for (rank 0 only), else None."""
     if not settings.stall_trace:
         return None
-    try:
-        out = open(settings.stall_trace, "a")
-    except OSError as exc:
-        raise ConfigError(f"cannot open DGW_STALL_TRACE file {settings.stall_trace}: "
-                          f"{exc.strerror}; fix the path or unset DGW_STALL_TRACE") from exc
+    out = open_output("stall_trace", settings.stall_trace)
     logger.info("dual-graph: stall watch on (>= %.2f s without a step) -> %s",
                 settings.stall_trace_s, settings.stall_trace)
     return StallWatch(out, threshold_s=settings.stall_trace_s).start()
