@@ -171,7 +171,10 @@ def test_calibration_table_json_round_trip(tmp_path):
     assert back.latency(Mode.SPEC, 64) is None
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(table.to_json()))
-    assert CalibrationTable.load(path) == table
+    assert CalibrationTable.load(path) == table == CalibrationTable.load(path, K)
+    # Measured drafting K tokens a step: a server drafting another K cannot take it.
+    with pytest.raises(ConfigError, match=f"measured drafting {K} tokens.*drafts {K + 1}"):
+        CalibrationTable.load(path, K + 1)
 
 
 @pytest.mark.parametrize("data", [
@@ -182,10 +185,13 @@ def test_calibration_table_json_round_trip(tmp_path):
     {"num_draft_tokens": 3, "latency_s": [{"mode": "spec", "bs": "x", "seconds": 1.0}]},
     {"num_draft_tokens": 3, "latency_s": [{"mode": "spec", "bs": 1, "seconds": 0.0}]},
     {"num_draft_tokens": 3, "latency_s": [{"mode": "spec", "bs": 1, "seconds": -2.0}]},
+    {"num_draft_tokens": 3, "latency_s": [{"mode": "spec", "bs": 1, "seconds": "Infinity"}]},
+    {"num_draft_tokens": 3, "latency_s": [{"mode": "spec", "bs": 1, "seconds": "NaN"}]},
     {"num_draft_tokens": 3, "latency_s": 7},
     [1, 2, 3],
 ], ids=["no-k", "no-latencies", "bad-mode", "no-seconds", "bad-bs", "zero-latency",
-        "negative-latency", "latencies-not-a-list", "not-an-object"])
+        "negative-latency", "infinite-latency", "nan-latency", "latencies-not-a-list",
+        "not-an-object"])
 def test_malformed_calibration_table_is_a_config_error(data):
     with pytest.raises(ConfigError, match="capture-tune"):
         CalibrationTable.from_json(data)

@@ -188,3 +188,14 @@ def test_an_output_file_the_server_cannot_write_is_one_line_naming_its_variable(
     with open_output("step_log", str(tmp_path / "new" / "steps.jsonl")) as fh:
         fh.write("x")
     assert (tmp_path / "new" / "steps.jsonl").read_text() == "x"
+
+
+def test_settings_built_in_code_hold_the_parsed_types_and_obey_the_same_rules():
+    """A Settings built in code re-parses its values: "cycle" is PolicyKind.CYCLE (so the
+    cycle's dwell rule applies to it too), and the pools' caps are checked together."""
+    assert Settings(policy="cycle", min_dwell_steps=2).policy is PolicyKind.CYCLE
+    with pytest.raises(ConfigError, match="DGW_MIN_DWELL"):
+        Settings(policy="cycle", min_dwell_steps=0)
+    with pytest.raises(ConfigError, match="DGW_DECODE_MAX_BS=8 is below DGW_SPEC_MAX_BS=64"):
+        Settings.from_env({"DGW_DECODE_MAX_BS": "8", "DGW_SPEC_MAX_BS": "64"})
+    assert Settings.from_env({"DGW_DECODE_MAX_BS": "64", "DGW_SPEC_MAX_BS": "64"})

@@ -11,6 +11,7 @@ bounds: the goodput controller takes them only as its prior.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,9 @@ class CalibrationTable:
     source: str = "measured"
 
     def __post_init__(self) -> None:
-        bad = {k: v for k, v in self.latency_s.items() if not v > 0}
+        bad = {k: v for k, v in self.latency_s.items() if not 0 < v < math.inf}
         if bad:
-            raise ConfigError(f"calibration latencies must be > 0 seconds, got {bad}; "
+            raise ConfigError(f"calibration latencies must be finite and > 0 seconds, got {bad}; "
                               "re-run the calibration (make capture-tune)")
 
     def latency(self, mode: Mode, padded_bs: int) -> Optional[float]:
@@ -54,8 +55,17 @@ class CalibrationTable:
                               "regenerate it with `make capture-tune`") from exc
 
     @classmethod
-    def load(cls, path: str | Path) -> "CalibrationTable":
-        return cls.from_json(read_json(path, "calibration table", "re-run `make capture-tune`"))
+    def load(cls, path: str | Path, num_draft_tokens: Optional[int] = None
+             ) -> "CalibrationTable":
+        """The table in `path`; `num_draft_tokens`: the K the server drafts, which its spec
+        latencies must have been measured at."""
+        table = cls.from_json(read_json(path, "calibration table", "re-run `make capture-tune`"))
+        if num_draft_tokens is not None and table.num_draft_tokens != num_draft_tokens:
+            raise ConfigError(f"calibration table {path} was measured drafting "
+                              f"{table.num_draft_tokens} tokens a step, this server drafts "
+                              f"{num_draft_tokens}; measure one for this server, or unset "
+                              "DGW_CALIBRATION to measure the prior at start-up")
+        return table
 
 
 Replay = Callable[[], object]

@@ -225,12 +225,21 @@ class Settings:
     def __post_init__(self) -> None:
         for s in REGISTRY:
             value = getattr(self, s.key)
-            # Re-parse constructor values so a Settings built in code obeys the same rules.
-            if not (value is None and s.optional) and s.parse(value, s.env) != value:
-                raise ConfigError(f"{s.env}={value!r} is not valid; expected {s.expects()}")
+            # Re-parse constructor values so a Settings built in code obeys the same rules and
+            # holds the same types ("cycle" becomes PolicyKind.CYCLE).
+            if not (value is None and s.optional):
+                parsed = s.parse(value, s.env)
+                if parsed != value:
+                    raise ConfigError(f"{s.env}={value!r} is not valid; expected {s.expects()}")
+                object.__setattr__(self, s.key, parsed)
         if self.policy is PolicyKind.CYCLE and self.min_dwell_steps < 1:
             raise ConfigError("DGW_POLICY=cycle holds each mode for DGW_MIN_DWELL steps, which "
                               f"must be >= 1, got {self.min_dwell_steps}")
+        if None not in (self.spec_max_bs, self.decode_max_bs) and \
+                self.decode_max_bs < self.spec_max_bs:
+            raise ConfigError(f"DGW_DECODE_MAX_BS={self.decode_max_bs} is below "
+                              f"DGW_SPEC_MAX_BS={self.spec_max_bs}: the decode pool must cover "
+                              "every batch the spec pool does; raise the first or lower the second")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":

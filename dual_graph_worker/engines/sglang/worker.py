@@ -318,7 +318,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         """The controller's prior: replays of each pool's graphs (or a table from a file)."""
         cfg = self.settings
         if cfg.calibration != MEASURE:
-            return CalibrationTable.load(cfg.calibration)
+            return CalibrationTable.load(cfg.calibration, self.speculative_num_steps)
         if not self._graphs_enabled:
             return None
         mr = self._target_worker.model_runner
