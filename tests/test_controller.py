@@ -21,8 +21,8 @@ from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policy import (Admitted, Decision, PolicyInputs, PrefillTime, Reason,
-                                           StepTime, accepted, same_rank)
+from dual_graph_worker.core.policy import (Admitted, Decision, DraftPrefills, PolicyInputs,
+                                           PrefillTime, Reason, StepTime, accepted, same_rank)
 
 K = 3
 SPEC = (1, 2, 4, 8, 16, 24, 32, 48)
@@ -425,6 +425,26 @@ def test_long_prompts_price_the_drafts_prefill_into_speculation():
     long.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 100_000 * 1e-6, catch_up_tokens=100_000))
     long.exchange(lambda v: v)
     assert long.draft_prefill_s_per_token() == pytest.approx(1e-6, rel=0.01)
+
+
+def test_once_prompts_are_prefilled_with_the_draft_decode_mode_pays_their_share_too():
+    """Deferral turned off while serving (SGLang built a radix cache lazy catch-up cannot keep
+    draft-valid): a prompt joining a decoding batch now runs the draft's prefill as well, so
+    the long prompts that made decode the winner no longer favour it."""
+    inputs = PolicyInputs(16, 16, 16, 0, None)
+    p = _learned(controller(defers_prefill=True), 16)
+    for tokens in (2048, 8192, 32768):
+        p.observe(PrefillTime(tokens, 0.005 + tokens * 30e-6, draft=True))
+        p.observe(PrefillTime(tokens, 0.005 + tokens * 24e-6, draft=False))
+    p.observe(Admitted(32768))
+    for _ in range(8):
+        p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))
+    p.exchange(lambda v: v)
+    assert p.decide(inputs).mode is Mode.DECODE
+    p.observe(DraftPrefills(deferred=False))
+    assert p.decide(inputs).mode is Mode.SPEC
+    p.observe(DraftPrefills(deferred=True))
+    assert p.decide(inputs).mode is Mode.DECODE
 
 
 def test_the_prompt_share_counts_only_prompts_that_replace_finished_requests():

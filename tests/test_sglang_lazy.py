@@ -993,6 +993,21 @@ def test_a_prefill_under_mlp_sync_is_admitted_by_the_worker(sgl, lazy_worker, mo
     assert admitted == ["Admitted"]
 
 
+def test_a_radix_cache_that_ends_deferral_tells_the_policy(sgl, lazy_worker):
+    """SGLang builds its radix cache after the policy: when lazy catch-up cannot keep it
+    draft-valid, deferral ends, and the policy hears that prompts now run the draft's prefill."""
+    from dual_graph_worker.core.policy import DraftPrefills
+
+    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
+                           defers_prefill=True)
+    lazy.tree_unclamped = lambda name: setattr(lazy, "defers_prefill", False)
+    w = lazy_worker(lazy)
+    seen = []
+    w.planner.policy.observe = seen.append
+    w._tree_unclamped("HiRadixCache")
+    assert seen == [DraftPrefills(deferred=False)]
+
+
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2

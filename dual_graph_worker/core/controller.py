@@ -25,9 +25,9 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.exploration import ExploreBudget, Probe
 from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
-from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DwellState,
-                                           Observation, PolicyInputs, PolicyState, PrefillTime,
-                                           Reason, Reducer, StepTime)
+from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DraftPrefills,
+                                           DwellState, Observation, PolicyInputs, PolicyState,
+                                           PrefillTime, Reason, Reducer, StepTime)
 from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.step_times import StepTimeTable
 
@@ -128,6 +128,7 @@ class GoodputController:
         # this, not over a fixed horizon, so flipping near a tie pays what it really costs.
         self._run_len = float(config.switch_horizon)
         self._costs: tuple[Optional[float], Optional[float]] = (None, None)   # spec, decode
+        self._defers_prefill = config.defers_prefill
         # Decisions are frozen values: the common ones are made once.
         self._decided = {(m, r): Decision(m, r) for m in Mode
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
@@ -279,6 +280,8 @@ class GoodputController:
                 self._acceptance.admit(rows, self._step)
         elif isinstance(event, PrefillTime):
             self._intake.prefill(event)
+        elif isinstance(event, DraftPrefills):
+            self._defers_prefill = event.deferred
 
     def _observe_accept(self, event: Accepted) -> None:
         accepts = event.accept_lens
@@ -336,7 +339,7 @@ class GoodputController:
         costs = self._batch_costs
         tokens = bs * accept if spec else float(bs)
         cost = t / tokens
-        if prompt_share and (spec or not self.config.defers_prefill):
+        if prompt_share and (spec or not self._defers_prefill):
             cost += costs.prompt_per_output * costs.delta
         entering = (costs.catch_up_seconds(catch_up_tokens) if catch_up_tokens > 0 else 0.0) + \
             costs.delta * prefill_tokens + (costs.switch_s if switch else 0.0)

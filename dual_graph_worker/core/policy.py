@@ -100,7 +100,14 @@ class PrefillTime(NamedTuple):
     draft: bool
 
 
-Observation = Union[Accepted, Admitted, StepTime, PrefillTime]
+class DraftPrefills(NamedTuple):
+    """From now on, prompts that join a decoding batch are prefilled with (`deferred` False)
+    or without the draft (rank-common: the engine's cache decides it, as at start-up)."""
+
+    deferred: bool
+
+
+Observation = Union[Accepted, Admitted, StepTime, PrefillTime, DraftPrefills]
 # Makes a vector of rank-local sums common: every rank gets the mean over ranks. Python lists
 # in and out: a single rank's exchange then touches no numpy (a cold call costs 5-45 us).
 Reducer = Callable[[list[float]], list[float]]

@@ -44,8 +44,8 @@ from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.ledger import StepLedger
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
-from dual_graph_worker.core.policy import (Admitted, PrefillTime, Reducer, StepTime, accepted,
-                                           same_rank)
+from dual_graph_worker.core.policy import (Admitted, DraftPrefills, PrefillTime, Reducer,
+                                           StepTime, accepted, same_rank)
 from dual_graph_worker.core.settings import MEASURE, Settings, open_output
 from dual_graph_worker.core.stall_watch import StallWatch
 from dual_graph_worker.core.gc_pauses import GcPauses
@@ -301,8 +301,15 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lazy.on_event = lambda event: self._log_lazy_event(event, lazy.backlog.stats)
         # The radix cache is built after the workers; its factory finds these here.
         setattr(self._target_worker, BEHIND_ATTR, lazy.behind)
-        setattr(self._target_worker, UNCLAMPED_ATTR, lazy.tree_unclamped)
+        setattr(self._target_worker, UNCLAMPED_ATTR, self._tree_unclamped)
         return lazy
+
+    def _tree_unclamped(self, cache_name: str) -> None:
+        """SGLang built a radix cache lazy catch-up cannot keep draft-valid (after the policy):
+        prompts are prefilled with the draft from now on, and decode mode is priced so."""
+        self.continuity.tree_unclamped(cache_name)
+        if self.planner is not None:
+            self.planner.policy.observe(DraftPrefills(deferred=self.continuity.defers_prefill))
 
     def _capture_draft_sync_graphs(self) -> DraftSyncGraphs:
         """Keep-current's one-token draft extend as width-1 graphs, last into the shared pool."""
