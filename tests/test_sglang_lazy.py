@@ -1008,6 +1008,29 @@ def test_a_radix_cache_that_ends_deferral_tells_the_policy(sgl, lazy_worker):
     assert seen == [DraftPrefills(deferred=False)]
 
 
+@pytest.mark.parametrize("deferred", [True, False])
+def test_both_kinds_of_prefill_are_stamped_once_launched(sgl, lazy_worker, monkeypatch, deferred):
+    """Their costs are compared (the draft's prefill rate is the difference): each is stamped
+    after its own launch, as a decode step is, so neither holds its host launch and the other
+    not."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
+                           defers_prefill_of=lambda b, decodes: deferred)
+    w = lazy_worker(lazy)
+    stamped_at_launch = []
+    launch = lambda *a, **k: stamped_at_launch.append(w._clock.in_flight) or "launched"
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", launch)
+    monkeypatch.setattr(type(w), "_deferred_prefill", launch)
+    w.req_to_token_pool.used = 2
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
+                            seq_lens=torch.full((2,), 64), seq_lens_cpu=torch.full((2,), 64),
+                            extend_num_tokens=128, req_pool_indices_cpu=torch.tensor([0, 1]))
+    assert w.forward_batch_generation(batch) == "launched"
+    assert stamped_at_launch == [0] and w._clock.peek().draft is not deferred
+
+
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2

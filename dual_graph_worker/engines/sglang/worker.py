@@ -419,10 +419,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self.counters.prefilled(tokens, deferred=True)
             return result
         self.continuity.on_prefill(batch)
+        result = super().forward_batch_generation(batch, on_publish=on_publish,
+                                                  grammar_barrier=grammar_barrier)
+        # Stamped once launched, as a deferred prefill and a decode step are: the two kinds'
+        # costs differ by the draft's work, not by where their host launch fell.
         self._clock.launched(PrefillTag(tokens, draft=True))
         self.counters.prefilled(tokens, deferred=False)
-        return super().forward_batch_generation(batch, on_publish=on_publish,
-                                                grammar_barrier=grammar_barrier)
+        return result
 
     def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int,
                            joins: np.ndarray) -> bool:
