@@ -969,6 +969,39 @@ def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, laz
                                 "catch_up_tokens": 4 * 100})
 
 
+def test_a_prefills_preview_prices_the_running_requests_at_their_own_context(
+        sgl, lazy_worker, monkeypatch):
+    """Spec steps grow with context far faster than decode's: a short prompt joining requests
+    8k tokens deep previews the batch at their 8k, not at the short prompt's length."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
+                           defers_prefill_of=lambda b, decodes: decodes())
+    w = lazy_worker(lazy)
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None: "prefill")
+    monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish: "deferred")
+    previews = []
+    preview = w.planner.preview
+    w.planner.preview = lambda bs, **kw: previews.append((bs, kw)) or preview(bs, **kw)
+
+    def prefill(rows, length, queued=0):
+        n = len(rows)
+        w.req_to_token_pool.used = max(rows) + 1
+        return w.forward_batch_generation(SimpleNamespace(
+            forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
+            seq_lens=torch.full((n,), length), seq_lens_cpu=torch.full((n,), length),
+            extend_num_tokens=length * n, req_pool_indices_cpu=torch.tensor(rows),
+            dgw_queued_requests=queued))
+
+    prefill([0, 1, 2, 3], 8192)
+    w._context.advanced(np.arange(4), [3.0] * 4, 12)           # a step of theirs
+    prefill([4], 200, queued=2)
+    assert previews[-1] == (7, {"kv_tokens": 4 * 8195 + 200 + 2 * 200,
+                                "prefill_tokens": 3 * 200, "catch_up_tokens": 0})
+
+
 def test_a_prefill_under_mlp_sync_is_admitted_by_the_worker(sgl, lazy_worker, monkeypatch):
     """SGLang sets is_extend_in_batch on every prefill when MLP sync is on (an MoE all-to-all
     backend, no DP attention): the worker's own prefill still runs, so the request is admitted

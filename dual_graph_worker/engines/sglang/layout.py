@@ -105,6 +105,11 @@ class RowContext:
             self._src, self._rows, self._total = src, rows, int(self._len[rows].sum())
         return self._rows, self._total
 
+    def total(self, rows: np.ndarray) -> int:
+        """Context tokens of request-pool `rows` (any rows, not only the memoised batch's)."""
+        self._flush()
+        return int(self._len[rows].sum())
+
     def admitted(self, rows: np.ndarray, lengths: np.ndarray) -> None:
         self._flush()
         self._len[rows] = lengths

@@ -439,11 +439,14 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         bs = expected_batch_size(pool, queued_requests(batch))
         if bs is None:
             return self.planner.last_mode is Mode.DECODE
-        # The grown batch's context and the queued prompts that fit, at this prefill's mean
-        # length (the rows held now include this prefill's).
+        # The grown batch's context: the running requests' own, this prefill's, and the queued
+        # prompts that fit at this prefill's mean length (the rows held now include this
+        # prefill's).
         n = max(len(lengths), 1)
-        kv_tokens = int(lengths.sum()) * bs // n
-        fresh = tokens * (n + bs - expected_batch_size(pool)) // n
+        queued_fit = bs - expected_batch_size(pool)
+        prompts = int(lengths.sum())
+        kv_tokens = self._context.total(joins) + prompts + prompts * queued_fit // n
+        fresh = tokens * (n + queued_fit) // n
         return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
                                     catch_up_tokens=self.continuity.pending_tokens(joins)
                                     ) is Mode.DECODE
