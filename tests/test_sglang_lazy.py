@@ -23,6 +23,7 @@ import torch
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.sglang import stash_room
+from dual_graph_worker.engines.sglang.continuity import NO_ROOM_NEEDED, RoomMade
 from dual_graph_worker.engines.sglang.backlog import (
     LazyBacklog,
     RoomAction,
@@ -452,11 +453,14 @@ class _Sim:
     def decode(self):
         rows = self.running()
         if self.lazy:
-            stash_room.make_room(
+            owed = int(self.backlog.behind(np.asarray(rows, dtype=np.int64)).counts.sum())
+            room = stash_room.make_room(
                 self.arena, self.backlog, self.req_to_token, np.asarray(rows, dtype=np.int64),
                 reserve=self.reserve, req_pool_indices=torch.tensor(rows),
                 seq_lens=torch.tensor([self.seq[r] for r in rows]),
                 catch_up=lambda behind: self.catch_up(rows, forced=True))
+            # A forced catch-up reports what it brought up to date (the step's cost holds it).
+            assert room.caught_up_tokens == (owed if room.action is RoomAction.CATCH_UP else 0)
         slots, aux, tok = [], [], []
         for r in rows:
             L, rid = self.seq[r], self.owner[r]
@@ -712,13 +716,13 @@ def test_stash_and_make_room(sgl):
                  out_cache_loc=torch.zeros(3, dtype=torch.int64))
     batch = SimpleNamespace(req_pool_indices=torch.tensor([5, 1, 2]),
                             seq_lens=torch.tensor([3, 3, 3]))
-    assert lz.make_room(batch, rows) == []              # room left: nothing runs
+    assert lz.before_decode_step(batch, rows) == ([], 0)    # room left: nothing runs
     lz.backlog.note_decode_step([0, 3, 4, 6, 7])       # fills the arena with other rows
     lz.backlog.reset([2])                               # row 2 re-admitted: current
     # Full arena, nobody in this batch behind: the arena holds only orphans, which a
     # compaction drops without a draft forward (the bare LazyCatchUp has no draft runner).
     one = SimpleNamespace(req_pool_indices=torch.tensor([2]), seq_lens=torch.tensor([3]))
-    assert lz.make_room(one, np.array([2])) == []
+    assert lz.before_decode_step(one, np.array([2])) == ([], 0)
     assert lz.backlog.cursor == 0 and lz.backlog.stats.orphans_dropped == 7
     assert lz.backlog.stats.compactions == 1 and lz.backlog.stats.forced_catch_ups == 0
 
@@ -1064,6 +1068,28 @@ def test_both_kinds_of_prefill_are_stamped_once_launched(sgl, lazy_worker, monke
     assert stamped_at_launch == [0] and w._clock.peek().draft is not deferred
 
 
+def test_a_forced_catch_up_in_a_decode_step_is_timed_and_counted_as_one(sgl, lazy_worker,
+                                                                          monkeypatch):
+    """A full stash makes a decode step catch the draft up first: its cost goes to the
+    catch-up fit, not to decode's step time, and the counters see the catch-up."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    lazy = SimpleNamespace(pending_tokens=lambda rows: 0,
+                           before_decode_step=lambda b, r: RoomMade(["kept"], 120))
+    w = lazy_worker(lazy)
+    handed = []
+    monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, rows, keep_alive, *a:
+                        handed.append(keep_alive) or "decode-result")
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
+                            seq_lens=torch.zeros(8, dtype=torch.int64),
+                            req_pool_indices_cpu=torch.arange(8))
+    assert w.forward_batch_generation(batch) == "decode-result"     # 8 > 4: decode
+    assert handed == [["kept"]]
+    tag = w._clock.peek()
+    assert (tag.mode.value, tag.catch_up_tokens) == ("decode", 120)
+    assert (w.counters.catch_ups, w.counters.catch_up_tokens) == (1, 120)
+
+
 def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
@@ -1073,6 +1099,7 @@ def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     can_defer = lambda b: b.seq_lens.shape[0] != 7                 # 7: no room
     lazy = SimpleNamespace(on_prefill=lambda b: calls.append("prefill"),
                            before_spec_step=lambda b, r: calls.append("catch-up") or ["fb"],
+                           before_decode_step=lambda b, r: NO_ROOM_NEEDED,
                            pending_tokens=lambda rows: 0,
                            defers_prefill_of=lambda b, decodes: can_defer(b) and (
                                decodes() or continues["chunk"]))
@@ -1080,7 +1107,7 @@ def test_worker_routes_lazy_hooks(sgl, lazy_worker, monkeypatch):
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         calls.append("spec") or SimpleNamespace(extra_keep_alive_refs=["x"]))
-    monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, rows, on_publish, gb:
+    monkeypatch.setattr(type(w), "_decode_step", lambda self, batch, rows, keep_alive, on_publish, gb:
                         calls.append("decode") or "decode-result")
     monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish:
                         calls.append("deferred") or "deferred-result")
@@ -1241,7 +1268,7 @@ def _decode_fixture(lazy_worker, monkeypatch, lazy):
 
 def test_decode_step_keep_current_is_unchanged(sgl, lazy_worker, monkeypatch):
     w, batch, aux, sync_calls, published = _decode_fixture(lazy_worker, monkeypatch, None)
-    res = w._decode_step(batch, np.array([3, 6]), published.append, None)
+    res = w._decode_step(batch, np.array([3, 6]), [], published.append, None)
     assert res.next_draft_input == "kept-current"
     assert res.extra_keep_alive_refs == ["target-forward-batch", "draft-fb"]
     (dw, hidden, sampled, loc), = sync_calls
@@ -1255,7 +1282,7 @@ def test_decode_step_lazy_stashes_and_carries(sgl, lazy_worker, monkeypatch):
     lz = _bare_lazy(sgl, rows=8, cells=8)
     w, batch, aux, sync_calls, published = _decode_fixture(lazy_worker, monkeypatch, lz)
     di = batch.spec_info
-    res = w._decode_step(batch, np.array([3, 6]), published.append, None)
+    res = w._decode_step(batch, np.array([3, 6]), [], published.append, None)
     assert not sync_calls                                   # no draft forward in decode mode
     nd = res.next_draft_input
     assert nd.topk_p is di.topk_p and nd.hidden_states is di.hidden_states
@@ -1287,7 +1314,7 @@ def test_only_keep_currents_draft_extend_is_a_draft_extend_stage(sgl, lazy_worke
     monkeypatch.setattr(w._spans, "stage", stage_range)
     if not lazy:
         monkeypatch.setattr(w.continuity, "_stage", stage_range)
-    w._decode_step(batch, np.array([3, 6]), published.append, None)
+    w._decode_step(batch, np.array([3, 6]), [], published.append, None)
     assert ("draft_extend" in stages) is not lazy and "decode" in stages
 
 

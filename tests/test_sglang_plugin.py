@@ -720,7 +720,7 @@ def test_worker_routes_each_step_by_the_policy(registered, tmp_path, monkeypatch
                         lambda self, batch, on_publish=None, grammar_barrier=None:
                         calls.append(("spec", batch.seq_lens.shape[0])) or "spec-result")
     monkeypatch.setattr(type(w), "_decode_step",
-                        lambda self, batch, rows, on_publish, gb:
+                        lambda self, batch, rows, keep_alive, on_publish, gb:
                         calls.append(("decode", len(rows))) or "decode-result")
     assert w.forward_batch_generation(_batch(2)) == "spec-result"
     assert w.forward_batch_generation(_batch(10)) == "decode-result"

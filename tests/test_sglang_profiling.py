@@ -261,7 +261,7 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
 
     monkeypatch.setattr(ew.EAGLEWorkerV2, "forward_batch_generation", eagle_step)
     monkeypatch.setattr(DualGraphEagleWorker, "_decode_step",
-                        lambda self, batch, rows, on_publish, gb: "decode-result")
+                        lambda self, batch, rows, keep_alive, on_publish, gb: "decode-result")
     w = bare_sglang_worker(CyclePolicy(hold=1, num_draft_tokens=3))
     w._spans = StepSpans(rec.annotator())
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
@@ -275,7 +275,8 @@ def test_worker_step_ranges_around_both_modes(eagle_module, monkeypatch, tmp_pat
         ("start", "stage:draft"), ("end", "stage:draft"),
         ("start", "stage:verify"), ("end", "stage:verify"),
         ("start", "stage:draft_extend"), ("end", "stage:draft_extend"), ("end", "step:spec:bs3"),
-        ("mark", "switch:spec->decode"), ("start", "step:decode:bs4"), ("end", "step:decode:bs4"),
+        ("mark", "switch:spec->decode"), ("start", "step:decode:bs4"),
+        ("start", "stage:catch_up"), ("end", "stage:catch_up"), ("end", "step:decode:bs4"),
     ]
 
 

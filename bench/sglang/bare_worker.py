@@ -25,6 +25,11 @@ class NoDraftWork:
     def before_spec_step(self, batch, rows):
         return []
 
+    def before_decode_step(self, batch, rows):
+        from dual_graph_worker.engines.sglang.continuity import NO_ROOM_NEEDED
+
+        return NO_ROOM_NEEDED
+
 
 def bare_worker(policy, continuity=None, step_log=None, sizes=(TEST_SPEC_BS, TEST_DECODE_BS)):
     """The bare worker deciding by `policy` over graphs of `sizes` (spec, decode);

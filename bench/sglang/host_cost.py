@@ -79,7 +79,7 @@ def _parts(bs: int, steps: int, step_log: Optional[Path], gap_s: float,
             patch.object(EAGLEWorkerV2, "on_verify_complete_cpu",
                          lambda self, n, batch_size=0: None), \
             patch.object(type(w), "_decode_step",
-                         lambda self, batch, rows, on_publish, gb: done):
+                         lambda self, batch, rows, keep_alive, on_publish, gb: done):
         for i in range(steps + steps // 10):
             t0 = meter()
             w.forward_batch_generation(batch)

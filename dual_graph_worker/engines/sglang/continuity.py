@@ -21,6 +21,17 @@ class DecodeDraft(NamedTuple):
     keep_alive: list             # tensors / batches the scheduler keeps two iterations
 
 
+class RoomMade(NamedTuple):
+    """What a decode step's preparation did: tensors to keep alive until its kernels ran, and
+    the draft tokens a forced catch-up brought up to date first (0: none)."""
+
+    keep_alive: list
+    caught_up_tokens: int = 0
+
+
+NO_ROOM_NEEDED = RoomMade([])
+
+
 class SGLangContinuity(ContinuityStrategy, Protocol):
     draft_sync_graphs: bool        # wants its one-token draft extend captured as graphs
 
@@ -38,7 +49,7 @@ class SGLangContinuity(ContinuityStrategy, Protocol):
         """Bring every row of `batch` (request-pool `rows`) up to date; returns keep-alive
         references."""
 
-    def before_decode_step(self, batch: Any, rows: np.ndarray) -> list: ...
+    def before_decode_step(self, batch: Any, rows: np.ndarray) -> RoomMade: ...
 
     def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
                           out_cache_loc: torch.Tensor) -> DecodeDraft: ...
@@ -79,8 +90,8 @@ class KeepCurrent:
     def before_spec_step(self, batch: Any, rows: np.ndarray) -> list:
         return []
 
-    def before_decode_step(self, batch: Any, rows: np.ndarray) -> list:
-        return []
+    def before_decode_step(self, batch: Any, rows: np.ndarray) -> RoomMade:
+        return NO_ROOM_NEEDED
 
     def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
                           out_cache_loc: torch.Tensor) -> DecodeDraft:

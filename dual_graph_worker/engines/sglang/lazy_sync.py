@@ -52,7 +52,7 @@ from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
-from dual_graph_worker.engines.sglang.continuity import DecodeDraft
+from dual_graph_worker.engines.sglang.continuity import DecodeDraft, RoomMade
 from dual_graph_worker.engines.sglang.layout import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
@@ -204,8 +204,17 @@ class LazyCatchUp:
         a server that cannot defer previews no policy."""
         return self.can_defer(batch) and (next_step_decodes() or self.must_defer(batch))
 
-    def before_decode_step(self, batch: Any, rows: np.ndarray) -> list:
-        return self.make_room(batch, rows)
+    def before_decode_step(self, batch: Any, rows: np.ndarray) -> RoomMade:
+        """Before a lazy decode step over the running batch: reclaim orphans' cells by a
+        compaction, or, if the live backlog itself does not fit, a forced catch-up."""
+        room = stash_room.make_room(
+            self.arena, self.backlog, self.req_to_token, rows, reserve=self.prefill_reserve,
+            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
+            catch_up=lambda behind: self._catch_up(batch, rows, behind, forced=True,
+                                                   want_proposals=False).keep_alive)
+        if room.action is RoomAction.COMPACT:
+            self._emit(CompactionEvent(self.backlog.cursor, self.arena.cells))
+        return RoomMade(room.keep_alive, room.caught_up_tokens)
 
     def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
                           out_cache_loc: torch.Tensor) -> DecodeDraft:
@@ -281,18 +290,6 @@ class LazyCatchUp:
             topk_index=torch.zeros(bs, topk, dtype=torch.int64, device=device),
             hidden_states=torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=device),
             bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
-
-    def make_room(self, batch: Any, rows: np.ndarray) -> list:
-        """Before a lazy decode step over the running batch: reclaim orphans' cells by a
-        compaction, or, if the live backlog itself does not fit, a forced catch-up."""
-        room = stash_room.make_room(
-            self.arena, self.backlog, self.req_to_token, rows, reserve=self.prefill_reserve,
-            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
-            catch_up=lambda behind: self._catch_up(batch, rows, behind, forced=True,
-                                                   want_proposals=False).keep_alive)
-        if room.action is RoomAction.COMPACT:
-            self._emit(CompactionEvent(self.backlog.cursor, self.arena.cells))
-        return room.keep_alive
 
     def _emit(self, event: LazyEvent) -> None:
         if self.on_event is not None:

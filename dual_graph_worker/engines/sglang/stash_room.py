@@ -71,6 +71,7 @@ class Room(NamedTuple):
 
     action: RoomAction
     keep_alive: list
+    caught_up_tokens: int = 0        # a forced catch-up's draft tokens
 
 
 def make_room(arena: StashArena, backlog: LazyBacklog, req_to_token: torch.Tensor,
@@ -87,4 +88,4 @@ def make_room(arena: StashArena, backlog: LazyBacklog, req_to_token: torch.Tenso
         return Room(RoomAction.COMPACT,
                     compact(arena, backlog, req_to_token, rows, behind,
                             req_pool_indices=req_pool_indices, seq_lens=seq_lens))
-    return Room(action, catch_up(behind))
+    return Room(action, catch_up(behind), int(behind.counts.sum()))

@@ -393,9 +393,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                     result.extra_keep_alive_refs = (list(result.extra_keep_alive_refs or [])
                                                     + keep_alive)
             else:
-                pending = 0
+                # A full stash forces a catch-up first: the step's cost and the counters say so.
+                with self._spans.stage(names.CATCH_UP):
+                    room = continuity.before_decode_step(batch, rows)
+                pending = room.caught_up_tokens
                 plan_s = time.perf_counter() - t0
-                result = self._decode_step(batch, rows, on_publish, grammar_barrier)
+                result = self._decode_step(batch, rows, room.keep_alive, on_publish,
+                                           grammar_barrier)
         # SGLang's own host time launching the step: a slow spell of the steps that this does
         # not share lies on the device.
         launch_s = time.perf_counter() - t0 - plan_s
@@ -463,13 +467,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             batch, aux=out.logits_output.hidden_states, next_token_ids=out.next_token_ids)
         return out
 
-    def _decode_step(self, batch, rows: np.ndarray, on_publish, grammar_barrier):
+    def _decode_step(self, batch, rows: np.ndarray, room_keep_alive: list, on_publish,
+                     grammar_barrier):
         draft_input = batch.spec_info
         if not isinstance(draft_input, EagleDraftInput) or draft_input.bonus_tokens is None:
             raise RuntimeError("dual-graph decode step needs the previous step's bonus tokens "
                                f"in batch.spec_info (got {type(draft_input).__name__})")
-        with self._spans.stage(names.CATCH_UP):
-            room_keep_alive = self.continuity.before_decode_step(batch, rows)
         mr = self._target_worker.model_runner
         out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
                                              batch.req_pool_indices, batch.seq_lens)
