@@ -1,7 +1,7 @@
 """Command line: `python -m capture.cli tune ...` and `python -m capture.cli report ...`.
 
     tune    --measurements M.json --memory-budget 4GiB --time-budget 30
-            --distribution uniform:1-256 --accept-len 3.0 --out capture/config.json
+            --distribution uniform:1-256 --accept-len 3.0 --out out/capture/config.json
             [--no-exclude-compile-outlier]
     report  --measurements M.json [--config C.json] [--distribution D] [--accept-len A]
             --out-dir DIR
@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest spec-pool batch size, below the replays' crossover: a served "
                         "spec step pays host work and draft prefills its replay does not "
                         "(the SGLang worker's DGW_SPEC_MAX_BS; default: the crossover)")
-    t.add_argument("--out", default="capture/config.json",
+    # out/, as the Makefile's CAPTURE_CONFIG: a run's output stays out of the source package.
+    t.add_argument("--out", default="out/capture/config.json",
                    help="capture config to write (default: %(default)s)")
     t.add_argument("--exclude-compile-outlier", action=argparse.BooleanOptionalAction,
                    default=True,

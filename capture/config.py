@@ -82,6 +82,9 @@ class CaptureConfig(ServingCapture):
         if exclude is not None and not isinstance(exclude, bool):
             raise ConfigError(f"tuning.exclude_compile_outlier must be true or false, got "
                               f"{exclude!r}")
+        exact = tuning.get("exact", True)
+        if not isinstance(exact, bool):
+            raise ConfigError(f"tuning.exact must be true or false, got {exact!r}")
         outliers_raw = tuning.get("capture_outliers", [])
         if not isinstance(outliers_raw, list):
             raise ConfigError(f"tuning.capture_outliers must be a list, got {outliers_raw!r}")
@@ -94,7 +97,7 @@ class CaptureConfig(ServingCapture):
             chosen=_totals_from_json(savings.get("chosen"), "savings.chosen"),
             all_candidates=_totals_from_json(savings.get("all_candidates"),
                                              "savings.all_candidates"),
-            exact=bool(tuning.get("exact", True)),
+            exact=exact,
             memory_model=(MemoryModel.from_json(savings["memory_model"], "savings.memory_model")
                           if savings.get("memory_model") is not None else None),
             exclude_compile_outlier=exclude,

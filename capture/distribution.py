@@ -9,7 +9,8 @@ Presets (`parse_distribution`):
     @path.json           the same object read from a file
     steplog:PATH         the batch sizes a server ran, from its step log (DGW_STEP_LOG; .gz ok)
 `max_bs` (the top of geometric, when not given as `geometric:P,max=N`) comes from the caller:
-the CLI passes the largest measured decode batch size.
+the CLI passes the largest measured decode batch size. uniform's HI and geometric's max may not
+exceed MAX_PRESET_BS or max_bs, whichever is larger.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from typing import Mapping
 from dual_graph_worker.core.errors import ConfigError
 
 _DEFAULT_GEOMETRIC_P = 0.02
+# uniform and geometric list every batch size up to their top: a typo such as 1-99999999 would
+# build that many entries and exhaust memory. No server runs batches anywhere near this.
+MAX_PRESET_BS = 4096
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,11 @@ def parse_distribution(text: str, max_bs: int) -> BatchDistribution:
                               "object of batch size -> weight") from exc
         return _from_json_text(body, f"distribution file {path}", description=s)
     name, _, arg = s.partition(":")
+    limit = max(MAX_PRESET_BS, max_bs)
     if name == "uniform":
         m = re.fullmatch(r"(?:(\d+)-)?(\d+)", arg)
-        lo, hi = (int(m.group(1) or 1), int(m.group(2))) if m else (0, 0)
+        lo, hi = ((_at_most(m.group(1) or "1", limit, name), _at_most(m.group(2), limit, name))
+                  if m else (0, 0))
         if not m or not 1 <= lo <= hi:
             raise ConfigError(f"cannot read {text!r}: write uniform:LO-HI with 1 <= LO <= HI, "
                               "e.g. uniform:1-256")
@@ -99,7 +105,7 @@ def parse_distribution(text: str, max_bs: int) -> BatchDistribution:
             raise ConfigError(f"cannot read {text!r}: write geometric, geometric:P or "
                               "geometric:P,max=N with 0 < P <= 1, e.g. geometric:0.05,max=256")
         p = float(m.group(1)) if m.group(1) else _DEFAULT_GEOMETRIC_P
-        top = int(m.group(2)) if m.group(2) else max_bs
+        top = _at_most(m.group(2), limit, name) if m.group(2) else max_bs
         if not 0 < p <= 1 or top < 1:
             raise ConfigError(f"{text!r}: need 0 < P <= 1 and max >= 1")
         weights = {b: (1 - p) ** (b - 1) for b in range(1, top + 1)}
@@ -113,6 +119,18 @@ def parse_distribution(text: str, max_bs: int) -> BatchDistribution:
     raise ConfigError(f"unknown batch-size distribution {text!r}; use uniform:LO-HI, "
                       "geometric[:P], fixed:N, steplog:PATH, an inline JSON object "
                       "{\"bs\": weight} or @file.json")
+
+
+def _at_most(digits: str, limit: int, preset: str) -> int:
+    """A preset's batch size, or ConfigError when above `limit` (digit count first: int() of a
+    very long string is itself refused)."""
+    value = digits.lstrip("0") or "0"
+    if len(value) > len(str(limit)) or int(value) > limit:
+        shown = value if len(value) <= 12 else value[:12] + "..."
+        raise ConfigError(f"{preset} distribution reaches bs={shown}, above bs={limit}, the "
+                          "largest a preset lists; lower it, or give the weights as JSON "
+                          "({\"bs\": weight} or @file.json)")
+    return int(value)
 
 
 def _from_step_log(path: Path, description: str) -> BatchDistribution:

@@ -32,6 +32,21 @@ class GraphMeasurement:
     replay_s: float        # median step latency: the goodput policy's t(mode, bs)
     stage_replay_s: Mapping[Stage, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Here rather than in from_json, so measurements built in memory (an engine's probe)
+        # are held to the same ranges as a file.
+        where = self.key.label()
+        d = {"bs": self.key.bs, "capture_s": self.capture_s, "pool_bytes": self.pool_bytes,
+             "replay_s": self.replay_s}
+        if need_field(d, "bs", int, where) < 1:
+            raise ConfigError(f"{where}.bs must be >= 1, got {self.key.bs}")
+        if need_field(d, "pool_bytes", int, where) < 0:
+            raise ConfigError(f"{where}.pool_bytes must be >= 0, got {self.pool_bytes}")
+        need_number(d, "capture_s", where, allow_zero=True)
+        need_number(d, "replay_s", where, allow_zero=False)
+        for stage, t in self.stage_replay_s.items():
+            need_number({stage.value: t}, stage.value, f"{where}.stage_replay_s", allow_zero=True)
+
     def to_json(self) -> dict:
         out: dict = {"mode": self.key.mode.value, "bs": self.key.bs, "capture_s": self.capture_s,
                      "pool_bytes": self.pool_bytes, "replay_s": self.replay_s}
@@ -44,14 +59,10 @@ class GraphMeasurement:
         d = need_mapping(data, where)
         mode = need_mode(d, where)
         bs = need_field(d, "bs", int, where)
-        if bs < 1:
-            raise ConfigError(f"{where}.bs must be >= 1, got {bs}")
-        where = f"{where} ({mode.value} bs={bs})"
+        entry, where = where, f"{where} ({mode.value} bs={bs})"
         capture_s = need_number(d, "capture_s", where, allow_zero=True)
         pool_bytes = need_field(d, "pool_bytes", int, where)
-        if pool_bytes < 0:
-            raise ConfigError(f"{where}.pool_bytes must be >= 0, got {pool_bytes}")
-        replay_s = need_number(d, "replay_s", where, allow_zero=False)
+        replay_s = need_number(d, "replay_s", where, allow_zero=True)   # > 0: __post_init__
         stages: dict[Stage, float] = {}
         allowed = Stage.for_mode(mode, num_draft_tokens)
         for name, t in need_mapping(d.get("stage_replay_s", {}), f"{where}.stage_replay_s").items():
@@ -63,7 +74,10 @@ class GraphMeasurement:
                 raise ConfigError(f"{where}.stage_replay_s has stage {name!r}; a {mode.value} "
                                   f"step has stages {[s.value for s in allowed]}")
             stages[stage] = need_number({name: t}, name, f"{where}.stage_replay_s", allow_zero=True)
-        return cls(GraphKey(mode, bs), capture_s, pool_bytes, replay_s, stages)
+        try:
+            return cls(GraphKey(mode, bs), capture_s, pool_bytes, replay_s, stages)
+        except ConfigError as exc:
+            raise ConfigError(f"{entry}: {exc}") from None
 
 
 @dataclass(frozen=True)

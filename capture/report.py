@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Mapping, NamedTuple, Optional
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -28,9 +28,9 @@ from matplotlib.patches import Patch
 from capture.distribution import BatchDistribution
 from capture.measurements import Measurements
 from capture.padding import expected_waste, waste_curve
-from capture.tuner import (COMPILE_OUTLIER_FACTOR, Crossover, MemoryModel, find_compile_outliers,
-                           find_crossover, plan_pools, pool_problem, replace_capture_s, totals,
-                           wrap_note)
+from capture.tuner import (COMPILE_OUTLIER_FACTOR, Crossover, MemoryModel, check_accept_len,
+                           find_compile_outliers, find_crossover, plan_pools, pool_problem,
+                           replace_capture_s, totals, wrap_note)
 from capture.units import format_bytes
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
@@ -107,21 +107,49 @@ def graph_table(m: Measurements, chosen: Optional[Chosen] = None,
     return "\n".join(rows)
 
 
+@dataclass(frozen=True)
+class PoolTops:
+    """Each pool's top batch size; `fallback` says why they are each mode's largest measured
+    size instead of the tuner's (None when they are the config's or the tuner's)."""
+
+    tops: Mapping[Mode, int]
+    fallback: Optional[str] = None
+
+    def __getitem__(self, mode: Mode) -> int:
+        return self.tops[mode]
+
+
 def pool_tops(m: Measurements, distribution: BatchDistribution, accept_len: float,
-              chosen: Optional[Chosen]) -> dict[Mode, int]:
-    """Each pool's top: the chosen list's, else where the tuner would put it."""
+              chosen: Optional[Chosen]) -> PoolTops:
+    """Each pool's top: the chosen list's, else where the tuner would put it, else (inputs the
+    tuner refuses) each mode's largest measured size, so a report still draws."""
     if chosen is not None:
-        return {Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]}
+        return PoolTops({Mode.SPEC: chosen.spec_bs[-1], Mode.DECODE: chosen.decode_bs[-1]})
+    largest = {mode: m.sizes(mode)[-1] for mode in Mode}
+    why = []
+    if find_crossover(m, accept_len).bs is None:
+        why.append(f"speculation wins at no measured batch size at accept length "
+                   f"{accept_len:g}")
+    if distribution.max_bs > largest[Mode.DECODE]:
+        why.append(f"the distribution reaches bs={distribution.max_bs}, above the largest "
+                   f"measured decode size {largest[Mode.DECODE]}")
+    if why:
+        return PoolTops(largest, f"pool tops: each mode's largest measured size (spec "
+                                 f"{largest[Mode.SPEC]}, decode {largest[Mode.DECODE]}), not "
+                                 f"the tuner's, since {' and '.join(why)}; the tuner would "
+                                 "refuse these inputs")
     plan = plan_pools(m, distribution, accept_len)
-    return {Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top}
+    return PoolTops({Mode.SPEC: plan.spec.top, Mode.DECODE: plan.decode.top})
 
 
 def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: float,
-               chosen: Optional[Chosen] = None) -> str:
+               chosen: Optional[Chosen] = None, exclude_compile_outlier: bool = True) -> str:
     """Per pool: its graphs' memory (isolated sum) and capture time against the expected padding
-    waste, for every candidate up to the pool's top and for the chosen list."""
+    waste, for every candidate up to the pool's top and for the chosen list. Capture times as
+    graph_table counts them (a compile outlier replaced by its mode's median, unless told not)."""
     tops = pool_tops(m, distribution, accept_len, chosen)
-    by_key, model = m.by_key(), MemoryModel.from_measurements(m)
+    used = replace_capture_s(m, find_compile_outliers(m)) if exclude_compile_outlier else m
+    by_key, model = used.by_key(), MemoryModel.from_measurements(m)
     rows = [f"{'pool':>7}{'graphs':>8}{'memory alone':>14}{'capture s':>11}"
             f"{'waste tok/step':>16}  batch sizes"]
     for mode in (Mode.SPEC, Mode.DECODE):
@@ -135,25 +163,30 @@ def pool_table(m: Measurements, distribution: BatchDistribution, accept_len: flo
             rows.append(f"{mode.value:>7}{t.graphs:>8}{format_bytes(t.isolated_sum_bytes):>14}"
                         f"{t.capture_s:>11.2f}{t.waste_tokens:>16.2f}  "
                         f"{name}: {','.join(map(str, sizes))}")
+    if tops.fallback:
+        rows += wrap_note(tops.fallback)
     return "\n".join(rows)
 
 
 def write_report(m: Measurements, out_dir: str | Path, distribution: BatchDistribution,
                  accept_len: float, chosen: Optional[Chosen] = None,
                  exclude_compile_outlier: bool = True) -> ReportFiles:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # Bad input is refused before the folder exists, so a failed report leaves nothing behind.
+    check_accept_len(accept_len, m.num_draft_tokens)
     if chosen is not None:
         unknown = chosen.keys() - set(m.by_key())
         if unknown:
             raise ConfigError(f"the config chose graphs that were never measured: "
                               f"{sorted(k.label() for k in unknown)}; report with the "
                               "measurements the config was tuned from")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     crossover = find_crossover(m, accept_len)
     files = ReportFiles(out / "report.txt", out / "memory_capture.png",
                         out / "waste_vs_graphs.png", out / "latency.png")
     files.table.write_text(graph_table(m, chosen, exclude_compile_outlier) + "\n\n"
-                           + pool_table(m, distribution, accept_len, chosen) + "\n")
+                           + pool_table(m, distribution, accept_len, chosen,
+                                        exclude_compile_outlier) + "\n")
     plot_memory_and_capture(m, chosen, files.memory_capture_png)
     plot_waste_curves(m, distribution, accept_len, chosen, files.waste_png)
     plot_latency(m, crossover, files.latency_png)

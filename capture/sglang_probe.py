@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 from capture.measurements import GraphMeasurement, Measurements
 from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.jsonio import check_schema, need_mapping
+from dual_graph_worker.core.jsonio import check_schema, need_field, need_mapping, need_number
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 
 from dual_graph_worker.engines.sglang.capture_probe import SCHEMA
@@ -32,28 +32,39 @@ STAGES: Mapping[tuple[str, bool], tuple[Mode, Stage]] = {
 def measurements_from_probe(probe: Any, total_pool_bytes: Optional[int] = None,
                             where: str = "capture probe") -> Measurements:
     """`probe`: the JSON the worker wrote; `total_pool_bytes`: the pools' size when captured
-    together (a server started without the probe), if measured."""
+    together (a server started without the probe), if measured; `where`: the probe as error
+    messages name it (its file's path, say)."""
     d = need_mapping(probe, where)
     check_schema(d, SCHEMA, where)
     model = ModelInfo.from_shape(need_mapping(d.get("model_shape"), f"{where}.model_shape"))
     sums: dict[GraphKey, dict[Stage, list[float]]] = defaultdict(dict)
     other = {"graphs": 0, "capture_s": 0.0, "pool_bytes": 0}
     for i, g in enumerate(d.get("graphs") or []):
-        g = need_mapping(g, f"{where}.graphs[{i}]")
+        record = f"{where}.graphs[{i}]"
+        g = need_mapping(g, record)
         stage = STAGES.get((g.get("runner"), bool(g.get("draft"))))
         if stage is None:
+            # Other runners' graphs are only tallied; a field they lack counts as nothing.
             other["graphs"] += 1
-            other["capture_s"] += float(g.get("capture_s") or 0.0)
-            other["pool_bytes"] += int(g.get("pool_bytes") or 0)
+            if g.get("capture_s") is not None:
+                other["capture_s"] += need_number(g, "capture_s", record, allow_zero=True)
+            if g.get("pool_bytes") is not None:
+                other["pool_bytes"] += need_field(g, "pool_bytes", int, record)
             continue
         if g.get("pool_bytes") is None or g.get("replay_s") is None:
-            raise ConfigError(f"{where}.graphs[{i}] ({g.get('runner')} size {g.get('size')}) "
+            raise ConfigError(f"{record} ({g.get('runner')} size {g.get('size')}) "
                               "has no pool size or replay time: the server captured it another "
                               "way (memory saver, a non-full graph backend); measure without")
-        acc = sums[GraphKey(stage[0], int(g["size"]))].setdefault(stage[1], [0.0, 0, 0.0])
-        acc[0] += float(g["capture_s"])
-        acc[1] += int(g["pool_bytes"])
-        acc[2] += float(g["replay_s"])
+        size = need_field(g, "size", int, record)
+        if size < 1:
+            raise ConfigError(f"{record}.size must be a batch size >= 1, got {size}")
+        acc = sums[GraphKey(stage[0], size)].setdefault(stage[1], [0.0, 0, 0.0])
+        acc[0] += need_number(g, "capture_s", record, allow_zero=True)
+        pool_bytes = need_field(g, "pool_bytes", int, record)
+        if pool_bytes < 0:
+            raise ConfigError(f"{record}.pool_bytes must be >= 0, got {pool_bytes}")
+        acc[1] += pool_bytes
+        acc[2] += need_number(g, "replay_s", record, allow_zero=False)
     graphs, incomplete = [], []
     for key, stages in sorted(sums.items()):
         need = set(Stage.for_mode(key.mode, model.num_draft_tokens))

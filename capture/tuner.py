@@ -261,6 +261,12 @@ class Crossover:
     def first_loss_above(self) -> Optional[ThroughputPoint]:
         return next((p for p in self.points if self.bs is not None and p.bs > self.bs), None)
 
+    def losses_below(self) -> tuple[ThroughputPoint, ...]:
+        """The sizes below the crossover where decode measured faster: the rule takes the
+        largest win, so a noisy win above a loss would otherwise hide that loss."""
+        return tuple(p for p in self.points
+                     if self.bs is not None and p.bs < self.bs and not p.spec_wins)
+
 
 @dataclass(frozen=True)
 class PoolPlan:
@@ -278,7 +284,8 @@ class Totals(NamedTuple):
     waste_tokens: float        # expected padded tokens per step, spec pool + decode pool
     memory_bytes: int          # the memory model (MemoryModel) of these graphs together
     capture_s: float
-    isolated_sum_bytes: Optional[int] = None   # sum of isolated pool growth (the old model)
+    # Each graph's pool growth captured alone, summed: no pool sharing, so an upper bound.
+    isolated_sum_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -350,15 +357,19 @@ def capped(bs: Optional[int], cap: Optional[int]) -> Optional[int]:
     return bs if bs is None or cap is None else min(bs, cap)
 
 
+def check_accept_len(accept_len: float, k: int) -> None:
+    """TuningError unless 1 <= accept_len <= K + 1 (the bonus token included)."""
+    if not 1.0 <= accept_len <= k + 1:
+        raise TuningError(f"accept length must be in 1..K+1 = 1..{k + 1} tokens per request per "
+                          f"spec step (bonus token included), got {accept_len}")
+
+
 def plan_pools(measurements: Measurements, distribution: BatchDistribution,
                accept_len: float, spec_max_bs: Optional[int] = None) -> PoolPlan:
     """Crossover and pool tops (steps 1-2, docs/design.md); raises TuningError. `spec_max_bs`
     caps the spec pool below the replays' crossover: a replay leaves out the host work and
     draft prefills a served step pays, so a server's crossover sits lower than its graphs'."""
-    k = measurements.num_draft_tokens
-    if not 1.0 <= accept_len <= k + 1:
-        raise TuningError(f"accept length must be in 1..K+1 = 1..{k + 1} tokens per request per "
-                          f"spec step (bonus token included), got {accept_len}")
+    check_accept_len(accept_len, measurements.num_draft_tokens)
     crossover = find_crossover(measurements, accept_len)
     if crossover.bs is None:
         best = max(crossover.points, key=lambda p: p.spec_tok_s / p.decode_tok_s, default=None)
@@ -511,13 +522,17 @@ def format_table(r: TuningResult) -> str:
     cross = r.crossover
     at = cross.point(cross.bs) if cross.bs is not None else None
     loss = cross.first_loss_above()
+    detail = [f"{at.spec_tok_s:.0f} vs {at.decode_tok_s:.0f} tok/s"] if at else []
+    below = cross.losses_below()
+    if below:
+        detail.append(f"decode faster at bs={','.join(str(p.bs) for p in below)}")
     lines = [
         f"capture tuning: {r.gpu_label}, model {r.fingerprint}, K={r.num_draft_tokens}"
         + ("  [SYNTHETIC measurements: not for deployment]" if r.synthetic else ""),
         f"accept length {r.accept_len:.2f}; batch sizes {r.distribution.description} "
         f"(mean {r.distribution.mean():.1f}, max {r.distribution.max_bs})",
         f"crossover: speculation pays up to bs={cross.bs}"
-        + (f" ({at.spec_tok_s:.0f} vs {at.decode_tok_s:.0f} tok/s)" if at else "")
+        + (f" ({'; '.join(detail)})" if detail else "")
         + (f"; decode wins at bs={loss.bs} ({loss.spec_tok_s:.0f} vs {loss.decode_tok_s:.0f})"
            if loss else "")
         + (f"; spec pool capped at bs={r.spec_max_bs} (--spec-max-bs)"
@@ -526,8 +541,8 @@ def format_table(r: TuningResult) -> str:
         f"{r.time_budget_s:g} s"
         + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),
     ]
-    lines += wrap_note(f"memory model: {r.memory_model.describe()}; 'isolated sum' is the old model "
-                   "(each graph in its own pool), shown for comparison only")
+    lines += wrap_note(f"memory model: {r.memory_model.describe()}; 'isolated sum' is each graph's "
+                   "pool captured alone, summed (no sharing), shown for comparison only")
     for note in _capture_notes(r):
         lines += wrap_note(note)
     lines += [

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
 import sqlite3
 import sys
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from profiling.checks import (CheckConfig, CheckOutcome, DEFAULT_MAX_EAGER_KERNE
 from dual_graph_worker.core.argtypes import (OneLineParser, non_negative_int, output_dir,
                                              positive_int)
 from dual_graph_worker.core.errors import DualGraphError
+from dual_graph_worker.core.jsonio import write_json
 from profiling.errors import ProfileInputError
 from profiling.events import Trace
 try:
@@ -125,12 +124,12 @@ def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckCo
     md.write_text(render_markdown(outcomes, summary, png.name if png else None),
                   encoding="utf-8")
     js = out_dir / CHECK_JSON
-    js.write_text(json.dumps({
+    write_json({
         "passed": verdict == "PASS",
         "outcomes": [dataclasses.asdict(o) for o in outcomes],
         "summary": dataclasses.asdict(summary),
         "config": dataclasses.asdict(config),
-    }, indent=2), encoding="utf-8")
+    }, js)
     return CheckResult(list(outcomes), summary, md, png, js)
 
 
@@ -144,12 +143,9 @@ def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckCo
 def sm_name(text: str) -> str:
     """A GPU architecture as SM90, sm_90, 9.0 or 90."""
     try:
-        ok = re.fullmatch(r"SM\d+", normalize_sm(text)) is not None
-    except ValueError:
-        ok = False
-    if not ok:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU architecture like SM90, 9.0 "
-                                         "or 90 (SM120 for a 12.0 GPU)")
+        normalize_sm(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

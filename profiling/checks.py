@@ -7,6 +7,7 @@ switch_adds_no_api_calls, gpu_identity: what each asserts and why is in docs/des
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
@@ -441,12 +442,19 @@ def check_switch_cost(tl: Timeline, cfg: CheckConfig) -> CheckOutcome:
 
 
 def normalize_sm(text: str) -> str:
-    """'SM90', 'sm_90', '9.0', '90' -> 'SM90'; '10.0' -> 'SM100'; '12.0' -> 'SM120'."""
+    """'SM90', 'sm_90', '9.0', '90' -> 'SM90'; '10.0' -> 'SM100'; '12.0' -> 'SM120'.
+    ValueError, saying what to write, for anything else."""
     t = text.strip().upper().replace("SM_", "").replace("SM", "")
-    if "." in t:
-        major, minor = t.split(".", 1)
-        return f"SM{int(major)}{int(minor or 0)}"
-    return f"SM{int(t)}"
+    m = re.fullmatch(r"(\d+)(?:\.(\d*))?", t)
+    if not m:
+        raise ValueError(f"{text!r} is not a GPU architecture like SM90, 9.0 or 90 (SM120 for a "
+                         "12.0 GPU)")
+    major, minor = m.groups()
+    if minor is None and len(major) == 1:
+        # No GPU is SM9: a lone digit is a major version missing its minor one.
+        raise ValueError(f"{text!r} names no GPU architecture: write {major}.0 or {major}0 "
+                         f"(SM{major}0)")
+    return f"SM{int(major)}{int(minor or 0)}" if minor is not None else f"SM{int(major)}"
 
 
 def gpu_identity(tl: Timeline) -> tuple[tuple[GpuInfo, ...], str]:

@@ -183,24 +183,12 @@ def _add_gpu_time(gpu_ns: dict[KernelKey, int], key: KernelKey, start, end) -> N
         gpu_ns[key] = gpu_ns.get(key, 0) + max(int(end) - int(start), 0)
 
 
-def _launched(db: _Db, strings: dict[int, str]) -> _Launched:
-    """One pass over the kernel table and one over the graph table. Graph-node kernel rows are
-    left out: they share their graph launch's id, whose graph row already spans them."""
+def _launched(db: _Db, strings: dict[int, str], warnings: list[str]) -> _Launched:
+    """One pass over the graph table and one over the kernel table. A graph-node kernel row
+    shares its graph launch's id: where that launch has a graph row (--cuda-graph-trace=graph),
+    the row already spans it and it is left out; where none does (--cuda-graph-trace=node),
+    the launch's GPU time is the sum of its node kernels."""
     out = _Launched({}, {}, {}, {})
-    if KERNEL_TABLE in db.tables:
-        for corr, short, demangled, name, gpid, node, start, end in db.select(
-                KERNEL_TABLE, ("correlationId", "shortName", "demangledName", "name",
-                               "globalPid", "graphNodeId", "start", "end")):
-            if corr is None or node:
-                continue
-            key = (split_global_tid(gpid)[0], int(corr))
-            full = _resolve(demangled, strings) or _resolve(name, strings)
-            kname = _resolve(short, strings) or full
-            if kname:
-                out.short_names.setdefault(key, kname)
-            if full:
-                out.demangled_names.setdefault(key, full)
-            _add_gpu_time(out.gpu_ns, key, start, end)
     if GRAPH_TABLE in db.tables:
         for corr, exec_id, graph_id, gpid, start, end in db.select(
                 GRAPH_TABLE, ("correlationId", "graphExecId", "graphId", "globalPid", "start",
@@ -212,6 +200,31 @@ def _launched(db: _Db, strings: dict[int, str]) -> _Launched:
             if gid is not None:
                 out.graph_ids.setdefault(key, int(gid))
             _add_gpu_time(out.gpu_ns, key, start, end)
+    spanned = set(out.gpu_ns)
+    summed: set[KernelKey] = set()
+    if KERNEL_TABLE in db.tables:
+        for corr, short, demangled, name, gpid, node, start, end in db.select(
+                KERNEL_TABLE, ("correlationId", "shortName", "demangledName", "name",
+                               "globalPid", "graphNodeId", "start", "end")):
+            if corr is None:
+                continue
+            key = (split_global_tid(gpid)[0], int(corr))
+            if node:
+                if key not in spanned:
+                    summed.add(key)
+                    _add_gpu_time(out.gpu_ns, key, start, end)
+                continue
+            full = _resolve(demangled, strings) or _resolve(name, strings)
+            kname = _resolve(short, strings) or full
+            if kname:
+                out.short_names.setdefault(key, kname)
+            if full:
+                out.demangled_names.setdefault(key, full)
+            _add_gpu_time(out.gpu_ns, key, start, end)
+    if summed:
+        warnings.append(f"{len(summed)} graph launches have node kernels but no graph-trace "
+                        "row (profiled with --cuda-graph-trace=node?): their GPU time is the "
+                        "sum of their kernels, gaps between kernels left out")
     return out
 
 
@@ -245,7 +258,7 @@ def load_sqlite(path: Path) -> Trace:
         warnings: list[str] = []
         events = _nvtx_events(db, strings, warnings) + _api_calls(db, strings, warnings)
         events.sort(key=lambda e: (e.start_ns, -e.end_ns))
-        launched = _launched(db, strings)
+        launched = _launched(db, strings, warnings)
         return Trace(tuple(events), launched.short_names, _gpus(db),
                      source=f"nsys SQLite export {path}", warnings=tuple(warnings),
                      kernel_demangled=launched.demangled_names, graph_ids=launched.graph_ids,

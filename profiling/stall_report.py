@@ -13,12 +13,12 @@ Times are seconds after "ready".
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.stall_watch import StallSample, read_stall_samples
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int
@@ -88,14 +88,15 @@ def episodes(samples: Sequence[StallSample]) -> list[Episode]:
     return out
 
 
-def plot(lines: Sequence[LogLine], eps: Sequence[Episode], t0: float, path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        return False
-    fig, ax = plt.subplots(figsize=(9, 4))
+def plot(lines: Sequence[LogLine], eps: Sequence[Episode], t0: float, path: Path) -> Path:
+    # matplotlib's object API on the Agg canvas: no pyplot, so no global backend or figure
+    # state; imported here, so the readers above need no matplotlib (the SGLang suite uses them).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     for mode, color in (("spec", "tab:orange"), ("decode", "tab:blue")):
         pts = [(x.t - t0, x.bs) for x in lines if x.kind == mode and x.bs]
         if pts:
@@ -107,10 +108,8 @@ def plot(lines: Sequence[LogLine], eps: Sequence[Episode], t0: float, path: Path
     ax.set_xlabel("seconds after the worker was ready")
     ax.set_ylabel("running batch size")
     ax.legend(loc="upper right")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return path
 
 
 def _log(run_dir: Path, name: str) -> Path:
@@ -158,9 +157,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"      {frame}")
     report = {"ready_t": ready, "gaps": [asdict(g) for g in gaps],
               "episodes": [asdict(e) for e in eps]}
-    (a.run_dir / "stall_report.json").write_text(json.dumps(report, indent=1))
-    if plot(lines, eps, t0, a.run_dir / "stall_timeline.png"):
-        print(f"wrote {a.run_dir / 'stall_report.json'} and {a.run_dir / 'stall_timeline.png'}")
+    write_json(report, a.run_dir / "stall_report.json")
+    png = plot(lines, eps, t0, a.run_dir / "stall_timeline.png")
+    print(f"wrote {a.run_dir / 'stall_report.json'} and {png}")
     return 0
 
 

@@ -38,6 +38,17 @@ class ScriptedPolicy(PinnedPolicy):
         return Decision(mode, Reason.PINNED)
 
 
+SPEC_POOL = (1, 2, 4, 8, 16)
+DECODE_POOL = (1, 2, 4, 8, 16, 32)
+
+
+def pools(bs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (spec, decode) pools to capture: the usual small sizes plus `bs` itself, so every
+    profiled step of either mode replays a graph (a step above a pool would run eagerly and
+    fail the check for the workload's own reason)."""
+    return tuple(sorted(set(SPEC_POOL) | {bs})), tuple(sorted(set(DECODE_POOL) | {bs}))
+
+
 def script(hold: int, alternate: int) -> list[Mode]:
     return ([Mode.SPEC] * hold + [Mode.DECODE] * hold +
             [Mode.SPEC if i % 2 == 0 else Mode.DECODE for i in range(alternate)])
@@ -56,8 +67,10 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
                                                 attention="triton" if cuda else "torch",
                                                 forced_accept_len=2))
     d = engine.describe()
-    worker = DualGraphWorker(engine, WorkerConfig((1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), cuda,
-                                                  continuity=continuity),
+    spec_bs, decode_bs = pools(bs)
+    # No eager fallback: a profiled step without a graph is the workload's bug, said at once.
+    worker = DualGraphWorker(engine, WorkerConfig(spec_bs, decode_bs, cuda, continuity=continuity,
+                                                  allow_eager=False),
                              ScriptedPolicy([Mode.SPEC, Mode.DECODE] * warmup + script(hold, alternate), k))
     worker.capture(progress=False)
     rng = np.random.default_rng(0)

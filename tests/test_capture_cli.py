@@ -15,6 +15,7 @@ from capture.config import load_capture_config
 from capture.distribution import parse_distribution
 from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
+from dual_graph_worker.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
@@ -170,3 +171,64 @@ def test_pool_table_sets_each_pools_memory_and_capture_against_its_padding_waste
     assert float(decode_chosen[-3]) > float(decode_all[-3])
     # Without a config, the pools' tops come from the crossover.
     assert len(pool_table(m, dist, 2.0).splitlines()) == 3
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["--accept-len", "1.0"], "speculation wins at no measured batch size at accept length 1"),
+    (["--accept-len", "3.0", "--distribution", "uniform:1-512"],
+     "the distribution reaches bs=512, above the largest measured decode size 256"),
+])
+def test_report_without_config_falls_back_to_the_largest_sizes(tmp_path: Path, extra,
+                                                                why: str) -> None:
+    # Inputs the tuner refuses still make a report, its pool tops the largest measured sizes.
+    out_dir = tmp_path / "r"
+    assert main(["report", "--measurements", str(FIXTURE), "--out-dir", str(out_dir)]
+                + extra) == 0
+    text = " ".join((out_dir / "report.txt").read_text().split())
+    assert "pool tops: each mode's largest measured size (spec 128, decode 256)" in text
+    assert why in text
+    assert all((out_dir / n).read_bytes().startswith(PNG_MAGIC)
+               for n in ("memory_capture.png", "waste_vs_graphs.png", "latency.png"))
+
+
+def test_report_refuses_bad_input_before_making_its_folder(tuned: Path, tmp_path: Path,
+                                                          capsys) -> None:
+    out_dir = tmp_path / "r"
+    assert main(["report", "--measurements", str(FIXTURE), "--accept-len", "9",
+                 "--out-dir", str(out_dir)]) == 2
+    assert "accept length must be in 1..K+1" in capsys.readouterr().err
+    chosen = Chosen((4, 8, 999), (8, 256))
+    with pytest.raises(ConfigError, match="never measured"):
+        write_report(load_measurements(FIXTURE), out_dir, parse_distribution("uniform:64", 256),
+                     3.0, chosen)
+    assert not out_dir.exists()
+
+
+def test_pool_table_counts_capture_time_as_graph_table_does(tmp_path: Path) -> None:
+    from capture.report import pool_table
+
+    raw = json.loads(FIXTURE.read_text())
+    first = next(g for g in raw["graphs"] if g["mode"] == "decode" and g["bs"] == 1)
+    first["capture_s"] = 2.4                      # one-time compile inside the first capture
+    (tmp_path / "m.json").write_text(json.dumps(raw))
+    m = load_measurements(tmp_path / "m.json")
+    dist, chosen = parse_distribution("uniform:1-256", 256), Chosen((4, 8), (1, 8, 256))
+
+    def pools_capture(exclude: bool) -> float:
+        rows = pool_table(m, dist, 2.0, chosen, exclude).splitlines()[1:]
+        return sum(float(r.split()[-4]) for r in rows if "chosen:" in r)
+
+    def table_capture(exclude: bool) -> float:
+        note = " ".join(graph_table(m, chosen, exclude).split())
+        return float(note.split("chosen: ")[1].split(" s capture")[0].split()[-1])
+
+    for exclude in (True, False):
+        assert pools_capture(exclude) == pytest.approx(table_capture(exclude), abs=0.011)
+    assert pools_capture(False) > pools_capture(True) + 2.0
+
+
+def test_tune_writes_under_out_by_default() -> None:
+    from capture.cli import build_parser
+
+    args = build_parser().parse_args(_tune_args(Path("unused"))[:-2])
+    assert args.out == "out/capture/config.json"

@@ -180,6 +180,7 @@ def _mutated(config: CaptureConfig, mutate) -> dict:
     (lambda d: d["savings"]["memory_model"].update(per_graph_bytes=-1), "per_graph_bytes"),
     (lambda d: d["savings"]["memory_model"].update(source="guess"), "source must be one of"),
     (lambda d: d["tuning"].update(exclude_compile_outlier="yes"), "exclude_compile_outlier"),
+    (lambda d: d["tuning"].update(exact="false"), "tuning.exact must be true or false"),
     (lambda d: d["tuning"].update(capture_outliers=[{"mode": "x", "bs": 1}]), "'spec' or"),
 ])
 def test_malformed_config_is_refused(tmp_path: Path, config: CaptureConfig, mutate,

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from capture.measurements import (SCHEMA, GpuInfo, Measurements, load_measurements,
-                                  model_fingerprint, save_measurements)
+from capture.measurements import (SCHEMA, GpuInfo, GraphMeasurement, Measurements,
+                                  load_measurements, model_fingerprint, save_measurements)
 from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE, synthetic_h200_measurements
 from capture.units import format_bytes, parse_duration, parse_size
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.modes import Mode, Stage
+from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 
 FIXTURE = Path(__file__).parent / "data" / "capture" / "synthetic_h200_llama8b_k3.json"
 
@@ -104,3 +104,27 @@ def test_units() -> None:
     with pytest.raises(ConfigError):
         parse_duration("soon")
     assert format_bytes(1536) == "1.50 KiB" and format_bytes(3 << 30) == "3.00 GiB"
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(key=GraphKey(Mode.SPEC, 0)), r"spec-bs0.bs must be >= 1, got 0"),
+    (dict(replay_s=0.0), r"replay_s must be > 0"),
+    (dict(replay_s=float("nan")), r"replay_s must be a finite number"),
+    (dict(pool_bytes=-1), r"pool_bytes must be >= 0, got -1"),
+    (dict(pool_bytes=1.5), r"pool_bytes must be int"),
+    (dict(capture_s=float("inf")), r"capture_s must be a finite number"),
+    (dict(stage_replay_s={Stage.VERIFY: -1.0}), r"stage_replay_s.verify must be >= 0"),
+])
+def test_graph_measurements_built_in_memory_are_range_checked(fields, message) -> None:
+    # As an engine's probe builds them (capture.sglang_probe): no file, the same checks.
+    good = dict(key=GraphKey(Mode.SPEC, 4), capture_s=0.1, pool_bytes=1 << 20, replay_s=0.005)
+    GraphMeasurement(**good)
+    with pytest.raises(ConfigError, match=message):
+        GraphMeasurement(**dict(good, **fields))
+
+
+def test_a_files_range_error_names_the_entry(tmp_path: Path) -> None:
+    data = _raw()
+    data["graphs"][3].update(bs=0)
+    with pytest.raises(ConfigError, match=r"graphs\[3\]: .*bs must be >= 1, got 0"):
+        _load_raw(tmp_path, data)

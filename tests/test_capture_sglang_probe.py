@@ -200,6 +200,32 @@ def test_a_graph_the_probe_could_not_size_is_refused_with_the_fix():
         measurements_from_probe(dict(_probe(), schema="dgw-capture-measurements/1"))
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("size", None, r"graphs\[1\]\.size is missing"),
+    ("size", "8", r"graphs\[1\]\.size must be int, got '8'"),
+    ("size", -1, r"graphs\[1\]\.size must be a batch size >= 1, got -1"),
+    ("capture_s", None, r"graphs\[1\]\.capture_s is missing"),
+    ("capture_s", "slow", r"graphs\[1\]\.capture_s must be a finite number, got 'slow'"),
+    ("pool_bytes", -5, r"graphs\[1\]\.pool_bytes must be >= 0, got -5"),
+    ("replay_s", 0, r"graphs\[1\]\.replay_s must be > 0"),
+])
+def test_a_bad_probe_record_names_the_file_record_and_field(field, value, message):
+    # Each of these was a KeyError/ValueError traceback; capture_measure prints ConfigError only.
+    probe = _probe()
+    if value is None:
+        del probe["graphs"][1][field]
+    else:
+        probe["graphs"][1][field] = value
+    with pytest.raises(ConfigError, match="^capture probe /runs/probe.json." + message):
+        measurements_from_probe(probe, where="capture probe /runs/probe.json")
+
+
+def test_an_other_runners_bad_number_is_refused_too():
+    probe = _probe(extra=[dict(_graph("PrefillCudaGraphRunner", 512), capture_s="1,5")])
+    with pytest.raises(ConfigError, match=r"capture_s must be a finite number, got '1,5'"):
+        measurements_from_probe(probe)
+
+
 def test_sglang_measurements_tune_into_a_config_that_says_where_it_was_measured(tmp_path):
     from dual_graph_worker.engines.sglang.capture_config import capture_flags
 

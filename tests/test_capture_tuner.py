@@ -61,6 +61,25 @@ def test_crossover_on_the_h200_fixture_moves_with_acceptance(h200) -> None:
         assert nxt is None or not nxt.spec_wins
 
 
+def test_table_lists_losses_below_the_crossover() -> None:
+    # The crossover rule stays "largest winning bs" (4); the table must not hide the loss at 2.
+    m = measurements_from_costs(spec={1: 0.012, 2: 0.025, 4: 0.015, 8: 0.030, 16: 0.050},
+                                decode={1: 0.010, 2: 0.010, 4: 0.010, 8: 0.010, 16: 0.010},
+                                num_draft_tokens=1)
+    assert [p.bs for p in find_crossover(m, 2.0).losses_below()] == [2]
+    text = tune(m, GiB, 10.0, _uniform(16), 2.0).table()
+    assert "speculation pays up to bs=4 (533 vs 400 tok/s; decode faster at bs=2)" in text
+    assert "old model" not in text
+
+
+@pytest.mark.skipif(not REAL_H200.exists(), reason="no H200 measurements in this checkout")
+def test_h200_table_shows_the_loss_a_noisy_win_above_it_hides() -> None:
+    m = load_measurements(REAL_H200)
+    text = tune(m, 4 * GiB, 30.0, _uniform(256), 2.5).table()
+    assert "speculation pays up to bs=224" in text and "decode faster at bs=208;" not in text
+    assert "decode faster at bs=208)" in text
+
+
 def test_speculation_that_never_pays_is_an_error() -> None:
     m = measurements_from_costs(spec={1: 0.03, 2: 0.03}, decode={1: 0.01, 2: 0.01})
     with pytest.raises(TuningError, match="loses to plain decode at every measured batch size"):
@@ -407,6 +426,21 @@ def test_a_servers_step_log_is_a_distribution(tmp_path: Path) -> None:
 def test_bad_distributions(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_distribution(text, 256)
+
+
+@pytest.mark.parametrize("text", ["uniform:1-99999999", "uniform:99999999",
+                                  "geometric:0.5,max=99999999", "uniform:1-" + "9" * 5000])
+def test_a_huge_preset_top_is_refused_before_listing_every_size(text: str) -> None:
+    # Each would build a dict of every size up to its top (MemoryError, or int() refusing).
+    with pytest.raises(ConfigError, match=r"above bs=4096, the largest a preset lists"):
+        parse_distribution(text, 256)
+
+
+def test_a_callers_larger_max_bs_raises_the_preset_bound() -> None:
+    assert parse_distribution("uniform:1-4096", 256).max_bs == 4096
+    assert parse_distribution("geometric:0.001,max=6000", 8192).max_bs == 6000
+    with pytest.raises(ConfigError, match="above bs=8192"):
+        parse_distribution("uniform:1-8193", 8192)
 
 
 def test_costs_helper_defaults() -> None:

@@ -204,6 +204,15 @@ def test_normalize_sm(text, sm):
     assert checks.normalize_sm(text) == sm
 
 
+@pytest.mark.parametrize("text", ["9", "SM9", "sm_9"])
+def test_a_one_digit_sm_is_refused_with_the_two_spellings(tmp_path, capsys, text):
+    # No GPU reports SM9, so --expect-sm 9 could never pass: refuse it up front.
+    with pytest.raises(ValueError, match="write 9.0 or 90"):
+        checks.normalize_sm(text)
+    assert main([str(_sqlite(tmp_path)), "--out", str(tmp_path / "o"), "--expect-sm", text]) == 2
+    assert "write 9.0 or 90" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("raw,base", [
     ("cudaGraphLaunch_v10000", "cudaGraphLaunch"),
     ("cudaLaunchKernel_ptsz_v7000", "cudaLaunchKernel"),
@@ -323,3 +332,53 @@ def test_nsys_rep_is_exported_with_nsys(tmp_path, monkeypatch):
     assert args[:5] == ["export", "--type", "sqlite", "--force-overwrite", "true"]
     assert args[5:] == ["-o", str(tmp_path / "out" / "run.sqlite"), str(rep)]
     assert result.failed == [checks.NO_CAPTURE]
+
+
+def test_check_json_is_written_through_write_json(tmp_path, monkeypatch):
+    # write_json writes a temporary file and renames it: a reader never sees half a verdict.
+    import profiling.check as check_module
+    from dual_graph_worker.core.jsonio import write_json
+
+    written = []
+    monkeypatch.setattr(check_module, "write_json",
+                        lambda data, path: (written.append(Path(path)), write_json(data, path)))
+    result = check_report(_sqlite(tmp_path), tmp_path / "out")
+    assert written == [result.check_json] == [tmp_path / "out" / CHECK_JSON]
+
+
+def _graph_rows_as_node_kernels(path: Path, *, drop_graph_rows: bool) -> dict[int, int]:
+    """Two node kernels (graphNodeId set) per graph replay, as --cuda-graph-trace=node records
+    them; without drop_graph_rows the graph rows stay, as --cuda-graph-trace=graph keeps them.
+    Returns each replay's correlation id -> its node kernels' summed duration."""
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT start, correlationId, globalPid FROM "
+                        "CUPTI_ACTIVITY_KIND_GRAPH_TRACE").fetchall()
+    name = conn.execute("SELECT MAX(id) + 1 FROM StringIds").fetchone()[0]
+    conn.execute("INSERT INTO StringIds VALUES (?, 'node_kernel')", (name,))
+    sums = {}
+    for start, corr, gpid in rows:
+        for node, (t0, dur) in enumerate(((start, 10_000), (start + 15_000, 12_000)), 1):
+            conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES "
+                         "(?,?,0,1,NULL,7,?,?,?,?,?,?)",
+                         (t0, t0 + dur, corr, gpid, name, name, node, 1))
+        sums[corr] = 22_000
+    if drop_graph_rows:
+        conn.execute("DELETE FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
+    conn.commit()
+    conn.close()
+    return sums
+
+
+@pytest.mark.parametrize("node_mode", [True, False])
+def test_graph_gpu_time_in_node_and_graph_trace_modes(tmp_path, node_mode):
+    path = _sqlite(tmp_path)
+    sums = _graph_rows_as_node_kernels(path, drop_graph_rows=node_mode)
+    trace = load_sqlite(path)
+    launches = [e for e in trace.events if e.correlation_id in sums]
+    assert launches and all(api_names.is_graph_launch(e.name) for e in launches)
+    # Node mode: no graph row, so a replay's GPU time is its node kernels' sum. Graph mode:
+    # the graph row (30 us in the fixture) already spans its nodes, which are not added again.
+    assert {trace.gpu_time_ns(e) for e in launches} == ({22_000} if node_mode else {30_000})
+    assert all(trace.kernel_name(e) == "?" for e in launches)   # node kernels are not eager
+    node_warning = [w for w in trace.warnings if "--cuda-graph-trace=node" in w]
+    assert len(node_warning) == (1 if node_mode else 0)

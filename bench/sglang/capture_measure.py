@@ -93,7 +93,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                            shim_dir=work / "shim", timeout=args.timeout_s)
         total = together_bytes(served.get("server_info") or {})
     try:
-        m = measurements_from_probe(json.loads(probe_path.read_text()), total)
+        m = measurements_from_probe(json.loads(probe_path.read_text()), total,
+                                    where=f"capture probe {probe_path}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

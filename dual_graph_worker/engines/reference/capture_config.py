@@ -1,7 +1,7 @@
 """Using a tuned capture config: the pools' batch sizes and the calibration table a worker runs
 with, after checking the config was tuned for this GPU and this model shape.
 
-    tuned = tuned_pools("capture/config.json", engine)     # StaleConfig if GPU/model differ
+    tuned = tuned_pools("out/capture/config.json", engine) # StaleConfig if GPU/model differ
     WorkerConfig(spec_bs=tuned.spec_bs, decode_bs=tuned.decode_bs, ...)
     # tuned.calibration: the goodput controller's prior (variants.build_variant)
 
