@@ -681,6 +681,27 @@ def test_a_lone_catch_up_dearer_than_a_prefill_of_its_tokens_is_a_one_time_cost(
     assert big.catch_up_s_per_token() == pytest.approx((35e-3 - 2.7e-3) / 36192, rel=0.05)
 
 
+def test_catch_ups_beyond_the_sizes_seen_are_capped_when_prefills_were_all_one_size():
+    """SGLang prefills a wave of long prompts in equal 8192-token chunks: no per-token slope,
+    but their ratio is a rate, as the draft's floor reads it. The cap on a draft token beyond
+    the catch-ups seen reads it too: a noisy steep fit (47 us a token over 200-600-token
+    catch-ups) priced a 20000-token catch-up at 0.94 s, against 0.43 s capped at a third of a
+    prefill token."""
+    p = controller(defers_prefill=True, draft_share=0.04)
+    for _ in range(4):
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16)))
+    p.exchange(lambda v: v)
+    for _ in range(10):
+        p.observe(PrefillTime(8192, 0.5, draft=False))
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.004, catch_up_tokens=200))
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.030, catch_up_tokens=600))
+        p.exchange(lambda v: v)
+    assert p.catch_up_s_per_token() > 40e-6                    # the fit itself stays steep
+    cap = 0.5 / 8192 / 3
+    assert p.catch_up_seconds(20_000) == pytest.approx(
+        p.catch_up_seconds(800) + (20_000 - 800) * cap, rel=0.05)
+
+
 def test_the_processs_first_catch_up_is_judged_as_a_one_time_cost_too():
     """H200 run 24, m65: the process's first catch-up (512 tokens, in the warm-up) held 16.1 ms
     beyond its step, most of it the first call of the catch-up's index path (19.3 ms of host

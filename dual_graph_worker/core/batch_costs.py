@@ -242,9 +242,9 @@ class BatchCosts:
 
     def draft_rate_cap(self) -> Optional[float]:
         """The most a draft token can cost beyond a catch-up's fixed part (_RATE_CAP); None
-        before a prefill's per-token slope is known."""
-        slopes = (self._prefill[True].value(), self._prefill[False].value())
-        prefill = next((v for v in slopes if v is not None), None)
+        before a prefill's per-token rate is known (_prefill_rate: the floor's reading too)."""
+        rates = (self._prefill_rate(True), self._prefill_rate(False))
+        prefill = next((v for v in rates if v is not None), None)
         return None if prefill is None else prefill / _RATE_CAP
 
     def estimates(self) -> BatchCostEstimates:

@@ -425,6 +425,8 @@ class GoodputController:
             return False
         mean = p.total / p.seen
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
+        # At the prices the choice uses (warm-up's included), not those it was priced at: it
+        # ends where the choice would not take speculation, so a cold mode gets its steps.
         spec_t, decode_t = self._times_here(inputs)[3]
         return self._spec_wins(self._steps_high(mean, variance, p.seen),
                                spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
