@@ -631,7 +631,7 @@ def test_rows_of_reads_host_rows(sgl):
 
 
 def test_row_context_total_follows_its_rows_while_the_batch_keeps_its_row_tensor(sgl):
-    from dual_graph_worker.engines.sglang.layout import RowContext
+    from dual_graph_worker.engines.sglang.row_context import RowContext
 
     ctx = RowContext(8)
     first = SimpleNamespace(req_pool_indices_cpu=torch.tensor([4, 2]), seq_lens=torch.zeros(2))
@@ -657,7 +657,7 @@ def test_row_context_total_follows_its_rows_while_the_batch_keeps_its_row_tensor
 def test_row_context_keeps_every_rows_length_while_steps_wait_to_be_applied(sgl):
     """A steady batch's steps reach the rows' own lengths only every _FLUSH_STEPS: a new row
     tensor, a re-admitted row or a step of another batch must still see every one of them."""
-    from dual_graph_worker.engines.sglang.layout import RowContext
+    from dual_graph_worker.engines.sglang.row_context import RowContext
 
     ctx = RowContext(8)
     batch = SimpleNamespace(req_pool_indices_cpu=torch.tensor([1, 3]), seq_lens=torch.zeros(2))

@@ -31,8 +31,6 @@ from dual_graph_worker.engines.sglang.hooks import expected_batch_size
 from dual_graph_worker.core.policies import PolicyContext, build_policy
 from dual_graph_worker.core.settings import PolicyKind, Settings
 from dual_graph_worker.engines.sglang.layout import (
-    DraftHandoff,
-    check_handoff,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
@@ -100,6 +98,7 @@ def test_engine_agnostic_modules_do_not_import_sglang():
         import sys
         import dual_graph_worker.core.settings, dual_graph_worker.core.planner
         import dual_graph_worker.engines.sglang.layout, dual_graph_worker.core.calibration
+        import dual_graph_worker.engines.sglang.row_context
         import dual_graph_worker.core.step_log, dual_graph_worker.engines.sglang.plugin
         import dual_graph_worker.engines.sglang.server_args_hook
         import dual_graph_worker.engines.sglang.capture_config
@@ -352,7 +351,7 @@ def test_decode_lengths_shift_positions_to_seq_lens():
 def test_prefill_lengths_always_give_each_row_a_length():
     from types import SimpleNamespace as NS
 
-    from dual_graph_worker.engines.sglang.layout import prefill_lengths
+    from dual_graph_worker.engines.sglang.row_context import prefill_lengths
 
     assert prefill_lengths(NS(seq_lens_cpu=torch.tensor([7, 9])), 2).tolist() == [7, 9]
     chunk = NS(seq_lens_cpu=None, prefix_lens=[100, 0], extend_lens=[28, 64])
@@ -369,18 +368,6 @@ def test_decode_out_cache_loc_reads_the_slot_at_seq_lens():
 
 def test_per_request_logprobs_shape():
     assert per_request_logprobs(torch.tensor([-0.5, -0.25])).tolist() == [[-0.5], [-0.25]]
-
-
-def test_check_handoff_matches_spec_widths():
-    good = DraftHandoff(torch.zeros(2, dtype=torch.int32), torch.ones(2, 1),
-                        torch.zeros(2, 1, dtype=torch.int64),
-                        torch.zeros(2, 8, dtype=torch.bfloat16))
-    check_handoff(good, bs=2, topk=1, hidden_width=8, hidden_dtype=torch.bfloat16)
-    bad = good._replace(topk_index=torch.zeros(2, 1, dtype=torch.int32),
-                        hidden_states=torch.zeros(2, 24, dtype=torch.bfloat16))
-    with pytest.raises(ValueError) as exc:
-        check_handoff(bad, bs=2, topk=1, hidden_width=8, hidden_dtype=torch.bfloat16)
-    assert "topk_index" in str(exc.value) and "hidden_states" in str(exc.value)
 
 
 # ------------------------------------------------------------------------------- calibration

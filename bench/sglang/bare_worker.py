@@ -43,7 +43,7 @@ def bare_worker(policy, continuity=None, step_log=None, sizes=(TEST_SPEC_BS, TES
     from dual_graph_worker.core.timing import ResultClock
     from dual_graph_worker.engines.sglang.decode_pool import eager_decode_pool
     from dual_graph_worker.engines.sglang.draft_extend_graph import DraftSyncGraphs
-    from dual_graph_worker.engines.sglang.layout import RowContext
+    from dual_graph_worker.engines.sglang.row_context import RowContext
     from dual_graph_worker.engines.sglang.nvtx_spans import StepSpans
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 

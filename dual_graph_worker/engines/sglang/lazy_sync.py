@@ -53,7 +53,7 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft, RoomMade
-from dual_graph_worker.engines.sglang.layout import rows_of
+from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
                                                                catch_up_backend_classes)

@@ -68,15 +68,13 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
 )
 from dual_graph_worker.engines.sglang.hooks import expected_batch_size, queued_requests
 from dual_graph_worker.engines.sglang.layout import (
-    RowContext,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
     per_request_logprobs,
-    prefill_lengths,
-    rows_of,
 )
 from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, LazyEvent
+from dual_graph_worker.engines.sglang.row_context import RowContext, prefill_lengths, rows_of
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
