@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable, Deque, Generic, Optional, TypeVar
+from typing import Any, Callable, Deque, Generic, NamedTuple, Optional, TypeVar
 
 T = TypeVar("T")
+
+
+class Processed(NamedTuple):
+    """A batch whose result was processed: the tag it was launched with, and its cost."""
+
+    tag: Any
+    seconds: float
 
 
 class ResultClock(Generic[T]):
@@ -32,7 +39,7 @@ class ResultClock(Generic[T]):
     def launched(self, tag: T) -> None:
         self._launched.append((tag, self._clock()))
 
-    def processed(self) -> Optional[tuple[T, float]]:
+    def processed(self) -> Optional[Processed]:
         """The oldest launched batch's result was processed: (its tag, its cost in seconds)."""
         now = self._clock()
         if not self._launched:
@@ -43,7 +50,7 @@ class ResultClock(Generic[T]):
         tag, t_launch = self._launched.popleft()
         cost = now - max(self._last_processed, t_launch)
         self._last_processed = now
-        return tag, cost
+        return Processed(tag, cost)
 
     @property
     def in_flight(self) -> int:

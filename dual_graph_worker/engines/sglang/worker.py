@@ -531,7 +531,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def dgw_result_processed(self) -> None:
         """hooks.py: the scheduler processed the oldest launched batch's result."""
         done = self._clock.processed()
-        if done is None or done[0] is None or self.planner is None:
+        if done is None or done.tag is None or self.planner is None:
             return
         tag, seconds = done
         # Overlap launched the next batch before this result was processed: its host launch is
