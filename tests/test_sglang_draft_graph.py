@@ -135,3 +135,15 @@ def test_config_switch_for_the_graphs():
     assert Settings.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "true"}).draft_extend_graphs is True
     with pytest.raises(ConfigError, match="DGW_DRAFT_EXTEND_GRAPHS"):
         Settings.from_env({"DGW_DRAFT_EXTEND_GRAPHS": "maybe"})
+
+
+def test_draft_proposals_are_eagles_own(sgl):
+    """Both continuity strategies make the next step's proposals as EAGLE's draft extend does:
+    topk 1 is the argmax at probability 1, wider the top of the softmax."""
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    p, index = sgl.sync.draft_proposals(logits, None, 1)
+    assert index.tolist() == [[1], [0]] and p.tolist() == [[1.0], [1.0]]
+    assert p.dtype == torch.float32 and index.shape == (2, 1)
+    p, index = sgl.sync.draft_proposals(logits, None, 2)
+    assert index.tolist() == [[1, 2], [0, 2]]
+    assert torch.allclose(p, torch.softmax(logits, -1).topk(2, dim=-1).values)

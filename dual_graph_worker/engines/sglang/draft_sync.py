@@ -76,13 +76,8 @@ def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: 
             logits_output.hidden_states = logits_output.hidden_states.clone()
         else:
             logits_output = dw.draft_runner.forward(forward_batch).logits_output
-        logits = logits_output.next_token_logits
-        if dw.topk == 1 and not _is_hip:
-            topk_index = torch.argmax(logits, dim=-1, keepdim=True)
-            topk_p = torch.ones_like(topk_index, dtype=torch.float32)
-        else:
-            probs = renorm_draft_probs(logits, batch.sampling_info, False)
-            topk_p, topk_index = fast_topk(probs, dw.topk, dim=-1)
+        topk_p, topk_index = draft_proposals(logits_output.next_token_logits,
+                                             batch.sampling_info, dw.topk)
     next_draft_input = EagleDraftInput(
         topk_p=topk_p,
         topk_index=topk_index,
@@ -91,3 +86,14 @@ def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: 
         bonus_tokens=sampled.to(torch.int32),
     )
     return DraftSyncOutput(next_draft_input, forward_batch, graphed)
+
+
+def draft_proposals(logits: torch.Tensor, sampling_info: Any, topk: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next step's proposals from the draft's logits (topk_p, topk_index), as EAGLE's own
+    draft extend makes them (eagle_worker_v2.py:973-989): topk 1 is an argmax of probability 1."""
+    if topk == 1 and not _is_hip:
+        topk_index = torch.argmax(logits, dim=-1, keepdim=True)
+        return torch.ones_like(topk_index, dtype=torch.float32), topk_index
+    probs = renorm_draft_probs(logits, sampling_info, False)
+    return fast_topk(probs, topk, dim=-1)

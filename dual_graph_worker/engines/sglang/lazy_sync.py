@@ -32,8 +32,7 @@ from sglang.srt.speculative.eagle_utils import (
     get_draft_input_from_target_hidden_dim,
     get_draft_recurrent_hidden_state_spec,
 )
-from sglang.srt.speculative.spec_utils import renorm_draft_probs, spec_stage_span
-from sglang.srt.utils.common import fast_topk, is_hip
+from sglang.srt.speculative.spec_utils import spec_stage_span
 
 from dual_graph_worker.engines.sglang.backlog import (
     Behind,
@@ -53,6 +52,7 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft, RoomMade
+from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
 from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
@@ -60,7 +60,6 @@ from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS
 
 logger = logging.getLogger(__name__)
 
-_is_hip = is_hip()
 _MiB = 1 << 20
 DEFAULT_MAX_PASS_TOKENS = 8192
 # DGW_LAZY_STASH_MB=0 (auto): this share of the GPU memory free after every capture. The rest
@@ -456,12 +455,7 @@ class LazyCatchUp:
         if len(final) != len(idx.final):
             keep = _to_device(final, logits.device)
             logits, hidden = logits[keep], hidden[keep]
-        if self.dw.topk == 1 and not _is_hip:
-            topk_index = torch.argmax(logits, dim=-1, keepdim=True)
-            topk_p = torch.ones_like(topk_index, dtype=torch.float32)
-        else:
-            probs = renorm_draft_probs(logits, batch.sampling_info, False)
-            topk_p, topk_index = fast_topk(probs, self.dw.topk, dim=-1)
+        topk_p, topk_index = draft_proposals(logits, batch.sampling_info, self.dw.topk)
         return topk_p, topk_index, hidden
 
 
