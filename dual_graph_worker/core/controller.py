@@ -42,7 +42,8 @@ _PROBE_ERRORS = 2.0
 # _DECODE_DRIFT faster would win.
 _STEP_DRIFT = 0.3
 _DECODE_DRIFT = 0.15
-# Dwell damps flapping near a tie; a batch the other mode serves this much cheaper is no tie.
+# Dwell damps flapping near a tie; a batch the current mode serves at this multiple of the
+# other's cost a token (the other 20% cheaper) is no tie.
 _DWELL_BREAK = 1.25
 
 

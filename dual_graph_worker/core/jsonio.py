@@ -1,5 +1,6 @@
-"""Reading and checking the capture JSON files: every problem becomes a ConfigError that names
-the file or field, so the CLI can print one line instead of a traceback."""
+"""Reading and checking the project's JSON files (capture measurements and configs, calibration
+tables, the DGW_CONFIG settings file): every problem becomes a ConfigError that names the file
+or field, so the CLI can print one line instead of a traceback."""
 
 from __future__ import annotations
 

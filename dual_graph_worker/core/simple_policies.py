@@ -75,7 +75,7 @@ class PinnedPolicy(_Observing):
 
 @dataclass(kw_only=True)
 class ThresholdPolicy(_Observing):
-    """Speculate at bs <= threshold; leave spec above threshold + band, return below
+    """Speculate at bs <= threshold; leave spec above threshold + band, return at or below
     threshold - band; never switch before `min_dwell_steps` steps in a mode."""
 
     threshold: int = 32
