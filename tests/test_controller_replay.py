@@ -39,7 +39,7 @@ DECODE = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 
 PREFILL_S_PER_TOKEN = 26e-6        # target prefill (2048x64 C=64, plain: 4.0 s, ~0.6 s decode)
 DRAFT_S_PER_TOKEN = 2e-6           # the draft's extend over a token (prefill or catch-up)
 CATCH_UP_FIXED_S = 2e-3            # a catch-up is one more (eager) draft forward, whatever its size
-DRAFT_SHARE = 0.040                # Llama-3-8B's EAGLE-3 head: policies.draft_share by its weights
+DRAFT_SHARE = 0.040                # Llama-3-8B's EAGLE-3 head: batch_costs.draft_share
 # Host launch of a step of another kind (a switch, a catch-up): eager and kernel-launch-bound at
 # small batches, it idles the GPU; under overlap it lands in the previous step's measured cost.
 SWITCH_HOST_S = 3e-3

@@ -12,7 +12,8 @@ import pytest
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
+from dual_graph_worker.core.batch_costs import draft_share
+from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
 from dual_graph_worker.core.policy import Decision, PolicyInputs, Reason, accepted
 from dual_graph_worker.core.simple_policies import (AcceptLengthEMA, CyclePolicy, PinnedPolicy,
                                                     ThresholdPolicy)

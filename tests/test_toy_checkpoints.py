@@ -17,7 +17,7 @@ from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, expected_
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.weights import (dummy_weights, load_draft, load_target,
                                                           named_sizes)
-from dual_graph_worker.core.policies import draft_share
+from dual_graph_worker.core.batch_costs import draft_share
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 

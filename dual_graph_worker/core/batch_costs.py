@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
 from dual_graph_worker.core.estimates import BatchCostEstimates
-from dual_graph_worker.core.regressions import MIN_SPREAD, Slope
+from dual_graph_worker.core.regressions import CATCH_UP_MIN_SPREAD, PREFILL_MIN_SPREAD, Slope
 
 # Per exchange, how much of the prompt/output token history is kept (~20 exchanges).
 _WORKLOAD_DECAY = 0.95
@@ -33,6 +33,21 @@ _SW = 20
 _SLOTS = 22
 
 
+_NOT_PER_TOKEN = ("lm_head", "wte", "shared_head")
+
+
+def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, int]]) -> float:
+    """The draft's share of a prefill's weights, from each model's (parameter name, size):
+    embeddings and LM heads left out (a lookup; a prefill's logits are its last token's).
+    Sizes must count weights, not packed elements: an engine with quantized weights passes 0."""
+    def per_token(params: Iterable[tuple[str, int]]) -> int:
+        return sum(size for name, size in params
+                   if not any("embed" in part or part in _NOT_PER_TOKEN
+                              for part in name.split(".")))
+    t, d = per_token(target), per_token(draft)
+    return d / (t + d) if t + d > 0 else 0.0
+
+
 class BatchCosts:
     """The fits of prefills, catch-ups and switches, and the workload's prompt share.
     `draft_floor`, `draft_share`: ControllerConfig's; `max_rows`: request rows tracked (0:
@@ -41,9 +56,9 @@ class BatchCosts:
     def __init__(self, draft_floor: bool, draft_share: float, max_rows: int) -> None:
         self._draft_floor_on = draft_floor
         self._draft_share = draft_share
-        self._prefill = {d: Slope(MIN_SPREAD["prefill"], _WORKLOAD_DECAY) for d in (True, False)}
+        self._prefill = {d: Slope(PREFILL_MIN_SPREAD, _WORKLOAD_DECAY) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
-        self.catch_up = {at_switch: Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+        self.catch_up = {at_switch: Slope(CATCH_UP_MIN_SPREAD, _CATCH_UP_DECAY)
                          for at_switch in (True, False)}
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
         self._switches = self._switch_sum = 0.0
@@ -188,7 +203,7 @@ class BatchCosts:
         return 0.0
 
     def _both_catch_ups(self) -> Slope:
-        both = Slope(MIN_SPREAD["catch_up"], _CATCH_UP_DECAY)
+        both = Slope(CATCH_UP_MIN_SPREAD, _CATCH_UP_DECAY)
         both.sums = self.catch_up[True].decayed() + self.catch_up[False].decayed()
         both.events = self.catch_up[True].events + self.catch_up[False].events
         return both

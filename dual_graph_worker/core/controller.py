@@ -71,7 +71,7 @@ class ControllerConfig:
     defers_prefill: bool = False
     max_rows: int = 0                 # request rows tracked for per-request acceptance
     draft_floor: bool = _default("draft_floor")
-    # The draft's share of a prefill's weights (policies.draft_share): with draft_floor, a draft
+    # The draft's share of a prefill's weights (batch_costs.draft_share): with draft_floor, a draft
     # token costs no less than that share of a prefill token, whatever small catch-ups fit.
     draft_share: float = 0.0
 

@@ -6,7 +6,7 @@ A new policy is a class that satisfies `policy.ModePolicy` plus one `PolicyBuild
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
@@ -26,21 +26,6 @@ class PolicyContext:
     defers_prefill: bool = False               # decode-mode prefills skip the draft's prefill
     max_rows: int = 0                          # request rows, for per-request acceptance
     draft_share: float = 0.0                   # draft_share() of the two models
-
-
-_NOT_PER_TOKEN = ("lm_head", "wte", "shared_head")
-
-
-def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, int]]) -> float:
-    """The draft's share of a prefill's weights, from each model's (parameter name, size):
-    embeddings and LM heads left out (a lookup; a prefill's logits are its last token's).
-    Sizes must count weights, not packed elements: an engine with quantized weights passes 0."""
-    def per_token(params: Iterable[tuple[str, int]]) -> int:
-        return sum(size for name, size in params
-                   if not any("embed" in part or part in _NOT_PER_TOKEN
-                              for part in name.split(".")))
-    t, d = per_token(target), per_token(draft)
-    return d / (t + d) if t + d > 0 else 0.0
 
 
 def _goodput(s: Settings, ctx: PolicyContext) -> ModePolicy:

@@ -13,9 +13,12 @@ from dual_graph_worker.core.modes import Mode
 
 # A slope needs sizes this far apart (standard deviation, tokens): between nearby sizes the
 # noise of a few hundred microseconds passes for a rate.
-MIN_SPREAD = {"prefill": 64.0, "catch_up": 128.0, "context": 256.0}
+PREFILL_MIN_SPREAD = 64.0
+CATCH_UP_MIN_SPREAD = 128.0
+CONTEXT_MIN_SPREAD = 256.0
 # A key's own context slope needs its contexts spread this share of their mean: a batch of 100
-# grows ~300 tokens a step, so a few steps spread past MIN_SPREAD and their noise fits any slope.
+# grows ~300 tokens a step, so a few steps spread past CONTEXT_MIN_SPREAD and their noise fits
+# any slope.
 OWN_SPREAD = 0.1
 # Step cost per context token: fitted over ~100 exchanges, as contexts change between workloads
 # more slowly than step times drift.
@@ -147,18 +150,18 @@ class ContextSums:
     def pooled(self, mode: Mode) -> float:
         """The mode's slope within every size; 0 until its contexts have spread at all."""
         var, cov, count = self.pools[mode]
-        if var >= MIN_SPREAD["context"] ** 2 * count > 0:
+        if var >= CONTEXT_MIN_SPREAD ** 2 * count > 0:
             return max(cov / var, 0.0)
         return 0.0
 
     def own(self, i: int) -> Optional[float]:
-        """Key i's own slope, if its contexts have spread far enough (at least MIN_SPREAD and a
-        OWN_SPREAD share of their mean)."""
+        """Key i's own slope, if its contexts have spread far enough (at least CONTEXT_MIN_SPREAD
+        and a OWN_SPREAD share of their mean)."""
         n = self.sums[1][i]
         if n <= 0:
             return None
         var, mean = self.var[i], self.sums[2][i] / n
-        need = max(MIN_SPREAD["context"] ** 2, (OWN_SPREAD * mean) ** 2)
+        need = max(CONTEXT_MIN_SPREAD ** 2, (OWN_SPREAD * mean) ** 2)
         if self.fit_scale * var < need * max(self.fit_scale * n, 1.0):
             return None
         return max(self.cov[i] / var, 0.0)

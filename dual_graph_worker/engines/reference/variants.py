@@ -21,7 +21,8 @@ from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.nvtx import Annotator
-from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
+from dual_graph_worker.core.batch_costs import draft_share
+from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings

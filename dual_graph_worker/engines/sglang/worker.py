@@ -43,7 +43,8 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.ledger import StepLedger
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policies import PolicyContext, build_policy, draft_share, needs_prior
+from dual_graph_worker.core.batch_costs import draft_share
+from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
 from dual_graph_worker.core.policy import (Admitted, DraftPrefills, PrefillTime, Reducer,
                                            StepTime, accepted, same_rank)
 from dual_graph_worker.core.settings import MEASURE, Settings, open_output
@@ -246,7 +247,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._step_log.write_event("ready", time.time(), **summary)
 
     def _draft_share(self, mr, reduce: Reducer) -> float:
-        """policies.draft_share of this rank's shards, made common: the mean over TP ranks; 0
+        """batch_costs.draft_share of this rank's shards, made common: the mean over TP ranks; 0
         (no floor) where either model holds integer weights, whose elements pack several."""
         models = (mr.model, self._draft_worker.draft_runner.model)
         params = [list(m.named_parameters()) for m in models]
