@@ -22,7 +22,8 @@ from capture.config import build_capture_config, load_capture_config, save_captu
 from capture.distribution import parse_distribution
 from capture.measurements import load_measurements
 from capture.report import Chosen, graph_table, write_report
-from capture.tuner import COMPILE_OUTLIER_FACTOR, tune
+from capture.result import COMPILE_OUTLIER_FACTOR
+from capture.tuner import tune
 from capture.units import parse_duration, parse_size
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError

@@ -14,7 +14,8 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from capture.distribution import BatchDistribution
 from capture.measurements import Measurements
-from capture.tuner import CaptureOutlier, MemoryModel, Totals, TuningResult
+from capture.memory_model import MemoryModel, engine_of
+from capture.result import CaptureOutlier, Totals, TuningResult
 from dual_graph_worker.core.capture_schema import SCHEMA, GpuInfo, ServingCapture, load_capture
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import (need_field, need_mapping, need_mode, need_number,
@@ -118,7 +119,7 @@ def build_capture_config(measurements: Measurements, result: TuningResult) -> Ca
         distribution=result.distribution, chosen=result.chosen,
         all_candidates=result.all_candidates, exact=result.exact,
         synthetic=measurements.synthetic,
-        measured_on=str(measurements.meta.get("engine", "reference")),
+        measured_on=engine_of(measurements),
         memory_model=result.memory_model,
         exclude_compile_outlier=result.exclude_compile_outlier,
         capture_outliers=result.capture_outliers)

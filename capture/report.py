@@ -2,8 +2,8 @@
 
 The table gives each key's measured numbers, marks capture times the tuner treats as one-time
 compilation (`capture.tuner.find_compile_outliers`), and totals memory with the tuner's memory
-model (`capture.tuner.MemoryModel`), next to the measured every-key-together pool and the sum of
-isolated pools.
+model (`capture.memory_model.MemoryModel`), next to the measured every-key-together pool and the
+sum of isolated pools.
 
 - memory_capture.png: pool memory and capture time per candidate graph (chosen ones solid);
 - waste_vs_graphs.png: each pool's minimum padding waste as its number of graphs grows (the
@@ -28,9 +28,10 @@ from matplotlib.patches import Patch
 from capture.distribution import BatchDistribution
 from capture.measurements import Measurements
 from capture.padding import expected_waste, waste_curve
-from capture.tuner import (COMPILE_OUTLIER_FACTOR, Crossover, MemoryModel, check_accept_len,
-                           find_compile_outliers, find_crossover, plan_pools, pool_problem,
-                           replace_capture_s, totals, wrap_note)
+from capture.memory_model import MemoryModel
+from capture.result import COMPILE_OUTLIER_FACTOR, Crossover, wrap_note
+from capture.tuner import (check_accept_len, find_compile_outliers, find_crossover, plan_pools,
+                           pool_problem, replace_capture_s, totals)
 from capture.units import format_bytes
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode

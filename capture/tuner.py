@@ -3,215 +3,33 @@
 From the measurements, a memory and a capture-time budget, the expected batch-size
 distribution and accept length: (1) the crossover, (2) each pool's top, (3) the sizes below each
 top that minimise padding waste within both shared budgets (capture.padding), under the
-engine's graph-pool memory model (``MemoryModel``) and with one-time compilation kept out of
-capture times. docs/design.md, "Choosing the batch sizes", says why each step is as it is.
+engine's graph-pool memory model (capture.memory_model) and with one-time compilation kept out
+of capture times; what it returns, and its table, are capture.result's. docs/design.md,
+"Choosing the batch sizes", says why each step is as it is.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import statistics
-import textwrap
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from capture.distribution import BatchDistribution
 from capture.measurements import GraphMeasurement, Measurements
-from dual_graph_worker.core.jsonio import need_field, need_mapping, need_number
-from capture.padding import DEFAULT_WORK_LIMIT, PoolMemory, PoolProblem, expected_waste, solve
+from capture.memory_model import MemoryModel
+from capture.padding import DEFAULT_WORK_LIMIT, PoolProblem, expected_waste, solve
+from capture.result import (COMPILE_OUTLIER_FACTOR, CaptureOutlier, Crossover, ThroughputPoint,
+                            Totals, TuningResult, capped)
 from capture.units import format_bytes
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.calibration import CalibrationTable
 
 
-# A graph's own share of a graph pool where the measurements cannot tell it: one 2 MiB segment
-# of the caching allocator (about 2 MiB a graph between SGLang's H200 servers).
-SEGMENT_BYTES = 2 << 20
-# A graph pool per mode without total_pool_bytes: the H200 servers measured 1.6-1.9x the pools'
-# largest graphs alone (docs/design.md); 2 keeps the budget on the safe side.
-FALLBACK_PEAK_FACTOR = 2.0
-# A capture_s above this multiple of its mode's median is one-time compilation, not per graph.
-COMPILE_OUTLIER_FACTOR = 5.0
-_TABLE_WIDTH = 100
-
-
 class TuningError(ConfigError):
     """The inputs admit no valid choice (budget too small, speculation never pays, ...)."""
-
-
-class PoolWords(NamedTuple):
-    every: str      # where every graph's memory is counted
-    chosen: str     # what the chosen graphs' figure is
-    saved: str      # the memory a smaller choice saves
-
-
-POOL_WORDS = {"shared": PoolWords("in one shared pool", "shared pool", "shared-pool"),
-              "per-mode": PoolWords("in a graph pool per mode", "by the model", "graph-pool")}
-
-
-@dataclass(frozen=True)
-class MemoryModel:
-    """memory(S) = peak_factor x (largest isolated pool_bytes of each graph pool's keys in S)
-    + per_graph_bytes x |S| (docs/design.md, "Memory").
-
-    pools "shared": both modes in one graph pool (the reference engine), peak_factor 1;
-    per_graph_bytes = ceil((total - peak) / keys) from the measurements' every-key-together
-    capture. pools "per-mode": a graph pool per mode, the spec runners' together (SGLang),
-    measured as a server measures them, runner buffers and all; per_graph_bytes = SEGMENT_BYTES
-    and peak_factor = (total - per_graph_bytes x keys) / (spec peak + decode peak), at least 1.
-    source "fallback": no total_pool_bytes was recorded (SEGMENT_BYTES a graph, and
-    FALLBACK_PEAK_FACTOR per mode). `measured_*` say what the fit was made from."""
-
-    per_graph_bytes: int
-    source: str
-    pools: str = "shared"
-    peak_factor: float = 1.0
-    measured_total_bytes: Optional[int] = None
-    measured_peak_bytes: Optional[int] = None     # the peaks' sum: one per graph pool
-    measured_keys: Optional[int] = None
-
-    SOURCES = ("total_pool_bytes", "fallback")
-    KINDS = {"shared": "shared-pool", "per-mode": "pool-per-mode"}   # pools -> JSON kind
-
-    def __post_init__(self) -> None:
-        if self.source not in self.SOURCES:
-            raise ConfigError(f"memory model source must be one of {list(self.SOURCES)}, got "
-                              f"{self.source!r}")
-        if self.pools not in self.KINDS:
-            raise ConfigError(f"memory model pools must be one of {list(self.KINDS)}, got "
-                              f"{self.pools!r}")
-        if self.shared and self.peak_factor != 1.0:
-            raise ConfigError(f"a shared-pool memory model counts its peak once: peak_factor "
-                              f"must be 1, got {self.peak_factor!r}")
-        self.pool_memory()    # checks per_graph_bytes and peak_factor
-
-    @property
-    def shared(self) -> bool:
-        return self.pools == "shared"
-
-    def pool_memory(self) -> PoolMemory:
-        """The model as the solver applies it to (spec, decode) problems."""
-        return PoolMemory(self.per_graph_bytes, self.peak_factor, self.shared)
-
-    @classmethod
-    def from_measurements(cls, m: Measurements) -> "MemoryModel":
-        # SGLang keeps a graph pool per runner; the reference engine one for every graph.
-        if m.meta.get("engine") == "sglang":
-            return cls._per_mode(m)
-        if m.total_pool_bytes is None:
-            return cls(SEGMENT_BYTES, "fallback")
-        peak = max(g.pool_bytes for g in m.graphs)
-        per_graph = max(0, math.ceil((m.total_pool_bytes - peak) / len(m.graphs)))
-        return cls(per_graph, "total_pool_bytes", measured_total_bytes=m.total_pool_bytes,
-                   measured_peak_bytes=peak, measured_keys=len(m.graphs))
-
-    @classmethod
-    def _per_mode(cls, m: Measurements) -> "MemoryModel":
-        if m.total_pool_bytes is None:
-            return cls(SEGMENT_BYTES, "fallback", "per-mode", FALLBACK_PEAK_FACTOR)
-        peaks = sum(max(g.pool_bytes for g in m.graphs if g.key.mode is mode) for mode in Mode)
-        # One together-capture fits one parameter: the factor; a graph's share stays a segment.
-        rest = m.total_pool_bytes - SEGMENT_BYTES * len(m.graphs)
-        factor = max(1.0, rest / peaks) if peaks else 1.0
-        return cls(SEGMENT_BYTES, "total_pool_bytes", "per-mode", factor, m.total_pool_bytes,
-                   peaks, len(m.graphs))
-
-    def memory(self, graphs: Iterable[GraphMeasurement]) -> int:
-        chosen = list(graphs)
-        return self.pool_memory().bytes([[g.pool_bytes for g in chosen if g.key.mode is mode]
-                                         for mode in (Mode.SPEC, Mode.DECODE)])
-
-    @property
-    def words(self) -> "PoolWords":
-        """How this layout's memory is named in tables and reports."""
-        return POOL_WORDS[self.pools]
-
-    def tops_text(self, tops: tuple[int, int]) -> str:
-        """The peak part of the (spec top, decode top) choice, spelled out."""
-        if self.shared:
-            return f"one shared pool: the larger top's isolated {format_bytes(max(tops))}"
-        return (f"a pool per mode: {self.peak_factor:.2f} x (the tops' isolated "
-                f"{format_bytes(tops[0])} + {format_bytes(tops[1])})")
-
-    def rows_note(self) -> str:
-        """How a tuning table's per-pool rows relate to its chosen/all rows."""
-        if self.shared:
-            return ("(spec, decode: each pool's graphs alone; chosen, all: both pools in one "
-                    "shared pool, so their memory is not the sum of the rows; all: every "
-                    "measured graph, its waste over the same pool ranges)")
-        return ("(spec, decode: each pool's graphs in its own graph pool; chosen, all: both "
-                "pools, their memory the sum of the rows; all: every measured graph, its waste "
-                "over the same pool ranges)")
-
-    def short_formula(self) -> str:
-        """formula() in a plot title's few words."""
-        per_graph = f"{format_bytes(self.per_graph_bytes)}/graph"
-        if self.shared:
-            return f"shared pool of all: largest + {per_graph}"
-        return f"a pool per mode: {self.peak_factor:.2f} x each mode's largest + {per_graph}"
-
-    def formula(self) -> str:
-        graphs = f"{format_bytes(self.per_graph_bytes)} x graphs"
-        if self.shared:
-            return f"shared pool = largest isolated pool of the chosen graphs + {graphs}"
-        return (f"a pool per mode = {self.peak_factor:.2f} x (largest isolated spec key + "
-                f"largest isolated decode key of the chosen) + {graphs}")
-
-    def describe(self) -> str:
-        if self.source == "fallback":
-            why = ("2 MiB a graph is one allocator segment each, conservative" if self.shared
-                   else f"{FALLBACK_PEAK_FACTOR:g}x the peaks and a segment a graph, "
-                        "conservative on the H200")
-            return f"{self.formula()} (fallback: the measurements have no total_pool_bytes; {why})"
-        total = (f"from total_pool_bytes: all {self.measured_keys} keys captured together took "
-                 f"{format_bytes(self.measured_total_bytes or 0)}")
-        if self.shared:
-            return (f"{self.formula()} ({total}, the largest alone "
-                    f"{format_bytes(self.measured_peak_bytes or 0)})")
-        return (f"{self.formula()} ({total} as a server measures its pools, the two modes' "
-                f"largest keys alone {format_bytes(self.measured_peak_bytes or 0)}; one "
-                "together-capture fits the factor, a graph's own share is one allocator segment)")
-
-    def to_json(self) -> dict:
-        out: dict = {"kind": self.KINDS[self.pools], "per_graph_bytes": self.per_graph_bytes,
-                     "source": self.source}
-        if not self.shared:
-            out["peak_factor"] = self.peak_factor
-        if self.source == "total_pool_bytes":
-            out.update(measured_total_bytes=self.measured_total_bytes,
-                       measured_peak_bytes=self.measured_peak_bytes,
-                       measured_keys=self.measured_keys)
-        return out
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "memory_model") -> "MemoryModel":
-        d = need_mapping(data, where)
-        pools = next((p for p, kind in cls.KINDS.items() if d.get("kind") == kind), None)
-        if pools is None:
-            raise ConfigError(f"{where}.kind must be one of {list(cls.KINDS.values())}, got "
-                              f"{d.get('kind')!r}")
-        source = need_field(d, "source", str, where)
-        extra = {} if source != "total_pool_bytes" else {
-            k: need_field(d, k, int, where)
-            for k in ("measured_total_bytes", "measured_peak_bytes", "measured_keys")}
-        factor = 1.0 if pools == "shared" else need_number(d, "peak_factor", where,
-                                                            allow_zero=False)
-        return cls(need_field(d, "per_graph_bytes", int, where), source, pools, factor, **extra)
-
-
-class CaptureOutlier(NamedTuple):
-    """A capture time replaced by its mode's median: one-time compilation, not per graph."""
-
-    key: GraphKey
-    measured_s: float
-    median_s: float
-
-    def to_json(self) -> dict:
-        return {"mode": self.key.mode.value, "bs": self.key.bs, "measured_s": self.measured_s,
-                "used_s": self.median_s}
 
 
 def find_compile_outliers(m: Measurements, factor: float = COMPILE_OUTLIER_FACTOR
@@ -236,38 +54,6 @@ def replace_capture_s(m: Measurements, outliers: Iterable[CaptureOutlier]) -> Me
         dataclasses.replace(g, capture_s=fix[g.key]) if g.key in fix else g for g in m.graphs))
 
 
-class ThroughputPoint(NamedTuple):
-    bs: int
-    spec_tok_s: float
-    decode_tok_s: float
-
-    @property
-    def spec_wins(self) -> bool:
-        return self.spec_tok_s > self.decode_tok_s
-
-
-@dataclass(frozen=True)
-class Crossover:
-    """Predicted throughput at every measured spec bs, and where speculation stops paying
-    (`bs`: the largest bs where it wins; None when it never does)."""
-
-    accept_len: float
-    points: tuple[ThroughputPoint, ...]
-    bs: Optional[int]
-
-    def point(self, bs: int) -> Optional[ThroughputPoint]:
-        return next((p for p in self.points if p.bs == bs), None)
-
-    def first_loss_above(self) -> Optional[ThroughputPoint]:
-        return next((p for p in self.points if self.bs is not None and p.bs > self.bs), None)
-
-    def losses_below(self) -> tuple[ThroughputPoint, ...]:
-        """The sizes below the crossover where decode measured faster: the rule takes the
-        largest win, so a noisy win above a loss would otherwise hide that loss."""
-        return tuple(p for p in self.points
-                     if self.bs is not None and p.bs < self.bs and not p.spec_wins)
-
-
 @dataclass(frozen=True)
 class PoolPlan:
     """The two pool problems (candidates up to each top, with their costs) and the crossover."""
@@ -275,62 +61,6 @@ class PoolPlan:
     crossover: Crossover
     spec: PoolProblem
     decode: PoolProblem
-
-
-class Totals(NamedTuple):
-    """A set of graphs: how many, their expected padding waste, memory and capture time."""
-
-    graphs: int
-    waste_tokens: float        # expected padded tokens per step, spec pool + decode pool
-    memory_bytes: int          # the memory model (MemoryModel) of these graphs together
-    capture_s: float
-    # Each graph's pool growth captured alone, summed: no pool sharing, so an upper bound.
-    isolated_sum_bytes: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class TuningResult:
-    """The chosen pools, why (crossover), and what they cost against capturing everything."""
-
-    spec_bs: tuple[int, ...]
-    decode_bs: tuple[int, ...]
-    crossover: Crossover
-    accept_len: float
-    num_draft_tokens: int
-    distribution: BatchDistribution
-    memory_budget_bytes: int
-    time_budget_s: float
-    chosen_by_mode: Mapping[Mode, Totals]
-    # Every measured key of the mode; its waste is taken over the same pool range as the chosen
-    # set (graphs beyond the ranges add memory and capture time, never less padding).
-    all_by_mode: Mapping[Mode, Totals]
-    useful_tokens_by_mode: Mapping[Mode, float]   # expected real tokens per step in each range
-    calibration: CalibrationTable
-    exact: bool
-    gpu_label: str
-    fingerprint: str
-    synthetic: bool
-    chosen: Totals             # both pools together (memory: the model's, not a row sum)
-    all_candidates: Totals
-    memory_model: MemoryModel
-    # Capture times over COMPILE_OUTLIER_FACTOR x their mode's median; replaced by the median
-    # in every cost above when exclude_compile_outlier, else only reported.
-    capture_outliers: tuple[CaptureOutlier, ...] = ()
-    exclude_compile_outlier: bool = True
-    one_time_compile_s: Optional[float] = None    # measurements' meta, when measured
-    spec_max_bs: Optional[int] = None     # the spec pool's cap below the crossover, if any
-
-    @property
-    def crossover_bs(self) -> Optional[int]:
-        return self.crossover.bs
-
-    @property
-    def threshold_bs(self) -> Optional[int]:
-        """The crossover as a threshold prior: never above the spec pool's cap."""
-        return capped(self.crossover.bs, self.spec_max_bs)
-
-    def table(self) -> str:
-        return format_table(self)
 
 
 def find_crossover(measurements: Measurements, accept_len: float) -> Crossover:
@@ -350,11 +80,6 @@ def find_crossover(measurements: Measurements, accept_len: float) -> Crossover:
         points.append(ThroughputPoint(bs, bs * accept_len / spec.replay_s, bs / dec.replay_s))
     wins = [p.bs for p in points if p.spec_wins]
     return Crossover(accept_len, tuple(points), max(wins) if wins else None)
-
-
-def capped(bs: Optional[int], cap: Optional[int]) -> Optional[int]:
-    """A batch size under an optional cap (--spec-max-bs)."""
-    return bs if bs is None or cap is None else min(bs, cap)
 
 
 def check_accept_len(accept_len: float, k: int) -> None:
@@ -516,95 +241,3 @@ def _infeasible_message(plan: PoolPlan, model: MemoryModel, mem_budget: int,
             f"({model.tops_text(tops)} + 2 x {format_bytes(model.per_graph_bytes)} a graph) "
             f"and {t:.2f} s of capture: over budget. Raise {' and '.join(over)}, or cap the "
             "batch-size distribution lower")
-
-
-def format_table(r: TuningResult) -> str:
-    cross = r.crossover
-    at = cross.point(cross.bs) if cross.bs is not None else None
-    loss = cross.first_loss_above()
-    detail = [f"{at.spec_tok_s:.0f} vs {at.decode_tok_s:.0f} tok/s"] if at else []
-    below = cross.losses_below()
-    if below:
-        detail.append(f"decode faster at bs={','.join(str(p.bs) for p in below)}")
-    lines = [
-        f"capture tuning: {r.gpu_label}, model {r.fingerprint}, K={r.num_draft_tokens}"
-        + ("  [SYNTHETIC measurements: not for deployment]" if r.synthetic else ""),
-        f"accept length {r.accept_len:.2f}; batch sizes {r.distribution.description} "
-        f"(mean {r.distribution.mean():.1f}, max {r.distribution.max_bs})",
-        f"crossover: speculation pays up to bs={cross.bs}"
-        + (f" ({'; '.join(detail)})" if detail else "")
-        + (f"; decode wins at bs={loss.bs} ({loss.spec_tok_s:.0f} vs {loss.decode_tok_s:.0f})"
-           if loss else "")
-        + (f"; spec pool capped at bs={r.spec_max_bs} (--spec-max-bs)"
-           if r.threshold_bs != cross.bs else ""),
-        f"budgets: memory {format_bytes(r.memory_budget_bytes)}, capture time "
-        f"{r.time_budget_s:g} s"
-        + ("" if r.exact else "  (not proven optimal: work limit reached; Lagrangian choice)"),
-    ]
-    lines += wrap_note(f"memory model: {r.memory_model.describe()}; 'isolated sum' is each graph's "
-                   "pool captured alone, summed (no sharing), shown for comparison only")
-    for note in _capture_notes(r):
-        lines += wrap_note(note)
-    lines += [
-        "",
-        f"{'':8}{'graphs':>8}{'waste tok/step':>16}{'waste %':>9}{'memory':>12}"
-        f"{'isolated sum':>14}{'capture':>10}",
-    ]
-    for mode in (Mode.SPEC, Mode.DECODE):
-        t, useful = r.chosen_by_mode[mode], r.useful_tokens_by_mode[mode]
-        # No batch in the pool's range (e.g. every batch above the crossover): no percentage.
-        pct = f"{100 * t.waste_tokens / useful:.1f}%" if useful > 0 else "-"
-        lines.append(_row(mode.value, t, pct))
-    c, a = r.chosen, r.all_candidates
-    lines += [
-        _row("chosen", c, ""),
-        _row("all", a, ""),
-    ]
-    lines += wrap_note(r.memory_model.rows_note(), indent="")
-    saved_iso = (a.isolated_sum_bytes or 0) - (c.isolated_sum_bytes or 0)
-    lines += wrap_note(f"saved {a.graphs - c.graphs} graphs, "
-                   f"{format_bytes(a.memory_bytes - c.memory_bytes)} of "
-                   f"{r.memory_model.words.saved} memory "
-                   f"({format_bytes(saved_iso)} by the isolated sum) and "
-                   f"{a.capture_s - c.capture_s:.2f} s of capture, for "
-                   f"{c.waste_tokens - a.waste_tokens:+.2f} padded tokens per step")
-    lines += [
-        "",
-        f"spec bs   ({len(r.spec_bs)}): {' '.join(map(str, r.spec_bs))}",
-        f"decode bs ({len(r.decode_bs)}): {' '.join(map(str, r.decode_bs))}",
-    ]
-    return "\n".join(lines)
-
-
-def _capture_notes(r: TuningResult) -> list[str]:
-    out = []
-    if r.one_time_compile_s is not None:
-        out.append(f"capture time: a one-time compile warm-up of {r.one_time_compile_s:.2f} s was "
-                   "measured apart (paid once at start-up, not per graph; not in the budget)")
-    if r.capture_outliers:
-        listed = "; ".join(f"{o.key.mode.value} bs={o.key.bs} {o.measured_s:.3f} s -> "
-                           f"{o.median_s:.3f} s" for o in r.capture_outliers)
-        n = len(r.capture_outliers)
-        head = (f"capture time: {n} value{'s' if n > 1 else ''} over "
-                f"{COMPILE_OUTLIER_FACTOR:g}x {'their' if n > 1 else 'its'} mode's median ")
-        if r.exclude_compile_outlier:
-            once = sum(o.measured_s - o.median_s for o in r.capture_outliers)
-            out.append(head + f"REPLACED by that median: {listed}. The first capture of a mode "
-                       f"pays one-time Triton JIT compilation (~{once:.2f} s here), once at "
-                       "start-up whatever is chosen, not per graph, so it is not counted "
-                       "(--no-exclude-compile-outlier keeps the measured values)")
-        else:
-            out.append(head + f"kept as measured (--no-exclude-compile-outlier): {listed}")
-    return out
-
-
-def wrap_note(text: str, indent: str = "  ") -> list[str]:
-    """A note as report lines: the table's width, continuation lines indented."""
-    return textwrap.wrap(text, _TABLE_WIDTH, subsequent_indent=indent, break_long_words=False,
-                         break_on_hyphens=False)
-
-
-def _row(name: str, t: Totals, pct: str) -> str:
-    iso = format_bytes(t.isolated_sum_bytes) if t.isolated_sum_bytes is not None else "-"
-    return (f"{name:8}{t.graphs:>8}{t.waste_tokens:>16.2f}{pct:>9}"
-            f"{format_bytes(t.memory_bytes):>12}{iso:>14}{t.capture_s:>9.2f}s")

@@ -130,7 +130,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "capture-measure": (_forward("capture.measure"), "GPU: measure every candidate graph"),
     "capture-tune": (_forward("capture.cli", prefix=("tune",)), "choose pool batch sizes"),
     "capture-report": (_forward("capture.cli", prefix=("report",)), "tables and plots of measurements"),
-    "capture-flags": (_forward("dual_graph_worker.engines.sglang.capture_config"),
+    "capture-flags": (_forward("capture.sglang_flags"),
                       "SGLang flags and env for a tuned capture config"),
     "settings": (_settings, "every DGW_* setting, or --check this environment"),
 }

@@ -13,8 +13,8 @@ import pytest
 from capture.distribution import parse_distribution
 from capture.measurements import Measurements, load_measurements
 from capture.synthetic import Cost, measurements_from_costs
-from capture.tuner import (FALLBACK_PEAK_FACTOR, SEGMENT_BYTES, MemoryModel,
-                           priced_graphs, tune)
+from capture.memory_model import FALLBACK_PEAK_FACTOR, SEGMENT_BYTES, MemoryModel
+from capture.tuner import priced_graphs, tune
 from dual_graph_worker.core.errors import ConfigError
 
 SGLANG_H200 = Path(__file__).resolve().parent.parent / "results" / "capture" / "sglang-h200"

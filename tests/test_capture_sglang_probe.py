@@ -227,7 +227,7 @@ def test_an_other_runners_bad_number_is_refused_too():
 
 
 def test_sglang_measurements_tune_into_a_config_that_says_where_it_was_measured(tmp_path):
-    from dual_graph_worker.engines.sglang.capture_config import capture_flags
+    from capture.sglang_flags import capture_flags
 
     m = measurements_from_probe(_probe())
     save_measurements(m, tmp_path / "m.json")

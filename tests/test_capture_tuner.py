@@ -11,8 +11,9 @@ from capture.distribution import BatchDistribution, parse_distribution
 from capture.measurements import load_measurements
 from capture.padding import expected_waste
 from capture.synthetic import SHARED_RESIDUE_BYTES, Cost, measurements_from_costs
-from capture.tuner import (SEGMENT_BYTES, MemoryModel, TuningError,
-                           find_compile_outliers, find_crossover, plan_pools, tune)
+from capture.memory_model import SEGMENT_BYTES, MemoryModel
+from capture.tuner import (TuningError, find_compile_outliers, find_crossover, plan_pools,
+                           tune)
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode

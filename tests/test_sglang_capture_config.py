@@ -18,9 +18,9 @@ from dual_graph_worker.engines.reference.capture_config import model_shape
 from dual_graph_worker.core.capture_schema import GpuInfo, model_fingerprint
 from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE
 from dual_graph_worker.cli import main as dgw_main
+from capture.sglang_flags import main as flags_main
 from dual_graph_worker.engines.sglang.capture_config import (
     load_server_capture_config,
-    main as flags_main,
     plan_capture,
     sglang_model_shape,
     spec_list_warning,

@@ -2,19 +2,17 @@
 
 Read from ``DGW_CAPTURE_CONFIG`` before any graph is captured: it sets the decode pool's batch
 sizes and the threshold policy's threshold, refuses a config tuned for another GPU or model
-shape, and, since the spec pool is SGLang's to capture, prints or logs the server flags that
-match it (``dgw capture-flags``). Nothing here imports SGLang. docs/sglang-0.5.17.md §2,
-"A tuned capture config", says why and where its numbers fall short.
+shape, and, since the spec pool is SGLang's to capture, warns when the server's spec list is not
+the config's (``dgw capture-flags``, capture/sglang_flags.py, prints the flags that match it).
+Nothing here imports SGLang. docs/sglang-0.5.17.md §2, "A tuned capture config", says why and
+where its numbers fall short.
 """
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
-from pathlib import Path
 from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.capture_schema import (GpuInfo, ServingCapture, build_model_shape,
                                                    load_capture)
 from dual_graph_worker.core.calibration import CalibrationTable
@@ -25,8 +23,6 @@ from dual_graph_worker.core.errors import ConfigError, StaleConfig
 CAPTURE_CONFIG_ENV = BY_KEY["capture_config"].env
 THRESHOLD_ENV = BY_KEY["threshold"].env
 CALIBRATION_ENV = BY_KEY["calibration"].env
-# Placeholders of a launch line printed without the models' paths.
-_TARGET, _DRAFT = "TARGET", "EAGLE3_DRAFT"
 
 
 class CapturePlan(NamedTuple):
@@ -43,32 +39,6 @@ class CapturePlan(NamedTuple):
                else f"the config's crossover; set {THRESHOLD_ENV} to override")
         return (f"capture config {self.source}: decode pool bs={list(self.decode_bs)}, "
                 f"threshold {self.config.threshold} ({why})")
-
-
-class CaptureFlags(NamedTuple):
-    """How to start an SGLang server that runs a capture config's pools: the plugin reads both
-    lists from the config (the spec list through SGLang's arguments, the decode list itself)."""
-
-    env: tuple[tuple[str, str], ...]    # DGW_* settings for the worker
-    server_args: tuple[str, ...]        # the speculative flags the config was tuned with
-
-    def render(self, capture: ServingCapture, target: str = _TARGET,
-               draft: str = _DRAFT) -> str:
-        env = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.env)
-        lines = [f"# spec pool bs={list(capture.spec_bs)}, decode pool bs="
-                 f"{list(capture.decode_bs)}: the plugin applies both at start-up; the goodput "
-                 "controller chooses the mode per step",
-                 f"{env} python -m sglang.launch_server --model-path {shlex.quote(target)} "
-                 f"--speculative-draft-model-path {shlex.quote(draft)} "
-                 f"{' '.join(self.server_args)}",
-                 f"# tuned on {capture.gpu.describe()} for model shape "
-                 f"{capture.model.fingerprint}, accept length {capture.accept_len:g}; measured "
-                 + ("on this worker's SGLang graphs (make capture-measure ENGINE=sglang)"
-                    if capture.measured_on == "sglang" else
-                    "on the reference engine's graphs (capture.measure), not SGLang's")]
-        if capture.synthetic:
-            lines.append("# WARNING: tuned on SYNTHETIC measurements (tests and demos only)")
-        return "\n".join(lines)
 
 
 def sglang_model_shape(target: Any, draft: Any, *, num_steps: int, attention_backend: str,
@@ -147,41 +117,3 @@ def spec_list_warning(server_bs: Sequence[int], plan: CapturePlan,
     return (f"dual-graph: the server captures its speculative pool at bs={have}, but "
             f"{plan.source} was tuned for bs={want}: was {CAPTURE_CONFIG_ENV} set in the "
             "launching shell (the plugin sets SGLang's list from it before the scheduler starts)?")
-
-
-def capture_flags(capture: ServingCapture, path: str) -> CaptureFlags:
-    """The environment and flags that make a server run the config at `path`."""
-    k = capture.num_draft_tokens
-    flags = ("--speculative-algorithm", "DUAL_GRAPH_EAGLE3", "--speculative-num-steps", str(k),
-             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1),
-             "--attention-backend", capture.model.shape.get("attention_backend", "triton"))
-    return CaptureFlags(((CAPTURE_CONFIG_ENV, str(path)),), flags)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``dgw capture-flags CONFIG``: what to pass to SGLang and the worker for a capture config."""
-    ap = OneLineParser(
-        prog="dgw capture-flags",
-        description="Print the launch line that runs a tuned capture config: DGW_CAPTURE_CONFIG "
-                    "and the speculative flags it was tuned with. The GPU / model-shape check "
-                    "happens when the server starts.")
-    ap.add_argument("config", help="capture config JSON (make capture-tune)")
-    ap.add_argument("--server-args", action="store_true",
-                    help="print only the SGLang flags, for $(dgw capture-flags --server-args F)")
-    ap.add_argument("--model-path", default=_TARGET, help="the target model, for the line")
-    ap.add_argument("--draft-model-path", default=_DRAFT,
-                    help="the EAGLE-3 draft model, for the line")
-    args = ap.parse_args(argv)
-    if args.server_args and (args.model_path != _TARGET or args.draft_model_path != _DRAFT):
-        ap.error("--server-args prints only the speculative flags; drop --model-path and "
-                 "--draft-model-path, or --server-args for the whole launch line")
-    path = str(Path(args.config).resolve())   # the server may start from another directory
-    capture = load_capture(path)    # a ConfigError here is one line from `dgw`
-    flags = capture_flags(capture, path)
-    print(" ".join(flags.server_args) if args.server_args
-          else flags.render(capture, args.model_path, args.draft_model_path))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
