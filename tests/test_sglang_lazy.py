@@ -931,15 +931,24 @@ class _RowPool:
         return self.size - self.used
 
 
-def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, lazy_worker,
-                                                                         monkeypatch):
-    """A wave of long prompts reaches the worker in chunks: the first chunk's preview prices the
-    draft's prefill of its own prompts and of those queued behind it that the request pool can
-    admit, at its mean, with what the draft owes the running batch it joins."""
+def _extend_batch(rows, length, queued=0, in_batch=False):
+    """A prefill batch of request-pool `rows`, each `length` tokens long after it."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    n = len(rows)
+    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=in_batch,
+                           seq_lens=torch.full((n,), length), seq_lens_cpu=torch.full((n,), length),
+                           extend_num_tokens=length * n, req_pool_indices_cpu=torch.tensor(rows),
+                           dgw_queued_requests=queued)
+
+
+def _previewing(lazy_worker, monkeypatch, pending_per_row):
+    """A lazy worker whose prefills defer when the next step decodes, and the previews it
+    asks its planner for."""
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 100 * len(rows),
+    lazy = SimpleNamespace(on_prefill=lambda b: None,
+                           pending_tokens=lambda rows: pending_per_row * len(rows),
                            defers_prefill_of=lambda b, decodes: decodes())
     w = lazy_worker(lazy)
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
@@ -948,13 +957,16 @@ def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, laz
     previews = []
     preview = w.planner.preview
     w.planner.preview = lambda bs, **kw: previews.append((bs, kw)) or preview(bs, **kw)
+    return w, previews
 
-    def chunk(rows, queued):
-        n = len(rows)
-        return SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
-                               seq_lens=torch.full((n,), 2048), seq_lens_cpu=torch.full((n,), 2048),
-                               extend_num_tokens=2048 * n, req_pool_indices_cpu=torch.tensor(rows),
-                               dgw_queued_requests=queued)
+
+def test_a_prefills_preview_prices_the_drafts_prefill_of_the_whole_wave(sgl, lazy_worker,
+                                                                         monkeypatch):
+    """A wave of long prompts reaches the worker in chunks: the first chunk's preview prices the
+    draft's prefill of its own prompts and of those queued behind it that the request pool can
+    admit, at its mean, with what the draft owes the running batch it joins."""
+    w, previews = _previewing(lazy_worker, monkeypatch, pending_per_row=100)
+    chunk = lambda rows, queued: _extend_batch(rows, 2048, queued)
 
     w.req_to_token_pool.used = 4                       # an idle server: the wave's first chunk
     w.forward_batch_generation(chunk([0, 1, 2, 3], queued=60))
@@ -977,27 +989,11 @@ def test_a_prefills_preview_prices_the_running_requests_at_their_own_context(
         sgl, lazy_worker, monkeypatch):
     """Spec steps grow with context far faster than decode's: a short prompt joining requests
     8k tokens deep previews the batch at their 8k, not at the short prompt's length."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-    lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
-                           defers_prefill_of=lambda b, decodes: decodes())
-    w = lazy_worker(lazy)
-    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
-                        lambda self, batch, on_publish=None, grammar_barrier=None: "prefill")
-    monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish: "deferred")
-    previews = []
-    preview = w.planner.preview
-    w.planner.preview = lambda bs, **kw: previews.append((bs, kw)) or preview(bs, **kw)
+    w, previews = _previewing(lazy_worker, monkeypatch, pending_per_row=0)
 
     def prefill(rows, length, queued=0):
-        n = len(rows)
         w.req_to_token_pool.used = max(rows) + 1
-        return w.forward_batch_generation(SimpleNamespace(
-            forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
-            seq_lens=torch.full((n,), length), seq_lens_cpu=torch.full((n,), length),
-            extend_num_tokens=length * n, req_pool_indices_cpu=torch.tensor(rows),
-            dgw_queued_requests=queued))
+        return w.forward_batch_generation(_extend_batch(rows, length, queued))
 
     prefill([0, 1, 2, 3], 8192)
     w._context.advanced(np.arange(4), [3.0] * 4, 12)           # a step of theirs
@@ -1010,7 +1006,6 @@ def test_a_prefill_under_mlp_sync_is_admitted_by_the_worker(sgl, lazy_worker, mo
     """SGLang sets is_extend_in_batch on every prefill when MLP sync is on (an MoE all-to-all
     backend, no DP attention): the worker's own prefill still runs, so the request is admitted
     (its row's backlog and estimates reset) and its draft prefill may be deferred."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
@@ -1023,10 +1018,7 @@ def test_a_prefill_under_mlp_sync_is_admitted_by_the_worker(sgl, lazy_worker, mo
     observe = w.planner.policy.observe
     w.planner.policy.observe = lambda e: admitted.append(type(e).__name__) or observe(e)
     w.req_to_token_pool.used = 2
-    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=True,
-                            seq_lens=torch.full((2,), 64), seq_lens_cpu=torch.full((2,), 64),
-                            extend_num_tokens=128, req_pool_indices_cpu=torch.tensor([0, 1]))
-    assert w.forward_batch_generation(batch) == "deferred"
+    assert w.forward_batch_generation(_extend_batch([0, 1], 64, in_batch=True)) == "deferred"
     assert admitted == ["Admitted"]
 
 
@@ -1050,7 +1042,6 @@ def test_both_kinds_of_prefill_are_stamped_once_launched(sgl, lazy_worker, monke
     """Their costs are compared (the draft's prefill rate is the difference): each is stamped
     after its own launch, as a decode step is, so neither holds its host launch and the other
     not."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     lazy = SimpleNamespace(on_prefill=lambda b: None, pending_tokens=lambda rows: 0,
@@ -1061,10 +1052,7 @@ def test_both_kinds_of_prefill_are_stamped_once_launched(sgl, lazy_worker, monke
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", launch)
     monkeypatch.setattr(type(w), "_deferred_prefill", launch)
     w.req_to_token_pool.used = 2
-    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, is_extend_in_batch=False,
-                            seq_lens=torch.full((2,), 64), seq_lens_cpu=torch.full((2,), 64),
-                            extend_num_tokens=128, req_pool_indices_cpu=torch.tensor([0, 1]))
-    assert w.forward_batch_generation(batch) == "launched"
+    assert w.forward_batch_generation(_extend_batch([0, 1], 64)) == "launched"
     assert stamped_at_launch == [0] and w._clock.peek().draft is not deferred
 
 
