@@ -304,6 +304,7 @@ def test_a_requests_unlucky_first_draws_do_not_write_it_off_where_requests_accep
             q.observe(accepted(Mode.SPEC, np.where(rows < 8, 4.0, 1.0), rows))
     assert q.estimates().acceptance.own_accept_weight == pytest.approx(1.0)
     assert q.expected_accept(hard) == pytest.approx(1.0)
+    assert q.expected_accept(easy) == pytest.approx(4.0)
 
 
 def _differing_requests() -> GoodputController:

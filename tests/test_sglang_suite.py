@@ -672,7 +672,7 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
     from dual_graph_worker.core.modes import Mode
     from dual_graph_worker.core.policy import Reason
     from dual_graph_worker.core.results import StepRecord
-    from dual_graph_worker.core.step_log import StepLogWriter, read_step_events
+    from dual_graph_worker.core.step_log import StepLogWriter
 
     log = StepLogWriter(tmp_path / "steps.jsonl")
     for i, (t, mode, seconds, caught) in enumerate(
