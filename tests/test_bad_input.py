@@ -95,26 +95,33 @@ def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm
 
 
 @pytest.mark.parametrize("mode", [Mode.SPEC, Mode.DECODE])
-def test_failure_inside_a_step_returns_its_slots_and_keeps_requests(mode, toy_engine, toy_perm,
-                                                                    make_worker, slot_check):
-    """An exception while the step runs (e.g. a device error) cancels the step's slot plan."""
+@pytest.mark.parametrize("fails_in", ["run", "download"])
+def test_failure_inside_a_step_returns_its_slots_and_keeps_requests(mode, fails_in, toy_engine,
+                                                                    toy_perm, make_worker,
+                                                                    slot_check):
+    """An exception while the step runs (e.g. a device error) cancels the step's slot plan; one
+    after its stages ran (reading the result back) also puts back the rows' tokens and draft
+    state the stages moved on, so the requests' later tokens are still the target's."""
     prompts = [[5, 6], [7, 8, 9]]
     w = make_worker(toy_engine("f100"), PinnedPolicy(mode=mode, num_draft_tokens=K))
     w.add_requests(prompts, 12)
     w.step()
     free_before, lens_before = w.kv.allocator.num_free, w.table.seq_lens.copy()
-    real_run = w.runner.run
+    owner = w.runner if fails_in == "run" else w.bufs
+    real = getattr(owner, fails_in)
 
     def boom(*a, **kw):
+        if fails_in == "download":
+            real(*a, **kw)                            # the stages ran, their results came back
         raise RuntimeError("simulated device failure")
 
-    w.runner.run = boom
+    setattr(owner, fails_in, boom)
     with pytest.raises(RuntimeError, match="simulated"):
         w.step()
     assert w.kv.allocator.num_free == free_before
     assert (w.table.seq_lens == lens_before).all() and w.num_running == 2
     slot_check(w)
-    w.runner.run = real_run
+    setattr(owner, fails_in, real)
     while w.num_running:
         w.step()
     outs = {f.rid: f.output for f in w.take_finished()}

@@ -86,6 +86,20 @@ class ReferenceEngine:
         self.aux_width = len(t.capture_layers) * t.hidden_size
         self._stash: Optional[torch.Tensor] = None      # lazy continuity: features per KV slot
 
+    def save_rows(self, rows: np.ndarray) -> RequestState:
+        """A copy of `rows`' per-request state, which every step moves on."""
+        idx = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+        st = self.state
+        return RequestState(st.last_token[idx], st.draft_token[idx], st.draft_hidden[idx])
+
+    def restore_rows(self, rows: np.ndarray, saved: RequestState) -> None:
+        """`rows`' state as save_rows found it: a step that failed part-way leaves no trace."""
+        idx = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+        st = self.state
+        st.last_token.index_copy_(0, idx, saved.last_token)
+        st.draft_token.index_copy_(0, idx, saved.draft_token)
+        st.draft_hidden.index_copy_(0, idx, saved.draft_hidden)
+
     # ------------------------------------------------------------------ description
     @property
     def vocab_size(self) -> int:

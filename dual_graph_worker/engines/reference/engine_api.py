@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -50,6 +50,12 @@ class Engine(Protocol):
                  tokens: np.ndarray, slots: np.ndarray) -> None:
         """Lazy continuity: draft extend over positions [start, end) of each row, from stashed
         target features. tokens/slots are the host mirrors [rows, ...] of those requests."""
+
+    def save_rows(self, rows: np.ndarray) -> Any:
+        """A copy of `rows`' per-request device state (what a step moves on)."""
+
+    def restore_rows(self, rows: np.ndarray, saved: Any) -> None:
+        """Put back what save_rows copied."""
 
     def describe(self) -> dict:
         """Engine name, attention backend, dtype, model shape: for reports and capture configs."""

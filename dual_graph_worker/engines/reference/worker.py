@@ -243,6 +243,7 @@ class DualGraphWorker:
                 self.stats.catch_up_tokens += caught_up
             plan = self.kv.plan(mode, bs)
             seq_before = self.table.seq_lens[rows]            # fancy indexing: a copy
+            saved = self.engine.save_rows(rows)
             try:
                 self.bufs.stage(rows, seq_before, plan.slots, padded)
                 self.bufs.upload()
@@ -255,7 +256,10 @@ class DualGraphWorker:
                     tokens[:, : plan.width] = staged_tokens[:bs, : plan.width]
                     accept = staged_accept[:bs].copy()
             except BaseException:
-                self.kv.cancel(plan)                  # nothing committed: no slot leaks
+                # Nothing committed: no slot leaks, and the rows' tokens and draft state are as
+                # before the step, so their requests go on exactly.
+                self.kv.cancel(plan)
+                self.engine.restore_rows(rows, saved)
                 raise
             with self.nvtx.stage_range("commit"):
                 result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
