@@ -67,3 +67,33 @@ def test_follow_steps_counts_from_the_mix_crossing_to_the_settled_mode():
     assert first["settled_mode"] == "spec" and first["steps_to_follow"] == 0
     assert second["settled_mode"] == "decode" and second["mix_crossed_at"] == 13
     assert second["steps_to_follow"] == 19 - 13
+
+
+def test_steps_are_tagged_with_the_phase_of_the_latest_prompt_issued():
+    """A step belongs to the phase the batch turns to: that of the latest prompt issued, not
+    of the next one (which tagged every boundary one prompt early)."""
+    pools = {"easy": np.arange(0, 32), "hard": np.arange(32, 64)}
+    source = ShiftingPrompts(("easy", "hard"), 4, pools, 64)
+    rng = np.random.default_rng(0)
+    assert source.phase == 0
+    prompts = source(rng, 4, 8)                      # phase 0's four
+    assert source.phase == 0 and all(p[-1] < 32 for p in prompts)
+    prompts = source(rng, 2, 8)                      # phase 1's first two
+    assert source.phase == 1 and all(p[-1] >= 32 for p in prompts)
+
+
+def test_a_phase_whose_prompts_all_joined_with_the_next_has_no_figures_not_a_crash(tmp_path):
+    """Two prompts a phase at concurrency 2: one admission issues a whole phase, so a phase may
+    run no step of its own. The run still ends with its JSON: that phase's figures are None."""
+    from dual_graph_worker.engines.reference.accept_shift import ShiftConfig, run_shift
+
+    cfg = ShiftConfig(("easy", "hard", "easy"), concurrency=2, requests_per_phase=2,
+                      input_len=8, output_len=8, hidden=64)
+    result = run_shift(cfg, log=lambda line: None)
+    assert result["tokens_equal_known_chain"]
+    rows = result["phases"]
+    assert len(rows) == 3
+    for row in rows:
+        ran = row["dynamic"]["tok_s"] is not None
+        assert (row["dynamic_over_best"] is not None) is ran
+        assert ran or sum(row["dynamic"]["modes"].values()) == 0

@@ -15,7 +15,6 @@ dynamic worker as on a server (e.g. DGW_EXPLORE_BUDGET).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -26,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from dual_graph_worker.core.errors import report_user_errors
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
@@ -66,12 +66,16 @@ class ShiftingPrompts:
 
     @property
     def phase(self) -> int:
-        return min(self.issued // self.per_phase, len(self.phases) - 1)
+        """The phase of the latest prompt issued (0 before any): what the batch now turns to."""
+        return self._phase_of(max(self.issued - 1, 0))
+
+    def _phase_of(self, prompt: int) -> int:
+        return min(prompt // self.per_phase, len(self.phases) - 1)
 
     def __call__(self, rng: np.random.Generator, n: int, length: int) -> list:
         body = rng.integers(0, self.vocab, size=(n, length))
         for i in range(n):
-            body[i, -1] = rng.choice(self.pools[self.phases[self.phase]])
+            body[i, -1] = rng.choice(self.pools[self.phases[self._phase_of(self.issued)]])
             self.issued += 1
         return body.tolist()
 
@@ -123,8 +127,13 @@ def _shift_run(worker, cfg: ShiftConfig, pools: dict, easy: np.ndarray) -> tuple
 
 
 def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> dict:
-    ckpt, perms, easy = write_two_cycle_checkpoints(
-        Path(tempfile.mkdtemp(prefix="dgw-shift-")), hidden=cfg.hidden)
+    # The engines hold their weights once built: the checkpoints go with the run.
+    with tempfile.TemporaryDirectory(prefix="dgw-shift-") as tmp:
+        ckpt, perms, easy = write_two_cycle_checkpoints(Path(tmp), hidden=cfg.hidden)
+        return _shifted(cfg, settings, log, ckpt, perms, easy)
+
+
+def _shifted(cfg: ShiftConfig, settings: Settings, log, ckpt, perms, easy) -> dict:
     context = needed_context(cfg.input_len, cfg.output_len, OUTPUT_SPREAD, cfg.num_draft_tokens)
     spec = toy_engine_spec(cfg.device, cfg.num_draft_tokens, cfg.concurrency, context)
     easy_np = easy.numpy()
@@ -147,13 +156,17 @@ def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> d
         row = {"phase": k, "kind": kind}
         for name in TRIO:
             steps = [s for s in traces[name] if s["phase"] == k]
-            row[name] = {"tok_s": sum(s["tokens"] for s in steps) / sum(s["seconds"] for s in steps),
+            seconds = sum(s["seconds"] for s in steps)
+            # A phase all of whose prompts one admission issued with the next's has no steps.
+            row[name] = {"tok_s": sum(s["tokens"] for s in steps) / seconds if steps else None,
                          "modes": {m: sum(s["mode"] == m for s in steps) for m in ("spec", "decode")}}
-        best = max(row["plain"]["tok_s"], row["static-spec"]["tok_s"])
-        row["dynamic_over_best"] = row["dynamic"]["tok_s"] / best
+        measured = all(row[n]["tok_s"] for n in TRIO)
+        row["dynamic_over_best"] = row["dynamic"]["tok_s"] / max(
+            row["plain"]["tok_s"], row["static-spec"]["tok_s"]) if measured else None
         rows.append(row)
-        log(f"{k:5d} {kind:>5s} | " + " | ".join(f"{row[n]['tok_s']:8.1f}" for n in TRIO)
-            + f" | {row['dynamic_over_best']:6.3f} | {row['dynamic']['modes']}")
+        log(f"{k:5d} {kind:>5s} | " + (" | ".join(f"{row[n]['tok_s']:8.1f}" for n in TRIO)
+            + f" | {row['dynamic_over_best']:6.3f} | {row['dynamic']['modes']}" if measured
+            else "no steps of its own: its prompts joined with the next phase's"))
     return {"config": cfg.__dict__ | {"phases": list(cfg.phases)},
             "settings": settings.to_json(), "phases": rows,
             "follow": follow_steps(traces["dynamic"]), "trace": traces["dynamic"],
@@ -162,13 +175,15 @@ def run_shift(cfg: ShiftConfig, settings: Settings = Settings(), log=print) -> d
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # matplotlib's object API on the Agg canvas: no pyplot, so no process-wide backend state.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     trace = result["trace"]
     x = [s["step"] for s in trace]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    fig = Figure(figsize=(11, 6))
+    FigureCanvasAgg(fig)
+    a1, a2 = fig.subplots(2, 1, sharex=True)
     a1.plot(x, [s["easy_share"] for s in trace], color="gray", label="easy share of the batch")
     a1.scatter(x, [1.05 if s["mode"] == "spec" else -0.05 for s in trace], s=4,
                c=["tab:green" if s["mode"] == "spec" else "tab:blue" for s in trace],
@@ -183,7 +198,8 @@ def plot(result: dict, path: Path) -> None:
     for ax in (a1, a2):
         ax.grid(True, alpha=0.3)
         for f in result["follow"][1:]:
-            ax.axvline(f["mix_crossed_at"], color="k", lw=0.6, ls="--")
+            if f["mix_crossed_at"] is not None:
+                ax.axvline(f["mix_crossed_at"], color="k", lw=0.6, ls="--")
     fig.suptitle("acceptance shift: " + result["acceptance"], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -230,7 +246,7 @@ def _run(cfg: ShiftConfig, out: Path, argv: Optional[list[str]]) -> int:
     result["command"] = command_line("dgw accept-shift", argv)
     result["commit"] = checkout_commit()
     result["seconds"] = time.perf_counter() - t0
-    (out / "accept-shift.json").write_text(json.dumps(result, indent=1))
+    write_json(result, out / "accept-shift.json")
     plot(result, out / "accept-shift.png")
     for f in result["follow"]:
         print(f"phase {f['phase']}: settled in {f['settled_mode']}, "

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import torch
 
 from dual_graph_worker.core.argtypes import (OneLineParser, int_list_up_to, int_range,
                                              positive_float, unit_float)
@@ -35,13 +34,15 @@ from dual_graph_worker.engines.reference.toy_args import add_toy_run_args, toy_c
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # matplotlib's object API on the Agg canvas: no pyplot, so no process-wide backend state.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     phases = result["phases"]
     x = np.arange(len(phases))
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 7), height_ratios=[3, 1.3])
+    fig = Figure(figsize=(11, 7))
+    FigureCanvasAgg(fig)
+    ax, ax2 = fig.subplots(2, 1, height_ratios=[3, 1.3])
     width = 0.26
     for i, name in enumerate(TRIO):
         ax.bar(x + (i - 1) * width, [p[name]["tok_s"] for p in phases], width, label=name)
@@ -96,16 +97,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> int:
     settings = Settings.from_env(os.environ)    # the dynamic worker's, as a server's
     check_toy_settings(settings)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     ramp = args.ramp
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = write_toy_checkpoints(Path(tempfile.mkdtemp(prefix="dgw-toy-")), hidden=args.hidden)
     spec = toy_engine_spec(args.device, args.num_draft_tokens, max(ramp), context)
-
-    def engine():
-        return engine_from_checkpoints(ckpt.target, ckpt.drafts[args.agreement], spec,
-                                       note=f"toy checkpoint, draft {args.agreement}")
     f = AGREEMENT_LEVELS[args.agreement]
     expected = expected_accept_len(f, args.num_draft_tokens)
     acceptance = (f"REAL acceptance: toy draft agrees on {f:.0%} of tokens "
@@ -116,12 +111,19 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]], context: int) -> i
     sizes = PoolSizes.up_to(max(ramp), max(ramp))
     workers = {}
     t0 = time.perf_counter()
-    for built in build_trio(engine, sizes, cuda=args.device.startswith("cuda"),
-                            calib_context=args.input_len + args.output_len // 2,
-                            settings=settings):
-        workers[built.name] = built
-        print(f"  {built.name:12s} ready in {time.perf_counter() - t0:.1f}s")
-        t0 = time.perf_counter()
+    # The engines hold their weights once built: the checkpoints need not outlive the build.
+    with tempfile.TemporaryDirectory(prefix="dgw-toy-") as tmp:
+        ckpt = write_toy_checkpoints(Path(tmp), hidden=args.hidden)
+
+        def engine():
+            return engine_from_checkpoints(ckpt.target, ckpt.drafts[args.agreement], spec,
+                                           note=f"toy checkpoint, draft {args.agreement}")
+        for built in build_trio(engine, sizes, cuda=args.device.startswith("cuda"),
+                                calib_context=args.input_len + args.output_len // 2,
+                                settings=settings):
+            workers[built.name] = built
+            print(f"  {built.name:12s} ready in {time.perf_counter() - t0:.1f}s")
+            t0 = time.perf_counter()
     vocab = args.hidden
     # One unmeasured phase at the ramp's top, as a server warms up before it takes traffic:
     # first-call kernel set-up on the CPU, and the dynamic worker's first measurements.
