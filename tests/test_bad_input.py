@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -195,6 +196,26 @@ def test_empty_prompt_is_rejected(toy_engine, make_worker):
     with pytest.raises(ValueError, match="at least one token"):
         w.add_requests([[]], 4)
     assert w.num_running == 0
+
+
+@pytest.mark.parametrize("prompts, max_new, want", [
+    ([], 4, "at least one prompt"),
+    ([[1, 2], [3]], [4], "1 entries for 2 prompts"),
+    ([[1, 2]], [4, 5], "2 entries for 1 prompts"),
+    ([[1.9, 2.2]], 4, "flat list of integer token ids"),
+    ([[[1, 2]]], 4, "flat list of integer token ids"),
+    ([[1, 2]], [2.5], "max_new_tokens must be integers"),
+])
+def test_malformed_requests_are_one_clear_error_and_admit_nothing(prompts, max_new, want,
+                                                                  toy_engine, make_worker):
+    """A count list of the wrong length was cut by zip (or failed in a torch mask), float ids
+    were truncated to other tokens: each is refused, naming the fix."""
+    w = make_worker(toy_engine(), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
+    with pytest.raises(ValueError, match=want):
+        w.add_requests(prompts, max_new)
+    assert w.num_running == 0
+    w.add_requests([[1, 2]], np.int64(3))               # a numpy count is an integer too
+    assert w.num_running == 1
 
 
 def test_admitting_beyond_max_running_is_a_config_error(toy_engine, make_worker):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 import pytest
@@ -413,3 +414,26 @@ def test_an_interrupted_demo_keeps_the_phases_it_finished(tmp_path, monkeypatch,
     assert rc == 130 and capsys.readouterr().err.endswith("interrupted\n")
     written = json.loads((out / "demo.json").read_text())
     assert written["complete"] is False and [p["concurrency"] for p in written["phases"]] == [1]
+
+
+def test_the_bench_measures_the_switch_within_a_small_spec_pool_and_saves_the_sweep_first(
+        tmp_path, capsys):
+    """With the spec pool below 16, the switch is measured at its top (at 16 a pinned spec step
+    ran decode and the run died after its sweep, its JSON unwritten); the ratios are end to end
+    and over decode steps, verify-off's labelled as the modelled upper bound it is."""
+    import json
+
+    from dual_graph_worker.engines.reference.bench import switch_bs
+
+    assert dgw(["bench", "--model", "tiny", "--concurrency", "8,16", "--spec-max-bs", "4",
+                "--requests-per-level", "1", "--input-len", "8", "--output-len", "8",
+                "--variants", "plain,static-spec,dynamic,verify-off", "--skip-memory",
+                "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench_tiny_acc3.json").read_text())
+    assert set(result["switch"]) == {"lazy-catch-up", "keep-current"}
+    assert set(result["ratios"]) == {
+        "dynamic / max(plain, static-spec)", "dynamic / max(plain, static-spec), decode steps only",
+        "verify-off (modelled upper bound) / plain",
+        "verify-off (modelled upper bound) / plain, decode steps only"}
+    assert switch_bs(SimpleNamespace(dispatch=SimpleNamespace(max_spec_bs=0))) == 0
+    assert switch_bs(SimpleNamespace(dispatch=SimpleNamespace(max_spec_bs=48))) == 16

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_l
                                              int_range, name_list, output_dir, positive_float,
                                              positive_int)
 from dual_graph_worker.core.errors import report_user_errors
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.engines.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.provenance import command_line
@@ -80,6 +80,12 @@ def measure_switch(worker: DualGraphWorker, bs: int, steps: int, input_len: int,
     return out
 
 
+def switch_bs(worker) -> int:
+    """The batch the switch is measured at: 16, or the spec pool's top where it is smaller
+    (above it a pinned spec step runs decode); 0 where the worker has no spec pool."""
+    return min(16, worker.dispatch.max_spec_bs)
+
+
 def measure_memory(engine, sizes: PoolSizes, dynamic_continuity: Continuity) -> dict:
     """Graph-pool memory and capture time: spec pool alone, decode pool alone, both in one pool."""
     out = {}
@@ -94,6 +100,31 @@ def measure_memory(engine, sizes: PoolSizes, dynamic_continuity: Continuity) -> 
         _free(w)
     out["both_over_spec_only"] = out["both"]["pool_bytes"] / max(out["spec_only"]["pool_bytes"], 1)
     return out
+
+
+def _ratios(variants: dict, conc: list[int]) -> dict:
+    """Each ratio per concurrency, printed as a table: end to end (prefills included: static
+    spec's draft prefill and the dynamic worker's catch-ups alike) and over decode steps alone.
+    verify-off is MODELLED (variants.py): an upper bound of SGLang's verify-path decode."""
+    ratios = {}
+    for key, label in (("tok_s", ""), ("step_tok_s", ", decode steps only")):
+        tok = {name: [r[key] for r in rows] for name, rows in variants.items()}
+        if {"dynamic", "plain", "static-spec"} <= tok.keys():
+            ratios[f"dynamic / max(plain, static-spec){label}"] = [
+                d / max(p, s) for d, p, s in zip(tok["dynamic"], tok["plain"], tok["static-spec"])]
+        if {"dual-off", "plain"} <= tok.keys():
+            ratios[f"dual-off / plain{label}"] = [a / b for a, b in zip(tok["dual-off"], tok["plain"])]
+        if {"verify-off", "plain"} <= tok.keys():
+            ratios[f"verify-off (modelled upper bound) / plain{label}"] = [
+                a / b for a, b in zip(tok["verify-off"], tok["plain"])]
+    tok = {name: [r["tok_s"] for r in rows] for name, rows in variants.items()}
+    print("\n| concurrency | " + " | ".join(f"{n} tok/s" for n in tok) + " | "
+          + " | ".join(ratios) + " |")
+    print("|---" * (1 + len(tok) + len(ratios)) + "|")
+    for i, c in enumerate(conc):
+        print(f"| {c} | " + " | ".join(f"{tok[n][i]:.0f}" for n in tok) + " | " +
+              " | ".join(f"{ratios[r][i]:.3f}" for r in ratios) + " |")
+    return ratios
 
 
 def plot(results: dict, path: Path) -> None:
@@ -236,13 +267,19 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
             row["repeats"] = reps
             rows.append(row)
         results["variants"][name] = rows
+    # The sweep's figures reach the disk before the extra measurements, which may fail.
+    stem = f"bench_{args.model}_acc{args.accept_len}"
+    results["ratios"] = _ratios(results["variants"], conc)
+    write_json(results, out / f"{stem}.json")
     if "dynamic" in built and not args.skip_switch:
         results["switch"] = {}
         keep = build_variant("dynamic", engine, sizes, use_cuda_graphs=cuda, calib_context=64,
                              settings=Settings(policy=PolicyKind.THRESHOLD, threshold=1),
                              dynamic_continuity=Continuity.KEEP_CURRENT, progress=False)
         for label, w in (("lazy-catch-up", built["dynamic"].worker), ("keep-current", keep.worker)):
-            sw = measure_switch(w, bs=min(16, max_bs), steps=20, input_len=64, vocab=vocab)
+            if not switch_bs(w):
+                continue
+            sw = measure_switch(w, bs=switch_bs(w), steps=20, input_len=64, vocab=vocab)
             results["switch"][label] = sw
             print(f"switch ({label}): select {sw['select_host_us']:.2f} us host; "
                   f"alternating/held step time {sw['alternate_over_held']:.3f}")
@@ -257,24 +294,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
               f"({m['spec_only']['capture_s']:.1f}s), decode only {m['decode_only']['pool_bytes'] / 2**20:.0f} MiB "
               f"({m['decode_only']['capture_s']:.1f}s), both {m['both']['pool_bytes'] / 2**20:.0f} MiB "
               f"({m['both']['capture_s']:.1f}s): both/spec-only = {m['both_over_spec_only']:.3f}")
-    v = results["variants"]
-    tok = {name: [r["step_tok_s"] for r in rows] for name, rows in v.items()}
-    ratios = {}
-    if {"dynamic", "plain", "static-spec"} <= tok.keys():
-        ratios["dynamic / max(plain, static-spec)"] = [d / max(p, s) for d, p, s in
-                                                       zip(tok["dynamic"], tok["plain"], tok["static-spec"])]
-    if {"dual-off", "plain"} <= tok.keys():
-        ratios["dual-off / plain"] = [a / b for a, b in zip(tok["dual-off"], tok["plain"])]
-    if {"verify-off", "plain"} <= tok.keys():
-        ratios["verify-off / plain"] = [a / b for a, b in zip(tok["verify-off"], tok["plain"])]
-    results["ratios"] = ratios
-    print("\n| concurrency | " + " | ".join(tok) + " | " + " | ".join(ratios) + " |")
-    print("|---" * (1 + len(tok) + len(ratios)) + "|")
-    for i, c in enumerate(conc):
-        print(f"| {c} | " + " | ".join(f"{tok[n][i]:.0f}" for n in tok) + " | " +
-              " | ".join(f"{ratios[r][i]:.3f}" for r in ratios) + " |")
-    stem = f"bench_{args.model}_acc{args.accept_len}"
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    write_json(results, out / f"{stem}.json")
     plot(results, out / f"{stem}.png")
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
     return 0

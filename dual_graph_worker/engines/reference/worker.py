@@ -9,6 +9,7 @@ prefill / catch-up. Steps run synchronously, so each one's wall time is its meas
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -140,13 +141,11 @@ class DualGraphWorker:
     def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
                      ) -> PrefillResult:
         """Admit and prefill requests (eager extend); their first token comes back here."""
-        if isinstance(max_new_tokens, int):
-            max_new_tokens = [max_new_tokens] * len(prompts)
+        arrays, max_new_tokens = _checked_requests(prompts, max_new_tokens)
         if self.num_running + len(prompts) > self.max_running:
             raise ConfigError(f"admitting {len(prompts)} requests would run "
                               f"{self.num_running + len(prompts)} > max_running={self.max_running}")
         vocab = self._vocab
-        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
         for a, n in zip(arrays, max_new_tokens):
             self.table.check_fits(len(a), n)
             if a.size and (a.min() < 0 or a.max() >= vocab):
@@ -319,3 +318,28 @@ class DualGraphWorker:
         self.continuity.release(rows[done])
         self.finished.extend(finished)
         return emitted, finished
+
+
+def _checked_requests(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
+                      ) -> tuple[list[np.ndarray], list[int]]:
+    """Each prompt as int64 token ids and its max_new_tokens, or ValueError naming what is
+    wrong: no prompts, one a list of lists or of non-integers, a count per prompt that is not
+    one per prompt."""
+    if not len(prompts):
+        raise ValueError("add_requests needs at least one prompt")
+    if isinstance(max_new_tokens, numbers.Integral):
+        max_new_tokens = [int(max_new_tokens)] * len(prompts)
+    max_new_tokens = list(max_new_tokens)
+    if len(max_new_tokens) != len(prompts):
+        raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prompts)} "
+                         "prompts: give one per prompt, or one int for all")
+    if not all(isinstance(n, numbers.Integral) for n in max_new_tokens):
+        raise ValueError(f"max_new_tokens must be integers, got {max_new_tokens}")
+    arrays = []
+    for i, p in enumerate(prompts):
+        a = np.asarray(p)
+        if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+            raise ValueError(f"prompt {i} must be a flat list of integer token ids, got "
+                             f"{a.dtype} of shape {a.shape}")
+        arrays.append(a.astype(np.int64))
+    return arrays, [int(n) for n in max_new_tokens]
