@@ -79,6 +79,7 @@ def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm
     free_before = w.kv.allocator.num_free
     good = w.dispatch
     w.dispatch = DispatchTable.build((1, 2), (1, 2), allow_eager=False)
+    w.policy = w.policy                      # the planner plans over the worker's table
     with pytest.raises(NoGraphForBatch, match="capture larger batch sizes"):
         w.step()
     assert w.num_running == 4
@@ -87,6 +88,7 @@ def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm
     assert w.kv.allocator.num_free == free_before
     slot_check(w)
     w.dispatch = good
+    w.policy = w.policy
     while w.num_running:
         w.step()
         slot_check(w)

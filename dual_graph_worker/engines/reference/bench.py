@@ -35,8 +35,8 @@ from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.settings import PolicyKind, Settings
 
 
-def _free(*objs) -> None:
-    del objs
+def _release_memory() -> None:
+    """After the caller dropped its last reference: what the workers' graphs held goes back."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -97,7 +97,8 @@ def measure_memory(engine, sizes: PoolSizes, dynamic_continuity: Continuity) -> 
         out[label] = {"pool_bytes": rep.pool_bytes, "capture_s": rep.total_seconds,
                       "graphs": sum(len([s for s in w.runner.graphs if s[0] == kc.key]) for kc in rep.keys),
                       "per_mode": rep.per_mode()}
-        _free(w)
+        del w
+        _release_memory()
     out["both_over_spec_only"] = out["both"]["pool_bytes"] / max(out["spec_only"]["pool_bytes"], 1)
     return out
 
@@ -283,10 +284,12 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
             results["switch"][label] = sw
             print(f"switch ({label}): select {sw['select_host_us']:.2f} us host; "
                   f"alternating/held step time {sw['alternate_over_held']:.3f}")
-        _free(keep)
+        del keep
+        _release_memory()
     for b in built.values():
         b.worker.runner = None
-    _free(built)
+    built.clear()
+    _release_memory()
     if cuda and not args.skip_memory:
         results["memory"] = measure_memory(engine, sizes, Continuity(args.dynamic_continuity))
         m = results["memory"]

@@ -27,17 +27,12 @@ class KVPool:
         self.k[layer].index_copy_(0, loc, k)
         self.v[layer].index_copy_(0, loc, v)
 
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
 
 class ReqToTokenTable:
     """[max_requests, max_context] slot ids; row r, column p = slot of request r's position p."""
 
     def __init__(self, max_requests: int, max_context: int, device) -> None:
         self.table = torch.zeros(max_requests, max_context, dtype=torch.int64, device=device)
-        self.max_context = max_context
 
     def write(self, req_rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """Scatter `slots` [N] at (req_rows [N], positions [N]); capturable (no host sync)."""

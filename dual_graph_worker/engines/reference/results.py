@@ -4,7 +4,6 @@ first tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -37,4 +36,3 @@ class PrefillResult:
     rids: tuple[int, ...]
     first_tokens: tuple[int, ...]
     finished: tuple[int, ...]
-    note: Optional[str] = None

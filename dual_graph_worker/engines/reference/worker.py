@@ -22,7 +22,7 @@ from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.nvtx import Annotator
 from dual_graph_worker.core.planner import StepPlan, StepPlanner
 from dual_graph_worker.core.policy import (Admitted, ModePolicy, PrefillTime, Reason, StepTime,
@@ -228,10 +228,10 @@ class DualGraphWorker:
         t0 = time.perf_counter()
         kv_tokens = int(self.table.seq_lens[rows].sum())
         step_plan = self.plan(rows, kv_tokens)
-        mode, reason = step_plan.mode, step_plan.reason
-        where = self.dispatch.lookup(mode, bs)            # raises NoGraphForBatch if not allowed
-        use_graph = isinstance(where, GraphKey) and self.config.use_cuda_graphs
-        padded = where.bs
+        mode, reason, padded = step_plan.mode, step_plan.reason, step_plan.padded_bs
+        if not step_plan.graph:
+            self.dispatch.lookup(mode, bs)               # NoGraphForBatch where eager is off
+        use_graph = step_plan.graph and self.config.use_cuda_graphs
         if self._last_mode is not None and mode is not self._last_mode:
             self.nvtx.mark_switch(self._last_mode.value, mode.value)
             self.stats.switches += 1
