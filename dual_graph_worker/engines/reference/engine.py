@@ -38,12 +38,20 @@ class RequestState:
     draft_hidden: torch.Tensor   # [R, H_draft]
 
 
-def make_attention(name: str, device: torch.device) -> AttentionBackend:
+def make_attention(name: str, device: torch.device, head_dims: Sequence[int] = ()
+                   ) -> AttentionBackend:
+    """`head_dims`: the models' head widths, which the triton kernel's tiles must fit."""
     if name == "torch":
         return TorchPagedAttention()
     if name == "triton":
         if device.type != "cuda":
             raise ConfigError("attention backend 'triton' needs a CUDA device; use 'torch' on CPU")
+        # tl.arange over the head and tl.dot need a power of two of at least 16.
+        odd = sorted({d for d in head_dims if d < 16 or d & (d - 1)})
+        if odd:
+            raise ConfigError(f"the triton attention needs head widths that are powers of two "
+                              f">= 16, got {odd}; for the toy model pick --hidden 64, 128 or 256 "
+                              "(head width hidden / 4), or run on --device cpu")
         from dual_graph_worker.engines.reference.attention_triton import TritonPagedAttention
         return TritonPagedAttention()
     raise ConfigError(f"unknown attention backend '{name}'; choose 'torch' or 'triton'")
@@ -73,7 +81,7 @@ class ReferenceEngine:
         self.table = ReqToTokenTable(self.limits.max_requests, max_context, dev)
         self.target_kv = KVPool.allocate(t.num_layers, num_slots, t.num_kv_heads, t.head_dim, dtype, dev)
         self.draft_kv = KVPool.allocate(1, num_slots, d.num_kv_heads, d.head_dim, dtype, dev)
-        self.attention = make_attention(attention, dev)
+        self.attention = make_attention(attention, dev, (t.head_dim, d.head_dim))
         rope_t = Rope(t.head_dim, t.rope_theta, t.max_position_embeddings, dev, dtype)
         rope_d = rope_t if (d.head_dim, d.rope_theta) == (t.head_dim, t.rope_theta) else \
             Rope(d.head_dim, d.rope_theta, d.max_position_embeddings, dev, dtype)
