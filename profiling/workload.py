@@ -95,7 +95,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
         prof.export_chrome_trace(torch_profile)
     else:
         measured()
-    print(f"profiled {2 * hold + alternate} steps at bs={bs} ({model}, {d['attention_backend']}, "
+    print(f"profiled {2 * hold + alternate} steps at bs={bs} ({model}, {d.attention_backend}, "
           f"graphs={cuda}); switches: {worker.stats.switches}")
 
 

@@ -20,7 +20,8 @@ import torch
 
 from dual_graph_worker.engines.reference.buffers import StaticInputs
 from dual_graph_worker.core.continuity import Continuity
-from dual_graph_worker.engines.reference.engine_api import EngineLimits, PrefillMode, StageFn
+from dual_graph_worker.engines.reference.engine_api import (EngineDescription, EngineLimits,
+                                                          PrefillMode, StageFn)
 from dual_graph_worker.engines.reference.attention import (AttentionBackend, AttnBatch,
                                                            TorchPagedAttention)
 from dual_graph_worker.engines.reference.config import ModelPair
@@ -113,13 +114,13 @@ class ReferenceEngine:
     def vocab_size(self) -> int:
         return self.pair.target.vocab_size
 
-    def describe(self) -> dict:
-        return {"engine": "reference", "attention_backend": self.attention.name,
-                "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
-                "weights": self.weights_note, "num_draft_tokens": self.limits.num_draft_tokens,
-                "acceptance": (f"forced accept length {self.forced_accept_len}"
-                               if self.forced_accept_len is not None else "real (draft vs target)"),
-                "model": self.pair.shape_dict()}
+    def describe(self) -> EngineDescription:
+        return EngineDescription(
+            "reference", self.attention.name, str(self.dtype).removeprefix("torch."),
+            str(self.device), self.weights_note, self.limits.num_draft_tokens,
+            (f"forced accept length {self.forced_accept_len}"
+             if self.forced_accept_len is not None else "real (draft vs target)"),
+            self.pair.shape_dict())
 
     def _batch(self, rows: torch.Tensor, prefix: torch.Tensor, width: int) -> AttnBatch:
         return AttnBatch(rows, prefix, width, self.limits.max_context)

@@ -32,6 +32,23 @@ class EngineLimits:
     num_draft_tokens: int   # K
 
 
+@dataclass(frozen=True)
+class EngineDescription:
+    """What an engine is, for NVTX config marks, reports and capture configs."""
+
+    engine: str
+    attention_backend: str
+    dtype: str
+    device: str
+    weights: str
+    num_draft_tokens: int
+    acceptance: str
+    model: Mapping[str, Any]
+
+    def to_json(self) -> dict:
+        return dict(vars(self), model=dict(self.model))
+
+
 class Engine(Protocol):
     limits: EngineLimits
     device: torch.device
@@ -57,5 +74,8 @@ class Engine(Protocol):
     def restore_rows(self, rows: np.ndarray, saved: Any) -> None:
         """Put back what save_rows copied."""
 
-    def describe(self) -> dict:
-        """Engine name, attention backend, dtype, model shape: for reports and capture configs."""
+    def fill_synthetic_context(self, rows: np.ndarray, context_len: int,
+                               slots: np.ndarray) -> None:
+        """Calibration: give `rows` a context of `context_len` tokens in `slots`."""
+
+    def describe(self) -> EngineDescription: ...

@@ -113,8 +113,8 @@ class DualGraphWorker:
     def capture(self, progress: bool = True):
         """Capture both pools (CUDA only); returns the CaptureReport. Call once at start-up."""
         d = self.engine.describe()
-        self.nvtx.mark_config(names.CONFIG_ENGINE, d.get("engine", "?"))
-        self.nvtx.mark_config(names.CONFIG_ATTENTION_BACKEND, d.get("attention_backend", "?"))
+        self.nvtx.mark_config(names.CONFIG_ENGINE, d.engine)
+        self.nvtx.mark_config(names.CONFIG_ATTENTION_BACKEND, d.attention_backend)
         self.nvtx.mark_config(names.CONFIG_NUM_DRAFT_TOKENS, self.k)
         if not isinstance(self.runner, CudaGraphRunner):
             return None
