@@ -14,7 +14,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from capture.distribution import BatchDistribution
 from capture.measurements import Measurements
-from capture.memory_model import MemoryModel, engine_of
+from capture.memory_model import MemoryModel
 from capture.result import CaptureOutlier, Totals, TuningResult
 from dual_graph_worker.core.capture_schema import SCHEMA, GpuInfo, ServingCapture, load_capture
 from dual_graph_worker.core.errors import ConfigError
@@ -119,7 +119,7 @@ def build_capture_config(measurements: Measurements, result: TuningResult) -> Ca
         distribution=result.distribution, chosen=result.chosen,
         all_candidates=result.all_candidates, exact=result.exact,
         synthetic=measurements.synthetic,
-        measured_on=engine_of(measurements),
+        measured_on=measurements.engine,
         memory_model=result.memory_model,
         exclude_compile_outlier=result.exclude_compile_outlier,
         capture_outliers=result.capture_outliers)

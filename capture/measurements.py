@@ -105,6 +105,11 @@ class Measurements:
                                   f"{mode.value} batch size")
 
     @property
+    def engine(self) -> str:
+        """The engine whose graphs were measured: meta "engine", "reference" when not recorded."""
+        return str(self.meta.get("engine", "reference"))
+
+    @property
     def num_draft_tokens(self) -> int:
         return self.model.num_draft_tokens
 

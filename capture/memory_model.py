@@ -28,11 +28,6 @@ SEGMENT_BYTES = 2 << 20
 FALLBACK_PEAK_FACTOR = 2.0
 
 
-def engine_of(m: Measurements) -> str:
-    """The engine whose graphs `m` measured: meta "engine", "reference" when not recorded."""
-    return str(m.meta.get("engine", "reference"))
-
-
 class PoolWords(NamedTuple):
     every: str      # where every graph's memory is counted
     chosen: str     # what the chosen graphs' figure is
@@ -198,7 +193,7 @@ class MemoryModel:
 
     @classmethod
     def from_measurements(cls, m: Measurements) -> "MemoryModel":
-        return _LAYOUT_OF_ENGINE.get(engine_of(m), LAYOUTS["shared"]).fit(m)
+        return _LAYOUT_OF_ENGINE.get(m.engine, LAYOUTS["shared"]).fit(m)
 
     def memory(self, graphs: Iterable[GraphMeasurement]) -> int:
         chosen = list(graphs)
