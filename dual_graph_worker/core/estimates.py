@@ -7,10 +7,18 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 
+class KeyEstimate(NamedTuple):
+    """One measured (mode, padded bs): its JSON form is the list of these, in this order."""
+
+    seconds: float
+    samples: int
+    prior: Optional[float]
+    context_tokens: float                     # the mean context its seconds are at
+    s_per_context_token: float
+
+
 class StepTimeEstimates(NamedTuple):
-    # mode -> padded bs -> [seconds, samples, prior, mean context tokens, seconds per context
-    # token], the measured keys only
-    step_s: dict[str, dict[int, list]]
+    step_s: dict[str, dict[int, KeyEstimate]]   # mode -> padded bs, the measured keys only
     context_s_per_token: dict[str, float]     # mode -> pooled over its sizes
 
 

@@ -10,7 +10,7 @@ from collections import deque
 from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.estimates import StepTimeEstimates
+from dual_graph_worker.core.estimates import KeyEstimate, StepTimeEstimates
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.regressions import FAR_ERRORS, KEY_SLOTS, ContextSums
 
@@ -263,8 +263,8 @@ class StepTimeTable:
         for i, (m, b) in enumerate(self._keys):
             if self.samples[i] > 0:
                 prior = None if math.isnan(self._prior[i]) else self._prior[i]
-                steps[m.value][b] = [self._est[i], int(self.samples[i]), prior,
-                                     self._est_kv[i], self._key_slope(i)]
+                steps[m.value][b] = KeyEstimate(self._est[i], int(self.samples[i]), prior,
+                                                self._est_kv[i], self._key_slope(i))
         return StepTimeEstimates(steps, {m.value: b for m, b in self._beta.items()})
 
     # ------------------------------------------------------------------------------ write
