@@ -14,7 +14,6 @@ cost terms do while a burst is admitted; the GPU decides what a server does. Wit
 from __future__ import annotations
 
 import argparse
-import json
 from types import MappingProxyType
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import Admitted, PrefillTime, Reducer, StepTime, accepted
@@ -190,9 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"  prompt tokens per output token, per exchange: {dual.prompt_per_output[:16]}")
     out = Path(args.out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"simulated": True, "prompt_share": args.prompt_share,
-                                   "rows": rows}, indent=1))
+        write_json({"simulated": True, "prompt_share": args.prompt_share, "rows": rows}, out)
         plot(rows, out.with_suffix(".png"), "SIMULATED burst, C=%d, %d requests, prompt share "
              "%s" % (args.concurrency, args.requests, args.prompt_share))
     except OSError as e:

@@ -28,6 +28,7 @@ from dual_graph_worker.core.provenance import command_line
 from dual_graph_worker.engines.reference.demo import parser as demo_parser, ramp_phase
 from dual_graph_worker.engines.reference.loadgen import request_streams
 from dual_graph_worker.engines.reference.toy import AGREEMENT_LEVELS, toy_permutations
+from dual_graph_worker.engines.reference.toy_args import toy_context
 
 FIRST_DRAWS = 4      # the controller's first estimate of a request is the mean of these
 
@@ -109,6 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.phase >= len(args.ramp):
         ap.error(f"--phase {args.phase}: the ramp has phases 0-{len(args.ramp) - 1}")
+    toy_context(ap, args.hidden, args.input_len, args.output_len, args.output_spread,
+                args.num_draft_tokens, "--input-len, --output-len or --output-spread")
     spec_s, decode_s = args.spec_ms / 1e3, args.decode_ms / 1e3
     requests = phase_requests(args, args.phase)
     print(f"phase {args.phase} (c={args.ramp[args.phase]}) of `dgw demo`: toy chain draws, every "
@@ -117,14 +120,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = []
     for i, r in enumerate(requests):
         spec, decode = r.seconds(spec_s, decode_s)
-        first = statistics.fmean(r.draws[:FIRST_DRAWS])
+        # A one-token output is the prefill's token alone: no step, speculative or not.
+        first = statistics.fmean(r.draws[:FIRST_DRAWS]) if r.draws else None
         rest = statistics.fmean(r.draws[FIRST_DRAWS:]) if len(r.draws) > FIRST_DRAWS else None
+        ratio = spec / decode if r.draws else None
         rows.append({"request": i, "tokens": r.tokens, "draws": r.draws, "first_mean": first,
-                     "rest_mean": rest, "spec_over_decode": spec / decode})
-        print(f"{i:5d} {r.tokens:7d} {len(r.draws):11d} {first:8.2f} "
-              f"{'-' if rest is None else f'{rest:.2f}':>9s} {spec / decode:17.2f}")
+                     "rest_mean": rest, "spec_over_decode": ratio})
+        print(f"{i:5d} {r.tokens:7d} {len(r.draws):11d} {_num(first, 8)} {_num(rest, 9)} "
+              f"{_num(ratio, 17)}")
     spec, decode = (sum(x) for x in zip(*(r.seconds(spec_s, decode_s) for r in requests)))
-    print(f"the phase: speculation {decode / spec:.3f}x decode's speed")
+    speedup = decode / spec if spec else None
+    print("the phase: " + (f"speculation {speedup:.3f}x decode's speed" if spec else
+                           "no step after the prefill (every output is one token)"))
     slope = first_estimate_slope(args, args.regression) if args.regression else None
     if args.regression:
         print(f"over {args.regression} random requests, later draws on the first "
@@ -134,21 +141,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_json({"command": command_line("python -m bench.demo_requests", argv),
                 "phase": args.phase, "concurrency": args.ramp[args.phase],
                 "spec_ms": args.spec_ms, "decode_ms": args.decode_ms,
-                "speculation_speedup": decode / spec, "first_estimate_slope": slope,
+                "speculation_speedup": speedup, "first_estimate_slope": slope,
                 "requests": rows}, out / "requests.json")
     xs = [r["request"] for r in rows]
     png = line_chart(out / "requests.png", f"dgw demo phase {args.phase}: each request's "
                      "speculative time over its decode time (toy chain draws)", "request", [
                          Panel("spec / decode time", [Series("request", xs, [
-                             r["spec_over_decode"] for r in rows], joined=False)],
+                             _nan(r["spec_over_decode"]) for r in rows], joined=False)],
                                lines=((1.0, "a tie"),)),
                          Panel("mean accept length", [
-                             Series("first 4 draws", xs, [r["first_mean"] for r in rows],
+                             Series("first 4 draws", xs, [_nan(r["first_mean"]) for r in rows],
                                     joined=False),
-                             Series("the rest", xs, [r["rest_mean"] or np.nan for r in rows],
+                             Series("the rest", xs, [_nan(r["rest_mean"]) for r in rows],
                                     joined=False)])], integer_x=True)
     print(f"wrote {out / 'requests.json'} and {png}")
     return 0
+
+
+def _num(value: Optional[float], width: int) -> str:
+    return f"{'-' if value is None else f'{value:.2f}':>{width}s}"
+
+
+def _nan(value: Optional[float]) -> float:
+    return np.nan if value is None else value
 
 
 if __name__ == "__main__":

@@ -64,3 +64,21 @@ def test_a_first_estimate_deserves_a_partial_weight_on_the_half_agreeing_chain()
     # A draft that always agrees: every first estimate alike, no slope to fit.
     assert first_estimate_slope(demo_parser().parse_args(["--agreement", "f100"]), 200) is None
     assert first_estimate_slope(args, 1) is None
+
+
+def test_one_token_outputs_have_no_draws_and_no_traceback(tmp_path, capsys):
+    """--output-len 1: every output is the prefill's token, no step to draw an accept length."""
+    assert main(["--out", str(tmp_path), "--output-len", "1", "--output-spread", "0"]) == 0
+    saved = json.loads((tmp_path / "requests.json").read_text())
+    assert saved["speculation_speedup"] is None
+    assert all(r["draws"] == [] and r["first_mean"] is None and r["spec_over_decode"] is None
+               for r in saved["requests"])
+    assert "every output is one token" in capsys.readouterr().out
+
+
+def test_lengths_the_toy_model_cannot_hold_are_one_line(tmp_path, capsys):
+    """As `dgw demo` checks them (toy_context): no traceback from deep in the draws."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path), "--output-len", "100000"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "context" in err

@@ -175,8 +175,10 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     assert mm.main(["--out", str(out), a, b]) == 0
     merged = json.loads((out / "policy-matrix.json").read_text())
     # How each call repeated its short cells is its own; the servers' settings are shared.
+    # Those the parts predate as their note tells them: its head names the GPU.
     assert merged["settings"] == {"attention_backend": "default", "host_load": 0,
-                                  "interleave": False, "pin_cpus": None,
+                                  "interleave": False, "pin_cpus": None, "radix_cache": None,
+                                  "acc_sampling": None, "gpu": "note",
                                   "short_cells": {"a": repeats, "b": None}}
     assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
     assert {r["call"] for r in merged["records"]} == {"a", "b"}
@@ -474,3 +476,187 @@ def test_a_cell_whose_rounds_the_budget_cut_short_is_marked_in_the_grid(tmp_path
     assert mm.main(["--out", str(tmp_path / "m"), *parts]) == 0
     merged = json.loads((tmp_path / "m" / "policy-matrix.json").read_text())
     assert not any("cut_short" in c for c in merged["cells"])
+
+
+def _fake_engines(monkeypatch, tok_s=100.0, result=None):
+    """pm.run_engine standing in for every engine: one cell at C=1 each (`result`: what each
+    returns instead); the names it was asked for, in order."""
+    names = []
+
+    def fake_engine(name, spec, out, deadline):
+        names.append(name)
+        task = "256x256" if name.startswith("plain") else "a3.0-256x256"
+        return result if result is not None else {
+            "returncode": 0, "startup_s": 1.0,
+            "tasks": {task: {"points": [{"concurrency": 1, "tok_s": tok_s, "seconds": 1.0}]}}}
+
+    monkeypatch.setattr(pm, "run_engine", fake_engine)
+    return names
+
+
+ONE_CELL = ["--accept", "3", "--workload", "256x256@1", "--short-cell-runs", "1"]
+
+
+@pytest.mark.parametrize("first, second, named", [
+    (["--radix-cache"], [], "--radix-cache True"),
+    (["--acc-sampling", "sglang"], [], "--acc-sampling 'sglang'"),
+])
+def test_records_kept_in_out_need_the_same_radix_cache_and_sampling(
+        tmp_path, monkeypatch, capsys, first, second, named):
+    """A worker measured with the radix cache on (or SGLang's accept draw) may not sit beside
+    plain measured without: refused in one line before any work."""
+    _fake_engines(monkeypatch)
+    out = str(tmp_path / "o")
+    assert pm.main(["--out", out, "--engines", "dual", *ONE_CELL, *first]) == 0
+    capsys.readouterr()
+    assert pm.main(["--out", out, "--engines", "plain", *ONE_CELL, *second]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err
+
+
+def test_the_sampling_matters_only_where_speculating_records_are_kept(tmp_path, monkeypatch):
+    _fake_engines(monkeypatch)
+    out = str(tmp_path / "o")
+    assert pm.main(["--out", out, "--engines", "plain", *ONE_CELL,
+                    "--acc-sampling", "sglang"]) == 0
+    # EAGLE-3 and the worker both measured again: only plain is kept, which no sampling moves.
+    assert pm.main(["--out", out, "--engines", "eagle3,dual", *ONE_CELL]) == 0
+    matrix = json.loads((Path(out) / "policy-matrix.json").read_text())
+    assert matrix["settings"]["acc_sampling"] == "diffused" and len(matrix["cells"]) == 1
+
+
+def test_records_of_another_gpu_are_never_kept_nor_filled_from(tmp_path, monkeypatch, capsys):
+    _fake_engines(monkeypatch)
+    monkeypatch.setattr(pm, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    old = tmp_path / "old"
+    assert pm.main(["--out", str(old), "--engines", "plain,eagle3", *ONE_CELL]) == 0
+    assert json.loads((old / "policy-matrix.json").read_text())["settings"]["gpu"] == \
+        "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(pm, "gpu_name", lambda: "NVIDIA H200")
+    capsys.readouterr()
+    assert pm.main(["--out", str(old), "--engines", "dual", *ONE_CELL]) == 2
+    assert "GPU 'NVIDIA H100 80GB HBM3'" in capsys.readouterr().err
+    assert pm.main(["--out", str(tmp_path / "new"), "--engines", "dual", *ONE_CELL,
+                    "--fill-from", str(old / "policy-matrix.json")]) == 2
+    assert "GPU 'NVIDIA H100 80GB HBM3'" in capsys.readouterr().err
+
+
+def test_fill_from_needs_the_same_radix_cache_and_sampling(tmp_path, monkeypatch, capsys):
+    _fake_engines(monkeypatch)
+    old = tmp_path / "old"
+    assert pm.main(["--out", str(old), "--engines", "plain,eagle3", *ONE_CELL,
+                    "--radix-cache"]) == 0
+    capsys.readouterr()
+    assert pm.main(["--out", str(tmp_path / "new"), "--engines", "dual", *ONE_CELL,
+                    "--fill-from", str(old / "policy-matrix.json")]) == 2
+    assert "--radix-cache True" in capsys.readouterr().err
+    assert pm.main(["--out", str(tmp_path / "new2"), "--engines", "dual", *ONE_CELL,
+                    "--radix-cache", "--acc-sampling", "sglang",
+                    "--fill-from", str(old / "policy-matrix.json")]) == 2
+    assert "--acc-sampling 'diffused'" in capsys.readouterr().err
+
+
+def test_a_matrix_written_before_these_settings_reads_them_from_its_note(tmp_path, monkeypatch):
+    """Files from before the GPU, radix cache and sampling were recorded still load: their note
+    has always named them."""
+    _fake_engines(monkeypatch)
+    monkeypatch.setattr(pm, "gpu_name", lambda: "NVIDIA H200")
+    out = tmp_path / "o"
+    assert pm.main(["--out", str(out), "--engines", "plain", *ONE_CELL]) == 0
+    path = out / "policy-matrix.json"
+    older = json.loads(path.read_text())
+    for key in ("radix_cache", "acc_sampling", "gpu"):
+        del older["settings"][key]
+    path.write_text(json.dumps(older))
+    assert pm.main(["--out", str(out), "--engines", "eagle3,dual", *ONE_CELL]) == 0
+    assert len(json.loads(path.read_text())["cells"]) == 1
+    # What the notes of the stored runs say.
+    note = ("NVIDIA H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
+            "(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths error-diffused "
+            "per step), SGLang default attention, 3 steps topk 1, radix cache on, T=0")
+    assert pm.settings_in_note(note) == {"radix_cache": True, "acc_sampling": "diffused",
+                                         "gpu": "NVIDIA H200"}
+    first = ("H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
+             "(SGLANG_SIMULATE_ACC_LEN, switched in-process), triton attention, radix cache on")
+    assert pm.settings_in_note(first)["acc_sampling"] == "sglang"
+
+
+def test_a_worker_measured_again_leaves_no_earlier_step_log(tmp_path, monkeypatch):
+    """Without --step-log this call's worker writes no log: an earlier call's, and the
+    step-costs.md built from it, would pass for this one's."""
+    _fake_engines(monkeypatch)
+    out = tmp_path / "o"
+    assert pm.main(["--out", str(out), "--engines", "dual", *ONE_CELL]) == 0
+    (out / "dual.steps.jsonl").write_text("not this call's\n")
+    (out / "step-costs.md").write_text("not this call's\n")
+    assert pm.main(["--out", str(out), "--engines", "dual", *ONE_CELL]) == 0
+    assert not (out / "dual.steps.jsonl").exists() and not (out / "step-costs.md").exists()
+
+
+@pytest.mark.parametrize("result", [
+    {"returncode": 2, "error": "engine start failed: OOM", "tasks": {}},
+    {"returncode": 3, "tasks": {"a3.0-256x256": {"error": "boom"}}},
+    {"returncode": "timeout", "tasks": {}},
+    {"returncode": 0, "tasks": {}},
+])
+def test_a_failed_engine_fails_the_call(tmp_path, monkeypatch, capsys, result):
+    _fake_engines(monkeypatch, result=result)
+    assert pm.main(["--out", str(tmp_path / "o"), "--engines", "dual", *ONE_CELL]) == 1
+    assert "FAILED dual" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("accept", ["0", "0.5", "4.5", "2,5"])
+def test_an_accept_length_sglang_would_not_force_is_one_line(tmp_path, capsys, accept):
+    """SGLang turns the simulation off at <= 0 and clamps above its draft tokens (4): such a
+    cell would run another accept length than its label."""
+    assert pm.main(["--out", str(tmp_path / "o"), "--accept", accept]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be in 1..4" in err and not (tmp_path / "o").exists()
+
+
+def test_processes_read_the_slower_middle_run_with_its_own_seconds_and_machine():
+    """An even count reads the slower middle process, as rounds and repeats do; the record's
+    seconds and machine are that process's, not an average's nor the first's."""
+    recs = [rec("dual", 3.0, 1, 200.0) | {"seconds": 0.5, "machine": {"cpu_s": 1.0},
+                                         "process": 1},
+            rec("dual", 3.0, 1, 100.0) | {"seconds": 1.0, "machine": {"cpu_s": 2.0},
+                                         "process": 2}]
+    [one] = pm.per_cell_median(recs)
+    assert (one["tok_s"], one["seconds"], one["machine"], one["process"]) == \
+        (100.0, 1.0, {"cpu_s": 2.0}, 2)
+    assert one["tok_s_processes"] == [200.0, 100.0]
+
+
+def test_set_accept_with_nobody_listening_times_out(tmp_path):
+    """As its docstring says: no acknowledgement at all is no answer, not an empty one."""
+    from bench.sglang.acc_control import set_accept
+
+    with pytest.raises(TimeoutError, match="not acknowledged"):
+        set_accept(str(tmp_path / "acc"), 2.0, timeout_s=0.05)
+
+
+def test_merge_names_the_part_that_is_no_matrix(tmp_path, capsys):
+    from bench.sglang import merge_matrix as mm
+
+    good = _matrix(tmp_path, "good", [rec("plain", None, 1, 1.0), rec("eagle3", 3.0, 1, 1.0),
+                                      rec("dual", 3.0, 1, 1.0)])
+    no_records = tmp_path / "no-records"
+    no_records.mkdir()
+    (no_records / "policy-matrix.json").write_text(json.dumps(
+        {"note": "n", "accepts": [], "workloads": []}))
+    a_list = tmp_path / "a-list"
+    a_list.mkdir()
+    (a_list / "policy-matrix.json").write_text("[1, 2]")
+    bad_record = _matrix(tmp_path, "bad-record", [rec("dual", 3.0, 1, 1.0)])
+    broken = json.loads((Path(bad_record) / "policy-matrix.json").read_text())
+    del broken["records"][0]["accept_len"]
+    (Path(bad_record) / "policy-matrix.json").write_text(json.dumps(broken))
+    for part, says in ((no_records, "has no 'records' list"),
+                       (a_list, "must be a JSON object, got list"),
+                       (bad_record, "lacks 'accept_len'"),
+                       (tmp_path / "missing", "cannot read")):
+        capsys.readouterr()
+        assert mm.main(["--out", str(tmp_path / "m"), good, str(part)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"part {part}" in err and says in err, err
+    assert not (tmp_path / "m").exists()

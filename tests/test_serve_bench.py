@@ -265,3 +265,47 @@ def test_the_client_command_measures_a_server_in_this_environment(tmp_path):
 def test_a_failed_client_names_its_error():
     log = "Traceback (most recent call last):\n  File x\nModuleNotFoundError: No module named 'datasets'\n"
     assert sb.last_error(log) == "ModuleNotFoundError: No module named 'datasets'"
+
+
+def test_a_failed_client_never_shows_an_earlier_runs_metrics(tmp_path, monkeypatch):
+    """bench_serving appends to its output file: a level whose client fails this time must not
+    read the line an earlier run into the same folder left under its tag."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def up(*args, **kwargs):
+        yield None
+
+    monkeypatch.setattr(sb, "launched", up)
+    monkeypatch.setattr(sb, "_get", lambda url, timeout=5.0: "")
+    monkeypatch.setattr(sb.subprocess, "call", lambda *a, **kw: 1)
+    raw = tmp_path / "raw" / "dual.jsonl"
+    raw.parent.mkdir()
+    raw.write_text(json.dumps({"tag": "dual-c1", "output_throughput": 999.0}) + "\n")
+    [point] = sb.run_engine("dual", _cfg(tmp_path, concurrency=(1,)), "T", "D")
+    assert point.metrics == {} and point.error.startswith("client exited with 1")
+
+
+def test_a_levels_error_shows_in_its_row_even_with_metrics(tmp_path):
+    m = {k: 1.0 for k in sb.FIELDS} | {"output_throughput": 100.0}
+    text = sb.report(_cfg(tmp_path, concurrency=(4,)),
+                     [sb.ServePoint("dual", 4, m, error="client exited with 1: Killed")])
+    assert "| dual (client exited with 1: Killed) | 4 | 1.00 |" in text
+
+
+def test_results_are_written_through_write_json(tmp_path, monkeypatch):
+    # write_json writes a temporary file and renames it: --resume never reads half a file.
+    from dual_graph_worker.core.jsonio import write_json
+
+    written = []
+    monkeypatch.setattr(sb, "write_json",
+                        lambda data, path: (written.append(path), write_json(data, path)))
+    sb.write_results(_cfg(tmp_path, concurrency=(1,)), [], {})
+    assert written == [tmp_path / "serve-bench.json"]
+
+
+@pytest.mark.parametrize("accept", ["0", "-1", "4.5"])
+def test_an_accept_length_sglang_would_not_force_is_one_line(accept, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sb.parse_args(["--accept", accept])
+    assert exc.value.code == 2 and "must be in 1..4" in capsys.readouterr().err

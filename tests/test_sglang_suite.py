@@ -725,3 +725,74 @@ def test_step_costs_report_the_workers_host_time_per_step_and_slow_log_writes():
     assert "decode" not in text
     assert "5 of 8192, the slowest 26.7 ms" in text
     assert step_costs.host_report([{"step": 0, "mode": "spec", "padded_bs": 1}]) == ""
+
+
+def test_the_ratio_to_both_baselines_needs_both():
+    """Where EAGLE-3 did not run, "/ max(plain, eagle3)" would be the ratio to plain alone."""
+    table = {"plain": {1: 200.0, 64: 7000.0}, "eagle3": {1: 400.0}, "dual": {1: 392.0, 64: 6930.0}}
+    ratios = report.dual_ratios([1, 64], table)
+    assert ratios["dual"]["vs_best"] == pytest.approx({1: 0.98})
+    assert ratios["dual"]["vs_plain"] == pytest.approx({1: 1.96, 64: 0.99})
+    md = report.markdown_ratios([1, 64], table)
+    assert "| dual / max(plain, eagle3) | 0.980 | - |" in md
+    no_eagle = report.dual_ratios([64], {"plain": {64: 7000.0}, "dual": {64: 6930.0}})
+    assert no_eagle["dual"]["vs_best"] == {}
+
+
+def test_the_suites_eagle3_baseline_is_the_matrixs_and_serve_benchs(tmp_path, monkeypatch):
+    """Every bench lifts EAGLE-3's cap of 48 running requests alike (one builder)."""
+    from bench.sglang import policy_matrix as pm
+    from bench.sglang import serve_bench as sb
+    from bench.sglang.model_configs import EAGLE3_MAX_RUNNING_REQUESTS
+
+    suite, ran = _recording_suite(tmp_path, ["--no-adaptive"], monkeypatch)
+    suite.bench(with_ramp=False)
+    kwargs = {er.name: er.engine_kwargs for er in ran}
+    draft = Path(kwargs["eagle3"]["speculative_draft_model_path"])
+    spec = {k: v for k, v in pm.engine_kwargs("eagle3", tmp_path, draft, False, "warning").items()
+            if k.startswith("speculative") or k == "max_running_requests"}
+    assert spec["max_running_requests"] == EAGLE3_MAX_RUNNING_REQUESTS
+    assert {k: kwargs["eagle3"][k] for k in spec} == spec
+    assert "max_running_requests" not in kwargs["dual"]
+    cmd = sb.server_command("eagle3", sb.ServeBenchConfig(out=tmp_path), "T", str(draft))
+    assert cmd[cmd.index("--max-running-requests") + 1] == str(EAGLE3_MAX_RUNNING_REQUESTS)
+    assert f"cap lifted to {EAGLE3_MAX_RUNNING_REQUESTS}" in suite.notes["bench"]
+
+
+def _suite_main(tmp_path, monkeypatch, result):
+    from bench.sglang import run_sglang_suite as suite_mod
+
+    names = []
+
+    def fake_child(folder, spec, **kwargs):
+        names.append(spec["name"])
+        return result(spec["name"])
+
+    monkeypatch.setattr(suite_mod, "run_child", fake_child)
+    rc = suite_mod.main(["--out", str(tmp_path), "--phases", "bench", "--no-adaptive",
+                         "--concurrency", "1", "--no-bench-step-log"])
+    return rc, names
+
+
+def test_a_bench_phase_whose_engines_failed_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """--phases bench has no checks: all([]) passed a run whose every engine failed."""
+    def points(name):
+        return {"name": name, "returncode": 0,
+                "tasks": {"sweep": {"points": [{"concurrency": 1, "tok_s": 100.0}]}}}
+
+    rc, names = _suite_main(tmp_path / "ok", monkeypatch, points)
+    assert rc == 0 and names == ["plain", "eagle3", "dual"]
+    for result, says in ((lambda n: {"name": n, "returncode": 1}, "child exited 1"),
+                         (lambda n: {"name": n, "returncode": 0, "tasks": {}},
+                          "measured no point"),
+                         (lambda n: points(n) if n != "dual" else
+                          points(n) | {"returncode": 3}, "FAILED dual")):
+        capsys.readouterr()
+        assert _suite_main(tmp_path / says, monkeypatch, result)[0] == 1
+        assert says in capsys.readouterr().err
+
+
+def test_an_accept_length_sglang_would_not_force_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--out", str(tmp_path), "--simulate-acc-len", "4.5"])
+    assert exc.value.code == 2 and "must be in 1..4" in capsys.readouterr().err

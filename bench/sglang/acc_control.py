@@ -92,7 +92,8 @@ def _follow(path: str) -> None:
 
 def set_accept(path: str, value: float, timeout_s: float = 30.0) -> list[str]:
     """Write `value` and wait until every scheduler process acknowledged it; returns the ack
-    files that confirmed it (an empty list: nobody listens, e.g. a plain engine)."""
+    files that confirmed it (never empty). TimeoutError after `timeout_s` when an ack is stale
+    or none came (nobody listens, e.g. a plain engine)."""
     import glob
 
     with open(path + ".tmp", "w") as fh:

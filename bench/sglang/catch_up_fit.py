@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import EXCHANGE_EVERY, not_a_trace, read_trace, replay
+from bench.sglang.estimate_error import not_a_trace, read_trace, replay
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
@@ -30,7 +30,7 @@ def fit_history(trace: dict) -> list[dict]:
     steps, p = 0, None
     for p, _, row in replay(trace):
         if row[0] != "p":
-            if steps and steps % EXCHANGE_EVERY == 0:     # the exchange just made is in
+            if steps and steps % p.sync_every == 0:      # the exchange just made is in
                 _read_fit(out, p, steps)
             steps += 1
     if p is not None:

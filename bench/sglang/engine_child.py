@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from bench.sglang.host_speed import Hogs, probe_ms
+from dual_graph_worker.core.jsonio import write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -38,13 +39,6 @@ WARMUP_TOKENS = 64
 # from each other and below the probe's (+4000) and warm-up's (+7000) offsets.
 REPEAT_SEED_STRIDE = 400
 MAX_RUNS = 9
-
-
-def write_json(path: str, result: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(result, fh, indent=1)
-    os.replace(tmp, path)
 
 
 def _gpu_field(field: str, index: str = "0") -> Optional[str]:
@@ -412,7 +406,7 @@ def serve(engine, inbox: Path, record) -> int:
             answer = TASKS[task["kind"]](engine, task, lambda partial: None)
         except Exception as exc:
             answer = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
-        write_json(str(inbox / f"{n:04d}.out.json"), answer)
+        write_json(answer, inbox / f"{n:04d}.out.json")
         record(task["name"], answer)
         n += 1
     return 1
@@ -435,7 +429,7 @@ def main(spec_path: str) -> int:
         result["plugin"] = ensure_plugin_discoverable(spec["shim_dir"], spec["repo_root"])
     except Exception as exc:
         result["plugin"] = f"error: {exc}"
-    write_json(out, result)
+    write_json(result, out)
     before = gpu_used_mib()
     t0 = time.perf_counter()
     try:
@@ -446,26 +440,26 @@ def main(spec_path: str) -> int:
         result["error"] = f"engine start failed: {exc!r}"
         result["traceback"] = traceback.format_exc()[-6000:]
         result["startup_s"] = time.perf_counter() - t0
-        write_json(out, result)
+        write_json(result, out)
         return 2
     result["startup_s"] = time.perf_counter() - t0
     after = gpu_used_mib()
     result["gpu_used_mib"] = {"before": before, "after_start": after}
     result["server_info"] = _server_info(engine)
-    write_json(out, result)
+    write_json(result, out)
     rc = 0
     for task in spec["tasks"]:
         name = task["name"]
 
         def emit(partial, _name=name):
             result["tasks"][_name] = partial
-            write_json(out, result)
+            write_json(result, out)
 
         try:
             emit(TASKS[task["kind"]](engine, task, emit))
         except BaseException as exc:
             result["tasks"][name] = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
-            write_json(out, result)
+            write_json(result, out)
             rc = 3
             break
     if rc == 0 and spec.get("inbox"):
@@ -478,10 +472,10 @@ def main(spec_path: str) -> int:
             else:
                 kept["points"] += answer.get("points", [])
                 kept.update({"error": answer["error"]} if "error" in answer else {})
-            write_json(out, result)
+            write_json(result, out)
         rc = serve(engine, Path(spec["inbox"]), record)
     result["ok"] = rc == 0
-    write_json(out, result)
+    write_json(result, out)
     try:
         engine.shutdown()
     except Exception:

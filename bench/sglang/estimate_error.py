@@ -1,11 +1,12 @@
 """How far the controller's step time at each cell's first step lies from what the cell then
 measured, on a GPU run's own batch costs: each trace (`step_costs --trace`: a worker's step log
 in order) is fed to a controller with the run's start-up prior, each step committed in the mode
-it ran, exchanging every 8 steps as the worker does; at the first step after each prefill, each
-mode's expected step at its padded size and context is set against the median of the clean
-steps (no catch-up, no carried launch; the batch's first two and last three left out) that mode
-ran at that size over the next 400 steps, where it ran at least 8. Open loop: the costs are the
-run's, whatever this controller would have chosen. Run it from another tree to compare.
+it ran, exchanging every sync_every steps (its default) as the worker does; at the first step
+after each prefill, each mode's expected step at its padded size and context is set against
+the median of the clean steps (no catch-up, no carried launch; the batch's first two and last
+three left out) that mode ran at that size over the next 400 steps, where it ran at least 8.
+Open loop: the costs are the run's, whatever this controller would have chosen. Run it from
+another tree to compare.
 
     python -m bench.sglang.estimate_error TRACE.json.gz ... [--out FILE.json]
 
@@ -34,7 +35,6 @@ from dual_graph_worker.core.provenance import command_line
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
 AHEAD = 400
 MIN_STEPS = 8
-EXCHANGE_EVERY = 8      # the worker's default sync_every
 
 
 def controller_for(trace: dict, prior: bool = True) -> GoodputController:
@@ -59,7 +59,7 @@ def not_a_trace(path: str, err: Exception) -> str:
 def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
     """The trace's cost rows fed to a controller in order, each yielded (with the controller,
     its index) just before the controller takes it; each step committed in the mode it ran
-    (the step count), an exchange every EXCHANGE_EVERY steps as the worker does."""
+    (the step count), an exchange every `sync_every` steps of its config, as the worker does."""
     p, steps = controller_for(trace), 0
     for at, row in enumerate(trace["costs"]):
         yield p, at, row
@@ -70,7 +70,7 @@ def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
         p.commit(Decision(MODES[mode], Reason.GOODPUT))
         p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
         steps += 1
-        if steps % EXCHANGE_EVERY == 0:
+        if steps % p.sync_every == 0:
             p.exchange(lambda v: v)
 
 

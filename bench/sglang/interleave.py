@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from bench.sglang.engine_child import Child, write_json
+from bench.sglang.engine_child import Child
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.settings import BY_KEY
 
 # Every engine the same KV pool, fitting a 256x512, 64x2112 or 128x1088-token cell with room;
@@ -71,7 +72,7 @@ class Engine:
         if time.time() > deadline:
             raise EngineGone(f"{self.kind}: the budget ran out before {task['name']}")
         n, self.asked = self.asked, self.asked + 1
-        write_json(str(self.inbox / f"{n:04d}.json"), task)
+        write_json(task, self.inbox / f"{n:04d}.json")
         answer = self.inbox / f"{n:04d}.out.json"
         while not answer.exists():
             if self.child.proc.poll() is not None:
@@ -191,9 +192,9 @@ def _stop(engine: Engine, deadline: float, error: Optional[str] = None) -> dict:
     """Ask the engine to exit and wait for it (killed at once past the deadline); its result
     (start-up figures, the cells' points), with `error` also written to its NAME.json."""
     if engine.child.proc.poll() is None:
-        write_json(str(engine.inbox / f"{engine.asked:04d}.json"), {"name": "exit", "kind": "exit"})
+        write_json({"name": "exit", "kind": "exit"}, engine.inbox / f"{engine.asked:04d}.json")
     final = engine.child.wait(min(120.0, max(deadline - time.time(), 1.0)))
     if error:
         final["error"] = error
-        write_json(str(engine.child.result_path), final)
+        write_json(final, engine.child.result_path)
     return final

@@ -16,16 +16,38 @@ so a matrix can be brought up to date cell by cell after the worker changed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, SETTINGS_BEFORE, cell_key,
-                                       heatmap, matrix_report, merged_workloads,
-                                       per_cell_median, ratios, readings, repeated,
-                                       with_rounds_asked)
+from bench.sglang.policy_matrix import (LAUNCHED_TOGETHER, READINGS, cell_key, heatmap,
+                                       matrix_report, merged_workloads, per_cell_median, ratios,
+                                       readings, repeated, stored_settings, with_rounds_asked)
 from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import read_json_object, write_json
+
+# What merge reads of each part, and of each of its records.
+PART_KEYS = {"note": str, "accepts": list, "workloads": list, "records": list}
+RECORD_KEYS = ("engine", "accept_len", "input_len", "output_len", "concurrency", "tok_s")
+WORKLOAD_KEYS = ("input_len", "output_len", "concurrency")
+
+
+def read_part(folder: str) -> tuple[str, dict]:
+    """(the part's name, its policy-matrix.json); ConfigError naming the folder and what is
+    wrong."""
+    path = Path(folder) / "policy-matrix.json"
+    fix = "pass folders that policy_matrix --out wrote"
+    m = read_json_object(path, f"part {folder}'s matrix", fix)
+    for key, kind in PART_KEYS.items():
+        if not isinstance(m.get(key), kind):
+            raise ConfigError(f"part {folder}: {path} has no {key!r} {kind.__name__}; {fix}")
+    for field, need in (("records", RECORD_KEYS), ("workloads", WORKLOAD_KEYS)):
+        for r in m[field]:
+            if not isinstance(r, dict) or (missing := [k for k in need if k not in r]):
+                what = f"lacks {missing[0]!r}" if isinstance(r, dict) else "is no JSON object"
+                raise ConfigError(f"part {folder}: one of the {field} in {path} {what}; {fix}")
+    return Path(folder).name, m
 
 
 def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool = False) -> dict:
@@ -41,7 +63,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
     records, workload_lists = [], []
     for name, m in parts:
         # With --processes a cell's median spans calls, which must then time cells alike.
-        mine, theirs = (m.get("settings"), first.get("settings")) if processes else \
+        mine, theirs = (_settings(m), _settings(first)) if processes else \
             (_servers(m), _servers(first))
         if mine != theirs or _servers_note(m) != _servers_note(first):
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
@@ -100,9 +122,17 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
 
 def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
-    settings = {k: SETTINGS_BEFORE[k] for k in ("host_load", "interleave", "pin_cpus")} | (
-        matrix.get("settings") or {})
+    before = _settings(matrix)
+    settings = {k: before[k] for k in ("host_load", "interleave", "pin_cpus", "radix_cache",
+                                       "acc_sampling", "gpu")} | (matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
+
+
+def _settings(matrix: dict) -> dict:
+    """Every setting of the matrix, those it predates as its note (less how its engines were
+    launched) tells them."""
+    note = (matrix.get("note") or "").replace(LAUNCHED_TOGETHER, "")
+    return stored_settings(matrix | {"note": note})
 
 
 def _servers_note(matrix: dict) -> str:
@@ -179,15 +209,13 @@ def main(argv: Optional[list[str]] = None) -> int:
               "pick one", file=sys.stderr)
         return 2
     try:
-        parts = [(Path(p).name, json.loads((Path(p) / "policy-matrix.json").read_text()))
-                 for p in args.parts]
+        parts = [read_part(p) for p in args.parts]
         matrix = merge(parts, args.processes, args.latest)
-    except (OSError, ValueError, KeyError) as err:
+    except ValueError as err:          # ConfigError is one
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "policy-matrix.json").write_text(json.dumps(matrix, indent=1))
+    write_json(matrix, out / "policy-matrix.json")
     columns = merged_workloads(matrix["workloads"], [])
     text = matrix_report(matrix["cells"], {key: matrix.get(key) for key in READINGS},
                          matrix["records"], matrix["accepts"], columns, matrix["note"])

@@ -38,6 +38,48 @@ def engine_attention_backend(flag: str) -> Optional[str]:
     return None if flag == "default" else flag
 
 
+def accept_problem(flag: str, values: list[float]) -> Optional[str]:
+    """Why forced accept lengths cannot be run as labelled, or None: SGLang turns the
+    simulation off at <= 0 and clamps above its draft tokens, so such a cell would run another."""
+    top = SPEC_ARGS["speculative_num_draft_tokens"]
+    bad = [v for v in values if not 1 <= v <= top]
+    if not bad:
+        return None
+    return f"{flag} {bad[0]:g}: a forced accept length must be in 1..{top} (the draft tokens)"
+
+
+def server_kwargs(model: Path, load_format: str, max_bs: int, *, log_level: str,
+                  radix_cache: bool = False, attention_backend: Optional[str] = "triton") -> dict:
+    """sglang.Engine arguments every bench engine shares. The radix cache is off unless asked
+    for: random prompts share no prefix, and the dual worker defers draft prefills only without
+    it (lazy_sync.py says why); attention_backend None lets SGLang pick."""
+    return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
+                attention_backend=attention_backend, sampling_backend="pytorch",
+                cuda_graph_max_bs_decode=max_bs, log_level=log_level,
+                disable_radix_cache=not radix_cache)
+
+
+def spec_kwargs(kind: str, draft: Path) -> dict:
+    """The speculative arguments of an "eagle3" engine (SGLang's EAGLE-3, its running-request cap
+    lifted) or a "dual" one (the worker): the same draft and SPEC_ARGS for both."""
+    if kind not in ("eagle3", "dual"):
+        raise ValueError(f"no speculative engine {kind!r}; choose eagle3 or dual")
+    spec = {"speculative_algorithm": "EAGLE3" if kind == "eagle3" else ALGO,
+            "speculative_draft_model_path": str(draft), **SPEC_ARGS}
+    if kind == "eagle3":
+        spec["max_running_requests"] = EAGLE3_MAX_RUNNING_REQUESTS
+    return spec
+
+
+def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: str,
+                  attention_backend: Optional[str] = "triton") -> dict:
+    """sglang.Engine arguments of one dummy-weight engine ("plain", "eagle3" or "dual") with
+    graphs up to batch 256; attention_backend None lets SGLang pick."""
+    base = server_kwargs(target, "dummy", 256, log_level=log_level, radix_cache=radix,
+                         attention_backend=attention_backend)
+    return base if kind == "plain" else base | spec_kwargs(kind, draft)
+
+
 def llama3_8b_shapes() -> LlamaShapes:
     return LlamaShapes(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)

@@ -48,10 +48,9 @@ from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, median_run,
                                        run_child, summed_deltas)
 from bench.sglang.model_configs import (
-    ALGO,
-    EAGLE3_MAX_RUNNING_REQUESTS,
-    SPEC_ARGS,
+    accept_problem,
     engine_attention_backend,
+    engine_kwargs,
     llama3_8b_shapes,
     write_dummy_pair,
 )
@@ -119,33 +118,35 @@ SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
                    "interleave": False, "rounds": 1, "pin_cpus": None}
 
 
+def settings_in_note(note: str) -> dict:
+    """The GPU, radix cache and accept sampling of a matrix whose settings predate them, read
+    from its note, which has named them from the first run (None where it does not)."""
+    radix = True if "radix cache on" in note else False if "radix cache off" in note else None
+    # Before --acc-sampling the note named no sampling: SGLang's own draw was the only one.
+    acc = ("diffused" if "error-diffused" in note else
+           "sglang" if "drawn at random" in note or "switched in-process)" in note else None)
+    return {"radix_cache": radix, "acc_sampling": acc,
+            "gpu": note.split(",", 1)[0] if note else None}
+
+
+def stored_settings(matrix: dict) -> dict:
+    """A matrix's settings, those its file predates at what they were then."""
+    return (SETTINGS_BEFORE | settings_in_note(matrix.get("note") or "")
+            | (matrix.get("settings") or {}))
+
+
 def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optional[str]:
     """Why `matrix`'s records may not sit beside this run's, or None when they may."""
-    theirs = SETTINGS_BEFORE | matrix.get("settings", {})
+    theirs = stored_settings(matrix)
     diff = [k for k in keys if theirs.get(k) != settings[k]]
     if not diff:
         return None
     flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
              "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load",
-             "interleave": "--interleave", "rounds": "--rounds", "pin_cpus": "--pin-cpus"}
+             "interleave": "--interleave", "rounds": "--rounds", "pin_cpus": "--pin-cpus",
+             "radix_cache": "--radix-cache", "acc_sampling": "--acc-sampling", "gpu": "GPU"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
-
-
-def engine_kwargs(kind: str, target: Path, draft: Path, radix: bool, log_level: str,
-                  attention_backend: Optional[str] = "triton") -> dict:
-    """sglang.Engine arguments of one engine; attention_backend None lets SGLang pick."""
-    base = dict(model_path=str(target), load_format="dummy", skip_tokenizer_init=True,
-                attention_backend=attention_backend, sampling_backend="pytorch",
-                cuda_graph_max_bs_decode=256, log_level=log_level,
-                disable_radix_cache=not radix)
-    spec = dict(speculative_draft_model_path=str(draft), **SPEC_ARGS)
-    if kind == "plain":
-        return base
-    if kind == "eagle3":
-        return base | spec | {"speculative_algorithm": "EAGLE3",
-                              "max_running_requests": EAGLE3_MAX_RUNNING_REQUESTS}
-    return base | spec | {"speculative_algorithm": ALGO}
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,18 @@ def records(kind: str, res: dict, workloads: list[Workload]) -> list:
     return merged_rounds(out)
 
 
+def failure(kind: str, res: dict, workloads: list[Workload]) -> Optional[str]:
+    """Why an engine's run failed, or None: its error (the engine's or a task's), a non-zero
+    exit, or no cell measured."""
+    tasks = [t for t in (res.get("tasks") or {}).values() if isinstance(t, dict)]
+    errors = [res.get("error")] + [t.get("error") for t in tasks]
+    if why := next((e for e in errors if e), None):
+        return str(why)
+    if res.get("returncode", 0) != 0:
+        return f"exited with {res['returncode']}"
+    return None if records(kind, res, workloads) else "measured no cell"
+
+
 def merged_rounds(recs: list[dict]) -> list[dict]:
     """An interleaved cell's rounds as one record, as a short cell's repeats make one: the
     median round's tok/s (the slower middle one of an even count), every round's in
@@ -309,8 +322,9 @@ def merged_rounds(recs: list[dict]) -> list[dict]:
 
 
 def per_cell_median(recs: list[dict]) -> list[dict]:
-    """One record per (engine, cell): the median tok/s of its processes, each process's kept in
-    `tok_s_processes` where there are several (the first process's other fields)."""
+    """One record per (engine, cell): its processes' median run (median_run: the slower middle
+    one of an even count, as rounds and repeats read), that process's record whole, every
+    process's tok/s kept in `tok_s_processes` where there are several."""
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
         groups.setdefault(cell_key(r) + (r.get("from"),), []).append(r)
@@ -319,9 +333,8 @@ def per_cell_median(recs: list[dict]) -> list[dict]:
         if len(rs) == 1:
             out.append(rs[0])
             continue
-        speeds = [r["tok_s"] for r in rs]
-        out.append(rs[0] | {"tok_s": round(statistics.median(speeds), 2),
-                            "tok_s_processes": speeds})
+        out.append(median_run(rs, lambda r: r["tok_s"])
+                   | {"tok_s_processes": [r["tok_s"] for r in rs]})
     return out
 
 
@@ -673,8 +686,12 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
         env = {"SGLANG_SIMULATE_ACC_LEN": str(run.accepts[0]), ACC_ENV: str(acc_file),
                SAMPLING_ENV: run.acc_sampling}
     if kind == "dual":
+        if not process:
+            # The worker is measured again: an earlier call's log and its costs would pass for
+            # this one's (and the log appends).
+            for stale in ("dual.steps.jsonl", "step-costs.md"):
+                (run.out / stale).unlink(missing_ok=True)
         if run.step_log and not process:
-            (run.out / "dual.steps.jsonl").unlink(missing_ok=True)    # the log appends
             env["DGW_STEP_LOG"] = str(run.out / "dual.steps.jsonl")
         env |= (dual_env or {}) | run.dual_env
     kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
@@ -796,6 +813,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --accept wants numbers like 1.5,2,3, got {args.accept!r}",
               file=sys.stderr)
         return 2
+    if err := accept_problem("--accept", accepts):
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.short_cell_s < 0 or not 1 <= args.short_cell_runs <= MAX_RUNS:
         print(f"error: --short-cell-s must be >= 0 and --short-cell-runs 1-{MAX_RUNS}",
               file=sys.stderr)
@@ -836,11 +856,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"({_spans(sorted(os.sched_getaffinity(0)))})", file=sys.stderr)
             return 2
     backend = engine_attention_backend(args.attention_backend)
+    gpu = gpu_name()
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
                 "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}
                 if args.rounds == 1 else {"below_s": 0.0, "runs": 1},
                 "host_load": args.host_load, "interleave": args.interleave,
-                "rounds": args.rounds, "pin_cpus": args.pin_cpus and _spans(cpus)}
+                "rounds": args.rounds, "pin_cpus": args.pin_cpus and _spans(cpus),
+                "radix_cache": args.radix_cache, "acc_sampling": args.acc_sampling, "gpu": gpu}
     earlier = []
     if args.fill_from:
         try:
@@ -850,7 +872,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: --fill-from {args.fill_from}: not a policy-matrix.json ({e})",
                   file=sys.stderr)
             return 2
-        if err := other_settings(filler, settings, ("attention_backend", "host_load")):
+        if err := other_settings(filler, settings, ("attention_backend", "host_load",
+                                                    "radix_cache", "acc_sampling", "gpu")):
             print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
             return 2
     if args.rounds != 1 and not (args.interleave and 1 <= args.rounds <= MAX_RUNS):
@@ -882,9 +905,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {matrix_path}: not a policy-matrix.json ({exc!r}); {fix}",
               file=sys.stderr)
         return 2
-    # The records kept from an earlier run into DIR must come from the same servers.
+    # The records kept from an earlier run into DIR must come from the same servers; the
+    # sampling of forced acceptance matters where EAGLE-3's or the worker's records are kept.
     kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
-            "pin_cpus") + (() if "dual" in engines else ("dual_env",))
+            "pin_cpus", "radix_cache", "gpu") + (() if "dual" in engines else ("dual_env",)) \
+        + (() if {"eagle3", "dual"} <= set(engines) else ("acc_sampling",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
         return 2
@@ -893,7 +918,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     shapes = llama3_8b_shapes()
     target, draft = write_dummy_pair(out / "models", shapes)
     recs = kept_records
-    note = (f"{gpu_name()}, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
+    note = (f"{gpu}, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
             f"(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths "
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
             f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "
@@ -917,6 +942,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               rounds=args.rounds, cpus=cpus)
     writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
                           args.fill_from or "", previous.get("startup_s", {}))
+    failed: dict[str, str] = {}          # engine (process) name -> why its run failed
     with host_speed.Sampler(out / HOST_SPEED_FILE):
         if args.interleave:
             def filed(results: dict[str, dict]) -> list[dict]:
@@ -932,8 +958,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 together=args.start_together)
             for kind, res in results.items():
                 writer.started(kind, res)
-                if res.get("error"):
-                    print(f"[matrix] {kind}: {res['error']}", flush=True)
+                if why := failure(kind, res, workloads):
+                    failed[kind] = why
                 got = interleave.kv_tokens(res)
                 if got is not None and got < interleave.ENGINE_KWARGS["max_total_tokens"]:
                     print(f"[matrix] WARNING: {kind}'s KV pool is {got} tokens, under the "
@@ -945,6 +971,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                               if not args.interleave):
             name = kind if not process else f"{kind}.p{process + 1}"
             res = run_engine(name, engine_spec(run, kind, process), out, deadline)
+            if why := failure(kind, res, workloads):
+                failed[name] = why
             recs += [r | ({"process": process + 1} if args.processes > 1 else {})
                      for r in with_host_record(records(kind, res, workloads), {kind: res}, out)]
             writer.started(name, res)
@@ -957,7 +985,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                        host_speed.read(out / HOST_SPEED_FILE))
         (out / "step-costs.md").write_text(costs)
         print("worker step costs by place in a run (step-costs.md):\n" + costs)
-    return 0
+    for name, why in failed.items():
+        print(f"[matrix] FAILED {name}: {why}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -107,13 +107,12 @@ class WorkloadSpec:
         }
 
     def engine_kwargs(self, target: Path, draft: Path) -> dict:
-        from bench.sglang.model_configs import ALGO, engine_attention_backend
-        from bench.sglang.run_sglang_suite import Suite, server_kwargs
+        from bench.sglang.model_configs import engine_attention_backend, server_kwargs, spec_kwargs
 
         # The GPU suite's bench engine.
         return (server_kwargs(target, "dummy", self.max_graph_bs, log_level=self.log_level,
                               attention_backend=engine_attention_backend(self.attention_backend))
-                | Suite.spec_kwargs(ALGO, draft))
+                | spec_kwargs("dual", draft))
 
     def workload_argv(self) -> list[str]:
         """The flags that reproduce this spec (what --nsys passes to the profiled child)."""

@@ -63,17 +63,17 @@ def baseline(name: str, kind: str, names) -> str:
 def dual_ratios(levels: Sequence[int], table: Mapping[str, Mapping[int, float]]
                 ) -> dict[str, dict[str, dict[int, float]]]:
     """{dual engine: {"vs_best": {c: r}, "vs_plain": {c: r}}}: each dual-* engine's tok/s over
-    max(plain, eagle3) and over plain at each concurrency both were measured (the baselines
-    of the same server setting, see `baseline`)."""
+    max(plain, eagle3) where both baselines were measured, and over plain where it was (the
+    baselines of the same server setting, see `baseline`)."""
     out: dict[str, dict[str, dict[int, float]]] = {}
     for name, vals in table.items():
         if not name.startswith("dual"):
             continue
         plain = table.get(baseline(name, "plain", table), {})
         eagle = table.get(baseline(name, "eagle3", table), {})
-        best = {c: max(plain.get(c, 0.0), eagle.get(c, 0.0)) for c in levels}
+        best = {c: max(plain[c], eagle[c]) for c in levels if c in plain and c in eagle}
         out[name] = {
-            "vs_best": {c: vals[c] / best[c] for c in levels if c in vals and best[c] > 0},
+            "vs_best": {c: vals[c] / best[c] for c in best if c in vals and best[c] > 0},
             "vs_plain": {c: vals[c] / plain[c] for c in levels if c in vals and plain.get(c)},
         }
     return out

@@ -71,9 +71,11 @@ if str(REPO_ROOT) not in sys.path:
 from bench.sglang import report  # noqa: E402
 from bench.sglang.engine_child import run_child  # noqa: E402
 from bench.sglang.model_configs import (  # noqa: E402
-    ALGO,
-    SPEC_ARGS,
+    EAGLE3_MAX_RUNNING_REQUESTS,
+    accept_problem,
     llama3_8b_shapes,
+    server_kwargs,
+    spec_kwargs,
     toy_shapes,
     write_dummy_pair,
 )
@@ -102,17 +104,6 @@ KEEP_CURRENT = "keep-current"
 DEFAULT = "default"          # the worker's own default continuity: no DGW_CONTINUITY set
 SUFFIX = {DEFAULT: "", LAZY: "-lazy", KEEP_CURRENT: "-keep-current"}
 RADIX = report.RADIX  # engines run with the radix cache on
-
-
-def server_kwargs(model: Path, load_format: str, max_bs: int, *, log_level: str,
-                  radix_cache: bool = False, attention_backend: Optional[str] = "triton") -> dict:
-    """sglang.Engine arguments every suite engine shares (the profiling workload's too). The
-    radix cache is off unless asked for: random prompts share no prefix, and the dual worker
-    defers draft prefills only without it (lazy_sync.py says why)."""
-    return dict(model_path=str(model), load_format=load_format, skip_tokenizer_init=True,
-                attention_backend=attention_backend, sampling_backend="pytorch",
-                cuda_graph_max_bs_decode=max_bs, log_level=log_level,
-                disable_radix_cache=not radix_cache)
 
 
 @dataclass
@@ -184,11 +175,6 @@ class Suite:
                              radix_cache=radix_cache,
                              attention_backend=self.args.attention_backend)
 
-    @staticmethod
-    def spec_kwargs(algo: str, draft: Path) -> dict:
-        return dict(speculative_algorithm=algo, speculative_draft_model_path=str(draft),
-                    **SPEC_ARGS)
-
     def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
         env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
         if self.args.stall_trace_s:
@@ -237,7 +223,7 @@ class Suite:
             env, log = self.correctness_env(name, continuity)
             dual = self.run(EngineRun(name, "correctness",
                                       self.common(target, "dummy", 32)
-                                      | self.spec_kwargs(ALGO, draft), env, task, est_s=30,
+                                      | spec_kwargs("dual", draft), env, task, est_s=30,
                                       step_log=log))
             got = (dual.get("tasks", {}).get("exact") or {}).get("outputs")
             check = {"expected": "plain SGLang, same dummy weights (seeded), same requests"}
@@ -268,7 +254,7 @@ class Suite:
         env, log = self.dual_env(name, policy="cycle", min_dwell=a.multiturn_hold)
         er = EngineRun(name, "multiturn",
                        self.common(toy / "target", "auto", 32, radix_cache=True)
-                       | {"dtype": a.toy_dtype} | self.spec_kwargs(ALGO, toy / "draft-f100"),
+                       | {"dtype": a.toy_dtype} | spec_kwargs("dual", toy / "draft-f100"),
                        env, [task], est_s=40, step_log=log)
         res = self.run(er)
         got = (res.get("tasks", {}).get("multiturn") or {}).get("turns")
@@ -326,7 +312,7 @@ class Suite:
         er = EngineRun(name, "correctness",
                        self.common(toy / "target", "auto", 32, radix_cache=radix_cache)
                        | {"dtype": a.toy_dtype}
-                       | self.spec_kwargs(ALGO, toy / f"draft-{a.toy_draft}"),
+                       | spec_kwargs("dual", toy / f"draft-{a.toy_draft}"),
                        env, [{"name": "exact", "kind": "exact", "requests": requests}],
                        est_s=30, step_log=log)
         res = self.run(er)
@@ -365,7 +351,7 @@ class Suite:
             base |= {"log_level": "info", "decode_log_interval": a.decode_log_interval}
         est = 10 + 0.05 * sum(a.concurrency) * a.output_len / 256
         self.run(EngineRun("plain", "bench", base, {}, [sweep], est_s=est))
-        self.run(EngineRun("eagle3", "bench", base | self.spec_kwargs("EAGLE3", draft), sim,
+        self.run(EngineRun("eagle3", "bench", base | spec_kwargs("eagle3", draft), sim,
                            [sweep], est_s=est * 1.5))
         env, log = self.dual_env("dual-bench", policy=a.dual_policy)
         tasks = [sweep]
@@ -374,13 +360,13 @@ class Suite:
                           "profile": ramp_profile(a.ramp_levels, a.ramp_hold_s),
                           "input_len": 128, "output_lens": [64, 128, 256]})
         ramp_s = (2 * len(a.ramp_levels) - 1) * a.ramp_hold_s + 10 if with_ramp else 0
-        self.run(EngineRun("dual", "bench", base | self.spec_kwargs(ALGO, draft), sim | env,
+        self.run(EngineRun("dual", "bench", base | spec_kwargs("dual", draft), sim | env,
                            tasks, est_s=est * 1.5 + ramp_s, step_log=log))
         if with_ramp:
             self.plot_ramp(self.runs.get("dual"))
         def run_dual_variant(name: str, server: dict = base, **dgw: object) -> None:
             env, log = self.dual_env(name + "-bench", policy=a.dual_policy, **dgw)
-            self.run(EngineRun(name, "bench", server | self.spec_kwargs(ALGO, draft), sim | env,
+            self.run(EngineRun(name, "bench", server | spec_kwargs("dual", draft), sim | env,
                                [sweep], est_s=est * 1.5, step_log=log))
 
         if a.with_eager_draft:
@@ -402,7 +388,7 @@ class Suite:
         if a.try_adaptive:
             adaptive_sweep = dict(sweep, concurrency=[1, 32])
             self.run(EngineRun("eagle3-adaptive", "bench",
-                               base | self.spec_kwargs("EAGLE3", draft)
+                               base | spec_kwargs("eagle3", draft)
                                | {"speculative_adaptive": True}, sim, [adaptive_sweep],
                                est_s=20))
     # -------------------------------------------------------------------- helpers
@@ -431,7 +417,8 @@ class Suite:
             variants.append("dual-no-defer: DGW_DEFER_DRAFT_PREFILL=0 (EAGLE's draft prefill "
                             "runs for every prompt)")
         return "; ".join([self.bench_headline(),
-                          "random token ids, ignore_eos, T=0; EAGLE-3 at SGLang's defaults",
+                          "random token ids, ignore_eos, T=0; EAGLE-3 at SGLang's defaults but "
+                          f"its running-request cap lifted to {EAGLE3_MAX_RUNNING_REQUESTS}",
                           f"{a.attention_backend} attention, 3 steps, topk 1",
                           f"dual policy={a.dual_policy}; dual: continuity "
                           f"{worker_default_continuity()} (the worker's default)", *variants])
@@ -555,6 +542,22 @@ class Suite:
             md.append("\n## speculative_adaptive (EAGLE3)\n"
                       + str(r.get("error") or r.get("skipped") or "started and ran"))
         (self.out / "report.md").write_text("\n".join(md) + "\n")
+
+    def bench_failures(self) -> dict[str, str]:
+        """Each bench engine that ran and failed: its error, a non-zero exit, or no point
+        measured. eagle3-adaptive is left out: it is tried to record whether it fails."""
+        out = {}
+        for name, r in self.runs.items():
+            if r.phase != "bench" or name == "eagle3-adaptive":
+                continue
+            res = r.result
+            if res.get("error") or res.get("skipped"):
+                out[name] = str(res.get("error") or res.get("skipped"))
+            elif res.get("returncode", 0) != 0:
+                out[name] = f"exited with {res['returncode']}"
+            elif not report.throughput_rows({name: res})[1][name]:
+                out[name] = "measured no point"
+        return out
 
     def log_summary(self, r: EngineRun) -> dict:
         """Steps, catch-ups and longest gaps of a finished engine's step log, read once."""
@@ -703,6 +706,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         p.error(f"unknown phases {sorted(unknown)}; choose from {PHASES}")
+    if err := accept_problem("--simulate-acc-len", [args.simulate_acc_len]):
+        p.error(err)
     if args.toy_dir and not (Path(args.toy_dir) / "target").is_dir():
         p.error(f"--toy-dir {args.toy_dir} holds no target/ checkpoint; make one with "
                 "`dgw make-toy-checkpoints DIR`")
@@ -720,7 +725,10 @@ def main(argv=None) -> int:
         suite.bench(with_ramp="ramp" in args.phases)
     suite.write()
     print("\n" + suite.final_summary(), flush=True)
-    ok = all(c.get("ok") for c in suite.checks.values())
+    failed = suite.bench_failures()
+    for name, why in failed.items():
+        print(f"[suite] FAILED {name}: {why}", file=sys.stderr, flush=True)
+    ok = all(c.get("ok") for c in suite.checks.values()) and not failed
     return 0 if ok else 1
 
 

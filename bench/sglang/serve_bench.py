@@ -32,11 +32,10 @@ from typing import Optional
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 from bench.sglang.model_configs import (
-    ALGO,
-    EAGLE3_MAX_RUNNING_REQUESTS,
-    SPEC_ARGS,
+    accept_problem,
     engine_attention_backend,
     llama3_8b_shapes,
+    spec_kwargs,
     write_dummy_pair,
     write_word_tokenizer,
 )
@@ -45,6 +44,7 @@ from bench.sglang.engine_child import gpu_name
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments
 
@@ -124,14 +124,7 @@ def server_command(kind: str, cfg: ServeBenchConfig, target: str, draft: str) ->
            "--host", "127.0.0.1", "--port", str(cfg.port), *cfg.server_args]
     if cfg.dummy:
         cmd += ["--load-format", "dummy"]
-    if kind == "plain":
-        return cmd
-    algo = "EAGLE3" if kind == "eagle3" else ALGO
-    cmd += ["--speculative-algorithm", algo, "--speculative-draft-model-path", draft,
-            *_flags(SPEC_ARGS)]
-    if kind == "eagle3":
-        cmd += _flags({"max_running_requests": EAGLE3_MAX_RUNNING_REQUESTS})
-    return cmd
+    return cmd if kind == "plain" else cmd + _flags(spec_kwargs(kind, Path(draft)))
 
 
 def _flags(kwargs: dict) -> list[str]:
@@ -316,6 +309,8 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
     clients = client_env(env)
     raw = cfg.out / "raw" / f"{kind}.jsonl"
     raw.parent.mkdir(parents=True, exist_ok=True)
+    # bench_serving appends: an earlier run's line of a tag would pass for a client that failed.
+    raw.unlink(missing_ok=True)
     log_path = cfg.out / f"{kind}.server.log"
     points = []
     try:
@@ -338,8 +333,8 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
                 if rc != 0 or not point.metrics:
                     point.error = (f"client exited with {rc}: "
                                    f"{last_error(client_log.read_text(errors='replace'))}")
-                print(f"[serve-bench] {tag}: {point.metrics.get('output_throughput')} tok/s",
-                      flush=True)
+                print(f"[serve-bench] {tag}: {point.metrics.get('output_throughput')} tok/s"
+                      + (f"; {point.error}" if point.error else ""), flush=True)
                 points.append(point)
             if soak_ref is not None:
                 soak_ref["outputs"] = soak.generate_batch(
@@ -417,7 +412,8 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
             continue
         cells = [f"{m[k]:.2f}" if isinstance(m.get(k), (int, float)) else "-"
                  for k in FIELDS[:9]]
-        lines.append(f"| {p.engine} | {p.concurrency} | " + " | ".join(cells) + " |")
+        engine = p.engine + (f" ({p.error})" if p.error else "")
+        lines.append(f"| {engine} | {p.concurrency} | " + " | ".join(cells) + " |")
     ratios = []
     for c in cfg.concurrency:
         dual = by.get(("dual", c), {}).get("output_throughput")
@@ -529,6 +525,8 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
         if folder and not (Path(folder) / "config.json").is_file():
             ap.error(f"{flag} {folder}: no config.json there; pass a local checkpoint folder "
                      "(a hub id is not fetched here)")
+    if not args.model and (err := accept_problem("--accept", [args.accept])):
+        ap.error(err)
     try:
         dual_env = tuple(assignments(args.dual_env).items())
     except ConfigError as exc:
@@ -615,10 +613,8 @@ def write_results(cfg: ServeBenchConfig, points: list[ServePoint], soaked: dict)
     config = _config_json(cfg)
     config["engines"] = [e for e in ENGINES if e in cfg.engines or
                          any(p.engine == e for p in points)]
-    tmp = cfg.out / "serve-bench.json.tmp"
-    tmp.write_text(json.dumps({"config": config, "points": [asdict(p) for p in points],
-                               "soak": soaked}, indent=1))
-    os.replace(tmp, cfg.out / "serve-bench.json")
+    write_json({"config": config, "points": [asdict(p) for p in points], "soak": soaked},
+               cfg.out / "serve-bench.json")
     (cfg.out / "report.md").write_text(report(cfg, points) + soak_report(soaked, cfg.dummy))
     if any(p.metrics for p in points):
         plot(cfg, points, cfg.out / "serve-bench.png")
