@@ -129,12 +129,12 @@ def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 2.2 * len(rows)), squeeze=False)
+    fig = Figure(figsize=(9, 2.2 * len(rows)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(rows), 1, squeeze=False)
     for ax, row in zip(axes[:, 0], rows):
         ax.step(range(len(row["modes"])), [m == "s" for m in row["modes"]], where="post",
                 label="speculating")

@@ -71,14 +71,14 @@ def measure(requests: int, tokens: int, device: str, iters: int) -> dict:
 
 
 def _plot(rows: list[dict], path: Path, note: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     labels = [f"{r['requests']} x {r['tokens_each']}" for r in rows]
     x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig = Figure(figsize=(7, 3.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     ax.bar(x - 0.2, [r["host_us"] for r in rows], 0.4, label="host-computed, one upload")
     ax.bar(x + 0.2, [r["device_us"] for r in rows], 0.4, label="device ops")
     ax.set_xticks(x, labels)
@@ -88,7 +88,6 @@ def _plot(rows: list[dict], path: Path, note: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -119,12 +119,12 @@ def report(rows: list[dict], ratios: Optional[dict], note: str,
 
 
 def plot(rows: list[dict], ratios: dict, path: Path, note: str) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig = Figure(figsize=(10, 3.6))
+    FigureCanvasAgg(fig)
+    a, b = fig.subplots(1, 2)
     names = ["graph memory", "capture time", "start-up"]
     vals = [ratios["graph_bytes"], ratios["capture_s"], ratios["startup"]]
     a.bar(names, [v or 0 for v in vals], color="tab:blue")

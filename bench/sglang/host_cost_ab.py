@@ -65,12 +65,12 @@ def summary(runs: dict[str, list[list[dict]]]) -> list[dict]:
 
 
 def _plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig = Figure(figsize=(8, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     labels = [f"bs {r['bs']}\n{r['part'].removesuffix('_us')}" for r in rows]
     x = range(len(rows))
     ax.bar(x, [r["ratio_median"] for r in rows], color="tab:blue")

@@ -186,16 +186,16 @@ def plot_throughput(levels, table, path: str | Path, title: str) -> Path:
 def plot_ramp(steps: Sequence[tuple], phases: Sequence[dict], path: str | Path,
               title: str) -> Optional[Path]:
     """steps: (t, bs, mode) per decode step; phases: {"phase": c, "t_start", "t_end"}."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        return None
     if not steps:
         return None
+    # matplotlib's object API on the Agg canvas: no pyplot, so no process-wide backend state.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     t0 = min(s[0] for s in steps)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig = Figure(figsize=(9, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     for mode, color in (("spec", "tab:orange"), ("decode", "tab:blue")):
         pts = [(s[0] - t0, s[1]) for s in steps if s[2] == mode]
         if pts:
@@ -211,7 +211,6 @@ def plot_ramp(steps: Sequence[tuple], phases: Sequence[dict], path: str | Path,
     ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return Path(path)
 
 

@@ -447,12 +447,12 @@ def busy_table(points: list[ServePoint]) -> list[str]:
 
 
 def plot(cfg: ServeBenchConfig, points: list[ServePoint], path: Path) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
     for engine in [e for e in ENGINES if any(p.engine == e for p in points)]:
         pts = [p for p in points if p.engine == engine and p.metrics]
         xs = [p.concurrency for p in pts]

@@ -129,11 +129,12 @@ def _ratios(variants: dict, conc: list[int]) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fig = Figure(figsize=(13, 5))
+    FigureCanvasAgg(fig)
+    ax, ax2 = fig.subplots(1, 2)
     conc = results["concurrency"]
     for name, rows in results["variants"].items():
         ax.plot(conc, [r["step_tok_s"] for r in rows], marker="o", label=name)
