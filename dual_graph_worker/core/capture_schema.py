@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.dispatch import DispatchTable, check_decode_covers_spec
 from dual_graph_worker.core.errors import ConfigError, StaleConfig
 from dual_graph_worker.core.jsonio import (check_schema, need_field, need_int_list,
                                            need_mapping, need_number, read_json)
@@ -165,10 +165,10 @@ class ServingCapture:
             if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
                 raise ConfigError(f"capture config: {name} must be distinct batch sizes >= 1 in "
                                   f"ascending order, got {list(sizes)}")
-        if self.decode_bs[-1] < self.spec_bs[-1]:
-            raise ConfigError(f"capture config: the decode pool tops out at bs={self.decode_bs[-1]}"
-                              f" below the spec pool's bs={self.spec_bs[-1]}; the decode pool must "
-                              f"cover the spec range ({RETUNE})")
+        try:
+            check_decode_covers_spec(self.spec_bs[-1], self.decode_bs[-1], RETUNE)
+        except ConfigError as exc:
+            raise ConfigError(f"capture config: {exc}") from None
         k = self.num_draft_tokens
         if self.model.num_draft_tokens != k or self.calibration.num_draft_tokens != k:
             raise ConfigError(f"capture config: num_draft_tokens disagree (config {k}, model "

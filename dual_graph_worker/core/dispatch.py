@@ -27,6 +27,14 @@ class EagerDispatch:
 Dispatch = Union[GraphKey, EagerDispatch]
 
 
+def check_decode_covers_spec(spec_top: int, decode_top: int, fix: str) -> None:
+    """ConfigError unless the decode pool reaches every batch the spec pool does: a batch
+    leaving speculation must find a decode graph. `fix`: what the message tells the user."""
+    if decode_top < spec_top:
+        raise ConfigError(f"the decode pool tops out at bs={decode_top} below the spec pool's "
+                          f"bs={spec_top}; the decode pool must cover the spec range: {fix}")
+
+
 def _validated_sizes(name: str, sizes: Iterable[int]) -> tuple[int, ...]:
     out = tuple(sorted(set(int(s) for s in sizes)))
     if any(s < 1 for s in out):
@@ -50,11 +58,8 @@ class DispatchTable:
               allow_eager: bool = True) -> "DispatchTable":
         spec = _validated_sizes("spec pool", spec_sizes)
         decode = _validated_sizes("decode pool", decode_sizes)
-        if spec and decode and max(decode) < max(spec):
-            raise ConfigError(
-                f"decode pool tops out at bs={max(decode)} but the spec pool reaches "
-                f"bs={max(spec)}; the decode pool must cover at least the spec range "
-                "(B_max >= B_spec): add larger decode batch sizes")
+        if spec and decode:
+            check_decode_covers_spec(max(spec), max(decode), "add larger decode batch sizes")
         return cls(spec, decode, allow_eager, cls._lut(Mode.SPEC, spec),
                    cls._lut(Mode.DECODE, decode))
 
