@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bench.sglang import engine_child, host_speed, placement
+from bench.sglang import matrix_report
 from bench.sglang import policy_matrix as pm
 
 
@@ -124,12 +125,12 @@ def test_the_report_sets_each_engines_runs_on_a_slow_host_apart():
             cell("dual", [100.0, 70.0, 99.0], [10.0, 20.0, 10.0]),
             cell("dual", [50.0, 50.0, 40.0], [10.0, 10.0, None]),
             cell("plain", [10.0], [30.0]) | {"from": "run7"}]
-    md = pm.slow_host_report(recs)
+    md = matrix_report.slow_host_report(recs)
     assert "Host probe median 10.0 ms" in md
     assert "| dual | 1 | 0.700, 0.700 | 4 | 1.000, 0.990 | 1 of 5 |" in md
     assert "| eagle3 | 1 | 0.990, 0.990 | 2 | 1.000, 1.000 | 0 of 3 |" in md
     assert "plain" not in md
-    assert pm.slow_host_report([cell("dual", [1.0], [10.0])]) == ""
+    assert matrix_report.slow_host_report([cell("dual", [1.0], [10.0])]) == ""
 
 
 def test_a_loaded_matrix_says_so_and_never_shares_a_folder_with_an_unloaded_one(tmp_path,
@@ -263,6 +264,6 @@ def test_each_run_records_where_its_engines_scheduler_ran_and_the_report_sets_sl
     got = pm.with_host_speed(rec, [(0.0, 10.0), (1.5, 10.0)], placed, 100)
     assert got["runs_placement"] == [{"cpus": [3], "steal": 2}, {"cpus": [4], "steal": 1}]
     assert "runs_placement" not in pm.with_host_speed(rec, [(0.0, 10.0)], placed, None)
-    md = pm.placement_report([got, {**got, "from": "run7"}])
+    md = matrix_report.placement_report([got, {**got, "from": "run7"}])
     assert "| dual | 2 | 3, 4 | 0 | 1 | 1, 1 | 2, 2 |" in md
-    assert pm.placement_report([rec]) == ""
+    assert matrix_report.placement_report([rec]) == ""

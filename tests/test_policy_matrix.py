@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.sglang import matrix_records as mr
+from bench.sglang import matrix_report as mrep
 from bench.sglang import policy_matrix as pm
 
 
@@ -21,19 +23,19 @@ def test_ratio_against_the_better_baseline_and_fill_marks_cross_run_cells():
            rec("eagle3", 3.0, 1, 400.0), rec("dual", 3.0, 1, 396.0), rec("dual", 3.0, 128, 10890.0)]
     earlier = [rec("eagle3", 3.0, 1, 999.0), rec("eagle3", 3.0, 128, 6600.0),
                rec("dual", 3.0, 4, 1.0), rec("plain", None, 4, 800.0)]
-    filled = pm.fill_from(now, earlier, "run2/policy-matrix.json")
+    filled = mr.fill_from(now, earlier, "run2/policy-matrix.json")
     # Only cells this run lacks, never the worker's, each with its source.
     assert [r for r in filled if "from" in r] == [
         earlier[1] | {"from": "run2/policy-matrix.json"},
         earlier[3] | {"from": "run2/policy-matrix.json"}]
-    again = pm.fill_from([], filled, "run5/policy-matrix.json")
+    again = mr.fill_from([], filled, "run5/policy-matrix.json")
     assert {r.get("from") for r in again if r["tok_s"] == 6600.0} == {"run2/policy-matrix.json"}
-    cells = {c["concurrency"]: c for c in pm.ratios(filled)}
+    cells = {c["concurrency"]: c for c in mr.ratios(filled)}
     assert cells[1]["ratio"] == 0.99 and "cross_run" not in cells[1]   # this run's EAGLE-3
     assert cells[128]["ratio"] == 0.99 and cells[128]["cross_run"] is True
     assert set(cells) == {1, 128}                                        # no worker at 4
     w = [pm.Workload.parse("256x256@1,128")]
-    md = pm.report(pm.ratios(filled), [3.0], w, "note")
+    md = mrep.report(mr.ratios(filled), [3.0], w, "note")
     assert "| 3 | 0.990 | 0.990\u2020 |" in md and "another run" in md
 
 
@@ -78,7 +80,7 @@ def test_records_of_other_servers_are_never_mixed_into_a_matrix(tmp_path, capsys
                     "default", "--fill-from", str(old / "policy-matrix.json")]) == 2
     assert "--fill-from" in capsys.readouterr().err
     same = {"records": [], "settings": {"attention_backend": "default", "dual_env": {}}}
-    assert pm.other_settings(same, same["settings"], ("attention_backend", "dual_env")) is None
+    assert mr.other_settings(same, same["settings"], ("attention_backend", "dual_env")) is None
 
 
 def test_default_attention_backend_leaves_the_choice_to_sglang(tmp_path):
@@ -93,7 +95,7 @@ def test_a_matrix_built_over_runs_keeps_every_runs_columns():
     earlier = [{"input_len": 256, "output_len": 256, "concurrency": [1, 64, 256]},
                {"input_len": 2048, "output_len": 64, "concurrency": [16]}]
     now = [pm.Workload.parse("256x256@1,4,64"), pm.Workload.parse("64x1024@32")]
-    got = pm.merged_workloads(earlier, now)
+    got = mr.merged_workloads(earlier, now)
     assert [(w.name, w.concurrency) for w in got] == [
         ("256x256", (1, 4, 64, 256)), ("2048x64", (16,)), ("64x1024", (32,))]
 
@@ -219,7 +221,7 @@ def test_calls_whose_engines_were_launched_otherwise_merge_and_say_so(tmp_path, 
     such calls merge, and the merged note names the ones launched together; any other
     difference in the note still refuses."""
     from bench.sglang import merge_matrix as mm
-    from bench.sglang.policy_matrix import LAUNCHED_TOGETHER
+    from bench.sglang.matrix_records import LAUNCHED_TOGETHER
 
     cell = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0), rec("dual", 3.0, 1, 396.0)]
     before = _matrix(tmp_path, "before", cell, note="engines up at once, KV")
@@ -378,16 +380,17 @@ def test_the_machine_report_tells_a_slow_host_from_a_slow_engine_process():
     recs = [cell("eagle3", 3.5, 12.0, 1980.0, 0.5), cell("eagle3", 3.5, 13.0, 1980.0, 0.5),
             cell("dual", 3.5, 12.5, 1755.0, 1.0), cell("dual", 3.5, 12.5, 1980.0, 1.0),
             cell("plain", None, 30.0, 1980.0, 0.4) | {"from": "run7"}]
-    md = pm.machine_report(recs)
+    md = mrep.machine_report(recs)
     assert "| dual | 3.5 | 2 | 12.5, 12.5 | - | 1755-1980 | 2.00 |" in md
     assert "| eagle3 | 3.5 | 2 | 12.5, 13.0 | - | 1980-1980 | 1.00 |" in md
     assert "plain" not in md
-    assert pm.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""
+    assert mrep.machine_report([rec("dual", 3.5, 1, 500.0)]) == ""
 
 
 def test_the_report_shows_each_repeated_cell_first_and_fastest_run_apart(tmp_path):
     from bench.sglang import merge_matrix as mm
-    from bench.sglang.policy_matrix import Workload, other_readings, reading_report
+    from bench.sglang.matrix_records import Workload, other_readings
+    from bench.sglang.matrix_report import reading_report
 
     w = [Workload.parse("256x256@1")]
     recs = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0) | {
@@ -432,7 +435,7 @@ def test_an_interleaved_cells_rounds_make_one_record():
                                "steps_by_reason": {"spec/goodput": steps}}}
     other = {"accept_len": 2.0, "input_len": 256, "output_len": 256, "concurrency": 4,
              "engine": "eagle3", "tok_s": 5.0, "seconds": 1.0}
-    merged = pm.merged_rounds([rnd(1, 90.0, 2.0, 181, 1.5, 60), rnd(0, 100.0, 1.0, 100, 1.0, 50),
+    merged = mr.merged_rounds([rnd(1, 90.0, 2.0, 181, 1.5, 60), rnd(0, 100.0, 1.0, 100, 1.0, 50),
                                rnd(2, 50.0, 3.0, 152, None, 70), other])
     assert [r for r in merged if r["engine"] == "eagle3"] == [other]
     one = next(r for r in merged if r["engine"] == "dual")
@@ -445,7 +448,7 @@ def test_an_interleaved_cells_rounds_make_one_record():
     assert one["dual_graph"]["mode"] == "m2" and one["dual_graph"]["catch_ups"] == 3
     assert one["dual_graph"]["steps"] == {"spec": 180}
     assert "round" not in one and "output_tokens" not in one
-    two = pm.merged_rounds([rnd(0, 100.0, 1.0, 100, 1.0, 50), rnd(1, 90.0, 2.0, 181, 1.5, 60)])
+    two = mr.merged_rounds([rnd(0, 100.0, 1.0, 100, 1.0, 50), rnd(1, 90.0, 2.0, 181, 1.5, 60)])
     assert two[0]["tok_s"] == 90.0 and two[0]["machine"]["cpu_s"] == 2.5
 
 
@@ -457,15 +460,15 @@ def test_a_cell_whose_rounds_the_budget_cut_short_is_marked_in_the_grid(tmp_path
 
     def ran(engine, a, c, tok_s, rounds):
         return rec(engine, a, c, tok_s) | {"rounds": rounds, "runs_tok_s": [tok_s] * rounds}
-    recs = pm.with_rounds_asked(
+    recs = mr.with_rounds_asked(
         [ran("plain", None, 1, 200.0, 3), ran("eagle3", 2.0, 1, 400.0, 3),
          ran("dual", 2.0, 1, 396.0, 3), ran("plain", None, 4, 800.0, 3),
          ran("eagle3", 2.0, 4, 1000.0, 2), ran("dual", 2.0, 4, 990.0, 2)], {"rounds": 3})
-    cells = {c["concurrency"]: c for c in pm.ratios(recs)}
+    cells = {c["concurrency"]: c for c in mr.ratios(recs)}
     assert "cut_short" not in cells[1] and cells[4]["cut_short"] is True
-    md = pm.report(list(cells.values()), [2.0], [pm.Workload.parse("256x256@1,4")], "note")
+    md = mrep.report(list(cells.values()), [2.0], [pm.Workload.parse("256x256@1,4")], "note")
     assert "| 2 | 0.990 | 0.990\u2021 |" in md and "fewer rounds than its call asked" in md
-    first = pm.ratios(pm.first_runs(recs))                  # one run each: none cut short
+    first = mr.ratios(mr.first_runs(recs))                  # one run each: none cut short
     assert not any("cut_short" in c for c in first)
     # Merged: a call that asked for two rounds and ran them is whole.
     parts = []
@@ -574,11 +577,11 @@ def test_a_matrix_written_before_these_settings_reads_them_from_its_note(tmp_pat
     note = ("NVIDIA H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
             "(SGLANG_SIMULATE_ACC_LEN, switched in-process; non-integer lengths error-diffused "
             "per step), SGLang default attention, 3 steps topk 1, radix cache on, T=0")
-    assert pm.settings_in_note(note) == {"radix_cache": True, "acc_sampling": "diffused",
+    assert mr.settings_in_note(note) == {"radix_cache": True, "acc_sampling": "diffused",
                                          "gpu": "NVIDIA H200"}
     first = ("H200, SGLang 0.5.17, Llama-3-8B shape, DUMMY weights, accept length FORCED "
              "(SGLANG_SIMULATE_ACC_LEN, switched in-process), triton attention, radix cache on")
-    assert pm.settings_in_note(first)["acc_sampling"] == "sglang"
+    assert mr.settings_in_note(first)["acc_sampling"] == "sglang"
 
 
 def test_a_worker_measured_again_leaves_no_earlier_step_log(tmp_path, monkeypatch):
@@ -621,7 +624,7 @@ def test_processes_read_the_slower_middle_run_with_its_own_seconds_and_machine()
                                          "process": 1},
             rec("dual", 3.0, 1, 100.0) | {"seconds": 1.0, "machine": {"cpu_s": 2.0},
                                          "process": 2}]
-    [one] = pm.per_cell_median(recs)
+    [one] = mr.per_cell_median(recs)
     assert (one["tok_s"], one["seconds"], one["machine"], one["process"]) == \
         (100.0, 1.0, {"cpu_s": 2.0}, 2)
     assert one["tok_s_processes"] == [200.0, 100.0]
