@@ -39,12 +39,16 @@ def test_ratio_against_the_better_baseline_and_fill_marks_cross_run_cells():
     assert "| 3 | 0.990 | 0.990\u2020 |" in md and "another run" in md
 
 
-def test_fill_from_a_file_that_is_not_a_matrix_is_one_clear_error(tmp_path, capsys):
+@pytest.mark.parametrize("content", [{"cells": []}, [1, 2], {"records": [], "settings": [1]},
+                                     {"records": {}, "settings": {}}, {"records": [], "note": 3}])
+def test_fill_from_a_file_that_is_not_a_matrix_is_one_clear_error(content, tmp_path, capsys):
     bad = tmp_path / "x.json"
-    bad.write_text(json.dumps({"cells": []}))
+    bad.write_text(json.dumps(content))
     assert pm.main(["--out", str(tmp_path / "o"), "--fill-from", str(bad),
                     "--engines", "plain"]) == 2
-    assert "--fill-from" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--fill-from" in err and "not a policy-matrix.json" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"records": [3]}'])

@@ -422,7 +422,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             filler = json.loads(Path(args.fill_from).read_text())
             earlier = filler["records"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            if not isinstance(earlier, list) or not isinstance(filler.get("settings") or {}, dict) \
+                    or not isinstance(filler.get("note") or "", str):
+                raise TypeError("its records must be a list, its settings an object and its "
+                                "note a string")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"error: --fill-from {args.fill_from}: not a policy-matrix.json ({e})",
                   file=sys.stderr)
             return 2
