@@ -120,10 +120,10 @@ def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Calla
 
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "demo": (_forward("dual_graph_worker.tools.demo"), "load ramp on a toy model with real acceptance"),
-    "accept-shift": (_forward("dual_graph_worker.tools.accept_shift"),
+    "demo": (_forward("dual_graph_worker.engines.reference.runs.demo"), "load ramp on a toy model with real acceptance"),
+    "accept-shift": (_forward("dual_graph_worker.engines.reference.runs.accept_shift"),
                      "acceptance that changes while serving, on a toy model"),
-    "bench": (_forward("dual_graph_worker.tools.bench"), "concurrency sweep of every worker variant"),
+    "bench": (_forward("dual_graph_worker.engines.reference.runs.bench"), "concurrency sweep of every worker variant"),
     "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
     "profile": (_profile, "profile the scripted workload and check it"),
     "check-profile": (_forward("profiling.check"), "check an nsys report / torch trace"),

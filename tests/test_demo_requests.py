@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bench.demo_requests import chain_draws, first_estimate_slope, main, phase_requests
-from dual_graph_worker.tools.demo import parser as demo_parser, ramp_phase
-from dual_graph_worker.tools.loadgen import PhaseRun
+from dual_graph_worker.engines.reference.runs.demo import parser as demo_parser, ramp_phase
+from dual_graph_worker.engines.reference.runs.loadgen import PhaseRun
 
 
 def test_a_step_accepts_its_agreeing_run_at_most_k_and_no_more_than_the_tokens_left():

@@ -5,12 +5,11 @@ circle hidden inside a function is still a circle).
 
     layer 0  dual_graph_worker.core (and the package's own __init__)
     layer 1  dual_graph_worker.engines.reference | dual_graph_worker.engines.sglang
-    layer 2  capture | profiling | dual_graph_worker.tools (the reference engine's runs)
+    layer 2  capture | profiling
     layer 3  bench
     layer 4  dual_graph_worker.cli (the `dgw` entry point, on top of everything)
 
-Within one layer the groups do not import each other (the two engines; capture, profiling and
-the tools).
+Within one layer the groups do not import each other (the two engines, capture and profiling).
 """
 
 from __future__ import annotations
@@ -70,8 +69,6 @@ def layer(module: str) -> tuple[int, str]:
             return 1, group
     if module == "dual_graph_worker.engines":
         return 1, "engines"
-    if module.startswith("dual_graph_worker.tools"):
-        return 2, "tools"
     top = module.split(".")[0]
     return {"capture": (2, "capture"), "profiling": (2, "profiling"),
             "bench": (3, "bench")}[top]
