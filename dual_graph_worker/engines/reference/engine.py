@@ -39,6 +39,10 @@ class RequestState:
     draft_hidden: torch.Tensor   # [R, H_draft]
 
 
+def _fields(state: RequestState) -> tuple[torch.Tensor, ...]:
+    return state.last_token, state.draft_token, state.draft_hidden
+
+
 def make_attention(name: str, device: torch.device, head_dims: Sequence[int] = ()
                    ) -> AttentionBackend:
     """`head_dims`: the models' head widths, which the triton kernel's tiles must fit."""
@@ -92,22 +96,22 @@ class ReferenceEngine:
         self.state = RequestState(torch.zeros(R, dtype=torch.int64, device=dev),
                                   torch.zeros(R, dtype=torch.int64, device=dev),
                                   torch.zeros(R, d.hidden_size, dtype=dtype, device=dev))
+        self._saved = RequestState(*(torch.zeros_like(s) for s in _fields(self.state)))
         self.aux_width = len(t.capture_layers) * t.hidden_size
         self._stash: Optional[torch.Tensor] = None      # lazy continuity: features per KV slot
 
-    def save_rows(self, rows: np.ndarray) -> RequestState:
-        """A copy of `rows`' per-request state, which every step moves on."""
-        idx = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
-        st = self.state
-        return RequestState(st.last_token[idx], st.draft_token[idx], st.draft_hidden[idx])
+    def save_rows(self, rows: torch.Tensor) -> None:
+        """Copy the per-request state of device `rows` (which every step moves on) into buffers
+        made once: no allocation on the per-step path."""
+        n = rows.shape[0]
+        for state, saved in zip(_fields(self.state), _fields(self._saved)):
+            torch.index_select(state, 0, rows, out=saved[:n])
 
-    def restore_rows(self, rows: np.ndarray, saved: RequestState) -> None:
+    def restore_rows(self, rows: torch.Tensor) -> None:
         """`rows`' state as save_rows found it: a step that failed part-way leaves no trace."""
-        idx = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
-        st = self.state
-        st.last_token.index_copy_(0, idx, saved.last_token)
-        st.draft_token.index_copy_(0, idx, saved.draft_token)
-        st.draft_hidden.index_copy_(0, idx, saved.draft_hidden)
+        n = rows.shape[0]
+        for state, saved in zip(_fields(self.state), _fields(self._saved)):
+            state.index_copy_(0, rows, saved[:n])
 
     # ------------------------------------------------------------------ description
     @property

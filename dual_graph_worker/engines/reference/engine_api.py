@@ -68,11 +68,11 @@ class Engine(Protocol):
         """Lazy continuity: draft extend over positions [start, end) of each row, from stashed
         target features. tokens/slots are the host mirrors [rows, ...] of those requests."""
 
-    def save_rows(self, rows: np.ndarray) -> Any:
-        """A copy of `rows`' per-request device state (what a step moves on)."""
+    def save_rows(self, rows: torch.Tensor) -> None:
+        """Keep a copy of device `rows`' per-request state (what a step moves on)."""
 
-    def restore_rows(self, rows: np.ndarray, saved: Any) -> None:
-        """Put back what save_rows copied."""
+    def restore_rows(self, rows: torch.Tensor) -> None:
+        """Put back what save_rows kept."""
 
     def fill_synthetic_context(self, rows: np.ndarray, context_len: int,
                                slots: np.ndarray) -> None:

@@ -242,10 +242,12 @@ class DualGraphWorker:
                 self.stats.catch_up_tokens += caught_up
             plan = self.kv.plan(mode, bs)
             seq_before = self.table.seq_lens[rows]            # fancy indexing: a copy
-            saved = self.engine.save_rows(rows)
+            saved = None
             try:
                 self.bufs.stage(rows, seq_before, plan.slots, padded)
                 self.bufs.upload()
+                saved = self.bufs.req_pool_indices[:bs]       # the rows, on the device already
+                self.engine.save_rows(saved)
                 self.runner.run(mode, padded, use_graph)
                 with self.nvtx.stage_range("accept"):
                     staged_tokens, staged_accept = self.bufs.download()
@@ -258,7 +260,8 @@ class DualGraphWorker:
                 # Nothing committed: no slot leaks, and the rows' tokens and draft state are as
                 # before the step, so their requests go on exactly.
                 self.kv.cancel(plan)
-                self.engine.restore_rows(rows, saved)
+                if saved is not None:
+                    self.engine.restore_rows(saved)
                 raise
             with self.nvtx.stage_range("commit"):
                 result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
