@@ -6,7 +6,6 @@ points filed as the sequential matrix files them."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from bench.sglang import interleave
@@ -22,7 +21,7 @@ def _matrix(tmp_path, monkeypatch, *extra):
     out = tmp_path / "m"
     rc = pm.main(["--out", str(out), "--interleave", "--accept", "2,3", "--workload", "16x32@1,4",
                   "--short-cell-runs", "1", "--budget-s", "120", *extra])
-    served = [json.loads(line) for line in log.read_text().splitlines()]
+    served = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return rc, out, served
 
 
@@ -96,13 +95,15 @@ def test_an_engine_that_dies_is_set_aside_with_what_it_measured(
 
 
 def test_the_budget_ends_the_run_without_waiting_on_the_engines(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_SGLANG_SLOW_S", "0.5")
-    t0 = time.monotonic()
+    monkeypatch.setenv("FAKE_SGLANG_SLOW_S", "60")        # every engine's first task outlasts it
     rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3,plain",
                               "--budget-s", "4")
-    assert rc == 1 and time.monotonic() - t0 < 60
+    assert rc == 1
     results = [json.loads((out / f"{k}.json").read_text()) for k in ("dual", "eagle3", "plain")]
-    assert any("budget ran out" in r.get("error", "") for r in results)
+    # Engines warm in turn: the worker is left mid-task when the budget runs out, not waited
+    # for, and the others are not started on theirs.
+    assert [r["error"].split(" the budget ran out ")[1].split()[0] for r in results] == \
+        ["during", "before", "before"]
 
 
 def test_an_engine_that_fails_to_start_leaves_the_others_to_run(tmp_path, monkeypatch):

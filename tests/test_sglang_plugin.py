@@ -555,10 +555,11 @@ def test_future_map_is_built_for_the_plugin(registered):
 
     algo = registered.from_string("DUAL_GRAPH_EAGLE3")
     pool = SimpleNamespace(size=4, req_to_token=torch.zeros(5, 8, dtype=torch.int32))
-    try:
-        fm = algo.create_future_map(torch.device("cpu"), pool, needs_cpu_seq_lens=False)
-    except Exception as exc:                     # FutureMap internals may want a device
-        pytest.skip(f"FutureMap cannot be built on CPU here: {exc!r}")
+    try:                                         # SGLang's own, for EAGLE-3, on this device
+        FutureMap(torch.device("cpu"), registered.from_string("EAGLE3"), pool, False, False)
+    except Exception as exc:
+        pytest.skip(f"SGLang's FutureMap cannot be built on CPU here: {exc!r}")
+    fm = algo.create_future_map(torch.device("cpu"), pool, needs_cpu_seq_lens=False)
     assert isinstance(fm, FutureMap) and fm.spec_algo is algo
 
 
@@ -937,10 +938,14 @@ def test_lazy_catch_up_checks_sglangs_default_backend_before_weights_load(
 
 
 def test_the_host_cost_bytecode_count_is_the_same_every_time(supported_sglang):
-    """What makes it worth having beside the timings: two counts of one path agree exactly."""
+    """What makes it worth having beside the timings: two counts of one path agree exactly,
+    each part of the step counts its bytecodes, and a larger batch runs more of them."""
     from bench.sglang.host_cost import count_opcodes
 
-    assert count_opcodes(4, 30) == count_opcodes(4, 30)
+    small = count_opcodes(4, 30)
+    assert small == count_opcodes(4, 30)
+    assert min(v for k, v in small.items() if k.endswith("_ops")) > 0
+    assert count_opcodes(16, 30)["total_ops"] > small["total_ops"]
 
 
 def test_the_host_cost_a_b_reads_each_pair_of_adjacent_runs(tmp_path, capsys):

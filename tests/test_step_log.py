@@ -7,7 +7,9 @@ import io
 import json
 import threading
 import time
+from types import SimpleNamespace
 
+from dual_graph_worker.core import step_log
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import Reason
 from dual_graph_worker.core.results import StepRecord
@@ -57,23 +59,37 @@ def test_a_stalled_file_write_never_holds_the_serving_thread(tmp_path):
                                                                             for i in range(50)]
 
 
-def test_the_writer_logs_its_own_slow_writes(tmp_path):
+class SlowFirstWrite(io.StringIO):
+    """A file whose first write takes 5 ms on the writer's (fake) clock."""
+
+    def __init__(self, clock: list) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def write(self, s: str) -> int:
+        if not self.getvalue():
+            self.clock[0] += 0.005
+        return super().write(s)
+
+    def close(self) -> None:
+        self.text = self.getvalue()
+        super().close()
+
+
+def test_the_writer_logs_its_own_slow_writes(tmp_path, monkeypatch):
     """Every SLOW_EVERY lines: how many writes took over a millisecond, and the slowest."""
+    clock = [0.0]
+    monkeypatch.setattr(step_log, "time", SimpleNamespace(
+        perf_counter=lambda: clock[0], time=time.time, monotonic=time.monotonic))
     log = StepLogWriter(tmp_path / "steps.jsonl")
     log._fh.close()
-    stalled = log._fh = StalledFile()
+    log._fh = slow = SlowFirstWrite(clock)
     log.SLOW_EVERY = 10
-    log.write_event("cost", 0.0)
-    stalled.entered.wait()
-    time.sleep(0.005)                              # the first write stalls at least 5 ms
-    stalled.go.set()
-    for i in range(1, 25):
+    for i in range(25):
         log.write_event("cost", float(i))
     log.close()
-    reports = [json.loads(line) for line in stalled.text.splitlines()
-               if '"log_writes"' in line]
-    assert [r["lines"] for r in reports] == [10, 20]
-    assert reports[0]["slow"] >= 1 and reports[0]["max_ms"] >= 5.0
+    reports = [json.loads(line) for line in slow.text.splitlines() if '"log_writes"' in line]
+    assert [(r["lines"], r["slow"], r["max_ms"]) for r in reports] == [(10, 1, 5.0), (20, 0, 0.0)]
 
 
 def test_a_line_that_cannot_be_serialized_is_named_and_the_log_goes_on(tmp_path):
