@@ -319,8 +319,9 @@ def test_ledger_bounds_in_flight_entries():
 # ------------------------------------------------------------------------------------ layout
 
 def test_decode_step_layout_is_the_speculative_layout_with_stride_one():
-    seq_lens = torch.tensor([5, 9, 2], dtype=torch.int64)
-    lay = decode_step_layout(seq_lens)
+    lengths = decode_lengths(torch.tensor([5, 9, 2], dtype=torch.int64), None, None)
+    lay = decode_step_layout(lengths)
+    assert lay.new_seq_lens is lengths.seq_lens       # the forward's: computed once
     assert lay.stride == 1
     assert lay.accept_lens.dtype == torch.int32 and lay.accept_lens.tolist() == [1, 1, 1]
     assert lay.new_seq_lens.tolist() == [6, 10, 3] and lay.new_seq_lens.dtype == torch.int64
@@ -332,10 +333,11 @@ def test_decode_step_layout_is_the_speculative_layout_with_stride_one():
 
 def test_decode_step_layout_slices_a_preallocated_ones_buffer():
     ones = torch.ones(8, dtype=torch.int32)
-    lay = decode_step_layout(torch.tensor([5, 9, 2]), ones)
+    lay = decode_step_layout(decode_lengths(torch.tensor([5, 9, 2]), None, None), ones)
     assert lay.accept_lens.tolist() == [1, 1, 1]
     assert lay.accept_lens.data_ptr() == ones.data_ptr()       # a view: nothing launched
-    assert decode_step_layout(torch.zeros(9, dtype=torch.int64), ones).accept_lens.shape == (9,)
+    nine = decode_lengths(torch.zeros(9, dtype=torch.int64), None, None)
+    assert decode_step_layout(nine, ones).accept_lens.shape == (9,)
 
 
 def test_decode_lengths_shift_positions_to_seq_lens():
@@ -840,11 +842,12 @@ def test_decode_view_is_a_plain_decode_batch_and_leaves_the_batch_alone(register
                             out_cache_loc=None, seq_lens=torch.tensor([5, 8]),
                             seq_lens_cpu=torch.tensor([5, 8]), seq_lens_sum=13)
     loc = torch.tensor([105, 208])
-    view = DualGraphEagleWorker._decode_view(batch, draft, loc)
+    lengths = decode_lengths(batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+    view = DualGraphEagleWorker._decode_view(batch, draft, loc, lengths)
     assert view.forward_mode == ForwardMode.DECODE and view.spec_info is None
     assert view.input_ids.dtype == torch.int64 and view.input_ids.tolist() == [7, 9]
-    assert view.seq_lens.tolist() == [6, 9] and view.seq_lens_sum == 15
-    assert view.out_cache_loc is loc
+    assert view.seq_lens is lengths.seq_lens and view.seq_lens.tolist() == [6, 9]
+    assert view.seq_lens_sum == 15 and view.out_cache_loc is loc
     assert batch.seq_lens.tolist() == [5, 8] and batch.spec_info is draft   # untouched
 
 

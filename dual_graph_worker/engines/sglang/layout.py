@@ -29,16 +29,19 @@ class DecodeLengths(NamedTuple):
     seq_lens_sum: Optional[int]
 
 
-def decode_step_layout(seq_lens: torch.Tensor,
+def decode_step_layout(lengths: DecodeLengths,
                        ones: Optional[torch.Tensor] = None) -> DecodeStepLayout:
-    """`ones`: a preallocated int32 ones buffer of at least bs rows, sliced for accept_lens
-    (the scheduler only copies accept_lens to the host), so the per-step path launches no
-    fill kernel; None allocates."""
+    """The step's result layout over the forward's own `lengths` (decode_lengths): its
+    seq_lens are the new ones, handed on as they are (SGLang copies or rebinds them, never
+    writes them in place), so no kernel computes them twice. `ones`: a preallocated int32
+    ones buffer of at least bs rows, sliced for accept_lens (the scheduler only copies
+    accept_lens to the host), so the per-step path launches no fill kernel; None allocates."""
+    seq_lens = lengths.seq_lens
     bs = seq_lens.shape[0]
     return DecodeStepLayout(
         accept_lens=(torch.ones(bs, dtype=torch.int32, device=seq_lens.device)
                      if ones is None or ones.shape[0] < bs else ones[:bs]),
-        new_seq_lens=seq_lens + 1,
+        new_seq_lens=seq_lens,
         stride=DECODE_STRIDE,
     )
 

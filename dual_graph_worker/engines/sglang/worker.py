@@ -69,6 +69,7 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
 )
 from dual_graph_worker.engines.sglang.hooks import expected_batch_size, queued_requests
 from dual_graph_worker.engines.sglang.layout import (
+    DecodeLengths,
     decode_lengths,
     decode_out_cache_loc,
     decode_step_layout,
@@ -475,7 +476,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         mr = self._target_worker.model_runner
         out_cache_loc = decode_out_cache_loc(self.req_to_token_pool.req_to_token,
                                              batch.req_pool_indices, batch.seq_lens)
-        view = self._decode_view(batch, draft_input, out_cache_loc)
+        lengths = decode_lengths(batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+        view = self._decode_view(batch, draft_input, out_cache_loc, lengths)
         if batch.has_grammar and grammar_barrier is not None:
             # Spec mode advances the grammar FSM over the previous result inside verify; the
             # sampler's vocab mask here needs the same up-to-date FSM.
@@ -487,7 +489,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             target = self._target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch)
         logits_output = target.logits_output
-        layout = decode_step_layout(batch.seq_lens, self._accept_ones)
+        layout = decode_step_layout(lengths, self._accept_ones)
         if on_publish is not None:
             on_publish(layout.new_seq_lens)     # once, at target-end, as the spec path does
         draft = self.continuity.after_decode_step(batch, rows, target=target,
@@ -509,14 +511,14 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         )
 
     @staticmethod
-    def _decode_view(batch, draft_input: EagleDraftInput, out_cache_loc: torch.Tensor):
+    def _decode_view(batch, draft_input: EagleDraftInput, out_cache_loc: torch.Tensor,
+                     lengths: DecodeLengths):
         """A shallow copy of the ScheduleBatch shaped as a plain DECODE batch.
 
         A copy, not in-place edits: the draft extend after the target forward needs the batch's
         own (pre-step) seq_lens. ForwardBatch.init_new reads only attributes, so rebinding them
         on a shallow copy is enough; tensors are shared, never written.
         """
-        lengths = decode_lengths(batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
         view = copy.copy(batch)
         view.forward_mode = ForwardMode.DECODE
         view.spec_info = None             # triton asserts a decode batch has none
