@@ -311,7 +311,8 @@ def test_with_radix_cache_adds_sglangs_default_server_pair(tmp_path, monkeypatch
 
 
 def test_every_engine_runs_the_attention_backend_asked_for(tmp_path, monkeypatch):
-    for argv, want in (([], "triton"), (["--attention-backend", "flashinfer"], "flashinfer")):
+    for argv, want in (([], "triton"), (["--attention-backend", "flashinfer"], "flashinfer"),
+                       (["--attention-backend", "default"], None)):      # SGLang picks
         suite, ran = _recording_suite(tmp_path, ["--no-adaptive"] + argv, monkeypatch)
         suite.bench(with_ramp=False)
         assert {er.engine_kwargs["attention_backend"] for er in ran} == {want}

@@ -73,6 +73,7 @@ from bench.sglang.engine_child import run_child  # noqa: E402
 from bench.sglang.model_configs import (  # noqa: E402
     EAGLE3_MAX_RUNNING_REQUESTS,
     accept_problem,
+    engine_attention_backend,
     llama3_8b_shapes,
     server_kwargs,
     spec_kwargs,
@@ -173,7 +174,8 @@ class Suite:
                radix_cache: bool = False) -> dict:
         return server_kwargs(model, load_format, max_bs, log_level=self.args.log_level,
                              radix_cache=radix_cache,
-                             attention_backend=self.args.attention_backend)
+                             attention_backend=engine_attention_backend(
+                                 self.args.attention_backend))
 
     def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
         env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
