@@ -17,6 +17,9 @@ _OUTLIER = 8.0
 # next step is one too: then it is the key's cost now.
 _SPIKE = 3.0
 _NO_ESTIMATE_MAX_S = 2.0
+# The step after a prefill's held-back first often still starts inside its work: it is taken
+# back once the next step of its key reads it this much short.
+_EARLY_SHORT = 0.9
 
 
 class SampleIntake:
@@ -31,10 +34,10 @@ class SampleIntake:
         self._held: set = set()
         # A prefill came since the last step; the last step was held back for one; the last
         # batch held the next one's launch; the last step's sample (key, context, seconds, above
-        # its line) while in this window's sums; the key of the last step if it was held back
-        # as short.
+        # its line, the first taken after a prefill) while in this window's sums; the key of the
+        # last step if it was held back as short.
         self._after_prefill = self._held_after_prefill = self._after_carry = False
-        self._last_sample: Optional[tuple[int, float, float, bool]] = None
+        self._last_sample: Optional[tuple[int, float, float, bool, bool]] = None
         self._short: Optional[int] = None
         # The excess of a step that carried the next batch's launch, which belongs to that
         # batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
@@ -111,7 +114,7 @@ class SampleIntake:
         if after_prefill and not self._held_after_prefill:
             self._held_after_prefill = True
             return
-        self._held_after_prefill = False
+        early, self._held_after_prefill = self._held_after_prefill, False
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
         if expected is not None and event.seconds > _OUTLIER * expected:
@@ -131,8 +134,10 @@ class SampleIntake:
         if self._hold_lone(i, expected is not None and event.seconds > _SPIKE * expected):
             return
         x, y = float(event.kv_tokens), event.seconds
+        if last is not None and last[4] and last[0] == i and last[2] < _EARLY_SHORT * y:
+            times.drop(*last[:3])
         times.add(i, x, y)
-        self._last_sample = (i, x, y, expected is not None and y > expected)
+        self._last_sample = (i, x, y, expected is not None and y > expected, early)
 
     def _first_call_cost(self, at_switch: bool, tokens: float, seconds: float,
                          step: float) -> bool:
