@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import not_a_trace, read_trace, replay
+from bench.sglang.estimate_error import TRACE_ERRORS, not_a_trace, read_trace, replay
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
@@ -72,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for path in args.traces:
         try:
             history = histories[path] = fit_history(read_trace(path))
-        except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+        except TRACE_ERRORS as err:
             print(not_a_trace(path, err), file=sys.stderr)
             return 2
         steep = sorted(history, key=lambda h: -h["us_per_token"])[:args.top]

@@ -11,13 +11,14 @@ Prints a table by position, writes FILE.json and a plot beside it (FILE.png).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import not_a_trace, read_trace
+from bench.sglang.estimate_error import TRACE_ERRORS, clean_step, not_a_trace, read_trace
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -29,22 +30,15 @@ SHORT = 0.9
 def batch_ratios(costs: list) -> list[list[float]]:
     """Per batch of POSITIONS or more steps of its first step's key after a prefill: each of
     its first POSITIONS steps of that key over the median of the clean ones from the fourth."""
-    out, at = [], 0
-    while at < len(costs):
-        if costs[at][0] != "p":
-            at += 1
+    out = []
+    runs = itertools.groupby(costs, key=lambda row: row[0] == "p")
+    for n, (prefill, rows) in enumerate(runs):
+        if prefill or not n:                    # steps before the first prefill: no batch start
             continue
-        while at < len(costs) and costs[at][0] == "p":
-            at += 1
-        steps = []
-        while at < len(costs) and costs[at][0] != "p":
-            steps.append(costs[at])
-            at += 1
-        if not steps:
-            continue
+        steps = list(rows)
         key = steps[0][:2]
         same = [s for s in steps if s[:2] == key][:POSITIONS]
-        clean = [s[2] for s in same[3:] if not s[3] and not s[4]]
+        clean = [s[2] for s in same[3:] if clean_step(s)]
         if len(same) == POSITIONS and len(clean) >= 4:
             ref = statistics.median(clean)
             out.append([s[2] / ref for s in same])
@@ -68,7 +62,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for path in args.traces:
         try:
             batches += batch_ratios(read_trace(path)["costs"])
-        except (OSError, ValueError, KeyError) as err:
+        except TRACE_ERRORS as err:
             print(not_a_trace(path, err), file=sys.stderr)
             return 2
     rows = by_position(batches)

@@ -51,6 +51,15 @@ def read_trace(path: str) -> dict:
         return json.load(fh)
 
 
+# What reading a file that is no replay trace raises (read_trace and a reader of its rows).
+TRACE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError)
+
+
+def clean_step(row: list) -> bool:
+    """A trace's step row with no catch-up in it and no launch of the next batch held."""
+    return not row[3] and not row[4]
+
+
 def not_a_trace(path: str, err: Exception) -> str:
     return (f"error: {path}: not a replay trace ({err}); make one with "
             "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`")
@@ -92,7 +101,7 @@ def _errors_here(p: GoodputController, costs: list, at: int, pb: int, kv: int,
     ahead = [r for r in costs[at:at + AHEAD] if r[0] != "p" and r[6] == bs][2:-3]
     out = []
     for m, mode in MODES.items():
-        clean = [r[2] for r in ahead if r[0] == m and r[1] == pb and not r[3] and not r[4]]
+        clean = [r[2] for r in ahead if r[0] == m and r[1] == pb and clean_step(r)]
         expected = p.step_time(mode, pb, kv)
         if len(clean) >= MIN_STEPS and expected:
             measured = statistics.median(clean)
@@ -136,7 +145,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             trace = read_trace(path)
             errors = cell_errors(trace)
-        except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+        except TRACE_ERRORS as err:
             print(not_a_trace(path, err), file=sys.stderr)
             return 2
         every += errors
