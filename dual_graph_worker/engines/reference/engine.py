@@ -43,7 +43,7 @@ def _fields(state: RequestState) -> tuple[torch.Tensor, ...]:
     return state.last_token, state.draft_token, state.draft_hidden
 
 
-def make_attention(name: str, device: torch.device, head_dims: Sequence[int] = ()
+def make_attention(name: str, device: torch.device, head_dims: Sequence[int]
                    ) -> AttentionBackend:
     """`head_dims`: the models' head widths, which the triton kernel's tiles must fit."""
     if name == "torch":

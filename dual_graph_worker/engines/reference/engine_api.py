@@ -45,9 +45,6 @@ class EngineDescription:
     acceptance: str
     model: Mapping[str, Any]
 
-    def to_json(self) -> dict:
-        return dict(vars(self), model=dict(self.model))
-
 
 class Engine(Protocol):
     limits: EngineLimits

@@ -242,12 +242,13 @@ class DualGraphWorker:
                 self.stats.catch_up_tokens += caught_up
             plan = self.kv.plan(mode, bs)
             seq_before = self.table.seq_lens[rows]            # fancy indexing: a copy
-            saved = None
+            saved_rows = None
             try:
                 self.bufs.stage(rows, seq_before, plan.slots, padded)
                 self.bufs.upload()
-                saved = self.bufs.req_pool_indices[:bs]       # the rows, on the device already
-                self.engine.save_rows(saved)
+                rows_dev = self.bufs.req_pool_indices[:bs]    # the rows, on the device already
+                self.engine.save_rows(rows_dev)
+                saved_rows = rows_dev                         # only once their state is saved
                 self.runner.run(mode, padded, use_graph)
                 with self.nvtx.stage_range("accept"):
                     staged_tokens, staged_accept = self.bufs.download()
@@ -260,8 +261,8 @@ class DualGraphWorker:
                 # Nothing committed: no slot leaks, and the rows' tokens and draft state are as
                 # before the step, so their requests go on exactly.
                 self.kv.cancel(plan)
-                if saved is not None:
-                    self.engine.restore_rows(saved)
+                if saved_rows is not None:
+                    self.engine.restore_rows(saved_rows)
                 raise
             with self.nvtx.stage_range("commit"):
                 result = self._commit(rows, seq_before, plan, tokens, accept, mode, reason,
@@ -330,9 +331,8 @@ def _checked_requests(prompts: Sequence[Sequence[int]], max_new_tokens: int | Se
     one per prompt."""
     if not len(prompts):
         raise ValueError("add_requests needs at least one prompt")
-    if isinstance(max_new_tokens, numbers.Integral):
-        max_new_tokens = [int(max_new_tokens)] * len(prompts)
-    max_new_tokens = list(max_new_tokens)
+    max_new_tokens = [max_new_tokens] * len(prompts) \
+        if isinstance(max_new_tokens, numbers.Integral) else list(max_new_tokens)
     if len(max_new_tokens) != len(prompts):
         raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prompts)} "
                          "prompts: give one per prompt, or one int for all")

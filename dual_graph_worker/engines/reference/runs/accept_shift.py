@@ -164,9 +164,12 @@ def _shifted(cfg: ShiftConfig, settings: Settings, log, ckpt, perms, easy) -> di
         row["dynamic_over_best"] = row["dynamic"]["tok_s"] / max(
             row["plain"]["tok_s"], row["static-spec"]["tok_s"]) if measured else None
         rows.append(row)
-        log(f"{k:5d} {kind:>5s} | " + (" | ".join(f"{row[n]['tok_s']:8.1f}" for n in TRIO)
-            + f" | {row['dynamic_over_best']:6.3f} | {row['dynamic']['modes']}" if measured
-            else "no steps of its own: its prompts joined with the next phase's"))
+        if measured:
+            log(f"{k:5d} {kind:>5s} | " + " | ".join(f"{row[n]['tok_s']:8.1f}" for n in TRIO)
+                + f" | {row['dynamic_over_best']:6.3f} | {row['dynamic']['modes']}")
+        else:
+            log(f"{k:5d} {kind:>5s} | no steps of its own: its prompts joined with the next "
+                "phase's")
     return {"config": cfg.__dict__ | {"phases": list(cfg.phases)},
             "settings": settings.to_json(), "phases": rows,
             "follow": follow_steps(traces["dynamic"]), "trace": traces["dynamic"],

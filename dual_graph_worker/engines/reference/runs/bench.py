@@ -103,22 +103,24 @@ def measure_memory(engine, sizes: PoolSizes, dynamic_continuity: Continuity) -> 
     return out
 
 
+# (column, numerator, denominators: the best of them) of the ratio table, where all ran.
+_RATIOS = (("dynamic / max(plain, static-spec)", "dynamic", ("plain", "static-spec")),
+           ("dual-off / plain", "dual-off", ("plain",)),
+           ("verify-off (modelled upper bound) / plain", "verify-off", ("plain",)))
+
+
 def _ratios(variants: dict, conc: list[int]) -> dict:
     """Each ratio per concurrency, printed as a table: end to end (prefills included: static
     spec's draft prefill and the dynamic worker's catch-ups alike) and over decode steps alone.
     verify-off is MODELLED (variants.py): an upper bound of SGLang's verify-path decode."""
-    ratios = {}
+    ratios, tables = {}, {}
     for key, label in (("tok_s", ""), ("step_tok_s", ", decode steps only")):
-        tok = {name: [r[key] for r in rows] for name, rows in variants.items()}
-        if {"dynamic", "plain", "static-spec"} <= tok.keys():
-            ratios[f"dynamic / max(plain, static-spec){label}"] = [
-                d / max(p, s) for d, p, s in zip(tok["dynamic"], tok["plain"], tok["static-spec"])]
-        if {"dual-off", "plain"} <= tok.keys():
-            ratios[f"dual-off / plain{label}"] = [a / b for a, b in zip(tok["dual-off"], tok["plain"])]
-        if {"verify-off", "plain"} <= tok.keys():
-            ratios[f"verify-off (modelled upper bound) / plain{label}"] = [
-                a / b for a, b in zip(tok["verify-off"], tok["plain"])]
-    tok = {name: [r["tok_s"] for r in rows] for name, rows in variants.items()}
+        tok = tables[key] = {name: [r[key] for r in rows] for name, rows in variants.items()}
+        for title, num, dens in _RATIOS:
+            if {num, *dens} <= tok.keys():
+                ratios[title + label] = [a / max(ds) for a, *ds in
+                                         zip(tok[num], *(tok[d] for d in dens))]
+    tok = tables["tok_s"]
     print("\n| concurrency | " + " | ".join(f"{n} tok/s" for n in tok) + " | "
           + " | ".join(ratios) + " |")
     print("|---" * (1 + len(tok) + len(ratios)) + "|")
@@ -279,9 +281,10 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
                              settings=Settings(policy=PolicyKind.THRESHOLD, threshold=1),
                              dynamic_continuity=Continuity.KEEP_CURRENT, progress=False)
         for label, w in (("lazy-catch-up", built["dynamic"].worker), ("keep-current", keep.worker)):
-            if not switch_bs(w):
+            bs = switch_bs(w)
+            if not bs:
                 continue
-            sw = measure_switch(w, bs=switch_bs(w), steps=20, input_len=64, vocab=vocab)
+            sw = measure_switch(w, bs=bs, steps=20, input_len=64, vocab=vocab)
             results["switch"][label] = sw
             print(f"switch ({label}): select {sw['select_host_us']:.2f} us host; "
                   f"alternating/held step time {sw['alternate_over_held']:.3f}")
