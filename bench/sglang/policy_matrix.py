@@ -163,16 +163,16 @@ def run_engine(name: str, spec: dict, out: Path, deadline: float) -> dict:
     return res
 
 
-def failure(kind: str, res: dict, workloads: list[Workload]) -> Optional[str]:
+def failure(res: dict, measured: bool) -> Optional[str]:
     """Why an engine's run failed, or None: its error (the engine's or a task's), a non-zero
-    exit, or no cell measured."""
+    exit, or no cell measured (`measured`: its records are not empty)."""
     tasks = [t for t in (res.get("tasks") or {}).values() if isinstance(t, dict)]
     errors = [res.get("error")] + [t.get("error") for t in tasks]
     if why := next((e for e in errors if e), None):
         return str(why)
     if res.get("returncode", 0) != 0:
         return f"exited with {res['returncode']}"
-    return None if records(kind, res, workloads) else "measured no cell"
+    return None if measured else "measured no cell"
 
 
 def with_host_speed(rec: dict, samples: list[tuple[float, float]],
@@ -245,8 +245,8 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
             # this one's (and the log appends).
             for stale in ("dual.steps.jsonl", "step-costs.md"):
                 (run.out / stale).unlink(missing_ok=True)
-        if run.step_log and not process:
-            env["DGW_STEP_LOG"] = str(run.out / "dual.steps.jsonl")
+            if run.step_log:
+                env["DGW_STEP_LOG"] = str(run.out / "dual.steps.jsonl")
         env |= (dual_env or {}) | run.dual_env
     kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
     return {"engine_kwargs": kwargs | (extra_kwargs or {}), "env": env,
@@ -503,36 +503,40 @@ def main(argv: Optional[list[str]] = None) -> int:
     failed: dict[str, str] = {}          # engine (process) name -> why its run failed
     with host_speed.Sampler(out / HOST_SPEED_FILE):
         if args.interleave:
-            def filed(results: dict[str, dict]) -> list[dict]:
-                return recs + with_host_record([r for kind, res in results.items()
-                                                for r in records(kind, res, workloads)],
+            def built(results: dict[str, dict]) -> dict[str, list[dict]]:
+                return {kind: records(kind, res, workloads) for kind, res in results.items()}
+
+            def filed(results: dict[str, dict], each: dict[str, list[dict]]) -> list[dict]:
+                return recs + with_host_record([r for got in each.values() for r in got],
                                                results, out)
 
             results = interleave.run_all(
                 {kind: engine_spec(run, kind, 0, interleave.ENGINE_KWARGS, interleave.DUAL_ENV)
                  for kind in engines},
                 interleave_plan(run, engines), out, deadline,
-                on_phase=lambda so_far: writer.write(filed(so_far)),
+                on_phase=lambda so_far: writer.write(filed(so_far, built(so_far))),
                 together=args.start_together)
+            each = built(results)
             for kind, res in results.items():
                 writer.started(kind, res)
-                if why := failure(kind, res, workloads):
+                if why := failure(res, bool(each[kind])):
                     failed[kind] = why
                 got = interleave.kv_tokens(res)
                 if got is not None and got < interleave.ENGINE_KWARGS["max_total_tokens"]:
                     print(f"[matrix] WARNING: {kind}'s KV pool is {got} tokens, under the "
                           f"{interleave.ENGINE_KWARGS['max_total_tokens']} every engine should "
                           "have", flush=True)
-            recs = filed(results)
+            recs = filed(results, each)
             writer.write(recs)
         for process, kind in ((p, k) for p in range(args.processes) for k in engines
                               if not args.interleave):
             name = kind if not process else f"{kind}.p{process + 1}"
             res = run_engine(name, engine_spec(run, kind, process), out, deadline)
-            if why := failure(kind, res, workloads):
+            got = records(kind, res, workloads)
+            if why := failure(res, bool(got)):
                 failed[name] = why
             recs += [r | ({"process": process + 1} if args.processes > 1 else {})
-                     for r in with_host_record(records(kind, res, workloads), {kind: res}, out)]
+                     for r in with_host_record(got, {kind: res}, out)]
             writer.started(name, res)
             writer.write(recs)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
