@@ -165,10 +165,7 @@ class ServingCapture:
             if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
                 raise ConfigError(f"capture config: {name} must be distinct batch sizes >= 1 in "
                                   f"ascending order, got {list(sizes)}")
-        try:
-            check_decode_covers_spec(self.spec_bs[-1], self.decode_bs[-1], RETUNE)
-        except ConfigError as exc:
-            raise ConfigError(f"capture config: {exc}") from None
+        check_decode_covers_spec(self.spec_bs[-1], self.decode_bs[-1], RETUNE, "capture config: ")
         k = self.num_draft_tokens
         if self.model.num_draft_tokens != k or self.calibration.num_draft_tokens != k:
             raise ConfigError(f"capture config: num_draft_tokens disagree (config {k}, model "

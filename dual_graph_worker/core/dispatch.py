@@ -27,12 +27,14 @@ class EagerDispatch:
 Dispatch = Union[GraphKey, EagerDispatch]
 
 
-def check_decode_covers_spec(spec_top: int, decode_top: int, fix: str) -> None:
+def check_decode_covers_spec(spec_top: int, decode_top: int, fix: str, where: str = "") -> None:
     """ConfigError unless the decode pool reaches every batch the spec pool does: a batch
-    leaving speculation must find a decode graph. `fix`: what the message tells the user."""
+    leaving speculation must find a decode graph. `fix`: what the message tells the user;
+    `where`: what it begins with (the file that set the pools)."""
     if decode_top < spec_top:
-        raise ConfigError(f"the decode pool tops out at bs={decode_top} below the spec pool's "
-                          f"bs={spec_top}; the decode pool must cover the spec range: {fix}")
+        raise ConfigError(f"{where}the decode pool tops out at bs={decode_top} below the spec "
+                          f"pool's bs={spec_top}; the decode pool must cover the spec range: "
+                          f"{fix}")
 
 
 def _validated_sizes(name: str, sizes: Iterable[int]) -> tuple[int, ...]:
