@@ -1635,6 +1635,31 @@ def test_a_modes_slow_first_steps_do_not_price_it_out_where_it_wins():
     assert slow.modes.count(Mode.SPEC) < 128 + 0.05 * 1200
 
 
+def test_decode_is_priced_as_measured_while_speculation_has_served_the_process():
+    """On an H100 (accept 1.5, 256x256 C=32) the worker had speculated ~600 steps, decode ~4:
+    priced as a mode warming up, decode bs 32 read its 6.6-ms graph replay against 7.27 ms
+    measured, and the worker decoded 100 steps of a cell speculation won by 7% (0.966 of
+    EAGLE-3). Only speculation's first steps in a process run slow (decode's first 40 ran no
+    slower than its later ones in every traced process), so decode is never priced below what
+    it measured."""
+    prior = CalibrationTable({GraphKey(Mode.SPEC, 32): 0.0086, GraphKey(Mode.DECODE, 32): 0.0066},
+                             K, source="graph replays")
+    p = controller(prior)
+    rows = np.arange(32)
+    for step in range(600):
+        p.observe(StepTime(Mode.SPEC, 32, 0.01015))
+        p.observe(accepted(Mode.SPEC, np.full(32, 1.0 + step % 2), rows))
+        _commit(p, Mode.SPEC, 1)
+        if step % 8 == 7:
+            p.exchange(lambda v: v)
+    for _ in range(8):
+        p.observe(StepTime(Mode.DECODE, 32, 0.00727))
+        _commit(p, Mode.DECODE, 1)
+    p.exchange(lambda v: v)
+    assert p.decide(PolicyInputs(32, 32, 32, rows=rows)) == Decision(Mode.SPEC, Reason.GOODPUT)
+    assert p.state().decode_goodput == pytest.approx(32 / 0.00727, rel=0.01)
+
+
 def test_a_key_measured_only_in_the_first_steps_takes_its_next_window_whole():
     """A process's first steps run slow (on the H200 bs-1 spec steps 7.2-8.5 ms for ~35 steps,
     6.6 steady; on the CPU demo 12-13 ms, 8.3): a key measured only then takes its first window

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.estimates import KeyEstimate, StepTimeEstimates
-from dual_graph_worker.core.modes import OTHER, Mode
+from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.regressions import FAR_ERRORS, KEY_SLOTS, ContextSums
 
 # A measured step time predicts no less than this share of itself at a shorter context.
@@ -28,9 +28,10 @@ _TYPICAL_HORIZON = 4096
 _SETTLED = 0.002
 # A process's first steps run slow: a key measured only then takes its next window whole.
 _WARM_STEPS = 64
-# A mode's first steps in a process can all run slow: until it has run this many, the choice
-# prices its keys no higher than measured over the factor (at most that many wrong steps, once),
-# and a key measured only then takes its next window whole where that comes lower.
+# Speculation's first steps in a process can all run slow (decode's do not): until it has run
+# this many, the choice prices its keys no higher than measured over the factor (at most that
+# many wrong steps, once), and a key measured only then takes its next window whole where that
+# comes lower.
 _MODE_WARM_STEPS = 128
 _MODE_WARM_FACTOR = 1.3
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
@@ -99,9 +100,9 @@ class StepTimeTable:
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self.samples = [0.0] * n                 # per key, folded so far
         self._last = [-math.inf] * n             # step of the last fold with samples
-        self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until both warm
-        # The mode that has run fewer than _MODE_WARM_STEPS while the other has (warm_times);
-        # warmed once both have, for good, or from the start without a prior to price against.
+        self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until spec warms
+        # Speculation while it has run fewer than _MODE_WARM_STEPS and decode more (warm_times);
+        # warmed once it has, for good, or from the start without a prior to price against.
         self.cold: Optional[Mode] = None
         self.warmed = prior is None
         self._cold_keys = [False] * n           # measured only while its mode was warming up
@@ -150,21 +151,15 @@ class StepTimeTable:
         t = _time_on(line, kv_tokens)
         return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
 
-    def warm_times(self, spec_key: Optional[int], decode_key: Optional[int],
-                   spec_t: Optional[float], decode_t: Optional[float], kv_tokens: int) -> tuple:
-        """Each mode's step seconds (spec, decode) as the choice of mode prices them while one
-        is warming up and the other is not (self.cold): the cold one's no higher than measured
-        over _MODE_WARM_FACTOR where its prior is lower still. Two modes warming up are
-        compared as measured."""
-        if self.cold is Mode.SPEC:
-            return self._warm_time(spec_key, spec_t, kv_tokens), decode_t
-        return spec_t, self._warm_time(decode_key, decode_t, kv_tokens)
-
-    def _warm_time(self, i: Optional[int], t: Optional[float], kv_tokens: int) -> Optional[float]:
-        if t is None or math.isnan(self._prior[i]):
-            return t
-        return min(t, max(t / _MODE_WARM_FACTOR,
-                          self._prior[i] + self._beta[self._mode_of[i]] * kv_tokens))
+    def warm_times(self, spec_key: Optional[int], spec_t: Optional[float],
+                   decode_t: Optional[float], kv_tokens: int) -> tuple:
+        """Each mode's step seconds (spec, decode) as the choice of mode prices them while
+        speculation warms up (self.cold): its own no higher than measured over
+        _MODE_WARM_FACTOR where its prior is lower still."""
+        if spec_t is None or math.isnan(self._prior[spec_key]):
+            return spec_t, decode_t
+        warm = self._prior[spec_key] + self._beta[Mode.SPEC] * kv_tokens
+        return min(spec_t, max(spec_t / _MODE_WARM_FACTOR, warm)), decode_t
 
     def measured(self, i: Optional[int]) -> bool:
         return i is not None and self.samples[i] > 0
@@ -270,12 +265,12 @@ class StepTimeTable:
     # ------------------------------------------------------------------------------ write
 
     def ran(self, mode: Mode) -> None:
-        """A step of `mode` was committed, while a mode is warming up."""
+        """A step of `mode` was committed, while speculation is warming up."""
         steps = self._mode_steps
         steps[mode] += 1
         if steps[mode] == _MODE_WARM_STEPS:
-            self.warmed = min(steps.values()) >= _MODE_WARM_STEPS
-            self.cold = None if self.warmed else OTHER[mode]
+            self.warmed = mode is Mode.SPEC
+            self.cold = None if self.warmed else Mode.SPEC
 
     def add(self, i: int, x: float, y: float) -> None:
         """A step sample of key i: `y` seconds over `x` context tokens (rank-local)."""
@@ -320,8 +315,7 @@ class StepTimeTable:
             return
         keep = self._keep
         # Judged as the window is folded: samples taken cold and folded after count as warm.
-        cold_mode = {m: not self.warmed and self._mode_steps[m] < _MODE_WARM_STEPS
-                     for m in self._mode_steps}
+        cold_mode = {Mode.SPEC: not self.warmed, Mode.DECODE: False}
         for i in got:
             window = local[i::n]
             self._ctx.add(i, self._mode_of[i], window)
