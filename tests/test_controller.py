@@ -1660,6 +1660,37 @@ def test_decode_is_priced_as_measured_while_speculation_has_served_the_process()
     assert p.state().decode_goodput == pytest.approx(32 / 0.00727, rel=0.01)
 
 
+def test_a_window_back_at_its_level_after_a_host_spell_is_taken_whole():
+    """On an H100 (accept 1.5, 2048x64 C=1) a spell of the host ran spec bs-1 steps at 10-21 ms
+    among 8.8-ms ones; that window lifted the estimate to 11.6 ms and decode won. The next
+    window read 8.74 again, but as one EMA step of two samples it moved the estimate only to
+    10.6, and the worker decoded 66 steps of a cell speculation won by 10%. A window back
+    within its key's typical level while the estimate stands over it is taken whole; one still
+    high, or one under an estimate at its level, is smoothed as usual."""
+    def after(spell: tuple, then: tuple) -> float:
+        p = controller()
+        for step in range(96):
+            p.observe(StepTime(Mode.SPEC, 1, 0.0088))
+            _commit(p, Mode.SPEC, 1)
+            if step % 8 == 7:
+                p.exchange(lambda v: v)
+        for s in spell:
+            p.observe(StepTime(Mode.SPEC, 1, s))
+        _commit(p, Mode.SPEC, 8)
+        p.exchange(lambda v: v)
+        for s in then:
+            p.observe(StepTime(Mode.SPEC, 1, s))
+        _commit(p, Mode.SPEC, 8)
+        p.exchange(lambda v: v)
+        return p.step_time(Mode.SPEC, 1)
+
+    spell = (0.01342, 0.01073, 0.00877, 0.00711, 0.0209, 0.01745, 0.00996, 0.0088)
+    assert after(spell, (0.00877, 0.00871)) == pytest.approx(0.00874)
+    assert after(spell, (0.0105, 0.0105)) > 0.0108             # still high: smoothed
+    quiet = (0.0088,) * 8
+    assert after(quiet, (0.0084, 0.0084)) > 0.0086             # no spell: smoothed
+
+
 def test_a_key_measured_only_in_the_first_steps_takes_its_next_window_whole():
     """A process's first steps run slow (on the H200 bs-1 spec steps 7.2-8.5 ms for ~35 steps,
     6.6 steady; on the CPU demo 12-13 ms, 8.3): a key measured only then takes its first window

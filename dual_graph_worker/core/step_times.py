@@ -329,7 +329,8 @@ class StepTimeTable:
             if measured:
                 warm_only = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
                                             self._cold_keys[i] and not cold and
-                                            mean < self._est[i])
+                                            mean < self._est[i] or
+                                            self._back_from_spell(i, mean, mean_kv))
                 w = 1.0 if warm_only else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
@@ -359,6 +360,16 @@ class StepTimeTable:
         high = level is not None and mean > (1.0 + _HIGH) * _moved(
             self._key_slope(i), level[0], level[1], kv)
         self._high_steps[i] = self._high_steps[i] + count if high else 0.0
+
+    def _back_from_spell(self, i: int, mean: float, kv: float) -> bool:
+        """Key i's estimate stands over its typical level, where a spell pushed it, and a window
+        of `mean` seconds over `kv` context tokens is back within it."""
+        level = self._typical.get(i)
+        if level is None:
+            return False
+        b = self._key_slope(i)
+        high = (1.0 + _HIGH) * _moved(b, level[0], level[1], kv)
+        return mean <= high < _moved(b, self._est[i], self._est_kv[i], kv)
 
     def _relax_idle(self, measured: set, step: int) -> None:
         """Move each unmeasured key's estimate down toward its typical level, for the steps
