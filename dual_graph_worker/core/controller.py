@@ -360,7 +360,7 @@ class GoodputController:
         decode_key = times.decode_at.get(inputs.decode_padded_bs)
         kv = inputs.kv_tokens
         measured = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
-        chosen = measured if times.cold is None else times.warm_times(spec_key, *measured, kv)
+        chosen = times.warm_times(spec_key, *measured, kv) if times.spec_cold else measured
         return spec_key, decode_key, measured, chosen
 
     def _stale(self, i: Optional[int], mode: Mode, rows: Optional[np.ndarray] = None) -> bool:

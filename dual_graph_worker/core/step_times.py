@@ -101,9 +101,9 @@ class StepTimeTable:
         self.samples = [0.0] * n                 # per key, folded so far
         self._last = [-math.inf] * n             # step of the last fold with samples
         self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until spec warms
-        # Speculation while it has run fewer than _MODE_WARM_STEPS and decode more (warm_times);
-        # warmed once it has, for good, or from the start without a prior to price against.
-        self.cold: Optional[Mode] = None
+        # Speculation has run fewer than _MODE_WARM_STEPS and decode more (warm_times); warmed
+        # once it has, for good, or from the start without a prior to price against.
+        self.spec_cold = False
         self.warmed = prior is None
         self._cold_keys = [False] * n           # measured only while its mode was warming up
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
@@ -154,7 +154,7 @@ class StepTimeTable:
     def warm_times(self, spec_key: Optional[int], spec_t: Optional[float],
                    decode_t: Optional[float], kv_tokens: int) -> tuple:
         """Each mode's step seconds (spec, decode) as the choice of mode prices them while
-        speculation warms up (self.cold): its own no higher than measured over
+        speculation warms up (spec_cold): its own no higher than measured over
         _MODE_WARM_FACTOR where its prior is lower still."""
         if spec_t is None or math.isnan(self._prior[spec_key]):
             return spec_t, decode_t
@@ -270,7 +270,7 @@ class StepTimeTable:
         steps[mode] += 1
         if steps[mode] == _MODE_WARM_STEPS:
             self.warmed = mode is Mode.SPEC
-            self.cold = None if self.warmed else Mode.SPEC
+            self.spec_cold = not self.warmed
 
     def add(self, i: int, x: float, y: float) -> None:
         """A step sample of key i: `y` seconds over `x` context tokens (rank-local)."""
