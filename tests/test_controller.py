@@ -1687,6 +1687,7 @@ def test_a_window_back_at_its_level_after_a_host_spell_is_taken_whole():
     spell = (0.01342, 0.01073, 0.00877, 0.00711, 0.0209, 0.01745, 0.00996, 0.0088)
     assert after(spell, (0.00877, 0.00871)) == pytest.approx(0.00874)
     assert after(spell, (0.0105, 0.0105)) > 0.0108             # still high: smoothed
+    assert after(spell, (0.00874,)) > 0.0108                    # one sample is no window
     quiet = (0.0088,) * 8
     assert after(quiet, (0.0084, 0.0084)) > 0.0086             # no spell: smoothed
 

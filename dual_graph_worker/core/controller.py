@@ -189,7 +189,7 @@ class GoodputController:
         if self._budget.allowance >= self._min_price and times.measured(here_key) and \
                 self._stale(there_key, other, inputs.rows):
             if chosen_at != measured:
-                # A re-measurement is judged and priced as measured: a mode only ever
+                # A re-measurement is judged and priced as measured: speculation only ever
                 # re-measured stays warming up, and its warm-up price would re-measure it on
                 # every chance.
                 spec, decode = self._mode_costs(spec_t, decode_t, accept, inputs, from_decode)
@@ -426,7 +426,8 @@ class GoodputController:
         mean = p.total / p.seen
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
         # At the prices the choice uses (warm-up's included), not those it was priced at: it
-        # ends where the choice would not take speculation, so a cold mode gets its steps.
+        # ends where the choice would not take speculation, so speculation warming up gets its
+        # steps.
         spec_t, decode_t = self._times_here(inputs)[3]
         return self._spec_wins(self._steps_high(mean, variance, p.seen),
                                spec_t and spec_t * p.drift, decode_t, inputs.bs) is False

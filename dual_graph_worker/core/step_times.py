@@ -101,11 +101,12 @@ class StepTimeTable:
         self.samples = [0.0] * n                 # per key, folded so far
         self._last = [-math.inf] * n             # step of the last fold with samples
         self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until spec warms
-        # Speculation has run fewer than _MODE_WARM_STEPS and decode more (warm_times); warmed
-        # once it has, for good, or from the start without a prior to price against.
+        # Speculation has run fewer than _MODE_WARM_STEPS and decode at least that many
+        # (warm_times); warmed once speculation has, for good, or from the start without a
+        # prior to price against.
         self.spec_cold = False
         self.warmed = prior is None
-        self._cold_keys = [False] * n           # measured only while its mode was warming up
+        self._cold_keys = [False] * n           # spec keys measured only while it warmed up
         # Per key: its recent windows (mean seconds, mean context tokens, step) and their
         # typical level (seconds, context tokens).
         self._windows: dict[int, deque[tuple[float, float, int]]] = {}
@@ -269,8 +270,10 @@ class StepTimeTable:
         steps = self._mode_steps
         steps[mode] += 1
         if steps[mode] == _MODE_WARM_STEPS:
-            self.warmed = mode is Mode.SPEC
-            self.spec_cold = not self.warmed
+            if mode is Mode.SPEC:
+                self.warmed, self.spec_cold = True, False
+            else:
+                self.spec_cold = True
 
     def add(self, i: int, x: float, y: float) -> None:
         """A step sample of key i: `y` seconds over `x` context tokens (rank-local)."""
@@ -305,7 +308,9 @@ class StepTimeTable:
         """Every rank's sums (take_local's layout, reduced) at `step`: each key's EMA of step
         seconds and of context tokens, and the context regressions; the keys not measured since
         the last exchange relax down toward their typical level. A window holds samples of a
-        few sizes: those are folded one by one."""
+        few sizes: those are folded one by one. A window of two samples or more replaces the
+        estimate whole where the one before it is known to be off: the process's first steps,
+        speculation's warm-up, or a spell it is back from."""
         n = self.size
         self._lines = [_UNFIT] * n
         self._ctx.decay()
@@ -327,11 +332,11 @@ class StepTimeTable:
             cold = cold_mode[self._mode_of[i]]
             measured = self.samples[i] > 0
             if measured:
-                warm_only = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
-                                            self._cold_keys[i] and not cold and
-                                            mean < self._est[i] or
-                                            self._back_from_spell(i, mean, mean_kv))
-                w = 1.0 if warm_only else 1.0 - keep ** count
+                whole = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
+                                        (self._cold_keys[i] and not cold and
+                                         mean < self._est[i]) or
+                                        self._back_from_spell(i, mean, mean_kv))
+                w = 1.0 if whole else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
             # A lone sample is no window to take whole: the key stays cold-only past it.
@@ -354,22 +359,25 @@ class StepTimeTable:
         levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
+    def _high_bound(self, i: int, kv: float) -> Optional[float]:
+        """Key i's typical level over `kv` context tokens, _HIGH over (None: no level yet)."""
+        level = self._typical.get(i)
+        if level is None:
+            return None
+        return (1.0 + _HIGH) * _moved(self._key_slope(i), level[0], level[1], kv)
+
     def _count_high(self, i: int, mean: float, kv: float, count: float) -> None:
         """Key i's samples in a row over its typical level (a window's mean decides)."""
-        level = self._typical.get(i)
-        high = level is not None and mean > (1.0 + _HIGH) * _moved(
-            self._key_slope(i), level[0], level[1], kv)
+        bound = self._high_bound(i, kv)
+        high = bound is not None and mean > bound
         self._high_steps[i] = self._high_steps[i] + count if high else 0.0
 
     def _back_from_spell(self, i: int, mean: float, kv: float) -> bool:
         """Key i's estimate stands over its typical level, where a spell pushed it, and a window
         of `mean` seconds over `kv` context tokens is back within it."""
-        level = self._typical.get(i)
-        if level is None:
-            return False
-        b = self._key_slope(i)
-        high = (1.0 + _HIGH) * _moved(b, level[0], level[1], kv)
-        return mean <= high < _moved(b, self._est[i], self._est_kv[i], kv)
+        bound = self._high_bound(i, kv)
+        return bound is not None and \
+            mean <= bound < _moved(self._key_slope(i), self._est[i], self._est_kv[i], kv)
 
     def _relax_idle(self, measured: set, step: int) -> None:
         """Move each unmeasured key's estimate down toward its typical level, for the steps
