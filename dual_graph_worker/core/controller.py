@@ -354,13 +354,14 @@ class GoodputController:
 
     def _times_here(self, inputs: PolicyInputs) -> tuple:
         """Each mode's key here and step seconds (spec, decode): as measured, and as the choice
-        of mode prices them (warm_times while speculation warms up)."""
+        of mode prices them (spec_warm_time while speculation warms up)."""
         times = self._times
         spec_key = times.spec_at.get(inputs.spec_padded_bs)
         decode_key = times.decode_at.get(inputs.decode_padded_bs)
         kv = inputs.kv_tokens
         measured = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
-        chosen = times.warm_times(spec_key, *measured, kv) if times.spec_cold else measured
+        chosen = measured if not times.spec_cold else \
+            (times.spec_warm_time(spec_key, measured[0], kv), measured[1])
         return spec_key, decode_key, measured, chosen
 
     def _stale(self, i: Optional[int], mode: Mode, rows: Optional[np.ndarray] = None) -> bool:

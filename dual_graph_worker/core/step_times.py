@@ -102,7 +102,7 @@ class StepTimeTable:
         self._last = [-math.inf] * n             # step of the last fold with samples
         self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until spec warms
         # Speculation has run fewer than _MODE_WARM_STEPS and decode at least that many
-        # (warm_times); warmed once speculation has, for good, or from the start without a
+        # (spec_warm_time); warmed once speculation has, for good, or from the start without a
         # prior to price against.
         self.spec_cold = False
         self.warmed = prior is None
@@ -152,15 +152,15 @@ class StepTimeTable:
         t = _time_on(line, kv_tokens)
         return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
 
-    def warm_times(self, spec_key: Optional[int], spec_t: Optional[float],
-                   decode_t: Optional[float], kv_tokens: int) -> tuple:
-        """Each mode's step seconds (spec, decode) as the choice of mode prices them while
-        speculation warms up (spec_cold): its own no higher than measured over
-        _MODE_WARM_FACTOR where its prior is lower still."""
+    def spec_warm_time(self, spec_key: Optional[int], spec_t: Optional[float],
+                       kv_tokens: int) -> Optional[float]:
+        """Spec key `spec_key`'s step seconds `spec_t` as the choice of mode prices them while
+        speculation warms up (spec_cold): no higher than measured over _MODE_WARM_FACTOR where
+        its prior is lower still."""
         if spec_t is None or math.isnan(self._prior[spec_key]):
-            return spec_t, decode_t
+            return spec_t
         warm = self._prior[spec_key] + self._beta[Mode.SPEC] * kv_tokens
-        return min(spec_t, max(spec_t / _MODE_WARM_FACTOR, warm)), decode_t
+        return min(spec_t, max(spec_t / _MODE_WARM_FACTOR, warm))
 
     def measured(self, i: Optional[int]) -> bool:
         return i is not None and self.samples[i] > 0
@@ -320,7 +320,7 @@ class StepTimeTable:
             return
         keep = self._keep
         # Judged as the window is folded: samples taken cold and folded after count as warm.
-        cold_mode = {Mode.SPEC: not self.warmed, Mode.DECODE: False}
+        spec_cold = not self.warmed
         for i in got:
             window = local[i::n]
             self._ctx.add(i, self._mode_of[i], window)
@@ -328,14 +328,18 @@ class StepTimeTable:
             mean, mean_kv = sums / count, kv / count
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv, step)
-            self._count_high(i, mean, mean_kv, count)
-            cold = cold_mode[self._mode_of[i]]
+            bound = self._high_bound(i, mean_kv)
+            high = bound is not None and mean > bound
+            self._high_steps[i] = self._high_steps[i] + count if high else 0.0
+            cold = spec_cold and self._mode_of[i] is Mode.SPEC
             measured = self.samples[i] > 0
             if measured:
+                # Back within the typical level while the estimate stands over it: a spell ended.
+                back = bound is not None and mean <= bound < _moved(
+                    self._key_slope(i), self._est[i], self._est_kv[i], mean_kv)
                 whole = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
                                         (self._cold_keys[i] and not cold and
-                                         mean < self._est[i]) or
-                                        self._back_from_spell(i, mean, mean_kv))
+                                         mean < self._est[i]) or back)
                 w = 1.0 if whole else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
@@ -365,19 +369,6 @@ class StepTimeTable:
         if level is None:
             return None
         return (1.0 + _HIGH) * _moved(self._key_slope(i), level[0], level[1], kv)
-
-    def _count_high(self, i: int, mean: float, kv: float, count: float) -> None:
-        """Key i's samples in a row over its typical level (a window's mean decides)."""
-        bound = self._high_bound(i, kv)
-        high = bound is not None and mean > bound
-        self._high_steps[i] = self._high_steps[i] + count if high else 0.0
-
-    def _back_from_spell(self, i: int, mean: float, kv: float) -> bool:
-        """Key i's estimate stands over its typical level, where a spell pushed it, and a window
-        of `mean` seconds over `kv` context tokens is back within it."""
-        bound = self._high_bound(i, kv)
-        return bound is not None and \
-            mean <= bound < _moved(self._key_slope(i), self._est[i], self._est_kv[i], kv)
 
     def _relax_idle(self, measured: set, step: int) -> None:
         """Move each unmeasured key's estimate down toward its typical level, for the steps
