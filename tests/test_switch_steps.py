@@ -1,0 +1,47 @@
+"""bench.sglang.switch_steps: speculation's first steps after a catch-up against its size's
+median over the trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bench.sglang.switch_steps import by_range, main, switch_ratios
+
+
+def _spec(t: float, bs: int = 1, kv: int = 2048, caught: int = 0, carries: int = 0) -> list:
+    return ["s", bs, t, caught, carries, kv, bs]
+
+
+def _decode(n: int, bs: int = 1) -> list:
+    return [["d", bs, 0.005, 0, 0, 2048, bs]] * n
+
+
+def _costs() -> list:
+    steady = [_spec(0.006)] * 12                                   # the size's median: 6 ms
+    entered = [_spec(0.020, caught=2048), _spec(0.0072), _spec(0.0066), _spec(0.004, carries=1)]
+    unswitched = [_spec(0.009)]                                    # no catch-up: not read
+    carried = [_spec(0.020, caught=2048), _spec(0.003, carries=1)]  # no clean step 1 or 2
+    far = [_spec(0.020, caught=64, kv=64), _spec(0.009, kv=64)]    # no reference at its context
+    return (steady + _decode(3) + entered + _decode(3) + unswitched + _decode(2) + carried
+            + _decode(2) + far + [["p", 2048, 0.03, 0]])
+
+
+def test_a_switchs_clean_steps_are_read_against_their_sizes_median(tmp_path, capsys):
+    ratios = switch_ratios(_costs())
+    assert ratios == [(1, 1, pytest.approx(1.2)), (1, 2, pytest.approx(1.1))]
+    assert switch_ratios(_costs(), max_bs=0) == []
+    rows = by_range(ratios)
+    assert [(r["bs"], r["position"], r["steps"]) for r in rows] == [([1, 2], 1, 1), ([1, 2], 2, 1)]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"costs": _costs()}, fh)
+    out = tmp_path / "s.json"
+    assert main([str(path), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["median"] == pytest.approx(1.2)
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "| 1-2 | 2 | 1 | 1.100 |" in capsys.readouterr().out
+    assert main([str(tmp_path / "none.json.gz"), "--out", str(out)]) == 2
+    assert "not a replay trace" in capsys.readouterr().err
