@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import TRACE_ERRORS, not_a_trace, read_trace, replay
+from bench.sglang.estimate_error import read_each, replay
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
@@ -66,15 +66,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=output_file, default="out/catch-up-fit.json",
                     help="every trace's fit history as JSON (and a plot beside it, .png)")
     args = ap.parse_args(argv)
-    histories = {}
+    histories = read_each(args.traces, fit_history)
+    if histories is None:
+        return 2
     print("| trace | fits | steepest us/token (step, fixed ms) |")
     print("|---|---|---|")
-    for path in args.traces:
-        try:
-            history = histories[path] = fit_history(read_trace(path))
-        except TRACE_ERRORS as err:
-            print(not_a_trace(path, err), file=sys.stderr)
-            return 2
+    for path, history in histories.items():
         steep = sorted(history, key=lambda h: -h["us_per_token"])[:args.top]
         print(f"| {Path(path).name} | {len(history)} | "
               + ", ".join(f"{h['us_per_token']:.2f} ({h['step']}, {h['fixed_ms']:.2f})"

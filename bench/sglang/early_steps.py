@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import TRACE_ERRORS, clean_step, not_a_trace, read_trace
+from bench.sglang.estimate_error import clean_step, read_each
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -58,13 +57,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
     ap.add_argument("--out", type=output_file, default="out/early-steps.json")
     args = ap.parse_args(argv)
-    batches = []
-    for path in args.traces:
-        try:
-            batches += batch_ratios(read_trace(path)["costs"])
-        except TRACE_ERRORS as err:
-            print(not_a_trace(path, err), file=sys.stderr)
-            return 2
+    got = read_each(args.traces, lambda trace: batch_ratios(trace["costs"]))
+    if got is None:
+        return 2
+    batches = [b for each in got.values() for b in each]
     rows = by_position(batches)
     print(f"| position after the prefill | batches | median / later median | share under {SHORT} |")
     print("|---|---|---|---|")

@@ -21,7 +21,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
 from bench.plots import Panel, Series, line_chart
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
@@ -33,6 +33,7 @@ from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTim
 from dual_graph_worker.core.provenance import command_line
 
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
+T = TypeVar("T")
 AHEAD = 400
 MIN_STEPS = 8
 
@@ -63,6 +64,19 @@ def clean_step(row: list) -> bool:
 def not_a_trace(path: str, err: Exception) -> str:
     return (f"error: {path}: not a replay trace ({err}); make one with "
             "`python -m bench.sglang.step_costs STEP_LOG --trace FILE.json.gz`")
+
+
+def read_each(paths: Sequence[str], read: Callable[[dict], T]) -> Optional[dict[str, T]]:
+    """`read` of each replay trace at `paths`, by path in order; None, once one line on stderr
+    has named the first that is no trace (or whose rows `read` cannot take)."""
+    out = {}
+    for path in paths:
+        try:
+            out[path] = read(read_trace(path))
+        except TRACE_ERRORS as err:
+            print(not_a_trace(path, err), file=sys.stderr)
+            return None
+    return out
 
 
 def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
@@ -138,19 +152,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     result = {"command": command_line("python -m bench.sglang.estimate_error", argv),
               "traces": {}}
+    got = read_each(args.traces, lambda trace: (trace.get("source"), cell_errors(trace)))
+    if got is None:
+        return 2
     print("| trace | mode | cells | mean abs error | median | max | mean signed |")
     print("|---|---|---|---|---|---|---|")
     every: list[dict] = []
-    for path in args.traces:
-        try:
-            trace = read_trace(path)
-            errors = cell_errors(trace)
-        except TRACE_ERRORS as err:
-            print(not_a_trace(path, err), file=sys.stderr)
-            return 2
+    for path, (source, errors) in got.items():
         every += errors
         stats = summary(errors)
-        result["traces"][path] = {"source": trace.get("source"), "summary": stats,
+        result["traces"][path] = {"source": source, "summary": stats,
                                   "cells": errors}
         _print_rows(Path(path).name, stats)
     result["summary"] = summary(every)

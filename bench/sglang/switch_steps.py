@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -23,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import TRACE_ERRORS, clean_step, not_a_trace, read_trace
+from bench.sglang.estimate_error import clean_step, read_each
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -77,13 +76,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-bs", type=int_range(1, 4096), default=256,
                     help="the largest padded batch size read")
     args = ap.parse_args(argv)
-    ratios = []
-    for path in args.traces:
-        try:
-            ratios += switch_ratios(read_trace(path)["costs"], args.max_bs)
-        except TRACE_ERRORS as err:
-            print(not_a_trace(path, err), file=sys.stderr)
-            return 2
+    got = read_each(args.traces, lambda trace: switch_ratios(trace["costs"], args.max_bs))
+    if got is None:
+        return 2
+    ratios = [r for each in got.values() for r in each]
     rows = by_range(ratios)
     print("| padded bs | step after the catch-up | steps | median / size's median | 10th-90th |")
     print("|---|---|---|---|---|")

@@ -328,7 +328,8 @@ class StepTimeTable:
             mean, mean_kv = sums / count, kv / count
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv, step)
-            bound = self._high_bound(i, mean_kv)
+            slope = self._key_slope(i)
+            bound = self._high_bound(i, slope, mean_kv)
             high = bound is not None and mean > bound
             self._high_steps[i] = self._high_steps[i] + count if high else 0.0
             cold = spec_cold and self._mode_of[i] is Mode.SPEC
@@ -336,7 +337,7 @@ class StepTimeTable:
             if measured:
                 # Back within the typical level while the estimate stands over it: a spell ended.
                 back = bound is not None and mean <= bound < _moved(
-                    self._key_slope(i), self._est[i], self._est_kv[i], mean_kv)
+                    slope, self._est[i], self._est_kv[i], mean_kv)
                 whole = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
                                         (self._cold_keys[i] and not cold and
                                          mean < self._est[i]) or back)
@@ -363,12 +364,13 @@ class StepTimeTable:
         levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
-    def _high_bound(self, i: int, kv: float) -> Optional[float]:
-        """Key i's typical level over `kv` context tokens, _HIGH over (None: no level yet)."""
+    def _high_bound(self, i: int, slope: float, kv: float) -> Optional[float]:
+        """Key i's typical level moved along `slope` to `kv` context tokens, _HIGH over (None:
+        no level yet)."""
         level = self._typical.get(i)
         if level is None:
             return None
-        return (1.0 + _HIGH) * _moved(self._key_slope(i), level[0], level[1], kv)
+        return (1.0 + _HIGH) * _moved(slope, level[0], level[1], kv)
 
     def _relax_idle(self, measured: set, step: int) -> None:
         """Move each unmeasured key's estimate down toward its typical level, for the steps
