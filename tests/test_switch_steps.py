@@ -1,5 +1,5 @@
 """bench.sglang.switch_steps: speculation's first steps after a catch-up against its size's
-median over the trace."""
+settled steps in the trace."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench.sglang.switch_steps import by_range, main, switch_ratios
+from bench.sglang.switch_steps import SETTLED, by_length, by_position, main, switch_runs
 
 
 def _spec(t: float, bs: int = 1, kv: int = 2048, caught: int = 0, carries: int = 0) -> list:
@@ -20,7 +20,9 @@ def _decode(n: int, bs: int = 1) -> list:
 
 
 def _costs() -> list:
-    steady = [_spec(0.006)] * 12                                   # the size's median: 6 ms
+    # Settled: 10 steps of 6 ms past a first SETTLED of 9 ms; with a short run of 9 ms, most of
+    # the size's steps are unsettled ones, which the median leaves out.
+    steady = [_spec(0.009)] * SETTLED + [_spec(0.006)] * 10 + _decode(1) + [_spec(0.009)] * 7
     entered = [_spec(0.020, caught=2048), _spec(0.0072), _spec(0.0066), _spec(0.004, carries=1)]
     unswitched = [_spec(0.009)]                                    # no catch-up: not read
     carried = [_spec(0.020, caught=2048), _spec(0.003, carries=1)]  # no clean step 1 or 2
@@ -29,19 +31,25 @@ def _costs() -> list:
             + _decode(2) + far + [["p", 2048, 0.03, 0]])
 
 
-def test_a_switchs_clean_steps_are_read_against_their_sizes_median(tmp_path, capsys):
-    ratios = switch_ratios(_costs())
-    assert ratios == [(1, 1, pytest.approx(1.2)), (1, 2, pytest.approx(1.1))]
-    assert switch_ratios(_costs(), max_bs=0) == []
-    rows = by_range(ratios)
+def test_a_switchs_clean_steps_are_read_against_their_sizes_settled_median(tmp_path, capsys):
+    runs = switch_runs(_costs())
+    assert runs == [(1, (pytest.approx(1.2), pytest.approx(1.1))), (1, (None, None))]
+    assert switch_runs(_costs(), max_bs=0) == []
+    rows = by_position(runs)
     assert [(r["bs"], r["position"], r["steps"]) for r in rows] == [([1, 2], 1, 1), ([1, 2], 2, 1)]
+    # One run clean at both steps: its first step alone reads 1.2, the mean of two 1.15 (> 1.05).
+    assert by_length(runs) == [{"bs": [1, 2], "runs": 1, "over": {1: 1.0, 2: 1.0}}]
+    assert by_length([(1, (1.2, 0.8))])[0]["over"] == {1: 1.0, 2: 0.0}
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as fh:
         json.dump({"costs": _costs()}, fh)
     out = tmp_path / "s.json"
-    assert main([str(path), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["rows"][0]["median"] == pytest.approx(1.2)
+    assert main([str(path), "--out", str(out), "--positions", "2"]) == 0
+    written = json.loads(out.read_text())
+    assert written["rows"][0]["median"] == pytest.approx(1.2)
+    assert written["lengths"][0]["runs"] == 1
     assert out.with_suffix(".png").stat().st_size > 0
-    assert "| 1-2 | 2 | 1 | 1.100 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| 1-2 | 2 | 1 | 1.100 |" in printed and "| 1-2 | 1 | 1.00 | 1.00 |" in printed
     assert main([str(tmp_path / "none.json.gz"), "--out", str(out)]) == 2
     assert "not a replay trace" in capsys.readouterr().err

@@ -1,11 +1,13 @@
-"""How speculation's first steps after a switch read against the rest of a GPU run's steps at
-the same size: per run of spec steps entered with a catch-up (a switch from decode, or a
-re-measurement), its clean steps 1 and 2 (step 0 holds the catch-up) over the median of every
-clean spec step of that size in the trace at contexts within 25% of the run's first. Whether a
-switch's first steps cost more than the mode's later ones, the controller's question when a
+"""How speculation's first steps after a switch read against the same size's settled steps in
+a GPU run: per run of spec steps entered with a catch-up (a switch from decode, or a
+re-measurement), its clean steps at positions 1..N (step 0 holds the catch-up) over the median
+of the trace's clean spec steps of that size that ran SETTLED or more steps into their run, at
+contexts within 25% of the run's first. Whether a re-measurement's few clean steps (positions
+1-2 of a 4-step one) read speculation as it runs once chosen, the controller's question when a
 short re-measurement reads high.
 
     python -m bench.sglang.switch_steps TRACE.json.gz ... [--out FILE.json] [--max-bs N]
+                                        [--positions N]
 
 Prints a table by batch range and position, writes FILE.json and a plot beside it (FILE.png).
 """
@@ -27,23 +29,27 @@ from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_fil
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
 
-POSITIONS = (1, 2)
 NEAR = 0.25
+SETTLED = 8
 MIN_REFERENCE = 10
 RANGES = ((1, 2), (3, 16), (17, 64), (65, 256))
+HIGH = 1.05                   # a re-measurement reading speculation this much slow
+Run = tuple[int, tuple[Optional[float], ...]]
 
 
-def switch_ratios(costs: list, max_bs: int = 256) -> list[tuple[int, int, float]]:
-    """(padded bs, position, ratio) of every clean step at POSITIONS of each spec run entered
-    with a catch-up, against its size's clean spec steps at contexts within NEAR."""
+def switch_runs(costs: list, max_bs: int = 256, positions: int = 2) -> list[Run]:
+    """(padded bs, each of its steps 1..`positions` over the settled median, None where not
+    clean or not run) of each spec run entered with a catch-up; the settled median: its size's
+    clean spec steps SETTLED or more into their run, at contexts within NEAR."""
     steps = [row for row in costs if row[0] != "p"]
+    runs = [(key, list(run)) for key, run in
+            itertools.groupby(steps, key=lambda row: (row[0], row[1]))]
     reference = defaultdict(list)
-    for row in steps:
-        if row[0] == "s" and clean_step(row):
-            reference[row[1]].append((row[5], row[2]))
+    for (mode, bs), run in runs:
+        if mode == "s":
+            reference[bs] += [(row[5], row[2]) for row in run[SETTLED:] if clean_step(row)]
     out = []
-    for (mode, bs), run in itertools.groupby(steps, key=lambda row: (row[0], row[1])):
-        run = list(run)
+    for (mode, bs), run in runs:
         if mode != "s" or bs > max_bs or not run[0][3]:
             continue
         kv = run[0][5]
@@ -51,20 +57,39 @@ def switch_ratios(costs: list, max_bs: int = 256) -> list[tuple[int, int, float]
         if len(near) < MIN_REFERENCE:
             continue
         median = statistics.median(near)
-        out += [(bs, k, run[k][2] / median) for k in POSITIONS
-                if k < len(run) and clean_step(run[k])]
+        out.append((bs, tuple(run[k][2] / median if k < len(run) and clean_step(run[k])
+                              else None for k in range(1, positions + 1))))
     return out
 
 
-def by_range(ratios: list[tuple[int, int, float]]) -> list[dict]:
+def _in(lo: int, hi: int, runs: list[Run]) -> list[tuple[Optional[float], ...]]:
+    return [ratios for bs, ratios in runs if lo <= bs <= hi]
+
+
+def by_position(runs: list[Run]) -> list[dict]:
+    """Per batch range and position: the steps read and their ratios' 10th, 50th, 90th."""
     rows = []
     for lo, hi in RANGES:
-        for k in POSITIONS:
-            mine = [r for bs, pos, r in ratios if lo <= bs <= hi and pos == k]
-            if mine:
-                p10, p50, p90 = np.percentile(mine, (10, 50, 90)).tolist()
-                rows.append({"bs": [lo, hi], "position": k, "steps": len(mine), "median": p50,
-                             "p10": p10, "p90": p90})
+        mine = _in(lo, hi, runs)
+        for k in range(len(mine[0]) if mine else 0):
+            got = [ratios[k] for ratios in mine if ratios[k] is not None]
+            if got:
+                p10, p50, p90 = np.percentile(got, (10, 50, 90)).tolist()
+                rows.append({"bs": [lo, hi], "position": k + 1, "steps": len(got),
+                             "median": p50, "p10": p10, "p90": p90})
+    return rows
+
+
+def by_length(runs: list[Run]) -> list[dict]:
+    """Per batch range, over the runs clean at every position read: how often the mean of
+    their first k steps reads over HIGH, for each k (a re-measurement k clean steps long)."""
+    rows = []
+    for lo, hi in RANGES:
+        whole = [r for r in _in(lo, hi, runs) if None not in r]
+        if whole:
+            rows.append({"bs": [lo, hi], "runs": len(whole), "over": {
+                k: sum(statistics.fmean(r[:k]) > HIGH for r in whole) / len(whole)
+                for k in range(1, len(whole[0]) + 1)}})
     return rows
 
 
@@ -75,32 +100,46 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=output_file, default="out/switch-steps.json")
     ap.add_argument("--max-bs", type=int_range(1, 4096), default=256,
                     help="the largest padded batch size read")
+    ap.add_argument("--positions", type=int_range(1, SETTLED - 1), default=6,
+                    help="the steps read after each catch-up (default %(default)s)")
     args = ap.parse_args(argv)
-    got = read_each(args.traces, lambda trace: switch_ratios(trace["costs"], args.max_bs))
+    got = read_each(args.traces,
+                    lambda trace: switch_runs(trace["costs"], args.max_bs, args.positions))
     if got is None:
         return 2
-    ratios = [r for each in got.values() for r in each]
-    rows = by_range(ratios)
-    print("| padded bs | step after the catch-up | steps | median / size's median | 10th-90th |")
+    runs = [run for each in got.values() for run in each]
+    rows, lengths = by_position(runs), by_length(runs)
+    print("| padded bs | step after the catch-up | steps | median / size's settled median "
+          "| 10th-90th |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['bs'][0]}-{r['bs'][1]} | {r['position']} | {r['steps']} | {r['median']:.3f} "
               f"| {r['p10']:.2f}-{r['p90']:.2f} |")
+    print(f"\nRuns clean at steps 1-{args.positions}: the share whose first k steps' mean reads "
+          f"over {HIGH:.2f}x the settled median")
+    print("| padded bs | runs | " + " | ".join(f"k={k}" for k in range(1, args.positions + 1))
+          + " |")
+    print("|---|---|" + "---|" * args.positions)
+    for r in lengths:
+        print(f"| {r['bs'][0]}-{r['bs'][1]} | {r['runs']} | "
+              + " | ".join(f"{v:.2f}" for v in r["over"].values()) + " |")
     out = Path(args.out)
     write_json({"command": command_line("python -m bench.sglang.switch_steps", argv),
-                "commit": checkout_commit(), "traces": args.traces, "rows": rows}, out)
+                "commit": checkout_commit(), "traces": args.traces, "settled_from": SETTLED,
+                "rows": rows, "lengths": lengths}, out)
     if rows:
         series = []
-        for k in POSITIONS:
-            mine = [r for r in rows if r["position"] == k]
-            xs = [r["bs"][1] for r in mine]
-            series += [Series(f"step {k}, median", xs, [r["median"] for r in mine]),
-                       Series(f"step {k}, 10th", xs, [r["p10"] for r in mine], dashed=True),
-                       Series(f"step {k}, 90th", xs, [r["p90"] for r in mine], dashed=True)]
+        for lo, hi in RANGES:
+            mine = [r for r in rows if r["bs"] == [lo, hi]]
+            if mine:
+                xs = [r["position"] for r in mine]
+                series += [Series(f"bs {lo}-{hi}, median", xs, [r["median"] for r in mine]),
+                           Series(f"bs {lo}-{hi}, 90th", xs, [r["p90"] for r in mine],
+                                  dashed=True)]
         line_chart(out.with_suffix(".png"),
-                   "Speculation's first steps after a catch-up, over its size's median",
-                   "padded batch size (top of the range)",
-                   [Panel("ratio", series)], log2_x=True)
+                   "Speculation's first steps after a catch-up, over its size's settled median",
+                   "step after the catch-up", [Panel("ratio", series, lines=((1.0, "settled"),))],
+                   integer_x=True)
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if rows else ""))
     return 0
 
