@@ -667,3 +667,69 @@ def test_merge_names_the_part_that_is_no_matrix(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"part {part}" in err and says in err, err
     assert not (tmp_path / "m").exists()
+
+
+def test_engines_short_of_the_kv_pool_asked_are_named_and_their_matrix_not_merged(tmp_path,
+                                                                                  capsys):
+    """An engine SGLang gave less KV than asked (memory short at its start) retracts and
+    queues requests: its matrix says so at the top, in the heatmap and JSON, and is no part to
+    merge."""
+    from bench.sglang import merge_matrix as mm
+
+    assert mr.short_pools({"dual": 160000, "plain": 160000}, 160000) == ""
+    assert mr.short_pools({"dual": 17634, "plain": 150000}, None) == ""     # none asked
+    line = mr.short_pools({"dual": 17634, "eagle3": 160000, "plain": None}, 160000)
+    assert "dual 17634, eagle3 160000, plain ?" in line and "; dual short" in line
+    recs = [rec("plain", None, 1, 200.0), rec("eagle3", 3.0, 1, 400.0), rec("dual", 3.0, 1, 90.0)]
+    writer = pm.MatrixWriter(tmp_path, "note", [3.0], [pm.Workload.parse("256x256@1")],
+                             {"attention_backend": "default"}, [], "", {}, {}, 160000)
+    for kind, got in (("dual", 17634), ("eagle3", 160000), ("plain", 160000)):
+        writer.started(kind, {"startup_s": 50.0,
+                              "server_info": {"memory_usage": {"token_capacity": got}}})
+    writer.write(recs)
+    matrix = json.loads((tmp_path / "policy-matrix.json").read_text())
+    assert matrix["kv_pools"] == {"dual": 17634, "eagle3": 160000, "plain": 160000}
+    assert matrix["note"].startswith("NOT LIKE FOR LIKE")
+    assert (tmp_path / "report.md").read_text().splitlines()[2].startswith("**NOT LIKE FOR LIKE")
+    assert mm.main(["--out", str(tmp_path / "m"), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dual short" in err and "leave it out" in err
+    # Pools alike: the same matrix merges.
+    writer.started("dual", {"server_info": {"memory_usage": {"token_capacity": 160000}}})
+    writer.write(recs)
+    assert json.loads((tmp_path / "policy-matrix.json").read_text())["note"] == "note"
+    assert mm.main(["--out", str(tmp_path / "m"), str(tmp_path)]) == 0
+
+
+def test_interleaving_engines_on_a_gpu_too_small_for_them_is_one_clear_error(tmp_path,
+                                                                            monkeypatch, capsys):
+    _fake_engines(monkeypatch)
+    monkeypatch.setattr(pm, "gpu_total_mib", lambda: 81559.0)
+    out = tmp_path / "o"
+    assert pm.main(["--out", str(out), "--engines", "plain,eagle3", *ONE_CELL,
+                    "--interleave"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "this GPU has 80 GiB" in err and "leave out --interleave" in err
+    assert not out.exists()
+    # One after another they fit: each engine alone holds its pool.
+    assert pm.main(["--out", str(out), "--engines", "plain,eagle3", *ONE_CELL]) == 0
+
+
+def test_an_interleaved_run_with_a_short_pool_ends_by_naming_it(tmp_path, monkeypatch, capsys):
+    """The warning is the output's last lines, beside any failure, where a device call's tail
+    keeps it."""
+    def fake_run_all(specs, plan, out, deadline, on_phase=None, together=False):
+        return {kind: {"returncode": 0, "startup_s": 1.0,
+                       "server_info": {"memory_usage": {
+                           "token_capacity": 17634 if kind == "dual" else 160000}},
+                       "tasks": {"256x256" if kind == "plain" else "a3.0-256x256": {
+                           "points": [{"concurrency": 1, "tok_s": 100.0, "seconds": 1.0}]}}}
+                for kind in specs}
+
+    monkeypatch.setattr(pm.interleave, "run_all", fake_run_all)
+    monkeypatch.setattr(pm, "gpu_total_mib", lambda: None)
+    out = tmp_path / "o"
+    assert pm.main(["--out", str(out), *ONE_CELL, "--interleave"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("[matrix] WARNING: NOT LIKE FOR LIKE") and "dual 17634" in err[-1]
+    assert json.loads((out / "policy-matrix.json").read_text())["kv_pools"]["dual"] == 17634

@@ -57,6 +57,14 @@ def gpu_name() -> str:
     return _gpu_field("name") or "unknown GPU"
 
 
+def gpu_total_mib() -> float | None:
+    """The first GPU's memory (None without one)."""
+    try:
+        return float(_gpu_field("memory.total") or "")
+    except ValueError:
+        return None
+
+
 def gpu_used_mib() -> float | None:
     """Device-wide used memory."""
     try:

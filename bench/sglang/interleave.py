@@ -25,6 +25,9 @@ from dual_graph_worker.core.settings import BY_KEY
 # (kv_cache_configurator.py:1616-1625), so three engines fit one H200. An idle scheduler polls
 # its sockets in a busy loop unless it sleeps on idle: the two waiting would spin two cores.
 ENGINE_KWARGS = {"max_total_tokens": 160_000, "mem_fraction_static": 0.8, "sleep_on_idle": True}
+# Two or three such engines fit a 141 GB H200, not an 80 GB H100: there one fails to start and
+# another gets a tenth of its pool.
+MIN_GPU_MIB = 120_000
 # The worker sizes its lazy catch-up stash to a share of the memory free at its start: up first
 # beside the others it would take tens of GB, so it is pinned to what it takes alone on an H200.
 DUAL_ENV = {BY_KEY["lazy_stash_mb"].env: "3700"}

@@ -59,6 +59,22 @@ SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
                    "interleave": False, "rounds": 1, "pin_cpus": None}
 
 
+def short_pools(kv_pools: dict, asked: Optional[int]) -> str:
+    """"" where every engine got the KV pool asked of it (or none was asked); else one line
+    naming each engine's pool, for the report's top and the heatmap: an engine short of KV
+    retracts and queues requests, so its cells at high concurrency measure memory, not the
+    policy (SGLang shrinks a pool when memory is short, with a warning only)."""
+    short = {name: got for name, got in kv_pools.items()
+             if asked and got is not None and got < asked}
+    if not short:
+        return ""
+    pools = ", ".join(f"{name} {got if got is not None else '?'}"
+                      for name, got in sorted(kv_pools.items()))
+    return (f"NOT LIKE FOR LIKE: KV pools of {pools} tokens, {asked} asked of each; "
+            f"{', '.join(sorted(short))} short: its cells at high concurrency measure memory, "
+            "not the policy")
+
+
 def settings_in_note(note: str) -> dict:
     """The GPU, radix cache and accept sampling of a matrix whose settings predate them, read
     from its note, which has named them from the first run (None where it does not)."""

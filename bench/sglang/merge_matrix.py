@@ -22,7 +22,8 @@ from typing import Optional
 
 from bench.sglang.matrix_records import (LAUNCHED_TOGETHER, READINGS, cell_key,
                                          merged_workloads, per_cell_median, ratios, readings,
-                                         repeated, stored_settings, with_rounds_asked)
+                                         repeated, short_pools, stored_settings,
+                                         with_rounds_asked)
 from bench.sglang.matrix_report import heatmap, matrix_report
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
@@ -48,6 +49,9 @@ def read_part(folder: str) -> tuple[str, dict]:
             if not isinstance(r, dict) or (missing := [k for k in need if k not in r]):
                 what = f"lacks {missing[0]!r}" if isinstance(r, dict) else "is no JSON object"
                 raise ConfigError(f"part {folder}: one of the {field} in {path} {what}; {fix}")
+    if short := short_pools(m.get("kv_pools") or {}, m.get("kv_asked")):
+        raise ConfigError(f"part {folder}: {short}; leave it out, or measure it again with "
+                          "memory for every engine's pool")
     return Path(folder).name, m
 
 

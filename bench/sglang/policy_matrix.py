@@ -44,10 +44,12 @@ from typing import Optional, Sequence
 from bench.sglang import host_speed, interleave, placement, step_costs
 from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
-from bench.sglang.engine_child import MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, run_child
+from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, gpu_total_mib,
+                                       run_child)
 from bench.sglang.matrix_records import (LAUNCHED_TOGETHER, Workload, fill_from,
                                          merged_workloads, other_readings, other_settings,
-                                         per_cell_median, ratios, records, with_rounds_asked)
+                                         per_cell_median, ratios, records, short_pools,
+                                         with_rounds_asked)
 from bench.sglang.matrix_report import heatmap, matrix_report
 from bench.sglang.model_configs import (
     accept_problem,
@@ -281,29 +283,37 @@ class MatrixWriter:
 
     def __init__(self, out: Path, note: str, accepts: list[float], columns: list[Workload],
                  settings: dict, earlier: list[dict], fill_source: str,
-                 startup_s: dict) -> None:
+                 startup_s: dict, kv_pools: dict, kv_asked: Optional[int]) -> None:
         self.out, self.note, self.accepts, self.columns = out, note, accepts, columns
         self.settings, self.earlier, self.fill_source = settings, earlier, fill_source
-        self.startup_s = dict(startup_s)
+        self.startup_s, self.kv_pools, self.kv_asked = dict(startup_s), dict(kv_pools), kv_asked
 
     def started(self, name: str, res: dict) -> None:
         self.startup_s[name] = res.get("startup_s")
+        self.kv_pools[name] = interleave.kv_tokens(res)
+
+    def short_pools(self) -> str:
+        return short_pools(self.kv_pools, self.kv_asked)
 
     def write(self, recs: list[dict]) -> None:
         filled = fill_from(with_rounds_asked(recs, self.settings), self.earlier,
                            self.fill_source)
         cells = ratios(per_cell_median(filled))
         other = other_readings(filled)
-        matrix = {"note": self.note, "accepts": self.accepts,
+        short = self.short_pools()
+        note = f"{short}. {self.note}" if short else self.note
+        matrix = {"note": note, "accepts": self.accepts,
                   "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
                                 for w in self.columns],
                   "records": filled, "cells": cells, **other,
-                  "settings": self.settings, "startup_s": self.startup_s}
+                  "settings": self.settings, "startup_s": self.startup_s,
+                  "kv_pools": self.kv_pools, "kv_asked": self.kv_asked}
         write_json(matrix, self.out / "policy-matrix.json")      # a killed run leaves it whole
         (self.out / "report.md").write_text(
-            matrix_report(cells, other, filled, self.accepts, self.columns, self.note))
+            matrix_report(cells, other, filled, self.accepts, self.columns,
+                          f"**{short}.** {self.note}" if short else note))
         if cells:
-            heatmap(cells, self.accepts, self.columns, self.out / "heatmap.png", self.note)
+            heatmap(cells, self.accepts, self.columns, self.out / "heatmap.png", note)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -409,6 +419,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: --pin-cpus: CPU {missing[0]} is not one this process may use "
                   f"({_spans(sorted(os.sched_getaffinity(0)))})", file=sys.stderr)
             return 2
+    if args.interleave and len(engines) > 1 and \
+            (total := gpu_total_mib()) is not None and total < interleave.MIN_GPU_MIB:
+        print(f"error: --interleave holds {len(engines)} engines of "
+              f"{interleave.ENGINE_KWARGS['max_total_tokens']} KV tokens each, which needs "
+              f"{interleave.MIN_GPU_MIB / 1024:.0f} GiB or more; this GPU has "
+              f"{total / 1024:.0f} GiB: leave out --interleave (the engines then run one "
+              "after another) or measure one engine a call", file=sys.stderr)
+        return 2
     backend = engine_attention_backend(args.attention_backend)
     gpu = gpu_name()
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
@@ -499,7 +517,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               acc_sampling=args.acc_sampling, dual_env=dual_env, step_log=args.step_log,
               rounds=args.rounds, cpus=cpus)
     writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
-                          args.fill_from or "", previous.get("startup_s", {}))
+                          args.fill_from or "", previous.get("startup_s", {}),
+                          previous.get("kv_pools", {}),
+                          interleave.ENGINE_KWARGS["max_total_tokens"] if args.interleave
+                          else None)
     failed: dict[str, str] = {}          # engine (process) name -> why its run failed
     with host_speed.Sampler(out / HOST_SPEED_FILE):
         if args.interleave:
@@ -521,11 +542,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                 writer.started(kind, res)
                 if why := failure(res, bool(each[kind])):
                     failed[kind] = why
-                got = interleave.kv_tokens(res)
-                if got is not None and got < interleave.ENGINE_KWARGS["max_total_tokens"]:
-                    print(f"[matrix] WARNING: {kind}'s KV pool is {got} tokens, under the "
-                          f"{interleave.ENGINE_KWARGS['max_total_tokens']} every engine should "
-                          "have", flush=True)
             recs = filed(results, each)
             writer.write(recs)
         for process, kind in ((p, k) for p in range(args.processes) for k in engines
@@ -547,6 +563,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                        host_speed.read(out / HOST_SPEED_FILE))
         (out / "step-costs.md").write_text(costs)
         print("worker step costs by place in a run (step-costs.md):\n" + costs)
+    # Last, where a device call's tail of the output still holds them.
+    if short := writer.short_pools():
+        print(f"[matrix] WARNING: {short}", file=sys.stderr, flush=True)
     for name, why in failed.items():
         print(f"[matrix] FAILED {name}: {why}", file=sys.stderr, flush=True)
     return 1 if failed else 0
