@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.sglang import interleave
 from bench.sglang import policy_matrix as pm
 
 FAKE = Path(__file__).parent / "fake_sglang"
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    """The runs here are stand-ins: the host's own GPU, if it has one, is not theirs."""
+    monkeypatch.setattr(pm, "gpu_total_mib", lambda: None)
 
 
 def _matrix(tmp_path, monkeypatch, *extra):

@@ -13,6 +13,12 @@ from bench.sglang import matrix_report as mrep
 from bench.sglang import policy_matrix as pm
 
 
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    """The runs here are stand-ins: the host's own GPU, if it has one, is not theirs."""
+    monkeypatch.setattr(pm, "gpu_total_mib", lambda: None)
+
+
 def rec(engine, a, c, tok_s):
     return {"accept_len": a, "input_len": 256, "output_len": 256, "concurrency": c,
             "engine": engine, "tok_s": tok_s, "seconds": 1.0}
@@ -699,6 +705,12 @@ def test_engines_short_of_the_kv_pool_asked_are_named_and_their_matrix_not_merge
     writer.write(recs)
     assert json.loads((tmp_path / "policy-matrix.json").read_text())["note"] == "note"
     assert mm.main(["--out", str(tmp_path / "m"), str(tmp_path)]) == 0
+    odd = json.loads((tmp_path / "policy-matrix.json").read_text()) | {"kv_asked": "160000"}
+    (tmp_path / "policy-matrix.json").write_text(json.dumps(odd))
+    capsys.readouterr()
+    assert mm.main(["--out", str(tmp_path / "m2"), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kv_asked '160000'" in err
 
 
 def test_interleaving_engines_on_a_gpu_too_small_for_them_is_one_clear_error(tmp_path,
@@ -711,25 +723,45 @@ def test_interleaving_engines_on_a_gpu_too_small_for_them_is_one_clear_error(tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "this GPU has 80 GiB" in err and "leave out --interleave" in err
     assert not out.exists()
-    # One after another they fit: each engine alone holds its pool.
+    # One after another they fit: each engine alone holds its pool; so does one interleaved.
     assert pm.main(["--out", str(out), "--engines", "plain,eagle3", *ONE_CELL]) == 0
+    monkeypatch.setattr(pm.interleave, "run_all", _fake_run_all(160000))
+    assert pm.main(["--out", str(tmp_path / "one"), "--engines", "dual", *ONE_CELL,
+                    "--interleave"]) == 0
+
+
+def _fake_run_all(dual_pool: int, killed: bool = False):
+    """interleave.run_all standing in for every engine: one cell each, the worker's KV pool
+    `dual_pool`, the others' as asked; `killed`: interrupted after its first phase."""
+    def run_all(specs, plan, out, deadline, on_phase=None, together=False):
+        results = {kind: {"returncode": 0, "startup_s": 1.0,
+                          "server_info": {"memory_usage": {
+                              "token_capacity": dual_pool if kind == "dual" else 160000}},
+                          "tasks": {"256x256" if kind == "plain" else "a3.0-256x256": {
+                              "points": [{"concurrency": 1, "tok_s": 100.0, "seconds": 1.0}]}}}
+                   for kind in specs}
+        on_phase(results)
+        if killed:
+            raise KeyboardInterrupt
+        return results
+    return run_all
 
 
 def test_an_interleaved_run_with_a_short_pool_ends_by_naming_it(tmp_path, monkeypatch, capsys):
     """The warning is the output's last lines, beside any failure, where a device call's tail
-    keeps it."""
-    def fake_run_all(specs, plan, out, deadline, on_phase=None, together=False):
-        return {kind: {"returncode": 0, "startup_s": 1.0,
-                       "server_info": {"memory_usage": {
-                           "token_capacity": 17634 if kind == "dual" else 160000}},
-                       "tasks": {"256x256" if kind == "plain" else "a3.0-256x256": {
-                           "points": [{"concurrency": 1, "tok_s": 100.0, "seconds": 1.0}]}}}
-                for kind in specs}
-
-    monkeypatch.setattr(pm.interleave, "run_all", fake_run_all)
-    monkeypatch.setattr(pm, "gpu_total_mib", lambda: None)
+    keeps it; a run killed after its first phase has filed the pools with its records."""
+    monkeypatch.setattr(pm.interleave, "run_all", _fake_run_all(17634))
     out = tmp_path / "o"
     assert pm.main(["--out", str(out), *ONE_CELL, "--interleave"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("[matrix] WARNING: NOT LIKE FOR LIKE") and "dual 17634" in err[-1]
     assert json.loads((out / "policy-matrix.json").read_text())["kv_pools"]["dual"] == 17634
+    monkeypatch.setattr(pm.interleave, "run_all", _fake_run_all(17634, killed=True))
+    killed = tmp_path / "k"
+    with pytest.raises(KeyboardInterrupt):
+        pm.main(["--out", str(killed), *ONE_CELL, "--interleave"])
+    assert "dual 17634" in json.loads((killed / "policy-matrix.json").read_text())["note"]
+    # Measured again with room, the worker's pool is its new one and the note is plain again.
+    monkeypatch.setattr(pm.interleave, "run_all", _fake_run_all(160000))
+    assert pm.main(["--out", str(killed), *ONE_CELL, "--interleave"]) == 0
+    assert not json.loads((killed / "policy-matrix.json").read_text())["note"].startswith("NOT")

@@ -60,7 +60,7 @@ SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
 
 
 def short_pools(kv_pools: dict, asked: Optional[int]) -> str:
-    """"" where every engine got the KV pool asked of it (or none was asked); else one line
+    """Empty where every engine got the KV pool asked of it (or none was asked); else a line
     naming each engine's pool, for the report's top and the heatmap: an engine short of KV
     retracts and queues requests, so its cells at high concurrency measure memory, not the
     policy (SGLang shrinks a pool when memory is short, with a warning only)."""

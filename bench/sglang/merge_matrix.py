@@ -49,7 +49,11 @@ def read_part(folder: str) -> tuple[str, dict]:
             if not isinstance(r, dict) or (missing := [k for k in need if k not in r]):
                 what = f"lacks {missing[0]!r}" if isinstance(r, dict) else "is no JSON object"
                 raise ConfigError(f"part {folder}: one of the {field} in {path} {what}; {fix}")
-    if short := short_pools(m.get("kv_pools") or {}, m.get("kv_asked")):
+    pools, asked = m.get("kv_pools") or {}, m.get("kv_asked")
+    if not isinstance(pools, dict) or not (asked is None or isinstance(asked, int)):
+        raise ConfigError(f"part {folder}: {path} has kv_pools {pools!r} and kv_asked {asked!r}, "
+                          f"not an engine -> tokens object and a token count; {fix}")
+    if short := short_pools(pools, asked):
         raise ConfigError(f"part {folder}: {short}; leave it out, or measure it again with "
                           "memory for every engine's pool")
     return Path(folder).name, m

@@ -518,7 +518,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               rounds=args.rounds, cpus=cpus)
     writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
                           args.fill_from or "", previous.get("startup_s", {}),
-                          previous.get("kv_pools", {}),
+                          previous.get("kv_pools") or {},
+                          # Engines in turn ask no pool: each takes what SGLang sizes alone (a
+                          # spec engine less than plain, as a real server would).
                           interleave.ENGINE_KWARGS["max_total_tokens"] if args.interleave
                           else None)
     failed: dict[str, str] = {}          # engine (process) name -> why its run failed
@@ -531,11 +533,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return recs + with_host_record([r for got in each.values() for r in got],
                                                results, out)
 
+            def phase_done(so_far: dict[str, dict]) -> None:
+                # Each engine's pool with the records, so a run killed later says it too.
+                for kind, res in so_far.items():
+                    writer.started(kind, res)
+                writer.write(filed(so_far, built(so_far)))
+
             results = interleave.run_all(
                 {kind: engine_spec(run, kind, 0, interleave.ENGINE_KWARGS, interleave.DUAL_ENV)
                  for kind in engines},
                 interleave_plan(run, engines), out, deadline,
-                on_phase=lambda so_far: writer.write(filed(so_far, built(so_far))),
+                on_phase=phase_done,
                 together=args.start_together)
             each = built(results)
             for kind, res in results.items():

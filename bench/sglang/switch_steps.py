@@ -32,12 +32,13 @@ from dual_graph_worker.core.provenance import checkout_commit, command_line
 NEAR = 0.25
 SETTLED = 8
 MIN_REFERENCE = 10
+POSITIONS = 6
 RANGES = ((1, 2), (3, 16), (17, 64), (65, 256))
 HIGH = 1.05                   # a re-measurement reading speculation this much slow
 Run = tuple[int, tuple[Optional[float], ...]]
 
 
-def switch_runs(costs: list, max_bs: int = 256, positions: int = 2) -> list[Run]:
+def switch_runs(costs: list, max_bs: int = 256, positions: int = POSITIONS) -> list[Run]:
     """(padded bs, each of its steps 1..`positions` over the settled median, None where not
     clean or not run) of each spec run entered with a catch-up; the settled median: its size's
     clean spec steps SETTLED or more into their run, at contexts within NEAR."""
@@ -62,34 +63,47 @@ def switch_runs(costs: list, max_bs: int = 256, positions: int = 2) -> list[Run]
     return out
 
 
-def _in(lo: int, hi: int, runs: list[Run]) -> list[tuple[Optional[float], ...]]:
-    return [ratios for bs, ratios in runs if lo <= bs <= hi]
+def _ratios_in(lo: int, hi: int, runs: list[Run], positions: int) -> list[tuple]:
+    """The ratios of the runs of padded bs lo..hi, each read at `positions` steps."""
+    mine = [ratios for bs, ratios in runs if lo <= bs <= hi]
+    if any(len(r) != positions for r in mine):
+        raise ValueError(f"runs read at other than {positions} positions")
+    return mine
 
 
-def by_position(runs: list[Run]) -> list[dict]:
-    """Per batch range and position: the steps read and their ratios' 10th, 50th, 90th."""
+def _percentiles(values: list[float]) -> dict:
+    p10, p50, p90 = np.percentile(values, (10, 50, 90)).tolist()
+    return {"median": p50, "p10": p10, "p90": p90}
+
+
+def by_position(runs: list[Run], positions: int = POSITIONS) -> list[dict]:
+    """Per batch range and position: every run's step there (its 10th, 50th, 90th), and the
+    median over the runs clean at every position alone. Short re-measurements reach only the
+    first positions, so the two tell a mode settling from re-measurements reading apart."""
     rows = []
     for lo, hi in RANGES:
-        mine = _in(lo, hi, runs)
-        for k in range(len(mine[0]) if mine else 0):
-            got = [ratios[k] for ratios in mine if ratios[k] is not None]
+        mine = _ratios_in(lo, hi, runs, positions)
+        whole = [r for r in mine if None not in r]
+        for k in range(positions):
+            got = [r[k] for r in mine if r[k] is not None]
             if got:
-                p10, p50, p90 = np.percentile(got, (10, 50, 90)).tolist()
                 rows.append({"bs": [lo, hi], "position": k + 1, "steps": len(got),
-                             "median": p50, "p10": p10, "p90": p90})
+                             **_percentiles(got), "whole_runs": len(whole),
+                             "whole_median": statistics.median(r[k] for r in whole)
+                             if whole else None})
     return rows
 
 
-def by_length(runs: list[Run]) -> list[dict]:
-    """Per batch range, over the runs clean at every position read: how often the mean of
-    their first k steps reads over HIGH, for each k (a re-measurement k clean steps long)."""
+def by_length(runs: list[Run], positions: int = POSITIONS) -> list[dict]:
+    """Per batch range, over the runs clean at every position read: the share whose first k
+    steps' mean reads over HIGH, k = 1..positions (a re-measurement k clean steps long)."""
     rows = []
     for lo, hi in RANGES:
-        whole = [r for r in _in(lo, hi, runs) if None not in r]
+        whole = [r for r in _ratios_in(lo, hi, runs, positions) if None not in r]
         if whole:
-            rows.append({"bs": [lo, hi], "runs": len(whole), "over": {
-                k: sum(statistics.fmean(r[:k]) > HIGH for r in whole) / len(whole)
-                for k in range(1, len(whole[0]) + 1)}})
+            rows.append({"bs": [lo, hi], "runs": len(whole), "over": [
+                sum(statistics.fmean(r[:k]) > HIGH for r in whole) / len(whole)
+                for k in range(1, positions + 1)]})
     return rows
 
 
@@ -100,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=output_file, default="out/switch-steps.json")
     ap.add_argument("--max-bs", type=int_range(1, 4096), default=256,
                     help="the largest padded batch size read")
-    ap.add_argument("--positions", type=int_range(1, SETTLED - 1), default=6,
+    ap.add_argument("--positions", type=int_range(1, SETTLED - 1), default=POSITIONS,
                     help="the steps read after each catch-up (default %(default)s)")
     args = ap.parse_args(argv)
     got = read_each(args.traces,
@@ -108,13 +122,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     if got is None:
         return 2
     runs = [run for each in got.values() for run in each]
-    rows, lengths = by_position(runs), by_length(runs)
-    print("| padded bs | step after the catch-up | steps | median / size's settled median "
-          "| 10th-90th |")
-    print("|---|---|---|---|---|")
+    rows, lengths = by_position(runs, args.positions), by_length(runs, args.positions)
+    print(f"| padded bs | step after the catch-up | steps | median / size's settled median "
+          f"| 10th-90th | median, runs clean at steps 1-{args.positions} (n) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
+        whole = "-" if r["whole_median"] is None else \
+            f"{r['whole_median']:.3f} ({r['whole_runs']})"
         print(f"| {r['bs'][0]}-{r['bs'][1]} | {r['position']} | {r['steps']} | {r['median']:.3f} "
-              f"| {r['p10']:.2f}-{r['p90']:.2f} |")
+              f"| {r['p10']:.2f}-{r['p90']:.2f} | {whole} |")
     print(f"\nRuns clean at steps 1-{args.positions}: the share whose first k steps' mean reads "
           f"over {HIGH:.2f}x the settled median")
     print("| padded bs | runs | " + " | ".join(f"k={k}" for k in range(1, args.positions + 1))
@@ -122,7 +138,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("|---|---|" + "---|" * args.positions)
     for r in lengths:
         print(f"| {r['bs'][0]}-{r['bs'][1]} | {r['runs']} | "
-              + " | ".join(f"{v:.2f}" for v in r["over"].values()) + " |")
+              + " | ".join(f"{v:.2f}" for v in r["over"]) + " |")
     out = Path(args.out)
     write_json({"command": command_line("python -m bench.sglang.switch_steps", argv),
                 "commit": checkout_commit(), "traces": args.traces, "settled_from": SETTLED,
@@ -133,11 +149,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             mine = [r for r in rows if r["bs"] == [lo, hi]]
             if mine:
                 xs = [r["position"] for r in mine]
-                series += [Series(f"bs {lo}-{hi}, median", xs, [r["median"] for r in mine]),
-                           Series(f"bs {lo}-{hi}, 90th", xs, [r["p90"] for r in mine],
-                                  dashed=True)]
+                series.append(Series(f"bs {lo}-{hi}, every run", xs,
+                                     [r["median"] for r in mine]))
+                if all(r["whole_median"] is not None for r in mine):
+                    series.append(Series(f"bs {lo}-{hi}, runs clean at every step", xs,
+                                         [r["whole_median"] for r in mine], dashed=True))
         line_chart(out.with_suffix(".png"),
-                   "Speculation's first steps after a catch-up, over its size's settled median",
+                   "Speculation's steps after a catch-up over its size's settled median (medians)",
                    "step after the catch-up", [Panel("ratio", series, lines=((1.0, "settled"),))],
                    integer_x=True)
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if rows else ""))
