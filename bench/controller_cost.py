@@ -93,13 +93,17 @@ def _frozen(ids: list[int]) -> np.ndarray:
 
 def _plot(rows: list[dict], path: Path, what: str) -> Path:
     series = []
-    for turnover in (True, False):
+    for n, turnover in enumerate((True, False)):
         mine = sorted((r for r in rows if r["turnover"] is turnover), key=lambda r: r["bs"])
         if mine:
             name = "turnover" if turnover else "steady"
             xs = [r["bs"] for r in mine]
-            series += [Series(f"{name}, median", xs, [r["median_us"] for r in mine]),
-                       Series(f"{name}, p99", xs, [r["p99_us"] for r in mine], dashed=True)]
+            series += [Series(f"{name}, median", xs, [r["median_us"] for r in mine],
+                              color=f"C{n}"),
+                       Series(f"{name}, mean (exchanges in)", xs, [r["mean_us"] for r in mine],
+                              dashed=True, color=f"C{n}"),
+                       Series(f"{name}, p99", xs, [r["p99_us"] for r in mine], joined=False,
+                              color=f"C{n}")]
     return line_chart(path, f"The controller's host cost per decode step ({what})",
                       "batch size", [Panel("us per step", series, log_y=True,
                                            lines=((20.0, "20 us"),))], log2_x=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class Series:
     y: Sequence[float]
     dashed: bool = False
     joined: bool = True       # False: points only (readings that are no curve)
+    color: Optional[str] = None   # a matplotlib color; pairs of one quantity share one
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, panel in zip(axes, panels):
         for s in panel.series:
-            ax.plot(s.x, s.y, marker="o", markersize=4, label=s.label,
+            ax.plot(s.x, s.y, marker="o", markersize=4, label=s.label, color=s.color,
                     linestyle="none" if not s.joined else "--" if s.dashed else "-")
         for y, label in panel.lines:
             ax.axhline(y, color="gray", linestyle=":", linewidth=1)

@@ -145,15 +145,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "rows": rows, "lengths": lengths}, out)
     if rows:
         series = []
-        for lo, hi in RANGES:
+        for n, (lo, hi) in enumerate(RANGES):
             mine = [r for r in rows if r["bs"] == [lo, hi]]
             if mine:
                 xs = [r["position"] for r in mine]
                 series.append(Series(f"bs {lo}-{hi}, every run", xs,
-                                     [r["median"] for r in mine]))
+                                     [r["median"] for r in mine], color=f"C{n}"))
                 if all(r["whole_median"] is not None for r in mine):
                     series.append(Series(f"bs {lo}-{hi}, runs clean at every step", xs,
-                                         [r["whole_median"] for r in mine], dashed=True))
+                                         [r["whole_median"] for r in mine], dashed=True,
+                                         color=f"C{n}"))
         line_chart(out.with_suffix(".png"),
                    "Speculation's steps after a catch-up over its size's settled median (medians)",
                    "step after the catch-up", [Panel("ratio", series, lines=((1.0, "settled"),))],
