@@ -294,3 +294,8 @@ def bare_sglang_worker():
 
     return bare_worker
 
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """The policy matrix sees no GPU (its memory check reads none), whatever the host has."""
+    monkeypatch.setattr("bench.sglang.policy_matrix.gpu_total_mib", lambda: None)

@@ -16,10 +16,8 @@ from bench.sglang import policy_matrix as pm
 FAKE = Path(__file__).parent / "fake_sglang"
 
 
-@pytest.fixture(autouse=True)
-def _no_gpu(monkeypatch):
-    """The runs here are stand-ins: the host's own GPU, if it has one, is not theirs."""
-    monkeypatch.setattr(pm, "gpu_total_mib", lambda: None)
+# The runs here are stand-ins: the host's own GPU, if it has one, is not theirs.
+pytestmark = pytest.mark.usefixtures("no_gpu")
 
 
 def _matrix(tmp_path, monkeypatch, *extra):

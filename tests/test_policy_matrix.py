@@ -13,10 +13,8 @@ from bench.sglang import matrix_report as mrep
 from bench.sglang import policy_matrix as pm
 
 
-@pytest.fixture(autouse=True)
-def _no_gpu(monkeypatch):
-    """The runs here are stand-ins: the host's own GPU, if it has one, is not theirs."""
-    monkeypatch.setattr(pm, "gpu_total_mib", lambda: None)
+# The runs here are stand-ins: the host's own GPU, if it has one, is not theirs.
+pytestmark = pytest.mark.usefixtures("no_gpu")
 
 
 def rec(engine, a, c, tok_s):

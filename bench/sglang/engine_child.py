@@ -59,16 +59,17 @@ def gpu_name() -> str:
 
 def gpu_total_mib() -> float | None:
     """The first GPU's memory (None without one)."""
-    try:
-        return float(_gpu_field("memory.total") or "")
-    except ValueError:
-        return None
+    return _gpu_mib("memory.total")
 
 
 def gpu_used_mib() -> float | None:
     """Device-wide used memory."""
+    return _gpu_mib("memory.used")
+
+
+def _gpu_mib(field: str) -> float | None:
     try:
-        return float(_gpu_field("memory.used") or "")
+        return float(_gpu_field(field) or "")
     except ValueError:
         return None
 

@@ -326,9 +326,9 @@ class StepTimeTable:
             self._ctx.add(i, self._mode_of[i], window)
             sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count
-            if count >= _TYPICAL_MIN_COUNT:
-                self._add_window(i, mean, mean_kv, step)
             slope = self._key_slope(i)
+            if count >= _TYPICAL_MIN_COUNT:
+                self._add_window(i, mean, mean_kv, step, slope)
             bound = self._high_bound(i, slope, mean_kv)
             high = bound is not None and mean > bound
             self._high_steps[i] = self._high_steps[i] + count if high else 0.0
@@ -354,14 +354,15 @@ class StepTimeTable:
                 self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
 
-    def _add_window(self, i: int, mean: float, kv: float, step: int) -> None:
-        """Key i's window of samples into its recent ones, and its typical level anew."""
+    def _add_window(self, i: int, mean: float, kv: float, step: int, slope: float) -> None:
+        """Key i's window of samples into its recent ones, and its typical level anew (its
+        windows moved along `slope` to this one's context)."""
         windows = self._windows.get(i)
         if windows is None:
             windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
         windows.append((mean, kv, step))
-        oldest, b = step - _TYPICAL_HORIZON, self._key_slope(i)
-        levels = sorted(_moved(b, t, x, kv) for t, x, at in windows if at >= oldest)
+        oldest = step - _TYPICAL_HORIZON
+        levels = sorted(_moved(slope, t, x, kv) for t, x, at in windows if at >= oldest)
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
     def _high_bound(self, i: int, slope: float, kv: float) -> Optional[float]:
