@@ -5,7 +5,6 @@ gather rank-locally (`add_*`) and reach the fits only at an exchange (`fold`).""
 from __future__ import annotations
 
 import math
-import operator
 from typing import Iterable, Optional
 
 import numpy as np
@@ -84,10 +83,11 @@ class BatchCosts:
         self.catch_up_fit: tuple[float, float] = (0.0, 0.0)
         self.catch_up_reach = math.inf
         self._catch_up_far = 0.0
-        # Per request row its admissions (a reused row holds a new request); the running
-        # batch's rows at the last exchange with theirs, and the latest step's rows.
-        self._admissions: Optional[list[int]] = [0] * max_rows if max_rows else None
-        self._members: Optional[tuple[list[int], list[int]]] = None
+        # The rows admitted to since the running batch's rows were last taken (a reused row
+        # holds a new request), those rows, and a scratch mark per row to compare them in C.
+        self._admitted_since: Optional[set[int]] = set() if max_rows else None
+        self._members: Optional[np.ndarray] = None
+        self._mark = np.zeros(max_rows, dtype=bool)
         # Rank-local sums since the last exchange: never read by a decision.
         self._local = [0.0] * _SLOTS
 
@@ -110,10 +110,8 @@ class BatchCosts:
     def admitted(self, tokens: int, rows: Optional[list[int]]) -> None:
         """A prefill of `tokens` prompt tokens; new requests hold `rows` (None: not known)."""
         self.prompt_window += tokens
-        if rows is not None and self._admissions is not None:
-            admissions = self._admissions
-            for row in rows:
-                admissions[row] += 1
+        if rows is not None and self._admitted_since is not None:
+            self._admitted_since.update(rows)
 
     def served(self, rows: Optional[np.ndarray], tokens: float) -> None:
         """A step gave `tokens` output tokens to the requests of `rows`."""
@@ -164,18 +162,22 @@ class BatchCosts:
         rows then and now (a row re-admitted meanwhile holds a new request); none without rows.
         A request that joined and left in between is missed (fewer steps than sync_every)."""
         rows = self.batch_rows
-        if rows is None or self._admissions is None:
+        if rows is None or self._admitted_since is None:
             return 0, 0
-        ids = rows.tolist()
-        admissions = list(map(self._admissions.__getitem__, ids))
-        last, self._members = self._members, (ids, admissions)
+        last, self._members = self._members, np.array(rows)
         if last is None:
-            return len(ids), 0
-        last_ids, last_admissions = last
-        # Those of the last rows that hold the same request now (in C: a batch of 256 rows).
-        here = dict(zip(ids, admissions))
-        stayed = sum(map(operator.eq, map(here.get, last_ids), last_admissions))
-        return len(ids) - stayed, len(last_ids) - stayed
+            self._admitted_since.clear()
+            return len(rows), 0
+        # Those of the last rows that hold the same request now: in the batch still and not
+        # admitted to since.
+        mark = self._mark
+        mark[last] = True
+        if self._admitted_since:
+            mark[list(self._admitted_since)] = False
+            self._admitted_since.clear()
+        stayed = int(np.count_nonzero(mark[rows]))
+        mark[last] = False
+        return len(rows) - stayed, len(last) - stayed
 
     # ------------------------------------------------------------------------------ read
 

@@ -6,7 +6,9 @@ rank-locally and reach the estimates only at an exchange (`fold`)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from itertools import compress
 from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.calibration import CalibrationTable
@@ -82,8 +84,6 @@ class StepTimeTable:
         self.at = {m: {b: i for i, (km, b) in enumerate(self._keys) if km is m}
                    for m in (Mode.SPEC, Mode.DECODE)}
         self.spec_at, self.decode_at = self.at[Mode.SPEC], self.at[Mode.DECODE]
-        n_spec = len(self.spec_at)
-        self._spans = {Mode.SPEC: range(0, n_spec), Mode.DECODE: range(n_spec, len(self._keys))}
         self._mode_of = [m for m, _ in self._keys]
         self._keep = 1.0 - ema_alpha
         n = self.size = len(self._keys)
@@ -99,6 +99,7 @@ class StepTimeTable:
         self._ctx = ContextSums(n)
         self._beta = {Mode.SPEC: 0.0, Mode.DECODE: 0.0}   # per mode, pooled over sizes
         self.samples = [0.0] * n                 # per key, folded so far
+        self._seen = {m: [] for m in (Mode.SPEC, Mode.DECODE)}   # per mode, keys with samples
         self._last = [-math.inf] * n             # step of the last fold with samples
         self._mode_steps = {Mode.SPEC: 0, Mode.DECODE: 0}    # steps run in each, until spec warms
         # Speculation has run fewer than _MODE_WARM_STEPS and decode at least that many
@@ -205,14 +206,14 @@ class StepTimeTable:
         """Key i's line from the nearest measured sizes of its mode below and above (a mode's
         keys ascend by size): their step times at the context, interpolated; None where none
         is measured (with `min_samples`: unless both sides hold a size measured that often)."""
-        mode = self._mode_of[i]
-        seen = [j for j in self._spans[mode]
-                if self.samples[j] > 0 and self.samples[j] >= min_samples]
+        seen = self._seen[self._mode_of[i]]
+        if min_samples:
+            seen = [j for j in seen if self.samples[j] >= min_samples]
         if not seen:
             return None
         prior = self._prior[i]
-        below, above = [j for j in seen if j < i], [j for j in seen if j > i]
-        near = below[-1:] + above[:1]
+        lo, hi = bisect_left(seen, i), bisect_right(seen, i)
+        near = seen[max(lo - 1, 0):lo] + seen[hi:hi + 1]       # the nearest below and above
         if min_samples and len(near) < 2:
             return None
         weights = [1.0]
@@ -314,7 +315,7 @@ class StepTimeTable:
         n = self.size
         self._lines = [_UNFIT] * n
         self._ctx.decay()
-        got = [i for i, count in enumerate(local[n:2 * n]) if count]
+        got = list(compress(range(n), local[n:2 * n]))
         self._relax_idle(set(got), step)
         if not got:                 # every sum decayed alike: the same slopes
             return
@@ -334,7 +335,9 @@ class StepTimeTable:
             self._high_steps[i] = self._high_steps[i] + count if high else 0.0
             cold = spec_cold and self._mode_of[i] is Mode.SPEC
             measured = self.samples[i] > 0
-            if measured:
+            if not measured:
+                insort(self._seen[self._mode_of[i]], i)
+            else:
                 # Back within the typical level while the estimate stands over it: a spell ended.
                 back = bound is not None and mean <= bound < _moved(
                     slope, self._est[i], self._est_kv[i], mean_kv)
@@ -362,7 +365,9 @@ class StepTimeTable:
             windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
         windows.append((mean, kv, step))
         oldest = step - _TYPICAL_HORIZON
-        levels = sorted(_moved(slope, t, x, kv) for t, x, at in windows if at >= oldest)
+        # _moved, inline: this runs for every window folded.
+        levels = sorted([t + min(slope, t / (x if x > 1.0 else 1.0)) * (kv - x)
+                         for t, x, at in windows if at >= oldest])
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
     def _high_bound(self, i: int, slope: float, kv: float) -> Optional[float]:
