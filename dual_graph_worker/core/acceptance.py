@@ -32,6 +32,17 @@ _FIRST_DRAWS = 4
 # (until then each request's own estimate counts whole).
 _SPREAD_ALPHA = 0.05
 _SPREAD_MIN_REQUESTS = 8
+# Each side of the centre is weighed on its own from this many requests on (until then, as both
+# sides together): a population of alike requests with a few far above them (the CPU demo's
+# toy) has first estimates below the centre that are the draws' noise alone, above it not.
+_SIDE_MIN_REQUESTS = 4
+
+
+def _sure_spread(variance: float, effective: float) -> float:
+    """A variance over `effective` requests, unbiased, less one standard error of it (~22% over
+    ~40 requests): where requests accept alike, its noise alone read as a spread gave their own
+    noisy estimates a third of the weight or more."""
+    return variance * effective / (effective - 1.0) * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
 
 
 def _first_weight(requests: int) -> float:
@@ -66,12 +77,16 @@ class AcceptanceEstimate:
         # requests that came after it). Optimistic until a request is measured.
         self.fresh = k1
         # Decayed sums over requests' first estimates (count, sum, sum of squares, the variance
-        # of one draw within each, squared weights): how much requests surely differ beyond
-        # their draws' noise (None until the spread is trusted: own estimates count whole), and
-        # one draw's variance within a request. Together they weigh a request's own estimate
-        # against all requests' (own_weight).
+        # of one draw within each, squared weights), and over those below and above their
+        # centre (count, sum, sum of squares, squared weights): how much requests surely differ
+        # beyond their draws' noise, both sides together and each on its own (None until the
+        # spread is trusted: own estimates count whole), and one draw's variance within a
+        # request. Together they weigh a request's own estimate against all requests'
+        # (own_weight).
         self._spread = [0.0] * 5
+        self._sides = {below: [0.0] * 4 for below in (True, False)}
         self._differ: Optional[float] = None
+        self._side_differ: Optional[tuple[float, float]] = None   # made when read (_sides_differ)
         self.draw_var: Optional[float] = None
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
@@ -95,14 +110,20 @@ class AcceptanceEstimate:
         ids = self._ids_of(rows)
         n, fresh = len(ids), self.fresh
         differ, draw, noise = self._differ, self.draw_var, self._noise
-        # Where differ or draw is 0 every row weighs alike (0 or 1): the pooled path's answer.
-        # Otherwise each row's weight is own_weight(noise), inline: this runs every step.
-        if n < _POOLED_ROWS and differ and draw and max(map(noise.__getitem__, ids)) > _FULL_NOISE:
+        # Where every differ or draw is 0 every row weighs alike (0 or 1): the pooled path's
+        # answer. Otherwise each row's weight is own_weight(noise, side), inline: this runs
+        # every step.
+        if n < _POOLED_ROWS and draw and differ is not None and \
+                (differ or any(self._sides_differ())):
+            below, above = self._sides_differ()
             total = 0.0
             for i in ids:
                 e = est[i]
-                total += fresh if e != e else \
-                    every + differ * (e - every) / (differ + draw * noise[i])
+                if e != e:
+                    total += fresh
+                    continue
+                d = below if e < every else above
+                total += every + d * (e - every) / (d + draw * noise[i])
             return total / n
         w = self.full_weight
         total = sum(map(est.__getitem__, ids))
@@ -122,12 +143,15 @@ class AcceptanceEstimate:
             self._rows_of, self._ids = rows, ids
         return ids
 
-    def own_weight(self, noise: float) -> float:
+    def own_weight(self, noise: float, below: Optional[bool] = None) -> float:
         """The weight of a request's own estimate, of variance `noise` draws', over all
-        requests': how far requests surely differ against that noise."""
-        differ, draw = self._differ, self.draw_var
-        if differ is None:
+        requests': how far requests surely differ against that noise, on the side of all
+        requests' acceptance the estimate lies (`below` it or not; None: both sides together)."""
+        if self._differ is None:
             return 1.0
+        differ, draw = self._differ, self.draw_var
+        if below is not None:
+            differ = self._sides_differ()[0 if below else 1]
         if differ > 0:
             return differ / (differ + draw * noise)
         return 0.0 if draw > 0 else 1.0
@@ -193,18 +217,43 @@ class AcceptanceEstimate:
         window = (n, sum(firsts), sum(m * m for m in firsts), sum(within), n)
         self._spread = [d * s + v for d, s, v in zip(decays, self._spread, window)]
         count, s1, s2, sw, squares = self._spread
+        centre = s1 / count
+        for side in self._sides.values():
+            side[:] = [keep * side[0], keep * side[1], keep * side[2], keep * keep * side[3]]
+        for m in firsts:
+            side = self._sides[m < centre]
+            side[0] += 1.0
+            side[1] += m
+            side[2] += m * m
+            side[3] += 1.0
         effective = count * count / squares
         if effective < _SPREAD_MIN_REQUESTS:
             return
-        between = max(s2 / count - (s1 / count) ** 2, 0.0) * effective / (effective - 1.0)
         draw = self.draw_var = sw / count
-        # Less one standard error of that variance (~22% of it over ~40 requests): where
-        # requests accept alike, its noise alone read as a spread gave their own noisy
-        # estimates a third of the weight or more.
-        sure = between * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
-        self._differ = max(sure - draw / _FIRST_DRAWS, 0.0)
+        noise = draw / _FIRST_DRAWS
+        self._differ = max(_sure_spread(max(s2 / count - centre * centre, 0.0), effective)
+                           - noise, 0.0)
+        self._side_differ = None
         self.full_weight = self.own_weight(1.0 / _ROW_DRAWS)
 
+    def _sides_differ(self) -> tuple[float, float]:
+        """How far requests surely differ below the centre and above it: each side's mean
+        squared distance from the centre of all, less its standard error and the draws' noise
+        (both sides together's where a side holds fewer than _SIDE_MIN_REQUESTS). Read only
+        where a batch is small, so made at the first read after a fold."""
+        if self._side_differ is None:
+            count, s1 = self._spread[:2]
+            centre, noise = s1 / count, self.draw_var / _FIRST_DRAWS
+            differs = []
+            for k, t1, t2, k2 in (self._sides[True], self._sides[False]):
+                effective = k * k / k2 if k2 > 0 else 0.0
+                differs.append(self._differ if effective < _SIDE_MIN_REQUESTS else max(
+                    _sure_spread(max(t2 - 2.0 * centre * t1 + centre * centre * k, 0.0) / k,
+                                 effective) - noise, 0.0))
+            self._side_differ = (differs[0], differs[1])
+        return self._side_differ
+
     def estimates(self) -> AcceptanceEstimates:
-        return AcceptanceEstimates(self.fresh, self.full_weight,
-                                   self.own_weight(1.0 / _FIRST_DRAWS))
+        first = 1.0 / _FIRST_DRAWS
+        return AcceptanceEstimates(self.fresh, self.full_weight, self.own_weight(first),
+                                   self.own_weight(first, True), self.own_weight(first, False))

@@ -37,6 +37,8 @@ class AcceptanceEstimates(NamedTuple):
     fresh_accept: float                       # what a request not measured yet accepts
     own_accept_weight: float                  # a full EMA's weight against all requests'
     own_accept_weight_first: float            # a first estimate's
+    own_accept_weight_first_below: float = 1.0    # a first estimate's below all requests'
+    own_accept_weight_first_above: float = 1.0    # ... and above it
 
 
 class Estimates(NamedTuple):
