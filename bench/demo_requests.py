@@ -10,7 +10,9 @@ time. The draws are the chain's own (no model runs); the step times are the user
 Prints a table per request; writes OUT/requests.json and OUT/requests.png (OUT: --out). With
 --regression N, also N random requests of the phase's lengths: the slope of the mean of a
 request's later draws on its first four's, the weight a first estimate deserves against all
-requests' mean (what the controller's own_accept_weight_first learns).
+requests' mean (what the controller's own_accept_weight_first learns), and on each side of
+the first estimates' mean how far they spread beyond four draws' noise and what the requests
+went on to accept (what the controller's weights by side learn).
 """
 
 from __future__ import annotations
@@ -77,23 +79,44 @@ def phase_requests(args, index: int) -> list[RequestDraws]:
             for prompt, n in zip(prompts, lens)]
 
 
-def first_estimate_slope(args, requests: int, seed: int = 0) -> Optional[float]:
-    """Over `requests` random requests with the phase's output lengths, the least-squares slope
-    of the mean of each one's later draws on the mean of its first FIRST_DRAWS (requests with
-    at least twice that many steps); None where fewer than two such requests' first estimates
-    differ (a draft that always or never agrees)."""
+def first_and_later(args, requests: int, seed: int = 0) -> tuple[list, list, list]:
+    """Over `requests` random requests with the phase's output lengths (those with at least
+    twice FIRST_DRAWS steps): each one's first FIRST_DRAWS draws, their mean and the mean of
+    its later draws."""
     rng = np.random.default_rng(seed)
     p, agree = _chain(args)
-    first, later = [], []
+    firsts, first, later = [], [], []
     for n in ramp_phase(args, 1).output_lens(rng, requests):
         draws = chain_draws(p, agree, int(rng.integers(args.hidden)), n,
                             args.num_draft_tokens).draws
         if len(draws) >= 2 * FIRST_DRAWS:
-            first.append(np.mean(draws[:FIRST_DRAWS]))
-            later.append(np.mean(draws[FIRST_DRAWS:]))
+            firsts.append(draws[:FIRST_DRAWS])
+            first.append(float(np.mean(draws[:FIRST_DRAWS])))
+            later.append(float(np.mean(draws[FIRST_DRAWS:])))
+    return firsts, first, later
+
+
+def first_estimate_slope(first: list, later: list) -> Optional[float]:
+    """The least-squares slope of the requests' later means on their first estimates; None
+    where fewer than two first estimates differ (a draft that always or never agrees)."""
     if len(set(first)) < 2:
         return None
     return float(np.polyfit(first, later, 1)[0])
+
+
+def sides(firsts: list, first: list, later: list) -> dict:
+    """Below and above the first estimates' mean: the requests, their mean squared distance
+    from it beyond four draws' noise (one draw's variance within a request over
+    FIRST_DRAWS), and the mean of their later draws."""
+    centre, noise = np.mean(first), np.mean([np.var(f, ddof=1) for f in firsts]) / FIRST_DRAWS
+    out = {}
+    for name, keep in (("below", np.array(first) < centre), ("above", np.array(first) >= centre)):
+        x = np.array(first)[keep]
+        out[name] = {"requests": int(keep.sum()),
+                     "spread_beyond_noise": float(np.mean((x - centre) ** 2) - noise)
+                     if keep.any() else None,
+                     "later_mean": float(np.mean(np.array(later)[keep])) if keep.any() else None}
+    return {"centre": float(centre), "noise": float(noise), **out}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -132,16 +155,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     speedup = decode / spec if spec else None
     print("the phase: " + (f"speculation {speedup:.3f}x decode's speed" if spec else
                            "no step after the prefill (every output is one token)"))
-    slope = first_estimate_slope(args, args.regression) if args.regression else None
+    slope, by_side = None, None
     if args.regression:
+        firsts, first, later = first_and_later(args, args.regression)
+        slope, by_side = first_estimate_slope(first, later), sides(firsts, first, later)
         print(f"over {args.regression} random requests, later draws on the first "
               f"{FIRST_DRAWS}: " + ("no slope (first estimates do not differ)" if slope is None
                                     else f"slope {slope:.3f}"))
+        print(f"  first estimates' mean {by_side['centre']:.3f}, four draws' noise "
+              f"{by_side['noise']:.3f}; side: requests, spread beyond that noise, later mean")
+        for name in ("below", "above"):
+            side = by_side[name]
+            print(f"  {name}: {side['requests']}, {_num(side['spread_beyond_noise'], 5)}, "
+                  f"{_num(side['later_mean'], 4)}")
     out = Path(args.out)
     write_json({"command": command_line("python -m bench.demo_requests", argv),
                 "phase": args.phase, "concurrency": args.ramp[args.phase],
                 "spec_ms": args.spec_ms, "decode_ms": args.decode_ms,
                 "speculation_speedup": speedup, "first_estimate_slope": slope,
+                "first_estimates_by_side": by_side,
                 "requests": rows}, out / "requests.json")
     xs = [r["request"] for r in rows]
     png = line_chart(out / "requests.png", f"dgw demo phase {args.phase}: each request's "

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bench.demo_requests import chain_draws, first_estimate_slope, main, phase_requests
+from bench.demo_requests import (chain_draws, first_and_later, first_estimate_slope, main,
+                                 phase_requests, sides)
 from dual_graph_worker.engines.reference.runs.demo import parser as demo_parser, ramp_phase
 from dual_graph_worker.engines.reference.runs.loadgen import PhaseRun
 
@@ -60,10 +61,24 @@ def test_a_first_estimate_deserves_a_partial_weight_on_the_half_agreeing_chain()
     """The toy draft agrees on half the tokens: a request's first four draws say something of
     its later ones (short cycles), far from all."""
     args = demo_parser().parse_args([])
-    assert 0.2 < first_estimate_slope(args, 3000) < 0.6
+    assert 0.2 < first_estimate_slope(*first_and_later(args, 3000)[1:]) < 0.6
     # A draft that always agrees: every first estimate alike, no slope to fit.
-    assert first_estimate_slope(demo_parser().parse_args(["--agreement", "f100"]), 200) is None
-    assert first_estimate_slope(args, 1) is None
+    always = demo_parser().parse_args(["--agreement", "f100"])
+    assert first_estimate_slope(*first_and_later(always, 200)[1:]) is None
+    assert first_estimate_slope(*first_and_later(args, 1)[1:]) is None
+
+
+def test_on_the_half_agreeing_chain_first_estimates_spread_beyond_noise_only_above():
+    """What the controller's weights by side rest on: below the first estimates' mean they
+    spread no wider than four draws' noise, and those requests go on to accept about what all
+    do; above it they spread wider (short cycles the draft always agrees on)."""
+    firsts, first, later = first_and_later(demo_parser().parse_args([]), 3000)
+    by_side = sides(firsts, first, later)
+    below, above = by_side["below"], by_side["above"]
+    assert below["requests"] > above["requests"] > 100
+    assert below["spread_beyond_noise"] < 0.05 < 0.2 < above["spread_beyond_noise"]
+    assert below["later_mean"] == pytest.approx(np.mean(later), abs=0.15)
+    assert above["later_mean"] > below["later_mean"] + 0.1
 
 
 def test_one_token_outputs_have_no_draws_and_no_traceback(tmp_path, capsys):
