@@ -108,6 +108,10 @@ def sides(firsts: list, first: list, later: list) -> dict:
     """Below and above the first estimates' mean: the requests, their mean squared distance
     from it beyond four draws' noise (one draw's variance within a request over
     FIRST_DRAWS), and the mean of their later draws."""
+    if not first:
+        return {"centre": None, "noise": None,
+                **{name: {"requests": 0, "spread_beyond_noise": None, "later_mean": None}
+                   for name in ("below", "above")}}
     centre, noise = np.mean(first), np.mean([np.var(f, ddof=1) for f in firsts]) / FIRST_DRAWS
     out = {}
     for name, keep in (("below", np.array(first) < centre), ("above", np.array(first) >= centre)):
@@ -162,8 +166,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"over {args.regression} random requests, later draws on the first "
               f"{FIRST_DRAWS}: " + ("no slope (first estimates do not differ)" if slope is None
                                     else f"slope {slope:.3f}"))
-        print(f"  first estimates' mean {by_side['centre']:.3f}, four draws' noise "
-              f"{by_side['noise']:.3f}; side: requests, spread beyond that noise, later mean")
+        print(f"  first estimates' mean {_num(by_side['centre'], 0)}, four draws' noise "
+              f"{_num(by_side['noise'], 0)}; side: requests, spread beyond that noise, later mean")
         for name in ("below", "above"):
             side = by_side[name]
             print(f"  {name}: {side['requests']}, {_num(side['spread_beyond_noise'], 5)}, "

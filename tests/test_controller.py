@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 import pytest
 
+from dual_graph_worker.core.batch_costs import BatchCosts
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.regressions import ContextSums, Slope
@@ -380,7 +381,7 @@ def test_where_a_few_requests_accept_far_above_the_rest_a_low_first_estimate_yie
     c=1 where speculation was 18% faster. Each side weighed on its own, it yields to all
     requests' acceptance; an agreeing request's 4, 4, 4, 4 holds."""
     lows, highs, pooled = [], [], []
-    for seed in range(10):
+    for seed in range(40):
         p = _few_far_above(seed)
         two = np.array([16, 17])
         p.observe(Admitted(32, two))
@@ -390,8 +391,9 @@ def test_where_a_few_requests_accept_far_above_the_rest_a_low_first_estimate_yie
         lows.append((p.expected_accept(two[:1]) - every) / (1.0 - every))
         highs.append((p.expected_accept(two[1:]) - every) / (4.0 - every))
         pooled.append(p.estimates().acceptance.own_accept_weight_first)
-    assert np.mean(lows) < 0.5 * np.mean(pooled)
-    assert min(highs) > 0.6 and min(highs) > max(lows)
+    # Over 40 populations each: 0.35-0.50 and 1.16-1.21 of both sides' weight (seeds 0-159).
+    assert np.mean(lows) < 0.65 * np.mean(pooled)
+    assert np.mean(highs) > 1.08 * np.mean(pooled)
 
 
 def test_requests_alike_on_both_sides_weigh_both_sides_alike():
@@ -520,6 +522,26 @@ def test_the_prompt_share_counts_only_prompts_that_replace_finished_requests():
     for w in range(100):
         window(rows[4 * (w % 4):4 * (w % 4) + 4])
     assert p.prompt_per_output() == pytest.approx(4 * 2048 / 256, rel=0.02)
+
+
+def test_the_turnover_between_exchanges_counts_requests_not_rows():
+    """Against requests kept whole (a row and its admissions): random admissions and batches,
+    an exchange now and then. A row admitted to again holds a new request; one admitted to
+    outside the batch changes nothing."""
+    rng = np.random.default_rng(0)
+    costs, admissions, last = BatchCosts(False, 0.0, 64), np.zeros(64, int), None
+    for _ in range(400):
+        if rng.random() < 0.5:
+            rows = rng.choice(64, rng.integers(1, 4), replace=False)
+            costs.admitted(16, rows.tolist())
+            admissions[rows] += 1
+        batch = rng.choice(64, rng.integers(1, 32), replace=False)
+        costs.served(batch, 1.0)
+        if rng.random() < 0.3:
+            now = {(row, admissions[row]) for row in batch.tolist()}
+            want = (len(now), 0) if last is None else (len(now - last), len(last - now))
+            assert costs._turnover() == want
+            last = now
 
 
 def test_a_finished_requests_place_taken_an_exchange_later_still_counts_a_drain_does_not():

@@ -82,9 +82,15 @@ def test_on_the_half_agreeing_chain_first_estimates_spread_beyond_noise_only_abo
 
 
 def test_one_token_outputs_have_no_draws_and_no_traceback(tmp_path, capsys):
-    """--output-len 1: every output is the prefill's token, no step to draw an accept length."""
-    assert main(["--out", str(tmp_path), "--output-len", "1", "--output-spread", "0"]) == 0
-    saved = json.loads((tmp_path / "requests.json").read_text())
+    """--output-len 1: every output is the prefill's token, no step to draw an accept length;
+    with --regression, no request long enough to regress (no NaN in the JSON)."""
+    assert main(["--out", str(tmp_path), "--output-len", "1", "--output-spread", "0",
+                 "--regression", "20"]) == 0
+    text = (tmp_path / "requests.json").read_text()
+    assert "NaN" not in text
+    saved = json.loads(text)
+    assert saved["first_estimate_slope"] is None
+    assert saved["first_estimates_by_side"]["below"]["requests"] == 0
     assert saved["speculation_speedup"] is None
     assert all(r["draws"] == [] and r["first_mean"] is None and r["spec_over_decode"] is None
                for r in saved["requests"])

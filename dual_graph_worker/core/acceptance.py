@@ -23,8 +23,6 @@ _KEEP_SQ = (1.0 - _ROW_ALPHA) ** 2
 # its EMA were full: the batch's mean averages out what its requests' differing noise would
 # change, and a per-row weight would cost a Python loop over the batch each step.
 _POOLED_ROWS = 32
-# Within 5% of a full EMA's noise (8 spec steps past the first draws) a row is weighed as full.
-_FULL_NOISE = 1.05 / _ROW_DRAWS
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
@@ -86,7 +84,8 @@ class AcceptanceEstimate:
         self._spread = [0.0] * 5
         self._sides = {below: [0.0] * 4 for below in (True, False)}
         self._differ: Optional[float] = None
-        self._side_differ: Optional[tuple[float, float]] = None   # made when read (_sides_differ)
+        self._centre = 0.0                        # the mean of the first estimates
+        self._sides_cache: Optional[tuple[float, float]] = None   # _sides_differ's, until a fold
         self.draw_var: Optional[float] = None
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
@@ -113,18 +112,18 @@ class AcceptanceEstimate:
         # Where every differ or draw is 0 every row weighs alike (0 or 1): the pooled path's
         # answer. Otherwise each row's weight is own_weight(noise, side), inline: this runs
         # every step.
-        if n < _POOLED_ROWS and draw and differ is not None and \
-                (differ or any(self._sides_differ())):
+        if n < _POOLED_ROWS and draw and differ is not None:
             below, above = self._sides_differ()
-            total = 0.0
-            for i in ids:
-                e = est[i]
-                if e != e:
-                    total += fresh
-                    continue
-                d = below if e < every else above
-                total += every + d * (e - every) / (d + draw * noise[i])
-            return total / n
+            if differ or below or above:
+                centre, total = self._centre, 0.0
+                for i in ids:
+                    e = est[i]
+                    if e != e:
+                        total += fresh
+                        continue
+                    d = below if e < centre else above
+                    total += every + d * (e - every) / (d + draw * noise[i])
+                return total / n
         w = self.full_weight
         total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
@@ -145,8 +144,8 @@ class AcceptanceEstimate:
 
     def own_weight(self, noise: float, below: Optional[bool] = None) -> float:
         """The weight of a request's own estimate, of variance `noise` draws', over all
-        requests': how far requests surely differ against that noise, on the side of all
-        requests' acceptance the estimate lies (`below` it or not; None: both sides together)."""
+        requests': how far requests surely differ against that noise, on the side of the
+        requests' centre the estimate lies (`below` it or not; None: both sides together)."""
         if self._differ is None:
             return 1.0
         differ, draw = self._differ, self.draw_var
@@ -217,7 +216,7 @@ class AcceptanceEstimate:
         window = (n, sum(firsts), sum(m * m for m in firsts), sum(within), n)
         self._spread = [d * s + v for d, s, v in zip(decays, self._spread, window)]
         count, s1, s2, sw, squares = self._spread
-        centre = s1 / count
+        centre = self._centre = s1 / count
         for side in self._sides.values():
             side[:] = [keep * side[0], keep * side[1], keep * side[2], keep * keep * side[3]]
         for m in firsts:
@@ -233,25 +232,29 @@ class AcceptanceEstimate:
         noise = draw / _FIRST_DRAWS
         self._differ = max(_sure_spread(max(s2 / count - centre * centre, 0.0), effective)
                            - noise, 0.0)
-        self._side_differ = None
+        self._sides_cache = None
         self.full_weight = self.own_weight(1.0 / _ROW_DRAWS)
 
     def _sides_differ(self) -> tuple[float, float]:
-        """How far requests surely differ below the centre and above it: each side's mean
-        squared distance from the centre of all, less its standard error and the draws' noise
-        (both sides together's where a side holds fewer than _SIDE_MIN_REQUESTS). Read only
+        """How far requests surely differ below the centre and above it (_side_spread). Read only
         where a batch is small, so made at the first read after a fold."""
-        if self._side_differ is None:
-            count, s1 = self._spread[:2]
-            centre, noise = s1 / count, self.draw_var / _FIRST_DRAWS
-            differs = []
-            for k, t1, t2, k2 in (self._sides[True], self._sides[False]):
-                effective = k * k / k2 if k2 > 0 else 0.0
-                differs.append(self._differ if effective < _SIDE_MIN_REQUESTS else max(
-                    _sure_spread(max(t2 - 2.0 * centre * t1 + centre * centre * k, 0.0) / k,
-                                 effective) - noise, 0.0))
-            self._side_differ = (differs[0], differs[1])
-        return self._side_differ
+        if self._sides_cache is None:
+            noise = self.draw_var / _FIRST_DRAWS
+            below, above = (self._side_spread(self._sides[b], noise) for b in (True, False))
+            self._sides_cache = (below, above)
+        return self._sides_cache
+
+    def _side_spread(self, side: list[float], noise: float) -> float:
+        """A side's requests' mean squared distance from the centre of all, less its standard
+        error and the draws' `noise`; both sides together's while it holds fewer than
+        _SIDE_MIN_REQUESTS."""
+        k, t1, t2, k2 = side
+        effective = k * k / k2 if k2 > 0 else 0.0
+        if effective < _SIDE_MIN_REQUESTS:
+            return self._differ
+        c = self._centre
+        return max(_sure_spread(max(t2 - 2.0 * c * t1 + c * c * k, 0.0) / k, effective) - noise,
+                   0.0)
 
     def estimates(self) -> AcceptanceEstimates:
         first = 1.0 / _FIRST_DRAWS

@@ -164,18 +164,17 @@ class BatchCosts:
         rows = self.batch_rows
         if rows is None or self._admitted_since is None:
             return 0, 0
-        last, self._members = self._members, np.array(rows)
+        last, self._members = self._members, np.asarray(rows, dtype=np.intp).copy()
+        since = list(self._admitted_since)
+        self._admitted_since.clear()
         if last is None:
-            self._admitted_since.clear()
             return len(rows), 0
         # Those of the last rows that hold the same request now: in the batch still and not
         # admitted to since.
         mark = self._mark
         mark[last] = True
-        if self._admitted_since:
-            mark[list(self._admitted_since)] = False
-            self._admitted_since.clear()
-        stayed = int(np.count_nonzero(mark[rows]))
+        mark[since] = False
+        stayed = int(np.count_nonzero(mark[self._members]))
         mark[last] = False
         return len(rows) - stayed, len(last) - stayed
 
