@@ -109,18 +109,19 @@ def sides(firsts: list, first: list, later: list) -> dict:
     from it beyond four draws' noise (one draw's variance within a request over
     FIRST_DRAWS), and the mean of their later draws."""
     if not first:
-        return {"centre": None, "noise": None,
-                **{name: {"requests": 0, "spread_beyond_noise": None, "later_mean": None}
-                   for name in ("below", "above")}}
-    centre, noise = np.mean(first), np.mean([np.var(f, ddof=1) for f in firsts]) / FIRST_DRAWS
-    out = {}
-    for name, keep in (("below", np.array(first) < centre), ("above", np.array(first) >= centre)):
-        x = np.array(first)[keep]
+        empty = {"requests": 0, "spread_beyond_noise": None, "later_mean": None}
+        return {"centre": None, "noise": None, "below": empty, "above": dict(empty)}
+    x, y = np.array(first), np.array(later)
+    centre = float(np.mean(x))
+    noise = float(np.mean([np.var(f, ddof=1) for f in firsts])) / FIRST_DRAWS
+    out = {"centre": centre, "noise": noise}
+    for name, keep in (("below", x < centre), ("above", x >= centre)):
+        there = bool(keep.any())
         out[name] = {"requests": int(keep.sum()),
-                     "spread_beyond_noise": float(np.mean((x - centre) ** 2) - noise)
-                     if keep.any() else None,
-                     "later_mean": float(np.mean(np.array(later)[keep])) if keep.any() else None}
-    return {"centre": float(centre), "noise": float(noise), **out}
+                     "spread_beyond_noise": float(np.mean((x[keep] - centre) ** 2) - noise)
+                     if there else None,
+                     "later_mean": float(np.mean(y[keep])) if there else None}
+    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:

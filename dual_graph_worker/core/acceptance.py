@@ -74,15 +74,14 @@ class AcceptanceEstimate:
         # latest requests (per request, so one long phase of many steps does not outweigh the
         # requests that came after it). Optimistic until a request is measured.
         self.fresh = k1
-        # Decayed sums over requests' first estimates (count, sum, sum of squares, the variance
-        # of one draw within each, squared weights), and over those below and above their
-        # centre (count, sum, sum of squares, squared weights): how much requests surely differ
-        # beyond their draws' noise, both sides together and each on its own (None until the
-        # spread is trusted: own estimates count whole), and one draw's variance within a
-        # request. Together they weigh a request's own estimate against all requests'
-        # (own_weight).
-        self._spread = [0.0] * 5
+        # Decayed sums over requests' first estimates below and above their centre (count, sum,
+        # sum of squares, squared weights; both sides together are their sums) and over the
+        # variance of one draw within each: how much requests surely differ beyond their
+        # draws' noise, both sides together and each on its own (None until the spread is
+        # trusted: own estimates count whole), and one draw's variance within a request.
+        # Together they weigh a request's own estimate against all requests' (own_weight).
         self._sides = {below: [0.0] * 4 for below in (True, False)}
+        self._within = 0.0
         self._differ: Optional[float] = None
         self._centre = 0.0                        # the mean of the first estimates
         self._sides_cache: Optional[tuple[float, float]] = None   # _sides_differ's, until a fold
@@ -212,23 +211,22 @@ class AcceptanceEstimate:
         self.fresh += _first_weight(n) * (sum(firsts) / n - self.fresh)
         keep = (1.0 - _SPREAD_ALPHA) ** n
         # Each request weighs 1 when folded: the squared weights decay twice as fast.
-        decays = (keep, keep, keep, keep, keep * keep)
-        window = (n, sum(firsts), sum(m * m for m in firsts), sum(within), n)
-        self._spread = [d * s + v for d, s, v in zip(decays, self._spread, window)]
-        count, s1, s2, sw, squares = self._spread
-        centre = self._centre = s1 / count
         for side in self._sides.values():
             side[:] = [keep * side[0], keep * side[1], keep * side[2], keep * keep * side[3]]
+        self._within = keep * self._within + sum(within)
+        below, above = self._sides[True], self._sides[False]
+        centre = self._centre = (below[1] + above[1] + sum(firsts)) / (below[0] + above[0] + n)
         for m in firsts:
             side = self._sides[m < centre]
             side[0] += 1.0
             side[1] += m
             side[2] += m * m
             side[3] += 1.0
+        count, s1, s2, squares = (b + a for b, a in zip(below, above))
         effective = count * count / squares
         if effective < _SPREAD_MIN_REQUESTS:
             return
-        draw = self.draw_var = sw / count
+        draw = self.draw_var = self._within / count
         noise = draw / _FIRST_DRAWS
         self._differ = max(_sure_spread(max(s2 / count - centre * centre, 0.0), effective)
                            - noise, 0.0)

@@ -365,9 +365,7 @@ class StepTimeTable:
             windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
         windows.append((mean, kv, step))
         oldest = step - _TYPICAL_HORIZON
-        # _moved, inline: this runs for every window folded.
-        levels = sorted([t + min(slope, t / (x if x > 1.0 else 1.0)) * (kv - x)
-                         for t, x, at in windows if at >= oldest])
+        levels = sorted(_moved(slope, t, x, kv) for t, x, at in windows if at >= oldest)
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
     def _high_bound(self, i: int, slope: float, kv: float) -> Optional[float]:
