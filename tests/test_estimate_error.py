@@ -3,6 +3,8 @@ as the controller's own sync_every says, not a copy of its default."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.sglang import catch_up_fit, estimate_error
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
@@ -46,3 +48,33 @@ def test_the_catch_up_fit_reads_the_line_after_each_exchange(monkeypatch):
     monkeypatch.setattr(catch_up_fit, "_read_fit", lambda out, p, steps: read.append(steps))
     catch_up_fit.fit_history(TRACE)
     assert read == [3, 6, 7]                             # and once after the last row
+
+
+# Spec steps at batch 4: five clean ones of 10 ms, then a decode step that held the next launch
+# (2 ms over its 5), and a catch-up of 9000 tokens (12 ms over a step); one of 100 tokens after
+# a prefill (no step before it held its launch), 1 ms over.
+CATCH_UPS = {"num_steps": 3, "spec_bs": SIZES, "decode_bs": SIZES, "calibration": None,
+             "costs": [["s", 4, 0.010, 0, 0, 64, 4]] * 5 + [["d", 4, 0.005, 0, 0, 64, 4]] * 5
+             + [["d", 4, 0.007, 0, 1, 64, 4], ["s", 4, 0.022, 9000, 0, 64, 4],
+                ["p", 16, 0.01, 0], ["s", 4, 0.011, 100, 0, 64, 4]]}
+
+
+def test_each_catch_up_is_priced_against_what_it_took(monkeypatch):
+    _every(monkeypatch, 3)
+    prices = catch_up_fit.price_errors(CATCH_UPS)
+    assert [r["tokens"] for r in prices] == [9000, 100]
+    assert prices[0]["taken_s"] == pytest.approx(0.012 + 0.002)
+    assert prices[1]["taken_s"] == pytest.approx(0.001)
+    summary = catch_up_fit.price_summary([{"tokens": 1, "priced_s": p, "taken_s": 1.0}
+                                          for p in (0.4, 1.0, 3.0, 1.0)])
+    assert summary == {"catch_ups": 4, "median": 1.0, "under_half": 0.25, "over_twice": 0.25,
+                       "sums": 1.35}
+
+
+def test_the_replay_prices_the_draft_at_the_traced_workers_share():
+    """Traces record the worker's draft share; older ones read the matrix's model pair's."""
+    trace = {"num_steps": 3, "spec_bs": SIZES, "decode_bs": SIZES, "calibration": None}
+    assert estimate_error.controller_for(trace, prior=False).config.draft_share == \
+        estimate_error.MATRIX_DRAFT_SHARE
+    trace["draft_share"] = 0.02
+    assert estimate_error.controller_for(trace, prior=False).config.draft_share == 0.02

@@ -611,8 +611,9 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
 
 
 def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
-    """--trace: every batch cost in order with the worker's graph lists and prior, the form
-    tests/test_controller_h200_trace.py replays; a log without its 'ready' line is refused."""
+    """--trace: every batch cost in order with the worker's graph lists, prior and draft share,
+    the form tests/test_controller_h200_trace.py replays; a log without its 'ready' line is
+    refused."""
     import gzip
     import json
 
@@ -621,7 +622,7 @@ def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
 
     log = StepLogWriter(tmp_path / "steps.jsonl")
     log.write_event("ready", 0.0, num_steps=3, spec_bs=[1, 2], decode_bs=[1, 2, 4],
-                    calibration={"num_draft_tokens": 3, "latency_s": []})
+                    calibration={"num_draft_tokens": 3, "latency_s": []}, draft_share=0.04)
     log.write_event("cost", 0.1, kind="PrefillTime", tokens=64, seconds=0.01, draft=True)
     log.write_event("cost", 0.2, kind="StepTime", mode="spec", padded_bs=2, seconds=0.007,
                     catch_up_tokens=0, carries_next=False, kv_tokens=130, bs=2)
@@ -634,7 +635,8 @@ def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
     t = json.loads(gzip.open(out, "rt").read())
     assert t["costs"] == [["p", 64, 0.01, 1], ["s", 2, 0.007, 0, 0, 130, 2],
                           ["d", 1, 0.005, 0, 1, 66, 1]]
-    assert (t["source"], t["spec_bs"], t["num_steps"]) == ("a test", [1, 2], 3)
+    assert (t["source"], t["spec_bs"], t["num_steps"], t["draft_share"]) == \
+        ("a test", [1, 2], 3, 0.04)
     (tmp_path / "bare.jsonl").write_text((tmp_path / "steps.jsonl").read_text().split("\n", 1)[1])
     with pytest.raises(SystemExit):
         step_costs.main([str(tmp_path / "bare.jsonl"), "--trace", str(out)])

@@ -2,26 +2,35 @@
 --trace`) fed to a controller as `estimate_error` does (open loop: every step in the mode it
 ran), the catch-up line (fixed seconds and seconds per draft token) read after every exchange.
 A rate far above the draft's own (~0.6 us a token on the H200) prices re-measurements of
-speculation that many times too dear.
+speculation that many times too dear. Each catch-up's price (`catch_up_seconds` just before it)
+is also set against what it took: its step's seconds over its size's median clean step in the
+trace, plus the excess of the step before it where that one held its launch.
 
     python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3] [--out FILE.json]
 
-Prints the steepest fits; writes every fit as FILE.json and a plot beside it (FILE.png).
+Prints the steepest fits and the prices against what was taken; writes every fit and price as
+FILE.json and a plot of the fits beside it (FILE.png). Run it from another tree to compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import read_each, replay
+from bench.sglang.estimate_error import clean_step, read_each, replay
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
-from dual_graph_worker.core.provenance import command_line
+from dual_graph_worker.core.provenance import checkout_commit, command_line
+
+# A size's median step needs this many clean steps in the trace; catch-ups from this many tokens
+# are tabled apart (a re-measurement's or a switch's at a large batch).
+MIN_CLEAN = 5
+LARGE = 8192
 
 
 def fit_history(trace: dict) -> list[dict]:
@@ -47,6 +56,69 @@ def _read_fit(out: list[dict], p: GoodputController, step: int) -> None:
         out.append(now)
 
 
+def price_errors(trace: dict) -> list[dict]:
+    """Each catch-up with a measured size: its tokens, the controller's price just before it and
+    the seconds it took (over its size's median clean step, plus a held launch's excess)."""
+    medians = _clean_medians(trace["costs"])
+    out, last = [], None
+    for p, _, row in replay(trace):
+        if row[0] != "p" and row[3] > 0:
+            took = _taken(row, last, medians)
+            if took is not None:
+                out.append({"tokens": row[3], "priced_s": float(p.catch_up_seconds(row[3])),
+                            "taken_s": took})
+        last = row
+    return out
+
+
+def _clean_medians(rows: list) -> dict[tuple, float]:
+    steps: dict[tuple, list[float]] = {}
+    for row in rows:
+        if row[0] != "p" and clean_step(row):
+            steps.setdefault((row[0], row[1]), []).append(row[2])
+    return {key: statistics.median(s) for key, s in steps.items() if len(s) >= MIN_CLEAN}
+
+
+def _taken(row: list, last: Optional[list], medians: dict) -> Optional[float]:
+    step = medians.get((row[0], row[1]))
+    if step is None:
+        return None
+    took = row[2] - step
+    if last is not None and last[0] != "p" and last[4]:          # it held this one's launch
+        before = medians.get((last[0], last[1]))
+        if before is None:
+            return None
+        took += last[2] - before
+    return took if took > 0 else None
+
+
+def price_summary(prices: list[dict]) -> dict:
+    """Priced over taken: the median, the share under half and over twice, and their sums'
+    ratio."""
+    ratios = [r["priced_s"] / r["taken_s"] for r in prices]
+    return {"catch_ups": len(ratios),
+            "median": round(statistics.median(ratios), 3) if ratios else None,
+            "under_half": round(sum(x < 0.5 for x in ratios) / len(ratios), 3) if ratios else None,
+            "over_twice": round(sum(x > 2 for x in ratios) / len(ratios), 3) if ratios else None,
+            "sums": round(sum(r["priced_s"] for r in prices) / sum(r["taken_s"] for r in prices),
+                          3) if ratios else None}
+
+
+def _print_prices(prices: dict[str, list[dict]]) -> dict:
+    every = [r for rows in prices.values() for r in rows]
+    table = {f"{label} tokens": price_summary([r for r in every if keep(r["tokens"])])
+             for label, keep in ((f"< {LARGE}", lambda t: t < LARGE),
+                                 (f">= {LARGE}", lambda t: t >= LARGE))}
+    print(f"\nEach catch-up's price against what it took, over {len(prices)} traces:")
+    print("| catch-ups | n | median priced / taken | under half | over twice | "
+          "sum priced / sum taken |")
+    print("|---|---|---|---|---|---|")
+    for label, s in table.items():
+        print(f"| {label} | {s['catch_ups']} | {s['median']} | {s['under_half']} | "
+              f"{s['over_twice']} | {s['sums']} |")
+    return table
+
+
 def _plot(histories: dict[str, list[dict]], path: Path) -> Path:
     def series(field: str) -> list[Series]:
         return [Series(Path(name).name.split(".")[0], [h["step"] for h in history],
@@ -67,7 +139,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="every trace's fit history as JSON (and a plot beside it, .png)")
     args = ap.parse_args(argv)
     histories = read_each(args.traces, fit_history)
-    if histories is None:
+    prices = None if histories is None else read_each(args.traces, price_errors)
+    if prices is None:
         return 2
     print("| trace | fits | steepest us/token (step, fixed ms) |")
     print("|---|---|---|")
@@ -76,9 +149,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"| {Path(path).name} | {len(history)} | "
               + ", ".join(f"{h['us_per_token']:.2f} ({h['step']}, {h['fixed_ms']:.2f})"
                           for h in steep) + " |")
+    summary = _print_prices(prices)
     out = Path(args.out)
     write_json({"command": command_line("python -m bench.sglang.catch_up_fit", argv),
-                "histories": histories}, out)
+                "commit": checkout_commit(), "histories": histories, "prices": prices,
+                "price_summary": summary}, out)
     png = _plot(histories, out.with_suffix(".png"))
     print(f"wrote {out} and {png}")
     return 0

@@ -33,15 +33,20 @@ from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTim
 from dual_graph_worker.core.provenance import command_line
 
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
+# The draft's share of the weights in traces made before they recorded it: every GPU run served
+# one model pair, whose worker computed this (run 26's step log).
+MATRIX_DRAFT_SHARE = 0.0404
 T = TypeVar("T")
 AHEAD = 400
 MIN_STEPS = 8
 
 
 def controller_for(trace: dict, prior: bool = True) -> GoodputController:
-    """A controller as the traced worker built it: its graph sizes, deferring prefills, with its
-    start-up prior (or none)."""
-    return GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True),
+    """A controller as the traced worker built it: its graph sizes, deferring prefills, the
+    draft's share of the weights, with its start-up prior (or none)."""
+    share = trace.get("draft_share", MATRIX_DRAFT_SHARE)
+    return GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True,
+                                              draft_share=share),
                              {Mode.SPEC: trace["spec_bs"], Mode.DECODE: trace["decode_bs"]},
                              CalibrationTable.from_json(trace["calibration"]) if prior else None)
 

@@ -326,9 +326,10 @@ def full_report(log: list[dict], engine: Optional[dict] = None,
 
 
 def trace(log: list[dict], source: str) -> dict:
-    """Every batch cost the controller observed, in order, with the worker's graph lists and its
-    start-up prior: step rows [s/d, padded bs, seconds, catch-up tokens, carries next, context
-    tokens, bs], prefill rows [p, tokens, seconds, draft]."""
+    """Every batch cost the controller observed, in order, with the worker's graph lists, its
+    start-up prior and the draft's share of the weights (where its log has it): step rows
+    [s/d, padded bs, seconds, catch-up tokens, carries next, context tokens, bs], prefill rows
+    [p, tokens, seconds, draft]."""
     ready = next((e for e in log if e.get("event") == "ready"), None)
     if ready is None:
         raise ValueError("no 'ready' line: not a worker's step log from its start")
@@ -341,8 +342,9 @@ def trace(log: list[dict], source: str) -> dict:
                           int(e["carries_next"]), e["kv_tokens"], e.get("bs", 0)])
         elif e.get("kind") == "PrefillTime":
             costs.append(["p", e["tokens"], e["seconds"], int(e["draft"])])
-    return {"source": source, "num_steps": ready["num_steps"], "spec_bs": ready["spec_bs"],
-            "decode_bs": ready["decode_bs"], "costs": costs, "calibration": ready["calibration"]}
+    shared = {k: ready[k] for k in ("num_steps", "spec_bs", "decode_bs", "calibration",
+                                      "draft_share") if k in ready}
+    return {"source": source, **shared, "costs": costs}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -10,7 +10,8 @@ from typing import Iterable, Optional
 import numpy as np
 
 from dual_graph_worker.core.estimates import BatchCostEstimates
-from dual_graph_worker.core.regressions import CATCH_UP_MIN_SPREAD, PREFILL_MIN_SPREAD, Slope
+from dual_graph_worker.core.regressions import (CATCH_UP_MIN_SPREAD, MIN_EVENTS,
+                                                PREFILL_MIN_SPREAD, Slope)
 
 # Per exchange, how much of the prompt/output token history is kept (~20 exchanges).
 _WORKLOAD_DECAY = 0.95
@@ -20,8 +21,11 @@ _CATCH_UP_DECAY = 0.99
 # its per-token rate: the plain ratio is no rate then.
 _RATIO_MIN_TOKENS = 512
 # A draft token costs at most 1/_RATE_CAP of a prefill token (the target's, with the draft or
-# not) beyond a catch-up's fixed part: the draft is a small share of the weights.
+# not) beyond a catch-up's fixed part: the draft is a small share of the weights. Where that
+# share is known, at most _SHARE_CAP times it: the H200's catch-ups of 30k-116k tokens read
+# 0.9-1.2x their share of a prefill token, small ones' scatter fits 10-20x.
 _RATE_CAP = 3.0
+_SHARE_CAP = 2.0
 # Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of
 # prefills with and without the draft, of catch-ups at a switch back from decode, and of
 # catch-ups inside a speculative run (after deferred prefills); switches without a catch-up
@@ -200,7 +204,8 @@ class BatchCosts:
                 return max(ratio, 0.0)
         with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
         if with_draft is not None and plain is not None:
-            return max(with_draft - plain, 0.0)
+            # A difference of two noisy slopes, no catch-up's measurement: held to the cap.
+            return min(max(with_draft - plain, 0.0), self.draft_rate_cap())
         return 0.0
 
     def _both_catch_ups(self) -> Slope:
@@ -249,19 +254,28 @@ class BatchCosts:
     def _prefill_rate(self, draft: bool) -> Optional[float]:
         """A prefill's seconds per token (with the draft or not): its line's slope, else, where
         prefills were of one size (a wave of long prompts in equal chunks), their ratio if
-        large enough for their fixed cost not to count."""
+        large enough for their fixed cost not to count. None where the line fell flat (a
+        negative slope: noise) or too few prefills were seen: a process's first ones run at
+        ~0.1 s whatever their size, which reads as no slope, or a ratio of 100-600 us a token."""
         prefills = self._prefill[draft]
-        rate = prefills.value()
-        if rate is None and prefills.mean_tokens() >= _RATIO_MIN_TOKENS:
-            rate = prefills.ratio()
-        return rate
+        fit = prefills.fit()
+        if fit is not None:
+            return fit[1] or None
+        one_size = prefills.events >= MIN_EVENTS
+        return prefills.ratio() if one_size and prefills.mean_tokens() >= _RATIO_MIN_TOKENS \
+            else None
 
     def draft_rate_cap(self) -> Optional[float]:
-        """The most a draft token can cost beyond a catch-up's fixed part (_RATE_CAP); None
-        before a prefill's per-token rate is known (_prefill_rate: the floor's reading too)."""
+        """The most a draft token can cost beyond a catch-up's fixed part (_RATE_CAP,
+        _SHARE_CAP); None before a prefill's per-token rate is known (_prefill_rate: the
+        floor's reading too)."""
         rates = (self._prefill_rate(True), self._prefill_rate(False))
         prefill = next((v for v in rates if v is not None), None)
-        return None if prefill is None else prefill / _RATE_CAP
+        if prefill is None:
+            return None
+        share = self._draft_share
+        return prefill * (min(_SHARE_CAP * share, 1.0 / _RATE_CAP) if share > 0
+                          else 1.0 / _RATE_CAP)
 
     def estimates(self) -> BatchCostEstimates:
         fixed, rate = self.catch_up_fit

@@ -32,6 +32,9 @@ class SampleIntake:
         # The samples whose last one was held back as a lone outlier (_hold_lone): a step key,
         # or a catch-up kind (at a switch or not) and size (a power of two).
         self._held: set = set()
+        # The kinds of prefill (with the draft or not) seen: the process's first of each is
+        # held back.
+        self._prefilled: set[bool] = set()
         # A prefill came since the last step; the last step was held back for one; the last
         # batch held the next one's launch; the last step's sample (key, context, seconds, above
         # its line, the first taken after a prefill) while in this window's sums; the key of the
@@ -51,6 +54,9 @@ class SampleIntake:
     def prefill(self, event: PrefillTime) -> None:
         self._after_prefill, self._after_carry = True, False
         carry, self._carry = self._carry or 0.0, None
+        if event.draft not in self._prefilled:      # a first call: 1.5-2.5 s on the H200
+            self._prefilled.add(event.draft)
+            return
         if event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
             self._costs.add_prefill(event.draft, float(event.tokens),
                                     float(event.seconds) + carry)

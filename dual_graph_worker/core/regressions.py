@@ -28,6 +28,9 @@ CONTEXT_DECAY = 0.99
 REACH = 2.0
 # Beyond that, only where it stands this many standard errors above its mode's pooled slope.
 FAR_ERRORS = 2.0
+# A line needs this many batches (its ratio too: a process's first ones are slow whatever their
+# size).
+MIN_EVENTS = 3
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy.
 KEY_SLOTS = 6
 _LINE_SLOTS = 5         # the ones a line is fitted from
@@ -65,7 +68,7 @@ class Slope:
         """(intercept, slope), or None while the sizes seen are too close to separate the two.
         A negative intercept (no fixed cost can be) refits the line through the origin."""
         n, sx, sy, sxx, sxy = self.sums
-        if self.events < 3 or n <= 0:
+        if self.events < MIN_EVENTS or n <= 0:
             return None
         var = n * sxx - sx * sx                  # n^2 times the variance of the sizes
         if var < (self.min_spread * n) ** 2:
@@ -79,8 +82,10 @@ class Slope:
         return intercept, slope
 
     def value(self) -> Optional[float]:
+        """The slope; None where the sizes cannot give one, or where it fell flat: a negative
+        slope is noise, which a flat line still prices a batch by but which is no rate."""
         fit = self.fit()
-        return None if fit is None else fit[1]
+        return None if fit is None or fit[1] <= 0 else fit[1]
 
     def ratio(self) -> Optional[float]:
         """Seconds per token over every batch seen (fixed costs included)."""
