@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
+# Past this many series a legend covers the data: they are told apart by colour alone.
+_MOST_LABELS = 16
+# A log axis spanning more than this ratio labels its decades alone.
+_LABELLED_SPAN = 30.0
+
+
 @dataclass(frozen=True)
 class Series:
     label: str
@@ -33,7 +39,7 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
     for counts)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     fig = Figure(figsize=(8, 3.2 * len(panels) + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
@@ -54,10 +60,13 @@ def line_chart(path: str | Path, title: str, xlabel: str, panels: Sequence[Panel
         if panel.log_y:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(_plain))
-            ax.yaxis.set_minor_formatter(FuncFormatter(_plain))
+            lo, hi = ax.get_ylim()
+            # Within a decade or so the minor ticks need their numbers; across more they crowd.
+            ax.yaxis.set_minor_formatter(FuncFormatter(_plain) if hi < _LABELLED_SPAN * lo
+                                         else NullFormatter())
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
-        if panel.series:
+        if 0 < len(panel.series) <= _MOST_LABELS:
             ax.legend(fontsize="small")
     axes[0].set_title(title, fontsize=10)
     axes[-1].set_xlabel(xlabel)

@@ -9,7 +9,8 @@ trace, plus the excess of the step before it where that one held its launch.
     python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3] [--out FILE.json]
 
 Prints the steepest fits and the prices against what was taken; writes every fit and price as
-FILE.json and a plot of the fits beside it (FILE.png). Run it from another tree to compare.
+FILE.json, a plot of the fits beside it (FILE.png) and one of the prices (FILE-prices.png). Run
+it from another tree to compare.
 """
 
 from __future__ import annotations
@@ -129,6 +130,16 @@ def _plot(histories: dict[str, list[dict]], path: Path) -> Path:
                        Panel("fixed ms a catch-up", series("fixed_ms"))])
 
 
+def _plot_prices(prices: dict[str, list[dict]], path: Path) -> Path:
+    every = sorted((r for rows in prices.values() for r in rows), key=lambda r: r["tokens"])
+    ratio = Series("a catch-up", [r["tokens"] for r in every],
+                   [r["priced_s"] / r["taken_s"] for r in every], joined=False)
+    return line_chart(path, f"Each catch-up's price against what it took ({len(prices)} traces, "
+                      "open loop)", "catch-up tokens",
+                      [Panel("priced / taken", [ratio], log_y=True, lines=((1.0, "exact"),))],
+                      log2_x=True)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.sglang.catch_up_fit", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,7 +166,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "commit": checkout_commit(), "histories": histories, "prices": prices,
                 "price_summary": summary}, out)
     png = _plot(histories, out.with_suffix(".png"))
-    print(f"wrote {out} and {png}")
+    priced = _plot_prices(prices, out.with_name(f"{out.stem}-prices.png"))
+    print(f"wrote {out}, {png} and {priced}")
     return 0
 
 
