@@ -707,6 +707,7 @@ def test_the_processs_first_prefill_of_each_kind_is_held_back():
     sizes seen as free (2360 of run 26's 6382 steps). Held back as a first call, and with
     fewer than three prefills no reading, the draft is priced at what its prefills say."""
     p = _learned(controller(defers_prefill=True, draft_share=0.04, draft_floor=True), 16)
+    p.observe(PrefillTime(0, 0.001, draft=True))          # an empty one uses up no hold
     p.observe(PrefillTime(32, 2.2, draft=True))
     p.observe(PrefillTime(2048, 0.005 + 2048 * 24e-6, draft=True))
     p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3, catch_up_tokens=4))
@@ -738,6 +739,34 @@ def test_a_prefill_line_that_reads_negative_is_no_rate():
     share_of_prefill = 0.04 / 0.96 * 24e-6
     assert p.draft_prefill_s_per_token() == pytest.approx(share_of_prefill, rel=0.01)
     assert p.catch_up_seconds(100_000) > share_of_prefill * 90_000
+
+
+def test_every_rank_holds_back_the_same_first_prefill():
+    """The hold is judged on what ranks share (a prefill's kind and tokens): a first call past
+    the 16 s a prefill may take on one rank and under it on another still holds back the same
+    prefill on both, so the reduced sums stand on the same prefills."""
+    ranks = []
+    for first_s in (17.0, 15.0):
+        p = controller(defers_prefill=True, draft_share=0.04)
+        p.observe(PrefillTime(32, first_s, draft=True))
+        for tokens in (2048, 4096, 8192):
+            p.observe(PrefillTime(tokens, 0.005 + tokens * 24e-6, draft=True))
+        ranks.append(p._batch_costs.take_local())
+    assert ranks[0] == ranks[1]
+
+
+def test_a_flat_plain_prefill_line_is_no_reading_of_the_drafts_rate():
+    """Where no catch-up is seen, the draft's rate is the difference of the prefill slopes with
+    and without it. A line without the draft that reads negative (noise) is no slope: read as 0
+    it put the whole prefill's 30 us a token on the draft. The floor stands instead."""
+    p = _first_prefills(_learned(controller(defers_prefill=True, draft_share=0.04,
+                                            draft_floor=True), 16))
+    for tokens in (2048, 8192, 32768):
+        p.observe(PrefillTime(tokens, 0.005 + tokens * 30e-6, draft=True))
+    for tokens, seconds in ((2048, 0.3), (8192, 0.25), (32768, 0.2)):
+        p.observe(PrefillTime(tokens, seconds, draft=False))
+    p.exchange(lambda v: v)
+    assert p.draft_prefill_s_per_token() == pytest.approx(0.04 * 30e-6, rel=0.01)
 
 
 def test_the_draft_floor_takes_the_lower_of_its_two_prefill_readings():
@@ -829,6 +858,9 @@ def test_catch_ups_beyond_the_sizes_seen_are_capped_when_prefills_were_all_one_s
     cap = 0.5 / 8192 * 2 * 0.04
     assert p.catch_up_seconds(20_000) == pytest.approx(
         p.catch_up_seconds(800) + (20_000 - 800) * cap, rel=0.05)
+    # Twice a share past a sixth would pass a third of a prefill token: held there.
+    p._batch_costs._draft_share = 0.25
+    assert p._batch_costs.draft_rate_cap() == pytest.approx(0.5 / 8192 / 3)
 
 
 def test_the_processs_first_catch_up_is_judged_as_a_one_time_cost_too():
@@ -1001,7 +1033,7 @@ def test_a_costly_draft_prefill_still_lets_speculation_be_re_measured():
     p = _first_prefills(_learned(controller(defers_prefill=True, stale_after=16,
                                             explore_budget=0.05), 16))
     for tokens in (2048, 8192, 32768):
-        p.observe(PrefillTime(tokens, 0.005 + tokens * 30e-6, draft=True))
+        p.observe(PrefillTime(tokens, 0.005 + tokens * 60e-6, draft=True))
         p.observe(PrefillTime(tokens, 0.005 + tokens * 24e-6, draft=False))
     p.observe(Admitted(65536))
     p.observe(accepted(Mode.SPEC, np.full(16, 3.0)))

@@ -342,9 +342,10 @@ def trace(log: list[dict], source: str) -> dict:
                           int(e["carries_next"]), e["kv_tokens"], e.get("bs", 0)])
         elif e.get("kind") == "PrefillTime":
             costs.append(["p", e["tokens"], e["seconds"], int(e["draft"])])
-    shared = {k: ready[k] for k in ("num_steps", "spec_bs", "decode_bs", "calibration",
-                                      "draft_share") if k in ready}
-    return {"source": source, **shared, "costs": costs}
+    share = {"draft_share": ready["draft_share"]} if "draft_share" in ready else {}
+    return {"source": source, "num_steps": ready["num_steps"], "spec_bs": ready["spec_bs"],
+            "decode_bs": ready["decode_bs"], "costs": costs, "calibration": ready["calibration"],
+            **share}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

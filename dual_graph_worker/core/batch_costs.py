@@ -20,10 +20,11 @@ _CATCH_UP_DECAY = 0.99
 # Below this many tokens per catch-up, a catch-up's fixed cost (one more draft forward) hides
 # its per-token rate: the plain ratio is no rate then.
 _RATIO_MIN_TOKENS = 512
-# A draft token costs at most 1/_RATE_CAP of a prefill token (the target's, with the draft or
-# not) beyond a catch-up's fixed part: the draft is a small share of the weights. Where that
-# share is known, at most _SHARE_CAP times it: the H200's catch-ups of 30k-116k tokens read
-# 0.9-1.2x their share of a prefill token, small ones' scatter fits 10-20x.
+# Beyond the catch-up sizes seen, a draft token costs at most 1/_RATE_CAP of a prefill token
+# (the target's, with the draft or not) over a catch-up's fixed part: the draft is a small share
+# of the weights. Where that share is known, at most _SHARE_CAP times it (and still no more than
+# 1/_RATE_CAP): the H200's catch-ups of 30k-116k tokens read 0.9-1.2x their share of a prefill
+# token, small ones' scatter fits 10-20x.
 _RATE_CAP = 3.0
 _SHARE_CAP = 2.0
 # Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of
@@ -205,7 +206,8 @@ class BatchCosts:
         with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
         if with_draft is not None and plain is not None:
             # A difference of two noisy slopes, no catch-up's measurement: held to the cap.
-            return min(max(with_draft - plain, 0.0), self.draft_rate_cap())
+            cap = self.draft_rate_cap()
+            return min(max(with_draft - plain, 0.0), math.inf if cap is None else cap)
         return 0.0
 
     def _both_catch_ups(self) -> Slope:

@@ -54,12 +54,15 @@ class SampleIntake:
     def prefill(self, event: PrefillTime) -> None:
         self._after_prefill, self._after_carry = True, False
         carry, self._carry = self._carry or 0.0, None
-        if not (event.tokens > 0 and 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8):
+        if event.tokens <= 0:
             return
+        # Judged on what every rank shares (its kind and tokens), not on its rank-local time.
         if event.draft not in self._prefilled:      # a first call: 1.5-2.5 s on the H200
             self._prefilled.add(event.draft)
             return
-        self._costs.add_prefill(event.draft, float(event.tokens), float(event.seconds) + carry)
+        if 0 < event.seconds < _NO_ESTIMATE_MAX_S * 8:
+            self._costs.add_prefill(event.draft, float(event.tokens),
+                                    float(event.seconds) + carry)
 
     def step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False

@@ -28,8 +28,8 @@ CONTEXT_DECAY = 0.99
 REACH = 2.0
 # Beyond that, only where it stands this many standard errors above its mode's pooled slope.
 FAR_ERRORS = 2.0
-# A line needs this many batches (its ratio too: a process's first ones are slow whatever their
-# size).
+# A line needs this many batches (and so does a prefill ratio read in its place: a process's
+# first prefills are slow whatever their size).
 MIN_EVENTS = 3
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy.
 KEY_SLOTS = 6
