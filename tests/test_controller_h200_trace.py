@@ -11,8 +11,8 @@ import functools
 import gzip
 import json
 import statistics
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest

@@ -65,10 +65,14 @@ def test_each_catch_up_is_priced_against_what_it_took(monkeypatch):
     assert [r["tokens"] for r in prices] == [9000, 100]
     assert prices[0]["taken_s"] == pytest.approx(0.012 + 0.002)
     assert prices[1]["taken_s"] == pytest.approx(0.001)
-    summary = catch_up_fit.price_summary([{"tokens": 1, "priced_s": p, "taken_s": 1.0}
-                                          for p in (0.4, 1.0, 3.0, 1.0)])
-    assert summary == {"catch_ups": 4, "median": 1.0, "under_half": 0.25, "over_twice": 0.25,
-                       "sums": 1.35}
+    # Priced just before it: the first, before any catch-up was seen, at nothing; the second
+    # at the line the first one's exchange left.
+    assert prices[0]["priced_s"] == 0.0 < prices[1]["priced_s"]
+    summary = catch_up_fit.price_summary([{"tokens": 1, "priced_s": p, "taken_s": t}
+                                          for p, t in ((0.4, 1), (1, 1), (3, 1), (1, 1),
+                                                       (0, 1e-3), (1, -1e-3))])
+    assert summary == {"catch_ups": 5, "took_nothing": 1, "priced_nothing": 1, "median": 1.0,
+                       "under_half": 0.4, "over_twice": 0.2, "sums": round(5.4 / 4.001, 3)}
 
 
 def test_the_replay_prices_the_draft_at_the_traced_workers_share():

@@ -59,13 +59,14 @@ def _read_fit(out: list[dict], p: GoodputController, step: int) -> None:
 
 def price_errors(trace: dict) -> list[dict]:
     """Each catch-up with a measured size: its tokens, the controller's price just before it and
-    the seconds it took (over its size's median clean step, plus a held launch's excess)."""
+    the seconds it took (over its size's median clean step, plus a held launch's excess; at or
+    under 0 for some small ones, whose noise outweighs them)."""
     medians = _clean_medians(trace["costs"])
     out, last = [], None
     for p, _, row in replay(trace):
         if row[0] != "p" and row[3] > 0:
             took = _taken(row, last, medians)
-            if took is not None:
+            if took is not None:             # its size (and a held launch's) measured
                 out.append({"tokens": row[3], "priced_s": float(p.catch_up_seconds(row[3])),
                             "taken_s": took})
         last = row
@@ -90,18 +91,21 @@ def _taken(row: list, last: Optional[list], medians: dict) -> Optional[float]:
         if before is None:
             return None
         took += last[2] - before
-    return took if took > 0 else None
+    return took
 
 
 def price_summary(prices: list[dict]) -> dict:
-    """Priced over taken: the median, the share under half and over twice, and their sums'
-    ratio."""
-    ratios = [r["priced_s"] / r["taken_s"] for r in prices]
-    return {"catch_ups": len(ratios),
+    """Priced over taken, over the catch-ups that took more than 0 s: the median, the share
+    under half and over twice, and their sums' ratio; with how many took 0 s or less (left
+    out) and how many were priced at 0."""
+    taken = [r for r in prices if r["taken_s"] > 0]
+    ratios = [r["priced_s"] / r["taken_s"] for r in taken]
+    return {"catch_ups": len(ratios), "took_nothing": len(prices) - len(taken),
+            "priced_nothing": sum(r["priced_s"] <= 0 for r in prices),
             "median": round(statistics.median(ratios), 3) if ratios else None,
             "under_half": round(sum(x < 0.5 for x in ratios) / len(ratios), 3) if ratios else None,
             "over_twice": round(sum(x > 2 for x in ratios) / len(ratios), 3) if ratios else None,
-            "sums": round(sum(r["priced_s"] for r in prices) / sum(r["taken_s"] for r in prices),
+            "sums": round(sum(r["priced_s"] for r in taken) / sum(r["taken_s"] for r in taken),
                           3) if ratios else None}
 
 
@@ -112,11 +116,11 @@ def _print_prices(prices: dict[str, list[dict]]) -> dict:
                                  (f">= {LARGE}", lambda t: t >= LARGE))}
     print(f"\nEach catch-up's price against what it took, over {len(prices)} traces:")
     print("| catch-ups | n | median priced / taken | under half | over twice | "
-          "sum priced / sum taken |")
-    print("|---|---|---|---|---|---|")
+          "sum priced / sum taken | took <= 0 s (left out) | priced 0 |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, s in table.items():
         print(f"| {label} | {s['catch_ups']} | {s['median']} | {s['under_half']} | "
-              f"{s['over_twice']} | {s['sums']} |")
+              f"{s['over_twice']} | {s['sums']} | {s['took_nothing']} | {s['priced_nothing']} |")
     return table
 
 
@@ -131,11 +135,14 @@ def _plot(histories: dict[str, list[dict]], path: Path) -> Path:
 
 
 def _plot_prices(prices: dict[str, list[dict]], path: Path) -> Path:
-    every = sorted((r for rows in prices.values() for r in rows), key=lambda r: r["tokens"])
-    ratio = Series("a catch-up", [r["tokens"] for r in every],
-                   [r["priced_s"] / r["taken_s"] for r in every], joined=False)
+    every = [r for rows in prices.values() for r in rows]
+    shown = sorted((r for r in every if r["taken_s"] > 0 and r["priced_s"] > 0),
+                   key=lambda r: r["tokens"])
+    ratio = Series("a catch-up", [r["tokens"] for r in shown],
+                   [r["priced_s"] / r["taken_s"] for r in shown], joined=False)
     return line_chart(path, f"Each catch-up's price against what it took ({len(prices)} traces, "
-                      "open loop)", "catch-up tokens",
+                      f"open loop; {len(every) - len(shown)} priced 0 or taking <= 0 s not shown)",
+                      "catch-up tokens",
                       [Panel("priced / taken", [ratio], log_y=True, lines=((1.0, "exact"),))],
                       log2_x=True)
 
