@@ -152,13 +152,13 @@ class BatchCosts:
         self.prompt_per_output = self.replaced() * self._prompt / self._output \
             if self._output > 0 else 0.0
         if new:
-            floor = self._draft_floor()
-            self.delta = max(self._draft_prefill_rate(), floor)
+            rates = self._prefill_rates()
+            floor, cap = self._draft_floor(rates), self._rate_cap(rates)
+            self.delta = max(self._draft_prefill_rate(cap), floor)
             self.catch_up_fit = self._fit_catch_up()
             at_switch = self.catch_up[True]     # the sizes the line was fitted on
             self.catch_up_reach = (at_switch if at_switch.fit() is not None
                                    else self._both_catch_ups()).reach()
-            cap = self.draft_rate_cap()
             rate = self.catch_up_fit[1]
             self._catch_up_far = max(rate if cap is None else min(rate, cap), floor)
 
@@ -190,11 +190,11 @@ class BatchCosts:
         the batch's rows)."""
         return self._took_place / self._joined if self._joined > 0 else 1.0
 
-    def _draft_prefill_rate(self) -> float:
+    def _draft_prefill_rate(self, cap: Optional[float]) -> float:
         """The draft's seconds per prompt token: the slope of catch-ups inside speculative runs
         (the same draft extend over deferred prompts, no switch in it), else of all catch-ups,
         else a ratio of large catch-ups (their fixed cost negligible), else the difference of
-        the prefill slopes with and without the draft, else 0."""
+        the prefill slopes with and without the draft (no more than `cap`), else 0."""
         run, every = self.catch_up[False], self._both_catch_ups()
         for fit in (run.fit(), every.fit()):
             if fit is not None:
@@ -206,7 +206,6 @@ class BatchCosts:
         with_draft, plain = self._prefill[True].value(), self._prefill[False].value()
         if with_draft is not None and plain is not None:
             # A difference of two noisy slopes, no catch-up's measurement: held to the cap.
-            cap = self.draft_rate_cap()
             return min(max(with_draft - plain, 0.0), math.inf if cap is None else cap)
         return 0.0
 
@@ -241,17 +240,21 @@ class BatchCosts:
         beyond = max(tokens - self.catch_up_reach, 0.0)
         return max(fixed + rate * (tokens - beyond) + self._catch_up_far * beyond, 0.0)
 
-    def _draft_floor(self) -> float:
+    def _draft_floor(self, rates: tuple[Optional[float], Optional[float]]) -> float:
         """The least a draft token can cost: the draft's share of a prefill token with it (a
-        catch-up fitted on a few hundred tokens can read 0 a token)."""
+        catch-up fitted on a few hundred tokens can read 0 a token); `rates`: _prefill_rates."""
         if not self._draft_floor_on:
             return 0.0
         share = min(self._draft_share, 1.0 / _RATE_CAP)     # no dearer than draft_rate_cap
         # The lower reading: prefills with the draft are rare where they are deferred, so a
         # slow first call's would stand for minutes.
-        plain = self._prefill_rate(False)
-        rates = (self._prefill_rate(True), None if plain is None else plain / (1.0 - share))
-        return share * min((r for r in rates if r is not None), default=0.0)
+        with_draft, plain = rates
+        readings = (with_draft, None if plain is None else plain / (1.0 - share))
+        return share * min((r for r in readings if r is not None), default=0.0)
+
+    def _prefill_rates(self) -> tuple[Optional[float], Optional[float]]:
+        """A prefill's seconds per token with the draft and without it (_prefill_rate)."""
+        return self._prefill_rate(True), self._prefill_rate(False)
 
     def _prefill_rate(self, draft: bool) -> Optional[float]:
         """A prefill's seconds per token (with the draft or not): its line's slope, else, where
@@ -260,9 +263,8 @@ class BatchCosts:
         negative slope: noise) or too few prefills were seen: a process's first ones run at
         ~0.1 s whatever their size, which reads as no slope, or a ratio of 100-600 us a token."""
         prefills = self._prefill[draft]
-        fit = prefills.fit()
-        if fit is not None:
-            return fit[1] or None
+        if prefills.fit() is not None:
+            return prefills.value()
         one_size = prefills.events >= MIN_EVENTS
         return prefills.ratio() if one_size and prefills.mean_tokens() >= _RATIO_MIN_TOKENS \
             else None
@@ -271,7 +273,9 @@ class BatchCosts:
         """The most a draft token can cost beyond a catch-up's fixed part (_RATE_CAP,
         _SHARE_CAP); None before a prefill's per-token rate is known (_prefill_rate: the
         floor's reading too)."""
-        rates = (self._prefill_rate(True), self._prefill_rate(False))
+        return self._rate_cap(self._prefill_rates())
+
+    def _rate_cap(self, rates: tuple[Optional[float], Optional[float]]) -> Optional[float]:
         prefill = next((v for v in rates if v is not None), None)
         if prefill is None:
             return None
