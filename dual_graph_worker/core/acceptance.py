@@ -222,7 +222,7 @@ class AcceptanceEstimate:
             side[1] += m
             side[2] += m * m
             side[3] += 1.0
-        count, s1, s2, squares = (b + a for b, a in zip(below, above))
+        count, _, s2, squares = (b + a for b, a in zip(below, above))
         effective = count * count / squares
         if effective < _SPREAD_MIN_REQUESTS:
             return
