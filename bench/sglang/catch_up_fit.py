@@ -15,15 +15,14 @@ it from another tree to compare.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import clean_step, read_each, replay
-from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
+from bench.sglang.estimate_error import clean_step, read_each, replay, trace_parser
+from dual_graph_worker.core.argtypes import int_range
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -148,13 +147,9 @@ def _plot_prices(prices: dict[str, list[dict]], path: Path) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = OneLineParser(prog="python -m bench.sglang.catch_up_fit", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
+    ap = trace_parser("catch_up_fit", __doc__, "out/catch-up-fit.json")
     ap.add_argument("--top", type=int_range(1), default=3,
                     help="the steepest fits listed per trace")
-    ap.add_argument("--out", type=output_file, default="out/catch-up-fit.json",
-                    help="every trace's fit history as JSON (and a plot beside it, .png)")
     args = ap.parse_args(argv)
     histories = read_each(args.traces, fit_history)
     prices = None if histories is None else read_each(args.traces, price_errors)

@@ -10,15 +10,13 @@ Prints a table by position, writes FILE.json and a plot beside it (FILE.png).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import clean_step, read_each
-from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from bench.sglang.estimate_error import clean_step, read_each, trace_parser
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
 
@@ -52,10 +50,7 @@ def by_position(batches: list[list[float]]) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = OneLineParser(prog="python -m bench.sglang.early_steps", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
-    ap.add_argument("--out", type=output_file, default="out/early-steps.json")
+    ap = trace_parser("early_steps", __doc__, "out/early-steps.json")
     args = ap.parse_args(argv)
     got = read_each(args.traces, lambda trace: batch_ratios(trace["costs"]))
     if got is None:

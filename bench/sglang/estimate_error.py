@@ -51,6 +51,17 @@ def controller_for(trace: dict, prior: bool = True) -> GoodputController:
                              CalibrationTable.from_json(trace["calibration"]) if prior else None)
 
 
+def trace_parser(module: str, doc: Optional[str], out: str) -> OneLineParser:
+    """A trace tool's command line, `python -m bench.sglang.MODULE TRACE.json.gz ... [--out
+    FILE.json]`: the replay traces (`step_costs --trace`) and the JSON to write."""
+    ap = OneLineParser(prog=f"python -m bench.sglang.{module}", description=doc,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
+    ap.add_argument("--out", type=output_file, default=out,
+                    help="JSON to write (and the plot beside it, .png)")
+    return ap
+
+
 def read_trace(path: str) -> dict:
     """A replay trace (`step_costs --trace`)."""
     with gzip.open(path, "rt") as fh:
@@ -149,12 +160,7 @@ def _print_rows(name: str, stats: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = OneLineParser(prog="python -m bench.sglang.estimate_error", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
-    ap.add_argument("--out", type=output_file, default="out/estimate-error.json",
-                    help="JSON to write (and the plot beside it, .png)")
-    args = ap.parse_args(argv)
+    args = trace_parser("estimate_error", __doc__, "out/estimate-error.json").parse_args(argv)
     result = {"command": command_line("python -m bench.sglang.estimate_error", argv),
               "traces": {}}
     got = read_each(args.traces, lambda trace: (trace.get("source"), cell_errors(trace)))

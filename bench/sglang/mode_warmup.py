@@ -12,7 +12,6 @@ Prints a table by window, writes FILE.json and a plot beside it (FILE.png).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -21,8 +20,7 @@ from typing import Optional
 import numpy as np
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import MODES, clean_step, read_each
-from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from bench.sglang.estimate_error import MODES, clean_step, read_each, trace_parser
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
 
@@ -67,10 +65,7 @@ def by_window(per_trace: dict[str, list[Optional[float]]]) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = OneLineParser(prog="python -m bench.sglang.mode_warmup", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
-    ap.add_argument("--out", type=output_file, default="out/mode-warmup.json")
+    ap = trace_parser("mode_warmup", __doc__, "out/mode-warmup.json")
     args = ap.parse_args(argv)
     traces = read_each(args.traces, lambda t: t["costs"])
     if traces is None:

@@ -14,7 +14,6 @@ Prints a table by batch range and position, writes FILE.json and a plot beside i
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 from collections import defaultdict
@@ -24,8 +23,8 @@ from typing import Optional
 import numpy as np
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import clean_step, read_each
-from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
+from bench.sglang.estimate_error import clean_step, read_each, trace_parser
+from dual_graph_worker.core.argtypes import int_range
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
 
@@ -108,10 +107,7 @@ def by_length(runs: list[Run], positions: int = POSITIONS) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = OneLineParser(prog="python -m bench.sglang.switch_steps", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="+", help="replay traces (step_costs --trace)")
-    ap.add_argument("--out", type=output_file, default="out/switch-steps.json")
+    ap = trace_parser("switch_steps", __doc__, "out/switch-steps.json")
     ap.add_argument("--max-bs", type=int_range(1, 4096), default=256,
                     help="the largest padded batch size read")
     ap.add_argument("--positions", type=int_range(1, SETTLED - 1), default=POSITIONS,
