@@ -763,3 +763,16 @@ def test_an_interleaved_run_with_a_short_pool_ends_by_naming_it(tmp_path, monkey
     monkeypatch.setattr(pm.interleave, "run_all", _fake_run_all(160000))
     assert pm.main(["--out", str(killed), *ONE_CELL, "--interleave"]) == 0
     assert not json.loads((killed / "policy-matrix.json").read_text())["note"].startswith("NOT")
+
+
+@pytest.mark.parametrize("main", [pm.main, None])
+def test_an_accept_list_that_is_no_numbers_is_one_line(tmp_path, capsys, main):
+    """policy_matrix and matrix_plan read --accept alike (argtypes.float_list)."""
+    from bench.sglang import matrix_plan
+    args = ["--out", str(tmp_path / "o"), "--accept", "1.5,x"] if main else \
+        [str(tmp_path / "m.json"), "--accept", "1.5,x", "--workload", "256x256@1"]
+    with pytest.raises(SystemExit) as stop:
+        (main or matrix_plan.main)(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "1.5,x" in err
+    assert not (tmp_path / "o").exists()

@@ -99,13 +99,16 @@ def price_summary(prices: list[dict]) -> dict:
     out) and how many were priced at 0."""
     taken = [r for r in prices if r["taken_s"] > 0]
     ratios = [r["priced_s"] / r["taken_s"] for r in taken]
-    return {"catch_ups": len(ratios), "took_nothing": len(prices) - len(taken),
-            "priced_nothing": sum(r["priced_s"] <= 0 for r in prices),
-            "median": round(statistics.median(ratios), 3) if ratios else None,
-            "under_half": round(sum(x < 0.5 for x in ratios) / len(ratios), 3) if ratios else None,
-            "over_twice": round(sum(x > 2 for x in ratios) / len(ratios), 3) if ratios else None,
-            "sums": round(sum(r["priced_s"] for r in taken) / sum(r["taken_s"] for r in taken),
-                          3) if ratios else None}
+    counts = {"catch_ups": len(ratios), "took_nothing": len(prices) - len(taken),
+              "priced_nothing": sum(r["priced_s"] <= 0 for r in prices)}
+    if not ratios:
+        return counts | dict.fromkeys(("median", "under_half", "over_twice", "sums"))
+    n = len(ratios)
+    return counts | {"median": round(statistics.median(ratios), 3),
+                     "under_half": round(sum(x < 0.5 for x in ratios) / n, 3),
+                     "over_twice": round(sum(x > 2 for x in ratios) / n, 3),
+                     "sums": round(sum(r["priced_s"] for r in taken)
+                                   / sum(r["taken_s"] for r in taken), 3)}
 
 
 def _print_prices(prices: dict[str, list[dict]]) -> dict:
@@ -151,10 +154,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--top", type=int_range(1), default=3,
                     help="the steepest fits listed per trace")
     args = ap.parse_args(argv)
-    histories = read_each(args.traces, fit_history)
-    prices = None if histories is None else read_each(args.traces, price_errors)
-    if prices is None:
+    got = read_each(args.traces, lambda trace: (fit_history(trace), price_errors(trace)))
+    if got is None:
         return 2
+    histories = {path: history for path, (history, _) in got.items()}
+    prices = {path: priced for path, (_, priced) in got.items()}
     print("| trace | fits | steepest us/token (step, fixed ms) |")
     print("|---|---|---|")
     for path, history in histories.items():

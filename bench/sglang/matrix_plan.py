@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 from bench.sglang.engine_child import MAX_RUNS
 from bench.sglang.matrix_records import Workload
 from bench.sglang.policy_matrix import ENGINES, Repeats
-from dual_graph_worker.core.argtypes import (OneLineParser, int_range, name_list,
+from dual_graph_worker.core.argtypes import (OneLineParser, float_list, int_range, name_list,
                                              non_negative_float, positive_float)
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object
@@ -97,18 +97,11 @@ def plan(seconds: dict[tuple, float], accepts: Sequence[float], workloads: Seque
     return Plan(tuple(cells), runs, startup_s, per_run_s)
 
 
-def _accepts(text: str) -> list[float]:
-    try:
-        return [float(a) for a in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"accept lengths are numbers like 1.5,2; got {text!r}")
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.sglang.matrix_plan", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("matrix", help="a policy-matrix.json (a call's or a composite)")
-    ap.add_argument("--accept", type=_accepts, required=True, help="accept lengths, e.g. 1.5,2")
+    ap.add_argument("--accept", type=float_list, required=True, help="accept lengths, e.g. 1.5,2")
     ap.add_argument("--workload", action="append", required=True,
                     help="IN x OUT @ C,...; repeatable")
     ap.add_argument("--engines", type=name_list(ENGINES), default=list(ENGINES),

@@ -58,7 +58,7 @@ from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_dummy_pair,
 )
-from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.argtypes import OneLineParser, float_list
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object, write_json
 from dual_graph_worker.core.jsonl import json_lines
@@ -321,7 +321,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                        description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--accept", default="1.5,2.0,3.0,3.5")
+    ap.add_argument("--accept", type=float_list, default="1.5,2.0,3.0,3.5")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--workload", action="append", help="IN x OUT @ C,...; repeatable")
     ap.add_argument("--budget-s", type=float, default=560.0)
@@ -371,12 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="an earlier run's policy-matrix.json: its plain/EAGLE-3 records fill the "
                          "cells this run did not measure, marked cross-run")
     args = ap.parse_args(argv)
-    try:
-        accepts = [float(a) for a in args.accept.split(",")]
-    except ValueError:
-        print(f"error: --accept wants numbers like 1.5,2,3, got {args.accept!r}",
-              file=sys.stderr)
-        return 2
+    accepts = args.accept
     if err := accept_problem("--accept", accepts):
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -87,6 +87,15 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def float_list(text: str) -> list[float]:
+    """Comma-separated numbers, e.g. 1.5,2 (their range is the caller's to judge)."""
+    try:
+        return [float(p) for p in str(text).split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers such as 1.5,2, got {text!r}") from None
+
+
 def int_list_up_to(hi: int) -> Callable[[str], list[int]]:
     """Comma-separated integers in [1, hi]."""
 
