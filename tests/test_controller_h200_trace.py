@@ -19,7 +19,7 @@ import pytest
 
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
+from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime, same_rank
 
 from bench.sglang.estimate_error import controller_for
 
@@ -392,3 +392,32 @@ def test_a_spells_estimate_does_not_outlive_the_spell():
                               / p.step_time(Mode.DECODE, pb, kv))
     assert len(priced) == 3, priced
     assert max(priced) < 0.97, priced
+
+
+def test_a_re_measurement_split_by_an_exchange_prices_speculation_as_it_ran():
+    """Run 27's m72, open loop at the worker's exchange phase (it exchanges as it plans every
+    8th step, before the step ahead of it is timed: the live estimates in its step log match
+    this phase in 3128 of 3137 decode steps, the replay tools' one step later in 1582). At
+    accept 1.5 2048x64 C=1 the first round re-measured spec bs 1 (known only from the
+    process's first steps, 8.5 ms) at 6.75 and 6.79 ms with an exchange between the two, each
+    folded as one EMA step: 7.9 ms, and decode (5.0 ms) served the round's last 51 steps where
+    speculation was 10% faster. The lone first sample now waits for the second, and the pair
+    replaces the estimate."""
+    from bench.sglang.estimate_error import MODES, controller_for, read_trace
+
+    t = read_trace(str(ROOT / "results/sglang/policy-matrix-fa3-run27/m72/costs-m72.json.gz"))
+    p, steps, priced = controller_for(t), 0, []
+    for row in t["costs"]:
+        if row[0] == "p":
+            p.observe(PrefillTime(row[1], row[2], bool(row[3])))
+            continue
+        mode, pb, seconds, caught, carries, kv, bs = row
+        if 955 <= steps < 1000 and (mode, pb) == ("d", 1):
+            priced.append(p.step_time(Mode.SPEC, 1, kv) / 1.5 / p.step_time(Mode.DECODE, 1, kv))
+        p.commit(Decision(MODES[mode], Reason.GOODPUT))
+        p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
+        steps += 1
+        if (steps + 1) % p.sync_every == 0:
+            p.exchange(same_rank)
+    assert len(priced) == 45
+    assert max(priced) < 0.95, max(priced)

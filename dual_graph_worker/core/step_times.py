@@ -120,6 +120,9 @@ class StepTimeTable:
         # Rank-local sums per key since the last exchange, in Python floats (a numpy slice
         # update costs ~1 us a step): never read by a decision.
         self._step_sums: dict[int, list[float]] = {}
+        # Per key, a lone sample that with company would replace the estimate (_replaces): its
+        # window waits one exchange for the next (a re-measurement split by an exchange).
+        self._held: dict[int, list[float]] = {}
 
     # ------------------------------------------------------------------------------ read
 
@@ -311,10 +314,16 @@ class StepTimeTable:
         the last exchange relax down toward their typical level. A window holds samples of a
         few sizes: those are folded one by one. A window of two samples or more replaces the
         estimate whole where the one before it is known to be off: the process's first steps,
-        speculation's warm-up, or a spell it is back from."""
+        speculation's warm-up, or a spell it is back from; a lone sample that would, waits one
+        exchange for the next window (whose samples it joins) rather than be smoothed away."""
         n = self.size
         self._lines = [_UNFIT] * n
         self._ctx.decay()
+        held, self._held = self._held, {}
+        if held:
+            local = list(local)
+            for i, window in held.items():
+                local[i::n] = [a + b for a, b in zip(local[i::n], window)]
         got = list(compress(range(n), local[n:2 * n]))
         self._relax_idle(set(got), step)
         if not got:                 # every sum decayed alike: the same slopes
@@ -324,26 +333,25 @@ class StepTimeTable:
         spec_cold = not self.warmed
         for i in got:
             window = local[i::n]
-            self._ctx.add(i, self._mode_of[i], window)
             sums, count, kv = window[:3]
             mean, mean_kv = sums / count, kv / count
+            cold = spec_cold and self._mode_of[i] is Mode.SPEC
+            measured = self.samples[i] > 0
+            if count < 2 and i not in held and measured and \
+                    self._replaces(i, mean, mean_kv, self._key_slope(i), cold, step):
+                self._held[i] = window
+                continue
+            self._ctx.add(i, self._mode_of[i], window)
             slope = self._key_slope(i)
             if count >= _TYPICAL_MIN_COUNT:
                 self._add_window(i, mean, mean_kv, step, slope)
             bound = self._high_bound(i, slope, mean_kv)
             high = bound is not None and mean > bound
             self._high_steps[i] = self._high_steps[i] + count if high else 0.0
-            cold = spec_cold and self._mode_of[i] is Mode.SPEC
-            measured = self.samples[i] > 0
             if not measured:
                 insort(self._seen[self._mode_of[i]], i)
             else:
-                # Back within the typical level while the estimate stands over it: a spell ended.
-                back = bound is not None and mean <= bound < _moved(
-                    slope, self._est[i], self._est_kv[i], mean_kv)
-                whole = count >= 2 and (self._last[i] < _WARM_STEPS <= step or
-                                        (self._cold_keys[i] and not cold and
-                                         mean < self._est[i]) or back)
+                whole = count >= 2 and self._replaces(i, mean, mean_kv, slope, cold, step)
                 w = 1.0 if whole else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
@@ -356,6 +364,18 @@ class StepTimeTable:
             if i in self._typical:      # a window too short to count still moves the estimate
                 self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
+
+    def _replaces(self, i: int, mean: float, kv: float, slope: float, cold: bool,
+                  step: int) -> bool:
+        """A window of `mean` seconds over `kv` context tokens replaces key i's estimate where
+        the estimate is known to be off: the process's first steps, speculation's warm-up
+        (`cold`: the window is), or a spell ended (the window back within the key's typical
+        level while the estimate stands over it)."""
+        bound = self._high_bound(i, slope, kv)
+        back = bound is not None and mean <= bound < _moved(slope, self._est[i],
+                                                             self._est_kv[i], kv)
+        return self._last[i] < _WARM_STEPS <= step or \
+            (self._cold_keys[i] and not cold and mean < self._est[i]) or back
 
     def _add_window(self, i: int, mean: float, kv: float, step: int, slope: float) -> None:
         """Key i's window of samples into its recent ones, and its typical level anew (its
