@@ -19,7 +19,7 @@ import pytest
 
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime, same_rank
+from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
 
 from bench.sglang.estimate_error import controller_for
 
@@ -300,28 +300,30 @@ def test_estimate_error_over_several_traces_ends_with_their_pooled_cells(tmp_pat
 def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys, tmp_path):
     """The open-loop replay of runs 10-13's costs: a lone catch-up's first call at its shape
     made the fitted rate 20-67 us a token in runs 10, 12 and 13 (the draft's own is ~0.6), the
-    fault run 10's note names; held back, no fit passes 5 us. Run 11's steepest (7.51; 7.76
-    while a short second step after a prefill was kept as a sample, 7.44 while a window back
-    at its level after a spell was smoothed) is no first call: small
-    catch-ups read below a step early on pull the young line's intercept down."""
+    fault run 10's note names; held back, no fit passes 5 us but run 12's (12.44 at the
+    worker's exchange phase; 4.5 a step later), a line through its first three small bs-1
+    catch-ups at switches (32, 380 and 100 tokens, 9-12 ms over a step with a switch's costs
+    riding on them), which the draft's cap stops at the sizes it saw. Run 11's steepest (7.10)
+    is no first call either: small catch-ups read below a step early on pull the young line's
+    intercept down."""
     from bench.sglang.catch_up_fit import fit_history, main
 
     def steepest(path):
         t = json.loads(gzip.open(ROOT / "results/sglang" / path, "rt").read())
         return max(h["us_per_token"] for h in fit_history(t))
 
-    for path in ("policy-matrix-fa3-run10/costs-m21.json.gz",
-                 "policy-matrix-fa3-run12/m27/costs-m27.json.gz",
-                 "policy-matrix-fa3-run13/m31/costs-m31.json.gz",
-                 "policy-matrix-fa3-run13/m32/costs-m32.json.gz"):
-        assert steepest(path) < 5, path
+    for path, most in (("policy-matrix-fa3-run10/costs-m21.json.gz", 5),
+                       ("policy-matrix-fa3-run12/m27/costs-m27.json.gz", 15),
+                       ("policy-matrix-fa3-run13/m31/costs-m31.json.gz", 5),
+                       ("policy-matrix-fa3-run13/m32/costs-m32.json.gz", 5)):
+        assert steepest(path) < most, path
     fits = tmp_path / "fits.json"
     assert main([str(ROOT / "results/sglang/policy-matrix-fa3-run11/costs-m26.json.gz"),
                  "--out", str(fits)]) == 0
     out = capsys.readouterr().out
-    assert "| costs-m26.json.gz |" in out and "| 7.51 (800, 0.00)" in out
+    assert "| costs-m26.json.gz |" in out and "| 7.10 (799, 0.56)" in out
     history = next(iter(json.loads(fits.read_text())["histories"].values()))
-    assert max(h["us_per_token"] for h in history) == pytest.approx(7.51, abs=0.005)
+    assert max(h["us_per_token"] for h in history) == pytest.approx(7.10, abs=0.005)
     assert fits.with_suffix(".png").stat().st_size > 0
     assert main(["/nonexistent.json.gz", "--out", str(fits)]) == 2
 
@@ -395,29 +397,15 @@ def test_a_spells_estimate_does_not_outlive_the_spell():
 
 
 def test_a_re_measurement_split_by_an_exchange_prices_speculation_as_it_ran():
-    """Run 27's m72, open loop at the worker's exchange phase (it exchanges as it plans every
-    8th step, before the step ahead of it is timed: the live estimates in its step log match
-    this phase in 3128 of 3137 decode steps, the replay tools' one step later in 1582). At
-    accept 1.5 2048x64 C=1 the first round re-measured spec bs 1 (known only from the
-    process's first steps, 8.5 ms) at 6.75 and 6.79 ms with an exchange between the two, each
-    folded as one EMA step: 7.9 ms, and decode (5.0 ms) served the round's last 51 steps where
-    speculation was 10% faster. The lone first sample now waits for the second, and the pair
-    replaces the estimate."""
-    from bench.sglang.estimate_error import MODES, controller_for, read_trace
-
-    t = read_trace(str(ROOT / "results/sglang/policy-matrix-fa3-run27/m72/costs-m72.json.gz"))
-    p, steps, priced = controller_for(t), 0, []
-    for row in t["costs"]:
-        if row[0] == "p":
-            p.observe(PrefillTime(row[1], row[2], bool(row[3])))
-            continue
-        mode, pb, seconds, caught, carries, kv, bs = row
-        if 955 <= steps < 1000 and (mode, pb) == ("d", 1):
+    """Run 27's m72, open loop: at accept 1.5 2048x64 C=1 the first round re-measured spec bs
+    1 (known only from the process's first steps, 8.5 ms) at 6.75 and 6.79 ms with an exchange
+    between the two, each folded as one EMA step: 7.9 ms, and decode (5.0 ms) served the
+    round's last 51 steps where speculation was 10% faster. The lone first sample now waits
+    for the second, and the pair replaces the estimate."""
+    priced = []
+    for p, steps, row, _ in _step_rows("policy-matrix-fa3-run27/m72/costs-m72.json.gz"):
+        if 956 <= steps < 1001 and row[:2] == ["d", 1]:
+            kv = row[5]
             priced.append(p.step_time(Mode.SPEC, 1, kv) / 1.5 / p.step_time(Mode.DECODE, 1, kv))
-        p.commit(Decision(MODES[mode], Reason.GOODPUT))
-        p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
-        steps += 1
-        if (steps + 1) % p.sync_every == 0:
-            p.exchange(same_rank)
     assert len(priced) == 45
     assert max(priced) < 0.95, max(priced)

@@ -39,7 +39,9 @@ def test_the_replay_exchanges_every_sync_every_steps(monkeypatch):
         if at == 0:
             p.exchange = lambda reduce: exchanged.append(len(rows))
         rows.append(row)
-    assert len(built) == 1 and exchanged == [4, 7]       # after the 3rd and 6th step
+    # After the 2nd and 5th step: the worker exchanges as it plans the 3rd and 6th, before
+    # the step ahead of it is timed.
+    assert len(built) == 1 and exchanged == [3, 6]
 
 
 def test_the_catch_up_fit_reads_the_line_after_each_exchange(monkeypatch):
@@ -47,16 +49,17 @@ def test_the_catch_up_fit_reads_the_line_after_each_exchange(monkeypatch):
     read = []
     monkeypatch.setattr(catch_up_fit, "_read_fit", lambda out, p, steps: read.append(steps))
     catch_up_fit.fit_history(TRACE)
-    assert read == [3, 6, 7]                             # and once after the last row
+    assert read == [2, 5, 7]                             # and once after the last row
 
 
 # Spec steps at batch 4: five clean ones of 10 ms, then a decode step that held the next launch
-# (2 ms over its 5), and a catch-up of 9000 tokens (12 ms over a step); one of 100 tokens after
-# a prefill (no step before it held its launch), 1 ms over.
+# (2 ms over its 5), a catch-up of 9000 tokens (12 ms over a step) and two steps more; one of
+# 100 tokens after a prefill (no step before it held its launch), 1 ms over.
 CATCH_UPS = {"num_steps": 3, "spec_bs": SIZES, "decode_bs": SIZES, "calibration": None,
              "costs": [["s", 4, 0.010, 0, 0, 64, 4]] * 5 + [["d", 4, 0.005, 0, 0, 64, 4]] * 5
-             + [["d", 4, 0.007, 0, 1, 64, 4], ["s", 4, 0.022, 9000, 0, 64, 4],
-                ["p", 16, 0.01, 0], ["s", 4, 0.011, 100, 0, 64, 4]]}
+             + [["d", 4, 0.007, 0, 1, 64, 4], ["s", 4, 0.022, 9000, 0, 64, 4]]
+             + [["s", 4, 0.010, 0, 0, 64, 4]] * 2
+             + [["p", 16, 0.01, 0], ["s", 4, 0.011, 100, 0, 64, 4]]}
 
 
 def test_each_catch_up_is_priced_against_what_it_took(monkeypatch):

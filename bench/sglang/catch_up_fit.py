@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import clean_step, read_each, replay, trace_parser
+from bench.sglang.estimate_error import (clean_step, exchanged_after, read_each, replay,
+                                         trace_parser)
 from dual_graph_worker.core.argtypes import int_range
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
@@ -39,7 +40,7 @@ def fit_history(trace: dict) -> list[dict]:
     steps, p = 0, None
     for p, _, row in replay(trace):
         if row[0] != "p":
-            if steps and steps % p.sync_every == 0:      # the exchange just made is in
+            if steps and exchanged_after(steps, p.sync_every):   # the exchange just made is in
                 _read_fit(out, p, steps)
             steps += 1
     if p is not None:
