@@ -1853,6 +1853,28 @@ def test_a_window_back_at_its_level_after_a_host_spell_is_taken_whole():
     assert after(quiet, (0.0084, 0.0084)) > 0.0086             # no spell: smoothed
 
 
+def _cold_spec_8(spec_steps_between: int, *windows: tuple) -> float:
+    """Spec bs 8's estimate when it was measured three times in speculation's first steps of
+    the process (8.9 ms, 1.3x steady), then `spec_steps_between` spec bs-1 steps ran, then
+    `windows` of bs-8 samples came, an exchange after each."""
+    p = controller(replay_prior())
+    _commit(p, Mode.DECODE, 100)
+    for _ in range(3):
+        p.observe(StepTime(Mode.SPEC, 8, 0.0089))
+        _commit(p, Mode.SPEC, 1)
+    p.exchange(lambda v: v)
+    for _ in range(spec_steps_between):
+        p.observe(StepTime(Mode.SPEC, 1, 0.0064))
+        _commit(p, Mode.SPEC, 1)
+    p.exchange(lambda v: v)
+    for w in windows:
+        for s in w:
+            p.observe(StepTime(Mode.SPEC, 8, s))
+            _commit(p, Mode.SPEC, 1)
+        p.exchange(lambda v: v)
+    return p.step_time(Mode.SPEC, 8)
+
+
 def test_a_re_measurement_split_by_an_exchange_is_taken_whole():
     """On the H200 (run 27, accept 1.5 2048x64 C=1) spec bs 1 was known only from the
     process's first steps, 8.5 ms against 6.8 steady. A re-measurement's clean steps read 6.75
@@ -1860,27 +1882,9 @@ def test_a_re_measurement_split_by_an_exchange_is_taken_whole():
     moved the estimate one EMA step, to 7.9, and decode served 51 steps of a round speculation
     won by 10%. A lone sample that would replace the estimate waits one exchange and joins the
     next window; with none to join it, it is smoothed then."""
-    def re_measured(*windows: tuple) -> float:
-        p = controller(replay_prior())
-        _commit(p, Mode.DECODE, 100)
-        for _ in range(3):
-            p.observe(StepTime(Mode.SPEC, 8, 0.0089))
-            _commit(p, Mode.SPEC, 1)
-        p.exchange(lambda v: v)
-        for _ in range(200):
-            p.observe(StepTime(Mode.SPEC, 1, 0.0064))
-            _commit(p, Mode.SPEC, 1)
-        p.exchange(lambda v: v)
-        for w in windows:
-            for s in w:
-                p.observe(StepTime(Mode.SPEC, 8, s))
-                _commit(p, Mode.SPEC, 1)
-            p.exchange(lambda v: v)
-        return p.step_time(Mode.SPEC, 8)
-
-    assert re_measured((0.00675,), (0.00679,)) == pytest.approx(0.00677)
-    assert re_measured((0.00675,)) == pytest.approx(0.0089)             # held, not yet folded
-    assert re_measured((0.00675,), ()) == pytest.approx(0.0089 - 0.2 * (0.0089 - 0.00675))
+    assert _cold_spec_8(200, (0.00675,), (0.00679,)) == pytest.approx(0.00677)
+    assert _cold_spec_8(200, (0.00675,)) == pytest.approx(0.0089)       # held, not yet folded
+    assert _cold_spec_8(200, (0.00675,), ()) == pytest.approx(0.0089 - 0.2 * (0.0089 - 0.00675))
 
 
 def test_a_key_measured_only_in_the_first_steps_takes_its_next_window_whole():
@@ -1911,30 +1915,11 @@ def test_a_key_measured_only_while_its_mode_warmed_up_takes_its_next_window_whol
     Once its mode has run _MODE_WARM_STEPS, such a key takes its first window whole; one
     whose mode is still warming up ages as usual. (With a prior: without one nothing is
     counted.)"""
-    def re_measured(spec_steps_between: int, lone_first: bool = False) -> float:
-        p = controller(replay_prior())
-        _commit(p, Mode.DECODE, 100)
-        for _ in range(3):
-            p.observe(StepTime(Mode.SPEC, 8, 0.0089))
-            _commit(p, Mode.SPEC, 1)
-        p.exchange(lambda v: v)
-        for _ in range(spec_steps_between):
-            p.observe(StepTime(Mode.SPEC, 1, 0.0064))
-            _commit(p, Mode.SPEC, 1)
-        p.exchange(lambda v: v)
-        if lone_first:          # one sample alone is no window: it waits to join the next
-            p.observe(StepTime(Mode.SPEC, 8, 0.0070))
-            _commit(p, Mode.SPEC, 1)
-            p.exchange(lambda v: v)
-        for _ in range(3):
-            p.observe(StepTime(Mode.SPEC, 8, 0.0067))
-            _commit(p, Mode.SPEC, 1)
-        p.exchange(lambda v: v)
-        return p.step_time(Mode.SPEC, 8)
-
-    assert re_measured(200) == pytest.approx(0.0067)
-    assert re_measured(200, lone_first=True) == pytest.approx((0.0070 + 3 * 0.0067) / 4)
-    assert re_measured(50) > 0.0075
+    steady = (0.0067,) * 3
+    assert _cold_spec_8(200, steady) == pytest.approx(0.0067)
+    # One sample alone is no window: it waits to join the next.
+    assert _cold_spec_8(200, (0.0070,), steady) == pytest.approx((0.0070 + 3 * 0.0067) / 4)
+    assert _cold_spec_8(50, steady) > 0.0075
 
 
 def test_after_a_re_measurement_the_mode_holds_until_its_step_times_are_exchanged():
