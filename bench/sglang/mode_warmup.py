@@ -35,7 +35,7 @@ SLOW = 1.10
 def window_ratios(costs: list, mode: str) -> list[Optional[float]]:
     """Per window of the process's first WINDOWS x WINDOW steps of `mode`: the median of its
     clean steps' ratios to their key's settled median nearby (None: none had a reference)."""
-    steps = [(n, row) for n, row in enumerate(r for r in costs if r[0] == mode)]
+    steps = list(enumerate(r for r in costs if r[0] == mode))
     settled = defaultdict(list)
     for n, row in steps:
         if n >= SETTLED and clean_step(row):

@@ -337,10 +337,12 @@ class StepTimeTable:
             mean, mean_kv = sums / count, kv / count
             cold = spec_cold and self._mode_of[i] is Mode.SPEC
             measured = self.samples[i] > 0
-            if count < 2 and i not in held and measured and \
-                    self._replaces(i, mean, mean_kv, self._key_slope(i), cold, step):
-                self._held[i] = window
-                continue
+            if count < 2 and i not in held and measured:
+                slope = self._key_slope(i)
+                bound = self._high_bound(i, slope, mean_kv)
+                if self._replaces(i, mean, mean_kv, slope, bound, cold, step):
+                    self._held[i] = window
+                    continue
             self._ctx.add(i, self._mode_of[i], window)
             slope = self._key_slope(i)
             if count >= _TYPICAL_MIN_COUNT:
@@ -351,7 +353,8 @@ class StepTimeTable:
             if not measured:
                 insort(self._seen[self._mode_of[i]], i)
             else:
-                whole = count >= 2 and self._replaces(i, mean, mean_kv, slope, cold, step)
+                whole = count >= 2 and self._replaces(i, mean, mean_kv, slope, bound, cold,
+                                                      step)
                 w = 1.0 if whole else 1.0 - keep ** count
                 mean = self._est[i] + w * (mean - self._est[i])
                 mean_kv = self._est_kv[i] + w * (mean_kv - self._est_kv[i])
@@ -365,13 +368,12 @@ class StepTimeTable:
                 self._relaxing.add(i)
         self._beta = {m: self._ctx.pooled(m) for m in self._beta}
 
-    def _replaces(self, i: int, mean: float, kv: float, slope: float, cold: bool,
-                  step: int) -> bool:
+    def _replaces(self, i: int, mean: float, kv: float, slope: float, bound: Optional[float],
+                  cold: bool, step: int) -> bool:
         """A window of `mean` seconds over `kv` context tokens replaces key i's estimate where
         the estimate is known to be off: the process's first steps, speculation's warm-up
-        (`cold`: the window is), or a spell ended (the window back within the key's typical
-        level while the estimate stands over it)."""
-        bound = self._high_bound(i, slope, kv)
+        (`cold`: the window is), or a spell ended (the window back within `bound`, the key's
+        typical level, while the estimate stands over it)."""
         back = bound is not None and mean <= bound < _moved(slope, self._est[i],
                                                              self._est_kv[i], kv)
         return self._last[i] < _WARM_STEPS <= step or \
