@@ -74,18 +74,15 @@ class AcceptanceEstimate:
         # latest requests (per request, so one long phase of many steps does not outweigh the
         # requests that came after it). Optimistic until a request is measured.
         self.fresh = k1
-        # Decayed sums over requests' first estimates below and above their centre (count, sum,
-        # sum of squares, squared weights; both sides together are their sums) and over the
-        # variance of one draw within each: how much requests surely differ beyond their
-        # draws' noise, both sides together and each on its own (None until the spread is
-        # trusted: own estimates count whole), and one draw's variance within a request.
-        # Together they weigh a request's own estimate against all requests' (own_weight).
+        # What weighs a request's own estimate against all requests' (own_weight). Requests'
+        # first estimates below and above their centre, decayed: count, sum, sum of squares,
+        # squared weights (both sides together are their sums).
         self._sides = {below: [0.0] * 4 for below in (True, False)}
-        self._within = 0.0
-        self._differ: Optional[float] = None
+        self._within = 0.0                        # decayed sum of each one's draws' variance
+        self._differ: Optional[float] = None      # how far requests surely differ; None: untrusted
         self._centre = 0.0                        # the mean of the first estimates
         self._sides_cache: Optional[tuple[float, float]] = None   # _sides_differ's, until a fold
-        self.draw_var: Optional[float] = None
+        self.draw_var: Optional[float] = None     # one draw's variance within a request
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
         self._rows_of: Optional[np.ndarray] = None

@@ -20,11 +20,8 @@ _CATCH_UP_DECAY = 0.99
 # Below this many tokens per catch-up, a catch-up's fixed cost (one more draft forward) hides
 # its per-token rate: the plain ratio is no rate then.
 _RATIO_MIN_TOKENS = 512
-# Beyond the catch-up sizes seen, a draft token costs at most 1/_RATE_CAP of a prefill token
-# (the target's, with the draft or not) over a catch-up's fixed part: the draft is a small share
-# of the weights. Where that share is known, at most _SHARE_CAP times it (and still no more than
-# 1/_RATE_CAP): the H200's catch-ups of 30k-116k tokens read 0.9-1.2x their share of a prefill
-# token, small ones' scatter fits 10-20x.
+# Beyond the catch-up sizes seen, a draft token costs at most 1/_RATE_CAP of a prefill token,
+# and at most _SHARE_CAP times the draft's share of one where known (docs/design.md, catch-ups).
 _RATE_CAP = 3.0
 _SHARE_CAP = 2.0
 # Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional
 
 from dual_graph_worker.core import nvtx_names as names
-from dual_graph_worker.core.settings import BY_KEY
+from dual_graph_worker.core.settings import BY_KEY, NSYS_NVTX_INJECTION_ENV
 
 NULL_CONTEXT: ContextManager[None] = contextlib.nullcontext()
 _STAGES = frozenset(names.STAGES)
@@ -60,7 +60,7 @@ def _torch_nvtx_backend() -> Optional[tuple[Backend, bool]]:
     except Exception:
         return None
     backend = Backend("torch.cuda.nvtx", tnvtx.range_start, tnvtx.range_end, tnvtx.mark)
-    return backend, bool(os.environ.get("NVTX_INJECTION64_PATH"))
+    return backend, bool(os.environ.get(NSYS_NVTX_INJECTION_ENV))
 
 
 def torch_profiler_running() -> bool:

@@ -23,6 +23,8 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object
 
 CONFIG_FILE_ENV = "DGW_CONFIG"
+# Set by nsys when it injects its NVTX listener; read as-is (a profiler's, not a setting).
+NSYS_NVTX_INJECTION_ENV = "NVTX_INJECTION64_PATH"
 ENV_PREFIX = "DGW_"
 MEASURE = "measure"
 

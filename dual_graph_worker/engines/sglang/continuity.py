@@ -6,7 +6,7 @@ calls them at fixed points of a prefill, a speculative step and a decode step.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -25,11 +25,11 @@ class RoomMade(NamedTuple):
     """What a decode step's preparation did: tensors to keep alive until its kernels ran, and
     the draft tokens a forced catch-up brought up to date first (0: none)."""
 
-    keep_alive: list
+    keep_alive: Sequence[Any]
     caught_up_tokens: int = 0
 
 
-NO_ROOM_NEEDED = RoomMade([])
+NO_ROOM_NEEDED = RoomMade(())
 
 
 class SGLangContinuity(ContinuityStrategy, Protocol):

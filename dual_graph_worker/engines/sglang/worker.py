@@ -14,7 +14,7 @@ import copy
 import logging
 import os
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -467,7 +467,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             batch, aux=out.logits_output.hidden_states, next_token_ids=out.next_token_ids)
         return out
 
-    def _decode_step(self, batch, rows: np.ndarray, room_keep_alive: list, on_publish,
+    def _decode_step(self, batch, rows: np.ndarray, room_keep_alive: Sequence[Any], on_publish,
                      grammar_barrier):
         draft_input = batch.spec_info
         if not isinstance(draft_input, EagleDraftInput) or draft_input.bonus_tokens is None:
@@ -507,7 +507,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             new_seq_lens=layout.new_seq_lens,
             routed_experts_output=target.routed_experts_output,
             indexer_topk_output=target.indexer_topk_output,
-            extra_keep_alive_refs=[forward_batch] + room_keep_alive + draft.keep_alive,
+            extra_keep_alive_refs=[forward_batch, *room_keep_alive, *draft.keep_alive],
         )
 
     @staticmethod
