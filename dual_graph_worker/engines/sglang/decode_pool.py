@@ -59,17 +59,9 @@ def fit_to_server_request_pool(model_runner: Any, sizes: Sequence[int]) -> list[
 
 
 def ensure_shared_logits_rows(model_runner: Any, rows: int) -> int:
-    """Make the process-wide logits buffer hold `rows` rows before any runner captures.
-
-    Every decode-family runner takes its logits rows from one GraphSharedOutput sized at the
-    target's capture as max(spec capture bs) x verify width (model_runner.py:763-767,
-    graph_shared_output.py:28-59), e.g. 64 x 4 = 256 at the default spec cap. A width-1 decode
-    pool with more rows than that (decode max 512 at TP >= 4, or a smaller spec cap) would fail
-    its ``get_logits_buffer`` assertion, and a buffer replaced after the verify capture would
-    strand the verify graphs on the old one. So the singleton is installed here, large enough
-    for both, and ``create_for_model_runner`` then reuses it (it keeps any shared buffer with
-    enough rows). Returns the rows installed.
-    """
+    """Make the process-wide logits buffer hold `rows` rows before any runner captures, and
+    return the rows installed: it is sized for the verify graphs alone, and one replaced after
+    their capture would strand them (docs/sglang-0.5.17.md §3, shared logits buffer)."""
     need = max(int(rows), int(model_runner.max_decode_logits_rows()))
     import torch
 
@@ -126,17 +118,10 @@ class DecodePool:
 
     @contextlib.contextmanager
     def installed(self, model_runner: Any) -> Iterator[None]:
-        """Install this pool in the target ModelRunner's single runner slot for one forward.
-
-        ``ModelRunner._forward_raw`` replays ``decode_cuda_graph_runner`` whenever its
-        ``can_run_graph`` passes and never compares modes (model_runner.py:1526-1562), and a
-        DECODE batch passes the verify runner's check (docs/sglang-0.5.17.md §3); the eager
-        fallback plans on ``model_runner.attn_backend``. So both slots are swapped together, as
-        apply_runtime_state does (eagle_worker_v2.py:1412-1415), and restored in ``finally``
-        before any speculative step reads them (eagle_utils.py:558-567,
-        eagle_worker_common.py:348, 527-534). Whatever is in the slots on entry is what is
-        restored, so a runner SGLang re-captured meanwhile (init_decode_cuda_graph) is kept.
-        """
+        """Install this pool in the target ModelRunner's runner and attention-backend slots
+        for one forward: SGLang replays whatever runner sits there without comparing modes.
+        What was there on entry is restored, a runner SGLang re-captured meanwhile included
+        (docs/sglang-0.5.17.md §3, dispatch)."""
         saved = (model_runner.decode_cuda_graph_runner, model_runner.attn_backend)
         model_runner.decode_cuda_graph_runner = self.runner
         if self.attn_backend is not None:
