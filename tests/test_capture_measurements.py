@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from capture.measurements import (SCHEMA, GpuInfo, GraphMeasurement, Measurements,
-                                  load_measurements, model_fingerprint, save_measurements)
+                                  load_measurements, save_measurements)
 from capture.synthetic import LLAMA3_8B_EAGLE3_SHAPE, synthetic_h200_measurements
 from capture.units import format_bytes, parse_duration, parse_size
+from dual_graph_worker.core.capture_schema import model_fingerprint
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import itertools
 import operator
 import sys
@@ -160,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     sizes = args.bs
     try:
-        import sglang.srt.speculative.eagle_worker_v2  # noqa: F401
+        importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
     except ImportError:
         print("error: SGLang is not importable here; `make setup-test` installs its CPU build",
               file=sys.stderr)
