@@ -113,16 +113,23 @@ def test_forward_seconds_time_every_server_alike_and_table_each_level(tmp_path):
     busy.labels(category="decode", tp_rank="0").inc(2.5)
     busy.labels(category="decode", tp_rank="1").inc(0.5)
     busy.labels(category="extend", tp_rank="0").inc(1.25)
+    passes = Counter("sglang:cuda_graph_passes", "passes", ["mode", "tp_rank"], registry=reg)
+    passes.labels(mode="decode_cuda_graph", tp_rank="0").inc(40)
+    passes.labels(mode="decode_none", tp_rank="0").inc(2)
+    passes.labels(mode="prefill_cuda_graph", tp_rank="0").inc(7)
     page = generate_latest(reg).decode()
     assert sb.counter_by_label(page, "sglang:forward_execution_seconds", "category") == {
         "decode": 3.0, "extend": 1.25}
+    assert sb.decode_steps(page) == 42.0            # prefill passes are no decode steps
     m = {k: 1.0 for k in sb.FIELDS} | {"duration": 4.0, "output_throughput": 100.0}
-    points = [sb.ServePoint("eagle3", 128, m, forward_s={"decode": 2.0, "extend": 1.0}),
+    points = [sb.ServePoint("eagle3", 128, m, forward_s={"decode": 2.0, "extend": 1.0},
+                            decode_steps=50.0),
               sb.ServePoint("dual", 128, m, forward_s={"decode": 2.5})]
     text = sb.report(cfg, points)
-    assert "| engine | C | duration s | decode | extend | busy / duration |" in text
-    assert "| eagle3 | 128 | 4.00 | 2.00 | 1.00 | 0.750 |" in text
-    assert "| dual | 128 | 4.00 | 2.50 | 0.00 | 0.625 |" in text
+    assert ("| engine | C | duration s | decode | extend | busy / duration | decode steps | "
+            "output tokens / step |") in text
+    assert "| eagle3 | 128 | 4.00 | 2.00 | 1.00 | 0.750 | 50 | 8.0 |" in text
+    assert "| dual | 128 | 4.00 | 2.50 | 0.00 | 0.625 | - | - |" in text
     assert "GPU-busy" not in sb.report(cfg, [sb.ServePoint("dual", 128, m)])
 
 

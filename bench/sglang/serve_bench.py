@@ -116,6 +116,7 @@ class ServePoint:
     metrics: dict = field(default_factory=dict)
     dgw: dict = field(default_factory=dict)
     forward_s: dict = field(default_factory=dict)   # the level's GPU-busy seconds by kind
+    decode_steps: Optional[float] = None            # the level's decode steps (a verify is one)
     error: Optional[str] = None
 
 
@@ -213,6 +214,13 @@ def counter_by_label(metrics_text: str, family: str, label: str) -> dict[str, fl
 def forward_seconds(metrics_text: str) -> dict[str, float]:
     """A server's GPU-busy seconds so far by forward kind, from its /metrics page."""
     return counter_by_label(metrics_text, "sglang:forward_execution_seconds", "category")
+
+
+def decode_steps(metrics_text: str) -> float:
+    """A server's decode steps so far, from its /metrics page: SGLang counts each decode
+    result it processes (a speculative verify is one), graph-replayed or not."""
+    passes = counter_by_label(metrics_text, "sglang:cuda_graph_passes", "mode")
+    return sum(v for mode, v in passes.items() if mode.startswith("decode"))
 
 
 def write_dummy_checkpoints(folder: Path) -> tuple[str, str]:
@@ -318,8 +326,7 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
             for c in cfg.concurrency:
                 tag = f"{kind}-c{c}"
                 client_log = cfg.out / f"{tag}.client.log"
-                busy = forward_seconds(_get(f"{cfg.url}/metrics")) if cfg.forward_seconds \
-                    else {}
+                before = _get(f"{cfg.url}/metrics") if cfg.forward_seconds else ""
                 with open(client_log, "w") as log:
                     rc = subprocess.call(client_command(cfg, c, target, raw, tag),
                                          env=clients, stdout=log,
@@ -328,8 +335,10 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
                 page = _get(f"{cfg.url}/metrics")
                 point.dgw = dgw_series(page)
                 if cfg.forward_seconds:
+                    busy = forward_seconds(before)
                     point.forward_s = {k: v - busy.get(k, 0.0)
                                        for k, v in forward_seconds(page).items()}
+                    point.decode_steps = decode_steps(page) - decode_steps(before)
                 if rc != 0 or not point.metrics:
                     point.error = (f"client exited with {rc}: "
                                    f"{last_error(client_log.read_text(errors='replace'))}")
@@ -430,19 +439,25 @@ def report(cfg: ServeBenchConfig, points: list[ServePoint]) -> str:
 
 def busy_table(points: list[ServePoint]) -> list[str]:
     """Each level's GPU-busy seconds by forward kind against its duration (the rest: the
-    host, the client, gaps), where the servers timed their forwards."""
+    host, the client, gaps), where the servers timed their forwards; and its decode steps with
+    the output tokens each brought (fewer, fuller steps, or shorter ones)."""
     timed = [p for p in points if p.forward_s and p.metrics.get("duration")]
     if not timed:
         return []
     kinds = sorted({k for p in timed for k in p.forward_s})
     rows = ["", "GPU-busy seconds per level (SGLANG_ENABLE_METRICS_DEVICE_TIMER, every server):",
-            "", "| engine | C | duration s | " + " | ".join(kinds) + " | busy / duration |",
-            "|---|---|---|" + "---|" * (len(kinds) + 1)]
+            "", "| engine | C | duration s | " + " | ".join(kinds)
+            + " | busy / duration | decode steps | output tokens / step |",
+            "|---|---|---|" + "---|" * (len(kinds) + 3)]
     for p in timed:
         busy = sum(p.forward_s.values())
-        rows.append(f"| {p.engine} | {p.concurrency} | {p.metrics['duration']:.2f} | "
+        duration = p.metrics["duration"]
+        tokens = p.metrics.get("output_throughput", 0.0) * duration
+        steps, per_step = ("-", "-") if not p.decode_steps else \
+            (f"{p.decode_steps:.0f}", f"{tokens / p.decode_steps:.1f}")
+        rows.append(f"| {p.engine} | {p.concurrency} | {duration:.2f} | "
                     + " | ".join(f"{p.forward_s.get(k, 0.0):.2f}" for k in kinds)
-                    + f" | {busy / p.metrics['duration']:.3f} |")
+                    + f" | {busy / duration:.3f} | {steps} | {per_step} |")
     return rows
 
 
