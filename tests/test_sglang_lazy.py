@@ -1256,7 +1256,9 @@ def _decode_fixture(lazy_worker, monkeypatch, lazy):
 
 def test_decode_step_keep_current_is_unchanged(sgl, lazy_worker, monkeypatch):
     w, batch, aux, sync_calls, published = _decode_fixture(lazy_worker, monkeypatch, None)
-    res = w._decode_step(batch, np.array([3, 6]), [], published.append, None)
+    # Keep-current makes no room: its (immutable, shared) empty keep-alive joins the list.
+    res = w._decode_step(batch, np.array([3, 6]), NO_ROOM_NEEDED.keep_alive, published.append,
+                         None)
     assert res.next_draft_input == "kept-current"
     assert res.extra_keep_alive_refs == ["target-forward-batch", "draft-fb"]
     (dw, hidden, sampled, loc), = sync_calls
