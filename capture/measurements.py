@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
+from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import (check_schema, need_field, need_mapping, need_mode,
                                            need_number, read_json, write_json)
-from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 
 SCHEMA = "dgw-capture-measurements/1"

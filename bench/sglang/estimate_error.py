@@ -98,8 +98,7 @@ def read_each(paths: Sequence[str], read: Callable[[dict], T]) -> Optional[dict[
 def exchanged_after(steps: int, sync_every: int) -> bool:
     """Whether the worker exchanges once `steps` step times are in: it exchanges as it plans
     every sync_every-th step, before the step ahead of it is timed (its end is the next
-    launch), so its first exchange holds sync_every - 1 (run 27's live estimates match this
-    phase in 3128 of 3137 decode steps, one step later in 1582)."""
+    launch), so its first exchange holds sync_every - 1."""
     return (steps + 1) % sync_every == 0
 
 
