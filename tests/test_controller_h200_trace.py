@@ -21,7 +21,7 @@ from dual_graph_worker.core.controller import ControllerConfig, GoodputControlle
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
 
-from bench.sglang.estimate_error import controller_for
+from bench.sglang.estimate_error import controller_for, exchanged_after
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = {"s": Mode.SPEC, "d": Mode.DECODE}
@@ -44,14 +44,14 @@ def _controller(run: int) -> GoodputController:
 
 
 def _replay(run: int, with_context: bool, at_step=lambda k, p: None) -> None:
-    """Feed the run's steps in order, an exchange every 8 as the worker does; `at_step(k, p)`
-    sees the controller before step k is observed."""
+    """Feed the run's steps in order, exchanging where the worker does (every 8th plan);
+    `at_step(k, p)` sees the controller before step k is observed."""
     p = _controller(run)
     for k, (mode, pb, seconds, caught, carries, kv) in enumerate(trace(run)["steps"]):
         at_step(k, p)
         p.observe(StepTime(MODE[mode], pb, seconds, caught, bool(carries),
                            kv if with_context else 0))
-        if k % 8 == 7:
+        if exchanged_after(k + 1, 8):
             p.exchange(same_rank)
 
 
@@ -186,7 +186,8 @@ def _replay_http(prior: bool, with_batch_size: bool = True, run: int = 3,
     """Every batch cost of an H200 HTTP run (tests/data/h200_http_fa3_run{3,4}_costs.json.gz,
     made with `python -m bench.sglang.step_costs LOG --trace`) fed in order to a controller
     (with the run's start-up prior or none; `draft_share` for the worker's) that exchanges
-    every 8 steps; yields (controller, step, its context tokens) after each step's cost.
+    where the worker does (exchanged_after); yields (controller, step, its context tokens)
+    after each step's cost.
     Without the batch size, a carry counts whatever the batch did between the two steps."""
     t = json.loads(gzip.open(ROOT / f"tests/data/h200_http_fa3_run{run}_costs.json.gz",
                              "rt").read())
@@ -203,7 +204,7 @@ def _replay_http(prior: bool, with_batch_size: bool = True, run: int = 3,
                            bs if with_batch_size else 0))
         yield p, step, kv
         step += 1
-        if step % 8 == 0:
+        if exchanged_after(step, 8):
             p.exchange(same_rank)
 
 
@@ -213,7 +214,7 @@ def _draft_rates_over_http(with_batch_size: bool, draft_share: Optional[float] =
     speculation with) after each exchange."""
     return [p.catch_up_s_per_token()
             for p, step, _ in _replay_http(False, with_batch_size, draft_share=draft_share)
-            if step and step % 8 == 0]
+            if step and exchanged_after(step, 8)]
 
 
 def test_over_http_a_stall_beside_a_catch_up_does_not_pass_for_the_drafts_rate():
