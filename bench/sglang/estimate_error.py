@@ -29,6 +29,7 @@ from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.planner import exchanges_before
 from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime
 from dual_graph_worker.core.provenance import command_line
 
@@ -96,10 +97,9 @@ def read_each(paths: Sequence[str], read: Callable[[dict], T]) -> Optional[dict[
 
 
 def exchanged_after(steps: int, sync_every: int) -> bool:
-    """Whether the worker exchanges once `steps` step times are in: it exchanges as it plans
-    every sync_every-th step, before the step ahead of it is timed (its end is the next
-    launch), so its first exchange holds sync_every - 1."""
-    return (steps + 1) % sync_every == 0
+    """Whether the worker exchanges once `steps` step times are in: as it makes the plan
+    after them (planner.exchanges_before)."""
+    return exchanges_before(steps + 1, sync_every)
 
 
 def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:

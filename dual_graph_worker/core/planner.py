@@ -18,6 +18,13 @@ from dual_graph_worker.core.policy import (Decision, ModePolicy, PolicyInputs, R
                                            same_rank)
 
 
+def exchanges_before(plan: int, sync_every: int) -> bool:
+    """Whether the planner exchanges as it makes its `plan`-th plan (0-based): every
+    sync_every-th, never the first. The step ahead of it is not timed yet (its end is this
+    launch), so the first exchange holds sync_every - 1 step times."""
+    return plan > 0 and plan % sync_every == 0
+
+
 class StepPlan(NamedTuple):
     """What one decode step will run, decided before anything is launched."""
 
@@ -62,7 +69,7 @@ class StepPlanner:
 
     def plan(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
              kv_tokens: int = 0, spec_fits_kv: bool = True) -> StepPlan:
-        if self.sync_every and self.steps % self.sync_every == 0 and self.steps:
+        if self.sync_every and exchanges_before(self.steps, self.sync_every):
             self.policy.exchange(self.reduce)
         inputs = self.inputs(bs, rows, catch_up_tokens, kv_tokens)
         decision = self.policy.decide(inputs)
