@@ -5,7 +5,7 @@ accepted tokens), so it is applied at once, not at an exchange."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -23,6 +23,15 @@ _KEEP_SQ = (1.0 - _ROW_ALPHA) ** 2
 # its EMA were full: the batch's mean averages out what its requests' differing noise would
 # change, and a per-row weight would cost a Python loop over the batch each step.
 _POOLED_ROWS = 32
+# Rows live in Python lists while batches are small: a step reads and updates at most a few dozen,
+# where numpy's per-call cost outweighs the work. From _ARRAY_ROWS rows a batch they move to numpy
+# arrays, read and updated at once (~2.5x cheaper over 256 rows), and back below _LIST_ROWS; in
+# between they stay where they are, so a batch near one bound does not move them every step.
+_ARRAY_ROWS = 96
+_LIST_ROWS = 48
+_FEW_ROWS = 8                     # rows admitted at once that arrays still take one by one
+Rows = Union[list, np.ndarray]
+_ROW_FIELDS = ("_rows", "_draw_sum", "_draw_sq", "_draws", "_noise", "_admitted_at")
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
@@ -52,23 +61,24 @@ def _first_weight(requests: int) -> float:
 class AcceptanceEstimate:
     """All requests' recent acceptance (decayed sums, an optimistic prior of K+1 of weight 1)
     and, per request-pool row, its request's own: NaN until _FIRST_DRAWS draws are in, then an
-    EMA. Rows live in Python lists: a spec step reads and updates at most a few dozen, where
-    numpy's per-call cost outweighs the work."""
+    EMA. Rows live in lists or in numpy arrays, by the batches' size (_ARRAY_ROWS)."""
 
     def __init__(self, num_draft_tokens: int, max_rows: int) -> None:
         k1 = num_draft_tokens + 1.0
         self._sum, self._weight = k1, 1.0
         self.seen_at = 0                          # the step acceptance was last seen at
-        self._rows: Optional[list[float]] = [math.nan] * max_rows if max_rows else None
-        self._draw_sum = [0.0] * max_rows
-        self._draw_sq = [0.0] * max_rows
-        self._draws = [0] * max_rows
+        # Per row (lists, or arrays while batches are large: _store_for): its request's estimate,
+        # and its first draws' sum, sum of squares and count.
+        self._rows: Optional[Rows] = [math.nan] * max_rows if max_rows else None
+        self._draw_sum: Rows = [0.0] * max_rows
+        self._draw_sq: Rows = [0.0] * max_rows
+        self._draws: Rows = [0] * max_rows
         # Each row estimate's variance in units of one draw's: 1/_FIRST_DRAWS at first, toward
         # 1/_ROW_DRAWS as its EMA fills. A request that decodes keeps its first, noisier one.
-        self._noise = [0.0] * max_rows
+        self._noise: Rows = [0.0] * max_rows
         # The step each row's request was admitted at, and the latest of any: a batch holding
         # one admitted since acceptance was last seen has an acceptance nobody measured.
-        self._admitted_at = [-1] * max_rows
+        self._admitted_at: Rows = [-1] * max_rows
         self._last_admitted = -1
         # What a request not measured yet is expected to accept: the first estimates of the
         # latest requests (per request, so one long phase of many steps does not outweigh the
@@ -87,6 +97,7 @@ class AcceptanceEstimate:
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
         self._rows_of: Optional[np.ndarray] = None
         self._ids: list[int] = []
+        self._arrays = False                      # the rows' state in numpy arrays
 
     @property
     def mean(self) -> float:
@@ -98,10 +109,12 @@ class AcceptanceEstimate:
         toward all requests' recent acceptance as far as requests are seen to differ against
         the noise of the draws it holds (a few unlucky draws must not write a request off);
         what the latest requests first measured for requests not measured yet."""
-        est = self._rows
         every = self._sum / self._weight
-        if rows is None or est is None or not len(rows):
+        if rows is None or self._rows is None or not len(rows):
             return every
+        if (self._arrays or len(rows) >= _ARRAY_ROWS) and self._store_for(len(rows)):
+            return self._expected_of_arrays(rows, every)
+        est = self._rows
         ids = self._ids_of(rows)
         n, fresh = len(ids), self.fresh
         differ, draw, noise = self._differ, self.draw_var, self._noise
@@ -127,6 +140,27 @@ class AcceptanceEstimate:
         known = [v for v in map(est.__getitem__, ids) if v == v]
         own = (1.0 - w) * every * len(known) + w * sum(known)
         return (own + (n - len(known)) * fresh) / n
+
+    def _expected_of_arrays(self, rows: np.ndarray, every: float) -> float:
+        """expected's pooled answer (_ARRAY_ROWS and up: no row weighs apart)."""
+        est = self._rows[rows]
+        known = est[est == est]
+        w, n, k = self.full_weight, len(est), len(known)
+        total = float(known.sum())
+        if k == n:
+            return every + w * (total / n - every)
+        return ((1.0 - w) * every * k + w * total + (n - k) * self.fresh) / n
+
+    def _store_for(self, n: int) -> bool:
+        """Moves the rows' state to arrays or back for a batch of `n` rows (_ARRAY_ROWS); whether
+        it is in arrays."""
+        arrays = n >= (_LIST_ROWS if self._arrays else _ARRAY_ROWS)
+        if arrays != self._arrays:
+            self._arrays = arrays
+            for name in _ROW_FIELDS:
+                v = getattr(self, name)
+                setattr(self, name, np.array(v) if arrays else v.tolist())
+        return arrays
 
     def _ids_of(self, rows: np.ndarray) -> list[int]:
         """`rows` as a list, kept for an array nobody can write: read-only and owning its memory
@@ -155,6 +189,12 @@ class AcceptanceEstimate:
         """A new request holds each of `rows` from `step` on: nothing is known of it."""
         if self._rows is None:
             return
+        if self._arrays and len(rows) > _FEW_ROWS:
+            rows = np.asarray(rows)
+            self._rows[rows], self._draws[rows] = math.nan, 0
+            self._draw_sum[rows] = self._draw_sq[rows] = self._noise[rows] = 0.0
+            self._admitted_at[rows] = step
+            rows = ()
         for row in rows:
             self._rows[row], self._draws[row] = math.nan, 0
             self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
@@ -168,6 +208,8 @@ class AcceptanceEstimate:
             return True
         if self._last_admitted < self.seen_at:      # no request anywhere is that new
             return False
+        if self._arrays:
+            return int(self._admitted_at[rows].max()) >= self.seen_at
         return max(map(self._admitted_at.__getitem__, self._ids_of(rows))) >= self.seen_at
 
     def add(self, accepts: list[float], total: float, rows: Optional[np.ndarray],
@@ -177,28 +219,58 @@ class AcceptanceEstimate:
         self._sum = decay * self._sum + total
         self._weight = decay * self._weight + len(accepts)
         self.seen_at = step
-        est, noise = self._rows, self._noise
-        if rows is None or est is None:
+        if rows is None or self._rows is None:
             return
-        firsts, within = [], []
-        alpha, keep_sq, alpha_sq = _ROW_ALPHA, _KEEP_SQ, _ROW_ALPHA * _ROW_ALPHA
-        for row, accept in zip(self._ids_of(rows), accepts):
-            r = est[row]
-            if r == r:
-                est[row] = r + alpha * (accept - r)
-                noise[row] = keep_sq * noise[row] + alpha_sq
-                continue
-            self._draw_sum[row] += accept
-            self._draw_sq[row] += accept * accept
-            self._draws[row] += 1
-            if self._draws[row] >= _FIRST_DRAWS:
-                mean = est[row] = self._draw_sum[row] / _FIRST_DRAWS
-                noise[row] = 1.0 / _FIRST_DRAWS
-                firsts.append(mean)
-                within.append((self._draw_sq[row] - _FIRST_DRAWS * mean * mean)
-                              / (_FIRST_DRAWS - 1))
+        if (self._arrays or len(accepts) >= _ARRAY_ROWS) and self._store_for(len(accepts)):
+            firsts, within = self._add_to_arrays(accepts, rows)
+        else:
+            firsts, within = [], []
+            est, noise = self._rows, self._noise
+            alpha, keep_sq, alpha_sq = _ROW_ALPHA, _KEEP_SQ, _ROW_ALPHA * _ROW_ALPHA
+            for row, accept in zip(self._ids_of(rows), accepts):
+                r = est[row]
+                if r == r:
+                    est[row] = r + alpha * (accept - r)
+                    noise[row] = keep_sq * noise[row] + alpha_sq
+                    continue
+                self._draw_sum[row] += accept
+                self._draw_sq[row] += accept * accept
+                self._draws[row] += 1
+                if self._draws[row] >= _FIRST_DRAWS:
+                    mean = est[row] = self._draw_sum[row] / _FIRST_DRAWS
+                    noise[row] = 1.0 / _FIRST_DRAWS
+                    firsts.append(mean)
+                    within.append((self._draw_sq[row] - _FIRST_DRAWS * mean * mean)
+                                  / (_FIRST_DRAWS - 1))
         if firsts:
             self._learn_spread(firsts, within)
+
+    def _add_to_arrays(self, accepts: list[float],
+                       rows: np.ndarray) -> tuple[list[float], list[float]]:
+        """add's row updates at once, element by element the arithmetic of its loop; the first
+        estimates started and their draws' variances."""
+        est, noise = self._rows, self._noise
+        accept = np.fromiter(accepts, np.float64, len(accepts))
+        r = est[rows]
+        measured = r == r
+        firsts: list[float] = []
+        within: list[float] = []
+        if not measured.all():
+            new, drawn = rows[~measured], accept[~measured]
+            self._draw_sum[new] += drawn
+            self._draw_sq[new] += drawn * drawn
+            self._draws[new] += 1
+            done = new[self._draws[new] >= _FIRST_DRAWS]
+            if len(done):
+                mean = est[done] = self._draw_sum[done] / _FIRST_DRAWS
+                noise[done] = 1.0 / _FIRST_DRAWS
+                firsts = mean.tolist()
+                within = ((self._draw_sq[done] - _FIRST_DRAWS * mean * mean)
+                          / (_FIRST_DRAWS - 1)).tolist()
+            rows, r, accept = rows[measured], r[measured], accept[measured]
+        est[rows] = r + _ROW_ALPHA * (accept - r)
+        noise[rows] = _KEEP_SQ * noise[rows] + _ROW_ALPHA * _ROW_ALPHA
+        return firsts, within
 
     def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
         """Fold requests' first estimates into the new-request expectation and the spreads:

@@ -1,0 +1,77 @@
+"""AcceptanceEstimate keeps its rows in lists for small batches and in numpy arrays for large ones
+(a host-cost choice): whichever holds them, every estimate it gives is the same."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dual_graph_worker.core import acceptance
+from dual_graph_worker.core.acceptance import AcceptanceEstimate
+
+K = 3
+ROWS = 512
+
+
+def serve(steps: int = 400, seed: int = 5) -> tuple[list[tuple], AcceptanceEstimate, list[bool]]:
+    """A batch that grows past the arrays' bound, shrinks below the lists' and back, with
+    requests finishing and new ones (one at a time and in waves) taking free rows; each step
+    reads the batch's expected acceptance and whether it holds newcomers, then adds one
+    speculative step whose requests accept alike within their kind (easy or hard rows).
+    Returns what was read, the estimate, and whether its rows were in arrays at each step."""
+    rng = np.random.default_rng(seed)
+    est = AcceptanceEstimate(K, ROWS)
+    easy = rng.random(ROWS) < 0.4
+    free = list(range(ROWS))
+    batch: list[int] = []
+    reads, arrays = [], []
+    sizes = [24] * 60 + [160] * 100 + [70] * 40 + [150] * 30 + [30] * 50 + [120] * 120
+    for step, size in enumerate(sizes[:steps]):
+        shrink = set(rng.choice(len(batch), max(len(batch) - size, 0), replace=False).tolist())
+        finished = [r for i, r in enumerate(batch) if i in shrink or rng.random() < 0.02]
+        for r in finished:
+            batch.remove(r)
+            free.append(r)
+        joining = [free.pop(int(rng.integers(len(free)))) for _ in range(size - len(batch))]
+        if joining:
+            est.admit(joining, step)
+            batch += joining
+        rows = np.array(batch)
+        reads.append((est.expected(rows), est.newcomers(rows), est.mean, est.fresh))
+        draws = np.where(easy[rows], rng.choice([3.0, 4.0], len(rows)),
+                         rng.choice([1.0, 2.0], len(rows)))
+        est.add(draws.tolist(), float(draws.sum()), rows, step)
+        arrays.append(est._arrays)
+    return reads, est, arrays
+
+
+def test_large_batches_keep_their_rows_in_arrays_and_every_estimate_is_the_lists(monkeypatch):
+    reads, est, arrays = serve()
+    # The run moved its rows to arrays (160 rows; a wave of 80 joins them there at 150), back
+    # to lists (30), and to arrays again.
+    assert arrays[100] and not arrays[250] and arrays[-1]
+    monkeypatch.setattr(acceptance, "_ARRAY_ROWS", ROWS + 1)
+    lists_reads, lists_est, lists_arrays = serve()
+    assert not any(lists_arrays)
+    for step, (got, want) in enumerate(zip(reads, lists_reads)):
+        assert got[0] == pytest.approx(want[0], rel=1e-12), step
+        assert got[1:] == want[1:], step
+    assert est.estimates() == lists_est.estimates()
+    assert est.draw_var == lists_est.draw_var
+    for name in acceptance._ROW_FIELDS:
+        kept, listed = np.asarray(getattr(est, name)), np.asarray(getattr(lists_est, name))
+        np.testing.assert_array_equal(kept, listed, err_msg=name)
+
+
+def test_a_batch_near_a_bound_does_not_move_the_rows_every_step():
+    est = AcceptanceEstimate(K, ROWS)
+    est.admit(list(range(128)), 0)
+    moves = 0
+    for step, size in enumerate([100, 60, 90, 50, 95, 48] * 4):
+        before = est._arrays
+        rows = np.arange(size)
+        est.add([2.0] * size, 2.0 * size, rows, step)
+        moves += est._arrays != before
+    assert moves == 1                           # into arrays at 100; 48-95 keep them there
+    est.add([2.0] * 47, 94.0, np.arange(47), 99)
+    assert not est._arrays
