@@ -25,10 +25,12 @@ def serve(steps: int = 400, seed: int = 5) -> tuple[list[tuple], AcceptanceEstim
     free = list(range(ROWS))
     batch: list[int] = []
     reads, arrays = [], []
-    sizes = [24] * 60 + [160] * 100 + [70] * 40 + [150] * 30 + [30] * 50 + [120] * 120
-    for step, size in enumerate(sizes[:steps]):
+    # (rows, share of requests finishing each step): 150 rows hold steady, every request measured.
+    phases = [(24, 0.02)] * 60 + [(160, 0.02)] * 100 + [(70, 0.02)] * 40 + [(150, 0.0)] * 30 \
+        + [(30, 0.02)] * 50 + [(120, 0.02)] * 120
+    for step, (size, turnover) in enumerate(phases[:steps]):
         shrink = set(rng.choice(len(batch), max(len(batch) - size, 0), replace=False).tolist())
-        finished = [r for i, r in enumerate(batch) if i in shrink or rng.random() < 0.02]
+        finished = [r for i, r in enumerate(batch) if i in shrink or rng.random() < turnover]
         for r in finished:
             batch.remove(r)
             free.append(r)

@@ -144,11 +144,12 @@ class AcceptanceEstimate:
     def _expected_of_arrays(self, rows: np.ndarray, every: float) -> float:
         """expected's pooled answer (_ARRAY_ROWS and up: no row weighs apart)."""
         est = self._rows[rows]
-        known = est[est == est]
-        w, n, k = self.full_weight, len(est), len(known)
-        total = float(known.sum())
-        if k == n:
+        w, n = self.full_weight, len(est)
+        total = float(est.sum())
+        if total == total:                               # every request measured (no NaN)
             return every + w * (total / n - every)
+        known = est[est == est]
+        k, total = len(known), float(known.sum())
         return ((1.0 - w) * every * k + w * total + (n - k) * self.fresh) / n
 
     def _store_for(self, n: int) -> bool:
