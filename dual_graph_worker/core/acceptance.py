@@ -28,7 +28,7 @@ _POOLED_ROWS = 32
 # arrays, read and updated at once (~2.5x cheaper over 256 rows), and back below _LIST_ROWS; in
 # between they stay where they are, so a batch near one bound does not move them every step.
 _ARRAY_ROWS = 96
-_LIST_ROWS = 48
+_LIST_ROWS = 48                   # above _POOLED_ROWS: no batch in arrays weighs a row apart
 _FEW_ROWS = 8                     # rows admitted at once that arrays still take one by one
 Rows = Union[list, np.ndarray]
 _ROW_FIELDS = ("_rows", "_draw_sum", "_draw_sq", "_draws", "_noise", "_admitted_at")
@@ -142,7 +142,7 @@ class AcceptanceEstimate:
         return (own + (n - len(known)) * fresh) / n
 
     def _expected_of_arrays(self, rows: np.ndarray, every: float) -> float:
-        """expected's pooled answer (_ARRAY_ROWS and up: no row weighs apart)."""
+        """expected's pooled answer: arrays hold batches of _LIST_ROWS and up, all pooled."""
         est = self._rows[rows]
         w, n = self.full_weight, len(est)
         total = float(est.sum())
