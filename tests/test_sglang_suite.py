@@ -696,21 +696,46 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
     assert step_costs.main([str(tmp_path / "steps.jsonl"), "--cells",
                             str(tmp_path / "dual.json")]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| a3 ")]
+    # The decoding cell's one spec step (30 ms for a token a request) over a 5 ms decode step.
     assert rows == [
-        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | - | 0.000 | - |",
+        "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | - | 0.000 | - "
+        "| - |",
         "| a3 256x256 C=16 | 2000 | 2.00 | decode/goodput 3, spec/goodput 1 | d16 5.00 (3) "
-        "| - | 1, 512, 30.0 | 0.250 | - |"]
+        "| - | 1, 512, 30.0 | 0.250 | - | 25 (1.2%) |"]
     # With SGLang's launch times: each cell's spec steps over their size's median in the log.
     log = [{"step": i, "t": t, "mode": "spec", "padded_bs": 16, "reason": "goodput",
             "launch_us": us} for i, (t, us) in enumerate(
                 [(10.1, 4000.0), (10.2, 4000.0), (20.4, 6000.0), (20.5, 2000.0), (20.6, 5000.0)])]
-    assert step_costs.cell_report(log, engine).splitlines()[2].endswith("| 1.00 |")
-    assert step_costs.cell_report(log, engine).splitlines()[3].endswith("| 1.25 |")
+    assert step_costs.cell_report(log, engine).splitlines()[2].endswith("| 1.00 | - |")
+    assert step_costs.cell_report(log, engine).splitlines()[3].endswith("| 1.25 | - |")
     # Each mode's ms per output token from the cell's own steps, spec at the forced length.
     own = {"s16": [0.021, 0.020, 0.022], "d16": [0.005] * 3, "d8": [0.004] * 2}
     assert step_costs.own_choice(own, 16, 3.0) == "0.438 / 0.312: d"
     assert step_costs.own_choice(own, 16, 4.5) == "0.292 / 0.312: s"
     assert step_costs.own_choice(own, 16, None) == "-"
+
+
+def test_speculation_over_decoding_prices_a_decoding_cells_re_measurement():
+    """Its spec steps and the decode step that held the switch into them, less the decode steps
+    their tokens stand for; nothing where the cell mostly speculated."""
+    from bench.sglang.step_costs import speculation_over_decoding
+
+    def step(mode: str, bs: int, tokens: int) -> dict:
+        return {"step": 0, "mode": mode, "bs": bs, "padded_bs": bs, "tokens": tokens}
+
+    def cost(mode: str, seconds: float, carries: bool = False) -> dict:
+        return {"kind": "StepTime", "mode": mode, "padded_bs": 16, "seconds": seconds,
+                "carries_next": carries, "catch_up_tokens": 0}
+
+    inside = [step("decode", 16, 16)] * 6 + [step("spec", 16, 24), step("spec", 16, 32)] + [
+        cost("decode", 0.010), cost("decode", 0.010), cost("decode", 0.011),
+        cost("decode", 0.040, carries=True), cost("spec", 0.020), cost("spec", 0.020),
+        cost("decode", 0.010, carries=True), cost("decode", 0.010)]
+    # 0.040 + 2 x 0.020 spent; one carrier (0.010) and 1.5 + 2 tokens a request (0.035) stand
+    # for them. The last carrier held no switch into speculation (a prefill's launch): not its.
+    assert speculation_over_decoding(inside) == pytest.approx(0.080 - 0.045)
+    assert speculation_over_decoding([step("spec", 16, 48)] * 2 + inside[6:]) is None
+    assert speculation_over_decoding(inside[:8] + inside[11:-1]) is None   # no clean decode step
 
 
 def test_step_costs_report_the_workers_host_time_per_step_and_slow_log_writes():

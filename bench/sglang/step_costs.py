@@ -5,7 +5,8 @@ apart: whether steps near a switch cost more than the steady ones, and by how mu
 each run, against its own steady steps). With
 --cells (an engine's JSON from the policy matrix, whose points carry their wall-clock window):
 per cell, the steps by mode and reason, median step ms per (mode, padded bs), catch-ups and
-prefill seconds: where a cell's time went. The controller's cost terms, where the log has them
+prefill seconds, and in a cell that mostly decoded what speculating cost beyond decoding the
+same tokens (a re-measurement's whole price): where a cell's time went. The controller's cost terms, where the log has them
 ("estimates" lines, every 64 steps), follow as a table over time; with --host-speed, the spec
 steps over time beside the host's speed. With --trace, the log's batch
 costs in order as the replay trace tests/test_controller_h200_trace.py reads.
@@ -122,14 +123,43 @@ def launch_medians(log: list[dict]) -> dict[tuple[str, int], float]:
     return {k: statistics.median(v) for k, v in launches.items()}
 
 
+def speculation_over_decoding(inside: list[dict]) -> Optional[float]:
+    """Seconds a cell that mostly decoded spent speculating beyond decoding the same tokens: its
+    spec steps, and the decode steps that held a switch into speculation (a catch-up's launch),
+    less the decode steps they stand for (a spec step: its tokens a request) at the cell's
+    median clean decode step of their size (of any size where theirs has under 3). None where
+    the cell mostly speculated or has no clean decode step: a re-measurement's whole price."""
+    records = [e for e in inside if "step" in e]
+    times = [e for e in inside if e.get("kind") == "StepTime"]
+    clean: dict[int, list[float]] = defaultdict(list)
+    for e in times:
+        if e["mode"] == "decode" and not e.get("carries_next") and not e.get("catch_up_tokens"):
+            clean[e["padded_bs"]].append(e["seconds"])
+    spec = [e for e in records if e["mode"] == "spec"]
+    if not clean or 2 * len(spec) >= len(records):
+        return None
+    every = statistics.median(v for vs in clean.values() for v in vs)
+    step = {bs: statistics.median(v) if len(v) >= 3 else every for bs, v in clean.items()}
+    spent = replaced = 0.0
+    for e, nxt in zip(times, times[1:] + [None]):
+        if e["mode"] == "spec":
+            spent += e["seconds"]
+        elif e.get("carries_next") and nxt is not None and nxt["mode"] == "spec":
+            spent += e["seconds"]
+            replaced += step.get(e["padded_bs"], every)
+    for e in spec:
+        replaced += e["tokens"] / e["bs"] * step.get(e["padded_bs"], every)
+    return spent - replaced
+
+
 def cell_report(log: list[dict], engine: dict) -> str:
     """One row per cell from the step log's lines (step records and events). How fast its
     spec steps' host work ran: the median of their launch times over their sizes' medians in
     the whole log (at small batches a spec step is mostly that host time)."""
     lines = ["| cell | tok/s | wall s | steps by mode/reason | median step ms (n) by mode+bs | "
              "own ms/token, spec / decode: faster | catch-ups: n, tokens, ms | prefill s | "
-             "spec launch / its size's median |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "spec launch / its size's median | speculation over decoding, ms (share) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     typical = launch_medians(log)
     for label, p, accept in cells(engine):
         inside = [e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]]
@@ -155,11 +185,14 @@ def cell_report(log: list[dict], engine: dict) -> str:
         prefill = sum(e["seconds"] for e in costs if e["kind"] == "PrefillTime")
         up = (f"{len(ups)}, {sum(t for t, _ in ups)}, {1e3 * sum(s for _, s in ups):.1f}"
               if ups else "-")
+        over = speculation_over_decoding(inside)
+        wall = p.get("seconds_total") or p["seconds"]
         lines.append(f"| {label} | {p['tok_s']:.0f} | {p['seconds']:.2f} | "
                      + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
                      + f" | {med} | {own_choice(steps, p['concurrency'], accept)} | {up} | "
                      f"{prefill:.3f} | "
-                     + (f"{statistics.median(slowdown):.2f} |" if slowdown else "- |"))
+                     + (f"{statistics.median(slowdown):.2f} |" if slowdown else "- |")
+                     + (f" {1e3 * over:.0f} ({over / wall:.1%}) |" if over is not None else " - |"))
     return "\n".join(lines) + "\n"
 
 
