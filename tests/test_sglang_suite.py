@@ -724,18 +724,25 @@ def test_speculation_over_decoding_prices_a_decoding_cells_re_measurement():
         return {"step": 0, "mode": mode, "bs": bs, "padded_bs": bs, "tokens": tokens}
 
     def cost(mode: str, seconds: float, carries: bool = False) -> dict:
-        return {"kind": "StepTime", "mode": mode, "padded_bs": 16, "seconds": seconds,
+        return {"event": "cost", "kind": "StepTime", "mode": mode, "padded_bs": 16,
+                "seconds": seconds,
                 "carries_next": carries, "catch_up_tokens": 0}
 
+    prefill = {"event": "cost", "kind": "PrefillTime", "tokens": 64, "seconds": 0.2}
     inside = [step("decode", 16, 16)] * 6 + [step("spec", 16, 24), step("spec", 16, 32)] + [
         cost("decode", 0.010), cost("decode", 0.010), cost("decode", 0.011),
         cost("decode", 0.040, carries=True), cost("spec", 0.020), cost("spec", 0.020),
-        cost("decode", 0.010, carries=True), cost("decode", 0.010)]
-    # 0.040 + 2 x 0.020 spent; one carrier (0.010) and 1.5 + 2 tokens a request (0.035) stand
-    # for them. The last carrier held no switch into speculation (a prefill's launch): not its.
-    assert speculation_over_decoding(inside) == pytest.approx(0.080 - 0.045)
+        cost("decode", 0.010, carries=True), prefill, cost("spec", 0.020),
+        cost("decode", 0.010)]
+    # 0.040 + 3 x 0.020 spent; one carrier (0.010) and 1.5 + 2 tokens a request (0.035) stand
+    # for them. The last carrier held a prefill's launch, not a switch into speculation.
+    assert speculation_over_decoding(inside) == pytest.approx(0.100 - 0.045)
     assert speculation_over_decoding([step("spec", 16, 48)] * 2 + inside[6:]) is None
     assert speculation_over_decoding(inside[:8] + inside[11:-1]) is None   # no clean decode step
+    # A spec step's tokens stand for steps of the decode size its batch ran at (here 16, where
+    # spec padded to 24).
+    padded = [dict(e, padded_bs=24) if e.get("mode") == "spec" else e for e in inside]
+    assert speculation_over_decoding(padded) == pytest.approx(0.100 - 0.045)
 
 
 def test_step_costs_report_the_workers_host_time_per_step_and_slow_log_writes():

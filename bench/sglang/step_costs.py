@@ -124,31 +124,37 @@ def launch_medians(log: list[dict]) -> dict[tuple[str, int], float]:
 
 
 def speculation_over_decoding(inside: list[dict]) -> Optional[float]:
-    """Seconds a cell that mostly decoded spent speculating beyond decoding the same tokens: its
-    spec steps, and the decode steps that held a switch into speculation (a catch-up's launch),
-    less the decode steps they stand for (a spec step: its tokens a request) at the cell's
-    median clean decode step of their size (of any size where theirs has under 3). None where
-    the cell mostly speculated or has no clean decode step: a re-measurement's whole price."""
+    """Seconds a cell that mostly decoded spent speculating beyond decoding the same tokens, over
+    all its runs: its spec steps, and the decode steps that held a switch into speculation (the
+    next batch cost being a spec step's: a catch-up's launch, not a prefill's), less the decode
+    steps they stand for (a spec step: its tokens a request, at the decode size its batch ran
+    at) at the cell's median clean decode step of that size (of any size where it has under 3).
+    None where the cell mostly speculated or has no clean decode step: a re-measurement's whole
+    price."""
     records = [e for e in inside if "step" in e]
-    times = [e for e in inside if e.get("kind") == "StepTime"]
+    costs = [e for e in inside if e.get("event") == "cost"]
     clean: dict[int, list[float]] = defaultdict(list)
-    for e in times:
-        if e["mode"] == "decode" and not e.get("carries_next") and not e.get("catch_up_tokens"):
+    for e in costs:
+        if e["kind"] == "StepTime" and e["mode"] == "decode" and not e.get("carries_next") \
+                and not e.get("catch_up_tokens"):
             clean[e["padded_bs"]].append(e["seconds"])
-    spec = [e for e in records if e["mode"] == "spec"]
+    spec = [e for e in records if e["mode"] == "spec" and e.get("bs")]
     if not clean or 2 * len(spec) >= len(records):
         return None
     every = statistics.median(v for vs in clean.values() for v in vs)
     step = {bs: statistics.median(v) if len(v) >= 3 else every for bs, v in clean.items()}
+    decode_at = {e.get("bs"): e["padded_bs"] for e in records if e["mode"] == "decode"}
     spent = replaced = 0.0
-    for e, nxt in zip(times, times[1:] + [None]):
+    for e, nxt in zip(costs, costs[1:] + [{}]):
+        if e["kind"] != "StepTime":
+            continue
         if e["mode"] == "spec":
             spent += e["seconds"]
-        elif e.get("carries_next") and nxt is not None and nxt["mode"] == "spec":
+        elif e.get("carries_next") and nxt.get("kind") == "StepTime" and nxt["mode"] == "spec":
             spent += e["seconds"]
             replaced += step.get(e["padded_bs"], every)
     for e in spec:
-        replaced += e["tokens"] / e["bs"] * step.get(e["padded_bs"], every)
+        replaced += e["tokens"] / e["bs"] * step.get(decode_at.get(e["bs"]), every)
     return spent - replaced
 
 
@@ -158,7 +164,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
     the whole log (at small batches a spec step is mostly that host time)."""
     lines = ["| cell | tok/s | wall s | steps by mode/reason | median step ms (n) by mode+bs | "
              "own ms/token, spec / decode: faster | catch-ups: n, tokens, ms | prefill s | "
-             "spec launch / its size's median | speculation over decoding, ms (share) |",
+             "spec launch / its size's median | speculation over decoding: ms over the runs "
+             "(share of their seconds) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     typical = launch_medians(log)
     for label, p, accept in cells(engine):
@@ -192,7 +199,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
                      + f" | {med} | {own_choice(steps, p['concurrency'], accept)} | {up} | "
                      f"{prefill:.3f} | "
                      + (f"{statistics.median(slowdown):.2f} |" if slowdown else "- |")
-                     + (f" {1e3 * over:.0f} ({over / wall:.1%}) |" if over is not None else " - |"))
+                     + (" - |" if over is None else f" {1e3 * over:.0f}"
+                        + (f" ({over / wall:.1%}) |" if wall else " |")))
     return "\n".join(lines) + "\n"
 
 

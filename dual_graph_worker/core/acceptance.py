@@ -26,9 +26,11 @@ _POOLED_ROWS = 32
 # Rows live in Python lists while batches are small: a step reads and updates at most a few dozen,
 # where numpy's per-call cost outweighs the work. From _ARRAY_ROWS rows a batch they move to numpy
 # arrays, read and updated at once (~2.5x cheaper over 256 rows), and back below _LIST_ROWS; in
-# between they stay where they are, so a batch near one bound does not move them every step.
+# between they stay where they are, so a batch near one bound does not move them every step (a
+# move converts every row of the pool: ~50 us at 512 rows).
 _ARRAY_ROWS = 96
-_LIST_ROWS = 48                   # above _POOLED_ROWS: no batch in arrays weighs a row apart
+_LIST_ROWS = 48
+assert _POOLED_ROWS <= _LIST_ROWS <= _ARRAY_ROWS      # no batch in arrays weighs a row apart
 _FEW_ROWS = 8                     # rows admitted at once that arrays still take one by one
 Rows = Union[list, np.ndarray]
 _ROW_FIELDS = ("_rows", "_draw_sum", "_draw_sq", "_draws", "_noise", "_admitted_at")
