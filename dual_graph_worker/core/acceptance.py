@@ -135,24 +135,29 @@ class AcceptanceEstimate:
                     d = below if e < centre else above
                     total += every + d * (e - every) / (d + draw * noise[i])
                 return total / n
-        w = self.full_weight
         total = sum(map(est.__getitem__, ids))
         if total == total:                               # every request measured (no NaN)
-            return every + w * (total / n - every)
+            return self._pooled(every, total, n, n)
         known = [v for v in map(est.__getitem__, ids) if v == v]
-        own = (1.0 - w) * every * len(known) + w * sum(known)
-        return (own + (n - len(known)) * fresh) / n
+        return self._pooled(every, sum(known), len(known), n)
 
     def _expected_of_arrays(self, rows: np.ndarray, every: float) -> float:
         """expected's pooled answer: arrays hold batches of _LIST_ROWS and up, all pooled."""
         est = self._rows[rows]
-        w, n = self.full_weight, len(est)
+        n = len(est)
         total = float(est.sum())
         if total == total:                               # every request measured (no NaN)
-            return every + w * (total / n - every)
+            return self._pooled(every, total, n, n)
         known = est[est == est]
-        k, total = len(known), float(known.sum())
-        return ((1.0 - w) * every * k + w * total + (n - k) * self.fresh) / n
+        return self._pooled(every, float(known.sum()), len(known), n)
+
+    def _pooled(self, every: float, total: float, known: int, n: int) -> float:
+        """A batch of `n` rows where each of the `known` measured ones (their estimates' sum
+        `total`) weighs alike, pulled toward `every`; the rest at what a new request accepts."""
+        w = self.full_weight
+        if known == n:
+            return every + w * (total / n - every)
+        return ((1.0 - w) * every * known + w * total + (n - known) * self.fresh) / n
 
     def _store_for(self, n: int) -> bool:
         """Moves the rows' state to arrays or back for a batch of `n` rows (_ARRAY_ROWS); whether
@@ -193,15 +198,15 @@ class AcceptanceEstimate:
         if self._rows is None:
             return
         if self._arrays and len(rows) > _FEW_ROWS:
-            rows = np.asarray(rows)
-            self._rows[rows], self._draws[rows] = math.nan, 0
-            self._draw_sum[rows] = self._draw_sq[rows] = self._noise[rows] = 0.0
-            self._admitted_at[rows] = step
-            rows = ()
-        for row in rows:
-            self._rows[row], self._draws[row] = math.nan, 0
-            self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
-            self._admitted_at[row] = step
+            idx = np.asarray(rows)
+            self._rows[idx], self._draws[idx] = math.nan, 0
+            self._draw_sum[idx] = self._draw_sq[idx] = self._noise[idx] = 0.0
+            self._admitted_at[idx] = step
+        else:
+            for row in rows:
+                self._rows[row], self._draws[row] = math.nan, 0
+                self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
+                self._admitted_at[row] = step
         self._last_admitted = step
 
     def newcomers(self, rows: Optional[np.ndarray]) -> bool:
