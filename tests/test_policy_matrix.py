@@ -310,6 +310,36 @@ def test_latest_rates_a_cell_measured_again_by_its_last_call_alone(tmp_path, cap
     assert not (tmp_path / "bad").exists()
 
 
+def test_swap_rates_another_pass_of_one_engine_against_the_parts_others(tmp_path, capsys):
+    """merge_matrix --swap ENGINE=DIR: engines run in turn, one call each, and one of them ran
+    again; its second pass is rated against the first matrix's other engines, and the note
+    says where it came from. One line, nothing written, for a folder without that engine, one
+    measured otherwise, several parts or a name that is no engine."""
+    from bench.sglang import merge_matrix as mm
+
+    first = _matrix(tmp_path, "m1", [rec("plain", None, 8, 1000.0), rec("eagle3", 2.0, 8, 900.0),
+                                     rec("dual", 2.0, 8, 990.0)])
+    again = _matrix(tmp_path, "m2", [rec("dual", 2.0, 8, 950.0)])
+    eagle = _matrix(tmp_path, "m3", [rec("eagle3", 2.0, 8, 1100.0)])
+    out = tmp_path / "m"
+    assert mm.main(["--out", str(out), "--swap", f"dual={again}", first]) == 0
+    merged = json.loads((out / "policy-matrix.json").read_text())
+    assert [(c["dual"], c["ratio"]) for c in merged["cells"]] == [(950.0, 0.95)]
+    assert "dual from m2" in merged["note"] and len(merged["records"]) == 3
+    assert mm.main(["--out", str(tmp_path / "both"), "--swap", f"dual={again}",
+                    "--swap", f"eagle3={eagle}", first]) == 0
+    merged = json.loads((tmp_path / "both" / "policy-matrix.json").read_text())
+    assert [(c["eagle3"], c["ratio"]) for c in merged["cells"]] == [(1100.0, 0.8636)]
+    other = _matrix(tmp_path, "o", [rec("dual", 2.0, 8, 1.0)], {"attention_backend": "triton"})
+    capsys.readouterr()
+    for args in (["--swap", f"plain={again}", first], ["--swap", f"dual={other}", first],
+                 ["--swap", f"dual={again}", first, eagle], ["--swap", f"draft={again}", first]):
+        assert mm.main(["--out", str(tmp_path / "bad"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 4 and "no plain records" in err and "other settings" in err
+    assert not (tmp_path / "bad").exists()
+
+
 def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):
     """merge_matrix --processes: every call is one process of each engine, as policy_matrix
     --processes runs them; a cell measured by several calls reads each engine's median."""

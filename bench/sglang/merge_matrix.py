@@ -10,7 +10,12 @@ With --latest a worker cell measured by several calls is rated by the last of th
 order given) alone: its EAGLE-3 and plain records at that cell from earlier calls are dropped,
 so a matrix can be brought up to date cell by cell after the worker changed.
 
-    python -m bench.sglang.merge_matrix --out DIR [--processes | --latest] IN_DIR IN_DIR ...
+With --swap ENGINE=DIR (one part) one engine's records come from DIR, another pass of that
+engine on the same machine with the same settings (engines run in turn, one call each): a matrix
+of the part's other engines and that pass.
+
+    python -m bench.sglang.merge_matrix --out DIR [--processes | --latest]
+                                        [--swap ENGINE=DIR ...] IN_DIR IN_DIR ...
 """
 
 from __future__ import annotations
@@ -201,6 +206,26 @@ def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:
     return calls
 
 
+def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, dict]:
+    """`part` with each (engine, folder) of `swaps` giving that engine's records: those of the
+    pass in the folder (read_part), which must have been measured as the part was; the note
+    names the passes."""
+    base, matrix = part
+    records, note = matrix["records"], matrix["note"]
+    for engine, folder in swaps:
+        name, other = read_part(folder)
+        mine = [r for r in other["records"] if r["engine"] == engine and "from" not in r]
+        if not mine:
+            raise ConfigError(f"--swap {engine}={folder}: its matrix holds no {engine} records; "
+                              "name the folder of that engine's pass")
+        if _servers(other) != _servers(matrix) or _servers_note(other) != _servers_note(matrix):
+            raise ConfigError(f"--swap {engine}={folder}: measured with other settings than "
+                              f"{base}")
+        records = [r for r in records if r["engine"] != engine] + mine
+        note += f"; {engine} from {name}"
+    return base, matrix | {"records": records, "note": note}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.sglang.merge_matrix", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,6 +236,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--latest", action="store_true",
                     help="a worker cell several calls measured is rated by the last of them "
                          "(in the order given); the earlier calls' records there are dropped")
+    ap.add_argument("--swap", action="append", default=[], metavar="ENGINE=DIR",
+                    help="ENGINE's records from DIR's matrix (another pass of it), not the parts'")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
     if args.processes and args.latest:
@@ -219,6 +246,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     try:
         parts = [read_part(p) for p in args.parts]
+        if args.swap and len(parts) > 1:
+            raise ConfigError("--swap takes one part: a pass's cells would be rated against "
+                              "several calls' baselines")
+        swaps = [swap.partition("=") for swap in args.swap]
+        for engine, sep, folder in swaps:
+            if not sep or engine not in ("dual", "eagle3", "plain"):
+                raise ConfigError(f"--swap {engine}{sep}{folder}: expected ENGINE=DIR with "
+                                  "ENGINE dual, eagle3 or plain")
+        if swaps:
+            parts = [swapped(parts[0], [(engine, folder) for engine, _, folder in swaps])]
         matrix = merge(parts, args.processes, args.latest)
     except ValueError as err:          # ConfigError is one
         print(f"error: {err}", file=sys.stderr)
