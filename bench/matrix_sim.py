@@ -1,0 +1,181 @@
+"""SIMULATED: the policy matrix's cells served in turn by one goodput controller, as one worker
+process serves them in `bench.sglang.policy_matrix` (accept lengths in turn; each workload's
+levels ascending; a cell is one wave of C requests, prefilled in 8192-token chunks), against the
+same simulated server pinned to speculation (EAGLE-3) and to decode (plain), each cell alone.
+Step times are lines through H100 run 8's median steps (results/sglang/policy-matrix-h100-run8/
+step-costs.md) with the context's cost per token, times seeded noise; prefill, the draft's
+prefill and catch-up at that run's measured rates; accept lengths forced, error-diffused per
+step for the whole batch (as SGLANG_SIMULATE_ACC_LEN). It shows where the controller's choices
+and re-measurements cost against the better pinned mode; the GPU decides what a server does.
+
+    python -m bench.matrix_sim [--accept 1.5,2,3,3.5] [--seed 0] [--noise 0.02]
+                               [--out out/matrix-sim.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from bench.capture_lists import DECODE_BS, SPEC_BS
+from bench.sglang.matrix_records import Workload
+from bench.sglang.matrix_report import heatmap
+from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from dual_graph_worker.core.calibration import CalibrationTable
+from dual_graph_worker.core.controller import ControllerConfig, GoodputController
+from dual_graph_worker.core.dispatch import DispatchTable
+from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.planner import StepPlanner
+from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accepted
+from dual_graph_worker.core.settings import Settings
+from dual_graph_worker.core.simple_policies import PinnedPolicy
+
+K = 3
+# H100 run 8's median step ms per padded batch size at 256x256's mean context (384 a request).
+STEP_MS = {Mode.SPEC: {1: 8.37, 4: 8.57, 8: 8.76, 16: 9.07, 32: 10.06, 48: 11.30, 64: 12.23,
+                       128: 20.50, 256: 35.17},
+           Mode.DECODE: {1: 6.22, 4: 6.39, 8: 6.51, 16: 6.98, 32: 7.18, 48: 7.47, 64: 8.03,
+                         128: 9.82, 256: 13.33}}
+CONTEXT_S_PER_TOKEN = 40e-9          # both modes, from its 64x1024 and 2048x64 cells
+MEAN_CONTEXT = 384
+PREFILL_S_PER_TOKEN = 24e-6          # its 8192-token prefills
+DRAFT_S_PER_TOKEN = 0.9e-6           # the draft's prefill and catch-up
+CATCH_UP_FIXED_S = 1e-3
+PREFILL_CHUNK = 8192
+PRIOR_SCALE = {Mode.SPEC: 0.7, Mode.DECODE: 0.75}     # start-up replays miss host work
+WORKLOADS = (Workload(256, 256, (1, 4, 8, 16, 32, 48, 64, 128, 256)),
+             Workload(64, 1024, (1, 32, 128)), Workload(2048, 64, (1, 16, 64)))
+
+
+def step_seconds(mode: Mode, padded_bs: int, kv_tokens: int) -> float:
+    sizes = sorted(STEP_MS[mode])
+    base = float(np.interp(padded_bs, sizes, [STEP_MS[mode][b] for b in sizes])) / 1e3
+    return max(base + CONTEXT_S_PER_TOKEN * (kv_tokens - MEAN_CONTEXT * padded_bs), base / 2)
+
+
+@dataclass
+class Server:
+    """One engine process: its planner, its acceptance's error diffusion and its noise."""
+    planner: StepPlanner
+    rng: np.random.Generator
+    noise: float
+    owed: float = 0.0
+
+    def accept_len(self, accept: float) -> int:
+        """The whole batch's accept length this step: the running mean stays at `accept`."""
+        self.owed += accept
+        n = int(self.owed)
+        self.owed -= n
+        return n
+
+    def serve(self, accept: float, input_len: int, output_len: int, c: int) -> tuple[int, float]:
+        """One wave of `c` requests: (tokens, seconds)."""
+        policy, tokens, seconds = self.planner.policy, 0, 0.0
+        live = np.zeros(c, bool)
+        generated, behind = np.zeros(c, int), np.zeros(c, int)
+        waiting, mode = c, None
+        while waiting or live.any():
+            if waiting:
+                new = np.flatnonzero(~live)[:min(waiting, max(PREFILL_CHUNK // input_len, 1))]
+                live[new], generated[new] = True, 0
+                waiting -= len(new)
+                prompt = len(new) * input_len
+                # The draft prefills the prompts now where the server speculates; the worker in
+                # decode mode defers it (lazy catch-up: a backlog of the prompts).
+                draft = not isinstance(policy, GoodputController) or mode is Mode.SPEC
+                behind[new] = 0 if draft else input_len
+                took = prompt * (PREFILL_S_PER_TOKEN + (DRAFT_S_PER_TOKEN if draft else 0.0))
+                policy.observe(Admitted(prompt, new))
+                policy.observe(PrefillTime(prompt, took, draft))
+                seconds += took
+            rows = np.flatnonzero(live)
+            kv = int((input_len + generated[rows]).sum())
+            backlog = int(behind[rows].sum())
+            plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=backlog, kv_tokens=kv)
+            mode = plan.mode
+            spec = mode is Mode.SPEC
+            caught_up = backlog if spec else 0
+            took = step_seconds(mode, plan.padded_bs, kv) * float(
+                np.exp(self.noise * self.rng.standard_normal())) + \
+                (CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
+            lens = np.minimum(self.accept_len(accept) if spec else 1, output_len - generated[rows])
+            policy.observe(StepTime(mode, plan.padded_bs, took, catch_up_tokens=caught_up,
+                                    kv_tokens=kv))
+            policy.observe(accepted(mode, lens.astype(float), rows))
+            seconds += took
+            tokens += int(lens.sum())
+            generated[rows] += lens
+            behind[rows] = 0 if spec else behind[rows] + lens
+            live[rows[generated[rows] >= output_len]] = False
+        return tokens, seconds
+
+
+def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256) -> Server:
+    prior = {GraphKey(m, b): PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b)
+             for m, sizes in ((Mode.SPEC, SPEC_BS), (Mode.DECODE, DECODE_BS)) for b in sizes}
+    config = ControllerConfig.from_settings(Settings(), K, defers_prefill=True, max_rows=rows)
+    policy = PinnedPolicy(mode=pin) if pin else GoodputController(
+        config, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS}, CalibrationTable(prior, K))
+    return Server(StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), policy),
+                  np.random.default_rng(seed), noise)
+
+
+def simulate(accepts: list[float], seed: int, noise: float,
+             workloads: tuple[Workload, ...] = WORKLOADS) -> list[dict]:
+    """Every cell's tok/s per engine and the worker's ratio to the better pinned one."""
+    engines = {"dual": server(None, seed, noise), "eagle3": server(Mode.SPEC, seed + 1, noise),
+               "plain": server(Mode.DECODE, seed + 2, noise)}
+    cells = []
+    for a in accepts:
+        for w in workloads:
+            for c in w.concurrency:
+                tok_s = {}
+                for name, s in engines.items():
+                    tokens, seconds = s.serve(a, w.input_len, w.output_len, c)
+                    tok_s[name] = tokens / seconds
+                best = max(tok_s["eagle3"], tok_s["plain"])
+                cells.append({"accept_len": a, "input_len": w.input_len,
+                              "output_len": w.output_len, "concurrency": c,
+                              **{k: round(v, 1) for k, v in tok_s.items()},
+                              "ratio": round(tok_s["dual"] / best, 4)})
+    return cells
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = OneLineParser(prog="python -m bench.matrix_sim", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--accept", default="1.5,2,3,3.5", help="forced accept lengths in 1..4")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", type=float, default=0.02, help="step times' lognormal sigma")
+    ap.add_argument("--out", type=output_file, default="out/matrix-sim.json")
+    args = ap.parse_args(argv)
+    try:
+        accepts = [float(a) for a in args.accept.split(",")]
+    except ValueError:
+        ap.error(f"--accept wants numbers like 1.5,2, got {args.accept!r}")
+    if not all(1.0 <= a <= K + 1 for a in accepts) or not 0.0 <= args.noise <= 0.5:
+        ap.error(f"--accept in 1..{K + 1}, --noise in 0..0.5")
+    note = (f"SIMULATED server (step lines through H100 run 8's medians, noise {args.noise}, "
+            f"seed {args.seed}), accept forced; not a measurement")
+    print(note)
+    cells = simulate(accepts, args.seed, args.noise, WORKLOADS)
+    ratios = [c["ratio"] for c in cells]
+    for a in accepts:
+        print(f"accept {a}: " + " ".join(f"{c['ratio']:.3f}" for c in cells
+                                         if c["accept_len"] == a))
+    print(f"{sum(r >= 0.98 for r in ratios)} of {len(ratios)} cells >= 0.98, mean "
+          f"{np.mean(ratios):.3f}, lowest {min(ratios):.3f}")
+    out = Path(args.out)
+    write_json({"simulated": True, "note": note, "cells": cells}, out)
+    heatmap(cells, accepts, list(WORKLOADS), out.with_suffix(".png"), note)
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
