@@ -2013,6 +2013,33 @@ def test_a_re_measurement_of_speculation_ends_once_its_acceptance_shows_it_canno
                 assert p.decide(inputs).mode is Mode.DECODE
 
 
+def test_a_re_measurement_that_leaves_the_answer_open_runs_on_a_round_at_a_time():
+    """Near break-even (bs 24: speculation wins from ~2.6) steps drawing 2 and 3 by turns leave
+    the answer open (2.5, two standard errors either side of 2.6): the re-measurement runs on,
+    four steps at a time, each round charged at its price a step, to three rounds at most. One
+    drawing 4 each step is sure after its four; one drawing 1 ends at its first (CPU demo: four
+    steps read 1.75 where requests accepted 2.01, break-even ~1.82, and kept decode)."""
+    bs = 24
+    inputs = PolicyInputs(bs, bs, bs, rows=np.arange(bs))
+
+    def run(draw) -> tuple[int, float]:
+        p, _ = _probing(bs, (2.0, 3.0) * 2, decode_steps=20)
+        balance, steps = _balance(p), 1
+        for i in range(20):
+            p.observe(accepted(Mode.SPEC, np.full(bs, draw(i)), inputs.rows))
+            nxt = p.decide(inputs)
+            if nxt.reason is not Reason.EXPLORE:
+                break
+            p.commit(nxt)
+            steps += 1
+        return steps, balance - _balance(p)
+
+    open_steps, open_paid = run(lambda i: 2.0 + i % 2)
+    sure_steps, sure_paid = run(lambda i: 4.0)
+    assert (open_steps, sure_steps, run(lambda i: 1.0)[0]) == (12, 4, 1)
+    assert open_paid > sure_paid
+
+
 def test_a_steady_batchs_acceptance_goes_stale_over_the_whole_window_a_newcomers_sooner():
     """Requests whose acceptance was seen drift slowly: a batch of only them is re-measured
     once acceptance is DGW_STALE_AFTER steps old, one holding a request admitted since after a

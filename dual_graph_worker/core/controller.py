@@ -37,6 +37,11 @@ _MIN_LOSS = 0.05
 # A re-measurement of speculation ends once its acceptance so far, this many standard errors
 # above its mean, still leaves speculation behind: its acceptance was what it was checking.
 _PROBE_ERRORS = 2.0
+# One whose acceptance leaves the answer open runs on, explore_steps at a time, up to this many
+# times explore_steps in all, where each of its steps is priced at most _EXTEND_PRICE of a
+# current step: near break-even its steps cost little, a wrong answer a lot.
+_PROBE_MAX_ROUNDS = 3
+_EXTEND_PRICE = 0.25
 # How far a step time may have drifted since it was measured: a stale speculative one is judged
 # this much faster; decode, whose steps hold steadier, is re-measured only where a step
 # _DECODE_DRIFT faster would win.
@@ -215,13 +220,16 @@ class GoodputController:
                     if offer is not None and offer[0] is decision:
                         self._probe = offer[1]
             self._explore_left -= 1
-            self._unfolded = not self._explore_left
             probe = self._probe
             if probe is not None:
-                if self._explore_steps_run() > probe.priced:    # priced as ending early
+                probe.ran += 1
+                if probe.ran > probe.priced:                    # priced as ending early
                     self._budget.charge(probe.step_price)
-                if self._unfolded:
+                if not self._explore_left and probe.unsure:
+                    self._extend_probe(probe)
+                if not self._explore_left:
                     self._probe = None
+            self._unfolded = not self._explore_left
             return
         if self._probe is not None:
             self._end_probe()
@@ -420,7 +428,8 @@ class GoodputController:
 
     def _probe_lost(self, inputs: PolicyInputs) -> bool:
         """The running re-measurement of speculation has seen acceptance too low for it to win
-        here even at the top of its error."""
+        here even at the top of its error; also marks it `unsure` where speculation would win
+        at the top and not at the bottom."""
         p = self._probe
         if not p.seen:
             return False
@@ -429,18 +438,42 @@ class GoodputController:
         # At the prices the choice uses (warm-up's included), not those it was priced at: it
         # ends where the choice would not take speculation, so speculation warming up gets its
         # steps.
-        spec_t, decode_t = self._times_here(inputs)[3]
-        return self._spec_wins(self._steps_high(mean, variance, p.seen),
-                               spec_t and spec_t * p.drift, decode_t, inputs.bs) is False
+        spec_key, _, measured, chosen = self._times_here(inputs)
+        spec_t, decode_t = chosen
+        high = self._steps_high(mean, variance, p.seen)
+        if self._spec_wins(high, spec_t and spec_t * p.drift, decode_t, inputs.bs) is False:
+            return True
+        # Open is judged at this batch's step times as measured, lately (the batch may have
+        # grown since it began, and a size priced from its neighbours or warming up is
+        # optimistic), and priced there at its acceptance so far.
+        spec_t, decode_t = measured
+        p.unsure = self._times.measured(spec_key) and not self._time_stale(spec_key) and \
+            self._spec_wins(high, spec_t, decode_t, inputs.bs) is True and \
+            self._spec_wins(2.0 * mean - high, spec_t, decode_t, inputs.bs) is False
+        if p.unsure:
+            p.open_price = max(1.0 - decode_t * mean / spec_t, _MIN_LOSS) * spec_t / decode_t
+        return False
+
+    def _extend_probe(self, p: Probe) -> None:
+        """An unsure re-measurement near break-even (its steps priced, at this batch and its
+        acceptance so far, at most _EXTEND_PRICE) runs explore_steps more where the budget
+        allows them at that price and it has run fewer than _PROBE_MAX_ROUNDS rounds."""
+        steps = self.config.explore_steps
+        price = steps * p.open_price
+        if p.open_price > _EXTEND_PRICE or p.ran + steps > _PROBE_MAX_ROUNDS * steps or \
+                not self._budget.affordable(price):
+            return
+        self._budget.charge(price)
+        p.step_price = p.open_price             # what its steps from here on are priced at
+        p.priced += steps
+        p.unsure = False
+        self._explore_left = steps
 
     def _end_probe(self) -> None:
         """A re-measurement of speculation ended early: the steps it was priced for and did not
         run go back (to the bank, or to the debt it went into)."""
         p, self._probe = self._probe, None
-        self._budget.earn(p.step_price * max(p.priced - self._explore_steps_run(), 0))
-
-    def _explore_steps_run(self) -> int:
-        return self.config.explore_steps - self._explore_left
+        self._budget.earn(p.step_price * max(p.priced - p.ran, 0))
 
     def _explore(self, mode: Mode, key: Optional[int], loss: float, explored: Optional[float],
                  t: float, inputs: PolicyInputs) -> Optional[Decision]:

@@ -8,15 +8,20 @@ from dataclasses import dataclass
 
 @dataclass
 class Probe:
-    """A running re-measurement of speculation: its price per step, the steps priced, and its
-    steps' batch-mean acceptance (count, sum, sum of squares)."""
+    """A running re-measurement of speculation: its price per step, the steps priced and run,
+    its steps' batch-mean acceptance (count, sum, sum of squares), and whether what it has seen
+    leaves the answer open (`unsure`: speculation wins at the top of its error, not at the
+    bottom) and at what price a step it would run on (`open_price`)."""
 
     step_price: float
     priced: int
     drift: float = 1.0       # the share of its step time estimate it is judged at
+    ran: int = 0
     seen: int = 0
     total: float = 0.0
     squares: float = 0.0
+    unsure: bool = False
+    open_price: float = 0.0
 
     def add(self, mean: float) -> None:
         self.seen += 1
