@@ -60,10 +60,12 @@ def step_seconds(mode: Mode, padded_bs: int, kv_tokens: int) -> float:
 
 @dataclass
 class Server:
-    """One engine process: its planner, its acceptance's error diffusion and its noise."""
+    """One engine process: its planner, its acceptance's error diffusion, its noise, and the
+    mode its last step ran (plain: decode, EAGLE-3: spec, the worker: none before its first)."""
     planner: StepPlanner
     rng: np.random.Generator
     noise: float
+    mode: Optional[Mode] = None
     owed: float = 0.0
 
     def accept_len(self, accept: float) -> int:
@@ -78,17 +80,17 @@ class Server:
         policy, tokens, seconds = self.planner.policy, 0, 0.0
         live = np.zeros(c, bool)
         generated, behind = np.zeros(c, int), np.zeros(c, int)
-        waiting, mode = c, None
+        waiting = c
         while waiting or live.any():
             if waiting:
                 new = np.flatnonzero(~live)[:min(waiting, max(PREFILL_CHUNK // input_len, 1))]
                 live[new], generated[new] = True, 0
                 waiting -= len(new)
                 prompt = len(new) * input_len
-                # The draft prefills the prompts now where the server speculates; the worker in
-                # decode mode defers it (lazy catch-up: a backlog of the prompts).
-                draft = not isinstance(policy, GoodputController) or mode is Mode.SPEC
-                behind[new] = 0 if draft else input_len
+                # The draft prefills the prompts where the server speculates (EAGLE-3 always,
+                # plain never); the worker in decode mode defers it (a backlog of the prompts).
+                draft = self.mode is Mode.SPEC
+                behind[new] = 0 if draft else input_len       # plain never catches up
                 took = prompt * (PREFILL_S_PER_TOKEN + (DRAFT_S_PER_TOKEN if draft else 0.0))
                 policy.observe(Admitted(prompt, new))
                 policy.observe(PrefillTime(prompt, took, draft))
@@ -97,7 +99,7 @@ class Server:
             kv = int((input_len + generated[rows]).sum())
             backlog = int(behind[rows].sum())
             plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=backlog, kv_tokens=kv)
-            mode = plan.mode
+            mode = self.mode = plan.mode
             spec = mode is Mode.SPEC
             caught_up = backlog if spec else 0
             took = step_seconds(mode, plan.padded_bs, kv) * float(
@@ -122,7 +124,7 @@ def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256) -> Ser
     policy = PinnedPolicy(mode=pin) if pin else GoodputController(
         config, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS}, CalibrationTable(prior, K))
     return Server(StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), policy),
-                  np.random.default_rng(seed), noise)
+                  np.random.default_rng(seed), noise, pin)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

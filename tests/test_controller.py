@@ -2013,31 +2013,58 @@ def test_a_re_measurement_of_speculation_ends_once_its_acceptance_shows_it_canno
                 assert p.decide(inputs).mode is Mode.DECODE
 
 
+def _run_probe(history: tuple, draws,
+               priced: Optional[int] = None) -> tuple[GoodputController, int, list, list]:
+    """A re-measurement of speculation at bs 24 (speculation wins from ~2.6) after requests drew
+    `history`, its steps drawing draws(i) (`priced`: as priced for that many steps): the
+    controller, the steps it ran, and the budget's charges and incomes on the way, each with
+    the steps the probe had run (the incomes less each step's share of the budget)."""
+    bs = 24
+    inputs = PolicyInputs(bs, bs, bs, rows=np.arange(bs))
+    p, _ = _probing(bs, history, decode_steps=20)
+    if priced is not None:
+        p._probe.priced = priced
+    charges, incomes = [], []
+    budget, charge, earn = p._budget, p._budget.charge, p._budget.earn
+    budget.charge = lambda price: (charges.append((p._probe.ran, price)), charge(price))
+    budget.earn = lambda amount: (incomes.append(amount), earn(amount))
+    steps = 1
+    for i in range(20):
+        p.observe(accepted(Mode.SPEC, np.full(bs, draws(i)), inputs.rows))
+        nxt = p.decide(inputs)
+        if nxt.reason is not Reason.EXPLORE:
+            p.commit(nxt)
+            break
+        p.commit(nxt)
+        steps += 1
+    return p, steps, charges, [a for a in incomes if a != p.config.explore_budget]
+
+
 def test_a_re_measurement_that_leaves_the_answer_open_runs_on_a_round_at_a_time():
     """Near break-even (bs 24: speculation wins from ~2.6) steps drawing 2 and 3 by turns leave
     the answer open (2.5, two standard errors either side of 2.6): the re-measurement runs on,
-    four steps at a time, each round charged at its price a step, to three rounds at most. One
-    drawing 4 each step is sure after its four; one drawing 1 ends at its first (CPU demo: four
-    steps read 1.75 where requests accepted 2.01, break-even ~1.82, and kept decode)."""
-    bs = 24
-    inputs = PolicyInputs(bs, bs, bs, rows=np.arange(bs))
-
-    def run(draw) -> tuple[int, float]:
-        p, _ = _probing(bs, (2.0, 3.0) * 2, decode_steps=20)
-        balance, steps = _balance(p), 1
-        for i in range(20):
-            p.observe(accepted(Mode.SPEC, np.full(bs, draw(i)), inputs.rows))
-            nxt = p.decide(inputs)
-            if nxt.reason is not Reason.EXPLORE:
-                break
-            p.commit(nxt)
-            steps += 1
-        return steps, balance - _balance(p)
-
-    open_steps, open_paid = run(lambda i: 2.0 + i % 2)
-    sure_steps, sure_paid = run(lambda i: 4.0)
-    assert (open_steps, sure_steps, run(lambda i: 1.0)[0]) == (12, 4, 1)
-    assert open_paid > sure_paid
+    four steps at a time, each round charged once at its price a step, to three rounds at most.
+    One drawing 4 each step is sure after its four; one drawing 1 ends at its first (CPU demo:
+    four steps read 1.75 where requests accepted 2.01, break-even ~1.82, and kept decode)."""
+    history = (2.0, 3.0) * 2
+    _, steps, charges, _ = _run_probe(history, lambda i: 2.0 + i % 2)
+    assert steps == 12 and [ran for ran, _ in charges] == [4, 8]     # two rounds, once each
+    assert _run_probe(history, lambda i: 4.0)[1] == 4
+    assert _run_probe(history, lambda i: 1.0)[1] == 1
+    # Priced as ending after one step, it pays for steps 2-4 one by one as they run; a round
+    # after that is paid once, not again step by step.
+    _, steps, charges, _ = _run_probe(history, lambda i: 2.0 + i % 2, priced=1)
+    assert steps == 12 and [ran for ran, _ in charges] == [2, 3, 4, 4, 8]
+    # One step of 3 with the draws' spread not yet learnt: two standard errors down is below
+    # any acceptance (1 is the floor), not a free speculative token.
+    p, _ = _probing(24, history, decode_steps=20)
+    p._acceptance.draw_var = None
+    p.observe(accepted(Mode.SPEC, np.full(24, 3.0), np.arange(24)))
+    assert p.decide(PolicyInputs(24, 24, 24, rows=np.arange(24))).reason is Reason.EXPLORE
+    # Ended by its acceptance inside a round, the round's steps it did not run go back.
+    p, steps, charges, refunds = _run_probe(history, lambda i: 2.0 + i % 2 if i < 4 else 1.0)
+    assert 4 < steps < 8 and [ran for ran, _ in charges] == [4]
+    assert refunds == [pytest.approx(charges[0][1] * (8 - steps) / 4)]
 
 
 def test_a_steady_batchs_acceptance_goes_stale_over_the_whole_window_a_newcomers_sooner():

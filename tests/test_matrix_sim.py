@@ -2,18 +2,63 @@
 and the controller, serving the cells in turn, follows the better pinned mode."""
 
 import json
+from dataclasses import dataclass
 
 import pytest
 
 from bench import matrix_sim
+from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
+from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.planner import StepPlanner
+from dual_graph_worker.core.policy import Decision, Reason
+from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 
 def test_a_wave_serves_every_requested_token_in_either_mode():
     for pin in (Mode.SPEC, Mode.DECODE, None):
         tokens, seconds = matrix_sim.server(pin, 0, 0.02).serve(2.5, 2048, 40, 6)
         assert tokens == 6 * 40 and seconds > 6 * 2048 * matrix_sim.PREFILL_S_PER_TOKEN
+
+
+def test_forced_acceptance_keeps_its_mean_step_by_step():
+    s = matrix_sim.server(Mode.SPEC, 0, 0.0)
+    assert [s.accept_len(1.5) for _ in range(6)] == [1, 2, 1, 2, 1, 2]
+    assert sum(s.accept_len(3.5) for _ in range(10)) == 35
+
+
+@dataclass(kw_only=True)
+class DecodeThenSpec(PinnedPolicy):
+    """Decode for `decode_steps` steps, then speculation."""
+    decode_steps: int = 3
+    decided: int = 0
+
+    def decide(self, inputs):
+        self.decided += 1
+        return Decision(Mode.DECODE if self.decided <= self.decode_steps else Mode.SPEC,
+                        Reason.PINNED)
+
+
+def test_a_wave_costs_its_prefill_its_steps_and_a_switchs_catch_up():
+    """Without noise a wave's seconds add up: plain's prefill without the draft, EAGLE-3's with
+    it; the worker deferring the draft's prefill pays it, and what decode steps left, as one
+    catch-up on its first speculative step."""
+    step = matrix_sim.step_seconds
+    prefill = 2 * 64 * matrix_sim.PREFILL_S_PER_TOKEN
+    plain = matrix_sim.server(Mode.DECODE, 0, 0.0).serve(2.0, 64, 1, 2)
+    eagle = matrix_sim.server(Mode.SPEC, 0, 0.0).serve(2.0, 64, 1, 2)
+    assert plain == (2, pytest.approx(prefill + step(Mode.DECODE, 2, 2 * 64)))
+    assert eagle == (2, pytest.approx(prefill + 2 * 64 * matrix_sim.DRAFT_S_PER_TOKEN
+                                      + step(Mode.SPEC, 2, 2 * 64)))
+    s = matrix_sim.server(None, 0, 0.0)
+    s.planner = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), DecodeThenSpec())
+    tokens, seconds = s.serve(2.0, 64, 8, 2)
+    # 3 decode steps, then spec steps of 2, 2 and 1 token a request: 3 + 5 = 8.
+    steps = sum(step(Mode.DECODE, 2, 2 * (64 + k)) for k in range(3)) + sum(
+        step(Mode.SPEC, 2, 2 * (64 + k)) for k in (3, 5, 7))
+    catch_up = matrix_sim.CATCH_UP_FIXED_S + 2 * (64 + 3) * matrix_sim.DRAFT_S_PER_TOKEN
+    assert (tokens, seconds) == (16, pytest.approx(prefill + steps + catch_up))
 
 
 def test_the_controller_follows_the_crossover_over_cells_served_in_turn():

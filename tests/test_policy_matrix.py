@@ -314,7 +314,8 @@ def test_swap_rates_another_pass_of_one_engine_against_the_parts_others(tmp_path
     """merge_matrix --swap ENGINE=DIR: engines run in turn, one call each, and one of them ran
     again; its second pass is rated against the first matrix's other engines, and the note
     says where it came from. One line, nothing written, for a folder without that engine, one
-    measured otherwise, several parts or a name that is no engine."""
+    measured otherwise, several parts, a name that is no engine, a pass lacking some of the
+    part's cells of that engine (they would drop out of the matrix) or one engine twice."""
     from bench.sglang import merge_matrix as mm
 
     first = _matrix(tmp_path, "m1", [rec("plain", None, 8, 1000.0), rec("eagle3", 2.0, 8, 900.0),
@@ -331,12 +332,17 @@ def test_swap_rates_another_pass_of_one_engine_against_the_parts_others(tmp_path
     merged = json.loads((tmp_path / "both" / "policy-matrix.json").read_text())
     assert [(c["eagle3"], c["ratio"]) for c in merged["cells"]] == [(1100.0, 0.8636)]
     other = _matrix(tmp_path, "o", [rec("dual", 2.0, 8, 1.0)], {"attention_backend": "triton"})
+    two = _matrix(tmp_path, "m4", [rec("plain", None, c, 1000.0) for c in (8, 16)]
+                  + [rec(e, 2.0, c, 900.0) for e in ("eagle3", "dual") for c in (8, 16)])
     capsys.readouterr()
     for args in (["--swap", f"plain={again}", first], ["--swap", f"dual={other}", first],
-                 ["--swap", f"dual={again}", first, eagle], ["--swap", f"draft={again}", first]):
+                 ["--swap", f"dual={again}", first, eagle], ["--swap", f"draft={again}", first],
+                 ["--swap", f"dual={again}", two],
+                 ["--swap", f"dual={again}", "--swap", f"dual={again}", first]):
         assert mm.main(["--out", str(tmp_path / "bad"), *args]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 4 and "no plain records" in err and "other settings" in err
+    assert err.count("\n") == 6 and "no plain records" in err and "other settings" in err
+    assert "lacks 1 of m4's dual cells" in err and "one engine twice" in err
     assert not (tmp_path / "bad").exists()
 
 

@@ -221,6 +221,12 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, 
         if _servers(other) != _servers(matrix) or _servers_note(other) != _servers_note(matrix):
             raise ConfigError(f"--swap {engine}={folder}: measured with other settings than "
                               f"{base}")
+        before = [r for r in records if r["engine"] == engine and "from" not in r]
+        if missing := sorted({cell_key(r) for r in before} - {cell_key(r) for r in mine},
+                             key=str):
+            raise ConfigError(f"--swap {engine}={folder}: the pass lacks {len(missing)} of "
+                              f"{base}'s {engine} cells (first: {missing[0][1:]}); swap a pass "
+                              "of every cell")
         records = [r for r in records if r["engine"] != engine] + mine
         note += f"; {engine} from {name}"
     return base, matrix | {"records": records, "note": note}
@@ -254,6 +260,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             if not sep or engine not in ("dual", "eagle3", "plain"):
                 raise ConfigError(f"--swap {engine}{sep}{folder}: expected ENGINE=DIR with "
                                   "ENGINE dual, eagle3 or plain")
+        engines = [engine for engine, _, _ in swaps]
+        if len(set(engines)) < len(engines):
+            raise ConfigError("--swap names one engine twice: swap each engine once")
         if swaps:
             parts = [swapped(parts[0], [(engine, folder) for engine, _, folder in swaps])]
         matrix = merge(parts, args.processes, args.latest)

@@ -449,7 +449,7 @@ class GoodputController:
         spec_t, decode_t = measured
         p.unsure = self._times.measured(spec_key) and not self._time_stale(spec_key) and \
             self._spec_wins(high, spec_t, decode_t, inputs.bs) is True and \
-            self._spec_wins(2.0 * mean - high, spec_t, decode_t, inputs.bs) is False
+            self._spec_wins(max(2.0 * mean - high, 1.0), spec_t, decode_t, inputs.bs) is False
         if p.unsure:
             p.open_price = max(1.0 - decode_t * mean / spec_t, _MIN_LOSS) * spec_t / decode_t
         return False
@@ -465,7 +465,7 @@ class GoodputController:
             return
         self._budget.charge(price)
         p.step_price = p.open_price             # what its steps from here on are priced at
-        p.priced += steps
+        p.priced = p.ran + steps
         p.unsure = False
         self._explore_left = steps
 
