@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 from types import MappingProxyType
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -78,13 +79,26 @@ class SteadyPromptShare(GoodputController):
         self._batch_costs.prompt_per_output = self.ratio
 
 
+def sim_planner(sizes: dict[Mode, Sequence[int]], prior_s: Callable[[Mode, int], float],
+                rows: int, pin: Optional[Mode], controller=GoodputController) -> StepPlanner:
+    """A simulated server's planner over `sizes`: pinned to `pin`, else `controller` (a
+    GoodputController class) deferring the draft's prefill, with `prior_s` as its start-up
+    calibration."""
+    if pin:
+        policy = PinnedPolicy(mode=pin)
+    else:
+        prior = {GraphKey(m, b): prior_s(m, b) for m, bs in sizes.items() for b in bs}
+        policy = controller(ControllerConfig.from_settings(Settings(), K, defers_prefill=True,
+                                                           max_rows=rows),
+                            sizes, CalibrationTable(prior, K))
+    return StepPlanner(DispatchTable.build(sizes[Mode.SPEC], sizes[Mode.DECODE]), policy)
+
+
 def planner(rows: int, pin: Optional[Mode], steady_share: Optional[float] = None) -> StepPlanner:
-    prior = {GraphKey(m, b): PRIOR_SCALE[m] * step_seconds(m, b) for m in Mode for b in SIZES}
-    args = (ControllerConfig.from_settings(Settings(), K, defers_prefill=True, max_rows=rows),
-            {Mode.SPEC: SIZES, Mode.DECODE: SIZES}, CalibrationTable(prior, K))
-    policy = PinnedPolicy(mode=pin) if pin else (
-        GoodputController(*args) if steady_share is None else SteadyPromptShare(steady_share, *args))
-    return StepPlanner(DispatchTable.build(SIZES, SIZES), policy)
+    steady = None if steady_share is None else partial(SteadyPromptShare, steady_share)
+    return sim_planner({Mode.SPEC: SIZES, Mode.DECODE: SIZES},
+                       lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b), rows, pin,
+                       steady or GoodputController)
 
 
 def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False) -> Trace:

@@ -21,19 +21,15 @@ from typing import Optional
 
 import numpy as np
 
+from bench.burst_sim import sim_planner
 from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
 from bench.sglang.matrix_report import heatmap
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
-from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.controller import ControllerConfig, GoodputController
-from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.jsonio import write_json
-from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accepted
-from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 K = 3
 # H100 run 8's median step ms per padded batch size at 256x256's mean context (384 a request).
@@ -118,13 +114,10 @@ class Server:
 
 
 def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256) -> Server:
-    prior = {GraphKey(m, b): PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b)
-             for m, sizes in ((Mode.SPEC, SPEC_BS), (Mode.DECODE, DECODE_BS)) for b in sizes}
-    config = ControllerConfig.from_settings(Settings(), K, defers_prefill=True, max_rows=rows)
-    policy = PinnedPolicy(mode=pin) if pin else GoodputController(
-        config, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS}, CalibrationTable(prior, K))
-    return Server(StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), policy),
-                  np.random.default_rng(seed), noise, pin)
+    planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
+                          lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
+                          rows, pin)
+    return Server(planner, np.random.default_rng(seed), noise, pin)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

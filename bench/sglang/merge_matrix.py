@@ -77,9 +77,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
     records, workload_lists = [], []
     for name, m in parts:
         # With --processes a cell's median spans calls, which must then time cells alike.
-        mine, theirs = (_settings(m), _settings(first)) if processes else \
-            (_servers(m), _servers(first))
-        if mine != theirs or _servers_note(m) != _servers_note(first):
+        if not _same_servers(m, first, processes):
             raise ValueError(f"{name} was measured with other settings than {parts[0][0]}")
         records += with_rounds_asked([r | {"call": name} for r in m["records"]
                                       if "from" not in r], m.get("settings"))
@@ -132,6 +130,12 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
             "settings": _servers(first) | {"short_cells": {
                 name: (m.get("settings") or {}).get("short_cells") for name, m in parts}},
             "startup_s": {name: m.get("startup_s") for name, m in parts}}
+
+
+def _same_servers(a: dict, b: dict, processes: bool = False) -> bool:
+    """Two matrices measured on servers alike (with `processes`, their cells timed alike too)."""
+    read = _settings if processes else _servers
+    return read(a) == read(b) and _servers_note(a) == _servers_note(b)
 
 
 def _servers(matrix: dict) -> dict:
@@ -218,7 +222,7 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, 
         if not mine:
             raise ConfigError(f"--swap {engine}={folder}: its matrix holds no {engine} records; "
                               "name the folder of that engine's pass")
-        if _servers(other) != _servers(matrix) or _servers_note(other) != _servers_note(matrix):
+        if not _same_servers(other, matrix):
             raise ConfigError(f"--swap {engine}={folder}: measured with other settings than "
                               f"{base}")
         before = [r for r in records if r["engine"] == engine and "from" not in r]

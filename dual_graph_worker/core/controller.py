@@ -225,7 +225,7 @@ class GoodputController:
                 probe.ran += 1
                 if probe.ran > probe.priced:                    # priced as ending early
                     self._budget.charge(probe.step_price)
-                if not self._explore_left and probe.unsure:
+                if not self._explore_left and probe.open_price is not None:
                     self._extend_probe(probe)
                 if not self._explore_left:
                     self._probe = None
@@ -428,8 +428,8 @@ class GoodputController:
 
     def _probe_lost(self, inputs: PolicyInputs) -> bool:
         """The running re-measurement of speculation has seen acceptance too low for it to win
-        here even at the top of its error; also marks it `unsure` where speculation would win
-        at the top and not at the bottom."""
+        here even at the top of its error; on a round's last step, also what running on would
+        cost a step where the answer is still open (Probe.open_price)."""
         p = self._probe
         if not p.seen:
             return False
@@ -443,30 +443,35 @@ class GoodputController:
         high = self._steps_high(mean, variance, p.seen)
         if self._spec_wins(high, spec_t and spec_t * p.drift, decode_t, inputs.bs) is False:
             return True
-        # Open is judged at this batch's step times as measured, lately (the batch may have
-        # grown since it began, and a size priced from its neighbours or warming up is
-        # optimistic), and priced there at its acceptance so far.
-        spec_t, decode_t = measured
-        p.unsure = self._times.measured(spec_key) and not self._time_stale(spec_key) and \
-            self._spec_wins(high, spec_t, decode_t, inputs.bs) is True and \
-            self._spec_wins(max(2.0 * mean - high, 1.0), spec_t, decode_t, inputs.bs) is False
-        if p.unsure:
-            p.open_price = max(1.0 - decode_t * mean / spec_t, _MIN_LOSS) * spec_t / decode_t
+        if self._explore_left == 1:
+            p.open_price = self._open_price(mean, high, spec_key, measured, inputs.bs)
         return False
 
+    def _open_price(self, mean: float, high: float, spec_key: Optional[int],
+                    measured: tuple, bs: int) -> Optional[float]:
+        """A re-measurement's price a step to run on where its acceptance (`mean`, `high` two
+        errors up) leaves the answer open, at this batch's step times as measured lately (the
+        batch may have grown since it began, and a size priced from its neighbours or warming
+        up is optimistic); None where the answer is not open."""
+        spec_t, decode_t = measured
+        if not self._times.measured(spec_key) or self._time_stale(spec_key) or \
+                self._spec_wins(high, spec_t, decode_t, bs) is not True or \
+                self._spec_wins(max(2.0 * mean - high, 1.0), spec_t, decode_t, bs) is not False:
+            return None
+        return max(1.0 - decode_t * mean / spec_t, _MIN_LOSS) * spec_t / decode_t
+
     def _extend_probe(self, p: Probe) -> None:
-        """An unsure re-measurement near break-even (its steps priced, at this batch and its
-        acceptance so far, at most _EXTEND_PRICE) runs explore_steps more where the budget
-        allows them at that price and it has run fewer than _PROBE_MAX_ROUNDS rounds."""
+        """An open re-measurement near break-even (its open_price at most _EXTEND_PRICE) runs
+        explore_steps more where the budget allows them at that price and it has run fewer than
+        _PROBE_MAX_ROUNDS rounds."""
         steps = self.config.explore_steps
         price = steps * p.open_price
         if p.open_price > _EXTEND_PRICE or p.ran + steps > _PROBE_MAX_ROUNDS * steps or \
                 not self._budget.affordable(price):
             return
         self._budget.charge(price)
-        p.step_price = p.open_price             # what its steps from here on are priced at
+        p.step_price, p.open_price = p.open_price, None     # its steps from here on
         p.priced = p.ran + steps
-        p.unsure = False
         self._explore_left = steps
 
     def _end_probe(self) -> None:

@@ -4,14 +4,15 @@ every re-measurement is charged its price; and a running re-measurement of specu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
 class Probe:
     """A running re-measurement of speculation: its price per step, the steps priced and run,
-    its steps' batch-mean acceptance (count, sum, sum of squares), and whether what it has seen
-    leaves the answer open (`unsure`: speculation wins at the top of its error, not at the
-    bottom) and at what price a step it would run on (`open_price`)."""
+    its steps' batch-mean acceptance (count, sum, sum of squares), and, where what it has seen
+    at a round's end leaves the answer open (speculation wins at the top of its error, not at
+    the bottom), the price a step it would run on at (`open_price`; None: not open)."""
 
     step_price: float
     priced: int
@@ -20,8 +21,7 @@ class Probe:
     seen: int = 0
     total: float = 0.0
     squares: float = 0.0
-    unsure: bool = False
-    open_price: float = 0.0
+    open_price: Optional[float] = None
 
     def add(self, mean: float) -> None:
         self.seen += 1
