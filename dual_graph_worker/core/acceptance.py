@@ -5,6 +5,7 @@ accepted tokens), so it is applied at once, not at an exchange."""
 from __future__ import annotations
 
 import math
+import struct
 from typing import Optional, Union
 
 import numpy as np
@@ -23,17 +24,19 @@ _KEEP_SQ = (1.0 - _ROW_ALPHA) ** 2
 # its EMA were full: the batch's mean averages out what its requests' differing noise would
 # change, and a per-row weight would cost a Python loop over the batch each step.
 _POOLED_ROWS = 32
-# Rows live in Python lists while batches are small: a step reads and updates at most a few dozen,
-# where numpy's per-call cost outweighs the work. From _ARRAY_ROWS rows a batch they move to numpy
-# arrays, read and updated at once (~2.5x cheaper over 256 rows), and back below _LIST_ROWS; in
-# between they stay where they are, so a batch near one bound does not move them every step (a
-# move converts every row of the pool: ~50 us at 512 rows).
+# Rows' estimates live in Python lists while batches are small: a step reads and updates at most a
+# few dozen, where numpy's per-call cost outweighs the work. From _ARRAY_ROWS rows a batch they move
+# to numpy arrays, read and updated at once (~2.5x cheaper over 256 rows), and back below
+# _LIST_ROWS; in between they stay where they are, so a batch near one bound does not move them
+# every step (a move converts every row of the pool: ~25 us at 512 rows). First draws stay in lists:
+# a step adds to its few unmeasured rows only, where numpy's per-call cost would outweigh the work.
 _ARRAY_ROWS = 96
 _LIST_ROWS = 48
 assert _POOLED_ROWS <= _LIST_ROWS <= _ARRAY_ROWS      # no batch in arrays weighs a row apart
 _FEW_ROWS = 8                     # rows admitted at once that arrays still take one by one
 Rows = Union[list, np.ndarray]
-_ROW_FIELDS = ("_rows", "_draw_sum", "_draw_sq", "_draws", "_noise", "_admitted_at")
+_ARRAY_FIELDS = ("_rows", "_noise", "_admitted_at")
+_ROW_FIELDS = _ARRAY_FIELDS + ("_draw_sum", "_draw_sq", "_draws")
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
@@ -63,21 +66,23 @@ def _first_weight(requests: int) -> float:
 class AcceptanceEstimate:
     """All requests' recent acceptance (decayed sums, an optimistic prior of K+1 of weight 1)
     and, per request-pool row, its request's own: NaN until _FIRST_DRAWS draws are in, then an
-    EMA. Rows live in lists or in numpy arrays, by the batches' size (_ARRAY_ROWS)."""
+    EMA. Estimates live in lists or in numpy arrays, by the batches' size (_ARRAY_ROWS); first
+    draws in lists."""
 
     def __init__(self, num_draft_tokens: int, max_rows: int) -> None:
         k1 = num_draft_tokens + 1.0
         self._sum, self._weight = k1, 1.0
         self.seen_at = 0                          # the step acceptance was last seen at
-        # Per row (lists, or arrays while batches are large: _store_for): its request's estimate,
-        # and its first draws' sum, sum of squares and count.
+        # Per row: its request's estimate (a list, or an array while batches are large:
+        # _store_for), and its first draws' sum, sum of squares and count (lists).
         self._rows: Optional[Rows] = [math.nan] * max_rows if max_rows else None
-        self._draw_sum: Rows = [0.0] * max_rows
-        self._draw_sq: Rows = [0.0] * max_rows
-        self._draws: Rows = [0] * max_rows
+        self._draw_sum: list[float] = [0.0] * max_rows
+        self._draw_sq: list[float] = [0.0] * max_rows
+        self._draws: list[int] = [0] * max_rows
         # Each row estimate's variance in units of one draw's: 1/_FIRST_DRAWS at first, toward
-        # 1/_ROW_DRAWS as its EMA fills. A request that decodes keeps its first, noisier one.
-        self._noise: Rows = [0.0] * max_rows
+        # 1/_ROW_DRAWS as its EMA fills; NaN with the estimate (arrays update it with every
+        # row's, unmasked). A request that decodes keeps its first, noisier one.
+        self._noise: Rows = [math.nan] * max_rows
         # The step each row's request was admitted at, and the latest of any: a batch holding
         # one admitted since acceptance was last seen has an acceptance nobody measured.
         self._admitted_at: Rows = [-1] * max_rows
@@ -100,6 +105,7 @@ class AcceptanceEstimate:
         self._rows_of: Optional[np.ndarray] = None
         self._ids: list[int] = []
         self._arrays = False                      # the rows' state in numpy arrays
+        self._packers: dict[int, struct.Struct] = {}    # _accept_array's, by batch size
 
     @property
     def mean(self) -> float:
@@ -165,7 +171,7 @@ class AcceptanceEstimate:
         arrays = n >= (_LIST_ROWS if self._arrays else _ARRAY_ROWS)
         if arrays != self._arrays:
             self._arrays = arrays
-            for name in _ROW_FIELDS:
+            for name in _ARRAY_FIELDS:
                 v = getattr(self, name)
                 setattr(self, name, np.array(v) if arrays else v.tolist())
         return arrays
@@ -199,14 +205,15 @@ class AcceptanceEstimate:
             return
         if self._arrays and len(rows) > _FEW_ROWS:
             idx = np.asarray(rows)
-            self._rows[idx], self._draws[idx] = math.nan, 0
-            self._draw_sum[idx] = self._draw_sq[idx] = self._noise[idx] = 0.0
+            self._rows[idx] = self._noise[idx] = math.nan
             self._admitted_at[idx] = step
         else:
             for row in rows:
-                self._rows[row], self._draws[row] = math.nan, 0
-                self._draw_sum[row] = self._draw_sq[row] = self._noise[row] = 0.0
+                self._rows[row] = self._noise[row] = math.nan
                 self._admitted_at[row] = step
+        for row in rows:
+            self._draws[row] = 0
+            self._draw_sum[row] = self._draw_sq[row] = 0.0
         self._last_admitted = step
 
     def newcomers(self, rows: Optional[np.ndarray]) -> bool:
@@ -230,9 +237,9 @@ class AcceptanceEstimate:
         if rows is None or self._rows is None:
             return
         if (self._arrays or len(accepts) >= _ARRAY_ROWS) and self._store_for(len(accepts)):
-            firsts, within = self._add_to_arrays(accepts, rows)
+            drawn = self._add_to_arrays(accepts, rows)
         else:
-            firsts, within = [], []
+            drawn = []
             est, noise = self._rows, self._noise
             alpha, keep_sq, alpha_sq = _ROW_ALPHA, _KEEP_SQ, _ROW_ALPHA * _ROW_ALPHA
             for row, accept in zip(self._ids_of(rows), accepts):
@@ -240,45 +247,55 @@ class AcceptanceEstimate:
                 if r == r:
                     est[row] = r + alpha * (accept - r)
                     noise[row] = keep_sq * noise[row] + alpha_sq
-                    continue
-                self._draw_sum[row] += accept
-                self._draw_sq[row] += accept * accept
-                self._draws[row] += 1
-                if self._draws[row] >= _FIRST_DRAWS:
-                    mean = est[row] = self._draw_sum[row] / _FIRST_DRAWS
-                    noise[row] = 1.0 / _FIRST_DRAWS
-                    firsts.append(mean)
-                    within.append((self._draw_sq[row] - _FIRST_DRAWS * mean * mean)
-                                  / (_FIRST_DRAWS - 1))
+                else:
+                    drawn.append((row, accept))
+        if drawn:
+            self._add_first_draws(drawn)
+
+    def _add_to_arrays(self, accepts: list[float], rows: np.ndarray) -> list[tuple[int, float]]:
+        """add's estimate updates at once, element by element the arithmetic of its loop (a NaN
+        row, not measured yet, stays NaN); the (row, accept) of each row not measured yet."""
+        est, noise = self._rows, self._noise
+        r = est[rows]
+        moved = self._accept_array(accepts) - r            # in place from here: no temporaries
+        moved *= _ROW_ALPHA
+        moved += r
+        est[rows] = moved
+        var = noise[rows]
+        var *= _KEEP_SQ
+        var += _ROW_ALPHA * _ROW_ALPHA
+        noise[rows] = var
+        new = (r != r).nonzero()[0]
+        if not len(new):
+            return []
+        return list(zip(rows[new].tolist(), map(accepts.__getitem__, new.tolist())))
+
+    def _accept_array(self, accepts: list[float]) -> np.ndarray:
+        """`accepts` as a read-only array: packed, then read, ~2x cheaper than np.fromiter over
+        256 floats (a format's Struct is made once)."""
+        n = len(accepts)
+        packer = self._packers.get(n)
+        if packer is None:
+            packer = self._packers[n] = struct.Struct(f"{n}d")
+        return np.frombuffer(packer.pack(*accepts))
+
+    def _add_first_draws(self, drawn: list[tuple[int, float]]) -> None:
+        """Each (row, accept) of a row not measured yet: into its first draws, and into its
+        first estimate once _FIRST_DRAWS are in (which _learn_spread learns from)."""
+        est, noise = self._rows, self._noise
+        draw_sum, draw_sq, draws = self._draw_sum, self._draw_sq, self._draws
+        firsts, within = [], []
+        for row, accept in drawn:
+            draw_sum[row] += accept
+            draw_sq[row] += accept * accept
+            draws[row] += 1
+            if draws[row] >= _FIRST_DRAWS:
+                mean = draw_sum[row] / _FIRST_DRAWS
+                est[row], noise[row] = mean, 1.0 / _FIRST_DRAWS
+                firsts.append(mean)
+                within.append((draw_sq[row] - _FIRST_DRAWS * mean * mean) / (_FIRST_DRAWS - 1))
         if firsts:
             self._learn_spread(firsts, within)
-
-    def _add_to_arrays(self, accepts: list[float],
-                       rows: np.ndarray) -> tuple[list[float], list[float]]:
-        """add's row updates at once, element by element the arithmetic of its loop; the first
-        estimates started and their draws' variances."""
-        est, noise = self._rows, self._noise
-        accept = np.fromiter(accepts, np.float64, len(accepts))
-        r = est[rows]
-        measured = r == r
-        firsts: list[float] = []
-        within: list[float] = []
-        if not measured.all():
-            new, drawn = rows[~measured], accept[~measured]
-            self._draw_sum[new] += drawn
-            self._draw_sq[new] += drawn * drawn
-            self._draws[new] += 1
-            done = new[self._draws[new] >= _FIRST_DRAWS]
-            if len(done):
-                mean = est[done] = self._draw_sum[done] / _FIRST_DRAWS
-                noise[done] = 1.0 / _FIRST_DRAWS
-                firsts = mean.tolist()
-                within = ((self._draw_sq[done] - _FIRST_DRAWS * mean * mean)
-                          / (_FIRST_DRAWS - 1)).tolist()
-            rows, r, accept = rows[measured], r[measured], accept[measured]
-        est[rows] = r + _ROW_ALPHA * (accept - r)
-        noise[rows] = _KEEP_SQ * noise[rows] + _ROW_ALPHA * _ROW_ALPHA
-        return firsts, within
 
     def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
         """Fold requests' first estimates into the new-request expectation and the spreads:
