@@ -301,22 +301,24 @@ class AcceptanceEstimate:
         """Fold requests' first estimates into the new-request expectation and the spreads:
         how far requests surely differ (the first estimates' variance, less its standard error
         and their four draws' noise), and one draw's variance."""
-        n = len(firsts)
-        self.fresh += _first_weight(n) * (sum(firsts) / n - self.fresh)
+        n, added = len(firsts), sum(firsts)
+        self.fresh += _first_weight(n) * (added / n - self.fresh)
         keep = (1.0 - _SPREAD_ALPHA) ** n
+        keep_sq = keep * keep
+        sides = self._sides
+        below, above = sides[True], sides[False]
         # Each request weighs 1 when folded: the squared weights decay twice as fast.
-        for side in self._sides.values():
-            side[:] = [keep * side[0], keep * side[1], keep * side[2], keep * keep * side[3]]
+        for side in (below, above):
+            side[:] = [keep * side[0], keep * side[1], keep * side[2], keep_sq * side[3]]
         self._within = keep * self._within + sum(within)
-        below, above = self._sides[True], self._sides[False]
-        centre = self._centre = (below[1] + above[1] + sum(firsts)) / (below[0] + above[0] + n)
+        centre = self._centre = (below[1] + above[1] + added) / (below[0] + above[0] + n)
         for m in firsts:
-            side = self._sides[m < centre]
+            side = sides[m < centre]
             side[0] += 1.0
             side[1] += m
             side[2] += m * m
             side[3] += 1.0
-        count, _, s2, squares = (b + a for b, a in zip(below, above))
+        count, s2, squares = below[0] + above[0], below[2] + above[2], below[3] + above[3]
         effective = count * count / squares
         if effective < _SPREAD_MIN_REQUESTS:
             return
