@@ -108,9 +108,10 @@ class StepTimeTable:
         self.spec_cold = False
         self.warmed = prior is None
         self._cold_keys = [False] * n           # spec keys measured only while it warmed up
-        # Per key: its recent windows (mean seconds, mean context tokens, step) and their
-        # typical level (seconds, context tokens).
-        self._windows: dict[int, deque[tuple[float, float, int]]] = {}
+        # Per key: its recent windows (mean seconds, mean context tokens, step, the slope of
+        # the line through the origin and that step: _moved's bound) and their typical level
+        # (seconds, context tokens).
+        self._windows: dict[int, deque[tuple[float, float, int, float]]] = {}
         self._typical: dict[int, tuple[float, float]] = {}
         self._relaxing: set[int] = set()
         self._high_steps = [0.0] * n            # the latest samples over the typical level
@@ -385,9 +386,11 @@ class StepTimeTable:
         windows = self._windows.get(i)
         if windows is None:
             windows = self._windows[i] = deque(maxlen=_TYPICAL_WINDOWS)
-        windows.append((mean, kv, step))
+        windows.append((mean, kv, step, mean / max(kv, 1.0)))
         oldest = step - _TYPICAL_HORIZON
-        levels = sorted(_moved(slope, t, x, kv) for t, x, at in windows if at >= oldest)
+        # _moved over every window, inline (one call each cost ~twice the sum), its bound kept.
+        levels = sorted([t + min(slope, steepest) * (kv - x)
+                         for t, x, at, steepest in windows if at >= oldest])
         self._typical[i] = (levels[(len(levels) - 1) // 2], kv)
 
     def _high_bound(self, i: int, slope: float, kv: float) -> Optional[float]:
