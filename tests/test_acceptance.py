@@ -77,3 +77,20 @@ def test_a_batch_near_a_bound_does_not_move_the_rows_every_step():
     assert moves == 1                           # into arrays at 100; 48-95 keep them there
     est.add([2.0] * 47, 94.0, np.arange(47), 99)
     assert not est._arrays
+
+
+def test_accept_lengths_as_ints_or_floats_give_the_same_estimates_in_arrays():
+    """A worker may hand its accept lengths over as ints: the arrays read them as the floats."""
+    rng = np.random.default_rng(3)
+    ints, floats = AcceptanceEstimate(K, ROWS), AcceptanceEstimate(K, ROWS)
+    rows = np.arange(200)
+    for est in (ints, floats):
+        est.admit(rows.tolist(), 0)
+    for step in range(1, 12):
+        draws = rng.integers(1, K + 2, len(rows))
+        ints.add(draws.tolist(), float(draws.sum()), rows, step)
+        floats.add(draws.astype(float).tolist(), float(draws.sum()), rows, step)
+    assert ints._arrays and floats._arrays
+    assert ints.expected(rows) == floats.expected(rows)
+    assert ints.estimates() == floats.estimates()
+    np.testing.assert_array_equal(ints._rows, floats._rows)
