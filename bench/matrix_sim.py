@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from bench.burst_sim import sim_planner
+from bench.burst_sim import K, sim_planner
 from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
 from bench.sglang.matrix_report import heatmap
@@ -31,7 +31,6 @@ from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accepted
 
-K = 3
 # H100 run 8's median step ms per padded batch size at 256x256's mean context (384 a request).
 STEP_MS = {Mode.SPEC: {1: 8.37, 4: 8.57, 8: 8.76, 16: 9.07, 32: 10.06, 48: 11.30, 64: 12.23,
                        128: 20.50, 256: 35.17},

@@ -30,6 +30,7 @@ from bench.sglang.matrix_records import (LAUNCHED_TOGETHER, READINGS, cell_key,
                                          repeated, short_pools, stored_settings,
                                          with_rounds_asked)
 from bench.sglang.matrix_report import heatmap, matrix_report
+from bench.sglang.policy_matrix import ENGINES
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object, write_json
@@ -236,6 +237,23 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, 
     return base, matrix | {"records": records, "note": note}
 
 
+def parsed_swaps(given: list[str], parts: int) -> list[tuple[str, str]]:
+    """--swap's ENGINE=DIR values as (engine, folder), each engine once, over one part."""
+    if given and parts > 1:
+        raise ConfigError("--swap takes one part: a pass's cells would be rated against "
+                          "several calls' baselines")
+    swaps = []
+    for swap in given:
+        engine, sep, folder = swap.partition("=")
+        if not sep or engine not in ENGINES:
+            raise ConfigError(f"--swap {swap}: expected ENGINE=DIR with ENGINE one of "
+                              f"{', '.join(ENGINES)}")
+        swaps.append((engine, folder))
+    if len({engine for engine, _ in swaps}) < len(swaps):
+        raise ConfigError("--swap names one engine twice: swap each engine once")
+    return swaps
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.sglang.merge_matrix", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,19 +274,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     try:
         parts = [read_part(p) for p in args.parts]
-        if args.swap and len(parts) > 1:
-            raise ConfigError("--swap takes one part: a pass's cells would be rated against "
-                              "several calls' baselines")
-        swaps = [swap.partition("=") for swap in args.swap]
-        for engine, sep, folder in swaps:
-            if not sep or engine not in ("dual", "eagle3", "plain"):
-                raise ConfigError(f"--swap {engine}{sep}{folder}: expected ENGINE=DIR with "
-                                  "ENGINE dual, eagle3 or plain")
-        engines = [engine for engine, _, _ in swaps]
-        if len(set(engines)) < len(engines):
-            raise ConfigError("--swap names one engine twice: swap each engine once")
-        if swaps:
-            parts = [swapped(parts[0], [(engine, folder) for engine, _, folder in swaps])]
+        if swaps := parsed_swaps(args.swap, len(parts)):
+            parts = [swapped(parts[0], swaps)]
         matrix = merge(parts, args.processes, args.latest)
     except ValueError as err:          # ConfigError is one
         print(f"error: {err}", file=sys.stderr)
