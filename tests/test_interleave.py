@@ -58,6 +58,31 @@ def test_each_cell_runs_on_every_engine_in_a_rotating_order(tmp_path, monkeypatc
     assert spec["env"]["DGW_LAZY_STASH_MB"] == interleave.DUAL_ENV["DGW_LAZY_STASH_MB"]
 
 
+def test_frozen_collectors_are_asked_of_every_engine_and_each_cell_records_its_pauses(
+        tmp_path, monkeypatch, capsys):
+    """--freeze-gc: every engine freezes its collector once up, before it serves (as a tuned
+    server does), and the matrix says so; with or without it every record holds the bench
+    process's collection pauses over its runs, and the report their longest."""
+    rc, out, served = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3",
+                              "--freeze-gc")
+    assert rc == 0
+    froze = [s["kind"] for s in served if s.get("froze")]
+    assert sorted(froze) == ["dual", "eagle3"]
+    for kind in froze:
+        mine = [s for s in served if s["kind"] == kind]
+        assert mine[0].get("froze")                              # before its first batch
+    matrix = json.loads((out / "policy-matrix.json").read_text())
+    assert matrix["settings"]["freeze_gc"] and "collector frozen once up" in matrix["note"]
+    for r in matrix["records"]:
+        assert set(r["machine"]["bench_gc_ms"]) == {"gen0", "gen1", "gen2"}
+    assert "bench GC: longest ms" in (out / "report.md").read_text()
+    # A run without it into the same folder would mix the two: refused, one line.
+    capsys.readouterr()
+    rc, _, _ = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3")
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--freeze-gc True" in err
+
+
 def test_a_second_run_into_the_same_folder_starts_afresh(tmp_path, monkeypatch):
     """Earlier result files and accept acknowledgements never pass for this run's: engines
     still start one after another and every accept switch is acknowledged anew."""

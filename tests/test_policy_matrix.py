@@ -331,6 +331,20 @@ def test_swap_rates_another_pass_of_one_engine_against_the_parts_others(tmp_path
                     "--swap", f"eagle3={eagle}", first]) == 0
     merged = json.loads((tmp_path / "both" / "policy-matrix.json").read_text())
     assert [(c["eagle3"], c["ratio"]) for c in merged["cells"]] == [(1100.0, 0.8636)]
+    # A worker pass with its own DGW_* settings is how a setting is rated against the same
+    # baselines: the matrix carries that pass's settings, in its settings and its note.
+    tuned = _matrix(tmp_path, "m5", [rec("dual", 2.0, 8, 1000.0)],
+                    {"attention_backend": "default", "dual_env": {"DGW_EXPLORE_BUDGET": "0.005"}},
+                    note="worker at its defaults + {'DGW_EXPLORE_BUDGET': '0.005'}")
+    first_noted = _matrix(tmp_path, "m6", [rec("plain", None, 8, 1000.0),
+                                           rec("eagle3", 2.0, 8, 900.0), rec("dual", 2.0, 8, 1.0)],
+                          note="worker at its defaults")
+    assert mm.main(["--out", str(tmp_path / "tuned"), "--swap", f"dual={tuned}",
+                    first_noted]) == 0
+    merged = json.loads((tmp_path / "tuned" / "policy-matrix.json").read_text())
+    assert merged["settings"]["dual_env"] == {"DGW_EXPLORE_BUDGET": "0.005"}
+    assert "worker at its defaults + {'DGW_EXPLORE_BUDGET': '0.005'}; dual from m5" in \
+        merged["note"] and [c["ratio"] for c in merged["cells"]] == [1.0]
     other = _matrix(tmp_path, "o", [rec("dual", 2.0, 8, 1.0)], {"attention_backend": "triton"})
     two = _matrix(tmp_path, "m4", [rec("plain", None, c, 1000.0) for c in (8, 16)]
                   + [rec(e, 2.0, c, 900.0) for e in ("eagle3", "dual") for c in (8, 16)])
@@ -494,6 +508,15 @@ def test_an_interleaved_cells_rounds_make_one_record():
     assert "round" not in one and "output_tokens" not in one
     two = mr.merged_rounds([rnd(0, 100.0, 1.0, 100, 1.0, 50), rnd(1, 90.0, 2.0, 181, 1.5, 60)])
     assert two[0]["tok_s"] == 90.0 and two[0]["machine"]["cpu_s"] == 2.5
+    # The bench process's collection pauses: counts and times summed, the longest kept; none
+    # where a round has none.
+    paused = [rnd(r, 90.0, 2.0, 181, 1.0, 60) for r in range(2)]
+    for r, gen2 in zip(paused, ([1, 300.0, 300.0], [2, 50.0, 40.0])):
+        r["machine"]["bench_gc_ms"] = {"gen0": [5, 1.0, 0.5], "gen2": gen2}
+    machine = mr.merged_rounds(paused)[0]["machine"]
+    assert machine["bench_gc_ms"] == {"gen0": [10, 2.0, 0.5], "gen2": [3, 350.0, 300.0]}
+    del paused[1]["machine"]["bench_gc_ms"]
+    assert "bench_gc_ms" not in mr.merged_rounds(paused)[0]["machine"]
 
 
 def test_a_cell_whose_rounds_the_budget_cut_short_is_marked_in_the_grid(tmp_path):

@@ -697,22 +697,39 @@ def test_step_costs_per_cell_say_where_each_cells_time_went(tmp_path, capsys):
                             str(tmp_path / "dual.json")]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| a3 ")]
     # The decoding cell's one spec step (30 ms for a token a request) over a 5 ms decode step.
+    # The last column: the longest stretch of the cell's runs with no step and no prefill.
     assert rows == [
         "| a3 256x256 C=1 | 400 | 0.60 | spec/goodput 3 | s16 21.00 (3) | - | - | 0.000 | - "
-        "| - |",
+        "| - | 700 (tail) |",
         "| a3 256x256 C=16 | 2000 | 2.00 | decode/goodput 3, spec/goodput 1 | d16 5.00 (3) "
-        "| - | 1, 512, 30.0 | 0.250 | - | 25 (1.2%) |"]
+        "| - | 1, 512, 30.0 | 0.250 | - | 25 (1.2%) | 600 (tail) |"]
     # With SGLang's launch times: each cell's spec steps over their size's median in the log.
     log = [{"step": i, "t": t, "mode": "spec", "padded_bs": 16, "reason": "goodput",
             "launch_us": us} for i, (t, us) in enumerate(
                 [(10.1, 4000.0), (10.2, 4000.0), (20.4, 6000.0), (20.5, 2000.0), (20.6, 5000.0)])]
-    assert step_costs.cell_report(log, engine).splitlines()[2].endswith("| 1.00 | - |")
-    assert step_costs.cell_report(log, engine).splitlines()[3].endswith("| 1.25 | - |")
+    assert step_costs.cell_report(log, engine).splitlines()[2].endswith("| 1.00 | - | - |")
+    assert step_costs.cell_report(log, engine).splitlines()[3].endswith("| 1.25 | - | - |")
     # Each mode's ms per output token from the cell's own steps, spec at the forced length.
     own = {"s16": [0.021, 0.020, 0.022], "d16": [0.005] * 3, "d8": [0.004] * 2}
     assert step_costs.own_choice(own, 16, 3.0) == "0.438 / 0.312: d"
     assert step_costs.own_choice(own, 16, 4.5) == "0.292 / 0.312: s"
     assert step_costs.own_choice(own, 16, None) == "-"
+
+
+def test_a_cells_longest_idle_stretch_is_found_in_any_of_its_runs():
+    """Head, gap or tail, whichever is longest over every run; None without a timed step."""
+    from bench.sglang.step_costs import longest_idle
+
+    def cost(t: float, seconds: float, kind: str = "StepTime") -> dict:
+        return {"event": "cost", "kind": kind, "t": t, "seconds": seconds}
+
+    first = [cost(1.2, 0.1, "PrefillTime"), cost(1.25, 0.05), cost(1.3, 0.05)]
+    second = [cost(2.1, 0.1, "PrefillTime"), cost(2.15, 0.05), cost(2.6, 0.05), cost(2.7, 0.1)]
+    assert longest_idle(first, [[1.0, 1.35]]) == pytest.approx((0.1, "head"))
+    assert longest_idle(first + second, [[1.0, 1.35], [2.0, 2.75]]) == \
+        pytest.approx((0.4, "gap"))                 # 2.15 to 2.55: the second run's stall
+    assert longest_idle(first, [[1.0, 1.9]]) == pytest.approx((0.6, "tail"))
+    assert longest_idle([], [[1.0, 2.0]]) is None
 
 
 def test_speculation_over_decoding_prices_a_decoding_cells_re_measurement():

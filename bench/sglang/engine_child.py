@@ -7,7 +7,8 @@ interpreter, and exiting frees every GPU byte before the next engine starts; (2)
 adaptive mode's illegal memory access) then costs one phase, not the suite. The env in the spec
 is applied before SGLang is imported; SGLang's scheduler processes (spawn) inherit it.
 
-Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root.
+Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root, freeze_gc (the
+engine's processes freeze Python's collector once up: SGLang's Engine.freeze_gc).
 Task kinds: "sweep" (batch of c requests at once per concurrency; with "prefill_probe" the same
 batch shape is also timed generating one token, so the report can split off the decode steps),
 "exact" (staggered async
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from bench.sglang.host_speed import Hogs, probe_ms
+from bench.sglang.workload import random_prompts
+from dual_graph_worker.core.gc_pauses import GcPauses
 from dual_graph_worker.core.jsonio import write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -188,8 +191,6 @@ def _as_list(out) -> list:
 
 
 def run_sweep(engine, task: dict, emit) -> dict:
-    from bench.sglang.workload import random_prompts
-
     res = {"input_len": task["input_len"], "output_len": task["output_len"], "points": []}
     # A round of an interleaved cell (its `first_run`) draws the prompts of that run.
     last_run = task.get("first_run", 0) + task.get("short_cell_runs", 1)
@@ -210,61 +211,73 @@ def run_sweep(engine, task: dict, emit) -> dict:
                                                      seed=task.get("seed", 1000) + 7000 + c),
                             sampling_params=_sampling(min(16, task["output_len"])))
         res["warm_shapes_seconds"] = time.perf_counter() - t1
-    for c in task["concurrency"] if task.get("timed", True) else ():
-        probe_s = None
-        if task.get("prefill_probe"):
-            # The same batch shape generating one token: the prefill (and first step) alone.
-            # Fresh prompts (other seed) so the radix cache cannot shorten the prefill. Run
-            # first: one-token requests take no decode step, so the dual worker's policy state
-            # (which decides whether a prefill's draft prefill is deferred) is the one the
-            # previous point left for both runs, and the probe times the main run's prefill.
-            probe = random_prompts(c, task["input_len"], task["vocab"],
-                                   seed=task.get("seed", 1000) + 4000 + c)
-            t1 = time.perf_counter()
-            engine.generate(input_ids=probe, sampling_params=_sampling(1))
-            probe_s = time.perf_counter() - t1
-        before = _dual_state(engine)
-        host_ms, cpu0 = probe_ms(), _tree_cpu_s()
-        t0w = time.time()
-        load = int(task.get("host_load", 0))
-        runs, spans = [], []
-        with Hogs(load):
-            # A short cell is a few hundred steps: one slow spell of the host moves it by
-            # percents, so it runs again (fresh prompts) and reads the median run.
-            while not runs or (runs[0][0] < task.get("short_cell_s", 0.0)
-                               and len(runs) < task.get("short_cell_runs", 1)):
-                t_run = time.time()
-                runs.append(_timed_batch(engine, task, c, task.get("first_run", 0) + len(runs)))
-                spans.append([round(t_run, 3), round(time.time(), 3)])
-        cpu1 = _tree_cpu_s()
-        # The median run (the slower middle one of an even count) is the cell's figure; the
-        # machine record and the worker's counters span every run (`*_total`).
-        speeds = [tokens / dt for dt, tokens in runs]
-        dt, tokens = median_run(runs, lambda r: r[1] / r[0])
-        point = {"concurrency": c, "seconds": dt, "output_tokens": tokens, "tok_s": tokens / dt,
-                 "t_start": t0w, "t_end": time.time(), "runs_t": spans,
-                 "machine": {"host_probe_ms": host_ms, **_gpu_state(),
-                             "cpu_s": None if None in (cpu0, cpu1) else cpu1 - cpu0}}
-        if len(runs) > 1:
-            point |= {"runs_tok_s": [round(x, 2) for x in speeds],
-                      "seconds_total": sum(r[0] for r in runs),
-                      "output_tokens_total": sum(r[1] for r in runs)}
-        if load:
-            point["host_load"] = load
-        if probe_s is not None:
-            point["prefill_only_seconds"] = probe_s
-        if before is not None:
-            point["dual_graph"] = _counter_delta(before, _dual_state(engine))
-        res["points"].append(point)
-        emit(res)
+    # This process runs SGLang's tokenizer manager: a full collection here while a batch starts
+    # or ends stalls the cell, whatever the scheduler does. Each cell records its pauses.
+    pauses = GcPauses().start()
+    try:
+        for c in task["concurrency"] if task.get("timed", True) else ():
+            res["points"].append(_sweep_point(engine, task, c, pauses))
+            emit(res)
+    finally:
+        pauses.stop()
     return res
+
+
+def _sweep_point(engine, task: dict, c: int, pauses: GcPauses) -> dict:
+    """One concurrency of a sweep: its timed runs, the machine around them (this process's
+    collection pauses included) and the worker's counters."""
+    probe_s = None
+    if task.get("prefill_probe"):
+        # The same batch shape generating one token: the prefill (and first step) alone.
+        # Fresh prompts (other seed) so the radix cache cannot shorten the prefill. Run
+        # first: one-token requests take no decode step, so the dual worker's policy state
+        # (which decides whether a prefill's draft prefill is deferred) is the one the
+        # previous point left for both runs, and the probe times the main run's prefill.
+        probe = random_prompts(c, task["input_len"], task["vocab"],
+                               seed=task.get("seed", 1000) + 4000 + c)
+        t1 = time.perf_counter()
+        engine.generate(input_ids=probe, sampling_params=_sampling(1))
+        probe_s = time.perf_counter() - t1
+    before = _dual_state(engine)
+    host_ms, cpu0 = probe_ms(), _tree_cpu_s()
+    pauses.take()
+    t0w = time.time()
+    load = int(task.get("host_load", 0))
+    runs, spans = [], []
+    with Hogs(load):
+        # A short cell is a few hundred steps: one slow spell of the host moves it by
+        # percents, so it runs again (fresh prompts) and reads the median run.
+        while not runs or (runs[0][0] < task.get("short_cell_s", 0.0)
+                           and len(runs) < task.get("short_cell_runs", 1)):
+            t_run = time.time()
+            runs.append(_timed_batch(engine, task, c, task.get("first_run", 0) + len(runs)))
+            spans.append([round(t_run, 3), round(time.time(), 3)])
+    cpu1, gc_ms = _tree_cpu_s(), pauses.take()
+    # The median run (the slower middle one of an even count) is the cell's figure; the
+    # machine record and the worker's counters span every run (`*_total`).
+    speeds = [tokens / dt for dt, tokens in runs]
+    dt, tokens = median_run(runs, lambda r: r[1] / r[0])
+    point = {"concurrency": c, "seconds": dt, "output_tokens": tokens, "tok_s": tokens / dt,
+             "t_start": t0w, "t_end": time.time(), "runs_t": spans,
+             "machine": {"host_probe_ms": host_ms, **_gpu_state(),
+                         "cpu_s": None if None in (cpu0, cpu1) else cpu1 - cpu0,
+                         "bench_gc_ms": gc_ms}}
+    if len(runs) > 1:
+        point |= {"runs_tok_s": [round(x, 2) for x in speeds],
+                  "seconds_total": sum(r[0] for r in runs),
+                  "output_tokens_total": sum(r[1] for r in runs)}
+    if load:
+        point["host_load"] = load
+    if probe_s is not None:
+        point["prefill_only_seconds"] = probe_s
+    if before is not None:
+        point["dual_graph"] = _counter_delta(before, _dual_state(engine))
+    return point
 
 
 def _timed_batch(engine, task: dict, c: int, run: int) -> tuple[float, int]:
     """One batch of `c` requests at once: (seconds, output tokens). Fresh prompts for every
     run of every task: a repeated one would be served from the radix cache."""
-    from bench.sglang.workload import random_prompts
-
     prompts = random_prompts(c, task["input_len"], task["vocab"],
                              seed=task.get("seed", 1000) + c + REPEAT_SEED_STRIDE * run)
     t0 = time.perf_counter()
@@ -289,8 +302,6 @@ def run_exact(engine, task: dict, emit) -> dict:
 
 
 async def _ramp(engine, profile, prompt_len, out_lens, vocab) -> list[dict]:
-    from bench.sglang.workload import random_prompts
-
     done: list[dict] = []
     seed = [0]
 
@@ -452,6 +463,10 @@ def main(spec_path: str) -> int:
         write_json(result, out)
         return 2
     result["startup_s"] = time.perf_counter() - t0
+    if spec.get("freeze_gc"):
+        # As a tuned server does once warm: start-up's objects leave every later collection.
+        engine.freeze_gc()
+        result["gc_frozen"] = True
     after = gpu_used_mib()
     result["gpu_used_mib"] = {"before": before, "after_start": after}
     result["server_info"] = _server_info(engine)

@@ -56,7 +56,7 @@ LAUNCHED_TOGETHER = " (launched together)"
 # What a matrix without a "settings" record was measured with (every run before it: triton).
 SETTINGS_BEFORE = {"attention_backend": "triton", "dual_env": {},
                    "short_cells": {"below_s": 0.0, "runs": 1}, "host_load": 0,
-                   "interleave": False, "rounds": 1, "pin_cpus": None}
+                   "interleave": False, "rounds": 1, "pin_cpus": None, "freeze_gc": False}
 
 
 def short_pools(kv_pools: dict, asked: Optional[int]) -> str:
@@ -101,7 +101,8 @@ def other_settings(matrix: dict, settings: dict, keys: tuple[str, ...]) -> Optio
     flags = {"attention_backend": "--attention-backend", "dual_env": "--dual-env",
              "short_cells": "--short-cell-s/--short-cell-runs", "host_load": "--host-load",
              "interleave": "--interleave", "rounds": "--rounds", "pin_cpus": "--pin-cpus",
-             "radix_cache": "--radix-cache", "acc_sampling": "--acc-sampling", "gpu": "GPU"}
+             "radix_cache": "--radix-cache", "acc_sampling": "--acc-sampling", "gpu": "GPU",
+             "freeze_gc": "--freeze-gc"}
     return (f"was measured with {', '.join(f'{flags[k]} {theirs[k]!r}' for k in diff)}: use "
             "the same or another --out")
 
@@ -164,12 +165,26 @@ def merged_rounds(recs: list[dict]) -> list[dict]:
             "output_tokens_total": sum(r["output_tokens"] or 0 for r in rounds)}
         cpu = [(r.get("machine") or {}).get("cpu_s") for r in rounds]
         if "machine" in first:
-            merged["machine"] = first["machine"] | {
-                "cpu_s": None if None in cpu else sum(cpu)}
+            merged["machine"] = {k: v for k, v in first["machine"].items()
+                                 if k != "bench_gc_ms"} | {"cpu_s": None if None in cpu
+                                                           else sum(cpu)}
+            pauses = _summed_pauses([(r.get("machine") or {}).get("bench_gc_ms")
+                                     for r in rounds])
+            if pauses is not None:
+                merged["machine"]["bench_gc_ms"] = pauses
         if "dual_graph" in last:
             merged["dual_graph"] = summed_deltas([r.get("dual_graph") for r in rounds])
         out.append(merged)
     return out
+
+
+def _summed_pauses(rounds: list[Optional[dict]]) -> Optional[dict]:
+    """Rounds' collection pauses (GcPauses.take's) as one: counts and times summed, the
+    longest kept; None where a round has none."""
+    if not rounds or None in rounds:
+        return None
+    return {gen: [sum(r[gen][0] for r in rounds), round(sum(r[gen][1] for r in rounds), 3),
+                  max(r[gen][2] for r in rounds)] for gen in rounds[0]}
 
 
 def per_cell_median(recs: list[dict]) -> list[dict]:

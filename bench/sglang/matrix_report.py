@@ -150,9 +150,10 @@ def _spread(values: list[float]) -> str:
 def machine_report(recs: list[dict]) -> str:
     """Per engine and accept phase, the machine around its cells: a fixed Python workload's
     time before each cell and the side sampler's while it ran (host speed), the GPU's SM clock
-    after a cell, and the engine's CPU seconds per 1000 output tokens. A slow spell of the host
-    shows in the first two, one of the GPU in the third, one of an engine's own process in the
-    last alone."""
+    after a cell, the engine's CPU seconds per 1000 output tokens, and the longest collection
+    pause of the bench's process (SGLang's tokenizer manager runs in it). A slow spell of the
+    host shows in the first two, one of the GPU in the third, one of an engine's own process in
+    the fourth, a full collection that held up a batch in the last."""
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
         if r.get("machine") and "from" not in r:
@@ -161,8 +162,8 @@ def machine_report(recs: list[dict]) -> str:
         return ""
     lines = ["\n## The machine around the cells\n",
              "| engine | accept | cells | host probe ms (median, max) | host ms during cells "
-             "(median, max) | SM MHz (min-max) | CPU s / 1k tokens |",
-             "|---|---|---|---|---|---|---|"]
+             "(median, max) | SM MHz (min-max) | CPU s / 1k tokens | bench GC: longest ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for (engine, accept), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         m = [r["machine"] for r in rs]
         probe = [x["host_probe_ms"] for x in m if "host_probe_ms" in x]
@@ -171,12 +172,14 @@ def machine_report(recs: list[dict]) -> str:
         timed = [r for r in rs if r["machine"].get("cpu_s") is not None]
         cpu = sum(r["machine"]["cpu_s"] for r in timed)
         tokens = sum(r.get("output_tokens_total", r["tok_s"] * r["seconds"]) for r in timed)
+        pauses = [gen[2] for x in m for gen in (x.get("bench_gc_ms") or {}).values()]
         lines.append(
             f"| {engine} | {'-' if accept is None else f'{accept:g}'} | {len(rs)} | "
             + (f"{statistics.median(probe):.1f}, {max(probe):.1f}" if probe else "-") + " | "
             + (f"{statistics.median(during):.1f}, {max(during):.1f}" if during else "-") + " | "
             + (f"{min(sm):.0f}-{max(sm):.0f}" if sm else "-") + " | "
-            + (f"{1000 * cpu / tokens:.2f}" if tokens and cpu else "-") + " |")
+            + (f"{1000 * cpu / tokens:.2f}" if tokens and cpu else "-") + " | "
+            + (f"{max(pauses):.1f}" if pauses else "-") + " |")
     return "\n".join(lines) + "\n"
 
 

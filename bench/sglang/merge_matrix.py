@@ -12,7 +12,9 @@ so a matrix can be brought up to date cell by cell after the worker changed.
 
 With --swap ENGINE=DIR (one part) one engine's records come from DIR, another pass of that
 engine on the same machine with the same settings (engines run in turn, one call each): a matrix
-of the part's other engines and that pass.
+of the part's other engines and that pass. A worker pass may differ in its own DGW_* settings
+(policy_matrix --dual-env): that is how a setting is rated against the same baselines, and the
+matrix then carries the pass's.
 
     python -m bench.sglang.merge_matrix --out DIR [--processes | --latest]
                                         [--swap ENGINE=DIR ...] IN_DIR IN_DIR ...
@@ -21,6 +23,7 @@ of the part's other engines and that pass.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -154,6 +157,26 @@ def _settings(matrix: dict) -> dict:
     return stored_settings(matrix | {"note": note})
 
 
+# The note's account of the worker's DGW_* settings (policy_matrix's), which a worker pass may
+# change (swapped).
+_WORKER_CLAUSE = re.compile(r"worker at its defaults(?: \+ \{[^}]*\})?")
+
+
+def _worker_free(matrix: dict) -> dict:
+    """`matrix` as its baselines' servers were, whatever the worker's own settings."""
+    settings = {k: v for k, v in (matrix.get("settings") or {}).items() if k != "dual_env"}
+    return matrix | {"settings": settings,
+                     "note": _WORKER_CLAUSE.sub("worker at its defaults", matrix["note"])}
+
+
+def _with_worker_of(note: str, settings: dict, other: dict) -> tuple[str, dict]:
+    """A matrix's `note` and `settings` with `other`'s worker settings."""
+    worker = _WORKER_CLAUSE.search(other["note"])
+    if worker:
+        note = _WORKER_CLAUSE.sub(worker.group(0), note)
+    return note, settings | {"dual_env": (other.get("settings") or {}).get("dual_env", {})}
+
+
 def _servers_note(matrix: dict) -> str:
     """The matrix's note less how its engines were launched."""
     return matrix["note"].replace(LAUNCHED_TOGETHER, "")
@@ -216,14 +239,16 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, 
     pass in the folder (read_part), which must have been measured as the part was; the note
     names the passes."""
     base, matrix = part
-    records, note = matrix["records"], matrix["note"]
+    records, note, settings = matrix["records"], matrix["note"], matrix.get("settings") or {}
     for engine, folder in swaps:
         name, other = read_part(folder)
         mine = [r for r in other["records"] if r["engine"] == engine and "from" not in r]
         if not mine:
             raise ConfigError(f"--swap {engine}={folder}: its matrix holds no {engine} records; "
                               "name the folder of that engine's pass")
-        if not _same_servers(other, matrix):
+        worker = engine == "dual"
+        if not (_same_servers(_worker_free(other), _worker_free(matrix)) if worker
+                else _same_servers(other, matrix)):
             raise ConfigError(f"--swap {engine}={folder}: measured with other settings than "
                               f"{base}")
         before = [r for r in records if r["engine"] == engine and "from" not in r]
@@ -234,7 +259,9 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, 
                               "of every cell")
         records = [r for r in records if r["engine"] != engine] + mine
         note += f"; {engine} from {name}"
-    return base, matrix | {"records": records, "note": note}
+        if worker:
+            note, settings = _with_worker_of(note, settings, other)
+    return base, matrix | {"records": records, "note": note, "settings": settings}
 
 
 def parsed_swaps(given: list[str], parts: int) -> list[tuple[str, str]]:

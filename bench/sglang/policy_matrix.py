@@ -227,6 +227,7 @@ class Run:
     step_log: bool
     rounds: int = 1
     cpus: Optional[list[int]] = None     # every engine process pinned to these (all alike)
+    freeze_gc: bool = False
 
 
 def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] = None,
@@ -253,7 +254,8 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
     kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
     return {"engine_kwargs": kwargs | (extra_kwargs or {}), "env": env,
             "tasks": tasks_for(kind, run.accepts, run.workloads, run.vocab, run.repeats,
-                               run.host_load)} | ({"cpus": run.cpus} if run.cpus else {})
+                               run.host_load)} | ({"cpus": run.cpus} if run.cpus else {}) \
+        | ({"freeze_gc": True} if run.freeze_gc else {})
 
 
 def _spans(cpus: list[int]) -> str:
@@ -329,6 +331,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="processes per engine, taken in turn; a cell's tok/s is their median")
     ap.add_argument("--radix-cache", action="store_true",
                     help="SGLang's default radix cache on (off: --disable-radix-cache)")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="every engine freezes Python's collector once up (SGLang's "
+                         "Engine.freeze_gc), as a tuned server does: a full collection of "
+                         "start-up's objects then cannot stall a cell")
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--step-log", action="store_true",
                     help="the worker writes DIR/dual.steps.jsonl (modes and measured step "
@@ -429,7 +435,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if args.rounds == 1 else {"below_s": 0.0, "runs": 1},
                 "host_load": args.host_load, "interleave": args.interleave,
                 "rounds": args.rounds, "pin_cpus": args.pin_cpus and _spans(cpus),
-                "radix_cache": args.radix_cache, "acc_sampling": args.acc_sampling, "gpu": gpu}
+                "radix_cache": args.radix_cache, "acc_sampling": args.acc_sampling, "gpu": gpu,
+                "freeze_gc": args.freeze_gc}
     earlier = []
     if args.fill_from:
         try:
@@ -444,7 +451,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   file=sys.stderr)
             return 2
         if err := other_settings(filler, settings, ("attention_backend", "host_load",
-                                                    "radix_cache", "acc_sampling", "gpu")):
+                                                    "radix_cache", "acc_sampling", "gpu",
+                                                    "freeze_gc")):
             print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
             return 2
     if args.rounds != 1 and not (args.interleave and 1 <= args.rounds <= MAX_RUNS):
@@ -479,7 +487,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # The records kept from an earlier run into DIR must come from the same servers; the
     # sampling of forced acceptance matters where EAGLE-3's or the worker's records are kept.
     kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
-            "pin_cpus", "radix_cache", "gpu") + (() if "dual" in engines else ("dual_env",)) \
+            "pin_cpus", "radix_cache", "gpu", "freeze_gc") \
+        + (() if "dual" in engines else ("dual_env",)) \
         + (() if {"eagle3", "dual"} <= set(engines) else ("acc_sampling",))
     if previous and (err := other_settings(previous, settings, kept)):
         print(f"error: {matrix_path} {err}", file=sys.stderr)
@@ -494,6 +503,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
             f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
+            + ("collector frozen once up, " if args.freeze_gc else "") +
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}"
             + (f"; every engine's processes on CPUs {_spans(cpus)}" if cpus else "")
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "
@@ -510,7 +520,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               host_load=args.host_load, vocab=shapes.vocab_size, target=target, draft=draft,
               radix=args.radix_cache, log_level=args.log_level, backend=backend,
               acc_sampling=args.acc_sampling, dual_env=dual_env, step_log=args.step_log,
-              rounds=args.rounds, cpus=cpus)
+              rounds=args.rounds, cpus=cpus, freeze_gc=args.freeze_gc)
     writer = MatrixWriter(out, note, accepts_seen, columns, settings, earlier,
                           args.fill_from or "", previous.get("startup_s", {}),
                           previous.get("kv_pools") or {},

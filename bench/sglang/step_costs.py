@@ -158,6 +158,29 @@ def speculation_over_decoding(inside: list[dict]) -> Optional[float]:
     return spent - replaced
 
 
+def longest_idle(costs: list[dict], spans: list[list[float]]) -> Optional[tuple[float, str]]:
+    """The longest stretch of a cell's runs (`spans`, [start, end] each) in which the worker
+    ran no step and no prefill, and where it lay (head: before the first, tail: after the
+    last, gap: between two): time the cell lost outside the worker (a client's or tokenizer
+    manager's stall). None without a timed step or prefill."""
+    busy = sorted((e["t"] - e["seconds"], e["t"]) for e in costs
+                  if e.get("kind") in ("StepTime", "PrefillTime"))
+    longest: Optional[tuple[float, str]] = None
+    for start, end in spans:
+        mine = [b for b in busy if start <= b[1] and b[0] <= end]
+        if not mine:
+            continue
+        stretches = [(mine[0][0] - start, "head"), (end - max(e for _, e in mine), "tail")]
+        reach = mine[0][1]
+        for b0, b1 in mine[1:]:
+            stretches.append((b0 - reach, "gap"))
+            reach = max(reach, b1)
+        top = max(stretches)
+        if longest is None or top > longest:
+            longest = top
+    return longest
+
+
 def cell_report(log: list[dict], engine: dict) -> str:
     """One row per cell from the step log's lines (step records and events). How fast its
     spec steps' host work ran: the median of their launch times over their sizes' medians in
@@ -165,8 +188,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
     lines = ["| cell | tok/s | wall s | steps by mode/reason | median step ms (n) by mode+bs | "
              "own ms/token, spec / decode: faster | catch-ups: n, tokens, ms | prefill s | "
              "spec launch / its size's median | speculation over decoding: ms over the runs "
-             "(share of their seconds) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(share of their seconds) | longest idle ms (where) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     typical = launch_medians(log)
     for label, p, accept in cells(engine):
         inside = [e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]]
@@ -193,6 +216,7 @@ def cell_report(log: list[dict], engine: dict) -> str:
         up = (f"{len(ups)}, {sum(t for t, _ in ups)}, {1e3 * sum(s for _, s in ups):.1f}"
               if ups else "-")
         over = speculation_over_decoding(inside)
+        idle = longest_idle(costs, p.get("runs_t") or [[p["t_start"], p["t_end"]]])
         wall = p.get("seconds_total") or p["seconds"]
         lines.append(f"| {label} | {p['tok_s']:.0f} | {p['seconds']:.2f} | "
                      + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
@@ -200,7 +224,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
                      f"{prefill:.3f} | "
                      + (f"{statistics.median(slowdown):.2f} |" if slowdown else "- |")
                      + (" - |" if over is None else f" {1e3 * over:.0f}"
-                        + (f" ({over / wall:.1%}) |" if wall else " |")))
+                        + (f" ({over / wall:.1%}) |" if wall else " |"))
+                     + (" - |" if idle is None else f" {1e3 * idle[0]:.0f} ({idle[1]}) |"))
     return "\n".join(lines) + "\n"
 
 

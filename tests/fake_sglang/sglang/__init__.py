@@ -33,6 +33,10 @@ class Engine:
                                  "kv": self.kwargs.get("max_total_tokens")}) + "\n")
         return [{"output_ids": [1] * sampling_params["max_new_tokens"]} for _ in input_ids]
 
+    def freeze_gc(self):
+        with open(os.environ["FAKE_SGLANG_LOG"], "a") as fh:
+            fh.write(json.dumps({"kind": self.kind, "froze": True}) + "\n")
+
     def get_server_info(self):
         return {"internal_states": [{}]}
 
