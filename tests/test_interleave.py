@@ -81,6 +81,12 @@ def test_frozen_collectors_are_asked_of_every_engine_and_each_cell_records_its_p
     rc, _, _ = _matrix(tmp_path, monkeypatch, "--engines", "dual,eagle3")
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "--freeze-gc True" in err
+    # An SGLang without Engine.freeze_gc: each engine's run fails with the line that says so.
+    monkeypatch.setenv("FAKE_SGLANG_OLD", "1")
+    rc, out, _ = _matrix(tmp_path / "old", monkeypatch, "--engines", "dual", "--freeze-gc")
+    assert rc != 0
+    assert "no freeze_gc (0.5.17 has): run without --freeze-gc" in \
+        json.loads((out / "dual.json").read_text())["error"]
 
 
 def test_a_second_run_into_the_same_folder_starts_afresh(tmp_path, monkeypatch):

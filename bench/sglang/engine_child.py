@@ -465,6 +465,12 @@ def main(spec_path: str) -> int:
     result["startup_s"] = time.perf_counter() - t0
     if spec.get("freeze_gc"):
         # As a tuned server does once warm: start-up's objects leave every later collection.
+        if not hasattr(engine, "freeze_gc"):
+            result["error"] = ("this SGLang's Engine has no freeze_gc (0.5.17 has): run "
+                               "without --freeze-gc")
+            write_json(result, out)
+            _shut(engine)
+            return 2
         engine.freeze_gc()
         result["gc_frozen"] = True
     after = gpu_used_mib()
@@ -500,11 +506,15 @@ def main(spec_path: str) -> int:
         rc = serve(engine, Path(spec["inbox"]), record)
     result["ok"] = rc == 0
     write_json(result, out)
+    _shut(engine)
+    return rc
+
+
+def _shut(engine) -> None:
     try:
         engine.shutdown()
     except Exception:
         pass
-    return rc
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A stand-in for sglang in engine_child's process (tests/test_interleave.py): an Engine that
 answers at once and appends each batch it serves to FAKE_SGLANG_LOG (the kind named by
 FAKE_SGLANG_FAIL fails to start; FAKE_SGLANG_DIE=kind:n exits in that kind's n-th batch;
-FAKE_SGLANG_SLOW_S makes every batch take that long), and a follower of the
+FAKE_SGLANG_SLOW_S makes every batch take that long, FAKE_SGLANG_OLD leaves out
+Engine.freeze_gc), and a follower of the
 bench's accept-length file that acknowledges each value as SGLang's scheduler would."""
 
 import json
@@ -33,7 +34,13 @@ class Engine:
                                  "kv": self.kwargs.get("max_total_tokens")}) + "\n")
         return [{"output_ids": [1] * sampling_params["max_new_tokens"]} for _ in input_ids]
 
+    @property
     def freeze_gc(self):
+        if os.environ.get("FAKE_SGLANG_OLD"):        # an SGLang from before Engine.freeze_gc
+            raise AttributeError("freeze_gc")
+        return self._freeze_gc
+
+    def _freeze_gc(self):
         with open(os.environ["FAKE_SGLANG_LOG"], "a") as fh:
             fh.write(json.dumps({"kind": self.kind, "froze": True}) + "\n")
 
