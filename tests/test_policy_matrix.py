@@ -188,7 +188,7 @@ def test_a_matrix_merged_from_calls_rates_each_cell_within_its_call(tmp_path, ca
     # Those the parts predate as their note tells them: its head names the GPU.
     assert merged["settings"] == {"attention_backend": "default", "host_load": 0,
                                   "interleave": False, "pin_cpus": None, "radix_cache": None,
-                                  "acc_sampling": None, "gpu": "note",
+                                  "acc_sampling": None, "gpu": "note", "freeze_gc": False,
                                   "short_cells": {"a": repeats, "b": None}}
     assert {(c["concurrency"], c["ratio"]) for c in merged["cells"]} == {(1, 0.99), (64, 1.01)}
     assert {r["call"] for r in merged["records"]} == {"a", "b"}
@@ -345,6 +345,16 @@ def test_swap_rates_another_pass_of_one_engine_against_the_parts_others(tmp_path
     assert merged["settings"]["dual_env"] == {"DGW_EXPLORE_BUDGET": "0.005"}
     assert "worker at its defaults + {'DGW_EXPLORE_BUDGET': '0.005'}; dual from m5" in \
         merged["note"] and [c["ratio"] for c in merged["cells"]] == [1.0]
+    # A pass from before --freeze-gc (its settings lack the key) ran without it: it pairs with
+    # a new pass that says so, not with one that froze.
+    new_pass = _matrix(tmp_path, "m7", [rec("dual", 2.0, 8, 990.0)],
+                       {"attention_backend": "default", "freeze_gc": False})
+    assert mm.main(["--out", str(tmp_path / "old-new"), "--swap", f"dual={new_pass}", first]) == 0
+    frozen = _matrix(tmp_path, "m8", [rec("dual", 2.0, 8, 990.0)],
+                     {"attention_backend": "default", "freeze_gc": True})
+    capsys.readouterr()
+    assert mm.main(["--out", str(tmp_path / "old-frozen"), "--swap", f"dual={frozen}", first]) == 2
+    assert "other settings" in capsys.readouterr().err
     other = _matrix(tmp_path, "o", [rec("dual", 2.0, 8, 1.0)], {"attention_backend": "triton"})
     two = _matrix(tmp_path, "m4", [rec("plain", None, c, 1000.0) for c in (8, 16)]
                   + [rec(e, 2.0, c, 900.0) for e in ("eagle3", "dual") for c in (8, 16)])

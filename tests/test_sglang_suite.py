@@ -201,6 +201,38 @@ def test_shape_warm_up_runs_every_batch_shape_on_fresh_prompts_before_timing():
         assert [t["warm_shapes"] for t in sweeps] == [True] + [False] * (len(sweeps) - 1)
 
 
+def test_a_sweep_freezes_the_collectors_once_warm_and_records_each_cells_pauses():
+    """With freeze_gc the engine's collectors freeze after the warm-up and the shape warm-up,
+    before the first timed batch; every cell holds this process's collection pauses."""
+    import gc
+
+    from bench.sglang import engine_child
+
+    calls = []
+
+    class FakeEngine:
+        def generate(self, input_ids, sampling_params):
+            calls.append(("generate", sampling_params["max_new_tokens"]))
+            gc.collect()                        # a collection while the cell's batch runs
+            return [{"output_ids": [0] * sampling_params["max_new_tokens"]} for _ in input_ids]
+
+        def freeze_gc(self):
+            calls.append(("freeze", None))
+
+    task = {"concurrency": [1, 4], "input_len": 8, "output_len": 32, "vocab": 100,
+            "warmup": True, "warm_shapes": True, "freeze_gc": True}
+    res = engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)
+    assert calls == [("generate", engine_child.WARMUP_TOKENS), ("generate", 16),
+                     ("generate", 16), ("freeze", None), ("generate", 32), ("generate", 32)]
+    assert res["gc_frozen"]
+    for point in res["points"]:
+        assert point["machine"]["bench_gc_ms"]["gen2"][0] == 1      # its own batch's, alone
+    calls.clear()
+    del task["freeze_gc"]
+    engine_child.run_sweep(FakeEngine(), task, emit=lambda r: None)
+    assert ("freeze", None) not in calls
+
+
 def test_a_short_cell_runs_again_on_fresh_prompts_and_reads_the_median(monkeypatch):
     from bench.sglang import engine_child
     from bench.sglang.policy_matrix import Repeats, Workload, sweep_task, tasks_for
@@ -730,6 +762,10 @@ def test_a_cells_longest_idle_stretch_is_found_in_any_of_its_runs():
         pytest.approx((0.4, "gap"))                 # 2.15 to 2.55: the second run's stall
     assert longest_idle(first, [[1.0, 1.9]]) == pytest.approx((0.6, "tail"))
     assert longest_idle([], [[1.0, 2.0]]) is None
+    # A run with nothing of the worker in it is one stretch; a step past a rounded span's edge
+    # leaves no negative stretch.
+    assert longest_idle(first, [[1.0, 1.35], [5.0, 5.5]]) == pytest.approx((0.5, "run"))
+    assert longest_idle([cost(1.3, 0.35)], [[1.0, 1.3]]) == (0.0, "tail")
 
 
 def test_speculation_over_decoding_prices_a_decoding_cells_re_measurement():

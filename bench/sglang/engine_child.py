@@ -7,8 +7,8 @@ interpreter, and exiting frees every GPU byte before the next engine starts; (2)
 adaptive mode's illegal memory access) then costs one phase, not the suite. The env in the spec
 is applied before SGLang is imported; SGLang's scheduler processes (spawn) inherit it.
 
-Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root, freeze_gc (the
-engine's processes freeze Python's collector once up: SGLang's Engine.freeze_gc).
+Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root, freeze_gc (each
+sweep freezes the engine's collectors once warm: SGLang's Engine.freeze_gc).
 Task kinds: "sweep" (batch of c requests at once per concurrency; with "prefill_probe" the same
 batch shape is also timed generating one token, so the report can split off the decode steps),
 "exact" (staggered async
@@ -211,6 +211,11 @@ def run_sweep(engine, task: dict, emit) -> dict:
                                                      seed=task.get("seed", 1000) + 7000 + c),
                             sampling_params=_sampling(min(16, task["output_len"])))
         res["warm_shapes_seconds"] = time.perf_counter() - t1
+    if task.get("freeze_gc"):
+        # Once warm, as SGLang's Engine.freeze_gc asks: what start-up and the warm-up built
+        # leaves every later collection, in this process, the scheduler and the detokenizer.
+        engine.freeze_gc()
+        res["gc_frozen"] = True
     # This process runs SGLang's tokenizer manager: a full collection here while a batch starts
     # or ends stalls the cell, whatever the scheduler does. Each cell records its pauses.
     pauses = GcPauses().start()
@@ -410,9 +415,10 @@ def run_child(folder: Path, spec: dict, *, shim_dir: Path, timeout: float,
     return Child(folder, spec, shim_dir=shim_dir, python=python).wait(timeout)
 
 
-def serve(engine, inbox: Path, record) -> int:
-    """Tasks one at a time from INBOX/NNNN.json (written whole by the parent), each answered in
-    INBOX/NNNN.out.json and passed to `record`, until an "exit" task; 1 if the parent goes."""
+def serve(engine, inbox: Path, record, extra: Optional[dict] = None) -> int:
+    """Tasks one at a time from INBOX/NNNN.json (written whole by the parent), each (with
+    `extra`'s keys) answered in INBOX/NNNN.out.json and passed to `record`, until an "exit"
+    task; 1 if the parent goes."""
     parent, n = os.getppid(), 0
     while os.getppid() == parent:
         path = inbox / f"{n:04d}.json"
@@ -423,7 +429,7 @@ def serve(engine, inbox: Path, record) -> int:
         if task["kind"] == "exit":
             return 0
         try:
-            answer = TASKS[task["kind"]](engine, task, lambda partial: None)
+            answer = TASKS[task["kind"]](engine, task | (extra or {}), lambda partial: None)
         except Exception as exc:
             answer = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
         write_json(answer, inbox / f"{n:04d}.out.json")
@@ -463,16 +469,14 @@ def main(spec_path: str) -> int:
         write_json(result, out)
         return 2
     result["startup_s"] = time.perf_counter() - t0
-    if spec.get("freeze_gc"):
-        # As a tuned server does once warm: start-up's objects leave every later collection.
-        if not hasattr(engine, "freeze_gc"):
-            result["error"] = ("this SGLang's Engine has no freeze_gc (0.5.17 has): run "
-                               "without --freeze-gc")
-            write_json(result, out)
-            _shut(engine)
-            return 2
-        engine.freeze_gc()
-        result["gc_frozen"] = True
+    # Each sweep freezes the collector once warm (run_sweep), as a tuned server does.
+    frozen = {"freeze_gc": True} if spec.get("freeze_gc") else {}
+    if frozen and not hasattr(engine, "freeze_gc"):
+        result["error"] = ("this SGLang's Engine has no freeze_gc (0.5.17 has): run without "
+                           "--freeze-gc")
+        write_json(result, out)
+        _shut(engine)
+        return 2
     after = gpu_used_mib()
     result["gpu_used_mib"] = {"before": before, "after_start": after}
     result["server_info"] = _server_info(engine)
@@ -486,7 +490,7 @@ def main(spec_path: str) -> int:
             write_json(result, out)
 
         try:
-            emit(TASKS[task["kind"]](engine, task, emit))
+            emit(TASKS[task["kind"]](engine, task | frozen, emit))
         except BaseException as exc:
             result["tasks"][name] = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
             write_json(result, out)
@@ -503,7 +507,7 @@ def main(spec_path: str) -> int:
                 kept["points"] += answer.get("points", [])
                 kept.update({"error": answer["error"]} if "error" in answer else {})
             write_json(result, out)
-        rc = serve(engine, Path(spec["inbox"]), record)
+        rc = serve(engine, Path(spec["inbox"]), record, frozen)
     result["ok"] = rc == 0
     write_json(result, out)
     _shut(engine)

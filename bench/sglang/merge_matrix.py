@@ -146,7 +146,8 @@ def _servers(matrix: dict) -> dict:
     """The settings that make the servers what they are (not how cells were repeated)."""
     before = _settings(matrix)
     settings = {k: before[k] for k in ("host_load", "interleave", "pin_cpus", "radix_cache",
-                                       "acc_sampling", "gpu")} | (matrix.get("settings") or {})
+                                       "acc_sampling", "gpu", "freeze_gc")} \
+        | (matrix.get("settings") or {})
     return {k: v for k, v in settings.items() if k not in ("short_cells", "rounds")}
 
 
@@ -174,7 +175,7 @@ def _with_worker_of(note: str, settings: dict, other: dict) -> tuple[str, dict]:
     worker = _WORKER_CLAUSE.search(other["note"])
     if worker:
         note = _WORKER_CLAUSE.sub(worker.group(0), note)
-    return note, settings | {"dual_env": (other.get("settings") or {}).get("dual_env", {})}
+    return note, settings | {"dual_env": stored_settings(other)["dual_env"]}
 
 
 def _servers_note(matrix: dict) -> str:

@@ -332,9 +332,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--radix-cache", action="store_true",
                     help="SGLang's default radix cache on (off: --disable-radix-cache)")
     ap.add_argument("--freeze-gc", action="store_true",
-                    help="every engine freezes Python's collector once up (SGLang's "
-                         "Engine.freeze_gc), as a tuned server does: a full collection of "
-                         "start-up's objects then cannot stall a cell")
+                    help="every engine freezes Python's collectors once warm, before its "
+                         "timed cells (SGLang's Engine.freeze_gc), as a tuned server does: a "
+                         "full collection of start-up's objects then cannot stall a cell")
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--step-log", action="store_true",
                     help="the worker writes DIR/dual.steps.jsonl (modes and measured step "
@@ -503,7 +503,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{'error-diffused' if args.acc_sampling == 'diffused' else 'drawn at random'} per "
             f"step), {backend or 'SGLang default'} attention, 3 steps topk 1, "
             f"radix cache {'on' if args.radix_cache else 'off'}, T=0 ignore_eos, "
-            + ("collector frozen once up, " if args.freeze_gc else "") +
+            + ("collectors frozen once warm, " if args.freeze_gc else "") +
             f"worker at its defaults{' + ' + str(dual_env) if dual_env else ''}"
             + (f"; every engine's processes on CPUs {_spans(cpus)}" if cpus else "")
             + (f"; HOST LOADED ON PURPOSE: {args.host_load} processes spin on the CPU while "

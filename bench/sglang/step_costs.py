@@ -161,24 +161,26 @@ def speculation_over_decoding(inside: list[dict]) -> Optional[float]:
 def longest_idle(costs: list[dict], spans: list[list[float]]) -> Optional[tuple[float, str]]:
     """The longest stretch of a cell's runs (`spans`, [start, end] each) in which the worker
     ran no step and no prefill, and where it lay (head: before the first, tail: after the
-    last, gap: between two): time the cell lost outside the worker (a client's or tokenizer
-    manager's stall). None without a timed step or prefill."""
+    last, gap: between two, run: a whole run): a head or tail is the client's and the
+    tokenizer manager's time, a gap SGLang's scheduler's between two batches too. None without
+    a timed step or prefill in any run."""
     busy = sorted((e["t"] - e["seconds"], e["t"]) for e in costs
                   if e.get("kind") in ("StepTime", "PrefillTime"))
-    longest: Optional[tuple[float, str]] = None
+    stretches = []
     for start, end in spans:
         mine = [b for b in busy if start <= b[1] and b[0] <= end]
         if not mine:
+            stretches.append((end - start, "run"))
             continue
-        stretches = [(mine[0][0] - start, "head"), (end - max(e for _, e in mine), "tail")]
+        stretches += [(mine[0][0] - start, "head"), (end - max(e for _, e in mine), "tail")]
         reach = mine[0][1]
         for b0, b1 in mine[1:]:
             stretches.append((b0 - reach, "gap"))
             reach = max(reach, b1)
-        top = max(stretches)
-        if longest is None or top > longest:
-            longest = top
-    return longest
+    if not busy or not stretches:
+        return None
+    length, where = max(stretches)
+    return max(length, 0.0), where
 
 
 def cell_report(log: list[dict], engine: dict) -> str:
