@@ -165,13 +165,12 @@ def merged_rounds(recs: list[dict]) -> list[dict]:
             "output_tokens_total": sum(r["output_tokens"] or 0 for r in rounds)}
         cpu = [(r.get("machine") or {}).get("cpu_s") for r in rounds]
         if "machine" in first:
-            merged["machine"] = {k: v for k, v in first["machine"].items()
-                                 if k != "bench_gc_ms"} | {"cpu_s": None if None in cpu
-                                                           else sum(cpu)}
-            pauses = _summed_pauses([(r.get("machine") or {}).get("bench_gc_ms")
-                                     for r in rounds])
-            if pauses is not None:
-                merged["machine"]["bench_gc_ms"] = pauses
+            machine = merged["machine"] = first["machine"] | {
+                "cpu_s": None if None in cpu else sum(cpu),
+                "bench_gc_ms": _summed_pauses([(r.get("machine") or {}).get("bench_gc_ms")
+                                               for r in rounds])}
+            if machine["bench_gc_ms"] is None:
+                del machine["bench_gc_ms"]
         if "dual_graph" in last:
             merged["dual_graph"] = summed_deltas([r.get("dual_graph") for r in rounds])
         out.append(merged)

@@ -252,10 +252,10 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
                 env["DGW_STEP_LOG"] = str(run.out / "dual.steps.jsonl")
         env |= (dual_env or {}) | run.dual_env
     kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
+    optional = {"cpus": run.cpus, "freeze_gc": run.freeze_gc}
     return {"engine_kwargs": kwargs | (extra_kwargs or {}), "env": env,
             "tasks": tasks_for(kind, run.accepts, run.workloads, run.vocab, run.repeats,
-                               run.host_load)} | ({"cpus": run.cpus} if run.cpus else {}) \
-        | ({"freeze_gc": True} if run.freeze_gc else {})
+                               run.host_load)} | {k: v for k, v in optional.items() if v}
 
 
 def _spans(cpus: list[int]) -> str:
