@@ -777,6 +777,31 @@ def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_
     assert "step_s" not in logged[0]
 
 
+def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_path,
+                                                                bare_sglang_worker):
+    """With a step log, each prefill's choice (run the draft's prefill or defer it) is logged
+    with what the preview saw: the batch it grows to, the requests queued behind it and the
+    prompt tokens priced. A wave whose queue is not seen yet is priced on its first part."""
+    from dual_graph_worker.engines.sglang.hooks import QUEUED_ATTR
+
+    w = bare_sglang_worker(ThresholdPolicy(threshold=4, num_draft_tokens=3),
+                           step_log=tmp_path / "steps.jsonl")
+    held = [2]
+    w.req_to_token_pool = SimpleNamespace(size=64, available_size=lambda: 64 - held[0])
+    prefill = _batch(2)
+    lengths, none = np.array([100, 300]), np.array([], dtype=np.int64)
+    assert not w._next_step_decodes(prefill, lengths, 400, joins=none)    # bs 2: speculate
+    setattr(prefill, QUEUED_ATTR, 6)
+    assert w._next_step_decodes(prefill, lengths, 400, joins=none)        # bs 8: decode
+    w._step_log.close()
+    logged = [e for e in read_step_events(tmp_path / "steps.jsonl")
+              if e["event"] == "prefill_choice"]
+    assert [(e["bs"], e["requests"], e["queued"], e["priced_tokens"], e["draft"])
+            for e in logged] == [(2, 2, 0, 400, True), (8, 2, 6, 1600, False)]
+    assert logged[1]["kv_tokens"] == 400 + 400 * 6 // 2 and logged[1]["catch_up_tokens"] == 0
+    assert "goodput_spec" in logged[0] and "goodput_decode" in logged[0]
+
+
 def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
                                                        bare_sglang_worker):
     """Accept lengths reach the policy when SGLang hands them back; each launched batch's cost

@@ -451,9 +451,19 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         prompts = int(lengths.sum())
         kv_tokens = self._context.total(joins) + prompts + prompts * queued_fit // n
         fresh = tokens * (n + queued_fit) // n
-        return self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
-                                    catch_up_tokens=self.continuity.pending_tokens(joins)
-                                    ) is Mode.DECODE
+        owed = self.continuity.pending_tokens(joins)
+        decodes = self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
+                                       catch_up_tokens=owed) is Mode.DECODE
+        if self._step_log is not None:
+            # What each prefill's choice saw and how it priced both modes (the preview's
+            # goodputs): a wave that reaches the scheduler in parts is priced a part at a time.
+            state = self.planner.policy.state()
+            self._step_log.write_event("prefill_choice", time.time(), bs=bs, requests=n,
+                                       queued=queued_fit, tokens=tokens, priced_tokens=fresh,
+                                       kv_tokens=kv_tokens, catch_up_tokens=owed,
+                                       draft=not decodes, goodput_spec=state.spec_goodput,
+                                       goodput_decode=state.decode_goodput)
+        return decodes
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
