@@ -1,6 +1,8 @@
 """SIMULATED: the policy matrix's cells served in turn by one goodput controller, as one worker
 process serves them in `bench.sglang.policy_matrix` (accept lengths in turn; each workload's
-levels ascending; a cell is one wave of C requests, prefilled in 8192-token chunks), against the
+levels ascending; a cell is one wave of C requests, prefilled in 8192-token chunks before the next
+decode step, as SGLang's scheduler puts a waiting prefill first; the worker runs or defers the
+draft's prefill of each chunk as its preview of the grown batch says), against the
 same simulated server pinned to speculation (EAGLE-3) and to decode (plain), each cell alone.
 Step times are lines through H100 run 8's median steps (results/sglang/policy-matrix-h100-run8/
 step-costs.md) with the context's cost per token, times seeded noise; prefill, the draft's
@@ -55,11 +57,13 @@ def step_seconds(mode: Mode, padded_bs: int, kv_tokens: int) -> float:
 
 @dataclass
 class Server:
-    """One engine process: its planner, its acceptance's error diffusion, its noise, and the
-    mode its last step ran (plain: decode, EAGLE-3: spec, the worker: none before its first)."""
+    """One engine process: its planner, its acceptance's error diffusion, its noise, the mode it
+    is pinned to (plain: decode, EAGLE-3: spec, the worker: none) and the mode its last step
+    ran."""
     planner: StepPlanner
     rng: np.random.Generator
     noise: float
+    pin: Optional[Mode] = None
     mode: Optional[Mode] = None
     owed: float = 0.0
 
@@ -77,14 +81,12 @@ class Server:
         generated, behind = np.zeros(c, int), np.zeros(c, int)
         waiting = c
         while waiting or live.any():
-            if waiting:
+            while waiting:
                 new = np.flatnonzero(~live)[:min(waiting, max(PREFILL_CHUNK // input_len, 1))]
+                draft = self.drafts(np.flatnonzero(live), waiting, input_len, generated, behind)
                 live[new], generated[new] = True, 0
                 waiting -= len(new)
                 prompt = len(new) * input_len
-                # The draft prefills the prompts where the server speculates (EAGLE-3 always,
-                # plain never); the worker in decode mode defers it (a backlog of the prompts).
-                draft = self.mode is Mode.SPEC
                 behind[new] = 0 if draft else input_len       # plain never catches up
                 took = prompt * (PREFILL_S_PER_TOKEN + (DRAFT_S_PER_TOKEN if draft else 0.0))
                 policy.observe(Admitted(prompt, new))
@@ -111,12 +113,24 @@ class Server:
             live[rows[generated[rows] >= output_len]] = False
         return tokens, seconds
 
+    def drafts(self, joins: np.ndarray, waiting: int, input_len: int, generated: np.ndarray,
+               behind: np.ndarray) -> bool:
+        """Whether the draft prefills the next chunk: EAGLE-3 always, plain never; the worker
+        as the SGLang worker does, by its preview of the batch grown by every waiting prompt
+        (the chunk and those queued behind it), over the backlog of the rows it joins."""
+        if self.pin is not None:
+            return self.pin is Mode.SPEC
+        kv = int((input_len + generated[joins]).sum()) + waiting * input_len
+        return self.planner.preview(len(joins) + waiting, kv_tokens=kv,
+                                    prefill_tokens=waiting * input_len,
+                                    catch_up_tokens=int(behind[joins].sum())) is Mode.SPEC
+
 
 def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256) -> Server:
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
                           rows, pin)
-    return Server(planner, np.random.default_rng(seed), noise, pin)
+    return Server(planner, np.random.default_rng(seed), noise, pin, pin)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

@@ -30,14 +30,16 @@ def test_forced_acceptance_keeps_its_mean_step_by_step():
 
 @dataclass(kw_only=True)
 class DecodeThenSpec(PinnedPolicy):
-    """Decode for `decode_steps` steps, then speculation."""
+    """Decode for `decode_steps` committed steps, then speculation (a preview counts none)."""
     decode_steps: int = 3
-    decided: int = 0
+    committed: int = 0
 
     def decide(self, inputs):
-        self.decided += 1
-        return Decision(Mode.DECODE if self.decided <= self.decode_steps else Mode.SPEC,
+        return Decision(Mode.DECODE if self.committed < self.decode_steps else Mode.SPEC,
                         Reason.PINNED)
+
+    def commit(self, decision):
+        self.committed += 1
 
 
 def test_a_wave_costs_its_prefill_its_steps_and_a_switchs_catch_up():
@@ -59,6 +61,31 @@ def test_a_wave_costs_its_prefill_its_steps_and_a_switchs_catch_up():
         step(Mode.SPEC, 2, 2 * (64 + k)) for k in (3, 5, 7))
     catch_up = matrix_sim.CATCH_UP_FIXED_S + 2 * (64 + 3) * matrix_sim.DRAFT_S_PER_TOKEN
     assert (tokens, seconds) == (16, pytest.approx(prefill + steps + catch_up))
+
+
+@pytest.mark.parametrize("previews", [Mode.SPEC, Mode.DECODE])
+def test_the_worker_prefills_a_whole_wave_first_and_drafts_as_its_preview_says(previews):
+    """A wave of 8 prompts of 2048 tokens is two 8192-token chunks, both prefilled before the
+    first decode step (as SGLang runs a waiting prefill first); the worker's draft prefills them
+    only where its preview of the grown batch says speculate."""
+    seen = []
+
+    @dataclass(kw_only=True)
+    class Recording(PinnedPolicy):
+        def decide(self, inputs):
+            seen.append((inputs.bs, inputs.prefill_tokens))
+            return super().decide(inputs)
+
+    s = matrix_sim.server(None, 0, 0.0)
+    s.planner = StepPlanner(DispatchTable.build(SPEC_BS, DECODE_BS), Recording(mode=previews))
+    tokens, seconds = s.serve(2.0, 2048, 2, 8)
+    assert seen[:3] == [(8, 8 * 2048), (8, 4 * 2048), (8, 0)]     # two previews, then a step
+    draft = 8 * 2048 * matrix_sim.DRAFT_S_PER_TOKEN if previews is Mode.SPEC else 0.0
+    prefill = 8 * 2048 * matrix_sim.PREFILL_S_PER_TOKEN
+    step = matrix_sim.step_seconds
+    steps = step(previews, 8, 8 * 2048) + (step(previews, 8, 8 * 2049)
+                                            if previews is Mode.DECODE else 0.0)
+    assert (tokens, seconds) == (16, pytest.approx(prefill + draft + steps))
 
 
 def test_the_controller_follows_the_crossover_over_cells_served_in_turn():
