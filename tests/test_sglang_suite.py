@@ -768,6 +768,19 @@ def test_a_cells_longest_idle_stretch_is_found_in_any_of_its_runs():
     assert longest_idle([cost(1.3, 0.35)], [[1.0, 1.3]]) == (0.0, "tail")
 
 
+def test_a_cells_prefill_choices_count_the_drafted_and_show_the_first_preview():
+    from bench.sglang.step_costs import prefill_choices
+
+    def choice(draft: bool, queued: int, spec=None, decode=None) -> dict:
+        return {"event": "prefill_choice", "bs": 64, "queued": queued, "priced_tokens": 131072,
+                "draft": draft, "goodput_spec": spec, "goodput_decode": decode}
+
+    inside = [choice(False, 60, 4810.4, 5077.9), {"event": "cost"}, choice(True, 56)]
+    assert prefill_choices(inside) == "1 / 2; bs 64, 60 queued, 131072 tokens, 4810 / 5078"
+    assert prefill_choices([choice(True, 0)]).endswith("131072 tokens, -")
+    assert prefill_choices([{"event": "cost"}]) is None
+
+
 def test_speculation_over_decoding_prices_a_decoding_cells_re_measurement():
     """Its spec steps and the decode step that held the switch into them, less the decode steps
     their tokens stand for; nothing where the cell mostly speculated."""

@@ -231,6 +231,37 @@ def cell_report(log: list[dict], engine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prefill_choices(inside: list[dict]) -> Optional[str]:
+    """A cell's prefill_choice lines as one table cell: how many prefills ran the draft of how
+    many, and what the first one's preview saw (the batch it grew to, the requests queued
+    behind it, the prompt tokens priced) and priced (both modes' goodputs, tok/s)."""
+    chosen = [e for e in inside if e.get("event") == "prefill_choice"]
+    if not chosen:
+        return None
+    first = chosen[0]
+    spec, decode = first.get("goodput_spec"), first.get("goodput_decode")
+    priced = "-" if spec is None or decode is None else f"{spec:.0f} / {decode:.0f}"
+    return (f"{sum(e['draft'] for e in chosen)} / {len(chosen)}; bs {first['bs']}, "
+            f"{first['queued']} queued, {first['priced_tokens']} tokens, {priced}")
+
+
+def prefill_report(log: list[dict], engine: dict) -> str:
+    """Per cell, its prefills' draft choices (prefill_choices); empty for a log without them
+    (a worker before b7179c2)."""
+    rows = []
+    for label, p, _ in cells(engine):
+        got = prefill_choices([e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]])
+        if got is not None:
+            rows.append(f"| {label} | {got} |")
+    if not rows:
+        return ""
+    return ("\nEach cell's prefills: those that ran the draft's prefill (the rest deferred it) of "
+            "all; the first one's preview: the batch it grew to, the requests queued behind it, "
+            "the prompt tokens priced, speculation's / decoding's priced tok/s.\n\n"
+            "| cell | drafted / prefills; the first's preview |\n|---|---|\n"
+            + "\n".join(rows) + "\n")
+
+
 # The controller's scalar cost terms a step log's "estimates" lines carry, as table columns:
 # key, heading, scale, format.
 ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", 1.0, "{:.2f}"),
@@ -389,7 +420,7 @@ def full_report(log: list[dict], engine: Optional[dict] = None,
     them."""
     text = report(group_costs(log)) + settling_report(log)
     if engine is not None:
-        text += "\n" + cell_report(log, engine)
+        text += "\n" + cell_report(log, engine) + prefill_report(log, engine)
     return text + host_report(log) + spells_report(log, host or []) + estimates_report(log)
 
 
