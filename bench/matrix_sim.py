@@ -1,9 +1,10 @@
 """SIMULATED: the policy matrix's cells served in turn by one goodput controller, as one worker
 process serves them in `bench.sglang.policy_matrix` (accept lengths in turn; each workload's
-levels ascending; a cell is one wave of C requests, prefilled in 8192-token chunks before the next
-decode step, as SGLang's scheduler puts a waiting prefill first; the worker runs or defers the
-draft's prefill of each chunk as its preview of the grown batch says), against the
-same simulated server pinned to speculation (EAGLE-3) and to decode (plain), each cell alone.
+levels ascending; a cell is one wave of C requests, all queued before its first 8192-token chunk
+and prefilled before the next decode step, as SGLang's scheduler puts a waiting prefill first; the
+worker runs or defers the draft's prefill of each chunk as its preview of the grown batch says),
+against the same simulated server pinned to speculation (EAGLE-3) and to decode (plain), each
+cell alone.
 Step times are lines through H100 run 8's median steps (results/sglang/policy-matrix-h100-run8/
 step-costs.md) with the context's cost per token, times seeded noise; prefill, the draft's
 prefill and catch-up at that run's measured rates; accept lengths forced, error-diffused per
@@ -57,14 +58,12 @@ def step_seconds(mode: Mode, padded_bs: int, kv_tokens: int) -> float:
 
 @dataclass
 class Server:
-    """One engine process: its planner, its acceptance's error diffusion, its noise, the mode it
-    is pinned to (plain: decode, EAGLE-3: spec, the worker: none) and the mode its last step
-    ran."""
+    """One engine process: its planner, its acceptance's error diffusion, its noise and the mode
+    it is pinned to (plain: decode, EAGLE-3: spec, the worker: none)."""
     planner: StepPlanner
     rng: np.random.Generator
     noise: float
     pin: Optional[Mode] = None
-    mode: Optional[Mode] = None
     owed: float = 0.0
 
     def accept_len(self, accept: float) -> int:
@@ -96,7 +95,7 @@ class Server:
             kv = int((input_len + generated[rows]).sum())
             backlog = int(behind[rows].sum())
             plan = self.planner.plan(len(rows), rows=rows, catch_up_tokens=backlog, kv_tokens=kv)
-            mode = self.mode = plan.mode
+            mode = plan.mode
             spec = mode is Mode.SPEC
             caught_up = backlog if spec else 0
             took = step_seconds(mode, plan.padded_bs, kv) * float(
@@ -130,7 +129,7 @@ def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256) -> Ser
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
                           rows, pin)
-    return Server(planner, np.random.default_rng(seed), noise, pin, pin)
+    return Server(planner, np.random.default_rng(seed), noise, pin)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

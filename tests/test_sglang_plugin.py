@@ -778,28 +778,61 @@ def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_
 
 
 def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_path,
-                                                                bare_sglang_worker):
-    """With a step log, each prefill's choice (run the draft's prefill or defer it) is logged
-    with what the preview saw: the batch it grows to, the requests queued behind it and the
-    prompt tokens priced. A wave whose queue is not seen yet is priced on its first part."""
+                                                                monkeypatch, bare_sglang_worker):
+    """With a step log, each prefill that previewed the policy logs what the preview saw (the
+    batch it grows to, the requests queued behind it, the prompt tokens priced), how it priced
+    both modes, and whether the draft's prefill ran: a chunk forced to defer (its prompt's first
+    chunk was deferred) says so whatever its preview said. A wave whose queue is not seen yet is
+    priced on its first part."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    from bench.sglang.bare_worker import NoDraftWork
+    from dual_graph_worker.core.policy import PolicyState
     from dual_graph_worker.engines.sglang.hooks import QUEUED_ATTR
 
-    w = bare_sglang_worker(ThresholdPolicy(threshold=4, num_draft_tokens=3),
+    class Pricing(ThresholdPolicy):
+        def decide(self, inputs):
+            self.priced = inputs.bs
+            return super().decide(inputs)
+
+        def state(self):
+            return PolicyState(3.0, 100.0 * self.priced, 50.0 * self.priced)
+
+    class Previewing(NoDraftWork):
+        must_defer = False
+
+        def defers_prefill_of(self, batch, next_step_decodes):
+            return next_step_decodes() or self.must_defer
+
+    continuity = Previewing()
+    w = bare_sglang_worker(Pricing(threshold=4, num_draft_tokens=3), continuity=continuity,
                            step_log=tmp_path / "steps.jsonl")
+    w._running_rows = np.array([], dtype=np.int64)
     held = [2]
     w.req_to_token_pool = SimpleNamespace(size=64, available_size=lambda: 64 - held[0])
-    prefill = _batch(2)
-    lengths, none = np.array([100, 300]), np.array([], dtype=np.int64)
-    assert not w._next_step_decodes(prefill, lengths, 400, joins=none)    # bs 2: speculate
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None: "drafted")
+    monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish: "deferred")
+    prefill = _batch(2, ForwardMode.EXTEND)
+    prefill.extend_num_tokens = 400
+    prefill.seq_lens_cpu = torch.tensor([100, 300])
+    assert w.forward_batch_generation(prefill) == "drafted"             # bs 2: speculate
     setattr(prefill, QUEUED_ATTR, 6)
-    assert w._next_step_decodes(prefill, lengths, 400, joins=none)        # bs 8: decode
+    assert w.forward_batch_generation(prefill) == "deferred"            # bs 8: decode
+    setattr(prefill, QUEUED_ATTR, 0)
+    continuity.must_defer = True
+    assert w.forward_batch_generation(prefill) == "deferred"            # previewed spec
     w._step_log.close()
     logged = [e for e in read_step_events(tmp_path / "steps.jsonl")
               if e["event"] == "prefill_choice"]
-    assert [(e["bs"], e["requests"], e["queued"], e["priced_tokens"], e["draft"])
-            for e in logged] == [(2, 2, 0, 400, True), (8, 2, 6, 1600, False)]
+    assert [(e["bs"], e["requests"], e["queued"], e["priced_tokens"], e["preview_draft"],
+             e["draft"]) for e in logged] == [(2, 2, 0, 400, True, True),
+                                              (8, 2, 6, 1600, False, False),
+                                              (2, 2, 0, 400, True, False)]
+    assert [(e["goodput_spec"], e["goodput_decode"]) for e in logged] == [
+        (200.0, 100.0), (800.0, 400.0), (200.0, 100.0)]
     assert logged[1]["kv_tokens"] == 400 + 400 * 6 // 2 and logged[1]["catch_up_tokens"] == 0
-    assert "goodput_spec" in logged[0] and "goodput_decode" in logged[0]
 
 
 def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,

@@ -232,8 +232,8 @@ def cell_report(log: list[dict], engine: dict) -> str:
 
 
 def prefill_choices(inside: list[dict]) -> Optional[str]:
-    """A cell's prefill_choice lines as one table cell: how many prefills ran the draft of how
-    many, and what the first one's preview saw (the batch it grew to, the requests queued
+    """A cell's prefill_choice lines as one table cell: how many of the prefills that previewed
+    the policy ran the draft's prefill, and what the first one's preview saw (the batch it grew to, the requests queued
     behind it, the prompt tokens priced) and priced (both modes' goodputs, tok/s)."""
     chosen = [e for e in inside if e.get("event") == "prefill_choice"]
     if not chosen:
@@ -247,7 +247,7 @@ def prefill_choices(inside: list[dict]) -> Optional[str]:
 
 def prefill_report(log: list[dict], engine: dict) -> str:
     """Per cell, its prefills' draft choices (prefill_choices); empty for a log without them
-    (a worker before b7179c2)."""
+    (a worker that wrote none)."""
     rows = []
     for label, p, _ in cells(engine):
         got = prefill_choices([e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]])
@@ -255,8 +255,8 @@ def prefill_report(log: list[dict], engine: dict) -> str:
             rows.append(f"| {label} | {got} |")
     if not rows:
         return ""
-    return ("\nEach cell's prefills: those that ran the draft's prefill (the rest deferred it) of "
-            "all; the first one's preview: the batch it grew to, the requests queued behind it, "
+    return ("\nEach cell's prefills that previewed the policy: those that ran the draft's prefill "
+            "(the rest deferred it) of them; the first one's preview: the batch it grew to, the requests queued behind it, "
             "the prompt tokens priced, speculation's / decoding's priced tok/s.\n\n"
             "| cell | drafted / prefills; the first's preview |\n|---|---|\n"
             + "\n".join(rows) + "\n")

@@ -158,6 +158,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             if self.settings.step_log and self._is_rank0 else None)
         self._stall_watch = _stall_watch(self.settings) if self._is_rank0 else None
         self._gc = GcPauses().start() if self._step_log is not None else None
+        self._preview: Optional[dict] = None      # what this prefill's preview saw, to log
         if self._draft_worker.seed_dsa_topk_from_draft_extend:
             raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
                               "sharing (index_share_for_mtp_iteration); use EAGLE3")
@@ -416,8 +417,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self.planner.policy.observe(Admitted(tokens, rows))
         self._context.admitted(rows, lengths)
         running, self._running_rows = self._running_rows, np.union1d(self._running_rows, rows)
-        if self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(
-                batch, lengths, tokens, joins=np.setdiff1d(running, rows))):
+        deferred = self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(
+            batch, lengths, tokens, joins=np.setdiff1d(running, rows)))
+        self._log_prefill_choice(drafted=not deferred)
+        if deferred:
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
             self.counters.prefilled(tokens, deferred=True)
@@ -455,15 +458,23 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         decodes = self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
                                        catch_up_tokens=owed) is Mode.DECODE
         if self._step_log is not None:
-            # What each prefill's choice saw and how it priced both modes (the preview's
-            # goodputs): a wave that reaches the scheduler in parts is priced a part at a time.
+            # A wave that reaches the scheduler in parts is priced a part at a time: the log
+            # shows what each preview saw and how it priced both modes (state() holds the
+            # latest full decision's goodputs: an earlier one's during a re-measurement).
             state = self.planner.policy.state()
-            self._step_log.write_event("prefill_choice", time.time(), bs=bs, requests=n,
-                                       queued=queued_fit, tokens=tokens, priced_tokens=fresh,
-                                       kv_tokens=kv_tokens, catch_up_tokens=owed,
-                                       draft=not decodes, goodput_spec=state.spec_goodput,
-                                       goodput_decode=state.decode_goodput)
+            self._preview = dict(bs=bs, requests=n, queued=queued_fit, tokens=tokens,
+                                 priced_tokens=fresh, kv_tokens=kv_tokens, catch_up_tokens=owed,
+                                 preview_draft=not decodes, goodput_spec=state.spec_goodput,
+                                 goodput_decode=state.decode_goodput)
         return decodes
+
+    def _log_prefill_choice(self, drafted: bool) -> None:
+        """The preview this prefill's choice read (_next_step_decodes), if it read one, with
+        whether the draft's prefill ran: a later chunk of a prompt whose first was deferred is
+        deferred whatever its preview says."""
+        seen, self._preview = self._preview, None
+        if seen is not None and self._step_log is not None:
+            self._step_log.write_event("prefill_choice", time.time(), **seen, draft=drafted)
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
