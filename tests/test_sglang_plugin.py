@@ -242,6 +242,15 @@ def test_expected_batch_size_reads_the_request_pool_and_the_queue():
     assert expected_batch_size(None, queued=3) is None
 
 
+def test_held_rows_drop_the_rows_the_request_pool_has_freed():
+    from dual_graph_worker.engines.sglang.hooks import held_rows
+
+    pool = SimpleNamespace(free_slots=[3, 5, 9])
+    assert held_rows(pool, np.array([1, 3, 4, 5])).tolist() == [1, 4]
+    assert held_rows(SimpleNamespace(), np.array([1, 3])).tolist() == [1, 3]   # no free list
+    assert held_rows(pool, np.array([], dtype=np.int64)).tolist() == []
+
+
 def test_ledger_pairs_results_in_launch_order():
     clock = iter(range(100, 200)).__next__
     ledger = StepLedger(clock=lambda: float(clock()))
@@ -780,10 +789,11 @@ def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_
 def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_path,
                                                                 monkeypatch, bare_sglang_worker):
     """With a step log, each prefill that previewed the policy logs what the preview saw (the
-    batch it grows to, the requests queued behind it, the prompt tokens priced), how it priced
-    both modes, and whether the draft's prefill ran: a chunk forced to defer (its prompt's first
-    chunk was deferred) says so whatever its preview said. A wave whose queue is not seen yet is
-    priced on its first part."""
+    batch it grows to, the requests queued behind it, the prompt tokens priced, the backlog of
+    the rows it joins: those the pool still holds), how it priced both modes, and whether the
+    draft's prefill ran: a chunk forced to defer (its prompt's first chunk was deferred) says so
+    whatever its preview said. A wave whose queue is not seen yet is priced on its first
+    part."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
@@ -802,24 +812,29 @@ def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_p
     class Previewing(NoDraftWork):
         must_defer = False
 
+        def pending_tokens(self, rows):
+            return 10 * len(rows)
+
         def defers_prefill_of(self, batch, next_step_decodes):
             return next_step_decodes() or self.must_defer
 
     continuity = Previewing()
     w = bare_sglang_worker(Pricing(threshold=4, num_draft_tokens=3), continuity=continuity,
                            step_log=tmp_path / "steps.jsonl")
-    w._running_rows = np.array([], dtype=np.int64)
-    held = [2]
-    w.req_to_token_pool = SimpleNamespace(size=64, available_size=lambda: 64 - held[0])
+    # The last decode step ran rows 40 and 41; 40's request has finished since (its row freed).
+    w._running_rows = np.array([40, 41])
+    free = [r for r in range(1, 64) if r not in (1, 2, 41)]
+    w.req_to_token_pool = SimpleNamespace(size=63, free_slots=free,
+                                          available_size=lambda: len(free))
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
                         lambda self, batch, on_publish=None, grammar_barrier=None: "drafted")
     monkeypatch.setattr(type(w), "_deferred_prefill", lambda self, batch, on_publish: "deferred")
     prefill = _batch(2, ForwardMode.EXTEND)
     prefill.extend_num_tokens = 400
     prefill.seq_lens_cpu = torch.tensor([100, 300])
-    assert w.forward_batch_generation(prefill) == "drafted"             # bs 2: speculate
+    assert w.forward_batch_generation(prefill) == "drafted"             # bs 3: speculate
     setattr(prefill, QUEUED_ATTR, 6)
-    assert w.forward_batch_generation(prefill) == "deferred"            # bs 8: decode
+    assert w.forward_batch_generation(prefill) == "deferred"            # bs 9: decode
     setattr(prefill, QUEUED_ATTR, 0)
     continuity.must_defer = True
     assert w.forward_batch_generation(prefill) == "deferred"            # previewed spec
@@ -827,12 +842,13 @@ def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_p
     logged = [e for e in read_step_events(tmp_path / "steps.jsonl")
               if e["event"] == "prefill_choice"]
     assert [(e["bs"], e["requests"], e["queued"], e["priced_tokens"], e["preview_draft"],
-             e["draft"]) for e in logged] == [(2, 2, 0, 400, True, True),
-                                              (8, 2, 6, 1600, False, False),
-                                              (2, 2, 0, 400, True, False)]
+             e["draft"]) for e in logged] == [(3, 2, 0, 400, True, True),
+                                              (9, 2, 6, 1600, False, False),
+                                              (3, 2, 0, 400, True, False)]
     assert [(e["goodput_spec"], e["goodput_decode"]) for e in logged] == [
-        (200.0, 100.0), (800.0, 400.0), (200.0, 100.0)]
-    assert logged[1]["kv_tokens"] == 400 + 400 * 6 // 2 and logged[1]["catch_up_tokens"] == 0
+        (300.0, 150.0), (900.0, 450.0), (300.0, 150.0)]
+    assert logged[1]["kv_tokens"] == 400 + 400 * 6 // 2
+    assert [e["catch_up_tokens"] for e in logged] == [10, 10, 10]     # row 41's, not 40's
 
 
 def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
+
 PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
 RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
@@ -55,6 +57,16 @@ def expected_batch_size(req_to_token_pool: object, queued: int = 0) -> Optional[
     if not isinstance(size, int) or not callable(available):
         return None
     return min(max(size - int(available()), 0) + max(int(queued), 0), size)
+
+
+def held_rows(req_to_token_pool: object, rows: np.ndarray) -> np.ndarray:
+    """Those of `rows` the request pool still holds (not in its ``free_slots``): a finished
+    request's row is freed when its result is processed, with no decode step since to drop it
+    from the running batch the worker last saw. All of `rows` for a pool without that list."""
+    free = getattr(req_to_token_pool, "free_slots", None)
+    if not isinstance(free, list) or not len(rows):
+        return rows
+    return rows[~np.isin(rows, free)]
 
 
 def queued_requests(batch: Any) -> int:

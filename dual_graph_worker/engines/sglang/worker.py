@@ -67,7 +67,8 @@ from dual_graph_worker.engines.sglang.draft_extend_graph import (
     DraftSyncGraphs,
     build_draft_sync_graphs,
 )
-from dual_graph_worker.engines.sglang.hooks import expected_batch_size, queued_requests
+from dual_graph_worker.engines.sglang.hooks import (expected_batch_size, held_rows,
+                                                    queued_requests)
 from dual_graph_worker.engines.sglang.layout import (
     DecodeLengths,
     decode_lengths,
@@ -418,7 +419,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._context.admitted(rows, lengths)
         running, self._running_rows = self._running_rows, np.union1d(self._running_rows, rows)
         deferred = self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(
-            batch, lengths, tokens, joins=np.setdiff1d(running, rows)))
+            batch, lengths, tokens,
+            joins=held_rows(self.req_to_token_pool, np.setdiff1d(running, rows))))
         self._log_prefill_choice(drafted=not deferred)
         if deferred:
             result = self._deferred_prefill(batch, on_publish)
