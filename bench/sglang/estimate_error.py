@@ -4,9 +4,11 @@ in order) is fed to a controller with the run's start-up prior, each step commit
 it ran, exchanging every sync_every steps (its default) as the worker does; at the first step
 after each prefill, each mode's expected step at its padded size and context is set against
 the median of the clean steps (no catch-up, no carried launch; the batch's first two and last
-three left out) that mode ran at that size over the next 400 steps, where it ran at least 8.
-Open loop: the costs are the run's, whatever this controller would have chosen. Run it from
-another tree to compare.
+three left out) that mode ran at that size over the next 400 steps, where it ran at least 8;
+and the expected step at those steps' median context, apart from it: a cell's context grows as
+it runs (a 256-token output doubles a 256-token prompt's), so its steps run slower than its
+first, which the first error counts and the second does not. Open loop: the costs are the run's,
+whatever this controller would have chosen. Run it from another tree to compare.
 
     python -m bench.sglang.estimate_error TRACE.json.gz ... [--out FILE.json]
 
@@ -138,13 +140,17 @@ def _errors_here(p: GoodputController, costs: list, at: int, pb: int, kv: int,
     ahead = [r for r in costs[at:at + AHEAD] if r[0] != "p" and r[6] == bs][2:-3]
     out = []
     for m, mode in MODES.items():
-        clean = [r[2] for r in ahead if r[0] == m and r[1] == pb and clean_step(r)]
+        clean = [r for r in ahead if r[0] == m and r[1] == pb and clean_step(r)]
         expected = p.step_time(mode, pb, kv)
         if len(clean) >= MIN_STEPS and expected:
-            measured = statistics.median(clean)
+            measured = statistics.median(r[2] for r in clean)
+            steps_kv = int(statistics.median(r[5] for r in clean))
+            at_steps = p.step_time(mode, pb, steps_kv) or expected
             out.append({"row": at, "mode": mode.value, "padded_bs": pb, "kv_tokens": kv,
                         "expected_s": expected, "measured_s": measured,
-                        "error": expected / measured - 1})
+                        "error": expected / measured - 1, "steps_kv_tokens": steps_kv,
+                        "expected_at_steps_s": at_steps,
+                        "error_at_steps": at_steps / measured - 1})
     return out
 
 
@@ -154,16 +160,20 @@ def summary(errors: list[dict]) -> dict:
         e = [r["error"] for r in errors if r["mode"] == mode]
         if e:
             a = [abs(x) for x in e]
+            at = [r["error_at_steps"] for r in errors if r["mode"] == mode]
             out[mode] = {"cells": len(e), "mean_abs": statistics.fmean(a),
                          "median_abs": statistics.median(a), "max_abs": max(a),
-                         "mean_signed": statistics.fmean(e)}
+                         "mean_signed": statistics.fmean(e),
+                         "mean_abs_at_steps": statistics.fmean(abs(x) for x in at),
+                         "mean_signed_at_steps": statistics.fmean(at)}
     return out
 
 
 def _print_rows(name: str, stats: dict) -> None:
     for mode, s in stats.items():
         print(f"| {name} | {mode} | {s['cells']} | {s['mean_abs']:.3f} | "
-              f"{s['median_abs']:.3f} | {s['max_abs']:.3f} | {s['mean_signed']:+.3f} |")
+              f"{s['median_abs']:.3f} | {s['max_abs']:.3f} | {s['mean_signed']:+.3f} | "
+              f"{s['mean_abs_at_steps']:.3f} | {s['mean_signed_at_steps']:+.3f} |")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -173,8 +183,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     got = read_each(args.traces, lambda trace: (trace.get("source"), cell_errors(trace)))
     if got is None:
         return 2
-    print("| trace | mode | cells | mean abs error | median | max | mean signed |")
-    print("|---|---|---|---|---|---|---|")
+    print("| trace | mode | cells | mean abs error | median | max | mean signed | at the steps' "
+          "context: mean abs | mean signed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     every: list[dict] = []
     for path, (source, errors) in got.items():
         every += errors
