@@ -792,8 +792,8 @@ def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_p
     batch it grows to, the requests queued behind it, the prompt tokens priced, the backlog of
     the rows it joins: those the pool still holds), how it priced both modes, and whether the
     draft's prefill ran: a chunk forced to defer (its prompt's first chunk was deferred) says so
-    whatever its preview said. A wave whose queue is not seen yet is priced on its first
-    part."""
+    whatever its preview said, and a prefill that could not be deferred (no preview) is logged
+    too. A wave whose queue is not seen yet is priced on its first part."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
@@ -810,13 +810,15 @@ def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_p
             return PolicyState(3.0, 100.0 * self.priced, 50.0 * self.priced)
 
     class Previewing(NoDraftWork):
+        defers_prefill = True
         must_defer = False
+        room = True
 
         def pending_tokens(self, rows):
             return 10 * len(rows)
 
         def defers_prefill_of(self, batch, next_step_decodes):
-            return next_step_decodes() or self.must_defer
+            return self.room and (next_step_decodes() or self.must_defer)
 
     continuity = Previewing()
     w = bare_sglang_worker(Pricing(threshold=4, num_draft_tokens=3), continuity=continuity,
@@ -838,9 +840,14 @@ def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_p
     setattr(prefill, QUEUED_ATTR, 0)
     continuity.must_defer = True
     assert w.forward_batch_generation(prefill) == "deferred"            # previewed spec
+    continuity.room = False
+    assert w.forward_batch_generation(prefill) == "drafted"             # could not defer
     w._step_log.close()
     logged = [e for e in read_step_events(tmp_path / "steps.jsonl")
               if e["event"] == "prefill_choice"]
+    unpreviewed = logged.pop()
+    assert not unpreviewed["previewed"] and unpreviewed["draft"] and "bs" not in unpreviewed
+    assert all(e["previewed"] for e in logged)
     assert [(e["bs"], e["requests"], e["queued"], e["priced_tokens"], e["preview_draft"],
              e["draft"]) for e in logged] == [(3, 2, 0, 400, True, True),
                                               (9, 2, 6, 1600, False, False),

@@ -775,9 +775,12 @@ def test_a_cells_prefill_choices_count_the_drafted_and_show_the_first_preview():
         return {"event": "prefill_choice", "bs": 64, "queued": queued, "priced_tokens": 131072,
                 "draft": draft, "goodput_spec": spec, "goodput_decode": decode}
 
-    inside = [choice(False, 60, 4810.4, 5077.9), {"event": "cost"}, choice(True, 56)]
-    assert prefill_choices(inside) == "1 / 2; bs 64, 60 queued, 131072 tokens, 4810 / 5078"
+    unpreviewed = {"event": "prefill_choice", "previewed": False, "draft": True}
+    inside = [unpreviewed, choice(False, 60, 4810.4, 5077.9), {"event": "cost"}, choice(True, 56)]
+    assert prefill_choices(inside) == \
+        "2 / 3, 2 previewed; bs 64, 60 queued, 131072 tokens, 4810 / 5078"
     assert prefill_choices([choice(True, 0)]).endswith("131072 tokens, -")
+    assert prefill_choices([unpreviewed]) == "1 / 1, 0 previewed"
     assert prefill_choices([{"event": "cost"}]) is None
 
 

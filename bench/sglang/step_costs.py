@@ -232,17 +232,22 @@ def cell_report(log: list[dict], engine: dict) -> str:
 
 
 def prefill_choices(inside: list[dict]) -> Optional[str]:
-    """A cell's prefill_choice lines as one table cell: how many of the prefills that previewed
-    the policy ran the draft's prefill, and what the first one's preview saw (the batch it grew to, the requests queued
-    behind it, the prompt tokens priced) and priced (both modes' goodputs, tok/s)."""
+    """A cell's prefill_choice lines as one table cell: how many prefills ran the draft's prefill
+    of how many, how many of them previewed the policy (the rest could not defer), and what the
+    first preview saw (the batch it grew to, the requests queued behind it, the prompt tokens
+    priced) and priced (both modes' goodputs, tok/s)."""
     chosen = [e for e in inside if e.get("event") == "prefill_choice"]
     if not chosen:
         return None
-    first = chosen[0]
+    previews = [e for e in chosen if "bs" in e]
+    text = f"{sum(e['draft'] for e in chosen)} / {len(chosen)}, {len(previews)} previewed"
+    if not previews:
+        return text
+    first = previews[0]
     spec, decode = first.get("goodput_spec"), first.get("goodput_decode")
     priced = "-" if spec is None or decode is None else f"{spec:.0f} / {decode:.0f}"
-    return (f"{sum(e['draft'] for e in chosen)} / {len(chosen)}; bs {first['bs']}, "
-            f"{first['queued']} queued, {first['priced_tokens']} tokens, {priced}")
+    return (f"{text}; bs {first['bs']}, {first['queued']} queued, {first['priced_tokens']} "
+            f"tokens, {priced}")
 
 
 def prefill_report(log: list[dict], engine: dict) -> str:
@@ -255,10 +260,11 @@ def prefill_report(log: list[dict], engine: dict) -> str:
             rows.append(f"| {label} | {got} |")
     if not rows:
         return ""
-    return ("\nEach cell's prefills that previewed the policy: those that ran the draft's prefill "
-            "(the rest deferred it) of them; the first one's preview: the batch it grew to, the requests queued behind it, "
-            "the prompt tokens priced, speculation's / decoding's priced tok/s.\n\n"
-            "| cell | drafted / prefills; the first's preview |\n|---|---|\n"
+    return ("\nEach cell's prefills: those that ran the draft's prefill (the rest deferred it) of "
+            "all, and how many previewed the policy (the rest could not defer); the first "
+            "preview: the batch it grew to, the requests queued behind it, the prompt tokens "
+            "priced, speculation's / decoding's priced tok/s.\n\n"
+            "| cell | drafted / prefills, previewed; the first preview |\n|---|---|\n"
             + "\n".join(rows) + "\n")
 
 

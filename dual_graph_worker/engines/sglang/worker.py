@@ -471,12 +471,14 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return decodes
 
     def _log_prefill_choice(self, drafted: bool) -> None:
-        """The preview this prefill's choice read (_next_step_decodes), if it read one, with
-        whether the draft's prefill ran: a later chunk of a prompt whose first was deferred is
-        deferred whatever its preview says."""
+        """Where the draft's prefill may be deferred at all, whether this prefill's ran, with the
+        preview its choice read (_next_step_decodes; none where the prefill could not be
+        deferred, e.g. no room in the stash): a later chunk of a prompt whose first was deferred
+        is deferred whatever its preview says."""
         seen, self._preview = self._preview, None
-        if seen is not None and self._step_log is not None:
-            self._step_log.write_event("prefill_choice", time.time(), **seen, draft=drafted)
+        if self._step_log is not None and self.continuity.defers_prefill:
+            self._step_log.write_event("prefill_choice", time.time(), **(seen or {}),
+                                       previewed=seen is not None, draft=drafted)
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
