@@ -59,7 +59,7 @@ def bare_worker(policy, continuity=None, step_log=None, sizes=(TEST_SPEC_BS, TES
     w.continuity = continuity or NoDraftWork()
     w._stall_watch = None
     w._step_log = None if step_log is None else StepLogWriter(step_log)
-    w._preview = None
+    w.req_to_token_pool = None                   # no pool: every running row held
     w._spans = StepSpans.from_settings(Settings())
     w._decode_pool = eager_decode_pool()
     w._draft_sync = DraftSyncGraphs(runner="width-1-graphs")

@@ -159,7 +159,6 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             if self.settings.step_log and self._is_rank0 else None)
         self._stall_watch = _stall_watch(self.settings) if self._is_rank0 else None
         self._gc = GcPauses().start() if self._step_log is not None else None
-        self._preview: Optional[dict] = None      # what this prefill's preview saw, to log
         if self._draft_worker.seed_dsa_topk_from_draft_extend:
             raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
                               "sharing (index_share_for_mtp_iteration); use EAGLE3")
@@ -417,11 +416,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lengths = prefill_lengths(batch, len(rows))
         self.planner.policy.observe(Admitted(tokens, rows))
         self._context.admitted(rows, lengths)
-        running, self._running_rows = self._running_rows, np.union1d(self._running_rows, rows)
+        # The last decode step's rows, less those whose requests have finished since.
+        running = held_rows(self.req_to_token_pool, self._running_rows)
+        self._running_rows = np.union1d(running, rows)
+        seen: dict = {}
         deferred = self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(
-            batch, lengths, tokens,
-            joins=held_rows(self.req_to_token_pool, np.setdiff1d(running, rows))))
-        self._log_prefill_choice(drafted=not deferred)
+            batch, lengths, tokens, joins=np.setdiff1d(running, rows), seen=seen))
+        self._log_prefill_choice(seen, drafted=not deferred)
         if deferred:
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
@@ -436,14 +437,15 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self.counters.prefilled(tokens, deferred=False)
         return result
 
-    def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int,
-                           joins: np.ndarray) -> bool:
+    def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int, joins: np.ndarray,
+                           seen: dict) -> bool:
         """Whether the running batch this prefill joins (`joins`: its rows) will run in decode
         mode: the policy's choice, previewed and not committed, at the size that batch grows to,
         the rows in use plus the requests still queued behind it (hooks.py), capped at the
         request pool; with what the draft owes that batch, and the draft's prefill speculation
         would run over this prefill's `tokens` and over the queued requests that fit (a wave of
-        long prompts arrives in chunks: each alone looks cheap)."""
+        long prompts arrives in chunks: each alone looks cheap). With a step log, what it saw and
+        priced goes into `seen`."""
         pool = self.req_to_token_pool
         bs = expected_batch_size(pool, queued_requests(batch))
         if bs is None:
@@ -464,21 +466,19 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             # shows what each preview saw and how it priced both modes (state() holds the
             # latest full decision's goodputs: an earlier one's during a re-measurement).
             state = self.planner.policy.state()
-            self._preview = dict(bs=bs, requests=n, queued=queued_fit, tokens=tokens,
-                                 priced_tokens=fresh, kv_tokens=kv_tokens, catch_up_tokens=owed,
-                                 preview_draft=not decodes, goodput_spec=state.spec_goodput,
-                                 goodput_decode=state.decode_goodput)
+            seen.update(bs=bs, requests=n, queued=queued_fit, tokens=tokens, priced_tokens=fresh,
+                        kv_tokens=kv_tokens, catch_up_tokens=owed, preview_draft=not decodes,
+                        goodput_spec=state.spec_goodput, goodput_decode=state.decode_goodput)
         return decodes
 
-    def _log_prefill_choice(self, drafted: bool) -> None:
-        """Where the draft's prefill may be deferred at all, whether this prefill's ran, with the
-        preview its choice read (_next_step_decodes; none where the prefill could not be
+    def _log_prefill_choice(self, seen: dict, drafted: bool) -> None:
+        """Where the draft's prefill may be deferred at all, whether this prefill's ran, with what
+        the preview its choice read saw (_next_step_decodes; empty where the prefill could not be
         deferred, e.g. no room in the stash): a later chunk of a prompt whose first was deferred
         is deferred whatever its preview says."""
-        seen, self._preview = self._preview, None
         if self._step_log is not None and self.continuity.defers_prefill:
-            self._step_log.write_event("prefill_choice", time.time(), **(seen or {}),
-                                       previewed=seen is not None, draft=drafted)
+            self._step_log.write_event("prefill_choice", time.time(), **seen,
+                                       previewed=bool(seen), draft=drafted)
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
