@@ -183,6 +183,11 @@ def longest_idle(costs: list[dict], spans: list[list[float]]) -> Optional[tuple[
     return max(length, 0.0), where
 
 
+def cell_lines(log: list[dict], point: dict) -> list[dict]:
+    """The step log's lines from a cell's start to its end (`point`: the engine JSON's)."""
+    return [e for e in log if point["t_start"] <= e.get("t", -1) <= point["t_end"]]
+
+
 def cell_report(log: list[dict], engine: dict) -> str:
     """One row per cell from the step log's lines (step records and events). How fast its
     spec steps' host work ran: the median of their launch times over their sizes' medians in
@@ -194,7 +199,7 @@ def cell_report(log: list[dict], engine: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     typical = launch_medians(log)
     for label, p, accept in cells(engine):
-        inside = [e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]]
+        inside = cell_lines(log, p)
         reasons: dict[str, int] = defaultdict(int)
         slowdown = []
         for e in inside:
@@ -255,7 +260,7 @@ def prefill_report(log: list[dict], engine: dict) -> str:
     (a worker that wrote none)."""
     rows = []
     for label, p, _ in cells(engine):
-        got = prefill_choices([e for e in log if p["t_start"] <= e.get("t", -1) <= p["t_end"]])
+        got = prefill_choices(cell_lines(log, p))
         if got is not None:
             rows.append(f"| {label} | {got} |")
     if not rows:
