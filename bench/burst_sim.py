@@ -80,15 +80,16 @@ class SteadyPromptShare(GoodputController):
 
 
 def sim_planner(sizes: dict[Mode, Sequence[int]], prior_s: Callable[[Mode, int], float],
-                rows: int, pin: Optional[Mode], controller=GoodputController) -> StepPlanner:
+                rows: int, pin: Optional[Mode], controller=GoodputController,
+                settings: Settings = Settings()) -> StepPlanner:
     """A simulated server's planner over `sizes`: pinned to `pin`, else `controller` (a
-    GoodputController class) deferring the draft's prefill, with `prior_s` as its start-up
-    calibration."""
+    GoodputController class under `settings`) deferring the draft's prefill, with `prior_s` as
+    its start-up calibration."""
     if pin:
         policy = PinnedPolicy(mode=pin)
     else:
         prior = {GraphKey(m, b): prior_s(m, b) for m, bs in sizes.items() for b in bs}
-        policy = controller(ControllerConfig.from_settings(Settings(), K, defers_prefill=True,
+        policy = controller(ControllerConfig.from_settings(settings, K, defers_prefill=True,
                                                            max_rows=rows),
                             sizes, CalibrationTable(prior, K))
     return StepPlanner(DispatchTable.build(sizes[Mode.SPEC], sizes[Mode.DECODE]), policy)

@@ -12,7 +12,11 @@ step for the whole batch (as SGLANG_SIMULATE_ACC_LEN). It shows where the contro
 and re-measurements cost against the better pinned mode; the GPU decides what a server does.
 
     python -m bench.matrix_sim [--accept 1.5,2,3,3.5] [--seed 0] [--noise 0.02]
-                               [--out out/matrix-sim.json]
+                               [--dual-env DGW_NAME=VALUE ...] [--out out/matrix-sim.json]
+
+--seed takes a list (0,7,14): each seed serves the whole matrix, the summary counts each
+seed's cells, and the heatmap shows each cell's mean ratio over them. --dual-env sets the
+worker's settings as policy_matrix's does: a CPU check of a setting before a GPU pass of it.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
 from bench.sglang.matrix_report import heatmap
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accepted
+from dual_graph_worker.core.settings import Settings, assignments
 
 # H100 run 8's median step ms per padded batch size at 256x256's mean context (384 a request).
 STEP_MS = {Mode.SPEC: {1: 8.37, 4: 8.57, 8: 8.76, 16: 9.07, 32: 10.06, 48: 11.30, 64: 12.23,
@@ -125,17 +131,20 @@ class Server:
                                     catch_up_tokens=int(behind[joins].sum())) is Mode.SPEC
 
 
-def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256) -> Server:
+def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
+           settings: Settings = Settings()) -> Server:
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
-                          rows, pin)
+                          rows, pin, settings=settings)
     return Server(planner, np.random.default_rng(seed), noise, pin)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,
-             workloads: tuple[Workload, ...] = WORKLOADS) -> list[dict]:
+             workloads: tuple[Workload, ...] = WORKLOADS,
+             settings: Settings = Settings()) -> list[dict]:
     """Every cell's tok/s per engine and the worker's ratio to the better pinned one."""
-    engines = {"dual": server(None, seed, noise), "eagle3": server(Mode.SPEC, seed + 1, noise),
+    engines = {"dual": server(None, seed, noise, settings=settings),
+               "eagle3": server(Mode.SPEC, seed + 1, noise),
                "plain": server(Mode.DECODE, seed + 2, noise)}
     cells = []
     for a in accepts:
@@ -146,40 +155,85 @@ def simulate(accepts: list[float], seed: int, noise: float,
                     tokens, seconds = s.serve(a, w.input_len, w.output_len, c)
                     tok_s[name] = tokens / seconds
                 best = max(tok_s["eagle3"], tok_s["plain"])
-                cells.append({"accept_len": a, "input_len": w.input_len,
+                cells.append({"seed": seed, "accept_len": a, "input_len": w.input_len,
                               "output_len": w.output_len, "concurrency": c,
                               **{k: round(v, 1) for k, v in tok_s.items()},
                               "ratio": round(tok_s["dual"] / best, 4)})
     return cells
 
 
+def summary(cells: list[dict]) -> dict:
+    ratios = [c["ratio"] for c in cells]
+    return {"at_least_0_98": sum(r >= 0.98 for r in ratios), "cells": len(ratios),
+            "mean": float(np.mean(ratios)), "lowest": min(ratios)}
+
+
+def mean_over_seeds(cells: list[dict]) -> list[dict]:
+    """One cell per (accept, workload, C): its mean ratio over the seeds that served it."""
+    by: dict[tuple, list[dict]] = {}
+    for c in cells:
+        by.setdefault((c["accept_len"], c["input_len"], c["output_len"], c["concurrency"]),
+                      []).append(c)
+    return [{**runs[0], "ratio": round(float(np.mean([r["ratio"] for r in runs])), 4),
+             "seed": [r["seed"] for r in runs]} for runs in by.values()]
+
+
+def serve_seeds(accepts: list[float], seeds: list[int], noise: float,
+                settings: Settings) -> tuple[list[dict], list[dict]]:
+    """The matrix once per seed, each seed's summary printed as it ends: every cell, and the
+    summaries."""
+    cells, per_seed = [], []
+    for seed in seeds:
+        mine = simulate(accepts, seed, noise, WORKLOADS, settings)
+        cells += mine
+        per_seed.append(s := {"seed": seed, **summary(mine)})
+        if len(seeds) == 1:
+            for a in accepts:
+                print(f"accept {a}: " + " ".join(f"{c['ratio']:.3f}" for c in mine
+                                                 if c["accept_len"] == a))
+        print(f"seed {seed}: {s['at_least_0_98']} of {s['cells']} cells >= 0.98, mean "
+              f"{s['mean']:.3f}, lowest {s['lowest']:.3f}")
+    if len(seeds) > 1:
+        print(f"over {len(seeds)} seeds: "
+              f"{np.mean([s['at_least_0_98'] for s in per_seed]):.1f} cells >= 0.98 on average")
+    return cells, per_seed
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.matrix_sim", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--accept", default="1.5,2,3,3.5", help="forced accept lengths in 1..4")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", default="0", help="a seed or a list of seeds, e.g. 0,7,14")
     ap.add_argument("--noise", type=float, default=0.02, help="step times' lognormal sigma")
+    ap.add_argument("--dual-env", action="append", default=[],
+                    help="DGW_NAME=VALUE for the simulated worker (default: its defaults)")
     ap.add_argument("--out", type=output_file, default="out/matrix-sim.json")
     args = ap.parse_args(argv)
     try:
         accepts = [float(a) for a in args.accept.split(",")]
     except ValueError:
         ap.error(f"--accept wants numbers like 1.5,2, got {args.accept!r}")
+    try:
+        seeds = [int(s) for s in args.seed.split(",")]
+    except ValueError:
+        ap.error(f"--seed wants integers like 0 or 0,7,14, got {args.seed!r}")
     if not all(1.0 <= a <= K + 1 for a in accepts) or not 0.0 <= args.noise <= 0.5:
         ap.error(f"--accept in 1..{K + 1}, --noise in 0..0.5")
+    try:
+        dual_env = assignments(args.dual_env)
+    except ConfigError as exc:
+        ap.error(f"--dual-env: {exc}")
+    settings = Settings.from_env(dual_env)
     note = (f"SIMULATED server (step lines through H100 run 8's medians, noise {args.noise}, "
-            f"seed {args.seed}), accept forced; not a measurement")
+            f"seed {args.seed}), accept forced, worker at its defaults"
+            f"{' + ' + str(dual_env) if dual_env else ''}; not a measurement")
     print(note)
-    cells = simulate(accepts, args.seed, args.noise, WORKLOADS)
-    ratios = [c["ratio"] for c in cells]
-    for a in accepts:
-        print(f"accept {a}: " + " ".join(f"{c['ratio']:.3f}" for c in cells
-                                         if c["accept_len"] == a))
-    print(f"{sum(r >= 0.98 for r in ratios)} of {len(ratios)} cells >= 0.98, mean "
-          f"{np.mean(ratios):.3f}, lowest {min(ratios):.3f}")
+    cells, per_seed = serve_seeds(accepts, seeds, args.noise, settings)
     out = Path(args.out)
-    write_json({"simulated": True, "note": note, "cells": cells}, out)
-    heatmap(cells, accepts, list(WORKLOADS), out.with_suffix(".png"), note)
+    write_json({"simulated": True, "note": note, "dual_env": dual_env,
+                "seeds": [s | {"mean": round(s["mean"], 4)} for s in per_seed], "cells": cells},
+               out)
+    heatmap(mean_over_seeds(cells), accepts, list(WORKLOADS), out.with_suffix(".png"), note)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

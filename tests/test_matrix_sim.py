@@ -109,9 +109,34 @@ def test_the_matrix_sim_writes_a_labelled_result(tmp_path, capsys, monkeypatch):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_several_seeds_are_summed_up_and_a_setting_reaches_the_worker_alone(tmp_path, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setattr(matrix_sim, "WORKLOADS", (Workload(64, 32, (1, 4)),))
+    out = tmp_path / "m.json"
+    assert matrix_sim.main(["--accept", "2", "--seed", "0,7", "--dual-env", "DGW_MARGIN=0.2",
+                            "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "seed 7:" in printed and "over 2 seeds" in printed and "DGW_MARGIN" in printed
+    data = json.loads(out.read_text())
+    assert [s["seed"] for s in data["seeds"]] == [0, 7] and len(data["cells"]) == 4
+    assert data["dual_env"] == {"DGW_MARGIN": "0.2"}
+    settings = matrix_sim.Settings.from_env(data["dual_env"])
+    assert matrix_sim.server(None, 0, 0.0, settings=settings).planner.policy.config.margin == 0.2
+    assert matrix_sim.server(None, 0, 0.0).planner.policy.config.margin != 0.2
+
+
+def test_a_cells_mean_over_seeds_is_its_ratios_mean():
+    cells = [{"seed": s, "accept_len": 2.0, "input_len": 64, "output_len": 32,
+              "concurrency": 1, "ratio": r} for s, r in ((0, 0.97), (7, 0.99))]
+    (cell,) = matrix_sim.mean_over_seeds(cells)
+    assert cell["ratio"] == pytest.approx(0.98) and cell["seed"] == [0, 7]
+
+
 @pytest.mark.parametrize("args, says", [(["--accept", "5"], "--accept in 1..4"),
                                         (["--accept", "x"], "--accept wants numbers"),
-                                        (["--noise", "2"], "--noise in 0..0.5")])
+                                        (["--noise", "2"], "--noise in 0..0.5"),
+                                        (["--seed", "0,x"], "--seed wants integers"),
+                                        (["--dual-env", "DGW_MARGN=1"], "did you mean")])
 def test_bad_arguments_are_one_line(args, says, capsys):
     with pytest.raises(SystemExit) as exit_:
         matrix_sim.main(args)
