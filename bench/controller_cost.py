@@ -8,7 +8,10 @@ with and without request turnover), so a host's slow spell or cold start falls o
 alike and shows as the spread of the rounds' medians.
 
     python -m bench.controller_cost [--out out/controller-cost.json] [--steps 20000]
-                                    [--sync-every N] [--rounds 3] [--steady | --both]
+                                    [--sync-every N] [--rounds 3] [--steady | --both] [--split]
+
+--split also times each part of a step apart (an Admitted and the plan; StepTime; Accepted),
+each part's median printed and kept per row: two more clock reads a step, ~0.1 us each.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -48,13 +52,17 @@ def planner(settings: Settings = Settings()) -> StepPlanner:
     return StepPlanner(table, policy)
 
 
-def per_step_us(bs: int, steps: int, settings: Settings = Settings(),
-                turnover: bool = True) -> tuple[list[float], float]:
+PARTS = ("plan", "step_time", "accepted")
+
+
+def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: bool = True,
+                parts: Optional[dict[str, list[float]]] = None) -> tuple[list[float], float]:
     """Each step's microseconds after the first tenth, and the share of those steps
     speculating. `turnover`: requests of 256 output tokens finish as the steps' tokens say
     (bs x 3 / 256 a spec step at accept 3, bs / 256 a decode step) and new ones take their rows
     in the order rows were freed, each admission timed as the controller sees it (an Admitted
-    event and a new batch's rows); without it the batch never changes."""
+    event and a new batch's rows); without it the batch never changes. `parts`: where given,
+    each of PARTS' microseconds a step (after the first tenth) are added to its list."""
     p = planner(settings)
     ids = list(range(1, bs + 1))
     free = list(range(bs + 1, ROWS))
@@ -76,9 +84,15 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(),
             p.policy.observe(Admitted(256 * len(joined), joined))
         kv = bs * (256 + i % 256)         # contexts grow as a 256-in / 256-out batch's do
         plan = p.plan(bs, rows=rows, catch_up_tokens=0, kv_tokens=kv)
+        t1 = time.perf_counter_ns() if parts is not None else 0
         p.policy.observe(StepTime(plan.mode, plan.padded_bs, 0.01, kv_tokens=kv))
+        t2 = time.perf_counter_ns() if parts is not None else 0
         p.policy.observe(accepted(plan.mode, accept if plan.mode is Mode.SPEC else ones, rows))
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
+        t3 = time.perf_counter_ns()
+        samples.append((t3 - t0) / 1e3)
+        if parts is not None and i >= steps // 10:
+            for name, a, b in zip(PARTS, (t0, t1, t2), (t1, t2, t3)):
+                parts[name].append((b - a) / 1e3)
         modes.append(plan.mode is Mode.SPEC)
         owed += bs * (3.0 if plan.mode is Mode.SPEC else 1.0) / 256
     timed = modes[steps // 10:]
@@ -122,6 +136,8 @@ def main(argv=None) -> int:
                        help="no request turnover: the batch never changes (the lower bound)")
     batch.add_argument("--both", action="store_true",
                        help="with and without turnover, alternated in each round")
+    ap.add_argument("--split", action="store_true",
+                    help="also time each part of a step apart (the plan, StepTime, Accepted)")
     ap.add_argument("--sync-every", type=int_range(1, 1024), default=Settings().sync_every,
                     help="steps between exchanges (DGW_SYNC_EVERY's range; default %(default)s)")
     args = ap.parse_args(argv)
@@ -130,16 +146,18 @@ def main(argv=None) -> int:
     samples = {(t, bs): [] for t in variants for bs in BATCHES}
     medians = {key: [] for key in samples}
     spec = {key: [] for key in samples}
+    parts = {key: {name: [] for name in PARTS} for key in samples} if args.split else None
     for _ in range(args.rounds):
         for bs in BATCHES:
             for turnover in variants:
-                s, share = per_step_us(bs, args.steps, settings, turnover)
+                s, share = per_step_us(bs, args.steps, settings, turnover,
+                                       None if parts is None else parts[turnover, bs])
                 samples[turnover, bs] += s
                 medians[turnover, bs].append(statistics.median(s))
                 spec[turnover, bs].append(share)
     rounds = "1 round" if args.rounds == 1 else f"{args.rounds} rounds"
     print(f"{'bs':>5} {'batch':>9} {'median us':>10} {'round range':>12} {'mean us':>8} "
-          f"{'p99 us':>8} {'spec':>5}")
+          f"{'p99 us':>8} {'spec':>5}" + ("".join(f" {n:>10}" for n in PARTS) if parts else ""))
     rows = []
     for (turnover, bs), s in samples.items():
         med, mean, p99 = statistics.median(s), statistics.fmean(s), float(np.percentile(s, 99))
@@ -149,12 +167,19 @@ def main(argv=None) -> int:
                      "round_medians_us": [round(m, 2) for m in medians[turnover, bs]],
                      "mean_us": round(mean, 2), "p99_us": round(p99, 2),
                      "spec_share": round(share, 3)})
+        split = {} if parts is None else \
+            {n: round(statistics.median(v), 2) for n, v in parts[turnover, bs].items()}
+        if split:
+            rows[-1]["parts_median_us"] = split
         print(f"{bs:5d} {'turnover' if turnover else 'steady':>9} {med:10.2f} "
-              f"{f'{lo:.1f}-{hi:.1f}':>12} {mean:8.2f} {p99:8.2f} {share:5.2f}")
+              f"{f'{lo:.1f}-{hi:.1f}':>12} {mean:8.2f} {p99:8.2f} {share:5.2f}"
+              + "".join(f" {v:10.2f}" for v in split.values()))
     print(f"One step: plan + StepTime + Accepted, and with turnover an Admitted as requests "
           f"replace finished ones. Median over {rounds}; round range: the rounds' medians; the "
           f"mean includes the exchange every {args.sync_every} steps; spec: the share of steps "
-          "speculating, under the bench's SYNTHETIC step times.")
+          "speculating, under the bench's SYNTHETIC step times."
+          + (" plan (with any Admitted), step_time, accepted: each part's median." if parts
+             else ""))
     out = Path(args.out)
     write_json({"command": command_line("python -m bench.controller_cost", argv),
                 "commit": checkout_commit(), "steps": args.steps, "rounds": args.rounds,

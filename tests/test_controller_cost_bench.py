@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.controller_cost import BATCHES, main
+from bench.controller_cost import BATCHES, PARTS, main
 
 
 def test_both_batches_are_measured_in_every_round(tmp_path):
@@ -31,6 +31,19 @@ def test_steady_alone_measures_no_turnover(tmp_path):
     out = tmp_path / "cc.json"
     assert main(["--steps", "200", "--rounds", "1", "--steady", "--out", str(out)]) == 0
     assert {r["turnover"] for r in json.loads(out.read_text())["rows"]} == {False}
+
+
+def test_split_times_each_part_of_a_step_and_only_when_asked(tmp_path, capsys):
+    out = tmp_path / "cc.json"
+    assert main(["--steps", "200", "--rounds", "1", "--steady", "--split", "--out", str(out)]) == 0
+    assert "accepted" in capsys.readouterr().out
+    for r in json.loads(out.read_text())["rows"]:
+        parts = r["parts_median_us"]
+        assert set(parts) == set(PARTS) and all(v > 0 for v in parts.values())
+        # Every part lies inside its step, so no part's median passes the steps' median.
+        assert max(parts.values()) <= r["median_us"] + 0.01
+    assert main(["--steps", "200", "--rounds", "1", "--steady", "--out", str(out)]) == 0
+    assert not any("parts_median_us" in r for r in json.loads(out.read_text())["rows"])
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "10"], ["--steady", "--both"],
