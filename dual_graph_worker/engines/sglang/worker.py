@@ -117,6 +117,22 @@ class PrefillTag(NamedTuple):
         return True          # a prefill's cost is taken whole: never marked as carrying
 
 
+class PrefillPreview(NamedTuple):
+    """What a prefill's preview of the batch it grows saw and priced: the step log's
+    prefill_choice line (goodputs: the latest full decision's, tok/s)."""
+
+    bs: int
+    requests: int
+    queued: int
+    tokens: int
+    priced_tokens: int
+    kv_tokens: int
+    catch_up_tokens: int
+    preview_draft: bool
+    goodput_spec: Optional[float]
+    goodput_decode: Optional[float]
+
+
 class DualGraphEagleWorker(EAGLEWorkerV2):
     # Set in init_cuda_graphs; None before (prefills during start-up take EAGLE's path).
     continuity: Optional[SGLangContinuity] = None
@@ -419,10 +435,18 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # The last decode step's rows, less those whose requests have finished since.
         running = held_rows(self.req_to_token_pool, self._running_rows)
         self._running_rows = np.union1d(running, rows)
-        seen: dict = {}
-        deferred = self.continuity.defers_prefill_of(batch, lambda: self._next_step_decodes(
-            batch, lengths, tokens, joins=np.setdiff1d(running, rows), seen=seen))
-        self._log_prefill_choice(seen, drafted=not deferred)
+        preview: Optional[PrefillPreview] = None
+
+        def next_step_decodes() -> bool:
+            nonlocal preview
+            preview = self._preview_prefill(batch, lengths, tokens,
+                                            joins=np.setdiff1d(running, rows))
+            if preview is None:
+                return self.planner.last_mode is Mode.DECODE
+            return not preview.preview_draft
+
+        deferred = self.continuity.defers_prefill_of(batch, next_step_decodes)
+        self._log_prefill_choice(preview, drafted=not deferred)
         if deferred:
             result = self._deferred_prefill(batch, on_publish)
             self._clock.launched(PrefillTag(tokens, draft=False))
@@ -437,19 +461,18 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self.counters.prefilled(tokens, deferred=False)
         return result
 
-    def _next_step_decodes(self, batch, lengths: np.ndarray, tokens: int, joins: np.ndarray,
-                           seen: dict) -> bool:
-        """Whether the running batch this prefill joins (`joins`: its rows) will run in decode
-        mode: the policy's choice, previewed and not committed, at the size that batch grows to,
-        the rows in use plus the requests still queued behind it (hooks.py), capped at the
-        request pool; with what the draft owes that batch, and the draft's prefill speculation
-        would run over this prefill's `tokens` and over the queued requests that fit (a wave of
-        long prompts arrives in chunks: each alone looks cheap). With a step log, what it saw and
-        priced goes into `seen`."""
+    def _preview_prefill(self, batch, lengths: np.ndarray, tokens: int,
+                         joins: np.ndarray) -> Optional[PrefillPreview]:
+        """The policy's choice for the running batch this prefill joins (`joins`: its rows),
+        previewed and not committed, at the size that batch grows to, the rows in use plus the
+        requests still queued behind it (hooks.py), capped at the request pool; with what the
+        draft owes that batch, and the draft's prefill speculation would run over this prefill's
+        `tokens` and over the queued requests that fit (a wave of long prompts arrives in
+        chunks: each alone looks cheap). None for a pool that cannot say its size."""
         pool = self.req_to_token_pool
         bs = expected_batch_size(pool, queued_requests(batch))
         if bs is None:
-            return self.planner.last_mode is Mode.DECODE
+            return None
         # The grown batch's context: the running requests' own, this prefill's, and the queued
         # prompts that fit at this prefill's mean length (the rows held now include this
         # prefill's).
@@ -459,26 +482,21 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         kv_tokens = self._context.total(joins) + prompts + prompts * queued_fit // n
         fresh = tokens * (n + queued_fit) // n
         owed = self.continuity.pending_tokens(joins)
-        decodes = self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
-                                       catch_up_tokens=owed) is Mode.DECODE
-        if self._step_log is not None:
-            # A wave that reaches the scheduler in parts is priced a part at a time: the log
-            # shows what each preview saw and how it priced both modes (state() holds the
-            # latest full decision's goodputs: an earlier one's during a re-measurement).
-            state = self.planner.policy.state()
-            seen.update(bs=bs, requests=n, queued=queued_fit, tokens=tokens, priced_tokens=fresh,
-                        kv_tokens=kv_tokens, catch_up_tokens=owed, preview_draft=not decodes,
-                        goodput_spec=state.spec_goodput, goodput_decode=state.decode_goodput)
-        return decodes
+        mode = self.planner.preview(bs, kv_tokens=kv_tokens, prefill_tokens=fresh,
+                                    catch_up_tokens=owed)
+        state = self.planner.policy.state()
+        return PrefillPreview(bs, n, queued_fit, tokens, fresh, kv_tokens, owed,
+                              mode is not Mode.DECODE, state.spec_goodput, state.decode_goodput)
 
-    def _log_prefill_choice(self, seen: dict, drafted: bool) -> None:
+    def _log_prefill_choice(self, preview: Optional[PrefillPreview], drafted: bool) -> None:
         """Where the draft's prefill may be deferred at all, whether this prefill's ran, with what
-        the preview its choice read saw (_next_step_decodes; empty where the prefill could not be
-        deferred, e.g. no room in the stash): a later chunk of a prompt whose first was deferred
-        is deferred whatever its preview says."""
+        the preview its choice read saw (none where the prefill could not be deferred, e.g. no
+        room in the stash): a later chunk of a prompt whose first was deferred is deferred
+        whatever its preview says."""
         if self._step_log is not None and self.continuity.defers_prefill:
+            seen = {} if preview is None else preview._asdict()
             self._step_log.write_event("prefill_choice", time.time(), **seen,
-                                       previewed=bool(seen), draft=drafted)
+                                       previewed=preview is not None, draft=drafted)
 
     def _deferred_prefill(self, batch, on_publish):
         """EAGLE's prefill without its draft extend: the same target forward (FULL hidden
