@@ -31,7 +31,7 @@ import numpy as np
 from bench.burst_sim import K, sim_planner
 from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
-from bench.sglang.matrix_report import heatmap
+from bench.sglang.matrix_report import cell_of, heatmap
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import write_json
@@ -172,8 +172,7 @@ def mean_over_seeds(cells: list[dict]) -> list[dict]:
     """One cell per (accept, workload, C): its mean ratio over the seeds that served it."""
     by: dict[tuple, list[dict]] = {}
     for c in cells:
-        by.setdefault((c["accept_len"], c["input_len"], c["output_len"], c["concurrency"]),
-                      []).append(c)
+        by.setdefault(cell_of(c), []).append(c)
     return [{**runs[0], "ratio": round(float(np.mean([r["ratio"] for r in runs])), 4),
              "seed": [r["seed"] for r in runs]} for runs in by.values()]
 

@@ -20,10 +20,14 @@ SLOW_HOST = 1.25
 SLOW_RUN = 0.97
 
 
+def cell_of(r: dict) -> tuple:
+    """A ratio record's cell: (accept, input, output, concurrency)."""
+    return (r["accept_len"], r["input_len"], r["output_len"], r["concurrency"])
+
+
 def _by_cell(cells: list[dict]) -> dict[tuple, dict]:
-    """Ratio records by (accept, input, output, concurrency)."""
-    return {(r["accept_len"], r["input_len"], r["output_len"], r["concurrency"]): r
-            for r in cells}
+    """Ratio records by their cell."""
+    return {cell_of(r): r for r in cells}
 
 
 def report(cells: list[dict], accepts: list[float], workloads: list[Workload],
