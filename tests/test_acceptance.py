@@ -60,9 +60,10 @@ def test_large_batches_keep_their_rows_in_arrays_and_every_estimate_is_the_lists
         assert got[1:] == want[1:], step
     assert est.estimates() == lists_est.estimates()
     assert est.draw_var == lists_est.draw_var
-    for name in acceptance._ROW_FIELDS:
+    for name in acceptance._ARRAY_FIELDS:
         kept, listed = np.asarray(getattr(est, name)), np.asarray(getattr(lists_est, name))
         np.testing.assert_array_equal(kept, listed, err_msg=name)
+    assert est._first_draws == lists_est._first_draws
 
 
 def test_a_batch_near_a_bound_does_not_move_the_rows_every_step():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 import numpy as np
 
@@ -36,7 +36,6 @@ assert _POOLED_ROWS <= _LIST_ROWS <= _ARRAY_ROWS      # no batch in arrays weigh
 _FEW_ROWS = 8                     # rows admitted at once that arrays still take one by one
 Rows = Union[list, np.ndarray]
 _ARRAY_FIELDS = ("_rows", "_noise", "_admitted_at")
-_ROW_FIELDS = _ARRAY_FIELDS + ("_draw_sum", "_draw_sq", "_draws")
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
@@ -74,11 +73,10 @@ class AcceptanceEstimate:
         self._sum, self._weight = k1, 1.0
         self.seen_at = 0                          # the step acceptance was last seen at
         # Per row: its request's estimate (a list, or an array while batches are large:
-        # _store_for), and its first draws' sum, sum of squares and count (lists).
+        # _store_for), and its first draws (a list each: a draw is one append, its sums are taken
+        # once, at the last).
         self._rows: Optional[Rows] = [math.nan] * max_rows if max_rows else None
-        self._draw_sum: list[float] = [0.0] * max_rows
-        self._draw_sq: list[float] = [0.0] * max_rows
-        self._draws: list[int] = [0] * max_rows
+        self._first_draws: list[list[float]] = [[] for _ in range(max_rows)]
         # Each row estimate's variance in units of one draw's: 1/_FIRST_DRAWS at first, toward
         # 1/_ROW_DRAWS as its EMA fills; NaN with the estimate (arrays update it with every
         # row's, unmasked). A request that decodes keeps its first, noisier one.
@@ -212,8 +210,7 @@ class AcceptanceEstimate:
                 self._rows[row] = self._noise[row] = math.nan
                 self._admitted_at[row] = step
         for row in rows:
-            self._draws[row] = 0
-            self._draw_sum[row] = self._draw_sq[row] = 0.0
+            self._first_draws[row] = []
         self._last_admitted = step
 
     def newcomers(self, rows: Optional[np.ndarray]) -> bool:
@@ -236,6 +233,7 @@ class AcceptanceEstimate:
         self.seen_at = step
         if rows is None or self._rows is None:
             return
+        drawn: Iterable[tuple[int, float]]
         if (self._arrays or len(accepts) >= _ARRAY_ROWS) and self._store_for(len(accepts)):
             drawn = self._add_to_arrays(accepts, rows)
         else:
@@ -252,7 +250,8 @@ class AcceptanceEstimate:
         if drawn:
             self._add_first_draws(drawn)
 
-    def _add_to_arrays(self, accepts: list[float], rows: np.ndarray) -> list[tuple[int, float]]:
+    def _add_to_arrays(self, accepts: list[float],
+                       rows: np.ndarray) -> Iterable[tuple[int, float]]:
         """add's estimate updates at once, element by element the arithmetic of its loop (a NaN
         row, not measured yet, stays NaN); the (row, accept) of each row not measured yet."""
         est, noise = self._rows, self._noise
@@ -267,8 +266,8 @@ class AcceptanceEstimate:
         noise[rows] = var
         new = (r != r).nonzero()[0]
         if not len(new):
-            return []
-        return list(zip(rows[new].tolist(), map(accepts.__getitem__, new.tolist())))
+            return ()
+        return zip(rows[new].tolist(), map(accepts.__getitem__, new.tolist()))
 
     def _accept_array(self, accepts: list[float]) -> np.ndarray:
         """`accepts` as a read-only array: packed, then read, ~2x cheaper than np.fromiter over
@@ -279,21 +278,23 @@ class AcceptanceEstimate:
             packer = self._packers[n] = struct.Struct(f"{n}d")
         return np.frombuffer(packer.pack(*accepts))
 
-    def _add_first_draws(self, drawn: list[tuple[int, float]]) -> None:
+    def _add_first_draws(self, drawn: Iterable[tuple[int, float]]) -> None:
         """Each (row, accept) of a row not measured yet: into its first draws, and into its
         first estimate once _FIRST_DRAWS are in (which _learn_spread learns from)."""
-        est, noise = self._rows, self._noise
-        draw_sum, draw_sq, draws = self._draw_sum, self._draw_sq, self._draws
+        est, noise, first_draws = self._rows, self._noise, self._first_draws
         firsts, within = [], []
         for row, accept in drawn:
-            draw_sum[row] += accept
-            draw_sq[row] += accept * accept
-            draws[row] += 1
-            if draws[row] >= _FIRST_DRAWS:
-                mean = draw_sum[row] / _FIRST_DRAWS
+            draws = first_draws[row]
+            draws.append(accept)
+            if len(draws) >= _FIRST_DRAWS:
+                total = squares = 0.0
+                for v in draws:
+                    total += v
+                    squares += v * v
+                mean = total / _FIRST_DRAWS
                 est[row], noise[row] = mean, 1.0 / _FIRST_DRAWS
                 firsts.append(mean)
-                within.append((draw_sq[row] - _FIRST_DRAWS * mean * mean) / (_FIRST_DRAWS - 1))
+                within.append((squares - _FIRST_DRAWS * mean * mean) / (_FIRST_DRAWS - 1))
         if firsts:
             self._learn_spread(firsts, within)
 
