@@ -317,7 +317,7 @@ def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys, tmp_
     fault run 10's note names; held back, no fit passes 5 us but run 12's (12.44 at the
     worker's exchange phase; 4.5 a step later), a line through its first three small bs-1
     catch-ups at switches (32, 380 and 100 tokens, 9-12 ms over a step with a switch's costs
-    riding on them), which the draft's cap stops at the sizes it saw. Run 11's steepest (7.10)
+    riding on them), which the draft's cap stops at the sizes it saw. Run 11's steepest (7.11)
     is no first call either: small catch-ups read below a step early on pull the young line's
     intercept down."""
     from bench.sglang.catch_up_fit import fit_history, main
@@ -335,9 +335,9 @@ def test_catch_up_fits_over_every_gpu_run_stay_near_the_drafts_rate(capsys, tmp_
     assert main([str(ROOT / "results/sglang/policy-matrix-fa3-run11/costs-m26.json.gz"),
                  "--out", str(fits)]) == 0
     out = capsys.readouterr().out
-    assert "| costs-m26.json.gz |" in out and "| 7.10 (799, 0.56)" in out
+    assert "| costs-m26.json.gz |" in out and "| 7.11 (799, 0.56)" in out
     history = next(iter(json.loads(fits.read_text())["histories"].values()))
-    assert max(h["us_per_token"] for h in history) == pytest.approx(7.10, abs=0.005)
+    assert max(h["us_per_token"] for h in history) == pytest.approx(7.11, abs=0.005)
     assert fits.with_suffix(".png").stat().st_size > 0
     assert main(["/nonexistent.json.gz", "--out", str(fits)]) == 2
 
@@ -423,3 +423,17 @@ def test_a_re_measurement_split_by_an_exchange_prices_speculation_as_it_ran():
             priced.append(p.step_time(Mode.SPEC, 1, kv) / 1.5 / p.step_time(Mode.DECODE, 1, kv))
     assert len(priced) == 45
     assert max(priced) < 0.95, max(priced)
+
+
+def test_a_re_measurement_whose_first_step_read_short_does_not_buy_a_switch():
+    """H100 run 13, accept 1.5 256x256 C=64: the re-measurement's first clean step after its
+    catch-up read 9.0 ms, the next 11.7, with an exchange between them. Both folded, spec bs 64
+    read 10.4 ms where it then ran 11.7, and the worker speculated 41 steps of a near-tie that
+    decoding won (0.975 of plain). Held through the exchange and taken back, it reads no
+    cheaper than speculation ran."""
+    from bench.sglang.estimate_error import read_trace
+    from bench.sglang.re_measure_error import ratios
+
+    trace = read_trace(str(ROOT / "results/sglang/policy-matrix-h100-run13/costs-m99.json.gz"))
+    at_64 = [r["ratio"] for r in ratios(trace) if r["padded_bs"] == 64]
+    assert len(at_64) == 1 and at_64[0] > 0.95, at_64

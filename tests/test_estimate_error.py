@@ -85,3 +85,25 @@ def test_the_replay_prices_the_draft_at_the_traced_workers_share():
         estimate_error.MATRIX_DRAFT_SHARE
     trace["draft_share"] = 0.02
     assert estimate_error.controller_for(trace, prior=False).config.draft_share == 0.02
+
+
+def test_a_re_measurement_is_read_against_the_steps_it_led_to(tmp_path, capsys):
+    """re_measure_error finds a short spec run between decode steps and sets the controller's
+    step time after it against the same size's later clean spec steps; a file that is no trace
+    is one line."""
+    from bench.sglang import re_measure_error
+
+    steady = [["s", 2, 0.010, 0, 0, 200 + k, 2] for k in range(12)]
+    costs = ([["p", 16, 0.01, 1]] + [["d", 2, 0.005, 0, 0, 100 + k, 2] for k in range(6)]
+             + [["s", 2, 0.010, 0, 0, 110 + k, 2] for k in range(3)]
+             + [["d", 2, 0.005, 0, 0, 120 + k, 2] for k in range(9)] + steady)
+    trace = {"num_steps": 3, "spec_bs": [2], "decode_bs": [2], "costs": costs,
+             "calibration": {"num_draft_tokens": 3, "latency_s": [
+                 {"mode": "spec", "bs": 2, "seconds": 0.02},
+                 {"mode": "decode", "bs": 2, "seconds": 0.005}]}}
+    (got,) = re_measure_error.ratios(trace)
+    assert got["padded_bs"] == 2 and got["ratio"] == pytest.approx(1.0, abs=0.01)
+    bad = tmp_path / "x.json.gz"
+    bad.write_text("{}")
+    assert re_measure_error.main([str(bad)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -317,10 +317,10 @@ class GoodputController:
     def exchange(self, reduce: Reducer) -> None:
         """Fold every rank's local measurements into the shared estimates: all ranks call this
         at the same step with the same `reduce` (the mean over ranks)."""
+        self._intake.exchanging()
         local = self._times.take_local()
         split = len(local)
         local += self._batch_costs.take_local()
-        self._intake.exchanged()
         vec = reduce(local)
         self._unfolded = False
         self._times.fold(vec[:split], self._step)

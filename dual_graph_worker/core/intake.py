@@ -4,7 +4,7 @@ cut short or started late). Prefills' seconds feed the prefill fits. All of it r
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from dual_graph_worker.core.batch_costs import BatchCosts
 from dual_graph_worker.core.modes import Mode
@@ -17,9 +17,22 @@ _OUTLIER = 8.0
 # next step is one too: then it is the key's cost now.
 _SPIKE = 3.0
 _NO_ESTIMATE_MAX_S = 2.0
-# The step after a prefill's held-back first often still starts inside its work: it is taken
-# back once the next step of its key reads it this much short.
+# The step after a prefill's held-back first, or after a catch-up, often still starts inside its
+# work: it is taken back once the next step of its key reads it this much short.
 _EARLY_SHORT = 0.9
+
+
+class _Sample(NamedTuple):
+    """A step sample still in this window's sums: its key, context tokens and seconds; above
+    its line; early (the first taken after a prefill or a catch-up: the next step of its key may
+    take it back); after a catch-up (it waits through an exchange for that step)."""
+
+    key: int
+    x: float
+    y: float
+    above: bool
+    early: bool
+    after_catch_up: bool
 
 
 class SampleIntake:
@@ -36,23 +49,32 @@ class SampleIntake:
         # held back.
         self._prefilled: set[bool] = set()
         # A prefill came since the last step; the last step was held back for one; the last
-        # batch held the next one's launch; the last step's sample (key, context, seconds, above
-        # its line, the first taken after a prefill) while in this window's sums; the key of the
-        # last step if it was held back as short.
+        # batch held the next one's launch; the last step caught the draft up; the last step's
+        # sample while in this window's sums; the key of the last step if it was held back as
+        # short.
         self._after_prefill = self._held_after_prefill = self._after_carry = False
-        self._last_sample: Optional[tuple[int, float, float, bool, bool]] = None
+        self._after_catch_up = False
+        self._last_sample: Optional[_Sample] = None
+        # A last sample taken after a catch-up, kept out of the exchange until the next step
+        # says whether it stands (a quarter of them read over 10% short).
+        self._waiting: Optional[_Sample] = None
         self._short: Optional[int] = None
         # The excess of a step that carried the next batch's launch, which belongs to that
         # batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
         self._carry_bs = 0
 
-    def exchanged(self) -> None:
-        """The window's sums left for the exchange: its last sample can no longer be dropped."""
-        self._last_sample = None
+    def exchanging(self) -> None:
+        """The window's sums leave for the exchange: its last sample can no longer be dropped,
+        unless it came after a catch-up: that one waits for the next step in the next window."""
+        last, self._last_sample = self._last_sample, None
+        if last is not None and last.after_catch_up:
+            self._times.drop(last.key, last.x, last.y)
+            self._waiting = last
 
     def prefill(self, event: PrefillTime) -> None:
-        self._after_prefill, self._after_carry = True, False
+        self._after_prefill = True
+        self._after_carry = self._after_catch_up = False
         carry, self._carry = self._carry or 0.0, None
         if event.tokens <= 0:
             return
@@ -67,7 +89,11 @@ class SampleIntake:
     def step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
         after_carry, self._after_carry = self._after_carry, event.carries_next
+        after_catch_up, self._after_catch_up = self._after_catch_up, event.catch_up_tokens > 0
         last, self._last_sample = self._last_sample, None
+        if self._waiting is not None:
+            last, self._waiting = self._waiting, None
+            self._times.add(last.key, last.x, last.y)
         short, self._short = self._short, None
         carry, self._carry = self._carry, None
         # An eager step (no key) still ends its mode's run: the next catch-up is at a switch.
@@ -98,7 +124,7 @@ class SampleIntake:
         if event.catch_up_tokens > 0:
             self._catch_up_sample(i, event, priced, carry, at_switch)
         elif not after_carry:         # one whose launch the previous step held starts late
-            self._step_sample(i, event, expected, last, short, after_prefill)
+            self._step_sample(i, event, expected, last, short, after_prefill, after_catch_up)
 
     def _catch_up_sample(self, i: int, event: StepTime, priced: float, carry: Optional[float],
                          at_switch: bool) -> None:
@@ -113,7 +139,8 @@ class SampleIntake:
             self._costs.add_catch_up(at_switch, x, y)
 
     def _step_sample(self, i: int, event: StepTime, expected: Optional[float],
-                     last: Optional[tuple], short: Optional[int], after_prefill: bool) -> None:
+                     last: Optional[_Sample], short: Optional[int], after_prefill: bool,
+                     after_catch_up: bool) -> None:
         """Key i's sample from a plain step, unless it is none: the first after a prefill, an
         idle gap, a step cut short or a lone stall. `last`: the previous step's sample, `short`:
         the key of the previous step if it was held back as short."""
@@ -123,7 +150,7 @@ class SampleIntake:
         if after_prefill and not self._held_after_prefill:
             self._held_after_prefill = True
             return
-        early, self._held_after_prefill = self._held_after_prefill, False
+        early, self._held_after_prefill = self._held_after_prefill or after_catch_up, False
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
         if expected is not None and event.seconds > _OUTLIER * expected:
@@ -134,8 +161,8 @@ class SampleIntake:
         # under overlap), nor the step before it if of the same key and above its line: that one
         # holds the finished requests' work. Two in a row are the key's cost.
         if times.samples[i] > 0 and event.seconds * _SPIKE < expected and short != i:
-            if last is not None and last[0] == i and last[3]:
-                times.drop(*last[:3])
+            if last is not None and last.key == i and last.above:
+                times.drop(last.key, last.x, last.y)
             self._short = i
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
@@ -143,10 +170,11 @@ class SampleIntake:
         if self._hold_lone(i, expected is not None and event.seconds > _SPIKE * expected):
             return
         x, y = float(event.kv_tokens), event.seconds
-        if last is not None and last[4] and last[0] == i and last[2] < _EARLY_SHORT * y:
-            times.drop(*last[:3])
+        if last is not None and last.early and last.key == i and last.y < _EARLY_SHORT * y:
+            times.drop(last.key, last.x, last.y)
         times.add(i, x, y)
-        self._last_sample = (i, x, y, expected is not None and y > expected, early)
+        self._last_sample = _Sample(i, x, y, expected is not None and y > expected, early,
+                                    after_catch_up)
 
     def _first_call_cost(self, at_switch: bool, tokens: float, seconds: float,
                          step: float) -> bool:

@@ -1,0 +1,110 @@
+"""How far the controller's spec step time reads after each re-measurement of speculation in a
+GPU run, against what speculation then measured there once chosen. A re-measurement is a run of
+at most MAX_STEPS spec steps at one size between decode steps; the controller replays the trace
+open loop (estimate_error.replay) and its spec step time at that size is read SETTLE steps after
+the re-measurement (an exchange has folded it by then), at the context of the steps it is set
+against: the median of clean spec steps 3-10 at that size in the next MIN_STEPS clean ones
+within AHEAD rows. Under 1: it read speculation cheaper than it ran (a switch it then undoes).
+
+    python -m bench.sglang.re_measure_error TRACE.json.gz ... [--out FILE.json]
+
+Prints the ratios' spread per trace and over all, writes FILE.json and a plot beside it (FILE.png).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+from bench.plots import Panel, Series, line_chart
+from bench.sglang.estimate_error import clean_step, read_each, replay, trace_parser
+from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.core.modes import Mode
+from dual_graph_worker.core.provenance import checkout_commit, command_line
+
+MAX_STEPS = 5
+SETTLE = 8
+AHEAD = 600
+MIN_STEPS = 10
+
+
+def re_measurements(costs: list) -> dict[int, tuple[int, float, int]]:
+    """Row to read the estimate at -> (padded bs, the measured median seconds, its context)."""
+    out, at = {}, 1
+    while at < len(costs):
+        if costs[at][0] != "s" or costs[at - 1][0] != "d":
+            at += 1
+            continue
+        end = next((k for k in range(at, len(costs)) if costs[k][0] != "s"), len(costs))
+        sizes = {row[1] for row in costs[at:end]}
+        if end - at <= MAX_STEPS and end < len(costs) and costs[end][0] == "d" and len(sizes) == 1:
+            pb = sizes.pop()
+            later = [r for r in costs[end:end + AHEAD] if r[0] == "s" and r[1] == pb
+                     and clean_step(r)][2:MIN_STEPS]
+            if len(later) == MIN_STEPS - 2:
+                out[end + SETTLE] = (pb, statistics.median(r[2] for r in later),
+                                     int(statistics.median(r[5] for r in later)))
+        at = end
+    return out
+
+
+def ratios(trace: dict) -> list[dict]:
+    """One record per re-measurement: padded bs, estimate and measured seconds, their ratio."""
+    wanted, out = re_measurements(trace["costs"]), []
+    for p, at, _ in replay(trace):
+        if at in wanted:
+            pb, measured, kv = wanted[at]
+            expected = p.step_time(Mode.SPEC, pb, kv)
+            if expected:
+                out.append({"row": at, "padded_bs": pb, "expected_s": expected,
+                            "measured_s": measured, "ratio": expected / measured})
+    return out
+
+
+def spread(records: list[dict]) -> dict:
+    r = sorted(x["ratio"] for x in records)
+    if not r:
+        return {"n": 0}
+    return {"n": len(r), "median": statistics.median(r), "mean": statistics.fmean(r),
+            "p10": r[len(r) // 10], "p90": r[9 * len(r) // 10],
+            "under_0_95": sum(x < 0.95 for x in r) / len(r)}
+
+
+def _row(name: str, s: dict) -> str:
+    if not s["n"]:
+        return f"| {name} | 0 | | | | | |"
+    return (f"| {name} | {s['n']} | {s['median']:.3f} | {s['mean']:.3f} | {s['p10']:.3f} | "
+            f"{s['p90']:.3f} | {s['under_0_95']:.2f} |")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = trace_parser("re_measure_error", __doc__, "out/re-measure-error.json").parse_args(argv)
+    got = read_each(args.traces, ratios)
+    if got is None:
+        return 2
+    print("| trace | re-measurements | median estimate / measured | mean | 10th | 90th | "
+          "share under 0.95 |")
+    print("|---|---|---|---|---|---|---|")
+    every = [r for records in got.values() for r in records]
+    for path, records in got.items():
+        print(_row(Path(path).name, spread(records)))
+    if len(got) > 1:
+        print(_row(f"all {len(got)} traces", spread(every)))
+    out = Path(args.out)
+    write_json({"command": command_line("python -m bench.sglang.re_measure_error", argv),
+                "commit": checkout_commit(), "summary": spread(every),
+                "traces": {path: records for path, records in got.items()}}, out)
+    png = line_chart(out.with_suffix(".png"), "Speculation's step time after a re-measurement "
+                     "against its steps once chosen", "padded batch size",
+                     [Panel("estimate / measured",
+                            [Series("re-measurements", [r["padded_bs"] for r in every],
+                                    [r["ratio"] for r in every], joined=False)],
+                            lines=((1.0, ""), (0.95, "0.95")))], log2_x=True)
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
