@@ -135,6 +135,8 @@ def test_a_cells_mean_over_seeds_is_its_ratios_mean():
 @pytest.mark.parametrize("args, says", [(["--accept", "5"], "--accept in 1..4"),
                                         (["--accept", "x"], "--accept wants numbers"),
                                         (["--noise", "2"], "--noise in 0..0.5"),
+                                        (["--short-after-catch-up", "0.9"],
+                                         "--short-after-catch-up in 0..0.5"),
                                         (["--seed", "0,x"], "--seed wants integers"),
                                         (["--dual-env", "DGW_MARGN=1"], "did you mean")])
 def test_bad_arguments_are_one_line(args, says, capsys):
