@@ -76,6 +76,7 @@ class Server:
     pin: Optional[Mode] = None
     owed: float = 0.0
     short_after_catch_up: float = 0.0
+    shift_rng: Optional[np.random.Generator] = None     # its own draws: the noise stays the same
 
     def accept_len(self, accept: float) -> int:
         """The whole batch's accept length this step: the running mean stays at `accept`."""
@@ -112,8 +113,8 @@ class Server:
             step = step_seconds(mode, plan.padded_bs, kv) * float(
                 np.exp(self.noise * self.rng.standard_normal()))
             took = step + (CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
-            read, shifted = took - shifted, 0.0
-            if caught_up and self.short_after_catch_up and self.rng.random() < 0.25:
+            read, shifted = took - min(shifted, step / 2), 0.0
+            if caught_up and self.shift_rng is not None and self.shift_rng.random() < 0.25:
                 shifted = self.short_after_catch_up * step
                 read += shifted
             lens = np.minimum(self.accept_len(accept) if spec else 1, output_len - generated[rows])
@@ -145,8 +146,9 @@ def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
                           rows, pin, settings=settings)
+    shift_rng = np.random.default_rng((seed, 1)) if short_after_catch_up else None
     return Server(planner, np.random.default_rng(seed), noise, pin,
-                  short_after_catch_up=short_after_catch_up)
+                  short_after_catch_up=short_after_catch_up, shift_rng=shift_rng)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

@@ -2261,6 +2261,20 @@ def test_the_step_after_a_catch_up_waits_through_an_exchange_for_the_next():
     assert p.step_time(Mode.SPEC, 48) == pytest.approx(0.0117)
 
 
+def test_a_re_measurement_that_ended_folds_its_step_after_the_catch_up_at_once():
+    """Its mode holds until the exchange after it: that exchange folds all it measured, the
+    step after its catch-up too, rather than leave it for a next step of its key."""
+    p = controller(explore_steps=2)
+    for seconds in (0.008, 0.008, 0.008, 0.008, 0.030):
+        p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
+        p.observe(StepTime(Mode.DECODE, 48, seconds, carries_next=seconds > 0.01))
+    for seconds, caught_up in ((0.009, 16448), (0.0112, 0)):
+        p.commit(Decision(Mode.SPEC, Reason.EXPLORE))
+        p.observe(StepTime(Mode.SPEC, 48, seconds, catch_up_tokens=caught_up))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.SPEC, 48) == pytest.approx(0.0112)
+
+
 def test_the_step_after_a_catch_up_that_reads_as_the_next_is_a_sample():
     """One within 10% of the next stands, across an exchange too: the early steps are samples
     of their key wherever they are not short."""

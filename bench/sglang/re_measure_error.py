@@ -1,8 +1,9 @@
 """How far the controller's spec step time reads after each re-measurement of speculation in a
 GPU run, against what speculation then measured there once chosen. A re-measurement is a run of
 at most MAX_STEPS spec steps at one size between decode steps; the controller replays the trace
-open loop (estimate_error.replay) and its spec step time at that size is read SETTLE steps after
-the re-measurement (an exchange has folded it by then), at the context of the steps it is set
+open loop (estimate_error.replay) and its spec step time at that size is read SETTLE step rows
+after the re-measurement (an exchange has folded it by then), or before the first spec step at
+that size if one comes sooner (the estimate that chose it), at the context of the steps it is set
 against: the median of clean spec steps 3-10 at that size in the next MIN_STEPS clean ones
 within AHEAD rows. Under 1: it read speculation cheaper than it ran (a switch it then undoes).
 
@@ -43,11 +44,25 @@ def re_measurements(costs: list) -> dict[int, tuple[int, float, int]]:
             pb = sizes.pop()
             later = [r for r in costs[end:end + AHEAD] if r[0] == "s" and r[1] == pb
                      and clean_step(r)][2:MIN_STEPS]
-            if len(later) == MIN_STEPS - 2:
-                out[end + SETTLE] = (pb, statistics.median(r[2] for r in later),
+            read_at = _read_at(costs, end, pb)
+            if len(later) == MIN_STEPS - 2 and read_at is not None:
+                out[read_at] = (pb, statistics.median(r[2] for r in later),
                                      int(statistics.median(r[5] for r in later)))
         at = end
     return out
+
+
+def _read_at(costs: list, end: int, pb: int) -> Optional[int]:
+    """The row SETTLE step rows after `end`, or the first spec row at `pb` before it."""
+    steps = 0
+    for k in range(end, len(costs)):
+        if costs[k][0] == "s" and costs[k][1] == pb:
+            return k
+        if costs[k][0] != "p":
+            steps += 1
+            if steps > SETTLE:
+                return k
+    return None
 
 
 def ratios(trace: dict) -> list[dict]:

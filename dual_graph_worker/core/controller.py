@@ -317,7 +317,8 @@ class GoodputController:
     def exchange(self, reduce: Reducer) -> None:
         """Fold every rank's local measurements into the shared estimates: all ranks call this
         at the same step with the same `reduce` (the mean over ranks)."""
-        self._intake.exchanging()
+        # A re-measurement that ended waits for this exchange: it folds all it measured.
+        self._intake.exchanging(hold=not self._unfolded)
         local = self._times.take_local()
         split = len(local)
         local += self._batch_costs.take_local()
