@@ -12,15 +12,11 @@ step for the whole batch (as SGLANG_SIMULATE_ACC_LEN). It shows where the contro
 and re-measurements cost against the better pinned mode; the GPU decides what a server does.
 
     python -m bench.matrix_sim [--accept 1.5,2,3,3.5] [--seed 0] [--noise 0.02]
-                               [--short-after-catch-up F] [--dual-env DGW_NAME=VALUE ...]
-                               [--out out/matrix-sim.json]
+                               [--dual-env DGW_NAME=VALUE ...] [--out out/matrix-sim.json]
 
 --seed takes a list (0,7,14): each seed serves the whole matrix, the summary counts each
 seed's cells, and the heatmap shows each cell's mean ratio over them. --dual-env sets the
 worker's settings as policy_matrix's does: a CPU check of a setting before a GPU pass of it.
---short-after-catch-up F: in one catch-up of four (at random) the step after it reads F of a step
-short and the catch-up that much long, as on the GPUs under overlap scheduling (a quarter of
-those steps read over 10% short there); its wall time is unchanged.
 """
 
 from __future__ import annotations
@@ -75,8 +71,6 @@ class Server:
     noise: float
     pin: Optional[Mode] = None
     owed: float = 0.0
-    short_after_catch_up: float = 0.0
-    shift_rng: Optional[np.random.Generator] = None     # its own draws: the noise stays the same
 
     def accept_len(self, accept: float) -> int:
         """The whole batch's accept length this step: the running mean stays at `accept`."""
@@ -90,7 +84,7 @@ class Server:
         policy, tokens, seconds = self.planner.policy, 0, 0.0
         live = np.zeros(c, bool)
         generated, behind = np.zeros(c, int), np.zeros(c, int)
-        waiting, shifted = c, 0.0
+        waiting = c
         while waiting or live.any():
             while waiting:
                 new = np.flatnonzero(~live)[:min(waiting, max(PREFILL_CHUNK // input_len, 1))]
@@ -110,15 +104,11 @@ class Server:
             mode = plan.mode
             spec = mode is Mode.SPEC
             caught_up = backlog if spec else 0
-            step = step_seconds(mode, plan.padded_bs, kv) * float(
-                np.exp(self.noise * self.rng.standard_normal()))
-            took = step + (CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
-            read, shifted = took - min(shifted, step / 2), 0.0
-            if caught_up and self.shift_rng is not None and self.shift_rng.random() < 0.25:
-                shifted = self.short_after_catch_up * step
-                read += shifted
+            took = step_seconds(mode, plan.padded_bs, kv) * float(
+                np.exp(self.noise * self.rng.standard_normal())) + \
+                (CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
             lens = np.minimum(self.accept_len(accept) if spec else 1, output_len - generated[rows])
-            policy.observe(StepTime(mode, plan.padded_bs, read, catch_up_tokens=caught_up,
+            policy.observe(StepTime(mode, plan.padded_bs, took, catch_up_tokens=caught_up,
                                     kv_tokens=kv))
             policy.observe(accepted(mode, lens.astype(float), rows))
             seconds += took
@@ -142,21 +132,18 @@ class Server:
 
 
 def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
-           settings: Settings = Settings(), short_after_catch_up: float = 0.0) -> Server:
+           settings: Settings = Settings()) -> Server:
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
                           rows, pin, settings=settings)
-    shift_rng = np.random.default_rng((seed, 1)) if short_after_catch_up else None
-    return Server(planner, np.random.default_rng(seed), noise, pin,
-                  short_after_catch_up=short_after_catch_up, shift_rng=shift_rng)
+    return Server(planner, np.random.default_rng(seed), noise, pin)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,
              workloads: tuple[Workload, ...] = WORKLOADS,
-             settings: Settings = Settings(), short_after_catch_up: float = 0.0) -> list[dict]:
+             settings: Settings = Settings()) -> list[dict]:
     """Every cell's tok/s per engine and the worker's ratio to the better pinned one."""
-    engines = {"dual": server(None, seed, noise, settings=settings,
-                              short_after_catch_up=short_after_catch_up),
+    engines = {"dual": server(None, seed, noise, settings=settings),
                "eagle3": server(Mode.SPEC, seed + 1, noise),
                "plain": server(Mode.DECODE, seed + 2, noise)}
     cells = []
@@ -190,13 +177,13 @@ def mean_over_seeds(cells: list[dict]) -> list[dict]:
              "seed": [r["seed"] for r in runs]} for runs in by.values()]
 
 
-def serve_seeds(accepts: list[float], seeds: list[int], noise: float, settings: Settings,
-                short_after_catch_up: float = 0.0) -> tuple[list[dict], list[dict]]:
+def serve_seeds(accepts: list[float], seeds: list[int], noise: float,
+                settings: Settings) -> tuple[list[dict], list[dict]]:
     """The matrix once per seed, each seed's summary printed as it ends: every cell, and the
     summaries."""
     cells, per_seed = [], []
     for seed in seeds:
-        mine = simulate(accepts, seed, noise, WORKLOADS, settings, short_after_catch_up)
+        mine = simulate(accepts, seed, noise, WORKLOADS, settings)
         cells += mine
         per_seed.append(s := {"seed": seed, **summary(mine)})
         if len(seeds) == 1:
@@ -217,8 +204,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--accept", default="1.5,2,3,3.5", help="forced accept lengths in 1..4")
     ap.add_argument("--seed", default="0", help="a seed or a list of seeds, e.g. 0,7,14")
     ap.add_argument("--noise", type=float, default=0.02, help="step times' lognormal sigma")
-    ap.add_argument("--short-after-catch-up", type=float, default=0.0, metavar="F",
-                    help="the step after one catch-up in four reads F of a step short (0..0.5)")
     ap.add_argument("--dual-env", action="append", default=[],
                     help="DGW_NAME=VALUE for the simulated worker (default: its defaults)")
     ap.add_argument("--out", type=output_file, default="out/matrix-sim.json")
@@ -231,25 +216,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         seeds = [int(s) for s in args.seed.split(",")]
     except ValueError:
         ap.error(f"--seed wants integers like 0 or 0,7,14, got {args.seed!r}")
-    if not all(1.0 <= a <= K + 1 for a in accepts) or not 0.0 <= args.noise <= 0.5 or \
-            not 0.0 <= args.short_after_catch_up <= 0.5:
-        ap.error(f"--accept in 1..{K + 1}, --noise in 0..0.5, --short-after-catch-up in 0..0.5")
+    if not all(1.0 <= a <= K + 1 for a in accepts) or not 0.0 <= args.noise <= 0.5:
+        ap.error(f"--accept in 1..{K + 1}, --noise in 0..0.5")
     try:
         dual_env = assignments(args.dual_env)
     except ConfigError as exc:
         ap.error(f"--dual-env: {exc}")
     settings = Settings.from_env(dual_env)
-    shift = args.short_after_catch_up
     note = (f"SIMULATED server (step lines through H100 run 8's medians, noise {args.noise}, "
-            f"seed {args.seed}"
-            f"{f', a step after a catch-up {shift:g} short one time in four' if shift else ''}"
-            f"), accept forced, worker at its defaults"
+            f"seed {args.seed}), accept forced, worker at its defaults"
             f"{' + ' + str(dual_env) if dual_env else ''}; not a measurement")
     print(note)
-    cells, per_seed = serve_seeds(accepts, seeds, args.noise, settings, shift)
+    cells, per_seed = serve_seeds(accepts, seeds, args.noise, settings)
     out = Path(args.out)
     write_json({"simulated": True, "note": note, "dual_env": dual_env,
-                "short_after_catch_up": shift,
                 "seeds": [s | {"mean": round(s["mean"], 4)} for s in per_seed], "cells": cells},
                out)
     heatmap(mean_over_seeds(cells), accepts, list(WORKLOADS), out.with_suffix(".png"), note)

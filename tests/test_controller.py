@@ -2261,6 +2261,19 @@ def test_the_step_after_a_catch_up_waits_through_an_exchange_for_the_next():
     assert p.step_time(Mode.SPEC, 48) == pytest.approx(0.0117)
 
 
+def test_without_overlap_the_step_after_a_catch_up_is_a_plain_sample():
+    """An engine that runs each step to its end (the reference engine: no step holds the next
+    one's launch) has no span to shift: there the step after a catch-up counts as it reads."""
+    p = controller()
+    for _ in range(4):
+        p.observe(StepTime(Mode.DECODE, 48, 0.008))
+    p.observe(StepTime(Mode.SPEC, 48, 0.040, catch_up_tokens=16448))
+    for s in (0.0090, 0.0117):
+        p.observe(StepTime(Mode.SPEC, 48, s))
+    p.exchange(lambda v: v)
+    assert p.estimates().step_times.step_s["spec"][48][1] == 2
+
+
 def test_a_re_measurement_that_ended_folds_its_step_after_the_catch_up_at_once():
     """Its mode holds until the exchange after it: that exchange folds all it measured, the
     step after its catch-up too, rather than leave it for a next step of its key."""

@@ -12,7 +12,7 @@ from bench.sglang.matrix_records import Workload
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime
+from dual_graph_worker.core.policy import Decision, Reason
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 
 
@@ -20,28 +20,6 @@ def test_a_wave_serves_every_requested_token_in_either_mode():
     for pin in (Mode.SPEC, Mode.DECODE, None):
         tokens, seconds = matrix_sim.server(pin, 0, 0.02).serve(2.5, 2048, 40, 6)
         assert tokens == 6 * 40 and seconds > 6 * 2048 * matrix_sim.PREFILL_S_PER_TOKEN
-
-
-def test_a_shift_after_a_catch_up_moves_time_between_readings_not_the_wall_time():
-    """--short-after-catch-up: in one catch-up of four the step after it reads short and the
-    catch-up that much long; what the worker is told sums to the wave's step seconds."""
-    def steps(seed: int, shift: float) -> tuple[list, float]:
-        s = matrix_sim.server(None, seed, 0.02, short_after_catch_up=shift)
-        told = []
-        observe = s.planner.policy.observe
-        s.planner.policy.observe = lambda e: (told.append(e), observe(e))
-        _, seconds = s.serve(1.5, 64, 1024, 32)
-        prefills = sum(e.seconds for e in told if isinstance(e, PrefillTime))
-        return [e for e in told if isinstance(e, StepTime)], seconds - prefills
-
-    shifted_somewhere = False
-    for seed in range(12):
-        told, wall = steps(seed, 0.3)
-        assert sum(e.seconds for e in told) == pytest.approx(wall)
-        caught = [k for k, e in enumerate(told) if e.catch_up_tokens]
-        shifted_somewhere |= any(told[k + 1].seconds < 0.8 * told[k + 2].seconds
-                                 for k in caught if k + 2 < len(told))
-    assert shifted_somewhere
 
 
 def test_forced_acceptance_keeps_its_mean_step_by_step():
@@ -157,8 +135,6 @@ def test_a_cells_mean_over_seeds_is_its_ratios_mean():
 @pytest.mark.parametrize("args, says", [(["--accept", "5"], "--accept in 1..4"),
                                         (["--accept", "x"], "--accept wants numbers"),
                                         (["--noise", "2"], "--noise in 0..0.5"),
-                                        (["--short-after-catch-up", "0.9"],
-                                         "--short-after-catch-up in 0..0.5"),
                                         (["--seed", "0,x"], "--seed wants integers"),
                                         (["--dual-env", "DGW_MARGN=1"], "did you mean")])
 def test_bad_arguments_are_one_line(args, says, capsys):

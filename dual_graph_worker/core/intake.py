@@ -83,7 +83,10 @@ class SampleIntake:
     def step(self, event: StepTime) -> None:
         after_prefill, self._after_prefill = self._after_prefill, False
         after_carry, self._after_carry = self._after_carry, event.carries_next
-        after_catch_up, self._after_catch_up = self._after_catch_up, event.catch_up_tokens > 0
+        # Only a catch-up whose launch the previous step held (overlap scheduling) shifts the
+        # next step's span.
+        after_catch_up, self._after_catch_up = \
+            self._after_catch_up, event.catch_up_tokens > 0 and after_carry
         last, self._last_sample = self._last_sample, None
         if self._waiting is not None:
             last, self._waiting = self._waiting, None
