@@ -14,6 +14,7 @@ Prints the ratios' spread per trace and over all, writes FILE.json and a plot be
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -33,22 +34,19 @@ MIN_STEPS = 10
 
 def re_measurements(costs: list) -> dict[int, tuple[int, float, int]]:
     """Row to read the estimate at -> (padded bs, the measured median seconds, its context)."""
-    out, at = {}, 1
-    while at < len(costs):
-        if costs[at][0] != "s" or costs[at - 1][0] != "d":
-            at += 1
+    runs = [(kind, size, [at for at, _ in rows]) for (kind, size), rows in
+            itertools.groupby(enumerate(costs), key=lambda r: (r[1][0], r[1][1]))]
+    out = {}
+    for (before, _, _), (kind, pb, rows), (after, _, _) in zip(runs, runs[1:], runs[2:]):
+        if kind != "s" or before != "d" or after != "d" or len(rows) > MAX_STEPS:
             continue
-        end = next((k for k in range(at, len(costs)) if costs[k][0] != "s"), len(costs))
-        sizes = {row[1] for row in costs[at:end]}
-        if end - at <= MAX_STEPS and end < len(costs) and costs[end][0] == "d" and len(sizes) == 1:
-            pb = sizes.pop()
-            later = [r for r in costs[end:end + AHEAD] if r[0] == "s" and r[1] == pb
-                     and clean_step(r)][2:MIN_STEPS]
-            read_at = _read_at(costs, end, pb)
-            if len(later) == MIN_STEPS - 2 and read_at is not None:
-                out[read_at] = (pb, statistics.median(r[2] for r in later),
-                                     int(statistics.median(r[5] for r in later)))
-        at = end
+        end = rows[-1] + 1
+        later = [r for r in costs[end:end + AHEAD] if r[0] == "s" and r[1] == pb
+                 and clean_step(r)][2:MIN_STEPS]
+        read_at = _read_at(costs, end, pb)
+        if len(later) == MIN_STEPS - 2 and read_at is not None:
+            out[read_at] = (pb, statistics.median(r[2] for r in later),
+                            int(statistics.median(r[5] for r in later)))
     return out
 
 
