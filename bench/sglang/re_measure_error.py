@@ -22,6 +22,7 @@ from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
 from bench.sglang.estimate_error import clean_step, read_each, replay, trace_parser
+from bench.sglang.switch_steps import percentiles
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -77,11 +78,10 @@ def ratios(trace: dict) -> list[dict]:
 
 
 def spread(records: list[dict]) -> dict:
-    r = sorted(x["ratio"] for x in records)
+    r = [x["ratio"] for x in records]
     if not r:
         return {"n": 0}
-    return {"n": len(r), "median": statistics.median(r), "mean": statistics.fmean(r),
-            "p10": r[len(r) // 10], "p90": r[9 * len(r) // 10],
+    return {"n": len(r), **percentiles(r), "mean": statistics.fmean(r),
             "under_0_95": sum(x < 0.95 for x in r) / len(r)}
 
 

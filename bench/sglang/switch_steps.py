@@ -70,7 +70,8 @@ def _ratios_in(lo: int, hi: int, runs: list[Run], positions: int) -> list[tuple]
     return mine
 
 
-def _percentiles(values: list[float]) -> dict:
+def percentiles(values: list[float]) -> dict:
+    """The median and the 10th and 90th percentiles of `values`."""
     p10, p50, p90 = np.percentile(values, (10, 50, 90)).tolist()
     return {"median": p50, "p10": p10, "p90": p90}
 
@@ -87,7 +88,7 @@ def by_position(runs: list[Run], positions: int = POSITIONS) -> list[dict]:
             got = [r[k] for r in mine if r[k] is not None]
             if got:
                 rows.append({"bs": [lo, hi], "position": k + 1, "steps": len(got),
-                             **_percentiles(got), "whole_runs": len(whole),
+                             **percentiles(got), "whole_runs": len(whole),
                              "whole_median": statistics.median(r[k] for r in whole)
                              if whole else None})
     return rows
