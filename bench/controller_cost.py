@@ -9,6 +9,7 @@ alike and shows as the spread of the rounds' medians.
 
     python -m bench.controller_cost [--out out/controller-cost.json] [--steps 20000]
                                     [--sync-every N] [--rounds 3] [--steady | --both] [--split]
+                                    [--accept 3.0]
 
 --split also times each part of a step apart (an Admitted and the plan; StepTime; Accepted),
 each part's median printed and kept per row: two more clock reads a step, ~0.1 us each.
@@ -27,7 +28,7 @@ import numpy as np
 
 from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.plots import Panel, Series, line_chart
-from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_file
+from dual_graph_worker.core.argtypes import OneLineParser, float_range, int_range, output_file
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.jsonio import write_json
@@ -43,9 +44,15 @@ ROWS = 512                                # request rows (SGLang's max running r
 BATCHES = (1, 16, 64, 256)
 
 
+def step_seconds(mode: Mode, bs: int) -> float:
+    """The bench's SYNTHETIC step time: speculation wins at accept 3 at every batch, at 1.5
+    only below bs ~16 (so a loaded server decodes)."""
+    return 0.01 + 1e-4 * bs if mode is Mode.SPEC else 0.008 + 2e-5 * bs
+
+
 def planner(settings: Settings = Settings()) -> StepPlanner:
-    prior = {GraphKey(Mode.SPEC, b): 0.01 + 1e-4 * b for b in SPEC_BS}
-    prior |= {GraphKey(Mode.DECODE, b): 0.008 + 2e-5 * b for b in DECODE_BS}
+    prior = {GraphKey(Mode.SPEC, b): step_seconds(Mode.SPEC, b) for b in SPEC_BS}
+    prior |= {GraphKey(Mode.DECODE, b): step_seconds(Mode.DECODE, b) for b in DECODE_BS}
     table = DispatchTable.build(SPEC_BS, DECODE_BS)
     policy = build_policy(settings, PolicyContext(3, {Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                                                     CalibrationTable(prior, 3), True, ROWS))
@@ -56,10 +63,11 @@ PARTS = ("plan", "step_time", "accepted")
 
 
 def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: bool = True,
-                parts: Optional[dict[str, list[float]]] = None) -> tuple[list[float], float]:
+                parts: Optional[dict[str, list[float]]] = None,
+                accept_len: float = 3.0) -> tuple[list[float], float]:
     """Each step's microseconds after the first tenth, and the share of those steps
     speculating. `turnover`: requests of 256 output tokens finish as the steps' tokens say
-    (bs x 3 / 256 a spec step at accept 3, bs / 256 a decode step) and new ones take their rows
+    (bs x `accept_len` / 256 a spec step, bs / 256 a decode step) and new ones take their rows
     in the order rows were freed, each admission timed as the controller sees it (an Admitted
     event and a new batch's rows); without it the batch never changes. `parts`: where given,
     each of PARTS' microseconds a step (after the first tenth) are added to its list."""
@@ -68,7 +76,7 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: 
     free = list(range(bs + 1, ROWS))
     rows = _frozen(ids)                   # the worker's: one read-only array per batch
     # Accept lengths as SGLang hands them over, a list (made by SGLang, not timed here).
-    accept, ones = [3.0] * bs, [1.0] * bs
+    accept, ones = [accept_len] * bs, [1.0] * bs
     samples, modes, owed = [], [], 0.0
     for i in range(steps):
         joined = None
@@ -85,7 +93,8 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: 
         kv = bs * (256 + i % 256)         # contexts grow as a 256-in / 256-out batch's do
         plan = p.plan(bs, rows=rows, catch_up_tokens=0, kv_tokens=kv)
         t1 = time.perf_counter_ns() if parts is not None else 0
-        p.policy.observe(StepTime(plan.mode, plan.padded_bs, 0.01, kv_tokens=kv))
+        p.policy.observe(StepTime(plan.mode, plan.padded_bs,
+                                  step_seconds(plan.mode, plan.padded_bs), kv_tokens=kv))
         t2 = time.perf_counter_ns() if parts is not None else 0
         p.policy.observe(accepted(plan.mode, accept if plan.mode is Mode.SPEC else ones, rows))
         t3 = time.perf_counter_ns()
@@ -94,7 +103,7 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: 
             for name, a, b in zip(PARTS, (t0, t1, t2), (t1, t2, t3)):
                 parts[name].append((b - a) / 1e3)
         modes.append(plan.mode is Mode.SPEC)
-        owed += bs * (3.0 if plan.mode is Mode.SPEC else 1.0) / 256
+        owed += bs * (accept_len if plan.mode is Mode.SPEC else 1.0) / 256
     timed = modes[steps // 10:]
     return samples[steps // 10:], sum(timed) / len(timed)
 
@@ -138,6 +147,10 @@ def main(argv=None) -> int:
                        help="with and without turnover, alternated in each round")
     ap.add_argument("--split", action="store_true",
                     help="also time each part of a step apart (the plan, StepTime, Accepted)")
+    ap.add_argument("--accept", type=float_range(1.0, 4.0), default=3.0,
+                    help="every request's accept length (K=3: 1-4); at 1.5 the bench's step "
+                         "times make decode the faster mode, as a loaded server (default "
+                         "%(default)s: speculation)")
     ap.add_argument("--sync-every", type=int_range(1, 1024), default=Settings().sync_every,
                     help="steps between exchanges (DGW_SYNC_EVERY's range; default %(default)s)")
     args = ap.parse_args(argv)
@@ -151,7 +164,8 @@ def main(argv=None) -> int:
         for bs in BATCHES:
             for turnover in variants:
                 s, share = per_step_us(bs, args.steps, settings, turnover,
-                                       None if parts is None else parts[turnover, bs])
+                                       None if parts is None else parts[turnover, bs],
+                                       args.accept)
                 samples[turnover, bs] += s
                 medians[turnover, bs].append(statistics.median(s))
                 spec[turnover, bs].append(share)
@@ -185,6 +199,7 @@ def main(argv=None) -> int:
                 "commit": checkout_commit(), "steps": args.steps, "rounds": args.rounds,
                 "spec_bs": list(SPEC_BS), "decode_bs": list(DECODE_BS),
                 "sync_every": args.sync_every, "step_times": "synthetic",
+                "accept_len": args.accept,
                 "machine": platform.processor() or platform.machine(),
                 "python": platform.python_version(), "rows": rows}, out)
     png = _plot(rows, out.with_suffix(".png"), f"{rounds}, {args.steps} steps a batch size")

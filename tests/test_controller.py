@@ -5,6 +5,7 @@ same on two TP ranks whose timings differ."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
@@ -20,6 +21,7 @@ from dual_graph_worker.core.controller import ControllerConfig, GoodputControlle
 from dual_graph_worker.core.regressions import ContextSums, Slope
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.exploration import ExploreBudget
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import (Admitted, Decision, DraftPrefills, PolicyInputs,
@@ -1675,6 +1677,19 @@ def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones(
     # A cheap one is paid from the bank, which refills at the budget's rate.
     p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3.0))
     assert p._budget.allowance == pytest.approx(1.0) and not p._budget.affordable(2.0)
+
+
+def test_a_dearer_re_measurement_is_never_more_affordable():
+    """_explore prices a re-measurement of speculation at its fewest steps first and stops
+    where that is unaffordable: sound only if affordability falls with price, in every state
+    of the budget (bank filling or full, in debt or not, capped or not)."""
+    prices = np.linspace(0.0, 20.0, 81)
+    for cap, allowance, debt in itertools.product((0.0, 2.0), np.linspace(0.0, 4.0, 17),
+                                                  (0.0, 1.0)):
+        budget = ExploreBudget(4.0, cap)
+        budget.allowance, budget.debt = float(allowance), debt
+        ok = [budget.affordable(float(x)) for x in prices]
+        assert ok == sorted(ok, reverse=True), (cap, allowance, debt)
 
 
 def test_context_sums_decayed_lazily_fit_what_eager_decay_fits_across_a_rescale():

@@ -46,8 +46,20 @@ def test_split_times_each_part_of_a_step_and_only_when_asked(tmp_path, capsys):
     assert not any("parts_median_us" in r for r in json.loads(out.read_text())["rows"])
 
 
+def test_low_acceptance_times_a_loaded_server_that_decodes(tmp_path):
+    out = tmp_path / "cc.json"
+    assert main(["--steps", "400", "--rounds", "1", "--accept", "1.5", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    share = {r["bs"]: r["spec_share"] for r in report["rows"]}
+    assert report["accept_len"] == 1.5
+    # The synthetic step times put the crossover near bs 16 at accept 1.5: a lone request
+    # speculates, a loaded batch decodes (re-measuring speculation now and then).
+    assert share[1] > 0.9 and share[64] < 0.1 and share[256] < 0.1
+
+
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "10"], ["--steady", "--both"],
-                                  ["--sync-every", "0"], ["--out", "."]])
+                                  ["--sync-every", "0"], ["--out", "."], ["--accept", "0.5"],
+                                  ["--accept", "nan"]])
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)

@@ -36,6 +36,23 @@ def int_range(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
     return parse
 
 
+def float_range(lo: float, hi: float) -> Callable[[str], float]:
+    """A number in [lo, hi]."""
+    want = f"a number in [{lo:g}, {hi:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return value
+
+    parse.__name__ = want
+    return parse
+
+
 positive_int = int_range(1)
 non_negative_int = int_range(0)
 seed_int = int_range(0, 2**63 - 1)

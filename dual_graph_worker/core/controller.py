@@ -497,21 +497,27 @@ class GoodputController:
         if t and explored:
             step_price *= explored / t
         steps = self.config.explore_steps
+        entering = 0.0
+        if t:
+            missed = inputs.bs * steps if mode is Mode.DECODE else inputs.catch_up_tokens
+            entering = (self._batch_costs.catch_up_seconds(missed) + self._batch_costs.switch_s) / t
         probe = None
         if mode is Mode.SPEC and self._times.measured(key) and explored:
+            # Priced at its fewest steps first (a dearer one is no more affordable): a loaded
+            # server that decodes finds most long shots unaffordable, and reading the batch's
+            # acceptance costs more than that.
+            fewest = min(self._sight, steps)
+            if not self._budget.affordable(fewest * step_price + entering):
+                return None
             # The first steps whose acceptance is too low end it (_probe_lost), as they will if
             # the estimate is right; a step time not measured lately is judged as far faster as
             # it may have drifted (a stale one may be what keeps speculation out).
             drift = 1.0 - _STEP_DRIFT if self._time_stale(key) else 1.0
             high = self._steps_high(self._acceptance.expected(inputs.rows), 0.0, 1)
             if self._spec_wins(high, explored * drift, t, inputs.bs) is False:
-                steps = min(self._sight, steps)
+                steps = fewest
             probe = Probe(step_price, steps, drift)
-        price = steps * step_price
-        if t:
-            missed = inputs.bs * self.config.explore_steps if mode is Mode.DECODE else \
-                inputs.catch_up_tokens
-            price += (self._batch_costs.catch_up_seconds(missed) + self._batch_costs.switch_s) / t
+        price = steps * step_price + entering
         if not self._budget.affordable(price):
             return None
         decision = Decision(mode, Reason.EXPLORE, price)
