@@ -95,3 +95,23 @@ def test_accept_lengths_as_ints_or_floats_give_the_same_estimates_in_arrays():
     assert ints.expected(rows) == floats.expected(rows)
     assert ints.estimates() == floats.estimates()
     np.testing.assert_array_equal(ints._rows, floats._rows)
+
+
+@pytest.mark.parametrize("size", [40, 70, 150])
+def test_a_pooled_batch_reads_the_same_whichever_pass_it_takes_first(size):
+    """A pooled batch that held unmeasured rows is read next in one pass that drops them; a
+    host-cost hint only: with or without unmeasured rows, in lists or arrays, the same float."""
+    _, est, _ = serve()
+    est._store_for(size)
+    measured = [r for r in range(ROWS) if est._rows[r] == est._rows[r]]
+    fresh = [r for r in range(ROWS) if r not in set(measured)][:5]
+    assert len(measured) >= size and len(fresh) == 5
+    est.admit(fresh, 500)
+    for batch in (measured[:size], measured[:size - 5] + fresh):
+        rows = np.array(batch)
+        reads = []
+        for hint in (False, True, False):
+            est._unmeasured_in_batch = hint
+            reads.append(est.expected(rows))
+        assert reads[0] == reads[1] == reads[2]
+        assert est._unmeasured_in_batch is (batch[-1] in fresh)
