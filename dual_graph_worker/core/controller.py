@@ -181,7 +181,7 @@ class GoodputController:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
         if there is None:
-            return self._explore(other, there_key, 1.0, there_t, here_t, inputs) or stay
+            return self._explore(other, there_key, 1.0, there_t, here_t, inputs, accept) or stay
         if there * (1 + self.config.margin) < here:
             if (unfolded or self._dwell.must_dwell(self.config.min_dwell_steps)) and \
                     here < _DWELL_BREAK * there:
@@ -201,7 +201,7 @@ class GoodputController:
                 here, there = (decode, spec) if from_decode else (spec, decode)
             if self._plausible(other, there_t, here_t, inputs, (spec, decode)):
                 return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
-                                     inputs) or stay
+                                     inputs, accept) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
@@ -482,7 +482,7 @@ class GoodputController:
         self._budget.earn(p.step_price * max(p.priced - p.ran, 0))
 
     def _explore(self, mode: Mode, key: Optional[int], loss: float, explored: Optional[float],
-                 t: float, inputs: PolicyInputs) -> Optional[Decision]:
+                 t: float, inputs: PolicyInputs, accept: float) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
         current mode (so the budget is a share of step time, whichever mode is explored): the
         share of each of its steps the estimates expect to lose (`loss`, at least 5%: nothing is
@@ -490,7 +490,8 @@ class GoodputController:
         the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
         the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely.
         One of speculation that ends early gets back the steps it did not run (_end_probe).
-        `key`, `explored`, `t`: the key and step time here of `mode`, the current mode's time."""
+        `key`, `explored`, `t`: the key and step time here of `mode`, the current mode's time;
+        `accept`: the batch's expected acceptance, as decide read it."""
         if self.config.explore_budget <= 0:
             return None
         step_price = max(min(loss, 1.0), _MIN_LOSS)
@@ -504,8 +505,7 @@ class GoodputController:
         probe = None
         if mode is Mode.SPEC and self._times.measured(key) and explored:
             # Priced at its fewest steps first (a dearer one is no more affordable): a loaded
-            # server that decodes finds most long shots unaffordable, and reading the batch's
-            # acceptance costs more than that.
+            # server that decodes finds most long shots unaffordable, so most stop here.
             fewest = min(self._sight, steps)
             if not self._budget.affordable(fewest * step_price + entering):
                 return None
@@ -513,7 +513,7 @@ class GoodputController:
             # the estimate is right; a step time not measured lately is judged as far faster as
             # it may have drifted (a stale one may be what keeps speculation out).
             drift = 1.0 - _STEP_DRIFT if self._time_stale(key) else 1.0
-            high = self._steps_high(self._acceptance.expected(inputs.rows), 0.0, 1)
+            high = self._steps_high(accept, 0.0, 1)
             if self._spec_wins(high, explored * drift, t, inputs.bs) is False:
                 steps = fewest
             probe = Probe(step_price, steps, drift)
