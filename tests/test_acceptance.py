@@ -104,7 +104,7 @@ def test_a_pooled_batch_reads_the_same_whichever_pass_it_takes_first(size):
     _, est, _ = serve()
     est._store_for(size)
     measured = [r for r in range(ROWS) if est._rows[r] == est._rows[r]]
-    fresh = [r for r in range(ROWS) if r not in set(measured)][:5]
+    fresh = sorted(set(range(ROWS)) - set(measured))[:5]
     assert len(measured) >= size and len(fresh) == 5
     est.admit(fresh, 500)
     for batch in (measured[:size], measured[:size - 5] + fresh):

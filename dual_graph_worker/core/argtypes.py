@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import Callable, NoReturn, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -19,16 +19,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def int_range(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
-    """An integer in [lo, hi] (hi None: no upper bound)."""
-    want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+def _in_range(cast: Callable[[str], Any], lo: Any, hi: Any, want: str) -> Callable[[str], Any]:
+    """A `cast` of the text in [lo, hi] (hi None: no upper bound; NaN is in no range)."""
 
-    def parse(text: str) -> int:
+    def parse(text: str):
         try:
-            value = int(text)
+            value = cast(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
+        if not (lo <= value and (hi is None or value <= hi)):
             raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
         return value
 
@@ -36,21 +35,15 @@ def int_range(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
     return parse
 
 
+def int_range(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
+    """An integer in [lo, hi] (hi None: no upper bound)."""
+    return _in_range(int, lo, hi, f"an integer >= {lo}" if hi is None
+                     else f"an integer in [{lo}, {hi}]")
+
+
 def float_range(lo: float, hi: float) -> Callable[[str], float]:
     """A number in [lo, hi]."""
-    want = f"a number in [{lo:g}, {hi:g}]"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
-        return value
-
-    parse.__name__ = want
-    return parse
+    return _in_range(float, lo, hi, f"a number in [{lo:g}, {hi:g}]")
 
 
 positive_int = int_range(1)
