@@ -48,7 +48,7 @@ demo: setup                      ## load ramp on a toy model: plain vs static sp
 	$(BIN)/dgw demo --out $(OUT)/demo
 
 test: setup-test                 ## CPU test suite, SGLang plugin included (GPU tests skip)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 settings: setup                  ## every DGW_* setting; validates the current environment
 	$(BIN)/dgw settings --check
