@@ -2334,6 +2334,27 @@ def test_a_batchs_last_step_cut_short_and_the_long_one_before_it_are_no_samples(
     assert p.estimates().step_times.step_s["decode"][48][1] == 10
 
 
+def test_a_cut_short_step_is_no_first_sample_of_a_size_not_measured_yet():
+    """H100 run 14's warm-up: the first decode steps at bs 64 came after a switch, the one the
+    switch launched late (17.9 ms) and then one cut short (0.52 ms). Judged on its neighbours'
+    line, the short one is held back; taken, it priced decode at bs 64 16x too cheap and every
+    true step after it (8 ms) read as an idle gap, for 256 steps."""
+    p = controller()
+    for _ in range(8):
+        p.observe(StepTime(Mode.DECODE, 2, 0.0064))
+        p.observe(StepTime(Mode.SPEC, 64, 0.0120))
+    p.exchange(lambda v: v)
+    p.observe(StepTime(Mode.SPEC, 64, 0.0119, carries_next=True))
+    p.observe(StepTime(Mode.DECODE, 64, 0.0179))
+    p.observe(StepTime(Mode.DECODE, 64, 0.00052))
+    p.exchange(lambda v: v)
+    assert p.estimates().step_times.step_s["decode"].get(64, (None, 0))[1] == 0
+    for _ in range(8):
+        p.observe(StepTime(Mode.DECODE, 64, 0.0081))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 64) == pytest.approx(0.0081)
+
+
 def test_a_key_whose_line_reads_far_too_high_heals_from_its_short_steps():
     """A short step is held back only alone: where a size's line reads three times its steps
     (a step measured over a long context, the batch now over short ones), two short steps in a

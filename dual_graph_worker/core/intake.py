@@ -154,10 +154,12 @@ class SampleIntake:
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
-        # Nor is a lone one under a third of a measured key's line (a batch's last step, cut short
-        # under overlap), nor the step before it if of the same key and above its line: that one
-        # holds the finished requests' work. Two in a row are the key's cost.
-        if times.samples[i] > 0 and event.seconds * _SPIKE < expected and short != i:
+        # Nor is a lone one under a third of the key's line (a batch's last step, cut short under
+        # overlap), nor the step before it if of the same key and above its line: that one holds
+        # the finished requests' work. Two in a row are the key's cost. A key not measured yet is
+        # judged on its neighbours' or the prior's line: as its first sample such a step would
+        # price its mode many times too cheap, and every true step after it as an idle gap.
+        if expected is not None and event.seconds * _SPIKE < expected and short != i:
             if last is not None and last[0] == i and last[3]:
                 times.drop(*last[:3])
             self._short = i
