@@ -2370,6 +2370,25 @@ def test_a_key_whose_line_reads_far_too_high_heals_from_its_short_steps():
     assert p.step_time(Mode.SPEC, 48) == pytest.approx(0.025, rel=0.01)
 
 
+def test_a_key_whose_line_reads_far_too_low_heals_from_its_long_steps():
+    """A step 8x its size's line is an idle gap only alone: where the line reads far too low (two
+    cut-short steps in a row taken as a new size's cost), two long steps in a row are its cost,
+    and the estimate comes up (it read 0.5 ms for good before)."""
+    p = controller()
+    for _ in range(8):
+        p.observe(StepTime(Mode.DECODE, 2, 0.0064))
+    p.exchange(lambda v: v)
+    for _ in range(2):
+        p.observe(StepTime(Mode.DECODE, 64, 0.0005))
+    p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 64) == pytest.approx(0.0005)
+    for _ in range(4):
+        for _ in range(8):
+            p.observe(StepTime(Mode.DECODE, 64, 0.0081))
+        p.exchange(lambda v: v)
+    assert p.step_time(Mode.DECODE, 64) == pytest.approx(0.0081, rel=0.01)
+
+
 def test_a_key_unmeasured_for_hours_has_no_standard_error_not_a_division_by_zero():
     """Its decayed squared weights underflow several rescales before its weights do."""
     sums = ContextSums(2)

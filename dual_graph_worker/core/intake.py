@@ -52,6 +52,9 @@ class SampleIntake:
         # says whether it stands (a quarter of them read over 10% short).
         self._waiting: Optional[_Sample] = None
         self._short: Optional[int] = None
+        # The key of the last step if it was held back as an idle gap: a second in a row says
+        # the key's line reads far too low instead.
+        self._gap: Optional[int] = None
         # The excess of a step that carried the next batch's launch, which belongs to that
         # batch (a catch-up's, a prefill's or a switch's cost); None when none is held.
         self._carry: Optional[float] = None
@@ -92,6 +95,7 @@ class SampleIntake:
             last, self._waiting = self._waiting, None
             self._times.add(*last[:3])
         short, self._short = self._short, None
+        gap, self._gap = self._gap, None
         carry, self._carry = self._carry, None
         # An eager step (no key) still ends its mode's run: the next catch-up is at a switch.
         switched = self._last_mode not in (None, event.mode)
@@ -121,7 +125,8 @@ class SampleIntake:
         if event.catch_up_tokens > 0:
             self._catch_up_sample(i, event, priced, carry, at_switch)
         elif not after_carry:         # one whose launch the previous step held starts late
-            self._step_sample(i, event, expected, last, short, after_prefill, after_catch_up)
+            self._step_sample(i, event, expected, last, (short, gap), after_prefill,
+                              after_catch_up)
 
     def _catch_up_sample(self, i: int, event: StepTime, priced: float, carry: Optional[float],
                          at_switch: bool) -> None:
@@ -136,11 +141,12 @@ class SampleIntake:
             self._costs.add_catch_up(at_switch, x, y)
 
     def _step_sample(self, i: int, event: StepTime, expected: Optional[float],
-                     last: Optional[_Sample], short: Optional[int], after_prefill: bool,
-                     after_catch_up: bool) -> None:
+                     last: Optional[_Sample], held: tuple[Optional[int], Optional[int]],
+                     after_prefill: bool, after_catch_up: bool) -> None:
         """Key i's sample from a plain step, unless it is none: the first after a prefill, an
-        idle gap, a step cut short or a lone stall. `last`: the previous step's sample, `short`:
-        the key of the previous step if it was held back as short."""
+        idle gap, a step cut short or a lone stall. `last`: the previous step's sample, `held`:
+        the key of the previous step if it was held back as short, and if as an idle gap."""
+        short, gap = held
         times = self._times
         # The first step after a prefill is no clean sample: its span starts inside the prefill's.
         # Every other one is taken, so a prefill before every step still leaves samples.
@@ -150,7 +156,11 @@ class SampleIntake:
         early, self._held_after_prefill = self._held_after_prefill or after_catch_up, False
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
-        if expected is not None and event.seconds > _OUTLIER * expected:
+        # Neither comes twice in a row at one key: two such steps are its cost, its line far too
+        # low (else nothing would ever raise it).
+        outlier = expected is not None and event.seconds > _OUTLIER * expected
+        if outlier and gap != i:
+            self._gap = i
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
             return
@@ -166,7 +176,8 @@ class SampleIntake:
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
-        if self._hold_lone(i, expected is not None and event.seconds > _SPIKE * expected):
+        if self._hold_lone(i, not outlier and expected is not None and
+                           event.seconds > _SPIKE * expected):
             return
         x, y = float(event.kv_tokens), event.seconds
         if last is not None and last[4] and last[0] == i and last[2] < _EARLY_SHORT * y:
