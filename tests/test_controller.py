@@ -2372,8 +2372,18 @@ def test_a_key_whose_line_reads_far_too_high_heals_from_its_short_steps():
 
 def test_a_key_whose_line_reads_far_too_low_heals_from_its_long_steps():
     """A step 8x its size's line is an idle gap only alone: where the line reads far too low (two
-    cut-short steps in a row taken as a new size's cost), two long steps in a row are its cost,
-    and the estimate comes up (it read 0.5 ms for good before)."""
+    cut-short steps in a row taken as a new size's cost), two long steps in a row that its
+    neighbours' line prices within 3x are its cost, and the estimate comes up (it read 0.5 ms
+    for good before). Two idle gaps in a row at a size measured right stay gaps."""
+    q = controller(replay_prior())
+    for _ in range(4):
+        for _ in range(8):
+            q.observe(StepTime(Mode.DECODE, 8, t_decode(8)))
+        q.exchange(lambda v: v)
+    for _ in range(2):
+        q.observe(StepTime(Mode.DECODE, 8, 30.0))
+    q.exchange(lambda v: v)
+    assert q.step_time(Mode.DECODE, 8) == pytest.approx(t_decode(8))
     p = controller()
     for _ in range(8):
         p.observe(StepTime(Mode.DECODE, 2, 0.0064))

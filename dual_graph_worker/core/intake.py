@@ -156,10 +156,10 @@ class SampleIntake:
         early, self._held_after_prefill = self._held_after_prefill or after_catch_up, False
         # An idle gap or a first-call warm-up is no step: more than _OUTLIER times the estimate
         # (measured, else the prior: start-up replays are off by a few times, not by eight).
-        # Neither comes twice in a row at one key: two such steps are its cost, its line far too
-        # low (else nothing would ever raise it).
+        # But a second in a row within _SPIKE of what the key's neighbours or prior price it at is
+        # its cost: its own line reads far too low (else nothing would ever raise it).
         outlier = expected is not None and event.seconds > _OUTLIER * expected
-        if outlier and gap != i:
+        if outlier and not (gap == i and self._in_line_with_others(i, event)):
             self._gap = i
             return
         if expected is None and event.seconds > _NO_ESTIMATE_MAX_S:
@@ -184,6 +184,11 @@ class SampleIntake:
             times.drop(*last[:3])
         times.add(i, x, y)
         self._last_sample = (i, x, y, expected is not None and y > expected, early, after_catch_up)
+
+    def _in_line_with_others(self, i: int, event: StepTime) -> bool:
+        """The step reads under _SPIKE times key i's step as its neighbours or prior price it."""
+        others = self._times.others_time(i, event.kv_tokens)
+        return others is not None and event.seconds < _SPIKE * others
 
     def _first_call_cost(self, at_switch: bool, tokens: float, seconds: float,
                          step: float) -> bool:

@@ -185,9 +185,19 @@ class StepTimeTable:
         near = self._neighbours_line(i, min_samples=_TRUSTED_SAMPLES)
         return None if near is None else _blend(own, near, trust)
 
+    def others_time(self, i: int, kv_tokens: int) -> Optional[float]:
+        """Key i's step seconds at `kv_tokens` as its measured neighbours or the prior price it,
+        its own samples aside."""
+        line = self._others_line(i)
+        return None if line is None else _time_on(line, kv_tokens)
+
     def _fit_line(self, i: int) -> Optional[_Line]:
         if self.samples[i]:
             return _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
+        return self._others_line(i)
+
+    def _others_line(self, i: int) -> Optional[_Line]:
+        """Key i's line from its nearest measured sizes, else from its prior."""
         prior = self._prior[i]
         near = self._neighbours_line(i)
         if near is None and not math.isnan(prior):
