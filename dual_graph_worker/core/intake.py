@@ -125,7 +125,7 @@ class SampleIntake:
         if event.catch_up_tokens > 0:
             self._catch_up_sample(i, event, priced, carry, at_switch)
         elif not after_carry:         # one whose launch the previous step held starts late
-            self._step_sample(i, event, expected, last, (short, gap), after_prefill,
+            self._step_sample(i, event, expected, last, short, gap, after_prefill,
                               after_catch_up)
 
     def _catch_up_sample(self, i: int, event: StepTime, priced: float, carry: Optional[float],
@@ -141,12 +141,11 @@ class SampleIntake:
             self._costs.add_catch_up(at_switch, x, y)
 
     def _step_sample(self, i: int, event: StepTime, expected: Optional[float],
-                     last: Optional[_Sample], held: tuple[Optional[int], Optional[int]],
+                     last: Optional[_Sample], short: Optional[int], gap: Optional[int],
                      after_prefill: bool, after_catch_up: bool) -> None:
         """Key i's sample from a plain step, unless it is none: the first after a prefill, an
-        idle gap, a step cut short or a lone stall. `last`: the previous step's sample, `held`:
-        the key of the previous step if it was held back as short, and if as an idle gap."""
-        short, gap = held
+        idle gap, a step cut short or a lone stall. `last`: the previous step's sample, `short`,
+        `gap`: the key of the previous step if it was held back as short, as an idle gap."""
         times = self._times
         # The first step after a prefill is no clean sample: its span starts inside the prefill's.
         # Every other one is taken, so a prefill before every step still leaves samples.
@@ -176,8 +175,8 @@ class SampleIntake:
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
-        if self._hold_lone(i, not outlier and expected is not None and
-                           event.seconds > _SPIKE * expected):
+        if self._hold_lone(i, not outlier and expected is not None
+                           and event.seconds > _SPIKE * expected):
             return
         x, y = float(event.kv_tokens), event.seconds
         if last is not None and last[4] and last[0] == i and last[2] < _EARLY_SHORT * y:
