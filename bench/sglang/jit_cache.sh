@@ -15,7 +15,7 @@ case $verb in
     mkdir -p "$dir"
     present=()
     for c in "${caches[@]}"; do
-      [ -d "$HOME/$c" ] && present+=("$c") && du -sh "$HOME/$c"
+      if [ -d "$HOME/$c" ]; then present+=("$c"); du -sh "$HOME/$c"; fi
     done
     [ ${#present[@]} -gt 0 ] || { echo "jit_cache.sh: no cache under $HOME"; exit 0; }
     tar -czf - -C "$HOME" "${present[@]}" | split -b 15m - "$dir/jit-cache.tgz.part-"
@@ -30,6 +30,6 @@ case $verb in
     parts=("$dir"/jit-cache.tgz.part-*)
     [ -f "${parts[0]}" ] || { echo "jit_cache.sh: no jit-cache.tgz.part-* in $dir" >&2; exit 1; }
     cat "${parts[@]}" | tar -xzf - -C "$HOME"
-    echo "jit_cache.sh: restored $(du -sh "$HOME/.cache/sglang" 2>/dev/null | cut -f1) of SGLang's cache" ;;
+    echo "jit_cache.sh: restored ${#parts[@]} part(s) into $HOME" ;;
   *) echo "jit_cache.sh: unknown verb '$verb': use pack DIR or restore DIR" >&2; exit 2 ;;
 esac
