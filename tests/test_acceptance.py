@@ -115,3 +115,31 @@ def test_a_pooled_batch_reads_the_same_whichever_pass_it_takes_first(size):
             reads.append(est.expected(rows))
         assert reads[0] == reads[1] == reads[2]
         assert est._unmeasured_in_batch is (batch[-1] in fresh)
+
+
+def test_first_estimates_fold_at_most_every_few_speculative_steps_and_at_once_when_asked():
+    """Once the spreads are trusted, a request's first estimate waits for the fold due
+    _FOLD_EVERY speculative steps after the last (a fold costs the same whatever it holds), or
+    for fold(), which the exchange calls whatever the mode; until then each folds at once."""
+    def serve_until_pending() -> AcceptanceEstimate:
+        est = AcceptanceEstimate(K, ROWS)
+        est.admit(list(range(16)), 0)
+        est.admit([16], 1)
+        est.add(draws, sum(draws), old, 1)
+        for step in range(2, 6):                   # the new request's 4th draw at step 5
+            est.add(draws + [4.0], sum(draws) + 4.0, both, step)
+        return est
+
+    old, both = np.arange(16), np.arange(17)
+    draws = [2.0] * 8 + [3.0] * 8
+    est = serve_until_pending()
+    before = est.fresh                             # the old requests', folded at step 4
+    assert before == pytest.approx(2.5, abs=0.1)
+    for step in (6, 7):
+        est.add(draws, sum(draws), old, step)
+        assert est.fresh == before
+    est.add(draws, sum(draws), old, 8)             # 4 steps since the last fold
+    assert est.fresh == pytest.approx(before + acceptance._ROW_ALPHA * (4.0 - before))
+    asked = serve_until_pending()
+    asked.fold()
+    assert asked.fresh == est.fresh

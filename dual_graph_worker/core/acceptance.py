@@ -47,6 +47,10 @@ _SPREAD_MIN_REQUESTS = 8
 # sides together): a population of alike requests with a few far above them (the CPU demo's
 # toy) has first estimates below the centre that are the draws' noise alone, above it not.
 _SIDE_MIN_REQUESTS = 4
+# Once the spreads are trusted, requests' first estimates fold into them at most once every
+# _FOLD_EVERY speculative steps, and at each exchange: a fold costs ~6 us whatever it holds, and
+# a loaded server measures a few new requests every step.
+_FOLD_EVERY = 4
 
 
 def _sure_spread(variance: float, effective: float) -> float:
@@ -98,6 +102,9 @@ class AcceptanceEstimate:
         self._centre = 0.0                        # the mean of the first estimates
         self._sides_cache: Optional[tuple[float, float]] = None   # _sides_differ's, until a fold
         self.draw_var: Optional[float] = None     # one draw's variance within a request
+        # Requests' first estimates and their draws' variances, until the next fold.
+        self._unfolded: tuple[list[float], list[float]] = ([], [])
+        self._adds = self._folded_at = 0          # speculative steps seen; at the last fold
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
         self._rows_of: Optional[np.ndarray] = None
@@ -257,6 +264,18 @@ class AcceptanceEstimate:
                     drawn.append((row, accept))
         if drawn:
             self._add_first_draws(drawn)
+        self._adds += 1
+        if self._unfolded[0] and (self._differ is None
+                                  or self._adds - self._folded_at >= _FOLD_EVERY):
+            self.fold()
+
+    def fold(self) -> None:
+        """Folds the first estimates kept since the last fold into the spreads: add, at most
+        once every _FOLD_EVERY speculative steps; the exchange, whatever the mode, what waits."""
+        firsts, within = self._unfolded
+        if firsts:
+            self._learn_spread(firsts, within)
+            self._unfolded, self._folded_at = ([], []), self._adds
 
     def _add_to_arrays(self, accepts: list[float],
                        rows: np.ndarray) -> Iterable[tuple[int, float]]:
@@ -288,9 +307,9 @@ class AcceptanceEstimate:
 
     def _add_first_draws(self, drawn: Iterable[tuple[int, float]]) -> None:
         """Each (row, accept) of a row not measured yet: into its first draws, and into its
-        first estimate once _FIRST_DRAWS are in (which _learn_spread learns from)."""
+        first estimate once _FIRST_DRAWS are in (kept for _learn_spread's next fold)."""
         est, noise, first_draws = self._rows, self._noise, self._first_draws
-        firsts, within = [], []
+        firsts, within = self._unfolded
         for row, accept in drawn:
             draws = first_draws[row]
             draws.append(accept)
@@ -303,8 +322,6 @@ class AcceptanceEstimate:
                 est[row], noise[row] = mean, 1.0 / _FIRST_DRAWS
                 firsts.append(mean)
                 within.append((squares - _FIRST_DRAWS * mean * mean) / (_FIRST_DRAWS - 1))
-        if firsts:
-            self._learn_spread(firsts, within)
 
     def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
         """Fold requests' first estimates into the new-request expectation and the spreads:

@@ -326,6 +326,7 @@ class GoodputController:
         self._unfolded = False
         self._times.fold(vec[:split], self._step)
         self._batch_costs.fold(vec[split:])
+        self._acceptance.fold()
 
     # ------------------------------------------------------------------------------ model
 
