@@ -10,6 +10,7 @@
 set -euo pipefail
 verb=${1:?pack or restore}; dir=${2:?a folder}
 caches=(.cache/sglang .triton/cache .cache/flashinfer .nv/ComputeCache)
+parts=jit-cache.tgz.part-; max_mb=${JIT_CACHE_MAX_MB:-45}
 case $verb in
   pack)
     mkdir -p "$dir"
@@ -18,18 +19,18 @@ case $verb in
       if [ -d "$HOME/$c" ]; then present+=("$c"); du -sh "$HOME/$c"; fi
     done
     [ ${#present[@]} -gt 0 ] || { echo "jit_cache.sh: no cache under $HOME"; exit 0; }
-    tar -czf - -C "$HOME" "${present[@]}" | split -b 15m - "$dir/jit-cache.tgz.part-"
-    packed=$(du -cm "$dir"/jit-cache.tgz.part-* | tail -1 | cut -f1)
-    if [ "$packed" -gt "${JIT_CACHE_MAX_MB:-45}" ]; then
-      rm -f "$dir"/jit-cache.tgz.part-*
-      echo "jit_cache.sh: ${packed} MiB packed, over JIT_CACHE_MAX_MB=${JIT_CACHE_MAX_MB:-45}: none kept"
+    tar -czf - -C "$HOME" "${present[@]}" | split -b 15m - "$dir/$parts"
+    packed=$(du -cm "$dir/$parts"* | tail -1 | cut -f1)
+    if [ "$packed" -gt "$max_mb" ]; then
+      rm -f "$dir/$parts"*
+      echo "jit_cache.sh: ${packed} MiB packed, over JIT_CACHE_MAX_MB=$max_mb: none kept"
     else
       echo "jit_cache.sh: ${packed} MiB packed"
     fi ;;
   restore)
-    parts=("$dir"/jit-cache.tgz.part-*)
-    [ -f "${parts[0]}" ] || { echo "jit_cache.sh: no jit-cache.tgz.part-* in $dir" >&2; exit 1; }
-    cat "${parts[@]}" | tar -xzf - -C "$HOME"
-    echo "jit_cache.sh: restored ${#parts[@]} part(s) into $HOME" ;;
+    found=("$dir/$parts"*)
+    [ -f "${found[0]}" ] || { echo "jit_cache.sh: no $parts* in $dir" >&2; exit 1; }
+    cat "${found[@]}" | tar -xzf - -C "$HOME"
+    echo "jit_cache.sh: restored ${#found[@]} part(s) into $HOME" ;;
   *) echo "jit_cache.sh: unknown verb '$verb': use pack DIR or restore DIR" >&2; exit 2 ;;
 esac

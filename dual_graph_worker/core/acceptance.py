@@ -103,7 +103,7 @@ class AcceptanceEstimate:
         self._sides_cache: Optional[tuple[float, float]] = None   # _sides_differ's, until a fold
         self.draw_var: Optional[float] = None     # one draw's variance within a request
         # Requests' first estimates and their draws' variances, until the next fold.
-        self._unfolded: tuple[list[float], list[float]] = ([], [])
+        self._to_fold: tuple[list[float], list[float]] = ([], [])
         self._adds = self._folded_at = 0          # speculative steps seen; at the last fold
         self.full_weight = 1.0                    # own_weight of a full EMA's noise
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
@@ -265,17 +265,17 @@ class AcceptanceEstimate:
         if drawn:
             self._add_first_draws(drawn)
         self._adds += 1
-        if self._unfolded[0] and (self._differ is None
+        if self._to_fold[0] and (self._differ is None
                                   or self._adds - self._folded_at >= _FOLD_EVERY):
             self.fold()
 
     def fold(self) -> None:
         """Folds the first estimates kept since the last fold into the spreads: add, at most
         once every _FOLD_EVERY speculative steps; the exchange, whatever the mode, what waits."""
-        firsts, within = self._unfolded
+        firsts, within = self._to_fold
         if firsts:
             self._learn_spread(firsts, within)
-            self._unfolded, self._folded_at = ([], []), self._adds
+            self._to_fold, self._folded_at = ([], []), self._adds
 
     def _add_to_arrays(self, accepts: list[float],
                        rows: np.ndarray) -> Iterable[tuple[int, float]]:
@@ -309,7 +309,7 @@ class AcceptanceEstimate:
         """Each (row, accept) of a row not measured yet: into its first draws, and into its
         first estimate once _FIRST_DRAWS are in (kept for _learn_spread's next fold)."""
         est, noise, first_draws = self._rows, self._noise, self._first_draws
-        firsts, within = self._unfolded
+        firsts, within = self._to_fold
         for row, accept in drawn:
             draws = first_draws[row]
             draws.append(accept)
