@@ -107,3 +107,25 @@ def test_a_re_measurement_is_read_against_the_steps_it_led_to(tmp_path, capsys):
     bad.write_text("{}")
     assert re_measure_error.main([str(bad)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_trace_with_no_re_measurement_writes_its_summary_and_no_plot(tmp_path, capsys):
+    """A run whose re-measurements of speculation never led to spec steps (a decode cell) has
+    nothing to plot: the summary still comes, with a line saying why there is no plot."""
+    import gzip
+    import json
+
+    from bench.sglang import re_measure_error
+
+    costs = [["p", 16, 0.01, 1]] + [["d", 2, 0.005, 0, 0, 100 + k, 2] for k in range(20)]
+    trace = tmp_path / "t.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"num_steps": 3, "spec_bs": [2], "decode_bs": [2], "costs": costs,
+                   "calibration": {"num_draft_tokens": 3, "latency_s": [
+                       {"mode": "spec", "bs": 2, "seconds": 0.02},
+                       {"mode": "decode", "bs": 2, "seconds": 0.005}]}}, fh)
+    out = tmp_path / "r.json"
+    assert re_measure_error.main([str(trace), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["summary"] == {"n": 0}
+    assert not out.with_suffix(".png").exists()
+    assert "no plot" in capsys.readouterr().out

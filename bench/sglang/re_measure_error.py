@@ -109,6 +109,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_json({"command": command_line("python -m bench.sglang.re_measure_error", argv),
                 "commit": checkout_commit(), "summary": spread(every),
                 "traces": {path: records for path, records in got.items()}}, out)
+    if not every:
+        print(f"wrote {out}; no plot: no re-measurement of speculation was followed by "
+              f"{MIN_STEPS} spec steps at its size")
+        return 0
     png = line_chart(out.with_suffix(".png"), "Speculation's step time after a re-measurement "
                      "against its steps once chosen", "padded batch size",
                      [Panel("estimate / measured",
