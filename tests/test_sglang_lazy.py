@@ -34,6 +34,7 @@ from dual_graph_worker.engines.sglang.catch_up import (
     StashArena,
     backlog_slots,
     build_catch_up_indices,
+    final_rows,
     plan_passes,
     shifted_prompt_tokens,
 )
@@ -51,7 +52,7 @@ def test_lazy_modules_do_not_import_sglang():
         import sys
         import dual_graph_worker.engines.sglang.backlog, dual_graph_worker.engines.sglang.catch_up
         import dual_graph_worker.core.settings, dual_graph_worker.engines.sglang.stash_room
-        import dual_graph_worker.engines.sglang.hooks
+        import dual_graph_worker.engines.sglang.hooks, dual_graph_worker.engines.sglang.kv_fill
         assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -284,6 +285,56 @@ def _reference_indices(segments, rows, ends, counts, req_to_token):
         slots += [int(req_to_token[rows[g.req], q]) for q in p]
         last.append(len(pos) - 1)
     return pos, slots, last, prefix, seq
+
+
+def test_final_rows_are_each_final_segments_last_position_behind_the_rest():
+    """The K/V-only catch-up's forward pass: one row per segment that ends its request's
+    backlog (its last position, prefix = everything before it), none for the others."""
+    rng = random.Random(2)
+    seen_none = False
+    for trial in range(60):
+        R, ctx = 9, 64
+        req_to_token = torch.randint(0, 5000, (R, ctx), dtype=torch.int32)
+        m = rng.randint(2, 6)
+        rows = rng.sample(range(R), m)
+        counts = [rng.randint(1, 20) for _ in range(m)]
+        ends = [c + rng.randint(0, 30) for c in counts]
+        batch_positions = sorted(rng.sample(range(12), m))
+        with_cpu = trial % 2 == 0
+        # plan_passes gives a long backlog's early segments a pass each; a pass mixing
+        # segments that end their backlog with ones that do not is built by hand.
+        mixed = [Segment(0, 0, counts[0] - 1, False)] if counts[0] > 1 else []
+        mixed += [Segment(i, 0, counts[i], True) for i in range(1, m)]
+        for segs in plan_passes(counts, rng.randint(1, 25)) + [mixed]:
+            idx = build_catch_up_indices(
+                segs, req_pool_indices=None if with_cpu else torch.tensor(rows),
+                ends=None if with_cpu else torch.tensor(ends), counts=counts,
+                batch_positions=batch_positions, req_to_token=req_to_token,
+                rows_cpu=rows if with_cpu else None, ends_cpu=ends if with_cpu else None)
+            got = final_rows(idx)
+            finals = [g for g in segs if g.final]
+            if not finals:
+                assert got is None
+                seen_none = True
+                continue
+            last = [ends[g.req] - 1 for g in finals]
+            assert got.positions.tolist() == last and got.num_tokens == len(finals)
+            assert got.slots.tolist() == [int(req_to_token[rows[g.req], p])
+                                          for g, p in zip(finals, last)]
+            assert got.req_pool_indices.tolist() == [rows[g.req] for g in finals]
+            assert got.seq_lens.tolist() == [ends[g.req] for g in finals]
+            assert got.prefix_lens.tolist() == last and got.extend_lens_cpu == [1] * len(last)
+            assert got.extend_lens.tolist() == [1] * len(last)
+            assert got.last_rows.tolist() == list(range(len(last)))
+            assert got.batch_positions == [batch_positions[g.req] for g in finals]
+            assert got.final == [True] * len(last)
+            assert got.prefix_lens.dtype == got.extend_lens.dtype == torch.int32
+            if with_cpu:
+                assert got.prefix_lens_cpu == last and got.seq_lens_cpu.tolist() == \
+                    [ends[g.req] for g in finals]
+            else:
+                assert got.prefix_lens_cpu is None and got.seq_lens_cpu is None
+    assert seen_none
 
 
 def test_catch_up_indices_match_a_direct_loop():
@@ -605,7 +656,8 @@ def sgl(supported_sglang):
     return lazy_sync
 
 
-def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft=None):
+def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft=None,
+               kv_only=False):
     lz = object.__new__(lazy_sync.LazyCatchUp)
     lz.dw = draft or SimpleNamespace(topk=topk)
     lz.req_to_token = torch.arange(rows * 32, dtype=torch.int32).reshape(rows, 32)
@@ -614,6 +666,7 @@ def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft
     lz.max_pass_tokens = 8192
     lz.prefill_reserve = 0
     lz.defer_prefill_off = None
+    lz.kv_only_off = None if kv_only else "off"
     lz.draft_hidden = (6, torch.float32)
     lz.on_event = None
     return lz
@@ -861,6 +914,84 @@ def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward):
     lz.before_spec_step(batch, sgl.rows_of(batch))
     assert [f.positions.tolist() for f in runner.forwards] == [[20, 21], [24], [22, 23], [24]]
     assert di.topk_index[:, 0].tolist() == [24, 24] and di.topk_index.shape == (2, 2)
+    assert di.hidden_states[:, 0].tolist() == [24., 24.]
+
+
+def _recorded_fills(sgl, monkeypatch) -> list:
+    fills = []
+    monkeypatch.setattr(sgl, "fill_draft_kv", lambda runner, aux, tokens, positions, slots:
+                        fills.append((aux[:, 0].tolist(), tokens.tolist(), positions.tolist(),
+                                      slots.tolist())))
+    return fills
+
+
+def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
+        fake_sglang_forward, monkeypatch):
+    """DGW_CATCH_UP_KV_ONLY: the K/V of every backlog position are filled from the stash, and
+    the draft's forward runs over each request's last position alone, behind them; the
+    proposals installed are those of the whole-layer catch-up."""
+    sgl = fake_sglang_forward
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    fills = _recorded_fills(sgl, monkeypatch)
+    runner = _FakeDraftRunner()
+    draft = SimpleNamespace(topk=1, draft_runner=runner,
+                            draft_tp_context=lambda group: contextlib.nullcontext())
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft, kv_only=True)
+    for step, rws in enumerate([[5, 2], [5], [5]]):     # as the whole-layer test above
+        starts = {5: 7, 2: 5}
+        pos = [starts[r] + step for r in rws]
+        slots = torch.tensor([int(lz.req_to_token[r, p]) for r, p in zip(rws, pos)])
+        lz.stash(np.array(rws), aux=torch.tensor([[float(p)] * 4 for p in pos]),
+                 sampled=torch.tensor([100 + p for p in pos]), out_cache_loc=slots)
+    di = EagleDraftInput(topk_p=torch.full((3, 1), 0.5), hidden_states=torch.zeros(3, 6),
+                         topk_index=torch.full((3, 1), -1, dtype=torch.int64),
+                         bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32))
+    batch = SimpleNamespace(
+        req_pool_indices_cpu=torch.tensor([5, 7, 2]), req_pool_indices=torch.tensor([5, 7, 2]),
+        seq_lens=torch.tensor([10, 4, 6]), seq_lens_cpu=torch.tensor([10, 4, 6]), seq_lens_sum=20,
+        spec_info=di, input_ids=None, out_cache_loc=None, sampling_info=None)
+    assert lz.before_spec_step(batch, sgl.rows_of(batch))
+    slot = {(r, p): int(lz.req_to_token[r, p]) for r, p in ((5, 7), (5, 8), (5, 9), (2, 5))}
+    assert fills == [([7., 8., 9., 5.], [107, 108, 109, 105], [7, 8, 9, 5], list(slot.values()))]
+    (fb,) = runner.forwards
+    v = fb.view
+    assert fb.positions.tolist() == [9, 5] and v.input_ids.tolist() == [109, 105]
+    assert v.spec_info.hidden_states[:, 0].tolist() == [9., 5.]
+    assert v.out_cache_loc.tolist() == [slot[5, 9], slot[2, 5]]
+    assert (v.prefix_lens, v.extend_lens) == ([9, 5], [1, 1])
+    assert v.seq_lens.tolist() == [10, 6] and v.spec_info.select_index.tolist() == [0, 1]
+    assert di.topk_index[:, 0].tolist() == [9, -1, 5]
+    assert di.hidden_states[:, 0].tolist() == [9., 0., 5.]
+    assert not lz.backlog.count.any()
+
+
+def test_a_kv_only_catch_up_in_several_passes_runs_the_layer_once_a_request(
+        fake_sglang_forward, monkeypatch):
+    sgl = fake_sglang_forward
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    fills = _recorded_fills(sgl, monkeypatch)
+    runner = _FakeDraftRunner()
+    draft = SimpleNamespace(topk=2, draft_runner=runner,
+                            draft_tp_context=lambda group: contextlib.nullcontext())
+    lz = _bare_lazy(sgl, rows=4, cells=64, draft=draft, kv_only=True)
+    lz.max_pass_tokens = 2
+    for p in range(5):                       # as the whole-layer test above
+        rws = [3] if p < 4 else [3, 0]
+        lz.stash(np.array(rws), aux=torch.zeros(len(rws), 4),
+                 sampled=torch.zeros(len(rws), dtype=torch.int64),
+                 out_cache_loc=torch.tensor([int(lz.req_to_token[r, 20 + p]) for r in rws]))
+    di = EagleDraftInput(topk_p=torch.zeros(2, 2), topk_index=torch.zeros(2, 2, dtype=torch.int64),
+                         hidden_states=torch.zeros(2, 6), bonus_tokens=torch.zeros(2))
+    batch = SimpleNamespace(req_pool_indices_cpu=torch.tensor([3, 0]),
+                            req_pool_indices=torch.tensor([3, 0]),
+                            seq_lens=torch.tensor([25, 25]), seq_lens_cpu=None, spec_info=di,
+                            sampling_info=None)
+    lz.before_spec_step(batch, sgl.rows_of(batch))
+    assert [f[2] for f in fills] == [[20, 21], [24], [22, 23], [24]]
+    assert [f.positions.tolist() for f in runner.forwards] == [[24], [24]]
+    assert di.topk_index[:, 0].tolist() == [24, 24]
     assert di.hidden_states[:, 0].tolist() == [24., 24.]
 
 

@@ -171,6 +171,36 @@ class CatchUpIndices(NamedTuple):
     final: list[bool]                # [s]
 
 
+def final_rows(idx: CatchUpIndices) -> Optional[CatchUpIndices]:
+    """The last position of each segment that ends its request's backlog, as a pass of
+    one-token segments behind everything before it (None: no segment of `idx` is final): the
+    rows whose draft output a proposal reads, once the K/V of every row is in the cache."""
+    picked = [j for j, final in enumerate(idx.final) if final]
+    if not picked:
+        return None
+    n, device = len(picked), idx.seq_lens.device
+    every = n == len(idx.final)
+    sel = None if every else to_device(picked, device)
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t if every else t[sel]
+
+    last, seq_lens = pick(idx.last_rows), pick(idx.seq_lens)
+    seq_cpu = idx.seq_lens_cpu
+    if seq_cpu is not None and not every:
+        seq_cpu = seq_cpu[picked]
+    return CatchUpIndices(
+        req_pool_indices=pick(idx.req_pool_indices),
+        positions=idx.positions[last], slots=idx.slots[last],
+        prefix_lens=(seq_lens - 1).to(torch.int32),
+        extend_lens=torch.ones(n, dtype=torch.int32, device=device),
+        seq_lens=seq_lens, last_rows=torch.arange(n, dtype=torch.int64, device=device),
+        extend_lens_cpu=[1] * n,
+        prefix_lens_cpu=None if seq_cpu is None else (seq_cpu - 1).tolist(),
+        seq_lens_cpu=seq_cpu, num_tokens=n,
+        batch_positions=[idx.batch_positions[j] for j in picked], final=[True] * n)
+
+
 def backlog_slots(*, req_pool_indices: torch.Tensor, ends: torch.Tensor, counts: Sequence[int],
                   req_to_token: torch.Tensor) -> torch.Tensor:
     """KV slots of every position behind, ``[ends[i] - counts[i], ends[i])`` per row, in row

@@ -44,6 +44,7 @@ from dual_graph_worker.engines.sglang.catch_up import (
     CatchUpIndices,
     StashArena,
     build_catch_up_indices,
+    final_rows,
     plan_passes,
     shifted_prompt_tokens,
 )
@@ -53,6 +54,7 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft, RoomMade
 from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
+from dual_graph_worker.engines.sglang.kv_fill import fill_draft_kv, kv_fill_unavailable
 from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
@@ -115,7 +117,7 @@ class LazyCatchUp:
     makes the same host decisions, from batch sizes and counts alone)."""
 
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
-                 stash_mb: int, defer_prefill: bool = True,
+                 stash_mb: int, defer_prefill: bool = True, kv_only: bool = False,
                  on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
         dr = draft_worker.draft_runner
         if not isinstance(dr.attn_backend, catch_up_backend_classes()):
@@ -165,12 +167,18 @@ class LazyCatchUp:
             reserve=self.max_pass_tokens, draft_hidden=self.draft_hidden)
         # Kept free for the next deferred prefill when a compaction can provide it.
         self.prefill_reserve = 0 if self.defer_prefill_off else self.max_pass_tokens
+        # Why the draft's K/V cannot be filled alone (DGW_CATCH_UP_KV_ONLY); None: they are.
+        self.kv_only_off = kv_fill_unavailable(dr) if kv_only else "off"
+        if kv_only and self.kv_only_off:
+            logger.warning("dual-graph: DGW_CATCH_UP_KV_ONLY ignored: %s; catch-ups run the "
+                           "draft's whole layer", self.kv_only_off)
         # Each event for the step log, named by its kind.
         self.on_event = on_event
         logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
-                    "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s",
-                    cells, aux_width, aux_dtype, self.arena.nbytes / _MiB, num_slots,
-                    self.max_pass_tokens, self.defer_prefill_off or "on")
+                    "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s; "
+                    "K/V-only catch-up: %s", cells, aux_width, aux_dtype,
+                    self.arena.nbytes / _MiB, num_slots, self.max_pass_tokens,
+                    self.defer_prefill_off or "on", self.kv_only_off or "on")
 
     kind = Continuity.LAZY_CATCH_UP
     draft_sync_graphs = False      # the draft catches up when speculation resumes
@@ -231,7 +239,8 @@ class LazyCatchUp:
                 "stash_mib": round(self.arena.nbytes / _MiB, 1),
                 "aux_width": int(self.arena.aux.shape[1]),
                 "max_pass_tokens": self.max_pass_tokens,
-                "deferred_prefill": self.defer_prefill_off or "on"}
+                "deferred_prefill": self.defer_prefill_off or "on",
+                "kv_only_catch_up": self.kv_only_off or "on"}
 
     # ----------------------------------------------------------------------- hooks
 
@@ -371,6 +380,12 @@ class LazyCatchUp:
                     req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
                     rows_cpu=None if ends_cpu is None else rows_behind, ends_cpu=ends_cpu)
                 laps.lap("indices")
+                if not self.kv_only_off:
+                    keep.append(self._fill_kv(idx))
+                    laps.lap("kv")
+                    idx = final_rows(idx)
+                    if idx is None:
+                        continue
                 forward_batch, logits_output = self._run_pass(batch, idx, laps)
                 keep.append(forward_batch)
                 if want_proposals:
@@ -400,6 +415,13 @@ class LazyCatchUp:
         else:
             topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
         return CatchUpResult(positions, topk_p, topk_index, hidden, keep, event)
+
+    def _fill_kv(self, idx: CatchUpIndices) -> tuple:
+        """The draft's K/V at every position of a pass, from the stash; its inputs, kept
+        alive as the forward batches are."""
+        aux, token_ids = self.arena.gather(idx.slots)
+        fill_draft_kv(self.dw.draft_runner, aux, token_ids, idx.positions, idx.slots)
+        return aux, token_ids
 
     def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps"):
         dr = self.dw.draft_runner
