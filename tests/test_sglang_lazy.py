@@ -667,6 +667,7 @@ def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft
     lz.prefill_reserve = 0
     lz.defer_prefill_off = None
     lz.kv_only_off = None if kv_only else "off"
+    lz.kv_only_min_tokens = 1
     lz.draft_hidden = (6, torch.float32)
     lz.on_event = None
     return lz
@@ -925,11 +926,13 @@ def _recorded_fills(sgl, monkeypatch) -> list:
     return fills
 
 
+@pytest.mark.parametrize("min_tokens", [1, 5])
 def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
-        fake_sglang_forward, monkeypatch):
+        fake_sglang_forward, monkeypatch, min_tokens):
     """DGW_CATCH_UP_KV_ONLY: the K/V of every backlog position are filled from the stash, and
     the draft's forward runs over each request's last position alone, behind them; the
-    proposals installed are those of the whole-layer catch-up."""
+    proposals installed are those of the whole-layer catch-up. A pass under
+    kv_only_min_tokens (here 4 tokens against 5) runs the whole layer."""
     sgl = fake_sglang_forward
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
@@ -938,6 +941,7 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
     draft = SimpleNamespace(topk=1, draft_runner=runner,
                             draft_tp_context=lambda group: contextlib.nullcontext())
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft, kv_only=True)
+    lz.kv_only_min_tokens = min_tokens
     for step, rws in enumerate([[5, 2], [5], [5]]):     # as the whole-layer test above
         starts = {5: 7, 2: 5}
         pos = [starts[r] + step for r in rws]
@@ -952,18 +956,21 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
         seq_lens=torch.tensor([10, 4, 6]), seq_lens_cpu=torch.tensor([10, 4, 6]), seq_lens_sum=20,
         spec_info=di, input_ids=None, out_cache_loc=None, sampling_info=None)
     assert lz.before_spec_step(batch, sgl.rows_of(batch))
+    assert di.topk_index[:, 0].tolist() == [9, -1, 5]
+    assert di.hidden_states[:, 0].tolist() == [9., 0., 5.]
+    assert not lz.backlog.count.any()
+    (fb,) = runner.forwards
+    if min_tokens > 4:
+        assert not fills and fb.positions.tolist() == [7, 8, 9, 5]
+        return
     slot = {(r, p): int(lz.req_to_token[r, p]) for r, p in ((5, 7), (5, 8), (5, 9), (2, 5))}
     assert fills == [([7., 8., 9., 5.], [107, 108, 109, 105], [7, 8, 9, 5], list(slot.values()))]
-    (fb,) = runner.forwards
     v = fb.view
     assert fb.positions.tolist() == [9, 5] and v.input_ids.tolist() == [109, 105]
     assert v.spec_info.hidden_states[:, 0].tolist() == [9., 5.]
     assert v.out_cache_loc.tolist() == [slot[5, 9], slot[2, 5]]
     assert (v.prefix_lens, v.extend_lens) == ([9, 5], [1, 1])
     assert v.seq_lens.tolist() == [10, 6] and v.spec_info.select_index.tolist() == [0, 1]
-    assert di.topk_index[:, 0].tolist() == [9, -1, 5]
-    assert di.hidden_states[:, 0].tolist() == [9., 0., 5.]
-    assert not lz.backlog.count.any()
 
 
 def test_a_kv_only_catch_up_in_several_passes_runs_the_layer_once_a_request(

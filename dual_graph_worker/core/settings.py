@@ -206,7 +206,7 @@ class Settings:
                                          "prefill")
     catch_up_kv_only: bool = _setting("DGW_CATCH_UP_KV_ONLY", False, "lazy-catch-up: the "
                                       "draft's K/V alone at backlog positions, its whole layer "
-                                      "only at each request's last (unproven on a GPU)")
+                                      "only at each request's last (its price not yet measured)")
     draft_extend_graphs: bool = _setting("DGW_DRAFT_EXTEND_GRAPHS", True, "keep-current: "
                                          "replay the one-token draft extend from CUDA graphs")
     step_log: Optional[str] = _setting("DGW_STEP_LOG", None, "JSONL path: one line per decode "
