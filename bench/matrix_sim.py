@@ -39,6 +39,7 @@ from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accepted
 from dual_graph_worker.core.settings import Settings, assignments
+from dual_graph_worker.engines.sglang.kv_fill import KV_ONLY_MIN_TOKENS
 
 # H100 run 8's median step ms per padded batch size at 256x256's mean context (384 a request).
 STEP_MS = {Mode.SPEC: {1: 8.37, 4: 8.57, 8: 8.76, 16: 9.07, 32: 10.06, 48: 11.30, 64: 12.23,
@@ -50,6 +51,12 @@ MEAN_CONTEXT = 384
 PREFILL_S_PER_TOKEN = 24e-6          # its 8192-token prefills
 DRAFT_S_PER_TOKEN = 0.9e-6           # the draft's prefill and catch-up
 CATCH_UP_FIXED_S = 1e-3
+# DGW_CATCH_UP_KV_ONLY, ASSUMED from multiply-adds, not measured: a split pass's tokens at the
+# share of the draft layer's work their K/V take (fc and the k/v rows, docs/design.md), its
+# last rows at the whole rate, and the host work it adds.
+KV_ONLY_SHARE = 67 / 293
+KV_ONLY_PASS_S = 1e-3
+CATCH_UP_PASS_TOKENS = 8192
 PREFILL_CHUNK = 8192
 PRIOR_SCALE = {Mode.SPEC: 0.7, Mode.DECODE: 0.75}     # start-up replays miss host work
 WORKLOADS = (Workload(256, 256, (1, 4, 8, 16, 32, 48, 64, 128, 256)),
@@ -70,6 +77,7 @@ class Server:
     rng: np.random.Generator
     noise: float
     pin: Optional[Mode] = None
+    kv_only: bool = False
     owed: float = 0.0
 
     def accept_len(self, accept: float) -> int:
@@ -106,7 +114,7 @@ class Server:
             caught_up = backlog if spec else 0
             took = step_seconds(mode, plan.padded_bs, kv) * float(
                 np.exp(self.noise * self.rng.standard_normal())) + \
-                (CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * caught_up if caught_up else 0.0)
+                self.catch_up_seconds(caught_up, int((behind[rows] > 0).sum()))
             lens = np.minimum(self.accept_len(accept) if spec else 1, output_len - generated[rows])
             policy.observe(StepTime(mode, plan.padded_bs, took, catch_up_tokens=caught_up,
                                     kv_tokens=kv))
@@ -117,6 +125,17 @@ class Server:
             behind[rows] = 0 if spec else behind[rows] + lens
             live[rows[generated[rows] >= output_len]] = False
         return tokens, seconds
+
+    def catch_up_seconds(self, tokens: int, requests: int) -> float:
+        """A catch-up of `tokens` draft tokens over `requests` rows (0: none)."""
+        if not tokens:
+            return 0.0
+        whole = CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * tokens
+        passes = -(-tokens // CATCH_UP_PASS_TOKENS)
+        if not self.kv_only or tokens < passes * KV_ONLY_MIN_TOKENS:
+            return whole
+        return CATCH_UP_FIXED_S + passes * KV_ONLY_PASS_S + DRAFT_S_PER_TOKEN * (
+            KV_ONLY_SHARE * tokens + requests)
 
     def drafts(self, joins: np.ndarray, waiting: int, input_len: int, generated: np.ndarray,
                behind: np.ndarray) -> bool:
@@ -136,7 +155,8 @@ def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
                           rows, pin, settings=settings)
-    return Server(planner, np.random.default_rng(seed), noise, pin)
+    return Server(planner, np.random.default_rng(seed), noise, pin,
+                  kv_only=pin is None and settings.catch_up_kv_only)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,
@@ -225,7 +245,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     settings = Settings.from_env(dual_env)
     note = (f"SIMULATED server (step lines through H100 run 8's medians, noise {args.noise}, "
             f"seed {args.seed}), accept forced, worker at its defaults"
-            f"{' + ' + str(dual_env) if dual_env else ''}; not a measurement")
+            f"{' + ' + str(dual_env) if dual_env else ''}"
+            + ("; K/V-only catch-ups at an ASSUMED price (multiply-adds)"
+               if settings.catch_up_kv_only else "") + "; not a measurement")
     print(note)
     cells, per_seed = serve_seeds(accepts, seeds, args.noise, settings)
     out = Path(args.out)

@@ -63,6 +63,25 @@ def test_a_wave_costs_its_prefill_its_steps_and_a_switchs_catch_up():
     assert (tokens, seconds) == (16, pytest.approx(prefill + steps + catch_up))
 
 
+def test_a_kv_only_catch_up_is_priced_as_assumed_from_its_bound_on_and_for_the_worker_alone():
+    """DGW_CATCH_UP_KV_ONLY in the sim: a catch-up of passes under KV_ONLY_MIN_TOKENS keeps the
+    whole layer's price; a larger one pays its tokens at KV_ONLY_SHARE, each request's last row
+    whole, and KV_ONLY_PASS_S a pass; pinned servers never take it."""
+    kv = matrix_sim.Settings.from_env({"DGW_CATCH_UP_KV_ONLY": "1"})
+    worker, plain = (matrix_sim.server(pin, 0, 0.0, settings=kv) for pin in (None, Mode.DECODE))
+    whole = matrix_sim.server(None, 0, 0.0)
+    assert worker.kv_only and not plain.kv_only and not whole.kv_only
+    assert worker.catch_up_seconds(0, 0) == 0.0
+    small = matrix_sim.KV_ONLY_MIN_TOKENS - 1
+    assert worker.catch_up_seconds(small, 8) == whole.catch_up_seconds(small, 8) == \
+        pytest.approx(matrix_sim.CATCH_UP_FIXED_S + small * matrix_sim.DRAFT_S_PER_TOKEN)
+    big = 3 * matrix_sim.CATCH_UP_PASS_TOKENS
+    assert worker.catch_up_seconds(big, 256) == pytest.approx(
+        matrix_sim.CATCH_UP_FIXED_S + 3 * matrix_sim.KV_ONLY_PASS_S
+        + (matrix_sim.KV_ONLY_SHARE * big + 256) * matrix_sim.DRAFT_S_PER_TOKEN)
+    assert worker.catch_up_seconds(big, 256) < whole.catch_up_seconds(big, 256) / 2
+
+
 @pytest.mark.parametrize("previews", [Mode.SPEC, Mode.DECODE])
 def test_the_worker_prefills_a_whole_wave_first_and_drafts_as_its_preview_says(previews):
     """A wave of 8 prompts of 2048 tokens is two 8192-token chunks, both prefilled before the

@@ -54,7 +54,8 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft, RoomMade
 from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
-from dual_graph_worker.engines.sglang.kv_fill import fill_draft_kv, kv_fill_unavailable
+from dual_graph_worker.engines.sglang.kv_fill import (KV_ONLY_MIN_TOKENS, fill_draft_kv,
+                                                       kv_fill_unavailable)
 from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
@@ -64,10 +65,6 @@ logger = logging.getLogger(__name__)
 
 _MiB = 1 << 20
 DEFAULT_MAX_PASS_TOKENS = 8192
-# DGW_CATCH_UP_KV_ONLY splits a pass from this many tokens: it saves ~0.7 us a token of the
-# draft's work and costs ~1 ms more host work (the fill's launches, a second batch), a loss in
-# the small, host-bound catch-ups of a switch at a small batch.
-KV_ONLY_MIN_TOKENS = 2048
 # DGW_LAZY_STASH_MB=0 (auto): this share of the GPU memory free after every capture. The rest
 # stays for SGLang's activations (a prefill chunk's MLP and the FULL aux capture of its tokens).
 AUTO_STASH_SHARE = 0.4
