@@ -75,8 +75,10 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: 
     ids = list(range(1, bs + 1))
     free = list(range(bs + 1, ROWS))
     rows = _frozen(ids)                   # the worker's: one read-only array per batch
-    # Accept lengths as SGLang hands them over, a list (made by SGLang, not timed here).
+    # Accept lengths as SGLang hands them over, a list (made by SGLang, not timed here), and
+    # their sum as the worker's ledger passes it (it counts the step's tokens anyway).
     accept, ones = [accept_len] * bs, [1.0] * bs
+    totals = {Mode.SPEC: float(sum(accept)), Mode.DECODE: float(bs)}
     samples, modes, owed = [], [], 0.0
     for i in range(steps):
         joined = None
@@ -96,7 +98,8 @@ def per_step_us(bs: int, steps: int, settings: Settings = Settings(), turnover: 
         p.policy.observe(StepTime(plan.mode, plan.padded_bs,
                                   step_seconds(plan.mode, plan.padded_bs), kv_tokens=kv))
         t2 = time.perf_counter_ns() if parts is not None else 0
-        p.policy.observe(accepted(plan.mode, accept if plan.mode is Mode.SPEC else ones, rows))
+        p.policy.observe(accepted(plan.mode, accept if plan.mode is Mode.SPEC else ones, rows,
+                                  total=totals[plan.mode]))
         t3 = time.perf_counter_ns()
         samples.append((t3 - t0) / 1e3)
         if parts is not None and i >= steps // 10:
