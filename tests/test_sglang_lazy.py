@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -287,31 +288,48 @@ def _reference_indices(segments, rows, ends, counts, req_to_token):
     return pos, slots, last, prefix, seq
 
 
+class _Backlogs(NamedTuple):
+    req_to_token: torch.Tensor
+    rows: list[int]
+    counts: list[int]
+    ends: list[int]
+    batch_positions: list[int]
+    with_cpu: bool
+
+
+def _random_backlogs(seed: int, least: int = 1):
+    """60 random sets of requests behind (their request-pool rows, backlogs, committed lengths,
+    batch positions), the host and the device path in turn; each with the generator."""
+    rng = random.Random(seed)
+    for trial in range(60):
+        m = rng.randint(least, 6)
+        rows = rng.sample(range(9), m)
+        counts = [rng.randint(1, 20) for _ in range(m)]
+        ends = [c + rng.randint(0, 30) for c in counts]
+        yield _Backlogs(torch.randint(0, 5000, (9, 64), dtype=torch.int32), rows, counts, ends,
+                        sorted(rng.sample(range(12), m)), trial % 2 == 0), rng
+
+
+def _indices(b: _Backlogs, segs: list[Segment]):
+    return build_catch_up_indices(
+        segs, req_pool_indices=None if b.with_cpu else torch.tensor(b.rows),
+        ends=None if b.with_cpu else torch.tensor(b.ends), counts=b.counts,
+        batch_positions=b.batch_positions, req_to_token=b.req_to_token,
+        rows_cpu=b.rows if b.with_cpu else None, ends_cpu=b.ends if b.with_cpu else None)
+
+
 def test_final_rows_are_each_final_segments_last_position_behind_the_rest():
     """The K/V-only catch-up's forward pass: one row per segment that ends its request's
     backlog (its last position, prefix = everything before it), none for the others."""
-    rng = random.Random(2)
     seen_none = False
-    for trial in range(60):
-        R, ctx = 9, 64
-        req_to_token = torch.randint(0, 5000, (R, ctx), dtype=torch.int32)
-        m = rng.randint(2, 6)
-        rows = rng.sample(range(R), m)
-        counts = [rng.randint(1, 20) for _ in range(m)]
-        ends = [c + rng.randint(0, 30) for c in counts]
-        batch_positions = sorted(rng.sample(range(12), m))
-        with_cpu = trial % 2 == 0
+    for b, rng in _random_backlogs(seed=2, least=2):
+        req_to_token, rows, counts, ends, batch_positions, with_cpu = b
         # plan_passes gives a long backlog's early segments a pass each; a pass mixing
         # segments that end their backlog with ones that do not is built by hand.
         mixed = [Segment(0, 0, counts[0] - 1, False)] if counts[0] > 1 else []
-        mixed += [Segment(i, 0, counts[i], True) for i in range(1, m)]
+        mixed += [Segment(i, 0, counts[i], True) for i in range(1, len(rows))]
         for segs in plan_passes(counts, rng.randint(1, 25)) + [mixed]:
-            idx = build_catch_up_indices(
-                segs, req_pool_indices=None if with_cpu else torch.tensor(rows),
-                ends=None if with_cpu else torch.tensor(ends), counts=counts,
-                batch_positions=batch_positions, req_to_token=req_to_token,
-                rows_cpu=rows if with_cpu else None, ends_cpu=ends if with_cpu else None)
-            got = final_rows(idx)
+            got = final_rows(_indices(b, segs))
             finals = [g for g in segs if g.final]
             if not finals:
                 assert got is None
@@ -338,22 +356,10 @@ def test_final_rows_are_each_final_segments_last_position_behind_the_rest():
 
 
 def test_catch_up_indices_match_a_direct_loop():
-    rng = random.Random(1)
-    for trial in range(60):
-        R, ctx = 9, 64
-        req_to_token = torch.randint(0, 5000, (R, ctx), dtype=torch.int32)
-        m = rng.randint(1, 6)
-        rows = rng.sample(range(R), m)
-        counts = [rng.randint(1, 20) for _ in range(m)]
-        ends = [c + rng.randint(0, 30) for c in counts]
-        batch_positions = sorted(rng.sample(range(12), m))
-        with_cpu = trial % 2 == 0
+    for b, rng in _random_backlogs(seed=1):
+        req_to_token, rows, counts, ends, batch_positions, with_cpu = b
         for segs in plan_passes(counts, rng.randint(1, 25)):
-            idx = build_catch_up_indices(
-                segs, req_pool_indices=None if with_cpu else torch.tensor(rows),
-                ends=None if with_cpu else torch.tensor(ends), counts=counts,
-                batch_positions=batch_positions, req_to_token=req_to_token,
-                rows_cpu=rows if with_cpu else None, ends_cpu=ends if with_cpu else None)
+            idx = _indices(b, segs)
             pos, slots, last, prefix, seq = _reference_indices(segs, rows, ends, counts,
                                                                req_to_token)
             assert idx.positions.tolist() == pos and idx.slots.tolist() == slots
@@ -826,20 +832,18 @@ def fake_sglang_forward(sgl, monkeypatch):
     return sgl
 
 
-@pytest.mark.parametrize("host_lens", [True, False])
-def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward, host_lens):
-    sgl = fake_sglang_forward
+def _draft(runner, topk: int) -> SimpleNamespace:
+    return SimpleNamespace(topk=topk, draft_runner=runner,
+                           draft_tp_context=lambda group: contextlib.nullcontext())
+
+
+def _rows_5_7_2_behind(lz, host_lens: bool = True) -> tuple:
+    """Rows 5, 2 (batch positions 0, 2) ran 3 and 1 lazy decode steps; row 7 (position 1) is
+    current (prefilled since); what those steps emitted is stashed (aux = position, token =
+    100 + position). The batch's draft input (proposals -1, p 0.5) and the batch."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-    runner = _FakeDraftRunner()
-    draft = SimpleNamespace(topk=1, draft_runner=runner,
-                            draft_tp_context=lambda group: contextlib.nullcontext())
-    lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft)
-    events = []
-    lz.on_event = lambda e: type(e) is sgl.CatchUpEvent and events.append(e._asdict())
-    # Rows 5, 2 (batch positions 0, 2) ran 3 and 1 lazy decode steps; row 7 (position 1) is
-    # current (prefilled since). Stash what those steps emitted.
     seq = {5: 10, 7: 4, 2: 6}
     for step, rws in enumerate([[5, 2], [5], [5]]):
         starts = {5: 7, 2: 5}
@@ -851,13 +855,26 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
     di = EagleDraftInput(topk_p=torch.full((3, 1), 0.5), hidden_states=torch.zeros(3, 6),
                          topk_index=torch.full((3, 1), -1, dtype=torch.int64),
                          bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32))
-    old_p = di.topk_p
     batch = SimpleNamespace(
         req_pool_indices_cpu=torch.tensor(batch_rows), req_pool_indices=torch.tensor(batch_rows),
         seq_lens=torch.tensor([seq[r] for r in batch_rows]),
         seq_lens_cpu=torch.tensor([seq[r] for r in batch_rows]) if host_lens else None,
         seq_lens_sum=20, spec_info=di, forward_mode=ForwardMode.DECODE, input_ids=None,
         out_cache_loc=None, sampling_info=None)
+    return di, batch
+
+
+@pytest.mark.parametrize("host_lens", [True, False])
+def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward, host_lens):
+    sgl = fake_sglang_forward
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    runner = _FakeDraftRunner()
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1))
+    events = []
+    lz.on_event = lambda e: type(e) is sgl.CatchUpEvent and events.append(e._asdict())
+    di, batch = _rows_5_7_2_behind(lz, host_lens)
+    old_p = di.topk_p
     keep = lz.before_spec_step(batch, sgl.rows_of(batch))
     assert keep and runner.forwards and all(fb.ready for fb in runner.forwards)
     fb = runner.forwards[0]
@@ -892,14 +909,17 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
     assert lz.before_spec_step(batch, sgl.rows_of(batch)) == [] and len(runner.forwards) == 1   # nothing behind
 
 
-def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward):
+@pytest.mark.parametrize("kv_only", [False, True])
+def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward, monkeypatch,
+                                                          kv_only):
+    """Row 3 is five tokens behind, row 0 one, in passes of 2 tokens. K/V-only: every pass's
+    K/V filled, the draft's forward only where a backlog ends."""
     sgl = fake_sglang_forward
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
+    fills = _recorded_fills(sgl, monkeypatch)
     runner = _FakeDraftRunner()
-    draft = SimpleNamespace(topk=2, draft_runner=runner,
-                            draft_tp_context=lambda group: contextlib.nullcontext())
-    lz = _bare_lazy(sgl, rows=4, cells=64, draft=draft)
+    lz = _bare_lazy(sgl, rows=4, cells=64, draft=_draft(runner, topk=2), kv_only=kv_only)
     lz.max_pass_tokens = 2
     for p in range(5):                       # row 3 five tokens behind, row 0 one (last step)
         rws = [3] if p < 4 else [3, 0]
@@ -913,7 +933,10 @@ def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward):
                             seq_lens=torch.tensor([25, 25]), seq_lens_cpu=None, spec_info=di,
                             sampling_info=None)
     lz.before_spec_step(batch, sgl.rows_of(batch))
-    assert [f.positions.tolist() for f in runner.forwards] == [[20, 21], [24], [22, 23], [24]]
+    passes = [[20, 21], [24], [22, 23], [24]]
+    assert [f[2] for f in fills] == (passes if kv_only else [])
+    assert [f.positions.tolist() for f in runner.forwards] == \
+        ([[24], [24]] if kv_only else passes)
     assert di.topk_index[:, 0].tolist() == [24, 24] and di.topk_index.shape == (2, 2)
     assert di.hidden_states[:, 0].tolist() == [24., 24.]
 
@@ -934,27 +957,11 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
     proposals installed are those of the whole-layer catch-up. A pass under
     kv_only_min_tokens (here 4 tokens against 5) runs the whole layer."""
     sgl = fake_sglang_forward
-    from sglang.srt.speculative.eagle_info import EagleDraftInput
-
     fills = _recorded_fills(sgl, monkeypatch)
     runner = _FakeDraftRunner()
-    draft = SimpleNamespace(topk=1, draft_runner=runner,
-                            draft_tp_context=lambda group: contextlib.nullcontext())
-    lz = _bare_lazy(sgl, rows=8, cells=32, draft=draft, kv_only=True)
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
     lz.kv_only_min_tokens = min_tokens
-    for step, rws in enumerate([[5, 2], [5], [5]]):     # as the whole-layer test above
-        starts = {5: 7, 2: 5}
-        pos = [starts[r] + step for r in rws]
-        slots = torch.tensor([int(lz.req_to_token[r, p]) for r, p in zip(rws, pos)])
-        lz.stash(np.array(rws), aux=torch.tensor([[float(p)] * 4 for p in pos]),
-                 sampled=torch.tensor([100 + p for p in pos]), out_cache_loc=slots)
-    di = EagleDraftInput(topk_p=torch.full((3, 1), 0.5), hidden_states=torch.zeros(3, 6),
-                         topk_index=torch.full((3, 1), -1, dtype=torch.int64),
-                         bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32))
-    batch = SimpleNamespace(
-        req_pool_indices_cpu=torch.tensor([5, 7, 2]), req_pool_indices=torch.tensor([5, 7, 2]),
-        seq_lens=torch.tensor([10, 4, 6]), seq_lens_cpu=torch.tensor([10, 4, 6]), seq_lens_sum=20,
-        spec_info=di, input_ids=None, out_cache_loc=None, sampling_info=None)
+    di, batch = _rows_5_7_2_behind(lz)
     assert lz.before_spec_step(batch, sgl.rows_of(batch))
     assert di.topk_index[:, 0].tolist() == [9, -1, 5]
     assert di.hidden_states[:, 0].tolist() == [9., 0., 5.]
@@ -971,35 +978,6 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
     assert v.out_cache_loc.tolist() == [slot[5, 9], slot[2, 5]]
     assert (v.prefix_lens, v.extend_lens) == ([9, 5], [1, 1])
     assert v.seq_lens.tolist() == [10, 6] and v.spec_info.select_index.tolist() == [0, 1]
-
-
-def test_a_kv_only_catch_up_in_several_passes_runs_the_layer_once_a_request(
-        fake_sglang_forward, monkeypatch):
-    sgl = fake_sglang_forward
-    from sglang.srt.speculative.eagle_info import EagleDraftInput
-
-    fills = _recorded_fills(sgl, monkeypatch)
-    runner = _FakeDraftRunner()
-    draft = SimpleNamespace(topk=2, draft_runner=runner,
-                            draft_tp_context=lambda group: contextlib.nullcontext())
-    lz = _bare_lazy(sgl, rows=4, cells=64, draft=draft, kv_only=True)
-    lz.max_pass_tokens = 2
-    for p in range(5):                       # as the whole-layer test above
-        rws = [3] if p < 4 else [3, 0]
-        lz.stash(np.array(rws), aux=torch.zeros(len(rws), 4),
-                 sampled=torch.zeros(len(rws), dtype=torch.int64),
-                 out_cache_loc=torch.tensor([int(lz.req_to_token[r, 20 + p]) for r in rws]))
-    di = EagleDraftInput(topk_p=torch.zeros(2, 2), topk_index=torch.zeros(2, 2, dtype=torch.int64),
-                         hidden_states=torch.zeros(2, 6), bonus_tokens=torch.zeros(2))
-    batch = SimpleNamespace(req_pool_indices_cpu=torch.tensor([3, 0]),
-                            req_pool_indices=torch.tensor([3, 0]),
-                            seq_lens=torch.tensor([25, 25]), seq_lens_cpu=None, spec_info=di,
-                            sampling_info=None)
-    lz.before_spec_step(batch, sgl.rows_of(batch))
-    assert [f[2] for f in fills] == [[20, 21], [24], [22, 23], [24]]
-    assert [f.positions.tolist() for f in runner.forwards] == [[24], [24]]
-    assert di.topk_index[:, 0].tolist() == [24, 24]
-    assert di.hidden_states[:, 0].tolist() == [24., 24.]
 
 
 def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
