@@ -130,12 +130,15 @@ class Server:
         """A catch-up of `tokens` draft tokens over `requests` rows (0: none)."""
         if not tokens:
             return 0.0
-        whole = CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * tokens
-        passes = -(-tokens // CATCH_UP_PASS_TOKENS)
-        if not self.kv_only or tokens < passes * KV_ONLY_MIN_TOKENS:
-            return whole
-        return CATCH_UP_FIXED_S + passes * KV_ONLY_PASS_S + DRAFT_S_PER_TOKEN * (
-            KV_ONLY_SHARE * tokens + requests)
+        if not self.kv_only:
+            return CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * tokens
+        # Full passes, then the rest (the worker's passes, as one backlog fills them).
+        full, rest = divmod(tokens, CATCH_UP_PASS_TOKENS)
+        split = [CATCH_UP_PASS_TOKENS] * full + ([rest] if rest >= KV_ONLY_MIN_TOKENS else [])
+        whole = tokens - sum(split)
+        return CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * whole + (
+            len(split) * KV_ONLY_PASS_S + DRAFT_S_PER_TOKEN * (KV_ONLY_SHARE * sum(split)
+                                                              + requests) if split else 0.0)
 
     def drafts(self, joins: np.ndarray, waiting: int, input_len: int, generated: np.ndarray,
                behind: np.ndarray) -> bool:

@@ -80,6 +80,9 @@ def test_a_kv_only_catch_up_is_priced_as_assumed_from_its_bound_on_and_for_the_w
         matrix_sim.CATCH_UP_FIXED_S + 3 * matrix_sim.KV_ONLY_PASS_S
         + (matrix_sim.KV_ONLY_SHARE * big + 256) * matrix_sim.DRAFT_S_PER_TOKEN)
     assert worker.catch_up_seconds(big, 256) < whole.catch_up_seconds(big, 256) / 2
+    # A last pass under the bound runs the whole layer.
+    assert worker.catch_up_seconds(big + 100, 256) == pytest.approx(
+        worker.catch_up_seconds(big, 256) + 100 * matrix_sim.DRAFT_S_PER_TOKEN)
 
 
 @pytest.mark.parametrize("previews", [Mode.SPEC, Mode.DECODE])

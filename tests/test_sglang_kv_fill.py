@@ -53,15 +53,23 @@ def _rope(positions, q, k):
 
 
 class MHATokenToKVPool:
-    def __init__(self, dtype=torch.bfloat16) -> None:
+    def __init__(self, dtype=torch.bfloat16, quantized=False) -> None:
         self.dtype = dtype
+        self.is_quantized_kv_cache = quantized
         self.writes = []
 
     def set_kv_buffer(self, layer, loc, k, v, k_scale, v_scale):
         self.writes.append((layer, loc, k, v, k_scale, v_scale))
 
 
-def _runner(quant_method=UnquantizedLinearMethod(), layers=1, pool=None):
+class LlamaForCausalLMEagle3:
+    """Named as SGLang's EAGLE-3 draft: its `model` is the LlamaModel."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+
+def _runner(quant_method=UnquantizedLinearMethod(), layers=1, pool=None, norms=False):
     torch.manual_seed(0)
 
     def layer():
@@ -74,9 +82,11 @@ def _runner(quant_method=UnquantizedLinearMethod(), layers=1, pool=None):
                                       q_size=Q_HEADS * HEAD, kv_size=KV_HEADS * HEAD))
 
     model = SimpleNamespace(embed_tokens=nn.Embedding(50, H), fc=nn.Linear(AUX * H, H, bias=False),
-                            input_norm=None, fc_norm=None, num_aux_hidden_states=AUX,
-                            layers=[layer() for _ in range(layers)], is_mrope_enabled=False)
-    return SimpleNamespace(model=SimpleNamespace(model=model),
+                            input_norm=_RMSNorm(AUX * H) if norms else None,
+                            fc_norm=[_RMSNorm(H) for _ in range(AUX)] if norms else None,
+                            num_aux_hidden_states=AUX, layers=[layer() for _ in range(layers)],
+                            is_mrope_enabled=False)
+    return SimpleNamespace(model=LlamaForCausalLMEagle3(model),
                            token_to_kv_pool=pool or MHATokenToKVPool(),
                            attn_backend=SimpleNamespace())
 
@@ -86,7 +96,13 @@ def _layers_own_kv(runner, aux, tokens, positions):
     qkv_proj, split and RoPE (llama_eagle3.py, llama.py)."""
     model = runner.model.model
     layer = model.layers[0]
-    hidden = aux if aux.shape[-1] == H else model.fc(aux)
+    hidden = aux
+    if aux.shape[-1] != H:
+        if model.input_norm is not None:
+            hidden = model.input_norm(hidden)
+        if model.fc_norm is not None:
+            hidden = torch.cat([n(c) for n, c in zip(model.fc_norm, hidden.chunk(AUX, -1))], -1)
+        hidden = model.fc(hidden)
     x = torch.cat([layer.input_layernorm(model.embed_tokens(tokens)), layer.hidden_norm(hidden)],
                   -1)
     qkv, _ = layer.self_attn.qkv_proj(x)
@@ -96,9 +112,9 @@ def _layers_own_kv(runner, aux, tokens, positions):
 
 
 @pytest.mark.parametrize("quant_method", [UnquantizedLinearMethod(), OtherLinearMethod()])
-@pytest.mark.parametrize("aux_width", [AUX * H, H])
-def test_the_fill_writes_the_layers_own_k_and_v(quant_method, aux_width):
-    runner = _runner(quant_method)
+@pytest.mark.parametrize("aux_width, norms", [(AUX * H, False), (AUX * H, True), (H, False)])
+def test_the_fill_writes_the_layers_own_k_and_v(quant_method, aux_width, norms):
+    runner = _runner(quant_method, norms=norms)
     aux = torch.randn(5, aux_width)
     tokens = torch.tensor([3, 9, 9, 41, 0])
     positions = torch.tensor([7, 8, 9, 5, 0])
@@ -122,13 +138,15 @@ def test_a_draft_it_was_not_checked_against_is_named():
     assert kv_fill_unavailable(_runner()) is None
     assert "2 layers" in kv_fill_unavailable(_runner(layers=2))
     assert "float8" in kv_fill_unavailable(_runner(pool=MHATokenToKVPool(torch.float8_e4m3fn)))
+    assert "MHATokenToKVPool" in kv_fill_unavailable(_runner(pool=MHATokenToKVPool(quantized=True)))
     windowed = _runner()
     windowed.model.model.layers[0].self_attn.attn.sliding_window_size = 4096
     assert "sliding window" in kv_fill_unavailable(windowed)
     mrope = _runner()
     mrope.model.model.is_mrope_enabled = True
     assert "multimodal" in kv_fill_unavailable(mrope)
-    assert "not EAGLE-3" in kv_fill_unavailable(SimpleNamespace(model=SimpleNamespace()))
-    cp = _runner()
-    cp.attn_backend.attn_cp_size = 2
-    assert "context-parallel" in kv_fill_unavailable(cp)
+    assert "LlamaForCausalLMEagle3" in kv_fill_unavailable(SimpleNamespace(model=SimpleNamespace()))
+    for attr in ("attn_cp_size", "dcp_size"):        # fa3's context parallel, triton's decode's
+        cp = _runner()
+        setattr(cp.attn_backend, attr, 2)
+        assert "context-parallel" in kv_fill_unavailable(cp)

@@ -674,6 +674,7 @@ def _bare_lazy(lazy_sync, rows=8, cells=16, slots=64, aux_width=4, topk=1, draft
     lz.defer_prefill_off = None
     lz.kv_only_off = None if kv_only else "off"
     lz.kv_only_min_tokens = 1
+    lz.kv_check = False
     lz.draft_hidden = (6, torch.float32)
     lz.on_event = None
     return lz
@@ -903,10 +904,66 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
     assert not lz.backlog.count.any() and lz.backlog.cursor == 0
     (host_us,) = [e.pop("host_us") for e in events]
     assert events == [{"forced": False, "requests": 2, "tokens": 4, "passes": 1,
-                       "max_backlog": 3, "orphans": 0, "host_indices": host_lens}]
+                       "max_backlog": 3, "orphans": 0, "host_indices": host_lens,
+                       "kv_error": None}]
     assert list(host_us) == ["indices", "batch", "metadata", "forward", "proposals",
                              "bookkeeping"]
     assert lz.before_spec_step(batch, sgl.rows_of(batch)) == [] and len(runner.forwards) == 1   # nothing behind
+
+
+class _KVRunner(_FakeDraftRunner):
+    """A draft runner with a KV pool: its forward writes K = V = 1 at the batch's slots."""
+
+    def __init__(self, slots: int = 512):
+        super().__init__()
+        self.k, self.v = torch.zeros(slots, 1, 2), torch.zeros(slots, 1, 2)
+        attn = SimpleNamespace(layer_id=32)
+        self.model = SimpleNamespace(model=SimpleNamespace(
+            layers=[SimpleNamespace(self_attn=SimpleNamespace(attn=attn))]))
+        self.token_to_kv_pool = SimpleNamespace(get_key_buffer=lambda layer_id: self.k,
+                                                get_value_buffer=lambda layer_id: self.v)
+
+    def forward(self, fb):
+        self.k[fb.view.out_cache_loc] = self.v[fb.view.out_cache_loc] = 1.0
+        return super().forward(fb)
+
+
+@pytest.mark.parametrize("filled, error", [(1.0, 0.0), (0.9, 0.1)])
+def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
+        fake_sglang_forward, monkeypatch, filled, error):
+    """DGW_CATCH_UP_KV_CHECK: the whole layer runs over the split pass after the fill, its K/V
+    replace the fill's, and the event carries their largest relative difference."""
+    sgl = fake_sglang_forward
+    runner = _KVRunner()
+
+    def fill(runner_, aux, tokens, positions, slots):
+        runner.k[slots] = runner.v[slots] = filled
+
+    monkeypatch.setattr(sgl, "fill_draft_kv", fill)
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
+    lz.kv_check = True
+    events = []
+    lz.on_event = lambda e: type(e) is sgl.CatchUpEvent and events.append(e)
+    di, batch = _rows_5_7_2_behind(lz)
+    lz.before_spec_step(batch, sgl.rows_of(batch))
+    (fb,) = runner.forwards
+    assert fb.positions.tolist() == [7, 8, 9, 5]            # the whole layer, every row
+    assert di.topk_index[:, 0].tolist() == [9, -1, 5]
+    (event,) = events
+    assert event.kv_error == pytest.approx(error)
+
+
+def test_a_forced_kv_only_catch_up_runs_no_forward(fake_sglang_forward, monkeypatch):
+    """A catch-up forced before a decode step wants no proposals: K/V-only, the fill is all."""
+    sgl = fake_sglang_forward
+    fills = _recorded_fills(sgl, monkeypatch)
+    runner = _FakeDraftRunner()
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
+    _, batch = _rows_5_7_2_behind(lz)
+    rows = sgl.rows_of(batch)
+    res = lz._catch_up(batch, rows, lz.backlog.behind(rows), forced=True, want_proposals=False)
+    assert [f[2] for f in fills] == [[7, 8, 9, 5]] and not runner.forwards
+    assert res.event.forced and res.event.tokens == 4 and not lz.backlog.count.any()
 
 
 @pytest.mark.parametrize("kv_only", [False, True])

@@ -14,7 +14,8 @@ Phases
   many times while requests are in flight (``--exact-waves N``: in N bursts); T=0 tokens must
   equal the known greedy continuation, at least one decode->spec switch must happen (a draft
   that lived through decode mode is used again), and spec steps right after it must keep the
-  full accept length (the draft is current); (2) plain SGLang vs the dual worker with dummy
+  full accept length (the catch-up ran over the right inputs; the toy draft's attention is
+  zero, so its K/V are not checked); (2) plain SGLang vs the dual worker with dummy
   weights, same requests, same switch requirement.
 - bench: plain, EAGLE-3 and the dual worker on a Llama-3-8B-shaped dummy target, concurrency
   1..256, 256 in / 256 out, accept length forced by SGLANG_SIMULATE_ACC_LEN (stated in the
@@ -241,7 +242,8 @@ class Suite:
         """The radix cache on, conversations that resend each answer as the next prompt's
         prefix, a policy that switches every few steps (cycle) so answers end in decode mode:
         tokens equal the known chain, later turns hit the cache, and with the 100% draft
-        every speculative step accepts K+1 = 4 (a prefix with stale draft KV would not)."""
+        every speculative step accepts K+1 = 4 (a prefix whose catch-up was skipped would not;
+        the toy draft's attention is zero, so stale draft KV alone would)."""
         a = self.args
         toy = self.toy_checkpoints()
         if toy is None:

@@ -207,6 +207,10 @@ class Settings:
     catch_up_kv_only: bool = _setting("DGW_CATCH_UP_KV_ONLY", False, "lazy-catch-up: the "
                                       "draft's K/V alone at backlog positions, its whole layer "
                                       "only at each request's last (its price not yet measured)")
+    catch_up_kv_check: bool = _setting("DGW_CATCH_UP_KV_CHECK", False, "with "
+                                       "DGW_CATCH_UP_KV_ONLY: also run the draft's whole layer "
+                                       "over every split pass and log how far the filled K/V "
+                                       "were from its (a check: doubles a catch-up's work)")
     draft_extend_graphs: bool = _setting("DGW_DRAFT_EXTEND_GRAPHS", True, "keep-current: "
                                          "replay the one-token draft extend from CUDA graphs")
     step_log: Optional[str] = _setting("DGW_STEP_LOG", None, "JSONL path: one line per decode "

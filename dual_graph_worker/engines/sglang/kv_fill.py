@@ -19,6 +19,8 @@ import torch.nn.functional as F
 # and costs ~1 ms more host work (the fill's launches, a second batch), a loss in the small,
 # host-bound catch-ups of a switch at a small batch.
 KV_ONLY_MIN_TOKENS = 2048
+# The draft whose input layer's K/V it computes as the layer does (llama_eagle3.py).
+_DRAFTS = ("LlamaForCausalLMEagle3",)
 # The KV pools it writes to as the attention backends do: plain MHA, unquantized.
 _POOLS = ("MHATokenToKVPool",)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -26,23 +28,27 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def kv_fill_unavailable(runner: Any) -> Optional[str]:
     """Why the draft model of ModelRunner `runner` cannot have its K/V filled alone (None: it
-    can): a one-layer EAGLE-3 draft, plain RoPE, full attention, an unquantized MHA pool."""
-    model = getattr(getattr(runner, "model", None), "model", None)
-    layers = getattr(model, "layers", None)
-    if model is None or layers is None or not hasattr(model, "fc"):
-        return f"the draft model ({type(getattr(runner, 'model', None)).__name__}) is not EAGLE-3"
-    if len(layers) != 1:
-        return f"the draft has {len(layers)} layers (K/V past the first need the layer before)"
+    can): a one-layer EAGLE-3 draft (llama_eagle3.py), plain RoPE, full attention, an
+    unquantized MHA pool, no context parallelism."""
+    name = type(getattr(runner, "model", None)).__name__
+    if name not in _DRAFTS:
+        return f"the draft model is {name}, not one of {', '.join(_DRAFTS)}"
+    model = runner.model.model
+    if len(model.layers) != 1:
+        return f"the draft has {len(model.layers)} layers (K/V past the first need the layer " \
+               "before)"
     if getattr(model, "is_mrope_enabled", False):
         return "the draft uses multimodal RoPE"
-    attn = layers[0].self_attn.attn
+    attn = model.layers[0].self_attn.attn
     if getattr(attn, "sliding_window_size", None) not in (None, -1):
         return "the draft attends over a sliding window"
     pool = runner.token_to_kv_pool
-    if type(pool).__name__ not in _POOLS or getattr(pool, "dtype", None) not in _DTYPES:
+    if type(pool).__name__ not in _POOLS or getattr(pool, "dtype", None) not in _DTYPES \
+            or getattr(pool, "is_quantized_kv_cache", False):
         return f"the draft's KV pool is {type(pool).__name__} of {getattr(pool, 'dtype', None)}"
-    if getattr(runner.attn_backend, "attn_cp_size", 1) != 1:
-        return "the draft's attention is context-parallel"
+    backend = runner.attn_backend
+    if getattr(backend, "attn_cp_size", 1) != 1 or getattr(backend, "dcp_size", 1) != 1:
+        return "the draft's attention is context-parallel (its KV writes are split by rank)"
     return None
 
 

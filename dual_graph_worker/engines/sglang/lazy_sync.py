@@ -82,6 +82,9 @@ class CatchUpEvent(NamedTuple):
     orphans: int              # rows behind whose request left the batch (their backlog dropped)
     host_indices: bool        # indices computed on the host (the batch had host lengths)
     host_us: dict             # host microseconds by phase
+    # DGW_CATCH_UP_KV_CHECK: the largest |filled - whole layer's| over |whole layer's| of the
+    # K and V of its split passes (None: none checked).
+    kv_error: Optional[float] = None
 
 
 class CompactionEvent(NamedTuple):
@@ -119,7 +122,7 @@ class LazyCatchUp:
 
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
                  stash_mb: int, defer_prefill: bool = True, kv_only: bool = False,
-                 on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
+                 kv_check: bool = False, on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
         dr = draft_worker.draft_runner
         if not isinstance(dr.attn_backend, catch_up_backend_classes()):
             raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
@@ -171,6 +174,7 @@ class LazyCatchUp:
         # Why the draft's K/V cannot be filled alone (DGW_CATCH_UP_KV_ONLY); None: they are.
         self.kv_only_off = kv_fill_unavailable(dr) if kv_only else "off"
         self.kv_only_min_tokens = KV_ONLY_MIN_TOKENS
+        self.kv_check = kv_check
         if kv_only and self.kv_only_off:
             logger.warning("dual-graph: DGW_CATCH_UP_KV_ONLY ignored: %s; catch-ups run the "
                            "draft's whole layer", self.kv_only_off)
@@ -377,6 +381,7 @@ class LazyCatchUp:
         with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
               speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
             laps = _Laps()
+            kv_error: Optional[float] = None
             for segments in passes:
                 idx = build_catch_up_indices(
                     segments, counts=behind.counts, batch_positions=behind.positions,
@@ -386,10 +391,19 @@ class LazyCatchUp:
                 if not self.kv_only_off and idx.num_tokens >= self.kv_only_min_tokens:
                     keep.append(self._fill_kv(idx))
                     laps.lap("kv")
-                    idx = final_rows(idx)
-                    if idx is None:
-                        continue
-                forward_batch, logits_output = self._run_pass(batch, idx, laps)
+                    if self.kv_check:
+                        filled = self._draft_kv(idx.slots)
+                        forward_batch, logits_output = self._run_pass(batch, idx, laps)
+                        err = _relative_error(filled, self._draft_kv(idx.slots))
+                        kv_error = err if kv_error is None else max(kv_error, err)
+                    else:
+                        # The layer's output is read only for a proposal, at a backlog's end.
+                        idx = final_rows(idx) if want_proposals else None
+                        if idx is None:
+                            continue
+                        forward_batch, logits_output = self._run_pass(batch, idx, laps)
+                else:
+                    forward_batch, logits_output = self._run_pass(batch, idx, laps)
                 keep.append(forward_batch)
                 if want_proposals:
                     final = [j for j, f in enumerate(idx.final) if f]
@@ -404,7 +418,7 @@ class LazyCatchUp:
         laps.lap("bookkeeping")
         event = CatchUpEvent(forced, int(behind.positions.size), done.tokens, len(passes),
                              int(behind.counts.max()), done.orphans, ends_cpu is not None,
-                             laps.us())
+                             laps.us(), kv_error)
         if done.orphans:
             # Expected for every request that finished, was aborted or retracted while behind;
             # counted in the step log's catch_up events ("orphans").
@@ -425,6 +439,14 @@ class LazyCatchUp:
         aux, token_ids = self.arena.gather(idx.slots)
         fill_draft_kv(self.dw.draft_runner, aux, token_ids, idx.positions, idx.slots)
         return aux, token_ids
+
+    def _draft_kv(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the draft layer's K and V at `slots` (DGW_CATCH_UP_KV_CHECK)."""
+        dr = self.dw.draft_runner
+        layer_id = dr.model.model.layers[0].self_attn.attn.layer_id
+        pool = dr.token_to_kv_pool
+        return pool.get_key_buffer(layer_id)[slots].clone(), \
+            pool.get_value_buffer(layer_id)[slots].clone()
 
     def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps"):
         dr = self.dw.draft_runner
@@ -500,6 +522,12 @@ class _Laps:
 
     def us(self) -> dict[str, float]:
         return {k: round(v, 1) for k, v in self._us.items()}
+
+
+def _relative_error(got: tuple, want: tuple) -> float:
+    """The largest |got - want| over the largest |want|, of K and V alike."""
+    return max(float((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-30))
+               for g, w in zip(got, want))
 
 
 def _stash_budget(stash_mb: int, free_bytes: Optional[int], *, slot_map_bytes: int) -> int:

@@ -315,7 +315,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
                            stash_mb=self.settings.lazy_stash_mb,
                            defer_prefill=self.settings.defer_draft_prefill,
-                           kv_only=self.settings.catch_up_kv_only)
+                           kv_only=self.settings.catch_up_kv_only,
+                           kv_check=self.settings.catch_up_kv_check)
         lazy.on_event = lambda event: self._log_lazy_event(event, lazy.backlog.stats)
         # The radix cache is built after the workers; its factory finds these here.
         setattr(self._target_worker, BEHIND_ATTR, lazy.behind)
