@@ -642,6 +642,20 @@ def test_step_costs_tell_a_runs_first_steps_from_its_steady_ones(tmp_path):
         step_costs.main([str(tmp_path / "missing.jsonl")])
 
 
+def test_step_costs_report_the_kv_only_fills_checked_error():
+    """DGW_CATCH_UP_KV_CHECK's catch-ups (kv_error set) get a line: count, tokens, the errors'
+    median and max; a log without them gets none."""
+    from bench.sglang import step_costs
+
+    log = [{"event": "catch_up", "tokens": 9000, "kv_error": 2e-3},
+           {"event": "catch_up", "tokens": 3000, "kv_error": 4e-3},
+           {"event": "catch_up", "tokens": 40, "kv_error": None}]
+    line = step_costs.kv_check_report(log)
+    assert "2 catch-ups, 12000 tokens" in line and "median 3.00e-03" in line \
+        and "max 4.00e-03" in line
+    assert step_costs.kv_check_report(log[2:]) == ""
+
+
 def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
     """--trace: every batch cost in order with the worker's graph lists, prior and draft share,
     the form tests/test_controller_h200_trace.py replays; a log without its 'ready' line is

@@ -236,6 +236,19 @@ def cell_report(log: list[dict], engine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kv_check_report(log: list[dict]) -> str:
+    """DGW_CATCH_UP_KV_CHECK's catch-ups: how far the K/V-only fill's K/V were from the whole
+    layer's (largest relative difference of a catch-up's split passes); empty without them."""
+    checked = [e for e in log if e.get("event") == "catch_up" and e.get("kv_error") is not None]
+    if not checked:
+        return ""
+    errors = [e["kv_error"] for e in checked]
+    return ("\nK/V-only catch-ups checked against the whole layer (DGW_CATCH_UP_KV_CHECK): "
+            f"{len(checked)} catch-ups, {sum(e['tokens'] for e in checked)} tokens; largest "
+            f"relative K/V difference: median {statistics.median(errors):.2e}, "
+            f"max {max(errors):.2e}\n")
+
+
 def prefill_choices(inside: list[dict]) -> Optional[str]:
     """A cell's prefill_choice lines as one table cell: how many prefills ran the draft's prefill
     of how many, how many of them previewed the policy (the rest could not defer), and what the
@@ -432,7 +445,8 @@ def full_report(log: list[dict], engine: Optional[dict] = None,
     text = report(group_costs(log)) + settling_report(log)
     if engine is not None:
         text += "\n" + cell_report(log, engine) + prefill_report(log, engine)
-    return text + host_report(log) + spells_report(log, host or []) + estimates_report(log)
+    return text + host_report(log) + spells_report(log, host or []) + estimates_report(log) \
+        + kv_check_report(log)
 
 
 def trace(log: list[dict], source: str) -> dict:
