@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.dispatch import DispatchTable
@@ -81,16 +82,18 @@ class SteadyPromptShare(GoodputController):
 
 def sim_planner(sizes: dict[Mode, Sequence[int]], prior_s: Callable[[Mode, int], float],
                 rows: int, pin: Optional[Mode], controller=GoodputController,
-                settings: Settings = Settings()) -> StepPlanner:
+                settings: Settings = Settings(),
+                catch_up_work: Optional[CatchUpWork] = None) -> StepPlanner:
     """A simulated server's planner over `sizes`: pinned to `pin`, else `controller` (a
     GoodputController class under `settings`) deferring the draft's prefill, with `prior_s` as
-    its start-up calibration."""
+    its start-up calibration and `catch_up_work` as its engine's."""
     if pin:
         policy = PinnedPolicy(mode=pin)
     else:
         prior = {GraphKey(m, b): prior_s(m, b) for m, bs in sizes.items() for b in bs}
         policy = controller(ControllerConfig.from_settings(settings, K, defers_prefill=True,
-                                                           max_rows=rows),
+                                                           max_rows=rows,
+                                                           catch_up_work=catch_up_work),
                             sizes, CalibrationTable(prior, K))
     return StepPlanner(DispatchTable.build(sizes[Mode.SPEC], sizes[Mode.DECODE]), policy)
 

@@ -33,6 +33,7 @@ from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
 from bench.sglang.matrix_report import cell_of, heatmap
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
@@ -155,11 +156,13 @@ class Server:
 
 def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
            settings: Settings = Settings()) -> Server:
+    kv_only = pin is None and settings.catch_up_kv_only
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
-                          rows, pin, settings=settings)
-    return Server(planner, np.random.default_rng(seed), noise, pin,
-                  kv_only=pin is None and settings.catch_up_kv_only)
+                          rows, pin, settings=settings,
+                          catch_up_work=CatchUpWork(KV_ONLY_MIN_TOKENS, KV_ONLY_SHARE)
+                          if kv_only else None)
+    return Server(planner, np.random.default_rng(seed), noise, pin, kv_only=kv_only)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 import pytest
 
-from dual_graph_worker.core.batch_costs import BatchCosts
+from dual_graph_worker.core.batch_costs import BatchCosts, CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.regressions import ContextSums, Slope
@@ -640,6 +640,26 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
         q.exchange(lambda v: v)
     assert q.draft_prefill_s_per_token() == 0.0
     assert q.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
+
+
+def test_catch_ups_that_fill_the_drafts_kv_alone_are_fitted_in_whole_layer_tokens():
+    """An engine whose catch-ups of 2048 tokens and more fill only the draft's K/V (a token
+    at a quarter of the work): one line in whole-layer tokens prices both sizes right, where a
+    line in tokens mixes the two rates (a small catch-up priced from the large ones' fixed
+    part)."""
+    true = {4: 2e-3 + 4 * 2e-6, 16: 2e-3 + 16 * 2e-6, 1000: 2e-3 + 1000 * 2e-6,
+            20_000: 2e-3 + 0.25 * 20_000 * 2e-6, 60_000: 2e-3 + 0.25 * 60_000 * 2e-6}
+    priced = {}
+    for work in (None, CatchUpWork(2048, 0.25)):
+        p = _learned(controller(defers_prefill=True, catch_up_work=work), 16)
+        for tokens in (4, 1000, 20_000, 16, 60_000, 1000, 20_000, 4):
+            p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + true[tokens], catch_up_tokens=tokens))
+            p.exchange(lambda v: v)
+        priced[work is None] = {t: p.catch_up_seconds(t) / s for t, s in true.items()}
+    assert all(r == pytest.approx(1.0, rel=0.05) for r in priced[False].values())
+    assert max(abs(r - 1.0) for r in priced[True].values()) > 0.3     # one line, two rates
+    with pytest.raises(ValueError, match="kv_share"):
+        CatchUpWork(2048, 0.0)
 
 
 def test_a_draft_token_costs_no_less_than_the_drafts_share_of_a_prefill_token():

@@ -150,3 +150,24 @@ def test_a_draft_it_was_not_checked_against_is_named():
         cp = _runner()
         setattr(cp.attn_backend, attr, 2)
         assert "context-parallel" in kv_fill_unavailable(cp)
+
+
+def test_a_kv_only_tokens_share_of_the_layer_at_the_llama3_8b_shape():
+    """fc (12288 -> 4096) and the k/v rows (8192 -> 2 x 1024) over fc, qkv (8192 -> 6144),
+    o_proj (4096 -> 4096) and the MLP (4096 -> 2 x 14336 -> 4096): ~0.23, one rank."""
+    from dual_graph_worker.engines.sglang.kv_fill import kv_share
+
+    attn = SimpleNamespace(qkv_proj=SimpleNamespace(input_size=8192,
+                                                    output_size_per_partition=6144),
+                           o_proj=SimpleNamespace(input_size_per_partition=4096, output_size=4096),
+                           kv_size=1024)
+    mlp = SimpleNamespace(gate_up_proj=SimpleNamespace(input_size=4096,
+                                                       output_size_per_partition=28672),
+                          down_proj=SimpleNamespace(input_size_per_partition=14336,
+                                                    output_size=4096))
+    model = SimpleNamespace(fc=nn.Linear(12288, 4096, bias=False, device="meta"),
+                            layers=[SimpleNamespace(self_attn=attn, mlp=mlp)])
+    share = kv_share(SimpleNamespace(model=SimpleNamespace(model=model)))
+    assert share == pytest.approx((12288 * 4096 + 8192 * 2048) / (
+        12288 * 4096 + 8192 * 6144 + 4096 * 4096 + 4096 * 28672 + 14336 * 4096))
+    assert 0.22 < share < 0.24

@@ -953,6 +953,17 @@ def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
     assert event.kv_error == pytest.approx(error)
 
 
+def test_the_controller_learns_of_kv_only_catch_ups_from_the_continuity(sgl, monkeypatch):
+    """With K/V-only catch-ups on, the policy's context gets their bound and this draft's
+    share; off (or refused), none."""
+    from dual_graph_worker.core.batch_costs import CatchUpWork
+
+    monkeypatch.setattr(sgl, "kv_share", lambda runner: 0.25)
+    draft = _draft(_FakeDraftRunner(), topk=1)
+    assert _bare_lazy(sgl, draft=draft, kv_only=True).catch_up_work == CatchUpWork(1, 0.25)
+    assert _bare_lazy(sgl, draft=draft).catch_up_work is None
+
+
 def test_a_forced_kv_only_catch_up_runs_no_forward(fake_sglang_forward, monkeypatch):
     """A catch-up forced before a decode step wants no proposals: K/V-only, the fill is all."""
     sgl = fake_sglang_forward

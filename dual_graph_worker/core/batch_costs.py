@@ -5,6 +5,7 @@ gather rank-locally (`add_*`) and reach the fits only at an exchange (`fold`).""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import numpy as np
@@ -49,14 +50,35 @@ def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, in
     return d / (t + d) if t + d > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class CatchUpWork:
+    """An engine whose catch-ups of `split_from` tokens and more compute only the draft's K/V
+    (DGW_CATCH_UP_KV_ONLY): a token of those costs `kv_share` of a token the draft's whole
+    layer runs over. Catch-ups are fitted as one line in whole-layer tokens."""
+
+    split_from: int
+    kv_share: float
+
+    def __post_init__(self) -> None:
+        if self.split_from < 1 or not 0 < self.kv_share <= 1:
+            raise ValueError(f"catch-up work: split_from must be >= 1 and kv_share in (0, 1], "
+                             f"got {self.split_from}, {self.kv_share}")
+
+    def tokens(self, tokens: float) -> float:
+        """`tokens` caught up, as whole-layer tokens."""
+        return tokens if tokens < self.split_from else self.kv_share * tokens
+
+
 class BatchCosts:
     """The fits of prefills, catch-ups and switches, and the workload's prompt share.
-    `draft_floor`, `draft_share`: ControllerConfig's; `max_rows`: request rows tracked (0:
-    none, and no turnover is counted)."""
+    `draft_floor`, `draft_share`, `work`: ControllerConfig's (catch_up_work); `max_rows`:
+    request rows tracked (0: none, and no turnover is counted)."""
 
-    def __init__(self, draft_floor: bool, draft_share: float, max_rows: int) -> None:
+    def __init__(self, draft_floor: bool, draft_share: float, max_rows: int,
+                 work: Optional[CatchUpWork] = None) -> None:
         self._draft_floor_on = draft_floor
         self._draft_share = draft_share
+        self._work = work
         self._prefill = {d: Slope(PREFILL_MIN_SPREAD, _WORKLOAD_DECAY) for d in (True, False)}
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
         self.catch_up = {at_switch: Slope(CATCH_UP_MIN_SPREAD, _CATCH_UP_DECAY)
@@ -99,7 +121,13 @@ class BatchCosts:
         self._add(_PF[draft], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
 
     def add_catch_up(self, at_switch: bool, tokens: float, seconds: float) -> None:
+        tokens = self.work_tokens(tokens)
         self._add(_CU[at_switch], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+
+    def work_tokens(self, tokens: float) -> float:
+        """A catch-up's tokens as the draft's whole-layer tokens (CatchUpWork), which its fit
+        is a line in."""
+        return tokens if self._work is None else self._work.tokens(tokens)
 
     def add_switch(self, seconds: float) -> None:
         self._add(_SW, (1.0, seconds))
@@ -233,9 +261,10 @@ class BatchCosts:
         catch-ups' scatter, a switch's costs riding on them, fits any rate)."""
         if tokens <= 0:
             return 0.0
+        work = self.work_tokens(tokens)
         fixed, rate = self.catch_up_fit
-        beyond = max(tokens - self.catch_up_reach, 0.0)
-        return max(fixed + rate * (tokens - beyond) + self._catch_up_far * beyond, 0.0)
+        beyond = max(work - self.catch_up_reach, 0.0)
+        return max(fixed + rate * (work - beyond) + self._catch_up_far * beyond, 0.0)
 
     def _draft_floor(self, rates: tuple[Optional[float], Optional[float]]) -> float:
         """The least a draft token can cost: the draft's share of a prefill token with it (a

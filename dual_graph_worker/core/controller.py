@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from dual_graph_worker.core.acceptance import AcceptanceEstimate
-from dual_graph_worker.core.batch_costs import BatchCosts
+from dual_graph_worker.core.batch_costs import BatchCosts, CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.errors import ConfigError
@@ -79,6 +79,7 @@ class ControllerConfig:
     # The draft's share of a prefill's weights (batch_costs.draft_share): with draft_floor, a draft
     # token costs no less than that share of a prefill token, whatever small catch-ups fit.
     draft_share: float = 0.0
+    catch_up_work: Optional[CatchUpWork] = None     # None: every catch-up runs the whole layer
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
@@ -98,7 +99,8 @@ class ControllerConfig:
     @classmethod
     def from_settings(cls, settings: Settings, num_draft_tokens: int, **engine: Any
                       ) -> "ControllerConfig":
-        """`engine`: what the engine knows (defers_prefill, max_rows, draft_share)."""
+        """`engine`: what the engine knows (defers_prefill, max_rows, draft_share,
+        catch_up_work)."""
         shared = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name in BY_KEY}
         return cls(num_draft_tokens, **shared, **engine)
 
@@ -112,7 +114,8 @@ class GoodputController:
         self.config = config
         self._times = StepTimeTable(sizes, prior, config.ema_alpha)
         self._acceptance = AcceptanceEstimate(config.num_draft_tokens, config.max_rows)
-        self._batch_costs = BatchCosts(config.draft_floor, config.draft_share, config.max_rows)
+        self._batch_costs = BatchCosts(config.draft_floor, config.draft_share, config.max_rows,
+                                       config.catch_up_work)
         self._intake = SampleIntake(self._times, self._batch_costs)
         self._budget = ExploreBudget(float(config.explore_steps), config.explore_cap)
         self._dwell = DwellState()

@@ -200,7 +200,7 @@ class SampleIntake:
         cap = costs.draft_rate_cap()
         spike = cap is not None and \
             seconds > costs.catch_up_seconds(int(tokens)) + step and \
-            seconds > costs.catch_up_fit[0] + tokens * cap
+            seconds > costs.catch_up_fit[0] + costs.work_tokens(tokens) * cap
         return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)
 
     def _hold_lone(self, key: object, outlier: bool) -> bool:

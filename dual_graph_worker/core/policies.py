@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
@@ -26,12 +27,14 @@ class PolicyContext:
     defers_prefill: bool = False               # decode-mode prefills skip the draft's prefill
     max_rows: int = 0                          # request rows, for per-request acceptance
     draft_share: float = 0.0                   # draft_share() of the two models
+    catch_up_work: Optional[CatchUpWork] = None  # catch-ups that fill the draft's K/V alone
 
 
 def _goodput(s: Settings, ctx: PolicyContext) -> ModePolicy:
     config = ControllerConfig.from_settings(s, ctx.num_draft_tokens,
                                             defers_prefill=ctx.defers_prefill,
-                                            max_rows=ctx.max_rows, draft_share=ctx.draft_share)
+                                            max_rows=ctx.max_rows, draft_share=ctx.draft_share,
+                                            catch_up_work=ctx.catch_up_work)
     return GoodputController(config, ctx.sizes, ctx.prior)
 
 

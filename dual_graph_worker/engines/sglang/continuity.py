@@ -11,6 +11,7 @@ from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol
 import numpy as np
 import torch
 
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
 from dual_graph_worker.core.nvtx import NULL_CONTEXT
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
@@ -34,6 +35,8 @@ NO_ROOM_NEEDED = RoomMade(())
 
 class SGLangContinuity(ContinuityStrategy, Protocol):
     draft_sync_graphs: bool        # wants its one-token draft extend captured as graphs
+    catch_up_work: Optional[CatchUpWork]     # catch-ups that fill the draft's K/V alone
+
 
     def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
         """Whether this prefill batch runs the target alone (the draft's prefill deferred)."""
@@ -64,6 +67,7 @@ class KeepCurrent:
     kind = Continuity.KEEP_CURRENT
     defers_prefill = False
     draft_sync_graphs = True       # its one-token draft extend, captured beside the decode pool
+    catch_up_work = None           # no catch-ups
 
     def __init__(self, draft_worker: Any, graph_runner: Optional[Any],
                  ones: Optional[torch.Tensor] = None,

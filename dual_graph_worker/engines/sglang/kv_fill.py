@@ -70,6 +70,22 @@ def fill_draft_kv(runner: Any, aux: torch.Tensor, token_ids: torch.Tensor,
         v.reshape(-1, radix.tp_v_head_num, radix.v_head_dim), radix.k_scale, radix.v_scale)
 
 
+def kv_share(runner: Any) -> float:
+    """A K/V-only token's multiply-adds over a whole-layer token's, on this rank (fc is not
+    sharded, the layer is): fc and the k/v rows of qkv_proj over fc, qkv_proj, o_proj and the
+    MLP. ~0.23 for a Llama-3-8B-shaped EAGLE-3 draft on one rank."""
+    model = runner.model.model
+    layer = model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    fc = model.fc.in_features * model.fc.out_features
+    qkv = attn.qkv_proj.input_size * attn.qkv_proj.output_size_per_partition
+    kv = attn.qkv_proj.input_size * 2 * attn.kv_size
+    o = attn.o_proj.input_size_per_partition * attn.o_proj.output_size
+    ffn = mlp.gate_up_proj.input_size * mlp.gate_up_proj.output_size_per_partition \
+        + mlp.down_proj.input_size_per_partition * mlp.down_proj.output_size
+    return (fc + kv) / (fc + qkv + o + ffn)
+
+
 def _project_aux(model: Any, aux: torch.Tensor, width: int) -> torch.Tensor:
     """The target's aux features as the draft's hidden input (LlamaModel.forward's fc path)."""
     if aux.shape[-1] == width:

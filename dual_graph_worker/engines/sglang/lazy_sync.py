@@ -49,13 +49,14 @@ from dual_graph_worker.engines.sglang.catch_up import (
     shifted_prompt_tokens,
 )
 from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
 from dual_graph_worker.engines.sglang.continuity import DecodeDraft, RoomMade
 from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
 from dual_graph_worker.engines.sglang.kv_fill import (KV_ONLY_MIN_TOKENS, fill_draft_kv,
-                                                       kv_fill_unavailable)
+                                                       kv_fill_unavailable, kv_share)
 from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
@@ -193,6 +194,12 @@ class LazyCatchUp:
     @property
     def defers_prefill(self) -> bool:
         return self.defer_prefill_off is None
+
+    @property
+    def catch_up_work(self) -> Optional[CatchUpWork]:
+        if self.kv_only_off:
+            return None
+        return CatchUpWork(self.kv_only_min_tokens, kv_share(self.dw.draft_runner))
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return self.backlog.pending_tokens(rows)

@@ -249,7 +249,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps, table.step_sizes(int(r2t.shape[0]) - 1), prior,
             defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0]),
-            draft_share=share))
+            draft_share=share, catch_up_work=self.continuity.catch_up_work))
         self.planner = StepPlanner(table, policy, graphs_enabled=self._graphs_enabled,
                                    reduce=reduce)
         summary = dict(policy=type(policy).__name__, config=self.settings.to_json(),
