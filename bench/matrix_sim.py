@@ -160,8 +160,8 @@ def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
                           rows, pin, settings=settings,
-                          catch_up_work=CatchUpWork(KV_ONLY_MIN_TOKENS, KV_ONLY_SHARE)
-                          if kv_only else None)
+                          catch_up_work=CatchUpWork(KV_ONLY_MIN_TOKENS, KV_ONLY_SHARE,
+                                                    CATCH_UP_PASS_TOKENS) if kv_only else None)
     return Server(planner, np.random.default_rng(seed), noise, pin, kv_only=kv_only)
 
 

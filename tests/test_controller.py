@@ -650,7 +650,7 @@ def test_catch_ups_that_fill_the_drafts_kv_alone_are_fitted_in_whole_layer_token
     true = {4: 2e-3 + 4 * 2e-6, 16: 2e-3 + 16 * 2e-6, 1000: 2e-3 + 1000 * 2e-6,
             20_000: 2e-3 + 0.25 * 20_000 * 2e-6, 60_000: 2e-3 + 0.25 * 60_000 * 2e-6}
     priced = {}
-    for work in (None, CatchUpWork(2048, 0.25)):
+    for work in (None, CatchUpWork(2048, 0.25, 100_000)):
         p = _learned(controller(defers_prefill=True, catch_up_work=work), 16)
         for tokens in (4, 1000, 20_000, 16, 60_000, 1000, 20_000, 4):
             p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + true[tokens], catch_up_tokens=tokens))
@@ -658,8 +658,6 @@ def test_catch_ups_that_fill_the_drafts_kv_alone_are_fitted_in_whole_layer_token
         priced[work is None] = {t: p.catch_up_seconds(t) / s for t, s in true.items()}
     assert all(r == pytest.approx(1.0, rel=0.05) for r in priced[False].values())
     assert max(abs(r - 1.0) for r in priced[True].values()) > 0.3     # one line, two rates
-    with pytest.raises(ValueError, match="kv_share"):
-        CatchUpWork(2048, 0.0)
 
 
 def test_a_draft_token_costs_no_less_than_the_drafts_share_of_a_prefill_token():
@@ -2452,3 +2450,37 @@ def test_an_eager_step_ends_its_modes_run_for_the_next_catch_up():
                                    (Mode.SPEC, 8, 100)):
         intake.step(StepTime(mode, padded, 0.015, catch_up_tokens=catch_up, bs=8))
     assert kinds == [True]
+
+
+def test_catch_up_work_counts_pass_by_pass():
+    """Full passes and a last pass of split_from and more are split; a shorter last pass runs
+    the whole layer; a work description that cannot hold is refused."""
+    work = CatchUpWork(2048, 0.25, 8192)
+    assert work.tokens(1000) == 1000
+    assert work.tokens(3000) == pytest.approx(750)
+    assert work.tokens(8192 + 1000) == pytest.approx(2048 + 1000)
+    assert work.tokens(2 * 8192 + 4096) == pytest.approx(4096 + 1024)
+    for bad in ((2048, 0.0, 8192), (4096, 0.25, 2048), (0, 0.25, 8192)):
+        with pytest.raises(ValueError, match="split_from"):
+            CatchUpWork(*bad)
+
+
+def test_the_first_catch_up_spike_is_judged_in_whole_layer_tokens():
+    """The intake holds back a lone catch-up dearer than the draft alone can be (here 2 us a
+    token: twice the draft's share of a prefill token); with K/V-only catch-ups that bound is
+    in whole-layer tokens: 60,000 split tokens are 15,000 of them, a bound of 32 ms, so 60 ms
+    is a spike (in plain tokens the bound would be 122 ms and the fit would take it)."""
+    work = CatchUpWork(2048, 0.25, 100_000)
+    p = _learned(controller(defers_prefill=True, catch_up_work=work, draft_share=0.04), 16)
+    for _ in range(6):
+        p.observe(PrefillTime(8192, 8192 * 25e-6, draft=True))
+        p.observe(PrefillTime(8192, 8192 * 24e-6, draft=False))
+        p.exchange(lambda v: v)
+    for tokens in (16, 1000, 16, 1000):
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + tokens * 1e-6,
+                           catch_up_tokens=tokens))
+        p.exchange(lambda v: v)
+    before = p.catch_up_seconds(60_000)
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.06, catch_up_tokens=60_000))
+    p.exchange(lambda v: v)
+    assert p.catch_up_seconds(60_000) == before

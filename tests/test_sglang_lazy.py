@@ -954,14 +954,20 @@ def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
 
 
 def test_the_controller_learns_of_kv_only_catch_ups_from_the_continuity(sgl, monkeypatch):
-    """With K/V-only catch-ups on, the policy's context gets their bound and this draft's
-    share; off (or refused), none."""
+    """With K/V-only catch-ups on, the policy's context gets their bound, pass size and this
+    draft's share; off, or checked (each split pass then also runs the whole layer), none.
+    Passes too short to split turn it off, saying why."""
     from dual_graph_worker.core.batch_costs import CatchUpWork
 
     monkeypatch.setattr(sgl, "kv_share", lambda runner: 0.25)
     draft = _draft(_FakeDraftRunner(), topk=1)
-    assert _bare_lazy(sgl, draft=draft, kv_only=True).catch_up_work == CatchUpWork(1, 0.25)
+    lz = _bare_lazy(sgl, draft=draft, kv_only=True)
+    assert lz.catch_up_work == CatchUpWork(1, 0.25, lz.max_pass_tokens)
+    lz.kv_check = True
+    assert lz.catch_up_work is None
     assert _bare_lazy(sgl, draft=draft).catch_up_work is None
+    assert "chunked_prefill_size" in sgl._passes_too_short(1024, 2048)
+    assert sgl._passes_too_short(8192, 2048) is None
 
 
 def test_a_forced_kv_only_catch_up_runs_no_forward(fake_sglang_forward, monkeypatch):

@@ -27,6 +27,7 @@ from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
 from bench.plots import Panel, Series, line_chart
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.jsonio import write_json
@@ -46,10 +47,13 @@ MIN_STEPS = 8
 
 def controller_for(trace: dict, prior: bool = True) -> GoodputController:
     """A controller as the traced worker built it: its graph sizes, deferring prefills, the
-    draft's share of the weights, with its start-up prior (or none)."""
+    draft's share of the weights, its K/V-only catch-ups' work (where it had them), with its
+    start-up prior (or none)."""
     share = trace.get("draft_share", MATRIX_DRAFT_SHARE)
+    work = trace.get("catch_up_work")
     return GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True,
-                                              draft_share=share),
+                                              draft_share=share,
+                                              catch_up_work=work and CatchUpWork(**work)),
                              {Mode.SPEC: trace["spec_bs"], Mode.DECODE: trace["decode_bs"]},
                              CalibrationTable.from_json(trace["calibration"]) if prior else None)
 

@@ -292,7 +292,8 @@ ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", 1.0, "{:.2f}"),
                     ("replaced", "prompts replacing", 1.0, "{:.2f}"),
                     ("draft_prefill_s_per_token", "draft prefill us/token", 1e6, "{:.2f}"),
                     ("catch_up_fixed_s", "catch-up fixed ms", 1e3, "{:.3f}"),
-                    ("catch_up_s_per_token", "catch-up us/token", 1e6, "{:.2f}"),
+                    ("catch_up_s_per_token", "catch-up us/token (whole-layer)", 1e6,
+                     "{:.2f}"),
                     ("switch_s", "switch ms", 1e3, "{:.3f}"),
                     ("fresh_accept", "new request accept", 1.0, "{:.2f}"),
                     ("own_accept_weight", "own accept weight", 1.0, "{:.2f}"),
@@ -466,10 +467,10 @@ def trace(log: list[dict], source: str) -> dict:
                           int(e["carries_next"]), e["kv_tokens"], e.get("bs", 0)])
         elif e.get("kind") == "PrefillTime":
             costs.append(["p", e["tokens"], e["seconds"], int(e["draft"])])
-    share = {"draft_share": ready["draft_share"]} if "draft_share" in ready else {}
+    engine = {k: ready[k] for k in ("draft_share", "catch_up_work") if ready.get(k) is not None}
     return {"source": source, "num_steps": ready["num_steps"], "spec_bs": ready["spec_bs"],
             "decode_bs": ready["decode_bs"], "costs": costs, "calibration": ready["calibration"],
-            **share}
+            **engine}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -52,21 +52,28 @@ def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, in
 
 @dataclass(frozen=True)
 class CatchUpWork:
-    """An engine whose catch-ups of `split_from` tokens and more compute only the draft's K/V
-    (DGW_CATCH_UP_KV_ONLY): a token of those costs `kv_share` of a token the draft's whole
-    layer runs over. Catch-ups are fitted as one line in whole-layer tokens."""
+    """An engine whose catch-up passes (of at most `pass_tokens`) compute only the draft's K/V
+    from `split_from` tokens a pass (DGW_CATCH_UP_KV_ONLY): a token of those costs `kv_share`
+    of a token the draft's whole layer runs over. Catch-ups are fitted as one line in
+    whole-layer tokens."""
 
     split_from: int
     kv_share: float
+    pass_tokens: int
 
     def __post_init__(self) -> None:
-        if self.split_from < 1 or not 0 < self.kv_share <= 1:
-            raise ValueError(f"catch-up work: split_from must be >= 1 and kv_share in (0, 1], "
-                             f"got {self.split_from}, {self.kv_share}")
+        if not 1 <= self.split_from <= self.pass_tokens or not 0 < self.kv_share <= 1:
+            raise ValueError(f"catch-up work: need 1 <= split_from <= pass_tokens and kv_share "
+                             f"in (0, 1], got {self.split_from}, {self.pass_tokens}, "
+                             f"{self.kv_share}")
 
     def tokens(self, tokens: float) -> float:
-        """`tokens` caught up, as whole-layer tokens."""
-        return tokens if tokens < self.split_from else self.kv_share * tokens
+        """`tokens` caught up, as whole-layer tokens: full passes and a last one of split_from
+        and more at kv_share, a shorter last one whole (each request's last row, run whole, is
+        left out)."""
+        full, rest = divmod(tokens, self.pass_tokens)
+        split = full * self.pass_tokens + (rest if rest >= self.split_from else 0.0)
+        return tokens - split + self.kv_share * split
 
 
 class BatchCosts:

@@ -260,7 +260,8 @@ class GoodputController:
         return self._batch_costs.delta
 
     def catch_up_s_per_token(self) -> float:
-        """kappa: seconds per caught-up draft token beyond a catch-up's fixed cost."""
+        """kappa: seconds per caught-up draft token beyond a catch-up's fixed cost (per
+        whole-layer token where catch-ups fill K/V alone: CatchUpWork)."""
         return self._batch_costs.catch_up_fit[1]
 
     def catch_up_seconds(self, tokens: int) -> float:

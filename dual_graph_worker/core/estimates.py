@@ -28,8 +28,8 @@ class BatchCostEstimates(NamedTuple):
     draft_prefill_s_per_token: float          # delta
     catch_up_fixed_s: float
     catch_up_s_per_token: float               # kappa, per whole-layer token (CatchUpWork)
-    catch_up_reach_tokens: Optional[float]    # kappa's sizes end here (None: no end)
-    catch_up_far_s_per_token: float           # a token beyond them
+    catch_up_reach_tokens: Optional[float]    # kappa's sizes end here (None: no end), likewise
+    catch_up_far_s_per_token: float           # a (whole-layer) token beyond them
     switch_s: float
 
 

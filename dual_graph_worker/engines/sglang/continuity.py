@@ -37,7 +37,6 @@ class SGLangContinuity(ContinuityStrategy, Protocol):
     draft_sync_graphs: bool        # wants its one-token draft extend captured as graphs
     catch_up_work: Optional[CatchUpWork]     # catch-ups that fill the draft's K/V alone
 
-
     def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
         """Whether this prefill batch runs the target alone (the draft's prefill deferred)."""
 

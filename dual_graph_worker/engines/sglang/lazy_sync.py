@@ -34,6 +34,7 @@ from sglang.srt.speculative.eagle_utils import (
 )
 from sglang.srt.speculative.spec_utils import spec_stage_span
 
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.engines.sglang.backlog import (
     Behind,
     LazyBacklog,
@@ -49,7 +50,6 @@ from dual_graph_worker.engines.sglang.catch_up import (
     shifted_prompt_tokens,
 )
 from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
-from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import stash_room
@@ -173,8 +173,9 @@ class LazyCatchUp:
         # Kept free for the next deferred prefill when a compaction can provide it.
         self.prefill_reserve = 0 if self.defer_prefill_off else self.max_pass_tokens
         # Why the draft's K/V cannot be filled alone (DGW_CATCH_UP_KV_ONLY); None: they are.
-        self.kv_only_off = kv_fill_unavailable(dr) if kv_only else "off"
         self.kv_only_min_tokens = KV_ONLY_MIN_TOKENS
+        self.kv_only_off = (kv_fill_unavailable(dr) or _passes_too_short(
+            self.max_pass_tokens, self.kv_only_min_tokens)) if kv_only else "off"
         self.kv_check = kv_check
         if kv_only and self.kv_only_off:
             logger.warning("dual-graph: DGW_CATCH_UP_KV_ONLY ignored: %s; catch-ups run the "
@@ -197,9 +198,12 @@ class LazyCatchUp:
 
     @property
     def catch_up_work(self) -> Optional[CatchUpWork]:
-        if self.kv_only_off:
+        """What K/V-only passes save, for the controller's catch-up price; None while checked
+        (each split pass then also runs the whole layer)."""
+        if self.kv_only_off or self.kv_check:
             return None
-        return CatchUpWork(self.kv_only_min_tokens, kv_share(self.dw.draft_runner))
+        return CatchUpWork(self.kv_only_min_tokens, kv_share(self.dw.draft_runner),
+                           self.max_pass_tokens)
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return self.backlog.pending_tokens(rows)
@@ -529,6 +533,13 @@ class _Laps:
 
     def us(self) -> dict[str, float]:
         return {k: round(v, 1) for k, v in self._us.items()}
+
+
+def _passes_too_short(max_pass_tokens: int, split_from: int) -> Optional[str]:
+    if max_pass_tokens < split_from:
+        return (f"catch-up passes hold at most {max_pass_tokens} tokens (SGLang's "
+                f"chunked_prefill_size), fewer than the {split_from} a pass needs to be split")
+    return None
 
 
 def _relative_error(got: tuple, want: tuple) -> float:

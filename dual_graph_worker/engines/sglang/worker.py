@@ -11,6 +11,7 @@ contracts this relies on; docs/design.md the design.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import time
@@ -246,16 +247,20 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
         reduce = _tp_mean(mr.tp_group)
         share = self._draft_share(mr, reduce)
+        work = self.continuity.catch_up_work
+        if work is not None:            # made common as the draft's share is
+            work = dataclasses.replace(work, kv_share=float(reduce([work.kv_share])[0]))
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps, table.step_sizes(int(r2t.shape[0]) - 1), prior,
             defers_prefill=self.continuity.defers_prefill, max_rows=int(r2t.shape[0]),
-            draft_share=share, catch_up_work=self.continuity.catch_up_work))
+            draft_share=share, catch_up_work=work))
         self.planner = StepPlanner(table, policy, graphs_enabled=self._graphs_enabled,
                                    reduce=reduce)
         summary = dict(policy=type(policy).__name__, config=self.settings.to_json(),
                        spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs),
                        draft_sync_bs=list(self._draft_sync.capture_bs),
                        num_steps=self.speculative_num_steps, topk=self.topk, draft_share=share,
+                       catch_up_work=None if work is None else dataclasses.asdict(work),
                        calibration=None if prior is None else prior.to_json(),
                        continuity=self.continuity.describe())
         logger.info("dual-graph: ready: %s", summary)
