@@ -399,23 +399,12 @@ class LazyCatchUp:
                     req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
                     rows_cpu=None if ends_cpu is None else rows_behind, ends_cpu=ends_cpu)
                 laps.lap("indices")
-                if not self.kv_only_off and idx.num_tokens >= self.kv_only_min_tokens:
-                    keep.append(self._fill_kv(idx))
-                    laps.lap("kv")
-                    if self.kv_check:
-                        filled = self._draft_kv(idx.slots)
-                        forward_batch, logits_output = self._run_pass(batch, idx, laps)
-                        err = _relative_error(filled, self._draft_kv(idx.slots))
-                        kv_error = err if kv_error is None else max(kv_error, err)
-                    else:
-                        # The layer's output is read only for a proposal, at a backlog's end.
-                        idx = final_rows(idx) if want_proposals else None
-                        if idx is None:
-                            continue
-                        forward_batch, logits_output = self._run_pass(batch, idx, laps)
-                else:
-                    forward_batch, logits_output = self._run_pass(batch, idx, laps)
-                keep.append(forward_batch)
+                ran, err = self._draft_pass(batch, idx, laps, want_proposals, keep)
+                if err is not None:
+                    kv_error = err if kv_error is None else max(kv_error, err)
+                if ran is None:
+                    continue
+                idx, logits_output = ran
                 if want_proposals:
                     final = [j for j, f in enumerate(idx.final) if f]
                     if final:
@@ -443,6 +432,30 @@ class LazyCatchUp:
         else:
             topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
         return CatchUpResult(positions, topk_p, topk_index, hidden, keep, event)
+
+    def _draft_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps", want_proposals: bool,
+                    keep: list) -> tuple[Optional[tuple], Optional[float]]:
+        """One pass of a catch-up: the draft's layer over `idx`. K/V-only (a pass of
+        kv_only_min_tokens and more): the K/V filled, then the layer only at each backlog's end
+        (its output is read only for a proposal), or nowhere if no proposal is wanted; checked,
+        the layer over the whole pass after the fill, and how far the fill was from it. Returns
+        (the indices the layer ran over, its logits output) or None, and that error or None;
+        what must stay alive goes into `keep`."""
+        split = not self.kv_only_off and idx.num_tokens >= self.kv_only_min_tokens
+        filled = None
+        if split:
+            keep.append(self._fill_kv(idx))
+            laps.lap("kv")
+            if self.kv_check:
+                filled = self._draft_kv(idx.slots)
+            else:
+                idx = final_rows(idx) if want_proposals else None
+                if idx is None:
+                    return None, None
+        forward_batch, logits_output = self._run_pass(batch, idx, laps)
+        keep.append(forward_batch)
+        err = None if filled is None else _relative_error(filled, self._draft_kv(idx.slots))
+        return (idx, logits_output), err
 
     def _fill_kv(self, idx: CatchUpIndices) -> tuple:
         """The draft's K/V at every position of a pass, from the stash; its inputs, kept
