@@ -52,6 +52,7 @@ def kv_fill_unavailable(runner: Any) -> Optional[str]:
     return None
 
 
+@torch.no_grad()          # whatever mode the caller is in: nothing here is ever differentiated
 def fill_draft_kv(runner: Any, aux: torch.Tensor, token_ids: torch.Tensor,
                   positions: torch.Tensor, slots: torch.Tensor) -> None:
     """Write the draft layer's K/V at KV `slots` (RoPE `positions`) from the stashed inputs
