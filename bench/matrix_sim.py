@@ -78,8 +78,12 @@ class Server:
     rng: np.random.Generator
     noise: float
     pin: Optional[Mode] = None
-    kv_only: bool = False
+    work: Optional[CatchUpWork] = None       # DGW_CATCH_UP_KV_ONLY's passes (the worker's)
     owed: float = 0.0
+
+    @property
+    def kv_only(self) -> bool:
+        return self.work is not None
 
     def accept_len(self, accept: float) -> int:
         """The whole batch's accept length this step: the running mean stays at `accept`."""
@@ -131,15 +135,11 @@ class Server:
         """A catch-up of `tokens` draft tokens over `requests` rows (0: none)."""
         if not tokens:
             return 0.0
-        if not self.kv_only:
+        if self.work is None:
             return CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * tokens
-        # Full passes, then the rest (the worker's passes, as one backlog fills them).
-        full, rest = divmod(tokens, CATCH_UP_PASS_TOKENS)
-        split = [CATCH_UP_PASS_TOKENS] * full + ([rest] if rest >= KV_ONLY_MIN_TOKENS else [])
-        whole = tokens - sum(split)
-        return CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * whole + (
-            len(split) * KV_ONLY_PASS_S + DRAFT_S_PER_TOKEN * (KV_ONLY_SHARE * sum(split)
-                                                              + requests) if split else 0.0)
+        passes = self.work.split(tokens)[0]     # each with its host work and last rows whole
+        return CATCH_UP_FIXED_S + passes * KV_ONLY_PASS_S + DRAFT_S_PER_TOKEN * (
+            self.work.tokens(tokens) + (requests if passes else 0))
 
     def drafts(self, joins: np.ndarray, waiting: int, input_len: int, generated: np.ndarray,
                behind: np.ndarray) -> bool:
@@ -156,13 +156,12 @@ class Server:
 
 def server(pin: Optional[Mode], seed: int, noise: float, rows: int = 256,
            settings: Settings = Settings()) -> Server:
-    kv_only = pin is None and settings.catch_up_kv_only
+    work = CatchUpWork(KV_ONLY_MIN_TOKENS, KV_ONLY_SHARE, CATCH_UP_PASS_TOKENS) \
+        if pin is None and settings.catch_up_kv_only else None
     planner = sim_planner({Mode.SPEC: SPEC_BS, Mode.DECODE: DECODE_BS},
                           lambda m, b: PRIOR_SCALE[m] * step_seconds(m, b, MEAN_CONTEXT * b),
-                          rows, pin, settings=settings,
-                          catch_up_work=CatchUpWork(KV_ONLY_MIN_TOKENS, KV_ONLY_SHARE,
-                                                    CATCH_UP_PASS_TOKENS) if kv_only else None)
-    return Server(planner, np.random.default_rng(seed), noise, pin, kv_only=kv_only)
+                          rows, pin, settings=settings, catch_up_work=work)
+    return Server(planner, np.random.default_rng(seed), noise, pin, work=work)
 
 
 def simulate(accepts: list[float], seed: int, noise: float,

@@ -2444,7 +2444,7 @@ def test_an_eager_step_ends_its_modes_run_for_the_next_catch_up():
                             add=lambda i, x, y: None)
     kinds = []
     costs = SimpleNamespace(add_catch_up=lambda at_switch, x, y: kinds.append(at_switch),
-                            draft_rate_cap=lambda: None)
+                            catch_up_ceiling=lambda tokens: None)
     intake = SampleIntake(times, costs)
     for mode, padded, catch_up in ((Mode.SPEC, 8, 0), (Mode.DECODE, 512, 0),
                                    (Mode.SPEC, 8, 100)):

@@ -67,12 +67,17 @@ class CatchUpWork:
                              f"in (0, 1], got {self.split_from}, {self.pass_tokens}, "
                              f"{self.kv_share}")
 
-    def tokens(self, tokens: float) -> float:
-        """`tokens` caught up, as whole-layer tokens: full passes and a last one of split_from
-        and more at kv_share, a shorter last one whole (each request's last row, run whole, is
-        left out)."""
+    def split(self, tokens: float) -> tuple[int, float]:
+        """The passes a catch-up of `tokens` splits and the tokens in them: its full passes, and
+        a last one of split_from and more (a shorter one runs the whole layer)."""
         full, rest = divmod(tokens, self.pass_tokens)
-        split = full * self.pass_tokens + (rest if rest >= self.split_from else 0.0)
+        last = rest >= self.split_from
+        return int(full) + last, full * self.pass_tokens + (rest if last else 0.0)
+
+    def tokens(self, tokens: float) -> float:
+        """`tokens` caught up, as whole-layer tokens: those of split passes at kv_share (each
+        request's last row, run whole, is left out)."""
+        split = self.split(tokens)[1]
         return tokens - split + self.kv_share * split
 
 
@@ -135,6 +140,12 @@ class BatchCosts:
         """A catch-up's tokens as the draft's whole-layer tokens (CatchUpWork), which its fit
         is a line in."""
         return tokens if self._work is None else self._work.tokens(tokens)
+
+    def catch_up_ceiling(self, tokens: float) -> Optional[float]:
+        """The dearest a catch-up of `tokens` can be from the draft's work alone: its fixed part
+        and draft_rate_cap a whole-layer token; None before the cap is known."""
+        cap = self.draft_rate_cap()
+        return None if cap is None else self.catch_up_fit[0] + self.work_tokens(tokens) * cap
 
     def add_switch(self, seconds: float) -> None:
         self._add(_SW, (1.0, seconds))

@@ -197,10 +197,9 @@ class SampleIntake:
         cost. The process's first catch-up is judged so too: its index path's first call is
         the dearest of all."""
         costs = self._costs
-        cap = costs.draft_rate_cap()
-        spike = cap is not None and \
-            seconds > costs.catch_up_seconds(int(tokens)) + step and \
-            seconds > costs.catch_up_fit[0] + costs.work_tokens(tokens) * cap
+        ceiling = costs.catch_up_ceiling(tokens)
+        spike = ceiling is not None and \
+            seconds > costs.catch_up_seconds(int(tokens)) + step and seconds > ceiling
         return self._hold_lone(("catch-up", at_switch, int(tokens).bit_length()), spike)
 
     def _hold_lone(self, key: object, outlier: bool) -> bool:

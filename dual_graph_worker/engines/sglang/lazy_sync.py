@@ -123,7 +123,8 @@ class LazyCatchUp:
 
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
                  stash_mb: int, defer_prefill: bool = True, kv_only: bool = False,
-                 kv_check: bool = False, on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
+                 kv_check: bool = False,
+                 on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
         dr = draft_worker.draft_runner
         if not isinstance(dr.attn_backend, catch_up_backend_classes()):
             raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
