@@ -912,10 +912,12 @@ def test_before_spec_step_catches_up_and_installs_proposals(fake_sglang_forward,
 
 
 class _KVRunner(_FakeDraftRunner):
-    """A draft runner with a KV pool: its forward writes K = V = 1 at the batch's slots."""
+    """A draft runner with a KV pool: its forward writes K = V = 1 at the batch's slots
+    (unless `writes` is False)."""
 
-    def __init__(self, slots: int = 512):
+    def __init__(self, slots: int = 512, writes: bool = True):
         super().__init__()
+        self.writes = writes
         self.k, self.v = torch.zeros(slots, 1, 2), torch.zeros(slots, 1, 2)
         attn = SimpleNamespace(layer_id=32)
         self.model = SimpleNamespace(model=SimpleNamespace(
@@ -924,17 +926,20 @@ class _KVRunner(_FakeDraftRunner):
                                                 get_value_buffer=lambda layer_id: self.v)
 
     def forward(self, fb):
-        self.k[fb.view.out_cache_loc] = self.v[fb.view.out_cache_loc] = 1.0
+        if self.writes:
+            self.k[fb.view.out_cache_loc] = self.v[fb.view.out_cache_loc] = 1.0
         return super().forward(fb)
 
 
-@pytest.mark.parametrize("filled, error", [(1.0, 0.0), (0.9, 0.1)])
+@pytest.mark.parametrize("filled, error, layer_writes", [(1.0, 0.0, True), (0.9, 0.1, True),
+                                                         (1.0, 1e30, False)])
 def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
-        fake_sglang_forward, monkeypatch, filled, error):
+        fake_sglang_forward, monkeypatch, filled, error, layer_writes):
     """DGW_CATCH_UP_KV_CHECK: the whole layer runs over the split pass after the fill, its K/V
-    replace the fill's, and the event carries their largest relative difference."""
+    replace the fill's, and the event carries their largest relative difference. The fill's
+    slots are zeroed first, so a layer that wrote nothing there reads as far off, not exact."""
     sgl = fake_sglang_forward
-    runner = _KVRunner()
+    runner = _KVRunner(writes=layer_writes)
 
     def fill(runner_, aux, tokens, positions, slots):
         runner.k[slots] = runner.v[slots] = filled

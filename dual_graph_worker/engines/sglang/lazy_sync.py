@@ -448,7 +448,7 @@ class LazyCatchUp:
             keep.append(self._fill_kv(idx))
             laps.lap("kv")
             if self.kv_check:
-                filled = self._draft_kv(idx.slots)
+                filled = self._draft_kv(idx.slots, clear=True)
             else:
                 idx = final_rows(idx) if want_proposals else None
                 if idx is None:
@@ -465,13 +465,19 @@ class LazyCatchUp:
         fill_draft_kv(self.dw.draft_runner, aux, token_ids, idx.positions, idx.slots)
         return aux, token_ids
 
-    def _draft_kv(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of the draft layer's K and V at `slots` (DGW_CATCH_UP_KV_CHECK)."""
+    def _draft_kv(self, slots: torch.Tensor, clear: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the draft layer's K and V at `slots` (DGW_CATCH_UP_KV_CHECK), zeroed
+        there if `clear`: a layer that then failed to write them cannot pass the check."""
         dr = self.dw.draft_runner
         layer_id = dr.model.model.layers[0].self_attn.attn.layer_id
         pool = dr.token_to_kv_pool
-        return pool.get_key_buffer(layer_id)[slots].clone(), \
-            pool.get_value_buffer(layer_id)[slots].clone()
+        copies = []
+        for buffer in (pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)):
+            copies.append(buffer[slots].clone())
+            if clear:
+                buffer[slots] = 0
+        return copies[0], copies[1]
 
     def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps"):
         dr = self.dw.draft_runner
