@@ -36,6 +36,7 @@ from dual_graph_worker.engines.sglang.catch_up import (
     backlog_slots,
     build_catch_up_indices,
     final_rows,
+    join_passes,
     plan_passes,
     shifted_prompt_tokens,
 )
@@ -353,6 +354,30 @@ def test_final_rows_are_each_final_segments_last_position_behind_the_rest():
             else:
                 assert got.prefix_lens_cpu is None and got.seq_lens_cpu is None
     assert seen_none
+
+
+def test_joined_passes_are_their_rows_in_order_as_one_pass():
+    """The K/V-only catch-up's one forward: every pass's final rows, joined."""
+    for b, rng in _random_backlogs(seed=3, least=2):
+        plan = plan_passes(b.counts, rng.randint(1, 25))
+        parts = [p for p in (final_rows(_indices(b, segs)) for segs in plan) if p is not None]
+        got = join_passes(parts)
+        finals = [g for segs in plan for g in segs if g.final]
+        last = [b.ends[g.req] - 1 for g in finals]
+        assert got.positions.tolist() == last and got.num_tokens == len(last)
+        assert got.slots.tolist() == [int(b.req_to_token[b.rows[g.req], p])
+                                      for g, p in zip(finals, last)]
+        assert got.req_pool_indices.tolist() == [b.rows[g.req] for g in finals]
+        assert got.seq_lens.tolist() == [b.ends[g.req] for g in finals]
+        assert got.prefix_lens.tolist() == last and got.extend_lens_cpu == [1] * len(last)
+        assert got.last_rows.tolist() == list(range(len(last)))
+        assert got.batch_positions == [b.batch_positions[g.req] for g in finals]
+        assert got.final == [True] * len(last)
+        if b.with_cpu:
+            assert got.prefix_lens_cpu == last and got.seq_lens_cpu.tolist() == \
+                [b.ends[g.req] for g in finals]
+        else:
+            assert got.prefix_lens_cpu is None and got.seq_lens_cpu is None
 
 
 def test_catch_up_indices_match_a_direct_loop():
@@ -992,7 +1017,7 @@ def test_a_forced_kv_only_catch_up_runs_no_forward(fake_sglang_forward, monkeypa
 def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward, monkeypatch,
                                                           kv_only):
     """Row 3 is five tokens behind, row 0 one, in passes of 2 tokens. K/V-only: every pass's
-    K/V filled, the draft's forward only where a backlog ends."""
+    K/V filled, then one draft forward over the positions where backlogs end."""
     sgl = fake_sglang_forward
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
@@ -1015,7 +1040,7 @@ def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward, m
     passes = [[20, 21], [24], [22, 23], [24]]
     assert [f[2] for f in fills] == (passes if kv_only else [])
     assert [f.positions.tolist() for f in runner.forwards] == \
-        ([[24], [24]] if kv_only else passes)
+        ([[24, 24]] if kv_only else passes)
     assert di.topk_index[:, 0].tolist() == [24, 24] and di.topk_index.shape == (2, 2)
     assert di.hidden_states[:, 0].tolist() == [24., 24.]
 

@@ -201,6 +201,29 @@ def final_rows(idx: CatchUpIndices) -> Optional[CatchUpIndices]:
         batch_positions=[idx.batch_positions[j] for j in picked], final=[True] * n)
 
 
+def join_passes(parts: Sequence[CatchUpIndices]) -> CatchUpIndices:
+    """Passes as one, in order: the K/V-only catch-up runs the draft's layer once over every
+    pass's final rows, after all the passes' K/V are filled."""
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [p.num_tokens for p in parts[:-1]])
+    host = all(p.seq_lens_cpu is not None for p in parts)
+    return CatchUpIndices(
+        req_pool_indices=torch.cat([p.req_pool_indices for p in parts]),
+        positions=torch.cat([p.positions for p in parts]),
+        slots=torch.cat([p.slots for p in parts]),
+        prefix_lens=torch.cat([p.prefix_lens for p in parts]),
+        extend_lens=torch.cat([p.extend_lens for p in parts]),
+        seq_lens=torch.cat([p.seq_lens for p in parts]),
+        last_rows=torch.cat([p.last_rows + int(o) for p, o in zip(parts, offsets)]),
+        extend_lens_cpu=[n for p in parts for n in p.extend_lens_cpu],
+        prefix_lens_cpu=[n for p in parts for n in p.prefix_lens_cpu] if host else None,
+        seq_lens_cpu=torch.cat([p.seq_lens_cpu for p in parts]) if host else None,
+        num_tokens=sum(p.num_tokens for p in parts),
+        batch_positions=[b for p in parts for b in p.batch_positions],
+        final=[f for p in parts for f in p.final])
+
+
 def backlog_slots(*, req_pool_indices: torch.Tensor, ends: torch.Tensor, counts: Sequence[int],
                   req_to_token: torch.Tensor) -> torch.Tensor:
     """KV slots of every position behind, ``[ends[i] - counts[i], ends[i])`` per row, in row

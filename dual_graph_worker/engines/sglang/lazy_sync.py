@@ -46,6 +46,7 @@ from dual_graph_worker.engines.sglang.catch_up import (
     StashArena,
     build_catch_up_indices,
     final_rows,
+    join_passes,
     plan_passes,
     shifted_prompt_tokens,
 )
@@ -394,23 +395,35 @@ class LazyCatchUp:
               speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
             laps = _Laps()
             kv_error: Optional[float] = None
+            last_rows: list[CatchUpIndices] = []
             for segments in passes:
                 idx = build_catch_up_indices(
                     segments, counts=behind.counts, batch_positions=behind.positions,
                     req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
                     rows_cpu=None if ends_cpu is None else rows_behind, ends_cpu=ends_cpu)
                 laps.lap("indices")
-                ran, err = self._draft_pass(batch, idx, laps, want_proposals, keep)
-                if err is not None:
+                filled = None
+                if self._fills(idx):
+                    keep.append(self._fill_kv(idx))
+                    laps.lap("kv")
+                    if not self.kv_check:
+                        last = final_rows(idx) if want_proposals else None
+                        if last is not None:
+                            last_rows.append(last)
+                        continue
+                    filled = self._draft_kv(idx.slots, clear=True)
+                forward_batch, logits_output = self._run_pass(batch, idx, laps)
+                keep.append(forward_batch)
+                if filled is not None:
+                    err = _relative_error(filled, self._draft_kv(idx.slots))
                     kv_error = err if kv_error is None else max(kv_error, err)
-                if ran is None:
-                    continue
-                idx, logits_output = ran
-                if want_proposals:
-                    final = [j for j, f in enumerate(idx.final) if f]
-                    if final:
-                        props.append(self._proposals(batch, idx, logits_output, final))
-                        positions.extend(idx.batch_positions[j] for j in final)
+                self._take_proposals(batch, idx, logits_output, want_proposals, props, positions)
+                laps.lap("proposals")
+            if last_rows:             # one forward over every filled pass's last rows
+                idx = join_passes(last_rows)
+                forward_batch, logits_output = self._run_pass(batch, idx, laps)
+                keep.append(forward_batch)
+                self._take_proposals(batch, idx, logits_output, want_proposals, props, positions)
                 laps.lap("proposals")
         done = self.backlog.caught_up(rows_behind, forced=forced)
         # Cells of chunked prompts between their chunks move to the front.
@@ -434,29 +447,18 @@ class LazyCatchUp:
             topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
         return CatchUpResult(positions, topk_p, topk_index, hidden, keep, event)
 
-    def _draft_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps", want_proposals: bool,
-                    keep: list) -> tuple[Optional[tuple], Optional[float]]:
-        """One pass of a catch-up: the draft's layer over `idx`. K/V-only (a pass of
-        kv_only_min_tokens and more): the K/V filled, then the layer only at each backlog's end
-        (its output is read only for a proposal), or nowhere if no proposal is wanted; checked,
-        the layer over the whole pass after the fill, and how far the fill was from it. Returns
-        (the indices the layer ran over, its logits output) or None, and that error or None;
-        what must stay alive goes into `keep`."""
-        split = not self.kv_only_off and idx.num_tokens >= self.kv_only_min_tokens
-        filled = None
-        if split:
-            keep.append(self._fill_kv(idx))
-            laps.lap("kv")
-            if self.kv_check:
-                filled = self._draft_kv(idx.slots, clear=True)
-            else:
-                idx = final_rows(idx) if want_proposals else None
-                if idx is None:
-                    return None, None
-        forward_batch, logits_output = self._run_pass(batch, idx, laps)
-        keep.append(forward_batch)
-        err = None if filled is None else _relative_error(filled, self._draft_kv(idx.slots))
-        return (idx, logits_output), err
+    def _fills(self, idx: CatchUpIndices) -> bool:
+        """Whether this pass's K/V are filled alone (DGW_CATCH_UP_KV_ONLY, a pass of
+        kv_only_min_tokens and more) rather than by the draft's whole layer."""
+        return not self.kv_only_off and idx.num_tokens >= self.kv_only_min_tokens
+
+    def _take_proposals(self, batch: Any, idx: CatchUpIndices, logits_output: Any,
+                        want_proposals: bool, props: list, positions: list) -> None:
+        """The proposals of a pass's rows that end a backlog, and their batch positions."""
+        final = [j for j, f in enumerate(idx.final) if f] if want_proposals else []
+        if final:
+            props.append(self._proposals(batch, idx, logits_output, final))
+            positions.extend(idx.batch_positions[j] for j in final)
 
     def _fill_kv(self, idx: CatchUpIndices) -> tuple:
         """The draft's K/V at every position of a pass, from the stash; its inputs, kept
