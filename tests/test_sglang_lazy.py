@@ -972,11 +972,14 @@ def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
     monkeypatch.setattr(sgl, "fill_draft_kv", fill)
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
     lz.kv_check = True
-    events = []
+    events, gathered = [], []
     lz.on_event = lambda e: type(e) is sgl.CatchUpEvent and events.append(e)
+    gather = lz.arena.gather
+    lz.arena.gather = lambda slots: gathered.append(slots.tolist()) or gather(slots)
     di, batch = _rows_5_7_2_behind(lz)
     lz.before_spec_step(batch, sgl.rows_of(batch))
     (fb,) = runner.forwards
+    assert len(gathered) == 1             # the layer runs on the fill's inputs, not a copy
     assert fb.positions.tolist() == [7, 8, 9, 5]            # the whole layer, every row
     assert di.topk_index[:, 0].tolist() == [9, -1, 5]
     (event,) = events

@@ -402,9 +402,10 @@ class LazyCatchUp:
                     req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
                     rows_cpu=None if ends_cpu is None else rows_behind, ends_cpu=ends_cpu)
                 laps.lap("indices")
-                filled = None
+                filled = inputs = None
                 if self._fills(idx):
-                    keep.append(self._fill_kv(idx))
+                    inputs = self._fill_kv(idx)
+                    keep.append(inputs)
                     laps.lap("kv")
                     if not self.kv_check:
                         last = final_rows(idx) if want_proposals else None
@@ -412,7 +413,7 @@ class LazyCatchUp:
                             last_rows.append(last)
                         continue
                     filled = self._draft_kv(idx.slots, clear=True)
-                forward_batch, logits_output = self._run_pass(batch, idx, laps)
+                forward_batch, logits_output = self._run_pass(batch, idx, laps, inputs)
                 keep.append(forward_batch)
                 if filled is not None:
                     err = _relative_error(filled, self._draft_kv(idx.slots))
@@ -481,9 +482,13 @@ class LazyCatchUp:
                 buffer[slots] = 0
         return copies[0], copies[1]
 
-    def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps"):
+    def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps",
+                  inputs: Optional[tuple] = None):
+        """The draft's layer over `idx`, its stashed inputs gathered unless given (a checked
+        pass reuses the fill's: twice a pass's inputs held over a whole catch-up ran a GPU out
+        of memory)."""
         dr = self.dw.draft_runner
-        aux, token_ids = self.arena.gather(idx.slots)
+        aux, token_ids = self.arena.gather(idx.slots) if inputs is None else inputs
         view = copy.copy(batch)             # EAGLE's step still needs the batch as it is
         view.forward_mode = ForwardMode.DRAFT_EXTEND_V2
         view.spec_info = EagleDraftExtendInput(
