@@ -642,22 +642,27 @@ def test_a_catch_ups_fixed_cost_does_not_pass_for_a_per_token_rate():
     assert q.catch_up_seconds(4) == pytest.approx(2e-3 + 8e-6, rel=0.05)
 
 
-def test_catch_ups_that_fill_the_drafts_kv_alone_are_fitted_in_whole_layer_tokens():
-    """An engine whose catch-ups of 2048 tokens and more fill only the draft's K/V (a token
-    at a quarter of the work): one line in whole-layer tokens prices both sizes right, where a
-    line in tokens mixes the two rates (a small catch-up priced from the large ones' fixed
-    part)."""
-    true = {4: 2e-3 + 4 * 2e-6, 16: 2e-3 + 16 * 2e-6, 1000: 2e-3 + 1000 * 2e-6,
-            20_000: 2e-3 + 0.25 * 20_000 * 2e-6, 60_000: 2e-3 + 0.25 * 60_000 * 2e-6}
-    priced = {}
-    for work in (None, CatchUpWork(2048, 0.25, 100_000)):
+def test_catch_ups_that_fill_the_drafts_kv_alone_are_fitted_on_a_line_of_their_own():
+    """An engine whose catch-ups of 2048 tokens and more fill only the draft's K/V, at rates
+    like H100 m107's (the whole layer 1 ms + 0.93 us a token; K/V-filling ones 4 ms + 0.35 us,
+    their host work no share of the layer's): a line of their own prices both sizes right and
+    leaves the whole layer's rate (also the draft prefill's) as it is. One line over both mixes
+    the two rates, as the first K/V-only GPU run did (its whole-layer rate read 1.4-3.5 us)."""
+    true = {4: 1e-3 + 4 * 0.93e-6, 16: 1e-3 + 16 * 0.93e-6, 1000: 1e-3 + 1000 * 0.93e-6,
+            20_000: 4e-3 + 20_000 * 0.35e-6, 60_000: 4e-3 + 60_000 * 0.35e-6}
+    priced, rate, kv = {}, {}, {}
+    for work in (None, CatchUpWork(2048, 0.25, 8192)):
         p = _learned(controller(defers_prefill=True, catch_up_work=work), 16)
         for tokens in (4, 1000, 20_000, 16, 60_000, 1000, 20_000, 4):
             p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + true[tokens], catch_up_tokens=tokens))
             p.exchange(lambda v: v)
         priced[work is None] = {t: p.catch_up_seconds(t) / s for t, s in true.items()}
+        rate[work is None] = p.catch_up_s_per_token()
+        kv[work is None] = p.estimates().batch_costs[-2:]
     assert all(r == pytest.approx(1.0, rel=0.05) for r in priced[False].values())
-    assert max(abs(r - 1.0) for r in priced[True].values()) > 0.3     # one line, two rates
+    assert rate[False] == pytest.approx(0.93e-6, rel=0.05)
+    assert kv[False] == pytest.approx((4e-3, 0.35e-6), rel=0.05) and kv[True] == (None, None)
+    assert max(abs(r - 1.0) for r in priced[True].values()) > 0.2     # one line, two rates
 
 
 def test_a_draft_token_costs_no_less_than_the_drafts_share_of_a_prefill_token():
@@ -2465,11 +2470,12 @@ def test_catch_up_work_counts_pass_by_pass():
             CatchUpWork(*bad)
 
 
-def test_the_first_catch_up_spike_is_judged_in_whole_layer_tokens():
+def test_a_kv_filling_catch_up_is_a_spike_only_beyond_the_whole_layers_bound():
     """The intake holds back a lone catch-up dearer than the draft alone can be (here 2 us a
-    token: twice the draft's share of a prefill token); with K/V-only catch-ups that bound is
-    in whole-layer tokens: 60,000 split tokens are 15,000 of them, a bound of 32 ms, so 60 ms
-    is a spike (in plain tokens the bound would be 122 ms and the fit would take it)."""
+    token: twice the draft's share of a prefill token). A catch-up that fills K/V alone is
+    never dearer than the whole layer over its tokens, so that is its bound too: 60,000 tokens
+    in 60 ms (1 us a token, under the bound of 122 ms) are its cost; 300 ms after them are a
+    spike, held back once."""
     work = CatchUpWork(2048, 0.25, 100_000)
     p = _learned(controller(defers_prefill=True, catch_up_work=work, draft_share=0.04), 16)
     for _ in range(6):
@@ -2480,7 +2486,11 @@ def test_the_first_catch_up_spike_is_judged_in_whole_layer_tokens():
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + tokens * 1e-6,
                            catch_up_tokens=tokens))
         p.exchange(lambda v: v)
-    before = p.catch_up_seconds(60_000)
+    whole = p.catch_up_s_per_token()
     p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.06, catch_up_tokens=60_000))
     p.exchange(lambda v: v)
-    assert p.catch_up_seconds(60_000) == before
+    assert p.catch_up_seconds(60_000) == pytest.approx(0.06)
+    assert p.catch_up_s_per_token() == pytest.approx(whole)
+    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.3, catch_up_tokens=60_000))
+    p.exchange(lambda v: v)
+    assert p.catch_up_seconds(60_000) == pytest.approx(0.06)

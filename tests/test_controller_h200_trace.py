@@ -437,3 +437,37 @@ def test_a_re_measurement_whose_first_step_read_short_does_not_buy_a_switch():
     trace = read_trace(str(ROOT / "results/sglang/policy-matrix-h100-run13/costs-m99.json.gz"))
     at_64 = [r["ratio"] for r in ratios(trace) if r["padded_bs"] == 64]
     assert len(at_64) == 1 and at_64[0] > 0.95, at_64
+
+
+M107 = "results/sglang/kv-only-h100-m107/costs-m107.json.gz"
+
+
+def test_kv_only_catch_ups_leave_the_draft_prefill_rate_to_the_whole_layers():
+    """H100 m107, K/V-only catch-ups on, open loop: the draft's prefill rate (the whole
+    layer's, as SGLang's draft extend of a prompt runs it) comes from catch-ups that ran the
+    whole layer. Fitted on one line with the K/V-only ones (their tokens at the layer's share of
+    multiply-adds), it read over 2 us a token, twice and more the layer's ~0.9, at 15% of the
+    run's steps; on lines of their own, 4%."""
+    from bench.sglang.estimate_error import replay
+
+    t = json.loads(gzip.open(ROOT / M107, "rt").read())
+    rates = [p.draft_prefill_s_per_token() for p, _, _ in replay(t)]
+    rates = [r for r in rates if r > 0]
+    assert sum(r > 2e-6 for r in rates) < 0.08 * len(rates)
+    assert sum(0.6e-6 <= r <= 1.2e-6 for r in rates) > 0.78 * len(rates)
+
+
+def test_catch_up_error_tables_each_kind_of_catch_up(tmp_path, capsys):
+    from bench.sglang.catch_up_error import main
+
+    out = tmp_path / "c.json"
+    assert main([str(ROOT / M107), "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())["traces"][str(ROOT / M107)]["summary"]
+    assert set(summary) == {"whole layer", "K/V only"}
+    assert summary["K/V only"]["tokens"] > 100 * summary["whole layer"]["tokens"]
+    assert "| costs-m107.json.gz | K/V only | 15 |" in capsys.readouterr().out
+    bad = tmp_path / "x.json.gz"
+    bad.write_bytes(b"not gzip")
+    assert main([str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1

@@ -28,11 +28,12 @@ _SHARE_CAP = 2.0
 # Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of
 # prefills with and without the draft, of catch-ups at a switch back from decode, and of
 # catch-ups inside a speculative run (after deferred prefills); switches without a catch-up
-# (count, sum of seconds).
+# (count, sum of seconds); catch-ups that fill the draft's K/V alone (CatchUpWork), either kind.
 _PF = (5, 0)                  # [draft]: with the draft at 0, without at 5
 _CU = (15, 10)                # [at_switch]
 _SW = 20
-_SLOTS = 22
+_KV = 22
+_SLOTS = 27
 
 
 _NOT_PER_TOKEN = ("lm_head", "wte", "shared_head")
@@ -53,9 +54,11 @@ def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, in
 @dataclass(frozen=True)
 class CatchUpWork:
     """An engine whose catch-up passes (of at most `pass_tokens`) compute only the draft's K/V
-    from `split_from` tokens a pass (DGW_CATCH_UP_KV_ONLY): a token of those costs `kv_share`
-    of a token the draft's whole layer runs over. Catch-ups are fitted as one line in
-    whole-layer tokens."""
+    from `split_from` tokens a pass (DGW_CATCH_UP_KV_ONLY). Catch-ups that split a pass are
+    fitted on a line of their own: their fill's launches and last-row forward make them no
+    fixed share of the whole layer's (H100 m107: 0.4-0.8 us a token against 0.93 at most
+    ~0.25 by the multiply-adds). Until that line is fitted, a token of theirs is priced at
+    `kv_share` of a whole-layer token."""
 
     split_from: int
     kv_share: float
@@ -95,6 +98,7 @@ class BatchCosts:
         # Catch-ups at a switch carry the switch; those inside a speculative run do not.
         self.catch_up = {at_switch: Slope(CATCH_UP_MIN_SPREAD, _CATCH_UP_DECAY)
                          for at_switch in (True, False)}
+        self.kv_catch_up = Slope(CATCH_UP_MIN_SPREAD, _CATCH_UP_DECAY)
         # A switch without a catch-up (spec -> decode): decayed count and seconds.
         self._switches = self._switch_sum = 0.0
         # Decayed prompt and output tokens, and requests that joined the running batch and
@@ -117,6 +121,7 @@ class BatchCosts:
         self.delta = 0.0
         self.switch_s = 0.0
         self.catch_up_fit: tuple[float, float] = (0.0, 0.0)
+        self.kv_catch_up_fit: Optional[tuple[float, float]] = None
         self.catch_up_reach = math.inf
         self._catch_up_far = 0.0
         # The rows admitted to since the running batch's rows were last taken (a reused row
@@ -133,19 +138,23 @@ class BatchCosts:
         self._add(_PF[draft], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
 
     def add_catch_up(self, at_switch: bool, tokens: float, seconds: float) -> None:
-        tokens = self.work_tokens(tokens)
-        self._add(_CU[at_switch], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+        slot = _KV if self.fills_kv(tokens) else _CU[at_switch]
+        self._add(slot, (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+
+    def fills_kv(self, tokens: float) -> bool:
+        """Whether a catch-up of `tokens` fills the draft's K/V alone in some pass."""
+        return self._work is not None and self._work.split(tokens)[0] > 0
 
     def work_tokens(self, tokens: float) -> float:
-        """A catch-up's tokens as the draft's whole-layer tokens (CatchUpWork), which its fit
-        is a line in."""
+        """A catch-up's tokens as the draft's whole-layer tokens (CatchUpWork)."""
         return tokens if self._work is None else self._work.tokens(tokens)
 
     def catch_up_ceiling(self, tokens: float) -> Optional[float]:
         """The dearest a catch-up of `tokens` can be from the draft's work alone: its fixed part
-        and draft_rate_cap a whole-layer token; None before the cap is known."""
+        and draft_rate_cap a token (the whole layer's, which filling K/V alone never exceeds);
+        None before the cap is known."""
         cap = self.draft_rate_cap()
-        return None if cap is None else self.catch_up_fit[0] + self.work_tokens(tokens) * cap
+        return None if cap is None else self.catch_up_fit[0] + tokens * cap
 
     def add_switch(self, seconds: float) -> None:
         self._add(_SW, (1.0, seconds))
@@ -179,6 +188,7 @@ class BatchCosts:
         for kind in (True, False):
             self._prefill[kind].fold(tail[_PF[kind]:_PF[kind] + 5] if new else None)
             self.catch_up[kind].fold(tail[_CU[kind]:_CU[kind] + 5] if new else None)
+        self.kv_catch_up.fold(tail[_KV:_KV + 5] if new else None)
         switches, seconds = tail[_SW:_SW + 2]
         self._switches = _CATCH_UP_DECAY * self._switches + switches
         self._switch_sum = _CATCH_UP_DECAY * self._switch_sum + seconds
@@ -199,6 +209,7 @@ class BatchCosts:
             floor, cap = self._draft_floor(rates), self._rate_cap(rates)
             self.delta = max(self._draft_prefill_rate(cap), floor)
             self.catch_up_fit = self._fit_catch_up()
+            self.kv_catch_up_fit = self._fit_kv_catch_up()
             at_switch = self.catch_up[True]     # the sizes the line was fitted on
             self.catch_up_reach = (at_switch if at_switch.fit() is not None
                                    else self._both_catch_ups()).reach()
@@ -273,12 +284,26 @@ class BatchCosts:
             return 0.0, max(at_switch.ratio() or 0.0, 0.0)
         return max(at_switch.sums[2] / n - self.delta * mean_tokens, 0.0), self.delta
 
+    def _fit_kv_catch_up(self) -> Optional[tuple[float, float]]:
+        """K/V-filling catch-ups' fixed part and rate: their line, else, from catch-ups of one
+        size (all of them large), their ratio; None before the first."""
+        kv = self.kv_catch_up
+        fit = kv.fit()
+        if fit is not None:
+            return fit
+        ratio = kv.ratio()
+        return None if ratio is None else (0.0, max(ratio, 0.0))
+
     def catch_up_seconds(self, tokens: int) -> float:
-        """Expected seconds of one catch-up over `tokens` draft tokens: the fitted line out to
-        the sizes it has seen, beyond them no dearer a token than the draft can be (small
-        catch-ups' scatter, a switch's costs riding on them, fits any rate)."""
+        """Expected seconds of one catch-up over `tokens` draft tokens: one that fills K/V
+        alone, on its own line once it has one; else the whole layer's line (such a catch-up's
+        tokens at kv_share: CatchUpWork.tokens) out to the sizes it has seen, beyond them no dearer a token than the draft can
+        be (small catch-ups' scatter, a switch's costs riding on them, fits any rate)."""
         if tokens <= 0:
             return 0.0
+        if self.kv_catch_up_fit is not None and self.fills_kv(tokens):
+            fixed, rate = self.kv_catch_up_fit
+            return fixed + rate * tokens
         work = self.work_tokens(tokens)
         fixed, rate = self.catch_up_fit
         beyond = max(work - self.catch_up_reach, 0.0)
@@ -329,7 +354,8 @@ class BatchCosts:
 
     def estimates(self) -> BatchCostEstimates:
         fixed, rate = self.catch_up_fit
+        kv = self.kv_catch_up_fit or (None, None)
         return BatchCostEstimates(
             self.prompt_per_output, self.replaced(), self.delta, fixed, rate,
             None if math.isinf(self.catch_up_reach) else self.catch_up_reach,
-            self._catch_up_far, self.switch_s)
+            self._catch_up_far, self.switch_s, *kv)

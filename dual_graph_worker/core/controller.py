@@ -260,8 +260,8 @@ class GoodputController:
         return self._batch_costs.delta
 
     def catch_up_s_per_token(self) -> float:
-        """kappa: seconds per caught-up draft token beyond a catch-up's fixed cost (per
-        whole-layer token where catch-ups fill K/V alone: CatchUpWork)."""
+        """kappa: seconds per caught-up draft token beyond a catch-up's fixed cost, of the
+        catch-ups that run the draft's whole layer."""
         return self._batch_costs.catch_up_fit[1]
 
     def catch_up_seconds(self, tokens: int) -> float:

@@ -27,10 +27,12 @@ class BatchCostEstimates(NamedTuple):
     replaced: float                           # share of joining requests that took a place
     draft_prefill_s_per_token: float          # delta
     catch_up_fixed_s: float
-    catch_up_s_per_token: float               # kappa, per whole-layer token (CatchUpWork)
-    catch_up_reach_tokens: Optional[float]    # kappa's sizes end here (None: no end), likewise
-    catch_up_far_s_per_token: float           # a (whole-layer) token beyond them
+    catch_up_s_per_token: float               # kappa: the draft's whole layer, a token
+    catch_up_reach_tokens: Optional[float]    # kappa's sizes end here (None: no end)
+    catch_up_far_s_per_token: float           # a token beyond them
     switch_s: float
+    kv_catch_up_fixed_s: Optional[float] = None         # catch-ups filling K/V alone (None:
+    kv_catch_up_s_per_token: Optional[float] = None     # none seen, or no such engine)
 
 
 class AcceptanceEstimates(NamedTuple):
