@@ -457,17 +457,16 @@ def test_kv_only_catch_ups_leave_the_draft_prefill_rate_to_the_whole_layers():
     assert sum(0.6e-6 <= r <= 1.2e-6 for r in rates) > 0.78 * len(rates)
 
 
-def test_catch_up_error_tables_each_kind_of_catch_up(tmp_path, capsys):
-    from bench.sglang.catch_up_error import main
+def test_catch_up_fit_tables_kv_only_catch_ups_apart(tmp_path, capsys):
+    """A trace whose worker filled the draft's K/V alone (m107): those catch-ups' prices get a
+    row of their own, and the fits their own line."""
+    from bench.sglang.catch_up_fit import main
 
     out = tmp_path / "c.json"
     assert main([str(ROOT / M107), "--out", str(out)]) == 0
-    summary = json.loads(out.read_text())["traces"][str(ROOT / M107)]["summary"]
-    assert set(summary) == {"whole layer", "K/V only"}
-    assert summary["K/V only"]["tokens"] > 100 * summary["whole layer"]["tokens"]
-    assert "| costs-m107.json.gz | K/V only | 15 |" in capsys.readouterr().out
-    bad = tmp_path / "x.json.gz"
-    bad.write_bytes(b"not gzip")
-    assert main([str(bad), "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1
+    got = json.loads(out.read_text())
+    assert set(got["price_summary"]) == {"< 8192 tokens", ">= 8192 tokens", "K/V only"}
+    assert got["price_summary"]["K/V only"]["catch_ups"] >= 10
+    history = got["histories"][str(ROOT / M107)]
+    assert history[0]["kv_us_per_token"] is None and history[-1]["kv_us_per_token"] > 0
+    assert "| K/V only |" in capsys.readouterr().out

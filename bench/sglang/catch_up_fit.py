@@ -4,7 +4,9 @@ ran), the catch-up line (fixed seconds and seconds per draft token) read after e
 A rate far above the draft's own (~0.6 us a token on the H200) prices re-measurements of
 speculation that many times too dear. Each catch-up's price (`catch_up_seconds` just before it)
 is also set against what it took: its step's seconds over its size's median clean step in the
-trace, plus the excess of the step before it where that one held its launch.
+trace, plus the excess of the step before it where that one held its launch. A trace whose
+worker filled the draft's K/V alone (`catch_up_work`) has those catch-ups, and their own line,
+apart.
 
     python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3] [--out FILE.json]
 
@@ -24,6 +26,7 @@ from bench.plots import Panel, Series, line_chart
 from bench.sglang.estimate_error import (clean_step, exchanged_after, read_each, replay,
                                          trace_parser)
 from dual_graph_worker.core.argtypes import int_range
+from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -50,10 +53,12 @@ def fit_history(trace: dict) -> list[dict]:
 
 def _read_fit(out: list[dict], p: GoodputController, step: int) -> None:
     costs = p.estimates().batch_costs
+    kv = costs.kv_catch_up_s_per_token
     now = {"step": step, "fixed_ms": round(costs.catch_up_fixed_s * 1e3, 3),
-           "us_per_token": round(costs.catch_up_s_per_token * 1e6, 2)}
-    if not out or (out[-1]["fixed_ms"], out[-1]["us_per_token"]) != \
-            (now["fixed_ms"], now["us_per_token"]):
+           "us_per_token": round(costs.catch_up_s_per_token * 1e6, 2),
+           "kv_us_per_token": None if kv is None else round(kv * 1e6, 2)}
+    if not out or {k: v for k, v in out[-1].items() if k != "step"} != \
+            {k: v for k, v in now.items() if k != "step"}:
         out.append(now)
 
 
@@ -62,13 +67,16 @@ def price_errors(trace: dict) -> list[dict]:
     the seconds it took (over its size's median clean step, plus a held launch's excess; at or
     under 0 for some small ones, whose noise outweighs them)."""
     medians = _clean_medians(trace["costs"])
+    work = trace.get("catch_up_work")
+    work = work and CatchUpWork(**work)
     out, last = [], None
     for p, _, row in replay(trace):
         if row[0] != "p" and row[3] > 0:
             took = _taken(row, last, medians)
             if took is not None:             # its size (and a held launch's) measured
                 out.append({"tokens": row[3], "priced_s": float(p.catch_up_seconds(row[3])),
-                            "taken_s": took})
+                            "taken_s": took,
+                            "kv_only": work is not None and work.split(row[3])[0] > 0})
         last = row
     return out
 
@@ -114,9 +122,11 @@ def price_summary(prices: list[dict]) -> dict:
 
 def _print_prices(prices: dict[str, list[dict]]) -> dict:
     every = [r for rows in prices.values() for r in rows]
-    table = {f"{label} tokens": price_summary([r for r in every if keep(r["tokens"])])
-             for label, keep in ((f"< {LARGE}", lambda t: t < LARGE),
-                                 (f">= {LARGE}", lambda t: t >= LARGE))}
+    bands = [(f"< {LARGE} tokens", lambda r: r["tokens"] < LARGE and not r.get("kv_only")),
+             (f">= {LARGE} tokens", lambda r: r["tokens"] >= LARGE and not r.get("kv_only"))]
+    if any(r.get("kv_only") for r in every):
+        bands.append(("K/V only", lambda r: r.get("kv_only")))
+    table = {label: price_summary([r for r in every if keep(r)]) for label, keep in bands}
     print(f"\nEach catch-up's price against what it took, over {len(prices)} traces:")
     print("| catch-ups | n | median priced / taken | under half | over twice | "
           "sum priced / sum taken | took <= 0 s (left out) | priced 0 |")
@@ -160,13 +170,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     histories = {path: history for path, (history, _) in got.items()}
     prices = {path: priced for path, (_, priced) in got.items()}
-    print("| trace | fits | steepest us/token (step, fixed ms) |")
-    print("|---|---|---|")
+    print("| trace | fits | steepest us/token (step, fixed ms) | K/V-only line, last us/token |")
+    print("|---|---|---|---|")
     for path, history in histories.items():
         steep = sorted(history, key=lambda h: -h["us_per_token"])[:args.top]
+        kv = next((h["kv_us_per_token"] for h in reversed(history)
+                   if h["kv_us_per_token"] is not None), None)
         print(f"| {Path(path).name} | {len(history)} | "
               + ", ".join(f"{h['us_per_token']:.2f} ({h['step']}, {h['fixed_ms']:.2f})"
-                          for h in steep) + " |")
+                          for h in steep) + f" | {'-' if kv is None else f'{kv:.2f}'} |")
     summary = _print_prices(prices)
     out = Path(args.out)
     write_json({"command": command_line("python -m bench.sglang.catch_up_fit", argv),
