@@ -137,7 +137,7 @@ class Server:
             return 0.0
         if self.work is None:
             return CATCH_UP_FIXED_S + DRAFT_S_PER_TOKEN * tokens
-        passes = self.work.split(tokens)[0]     # each with its host work and last rows whole
+        passes = self.work.split(tokens)[0]     # each with its fill's host work
         return CATCH_UP_FIXED_S + passes * KV_ONLY_PASS_S + DRAFT_S_PER_TOKEN * (
             self.work.tokens(tokens) + (requests if passes else 0))
 

@@ -654,6 +654,7 @@ def test_catch_ups_that_fill_the_drafts_kv_alone_are_fitted_on_a_line_of_their_o
     for work in (None, CatchUpWork(2048, 0.25, 8192)):
         p = _learned(controller(defers_prefill=True, catch_up_work=work), 16)
         for tokens in (4, 1000, 20_000, 16, 60_000, 1000, 20_000, 4):
+            p.observe(StepTime(Mode.DECODE, 16, t_decode(16)))      # each at a switch
             p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + true[tokens], catch_up_tokens=tokens))
             p.exchange(lambda v: v)
         priced[work is None] = {t: p.catch_up_seconds(t) / s for t, s in true.items()}
@@ -2465,7 +2466,8 @@ def test_catch_up_work_counts_pass_by_pass():
     assert work.tokens(3000) == pytest.approx(750)
     assert work.tokens(8192 + 1000) == pytest.approx(2048 + 1000)
     assert work.tokens(2 * 8192 + 4096) == pytest.approx(4096 + 1024)
-    for bad in ((2048, 0.0, 8192), (4096, 0.25, 2048), (0, 0.25, 8192)):
+    assert not work.fills(2047) and work.fills(2048) and work.fills(20_000)
+    for bad in ((2048, 0.0, 8192), (4096, 0.25, 2048), (2048, 0.25, 4095), (0, 0.25, 8192)):
         with pytest.raises(ValueError, match="split_from"):
             CatchUpWork(*bad)
 
@@ -2473,24 +2475,29 @@ def test_catch_up_work_counts_pass_by_pass():
 def test_a_kv_filling_catch_up_is_a_spike_only_beyond_the_whole_layers_bound():
     """The intake holds back a lone catch-up dearer than the draft alone can be (here 2 us a
     token: twice the draft's share of a prefill token). A catch-up that fills K/V alone is
-    never dearer than the whole layer over its tokens, so that is its bound too: 60,000 tokens
-    in 60 ms (1 us a token, under the bound of 122 ms) are its cost; 300 ms after them are a
-    spike, held back once."""
+    never dearer than the whole layer over its tokens, so that is its bound too: catch-ups at
+    switches of 20k-60k tokens at 1 us a token are their cost and fit their line; 300 ms for
+    60k after them is a spike, held back once, and taken the second time."""
     work = CatchUpWork(2048, 0.25, 100_000)
     p = _learned(controller(defers_prefill=True, catch_up_work=work, draft_share=0.04), 16)
     for _ in range(6):
         p.observe(PrefillTime(8192, 8192 * 25e-6, draft=True))
         p.observe(PrefillTime(8192, 8192 * 24e-6, draft=False))
         p.exchange(lambda v: v)
-    for tokens in (16, 1000, 16, 1000):
-        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 2e-3 + tokens * 1e-6,
-                           catch_up_tokens=tokens))
+
+    def catch_up(tokens: int, seconds: float) -> None:
+        p.observe(StepTime(Mode.DECODE, 16, t_decode(16)))
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + seconds, catch_up_tokens=tokens))
         p.exchange(lambda v: v)
+
+    for tokens in (16, 1000, 16, 1000):
+        catch_up(tokens, 2e-3 + tokens * 1e-6)
     whole = p.catch_up_s_per_token()
-    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.06, catch_up_tokens=60_000))
-    p.exchange(lambda v: v)
-    assert p.catch_up_seconds(60_000) == pytest.approx(0.06)
+    for tokens in (20_000, 60_000, 40_000, 20_000):
+        catch_up(tokens, 2e-3 + tokens * 1e-6)
+    assert p.catch_up_seconds(60_000) == pytest.approx(0.062, rel=0.01)
     assert p.catch_up_s_per_token() == pytest.approx(whole)
-    p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.3, catch_up_tokens=60_000))
-    p.exchange(lambda v: v)
-    assert p.catch_up_seconds(60_000) == pytest.approx(0.06)
+    catch_up(60_000, 0.3)
+    assert p.catch_up_seconds(60_000) == pytest.approx(0.062, rel=0.01)
+    catch_up(60_000, 0.3)
+    assert p.catch_up_seconds(60_000) > 0.08

@@ -1000,7 +1000,8 @@ def test_the_controller_learns_of_kv_only_catch_ups_from_the_continuity(sgl, mon
     assert lz.catch_up_work is None
     assert _bare_lazy(sgl, draft=draft).catch_up_work is None
     assert "chunked_prefill_size" in sgl._passes_too_short(1024, 2048)
-    assert sgl._passes_too_short(8192, 2048) is None
+    assert "twice" in sgl._passes_too_short(3000, 2048)
+    assert sgl._passes_too_short(4096, 2048) is None
 
 
 def test_a_forced_kv_only_catch_up_runs_no_forward(fake_sglang_forward, monkeypatch):
@@ -1046,6 +1047,25 @@ def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward, m
         ([[24, 24]] if kv_only else passes)
     assert di.topk_index[:, 0].tolist() == [24, 24] and di.topk_index.shape == (2, 2)
     assert di.hidden_states[:, 0].tolist() == [24., 24.]
+
+
+def test_a_catch_up_mixing_filled_and_whole_passes_installs_every_proposal(
+        fake_sglang_forward, monkeypatch):
+    """Row 5's three tokens fill a pass (its last row waits for the joined forward); row 2's one
+    token is too short to split and runs the whole layer in between: both proposals land in
+    their batch positions, in the order the forwards gave them."""
+    sgl = fake_sglang_forward
+    fills = _recorded_fills(sgl, monkeypatch)
+    runner = _FakeDraftRunner()
+    lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
+    lz.max_pass_tokens = lz.kv_only_min_tokens = 3
+    di, batch = _rows_5_7_2_behind(lz)
+    assert lz.before_spec_step(batch, sgl.rows_of(batch))
+    assert [f[2] for f in fills] == [[7, 8, 9]]
+    assert [fb.positions.tolist() for fb in runner.forwards] == [[5], [9]]
+    assert di.topk_index[:, 0].tolist() == [9, -1, 5]
+    assert di.hidden_states[:, 0].tolist() == [9., 0., 5.]
+    assert not lz.backlog.count.any()
 
 
 def _recorded_fills(sgl, monkeypatch) -> list:

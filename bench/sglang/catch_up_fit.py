@@ -76,7 +76,7 @@ def price_errors(trace: dict) -> list[dict]:
             if took is not None:             # its size (and a held launch's) measured
                 out.append({"tokens": row[3], "priced_s": float(p.catch_up_seconds(row[3])),
                             "taken_s": took,
-                            "kv_only": work is not None and work.split(row[3])[0] > 0})
+                            "kv_only": work is not None and work.fills(row[3])})
         last = row
     return out
 

@@ -28,7 +28,7 @@ _SHARE_CAP = 2.0
 # Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of
 # prefills with and without the draft, of catch-ups at a switch back from decode, and of
 # catch-ups inside a speculative run (after deferred prefills); switches without a catch-up
-# (count, sum of seconds); catch-ups that fill the draft's K/V alone (CatchUpWork), either kind.
+# (count, sum of seconds); catch-ups at a switch that fill the draft's K/V alone (CatchUpWork).
 _PF = (5, 0)                  # [draft]: with the draft at 0, without at 5
 _CU = (15, 10)                # [at_switch]
 _SW = 20
@@ -53,22 +53,26 @@ def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, in
 
 @dataclass(frozen=True)
 class CatchUpWork:
-    """An engine whose catch-up passes (of at most `pass_tokens`) compute only the draft's K/V
-    from `split_from` tokens a pass (DGW_CATCH_UP_KV_ONLY). Catch-ups that split a pass are
-    fitted on a line of their own: their fill's launches and last-row forward make them no
-    fixed share of the whole layer's (H100 m107: 0.4-0.8 us a token against 0.93 at most
-    ~0.25 by the multiply-adds). Until that line is fitted, a token of theirs is priced at
-    `kv_share` of a whole-layer token."""
+    """An engine whose catch-up passes (of at most `pass_tokens`, at least twice `split_from`)
+    compute only the draft's K/V from `split_from` tokens a pass (DGW_CATCH_UP_KV_ONLY): every
+    catch-up of `split_from` tokens and more then splits a pass. Those are fitted on a line of
+    their own, since their host work makes them no fixed share of the whole layer's; until
+    that line is fitted, a token of theirs is priced at `kv_share` of a whole-layer token."""
 
     split_from: int
     kv_share: float
     pass_tokens: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.split_from <= self.pass_tokens or not 0 < self.kv_share <= 1:
-            raise ValueError(f"catch-up work: need 1 <= split_from <= pass_tokens and kv_share "
-                             f"in (0, 1], got {self.split_from}, {self.pass_tokens}, "
+        if not 1 <= 2 * self.split_from <= self.pass_tokens or not 0 < self.kv_share <= 1:
+            raise ValueError(f"catch-up work: need 1 <= 2 * split_from <= pass_tokens and "
+                             f"kv_share in (0, 1], got {self.split_from}, {self.pass_tokens}, "
                              f"{self.kv_share}")
+
+    def fills(self, tokens: float) -> bool:
+        """Whether a catch-up of `tokens` fills the draft's K/V alone in some pass: passes of
+        at least twice split_from, packed greedily, leave none shorter unless all are."""
+        return tokens >= self.split_from
 
     def split(self, tokens: float) -> tuple[int, float]:
         """The passes a catch-up of `tokens` splits and the tokens in them: its full passes, and
@@ -138,20 +142,24 @@ class BatchCosts:
         self._add(_PF[draft], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
 
     def add_catch_up(self, at_switch: bool, tokens: float, seconds: float) -> None:
-        slot = _KV if self.fills_kv(tokens) else _CU[at_switch]
-        self._add(slot, (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+        if not self.fills_kv(tokens):
+            self._add(_CU[at_switch], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+        elif at_switch:
+            # Inside a speculative run nothing is priced from them: the draft's prefill of a
+            # prompt there runs the whole layer.
+            self._add(_KV, (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
 
     def fills_kv(self, tokens: float) -> bool:
         """Whether a catch-up of `tokens` fills the draft's K/V alone in some pass."""
-        return self._work is not None and self._work.split(tokens)[0] > 0
+        return self._work is not None and self._work.fills(tokens)
 
     def work_tokens(self, tokens: float) -> float:
         """A catch-up's tokens as the draft's whole-layer tokens (CatchUpWork)."""
         return tokens if self._work is None else self._work.tokens(tokens)
 
     def catch_up_ceiling(self, tokens: float) -> Optional[float]:
-        """The dearest a catch-up of `tokens` can be from the draft's work alone: its fixed part
-        and draft_rate_cap a token (the whole layer's, which filling K/V alone never exceeds);
+        """The dearest a catch-up of `tokens` can be from the draft's work alone: the whole
+        layer's fixed part and draft_rate_cap a token (filling K/V alone is never dearer);
         None before the cap is known."""
         cap = self.draft_rate_cap()
         return None if cap is None else self.catch_up_fit[0] + tokens * cap
@@ -285,20 +293,16 @@ class BatchCosts:
         return max(at_switch.sums[2] / n - self.delta * mean_tokens, 0.0), self.delta
 
     def _fit_kv_catch_up(self) -> Optional[tuple[float, float]]:
-        """K/V-filling catch-ups' fixed part and rate: their line, else, from catch-ups of one
-        size (all of them large), their ratio; None before the first."""
-        kv = self.kv_catch_up
-        fit = kv.fit()
-        if fit is not None:
-            return fit
-        ratio = kv.ratio()
-        return None if ratio is None else (0.0, max(ratio, 0.0))
+        """K/V-filling catch-ups' fixed part and rate at switches, once their sizes give a line
+        (their ratio would price a large one from a small one's fixed part, ~4 ms)."""
+        return self.kv_catch_up.fit()
 
     def catch_up_seconds(self, tokens: int) -> float:
         """Expected seconds of one catch-up over `tokens` draft tokens: one that fills K/V
         alone, on its own line once it has one; else the whole layer's line (such a catch-up's
-        tokens at kv_share: CatchUpWork.tokens) out to the sizes it has seen, beyond them no dearer a token than the draft can
-        be (small catch-ups' scatter, a switch's costs riding on them, fits any rate)."""
+        tokens at kv_share: CatchUpWork.tokens) out to the sizes it has seen, beyond them no
+        dearer a token than the draft can be (small catch-ups' scatter, a switch's costs
+        riding on them, fits any rate)."""
         if tokens <= 0:
             return 0.0
         if self.kv_catch_up_fit is not None and self.fills_kv(tokens):

@@ -206,8 +206,7 @@ class Settings:
                                          "prefill")
     catch_up_kv_only: bool = _setting("DGW_CATCH_UP_KV_ONLY", False, "lazy-catch-up: the "
                                       "draft's K/V alone at backlog positions, its whole layer "
-                                      "only at each request's last (off until its matrix runs "
-                                      "beside the baselines)")
+                                      "only at each request's last")
     catch_up_kv_check: bool = _setting("DGW_CATCH_UP_KV_CHECK", False, "with "
                                        "DGW_CATCH_UP_KV_ONLY: also run the draft's whole layer "
                                        "over every split pass and log how far the filled K/V "

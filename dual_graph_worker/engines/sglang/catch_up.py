@@ -207,7 +207,7 @@ def join_passes(parts: Sequence[CatchUpIndices]) -> CatchUpIndices:
     if len(parts) == 1:
         return parts[0]
     offsets = np.cumsum([0] + [p.num_tokens for p in parts[:-1]])
-    host = all(p.seq_lens_cpu is not None for p in parts)
+    host = all(p.seq_lens_cpu is not None and p.prefix_lens_cpu is not None for p in parts)
     return CatchUpIndices(
         req_pool_indices=torch.cat([p.req_pool_indices for p in parts]),
         positions=torch.cat([p.positions for p in parts]),

@@ -485,8 +485,7 @@ class LazyCatchUp:
     def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps",
                   inputs: Optional[tuple] = None):
         """The draft's layer over `idx`, its stashed inputs gathered unless given (a checked
-        pass reuses the fill's: twice a pass's inputs held over a whole catch-up ran a GPU out
-        of memory)."""
+        pass reuses the fill's, so they are held once)."""
         dr = self.dw.draft_runner
         aux, token_ids = self.arena.gather(idx.slots) if inputs is None else inputs
         view = copy.copy(batch)             # EAGLE's step still needs the batch as it is
@@ -563,9 +562,11 @@ class _Laps:
 
 
 def _passes_too_short(max_pass_tokens: int, split_from: int) -> Optional[str]:
-    if max_pass_tokens < split_from:
+    """Why passes cannot be split as the controller prices them (CatchUpWork: a pass of at
+    least twice split_from), or None."""
+    if max_pass_tokens < 2 * split_from:
         return (f"catch-up passes hold at most {max_pass_tokens} tokens (SGLang's "
-                f"chunked_prefill_size), fewer than the {split_from} a pass needs to be split")
+                f"chunked_prefill_size), under twice the {split_from} a pass needs to be split")
     return None
 
 
