@@ -39,6 +39,11 @@ _SLOTS = 27
 _NOT_PER_TOKEN = ("lm_head", "wte", "shared_head")
 
 
+def _line_sums(x: float, y: float) -> tuple[float, ...]:
+    """One (x, y) point's share of a regression's sums (the local slots' layout)."""
+    return 1.0, x, y, x * x, x * y
+
+
 def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, int]]) -> float:
     """The draft's share of a prefill's weights, from each model's (parameter name, size):
     embeddings and LM heads left out (a lookup; a prefill's logits are its last token's).
@@ -139,15 +144,15 @@ class BatchCosts:
     # ------------------------------------------------------------------------------ write
 
     def add_prefill(self, draft: bool, tokens: float, seconds: float) -> None:
-        self._add(_PF[draft], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+        self._add(_PF[draft], _line_sums(tokens, seconds))
 
     def add_catch_up(self, at_switch: bool, tokens: float, seconds: float) -> None:
         if not self.fills_kv(tokens):
-            self._add(_CU[at_switch], (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+            self._add(_CU[at_switch], _line_sums(tokens, seconds))
         elif at_switch:
             # Inside a speculative run nothing is priced from them: the draft's prefill of a
             # prompt there runs the whole layer.
-            self._add(_KV, (1.0, tokens, seconds, tokens * tokens, tokens * seconds))
+            self._add(_KV, _line_sums(tokens, seconds))
 
     def fills_kv(self, tokens: float) -> bool:
         """Whether a catch-up of `tokens` fills the draft's K/V alone in some pass."""
