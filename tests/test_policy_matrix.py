@@ -91,6 +91,18 @@ def test_records_of_other_servers_are_never_mixed_into_a_matrix(tmp_path, capsys
     assert mr.other_settings(same, same["settings"], ("attention_backend", "dual_env")) is None
 
 
+def test_baselines_added_to_a_workers_matrix_go_on_with_its_settings():
+    """A call that runs no worker and names no --dual-env keeps the worker records' settings;
+    naming other ones is still refused (above)."""
+    env = {"DGW_CATCH_UP_KV_ONLY": "1"}
+    prev = {"records": [rec("dual", 1.5, 1, 1.0)], "settings": {"dual_env": env}}
+    assert pm.kept_worker_env(prev, ["eagle3", "plain"], {}) == env
+    assert pm.kept_worker_env(prev, ["dual"], {}) == {}
+    assert pm.kept_worker_env(prev, ["plain"], {"DGW_SPEC_MAX_BS": "256"}) == \
+        {"DGW_SPEC_MAX_BS": "256"}
+    assert pm.kept_worker_env({}, ["plain"], {}) == {}
+
+
 def test_default_attention_backend_leaves_the_choice_to_sglang(tmp_path):
     kw = pm.engine_kwargs("dual", tmp_path, tmp_path, radix=True, log_level="warning",
                           attention_backend=None)

@@ -49,7 +49,7 @@ from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, g
 from bench.sglang.matrix_records import (LAUNCHED_TOGETHER, Workload, fill_from,
                                          merged_workloads, other_readings, other_settings,
                                          per_cell_median, ratios, records, short_pools,
-                                         with_rounds_asked)
+                                         stored_settings, with_rounds_asked)
 from bench.sglang.matrix_report import heatmap, matrix_report
 from bench.sglang.model_configs import (
     accept_problem,
@@ -318,6 +318,15 @@ class MatrixWriter:
             heatmap(cells, self.accepts, self.columns, self.out / "heatmap.png", note)
 
 
+def kept_worker_env(previous: dict, engines: Sequence[str], dual_env: dict) -> dict:
+    """The worker settings a matrix in DIR goes on with: this call's, or, in a call that runs
+    no worker and names none, those of the worker records it keeps (baselines added after
+    the worker's call need not repeat its --dual-env)."""
+    if previous and "dual" not in engines and not dual_env:
+        return stored_settings(previous)["dual_env"]
+    return dual_env
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.sglang.policy_matrix",
                        description=__doc__,
@@ -484,6 +493,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {matrix_path}: not a policy-matrix.json ({exc!r}); {fix}",
               file=sys.stderr)
         return 2
+    dual_env = settings["dual_env"] = kept_worker_env(previous, engines, dual_env)
     # The records kept from an earlier run into DIR must come from the same servers; the
     # sampling of forced acceptance matters where EAGLE-3's or the worker's records are kept.
     kept = ("attention_backend", "short_cells", "host_load", "interleave", "rounds",
