@@ -56,6 +56,15 @@ def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, in
     return d / (t + d) if t + d > 0 else 0.0
 
 
+def passes_too_short(pass_tokens: int, split_from: int) -> Optional[str]:
+    """Why catch-up passes of `pass_tokens` cannot be split as CatchUpWork prices them (a pass
+    of at least twice split_from), or None."""
+    if pass_tokens < 2 * split_from:
+        return (f"catch-up passes hold at most {pass_tokens} tokens, under twice the "
+                f"{split_from} a pass needs to be split")
+    return None
+
+
 @dataclass(frozen=True)
 class CatchUpWork:
     """An engine whose catch-up passes (of at most `pass_tokens`, at least twice `split_from`)
@@ -69,7 +78,8 @@ class CatchUpWork:
     pass_tokens: int
 
     def __post_init__(self) -> None:
-        if not 1 <= 2 * self.split_from <= self.pass_tokens or not 0 < self.kv_share <= 1:
+        if self.split_from < 1 or passes_too_short(self.pass_tokens, self.split_from) \
+                or not 0 < self.kv_share <= 1:
             raise ValueError(f"catch-up work: need 1 <= 2 * split_from <= pass_tokens and "
                              f"kv_share in (0, 1], got {self.split_from}, {self.pass_tokens}, "
                              f"{self.kv_share}")
@@ -222,7 +232,8 @@ class BatchCosts:
             floor, cap = self._draft_floor(rates), self._rate_cap(rates)
             self.delta = max(self._draft_prefill_rate(cap), floor)
             self.catch_up_fit = self._fit_catch_up()
-            self.kv_catch_up_fit = self._fit_kv_catch_up()
+            # From a line alone: a ratio would price a large one from a small one's fixed part.
+            self.kv_catch_up_fit = self.kv_catch_up.fit()
             at_switch = self.catch_up[True]     # the sizes the line was fitted on
             self.catch_up_reach = (at_switch if at_switch.fit() is not None
                                    else self._both_catch_ups()).reach()
@@ -296,11 +307,6 @@ class BatchCosts:
         if self.delta == 0.0 and mean_tokens >= _RATIO_MIN_TOKENS:
             return 0.0, max(at_switch.ratio() or 0.0, 0.0)
         return max(at_switch.sums[2] / n - self.delta * mean_tokens, 0.0), self.delta
-
-    def _fit_kv_catch_up(self) -> Optional[tuple[float, float]]:
-        """K/V-filling catch-ups' fixed part and rate at switches, once their sizes give a line
-        (their ratio would price a large one from a small one's fixed part, ~4 ms)."""
-        return self.kv_catch_up.fit()
 
     def catch_up_seconds(self, tokens: int) -> float:
         """Expected seconds of one catch-up over `tokens` draft tokens: one that fills K/V

@@ -34,7 +34,7 @@ from sglang.srt.speculative.eagle_utils import (
 )
 from sglang.srt.speculative.spec_utils import spec_stage_span
 
-from dual_graph_worker.core.batch_costs import CatchUpWork
+from dual_graph_worker.core.batch_costs import CatchUpWork, passes_too_short
 from dual_graph_worker.engines.sglang.backlog import (
     Behind,
     LazyBacklog,
@@ -562,12 +562,8 @@ class _Laps:
 
 
 def _passes_too_short(max_pass_tokens: int, split_from: int) -> Optional[str]:
-    """Why passes cannot be split as the controller prices them (CatchUpWork: a pass of at
-    least twice split_from), or None."""
-    if max_pass_tokens < 2 * split_from:
-        return (f"catch-up passes hold at most {max_pass_tokens} tokens (SGLang's "
-                f"chunked_prefill_size), under twice the {split_from} a pass needs to be split")
-    return None
+    why = passes_too_short(max_pass_tokens, split_from)
+    return None if why is None else f"{why} (SGLang's chunked_prefill_size)"
 
 
 def _relative_error(got: tuple, want: tuple) -> float:
