@@ -24,9 +24,8 @@ from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
 from bench.sglang.estimate_error import (clean_step, exchanged_after, read_each, replay,
-                                         trace_parser)
+                                         trace_parser, trace_work)
 from dual_graph_worker.core.argtypes import int_range
-from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
@@ -67,8 +66,7 @@ def price_errors(trace: dict) -> list[dict]:
     the seconds it took (over its size's median clean step, plus a held launch's excess; at or
     under 0 for some small ones, whose noise outweighs them)."""
     medians = _clean_medians(trace["costs"])
-    work = trace.get("catch_up_work")
-    work = work and CatchUpWork(**work)
+    work = trace_work(trace)
     out, last = [], None
     for p, _, row in replay(trace):
         if row[0] != "p" and row[3] > 0:

@@ -50,12 +50,17 @@ def controller_for(trace: dict, prior: bool = True) -> GoodputController:
     draft's share of the weights, its K/V-only catch-ups' work (where it had them), with its
     start-up prior (or none)."""
     share = trace.get("draft_share", MATRIX_DRAFT_SHARE)
-    work = trace.get("catch_up_work")
     return GoodputController(ControllerConfig(trace["num_steps"], defers_prefill=True,
                                               draft_share=share,
-                                              catch_up_work=work and CatchUpWork(**work)),
+                                              catch_up_work=trace_work(trace)),
                              {Mode.SPEC: trace["spec_bs"], Mode.DECODE: trace["decode_bs"]},
                              CalibrationTable.from_json(trace["calibration"]) if prior else None)
+
+
+def trace_work(trace: dict) -> Optional[CatchUpWork]:
+    """The traced worker's K/V-only catch-up work, where it had it."""
+    work = trace.get("catch_up_work")
+    return None if work is None else CatchUpWork(**work)
 
 
 def trace_parser(module: str, doc: Optional[str], out: str) -> OneLineParser:
