@@ -382,6 +382,25 @@ def test_swap_rates_another_pass_of_one_engine_against_the_parts_others(tmp_path
     assert not (tmp_path / "bad").exists()
 
 
+def test_swap_of_a_pass_over_some_cells_rates_those_alone(tmp_path):
+    """merge_matrix --swap dual=DIR --some-cells: a worker pass of one accept length, rated
+    against a matrix of two, is a matrix of that accept length's cells, each against the part's
+    baselines there; the note says so. Without --some-cells the same pass is refused (above)."""
+    from bench.sglang import merge_matrix as mm
+
+    part = _matrix(tmp_path, "m1", [rec("plain", None, c, 1000.0) for c in (8, 16)]
+                   + [rec(e, a, c, 900.0) for e in ("eagle3", "dual") for a in (1.5, 2.0)
+                      for c in (8, 16)])
+    one_accept = _matrix(tmp_path, "m2", [rec("dual", 1.5, 8, 980.0), rec("dual", 1.5, 16, 700.0)])
+    out = tmp_path / "m"
+    assert mm.main(["--out", str(out), "--some-cells", "--swap", f"dual={one_accept}", part]) == 0
+    merged = json.loads((out / "policy-matrix.json").read_text())
+    assert sorted((c["accept_len"], c["concurrency"], c["ratio"]) for c in merged["cells"]) == \
+        [(1.5, 8, 0.98), (1.5, 16, 0.7)]
+    assert merged["accepts"] == [1.5] and "only the 2 cells m2 measured" in merged["note"]
+    assert {r["accept_len"] for r in merged["records"] if r["engine"] != "plain"} == {1.5}
+
+
 def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):
     """merge_matrix --processes: every call is one process of each engine, as policy_matrix
     --processes runs them; a cell measured by several calls reads each engine's median."""

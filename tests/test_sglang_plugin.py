@@ -761,9 +761,13 @@ def test_worker_tells_the_policy_each_steps_context_from_its_own_row_lengths(
 
 
 def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_path,
-                                                               bare_sglang_worker):
+                                                               monkeypatch, bare_sglang_worker):
     """With a step log, every ESTIMATES_EVERY completed steps one line of the controller's cost
-    terms (its per-size step table left out): a run's decisions are read from them."""
+    terms (its per-size step table left out): a run's decisions are read from them; with CUDA,
+    the caching allocator's retries and reserved GiB beside them (steps that meet a retry run
+    slow)."""
+    import torch
+
     from dual_graph_worker.engines.sglang.worker import ESTIMATES_EVERY
 
     from dual_graph_worker.core.estimates import (AcceptanceEstimates, BatchCostEstimates,
@@ -777,13 +781,23 @@ def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_
 
     w = bare_sglang_worker(WithEstimates(threshold=4, num_draft_tokens=3),
                            step_log=tmp_path / "steps.jsonl")
-    for _ in range(2 * ESTIMATES_EVERY + 1):
-        w._ledger.launched(StepPlan(Mode.DECODE, 2, 2, True, Reason.THRESHOLD), np.array([3, 4]))
-        w.on_verify_complete_cpu([0, 0], batch_size=2)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            w._ledger.launched(StepPlan(Mode.DECODE, 2, 2, True, Reason.THRESHOLD),
+                               np.array([3, 4]))
+            w.on_verify_complete_cpu([0, 0], batch_size=2)
+
+    steps(ESTIMATES_EVERY + 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {
+        "num_alloc_retries": 2, "reserved_bytes.all.current": 3 * 2**30})
+    steps(ESTIMATES_EVERY)
     w._step_log.close()
     logged = [e for e in read_step_events(tmp_path / "steps.jsonl") if e["event"] == "estimates"]
     assert [e["prompt_per_output"] for e in logged] == [2.5, 2.5]
-    assert "step_s" not in logged[0]
+    assert "step_s" not in logged[0] and "alloc_retries" not in logged[0]
+    assert (logged[1]["alloc_retries"], logged[1]["reserved_gib"]) == (2, 3.0)
 
 
 def test_each_prefill_logs_what_its_draft_choice_was_priced_on(registered, tmp_path,

@@ -705,12 +705,13 @@ def test_step_costs_show_the_controllers_cost_terms_over_time(tmp_path):
                         catch_up_s_per_token=2e-6, switch_s=0.0002, fresh_accept=1.0,
                         own_accept_weight=0.25, run_len=26.6, explore_allowance_steps=4.0,
                         explore_debt_steps=0.0, kv_catch_up_fixed_s=kv and 0.003,
-                        kv_catch_up_s_per_token=kv)
+                        kv_catch_up_s_per_token=kv,
+                        **({"alloc_retries": 3, "reserved_gib": 70.25} if kv else {}))
     log.close()
     text = step_costs.full_report(list(json_lines(tmp_path / "steps.jsonl")))
     assert text.startswith(plain) and "(3 of 3 lines)" in text
     assert ("| 0.5 | 7.00 | 0.50 | 1.00 | 4.000 | 2.00 | 3.000 | 0.50 | 0.200 | 1.00 | 0.25 "
-            "| 26.6 | 4.00 | 0.00 |") in text
+            "| 26.6 | 4.00 | 0.00 | 3 | 70.2 |") in text
     assert "| 1.0 | 1.00 | 0.50 | 1.00 | 4.000 | 2.00 | - | - | 0.200 |" in text
     assert step_costs.estimates_report([]) == ""
 

@@ -14,10 +14,11 @@ With --swap ENGINE=DIR (one part) one engine's records come from DIR, another pa
 engine on the same machine with the same settings (engines run in turn, one call each): a matrix
 of the part's other engines and that pass. A worker pass may differ in its own DGW_* settings
 (policy_matrix --dual-env): that is how a setting is rated against the same baselines, and the
-matrix then carries the pass's.
+matrix then carries the pass's. With --some-cells the pass may cover some of the part's cells
+(one accept length, say): the matrix then rates those alone.
 
     python -m bench.sglang.merge_matrix --out DIR [--processes | --latest]
-                                        [--swap ENGINE=DIR ...] IN_DIR IN_DIR ...
+                                        [--swap ENGINE=DIR ... [--some-cells]] IN_DIR IN_DIR ...
 """
 
 from __future__ import annotations
@@ -235,10 +236,12 @@ def _calls_of(records: list[dict], processes: bool) -> dict[tuple, set]:
     return calls
 
 
-def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, dict]:
+def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]],
+            some_cells: bool = False) -> tuple[str, dict]:
     """`part` with each (engine, folder) of `swaps` giving that engine's records: those of the
-    pass in the folder (read_part), which must have been measured as the part was; the note
-    names the passes."""
+    pass in the folder (read_part), which must have been measured as the part was, at each of
+    the part's cells (with `some_cells`, the cells it measured: the others are dropped); the
+    note names the passes."""
     base, matrix = part
     records, note, settings = matrix["records"], matrix["note"], matrix.get("settings") or {}
     for engine, folder in swaps:
@@ -253,11 +256,16 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]]) -> tuple[str, 
             raise ConfigError(f"--swap {engine}={folder}: measured with other settings than "
                               f"{base}")
         before = [r for r in records if r["engine"] == engine and "from" not in r]
-        if missing := sorted({cell_key(r) for r in before} - {cell_key(r) for r in mine},
-                             key=str):
+        missing = sorted({cell_key(r) for r in before} - {cell_key(r) for r in mine}, key=str)
+        if missing and some_cells:
+            kept = {cell_key(r)[1:] for r in mine}
+            records = [r for r in records if r["engine"] == "plain" or cell_key(r)[1:] in kept]
+            matrix = matrix | {"accepts": sorted({a for a, *_ in kept})}
+            note += f"; only the {len(kept)} cells {name} measured"
+        elif missing:
             raise ConfigError(f"--swap {engine}={folder}: the pass lacks {len(missing)} of "
                               f"{base}'s {engine} cells (first: {missing[0][1:]}); swap a pass "
-                              "of every cell")
+                              "of every cell, or pass --some-cells to rate the cells it has")
         records = [r for r in records if r["engine"] != engine] + mine
         note += f"; {engine} from {name}"
         if worker:
@@ -294,6 +302,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "(in the order given); the earlier calls' records there are dropped")
     ap.add_argument("--swap", action="append", default=[], metavar="ENGINE=DIR",
                     help="ENGINE's records from DIR's matrix (another pass of it), not the parts'")
+    ap.add_argument("--some-cells", action="store_true",
+                    help="with --swap: a pass of some of the part's cells, the matrix rates those")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
     if args.processes and args.latest:
@@ -303,7 +313,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         parts = [read_part(p) for p in args.parts]
         if swaps := parsed_swaps(args.swap, len(parts)):
-            parts = [swapped(parts[0], swaps)]
+            parts = [swapped(parts[0], swaps, args.some_cells)]
         matrix = merge(parts, args.processes, args.latest)
     except ValueError as err:          # ConfigError is one
         print(f"error: {err}", file=sys.stderr)

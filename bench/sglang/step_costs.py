@@ -300,7 +300,9 @@ ESTIMATE_COLUMNS = (("prompt_per_output", "prompt / output", 1.0, "{:.2f}"),
                     ("own_accept_weight", "own accept weight", 1.0, "{:.2f}"),
                     ("run_len", "run length", 1.0, "{:.1f}"),
                     ("explore_allowance_steps", "explore allowance", 1.0, "{:.2f}"),
-                    ("explore_debt_steps", "explore debt", 1.0, "{:.2f}"))
+                    ("explore_debt_steps", "explore debt", 1.0, "{:.2f}"),
+                    ("alloc_retries", "cudaMalloc retries", 1.0, "{:.0f}"),
+                    ("reserved_gib", "reserved GiB", 1.0, "{:.1f}"))
 
 
 def estimates_report(log: list[dict], rows: int = 40) -> str:

@@ -631,7 +631,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         estimates = policy.estimates()
         if estimates is not None:
             gc = self._gc.take() if self._gc is not None else None
-            self._step_log.write_event("estimates", time.time(), gc=gc,
+            self._step_log.write_event("estimates", time.time(), gc=gc, **_allocator(),
                                        **{k: v for k, v in estimates.to_json().items()
                                           if k != "step_s"})
 
@@ -650,6 +650,16 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             if (estimates := self.planner.policy.estimates()) is not None:
                 state["estimates"] = estimates.to_json()
         return state
+
+
+def _allocator() -> dict:
+    """The caching allocator's cudaMalloc retries so far (each frees cached blocks, syncing the
+    device: steps that meet one run slow) and GiB reserved, for the step log; none without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {"alloc_retries": stats.get("num_alloc_retries", 0),
+            "reserved_gib": round(stats.get("reserved_bytes.all.current", 0) / 2**30, 2)}
 
 
 def _tp_mean(tp_group) -> Reducer:
