@@ -399,6 +399,8 @@ def test_swap_of_a_pass_over_some_cells_rates_those_alone(tmp_path):
         [(1.5, 8, 0.98), (1.5, 16, 0.7)]
     assert merged["accepts"] == [1.5] and "only the 2 cells m2 measured" in merged["note"]
     assert {r["accept_len"] for r in merged["records"] if r["engine"] != "plain"} == {1.5}
+    assert mm.main(["--out", str(tmp_path / "bad"), "--some-cells", part]) == 2
+    assert not (tmp_path / "bad").exists()
 
 
 def test_calls_merged_as_processes_read_each_engines_median(tmp_path, capsys):

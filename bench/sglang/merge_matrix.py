@@ -306,6 +306,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="with --swap: a pass of some of the part's cells, the matrix rates those")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
+    if args.some_cells and not args.swap:
+        print("error: --some-cells rates a --swap pass's cells: name the pass with --swap "
+              "ENGINE=DIR", file=sys.stderr)
+        return 2
     if args.processes and args.latest:
         print("error: --processes reads a cell's median over calls, --latest its last call: "
               "pick one", file=sys.stderr)
