@@ -689,6 +689,31 @@ def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
     assert "no 'ready' line" in capsys.readouterr().err
 
 
+def test_step_costs_list_stretches_of_slow_steps_with_what_came_before():
+    """A few slow steps in a row at a context met too rarely to hold its own median are set
+    against the nearest shorter context's, and listed with the catch-up before them; a slow
+    step alone, steps with a catch-up in them, or steps barely over are not."""
+    from bench.sglang import step_costs
+
+    def step(t, seconds, kv, mode="spec", **extra):
+        return {"event": "cost", "kind": "StepTime", "mode": mode, "padded_bs": 1,
+                "seconds": seconds, "kv_tokens": kv, "t": t} | extra
+
+    log = [step(0.01 * i, 0.008, 500) for i in range(40)]
+    log += [step(0.5, 0.012, 600), step(0.51, 0.008, 600)]            # one slow step alone
+    log += [{"event": "catch_up", "t": 0.6, "tokens": 2048, "host_us": {"kv": 10.0}}]
+    log += [step(0.61, 0.012, 2050, catch_up_tokens=2048)]            # the catch-up's own step
+    log += [step(0.62 + 0.01 * i, 0.010, 2051 + i) for i in range(4)]  # 1.25x: a stretch
+    log += [step(0.7 + 0.01 * i, 0.0088, 2060 + i) for i in range(5)]  # 1.1x: none
+    rows = step_costs.slow_stretches(log)
+    assert [(r["mode"], r["kv_tokens"], r["steps"], r["ratio"]) for r in rows] == \
+        [("spec", 2051, 4, 1.25)]
+    assert rows[0]["after"] == "catch-up of 2048 (K/V only), 0.02 s before"
+    text = step_costs.stretches_report(log)
+    assert "| 0.6 | - | s1 | 2051 | 4 | 1.25 | catch-up of 2048 (K/V only)" in text
+    assert step_costs.slow_stretches(log[:40]) == [] and step_costs.stretches_report([]) == ""
+
+
 def test_step_costs_show_the_controllers_cost_terms_over_time(tmp_path):
     """The step log's "estimates" lines become a table; a log without them adds nothing."""
     from bench.sglang import step_costs

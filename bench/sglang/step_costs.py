@@ -8,7 +8,8 @@ per cell, the steps by mode and reason, median step ms per (mode, padded bs), ca
 prefill seconds, and in a cell that mostly decoded what speculating cost beyond decoding the
 same tokens (a re-measurement's whole price): where a cell's time went. The controller's cost terms, where the log has them
 ("estimates" lines, every 64 steps), follow as a table over time; with --host-speed, the spec
-steps over time beside the host's speed. With --trace, the log's batch
+steps over time beside the host's speed. Stretches of a few slow steps in a row are listed with
+the catch-up or prefill before each. With --trace, the log's batch
 costs in order as the replay trace tests/test_controller_h200_trace.py reads.
 
     python -m bench.sglang.step_costs STEP_LOG [--cells DIR/dual.json] [--out FILE.md]
@@ -441,6 +442,88 @@ def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A stretch: this many clean steps of one mode in a row, each this much over its own median.
+STRETCH_STEPS = 3
+STRETCH_RATIO = 1.15
+# A context holds its own median from this many clean steps (a spell is seldom as long).
+STRETCH_KNOWN = 32
+
+
+def _context_bucket(e: dict) -> tuple[str, int, int]:
+    """(mode, padded bs, context tokens' power of two): steps alike but for noise."""
+    return e["mode"], int(e["padded_bs"]), int(e.get("kv_tokens") or 0).bit_length()
+
+
+def slow_stretches(log: list[dict]) -> list[dict]:
+    """Runs of at least STRETCH_STEPS clean steps in a row, each at least STRETCH_RATIO times
+    the median of its mode, padded size and context (a power of two) over the whole log (where
+    that holds fewer than STRETCH_KNOWN steps, the nearest shorter context's), with the
+    catch-up or prefill the step log shows last before the run: a few slow steps the
+    controller may learn as the cost of their context."""
+    steps = [e for _, _, e in _step_runs(log)]
+    by: dict[tuple, list[float]] = defaultdict(list)
+    for e in steps:
+        if _clean(e):
+            by[_context_bucket(e)].append(e["seconds"])
+    known = {k: statistics.median(v) for k, v in by.items() if len(v) >= STRETCH_KNOWN}
+    # A context met too rarely to hold its own median takes the nearest shorter one's: the
+    # steps of a spell at a new context would otherwise be their own reference.
+    median = {k: known.get(k) or next((known[k[:2] + (b,)] for b in range(k[2] - 1, -1, -1)
+                                       if k[:2] + (b,) in known), None) for k in by}
+    stretches: list[list[dict]] = []
+    run: list[dict] = []
+    for e in steps + [{}]:                          # the empty one closes the last run
+        ref = median.get(_context_bucket(e)) if e else None
+        slow = ref is not None and _clean(e) and e["seconds"] >= STRETCH_RATIO * ref
+        if run and (not slow or run[-1]["mode"] != e["mode"]) and (_clean(e) or not e):
+            if len(run) >= STRETCH_STEPS:
+                stretches.append(run)
+            run = []
+        if slow:
+            run.append(e)
+    before = [e for e in log if e.get("event") == "catch_up"
+              or (e.get("event") == "cost" and e.get("kind") == "PrefillTime")]
+    out = []
+    for r in stretches:
+        first = r[0]
+        prior = [e for e in before if e["t"] <= first["t"]]
+        out.append({"t": first["t"], "mode": first["mode"], "padded_bs": int(first["padded_bs"]),
+                    "kv_tokens": first.get("kv_tokens"), "steps": len(r),
+                    "ratio": statistics.median(e["seconds"] / median[_context_bucket(e)]
+                                               for e in r),
+                    "after": _came_before(prior[-1], first["t"]) if prior else "-"})
+    return out
+
+
+def _came_before(e: dict, t: float) -> str:
+    """A catch-up event or prefill cost as the stretch table names it."""
+    what = f"prefill of {e['tokens']}"
+    if e.get("event") == "catch_up":
+        layer = "K/V only" if "kv" in e.get("host_us", {}) else "whole layer"
+        what = f"catch-up of {e['tokens']} ({layer})"
+    return f"{what}, {t - e['t']:.2f} s before"
+
+
+def stretches_report(log: list[dict], engine: Optional[dict] = None) -> str:
+    """slow_stretches as a table, each in its cell where the engine's JSON is given."""
+    rows = slow_stretches(log)
+    if not rows:
+        return ""
+    spans = [(p["t_start"], p["t_end"], label) for label, p, _ in cells(engine)] if engine \
+        else []
+    t0 = next(e["t"] for e in log if "t" in e)
+    lines = [f"\nStretches of {STRETCH_STEPS}+ clean steps in a row at >= {STRETCH_RATIO:g}x "
+             "the median of their mode, size and context (power of two) over the log, and what "
+             "the log shows last before each:\n",
+             "| s | cell | mode+bs | context | steps | median ratio | after |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cell = next((label for a, b, label in spans if a <= r["t"] <= b), "-")
+        lines.append(f"| {r['t'] - t0:.1f} | {cell} | {r['mode'][0]}{r['padded_bs']} | "
+                     f"{r['kv_tokens']} | {r['steps']} | {r['ratio']:.2f} | {r['after']} |")
+    return "\n".join(lines) + "\n"
+
+
 def full_report(log: list[dict], engine: Optional[dict] = None,
                 host: Optional[list[tuple[float, float]]] = None) -> str:
     """The per-place table of a step log's lines, with the engine's JSON the per-cell one, the
@@ -449,8 +532,8 @@ def full_report(log: list[dict], engine: Optional[dict] = None,
     text = report(group_costs(log)) + settling_report(log)
     if engine is not None:
         text += "\n" + cell_report(log, engine) + prefill_report(log, engine)
-    return text + host_report(log) + spells_report(log, host or []) + estimates_report(log) \
-        + kv_check_report(log)
+    return text + host_report(log) + spells_report(log, host or []) \
+        + stretches_report(log, engine) + estimates_report(log) + kv_check_report(log)
 
 
 def trace(log: list[dict], source: str) -> dict:
