@@ -25,6 +25,7 @@ import argparse
 import gzip
 import json
 import statistics
+from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
@@ -470,28 +471,29 @@ def slow_stretches(log: list[dict]) -> list[dict]:
     # steps of a spell at a new context would otherwise be their own reference.
     median = {k: known.get(k) or next((known[k[:2] + (b,)] for b in range(k[2] - 1, -1, -1)
                                        if k[:2] + (b,) in known), None) for k in by}
-    stretches: list[list[dict]] = []
-    run: list[dict] = []
-    for e in steps + [{}]:                          # the empty one closes the last run
-        ref = median.get(_context_bucket(e)) if e else None
-        slow = ref is not None and _clean(e) and e["seconds"] >= STRETCH_RATIO * ref
-        if run and (not slow or run[-1]["mode"] != e["mode"]) and (_clean(e) or not e):
-            if len(run) >= STRETCH_STEPS:
-                stretches.append(run)
-            run = []
+    runs: list[list[dict]] = [[]]
+    for e in steps:
+        if not _clean(e):                  # a catch-up's own step neither joins nor ends a run
+            continue
+        ref = median.get(_context_bucket(e))
+        slow = ref is not None and e["seconds"] >= STRETCH_RATIO * ref
+        if runs[-1] and (not slow or runs[-1][-1]["mode"] != e["mode"]):
+            runs.append([])
         if slow:
-            run.append(e)
+            runs[-1].append(e)
+    stretches = [r for r in runs if len(r) >= STRETCH_STEPS]
     before = [e for e in log if e.get("event") == "catch_up"
               or (e.get("event") == "cost" and e.get("kind") == "PrefillTime")]
+    times = [e["t"] for e in before]
     out = []
     for r in stretches:
         first = r[0]
-        prior = [e for e in before if e["t"] <= first["t"]]
+        k = bisect_right(times, first["t"])
         out.append({"t": first["t"], "mode": first["mode"], "padded_bs": int(first["padded_bs"]),
                     "kv_tokens": first.get("kv_tokens"), "steps": len(r),
                     "ratio": statistics.median(e["seconds"] / median[_context_bucket(e)]
                                                for e in r),
-                    "after": _came_before(prior[-1], first["t"]) if prior else "-"})
+                    "after": _came_before(before[k - 1], first["t"]) if k else "-"})
     return out
 
 
