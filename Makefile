@@ -99,7 +99,7 @@ test-gpu:                        ## GPU: the GPU tests only
 	$(GPU_PY) -m pytest -q -m gpu tests/test_gpu.py
 
 bench:                           ## GPU: reference worker variants across concurrency -> $(OUT)/bench
-	$(GPU_PY) -m dual_graph_worker.engines.reference.runs.bench --accept-len 3 --repeats 2 --out $(OUT)/bench
+	$(GPU_PY) -m bench.reference.bench --accept-len 3 --repeats 2 --out $(OUT)/bench
 
 # ENGINE=sglang: the SGLang worker in an SGLang 0.5.17 engine (capture-measure, nsys-profile)
 ENGINE ?= reference

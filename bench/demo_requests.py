@@ -27,10 +27,10 @@ from bench.plots import Panel, Series, line_chart
 from dual_graph_worker.core.argtypes import int_range, positive_float
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import command_line
-from dual_graph_worker.engines.reference.runs.demo import parser as demo_parser, ramp_phase
-from dual_graph_worker.engines.reference.runs.loadgen import request_streams
+from bench.reference.demo import parser as demo_parser, ramp_phase
+from bench.reference.loadgen import request_streams
 from dual_graph_worker.engines.reference.toy import AGREEMENT_LEVELS, toy_permutations
-from dual_graph_worker.engines.reference.runs.toy_args import toy_context
+from bench.reference.toy_args import toy_context
 
 FIRST_DRAWS = 4      # the controller's first estimate of a request is the mean of these
 

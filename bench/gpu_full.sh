@@ -14,10 +14,10 @@ timeout 150 nsys profile --trace=cuda,nvtx --cuda-graph-trace=graph --force-over
 timeout 90 python3 -m profiling.check "$R/profile/reference.nsys-rep" --out "$R/profile" --expect-sm SM90 2>&1 | tail -14
 rm -f "$R"/profile/*.sqlite
 log bench accept 3
-timeout 330 python3 -m dual_graph_worker.engines.reference.runs.bench --accept-len 3 --repeats ${REPEATS:-2} --out "$R/bench" 2>&1 \
+timeout 330 python3 -m bench.reference.bench --accept-len 3 --repeats ${REPEATS:-2} --out "$R/bench" 2>&1 \
   | grep -v "^  rep" | tail -30
 log bench accept 2
-timeout 150 python3 -m dual_graph_worker.engines.reference.runs.bench --accept-len 2 --variants plain,static-spec,dynamic \
+timeout 150 python3 -m bench.reference.bench --accept-len 2 --variants plain,static-spec,dynamic \
   --skip-memory --skip-switch --out "$R/bench" 2>&1 | grep -v "^  rep" | tail -16
 log done
 tar -czf "$OUT/results.tar.gz" -C "$R" .

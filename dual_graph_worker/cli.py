@@ -18,10 +18,7 @@ naming the problem and the fix, and exit status 2.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dual_graph_worker import __version__
@@ -48,48 +45,6 @@ def _make_toy(argv: Sequence[str]) -> int:
     return 0
 
 
-def _profile(argv: Sequence[str]) -> int:
-    from dual_graph_worker.core.argtypes import output_dir
-    from profiling.check import sm_name
-    ap = OneLineParser(
-        prog="dgw profile",
-        description="Profile the scripted workload (warm-up, hold spec, hold decode, alternate) "
-                    "under nsys when it is on PATH, else torch.profiler; then check the profile.")
-    ap.add_argument("--model", choices=["tiny", "llama3-8b"], default="tiny")
-    ap.add_argument("--bs", type=int_range(1, 512), default=8)
-    ap.add_argument("--out", type=output_dir, default="out/profile")
-    ap.add_argument("--backend", choices=["auto", "nsys", "torch"], default="auto")
-    ap.add_argument("--expect-sm", type=sm_name,
-                    help="fail unless the GPU is this one, e.g. SM90 or SM120")
-    args = ap.parse_args(argv)
-    use_nsys = args.backend == "nsys" or (args.backend == "auto" and shutil.which("nsys"))
-    if use_nsys and not shutil.which("nsys"):
-        ap.error("nsys is not on PATH; install Nsight Systems or use --backend torch")
-    if args.model == "llama3-8b":
-        import torch
-        if not torch.cuda.is_available():
-            ap.error("the Llama-3-8B-shaped workload needs a CUDA GPU; use --model tiny on CPU")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    workload = [sys.executable, "-m", "profiling.workload", "--model", args.model, "--bs", str(args.bs)]
-    if use_nsys:
-        report = out / "workload.nsys-rep"
-        cmd = ["nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=graph",
-               "--force-overwrite=true", "-o", str(report.with_suffix(""))] + workload
-    else:
-        report = out / "workload.trace.json"
-        cmd = workload + ["--torch-profile", str(report)]
-    print("+ " + " ".join(cmd))
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        print(f"error: the profiled workload exited with {rc} (its output is above)",
-              file=sys.stderr)
-        return rc
-    from profiling.check import main as check_main
-    extra = ["--expect-sm", args.expect_sm] if args.expect_sm else []
-    return check_main([str(report), "--out", str(out)] + extra)
-
-
 def _settings(argv: Sequence[str]) -> int:
     """`dgw settings`: every DGW_* variable (the docs table), or `--check`: validate this
     environment's DGW_* variables and DGW_CONFIG file as a server would at launch."""
@@ -113,6 +68,8 @@ def _settings(argv: Sequence[str]) -> int:
 
 
 def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Callable[[Sequence[str]], int]:
+    """A command run by a tool's `main`, found by module name only when the command runs:
+    `dgw` imports no tool package (bench, capture, profiling) itself."""
     def run(argv: Sequence[str]) -> int:
         import importlib
         return getattr(importlib.import_module(module), fn)(list(prefix) + list(argv))
@@ -120,12 +77,12 @@ def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Calla
 
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "demo": (_forward("dual_graph_worker.engines.reference.runs.demo"), "load ramp on a toy model with real acceptance"),
-    "accept-shift": (_forward("dual_graph_worker.engines.reference.runs.accept_shift"),
+    "demo": (_forward("bench.reference.demo"), "load ramp on a toy model with real acceptance"),
+    "accept-shift": (_forward("bench.reference.accept_shift"),
                      "acceptance that changes while serving, on a toy model"),
-    "bench": (_forward("dual_graph_worker.engines.reference.runs.bench"), "concurrency sweep of every worker variant"),
+    "bench": (_forward("bench.reference.bench"), "concurrency sweep of every worker variant"),
     "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
-    "profile": (_profile, "profile the scripted workload and check it"),
+    "profile": (_forward("profiling.profile_and_check"), "profile the scripted workload and check it"),
     "check-profile": (_forward("profiling.check"), "check an nsys report / torch trace"),
     "capture-measure": (_forward("capture.measure"), "GPU: measure every candidate graph"),
     "capture-tune": (_forward("capture.cli", prefix=("tune",)), "choose pool batch sizes"),

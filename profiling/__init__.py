@@ -7,4 +7,6 @@
   `profiling.engines` says what a step of each engine (reference, sglang) should launch.
 - `profiling.workload` / `bench.sglang.profile_workload`: the scripted workloads `make nsys-profile`
   runs (reference engine; `ENGINE=sglang`: the SGLang worker in a real SGLang engine).
+- `profiling.profile_and_check`: `dgw profile`, the reference workload under nsys (or
+  torch.profiler), then the check.
 """

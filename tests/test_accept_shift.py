@@ -3,12 +3,12 @@
 import numpy as np
 import torch
 
-from dual_graph_worker.engines.reference.runs.accept_shift import ShiftingPrompts, follow_steps
+from bench.reference.accept_shift import ShiftingPrompts, follow_steps
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_checkpoints
-from dual_graph_worker.engines.reference.runs.loadgen import Phase, run_phase
+from bench.reference.loadgen import Phase, run_phase
 from dual_graph_worker.engines.reference.toy import (two_cycle_permutations,
                                                      write_two_cycle_checkpoints)
-from dual_graph_worker.engines.reference.runs.variants import PoolSizes, build_variant
+from bench.reference.variants import PoolSizes, build_variant
 
 
 def _cycle_of(p: torch.Tensor, start: int) -> set[int]:
@@ -86,7 +86,7 @@ def test_a_phase_whose_prompts_all_joined_with_the_next_has_no_figures_not_a_cra
     """Two prompts a phase at concurrency 4: the first admission issues phase 0 and phase 1
     together, so phase 0 runs no step of its own. The run still ends with its JSON: that
     phase's figures are None."""
-    from dual_graph_worker.engines.reference.runs.accept_shift import ShiftConfig, run_shift
+    from bench.reference.accept_shift import ShiftConfig, run_shift
 
     cfg = ShiftConfig(("easy", "hard", "easy"), concurrency=4, requests_per_phase=2,
                       input_len=8, output_len=8, hidden=64)

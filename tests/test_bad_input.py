@@ -437,9 +437,10 @@ def test_failed_prefill_admits_nothing_and_leaks_nothing(monkeypatch):
 def test_a_head_width_the_triton_kernel_cannot_tile_is_one_clear_error():
     """--hidden 96 on a GPU made head width 24: a Triton compile traceback, now one line with
     the widths that work (checked before the kernel is imported, so on any machine)."""
-    from dual_graph_worker.engines.reference.engine import make_attention
+    from dual_graph_worker.engines.reference.build import ATTENTION_BACKENDS
 
+    triton = ATTENTION_BACKENDS["triton"]
     with pytest.raises(ConfigError, match=r"powers of two >= 16, got \[8, 24\].*--hidden 64"):
-        make_attention("triton", torch.device("cuda"), (24, 8, 64))
+        triton.build(torch.device("cuda"), (24, 8, 64))
     with pytest.raises(ConfigError, match="needs a CUDA device"):
-        make_attention("triton", torch.device("cpu"), (64,))
+        triton.build(torch.device("cpu"), (64,))

@@ -17,7 +17,7 @@ from dual_graph_worker.engines.reference.config import tiny_shape
 from dual_graph_worker.core.errors import StaleConfig
 from dual_graph_worker.core.modes import GraphKey, Mode
 from dual_graph_worker.core.controller import GoodputController
-from dual_graph_worker.engines.reference.runs.variants import PoolSizes, build_variant
+from bench.reference.variants import PoolSizes, build_variant
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = GpuInfo("Synthetic GPU", "9.0")

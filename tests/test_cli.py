@@ -298,7 +298,7 @@ def test_every_subcommand_help_names_itself_dgw_cmd(name, capsys):
 
 
 def test_the_demo_names_the_phases_that_miss_its_target():
-    from dual_graph_worker.engines.reference.runs.demo import _target_line
+    from bench.reference.demo import _target_line
 
     assert _target_line([0.999, 0.945, 0.875], [1, 4, 1]) == (
         "within 10% of the best static worker in every phase: NOT met; below: phase 2 (c=1) 0.875")
@@ -381,7 +381,7 @@ def test_the_demos_refuse_files_tuned_for_a_servers_model(command, env, monkeypa
 def test_the_demos_dynamic_worker_takes_dgw_continuity(monkeypatch):
     from dual_graph_worker.core.continuity import Continuity
     from dual_graph_worker.core.settings import Settings
-    from dual_graph_worker.engines.reference.runs import variants
+    from bench.reference import variants
 
     asked = {}
     monkeypatch.setattr(variants, "build_variant",
@@ -396,7 +396,7 @@ def test_an_interrupted_demo_keeps_the_phases_it_finished(tmp_path, monkeypatch,
     """The demo's JSON is rewritten after every phase: a Ctrl-C in phase 1 keeps phase 0."""
     import json
 
-    from dual_graph_worker.engines.reference.runs import demo
+    from bench.reference import demo
 
     calls = []
     real = demo.run_side_by_side
@@ -423,7 +423,7 @@ def test_the_bench_measures_the_switch_within_a_small_spec_pool_and_saves_the_sw
     and over decode steps, verify-off's labelled as the modelled upper bound it is."""
     import json
 
-    from dual_graph_worker.engines.reference.runs.bench import switch_bs
+    from bench.reference.bench import switch_bs
 
     assert dgw(["bench", "--model", "tiny", "--concurrency", "8,16", "--spec-max-bs", "4",
                 "--requests-per-level", "1", "--input-len", "8", "--output-len", "8",

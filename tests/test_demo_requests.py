@@ -11,8 +11,8 @@ import pytest
 
 from bench.demo_requests import (chain_draws, first_and_later, first_estimate_slope, main,
                                  phase_requests, sides)
-from dual_graph_worker.engines.reference.runs.demo import parser as demo_parser, ramp_phase
-from dual_graph_worker.engines.reference.runs.loadgen import PhaseRun
+from bench.reference.demo import parser as demo_parser, ramp_phase
+from bench.reference.loadgen import PhaseRun
 
 
 def test_a_step_accepts_its_agreeing_run_at_most_k_and_no_more_than_the_tokens_left():

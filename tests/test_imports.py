@@ -119,3 +119,10 @@ def test_the_checker_sees_real_edges():
     assert "dual_graph_worker.core.planner" in EDGES["dual_graph_worker.engines.sglang.worker"]
     assert "dual_graph_worker.core.policy" in EDGES["dual_graph_worker.core.controller"]
     assert layer("bench.sglang.policy_matrix") == (3, "bench")
+
+
+def test_dgw_imports_no_tool_package():
+    """`dgw` forwards to the tools by module name: it imports none of them itself."""
+    tools = {dst for dst in EDGES["dual_graph_worker.cli"] if layer(dst)[1] in
+             ("capture", "profiling", "bench")}
+    assert not tools

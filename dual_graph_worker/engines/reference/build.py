@@ -4,16 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 import torch
 
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.engines.reference.attention_choice import (AttentionChoice, TorchAttention,
+                                                                  TritonAttention)
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.engine import ReferenceEngine
 from dual_graph_worker.engines.reference.weights import dummy_weights, load_draft, load_target
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
+# The attention backends EngineSpec.attention may name.
+ATTENTION_BACKENDS: Mapping[str, AttentionChoice] = MappingProxyType(
+    {"torch": TorchAttention(), "triton": TritonAttention()})
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,12 @@ class EngineSpec:
 
     def torch_dtype(self):
         return DTYPES[self.dtype]
+
+    def attention_choice(self) -> AttentionChoice:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ConfigError(f"unknown attention backend '{self.attention}'; choose "
+                              + " or ".join(f"'{name}'" for name in ATTENTION_BACKENDS))
+        return ATTENTION_BACKENDS[self.attention]
 
     def slots(self) -> int:
         return self.num_slots or self.max_requests * self.max_context + 1
@@ -54,7 +67,7 @@ def _engine(pair, tw, dw, spec: EngineSpec, note: str) -> ReferenceEngine:
     return ReferenceEngine(pair, tw, dw, num_draft_tokens=spec.num_draft_tokens,
                            max_requests=spec.max_requests, max_context=spec.max_context,
                            num_slots=spec.slots(), device=spec.device, dtype=spec.torch_dtype(),
-                           attention=spec.attention, weights_note=note,
+                           attention=spec.attention_choice(), weights_note=note,
                            forced_accept_len=spec.forced_accept_len)
 
 

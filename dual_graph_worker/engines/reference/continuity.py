@@ -1,8 +1,8 @@
 """The reference engine's continuity strategies (core.continuity): what the worker calls before
 a speculative step, after a decode step and when a request leaves.
 
-The engine's decode graph carries each strategy's per-step draft work (keep-current: a draft
-forward; lazy: a feature stash); these classes hold the host side.
+The engine's decode graph carries each strategy's per-step draft work through `in_decode_graph`
+(keep-current: a draft forward; lazy: a feature stash); the rest is the host side.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 
 from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
-from dual_graph_worker.engines.reference.engine_api import Engine, PrefillMode
+from dual_graph_worker.engines.reference.engine_api import (DecodeOutput, Engine, PrefillMode,
+                                                          StageContinuity)
 from dual_graph_worker.engines.reference.requests import RequestTable
 
 NO_BACKLOG = -1
 
 
-class ReferenceContinuity(ContinuityStrategy, Protocol):
+class ReferenceContinuity(ContinuityStrategy, StageContinuity, Protocol):
     kind: Optional[Continuity]      # None: no draft state at all (the plain baseline)
 
     def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
@@ -40,6 +41,7 @@ class NoDraft:
 
     kind = None
     defers_prefill = False
+    needs_stash = False
 
     def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
         return PrefillMode.TARGET_ONLY
@@ -52,6 +54,9 @@ class NoDraft:
 
     def before_spec_step(self, rows: np.ndarray) -> int:
         raise RuntimeError("a worker without draft state cannot speculate (continuity None)")
+
+    def in_decode_graph(self, engine: Engine, out: DecodeOutput) -> None:
+        pass
 
     def after_decode_step(self, rows: np.ndarray, seq_lens_before: np.ndarray) -> None:
         pass
@@ -68,6 +73,9 @@ class KeepCurrent(NoDraft):
     def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
         return PrefillMode.WITH_DRAFT
 
+    def in_decode_graph(self, engine: Engine, out: DecodeOutput) -> None:
+        engine.draft_decoded(out)
+
     def before_spec_step(self, rows: np.ndarray) -> int:
         return 0
 
@@ -78,6 +86,7 @@ class LazyCatchUp:
     batch leaves the draft behind from position 0 (its prefill is the first catch-up)."""
 
     kind = Continuity.LAZY_CATCH_UP
+    needs_stash = True
 
     def __init__(self, engine: Engine, table: RequestTable, defers_prefill: bool) -> None:
         self.engine, self.table = engine, table
@@ -106,6 +115,9 @@ class LazyCatchUp:
                              self.table.slots[behind])
         self.start[behind] = NO_BACKLOG
         return int((ends - starts).sum())
+
+    def in_decode_graph(self, engine: Engine, out: DecodeOutput) -> None:
+        engine.stash_features(out)
 
     def after_decode_step(self, rows: np.ndarray, seq_lens_before: np.ndarray) -> None:
         current = self.start[rows] == NO_BACKLOG

@@ -6,7 +6,7 @@ write it by gather/scatter and the host only uploads rows, lengths and slots eac
 - draft_token[row]:  d_1, the draft's proposal for x_{L+1};
 - draft_hidden[row]: the draft's residual stream at position L-1, the chain's next input.
 Invariant between steps: target and draft KV hold positions [0, L) (lazy continuity aside).
-Tensors that one stage hands to the next (verify features) are engine-owned static buffers,
+Tensors that one stage hands to the next (verify features) are static buffers made at bind,
 never graph-pool temporaries, because the next stage's graph may reuse that pool memory.
 """
 
@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from dual_graph_worker.engines.reference.buffers import StaticInputs
-from dual_graph_worker.core.continuity import Continuity
-from dual_graph_worker.engines.reference.engine_api import (EngineDescription, EngineLimits,
-                                                          PrefillMode, StageFn)
-from dual_graph_worker.engines.reference.attention import (AttentionBackend, AttnBatch,
-                                                           TorchPagedAttention)
+from dual_graph_worker.engines.reference.engine_api import (DecodeOutput, EngineDescription,
+                                                          EngineLimits, PrefillMode,
+                                                          StageContinuity, StageFn)
+from dual_graph_worker.engines.reference.attention import AttnBatch
+from dual_graph_worker.engines.reference.attention_choice import AttentionChoice, TorchAttention
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.kv_cache import KVPool, ReqToTokenTable
 from dual_graph_worker.engines.reference.model import DraftModel, Rope, TargetModel
@@ -43,30 +43,11 @@ def _fields(state: RequestState) -> tuple[torch.Tensor, ...]:
     return state.last_token, state.draft_token, state.draft_hidden
 
 
-def make_attention(name: str, device: torch.device, head_dims: Sequence[int]
-                   ) -> AttentionBackend:
-    """`head_dims`: the models' head widths, which the triton kernel's tiles must fit."""
-    if name == "torch":
-        return TorchPagedAttention()
-    if name == "triton":
-        if device.type != "cuda":
-            raise ConfigError("attention backend 'triton' needs a CUDA device; use 'torch' on CPU")
-        # tl.arange over the head and tl.dot need a power of two of at least 16.
-        odd = sorted({d for d in head_dims if d < 16 or d & (d - 1)})
-        if odd:
-            raise ConfigError(f"the triton attention needs head widths that are powers of two "
-                              f">= 16, got {odd}; for the toy model pick --hidden 64, 128 or 256 "
-                              "(head width hidden / 4), or run on --device cpu")
-        from dual_graph_worker.engines.reference.attention_triton import TritonPagedAttention
-        return TritonPagedAttention()
-    raise ConfigError(f"unknown attention backend '{name}'; choose 'torch' or 'triton'")
-
-
 class ReferenceEngine:
     def __init__(self, pair: ModelPair, target_w: TargetWeights, draft_w: DraftWeights, *,
                  num_draft_tokens: int, max_requests: int, max_context: int, num_slots: int,
                  device: str | torch.device = "cpu", dtype=torch.float32,
-                 attention: str = "torch", weights_note: str = "dummy",
+                 attention: AttentionChoice = TorchAttention(), weights_note: str = "dummy",
                  forced_accept_len: Optional[int] = None) -> None:
         if num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens (K) must be >= 1, got {num_draft_tokens}; "
@@ -86,7 +67,7 @@ class ReferenceEngine:
         self.table = ReqToTokenTable(self.limits.max_requests, max_context, dev)
         self.target_kv = KVPool.allocate(t.num_layers, num_slots, t.num_kv_heads, t.head_dim, dtype, dev)
         self.draft_kv = KVPool.allocate(1, num_slots, d.num_kv_heads, d.head_dim, dtype, dev)
-        self.attention = make_attention(attention, dev, (t.head_dim, d.head_dim))
+        self.attention = attention.build(dev, (t.head_dim, d.head_dim))
         rope_t = Rope(t.head_dim, t.rope_theta, t.max_position_embeddings, dev, dtype)
         rope_d = rope_t if (d.head_dim, d.rope_theta) == (t.head_dim, t.rope_theta) else \
             Rope(d.head_dim, d.rope_theta, d.max_position_embeddings, dev, dtype)
@@ -126,98 +107,28 @@ class ReferenceEngine:
              if self.forced_accept_len is not None else "real (draft vs target)"),
             self.pair.shape_dict())
 
-    def _batch(self, rows: torch.Tensor, prefix: torch.Tensor, width: int) -> AttnBatch:
+    def attn_batch(self, rows: torch.Tensor, prefix: torch.Tensor, width: int) -> AttnBatch:
         return AttnBatch(rows, prefix, width, self.limits.max_context)
 
     # ------------------------------------------------------------------ graph stages
-    def bind(self, bufs: StaticInputs, continuity: Continuity,
+    def bind(self, bufs: StaticInputs, continuity: StageContinuity,
              max_spec_bs: int) -> Mapping[Stage, StageFn]:
-        K = self.limits.num_draft_tokens
-        W = K + 1
-        dev = self.device
-        # Several workers may bind one engine (the bench compares them side by side): each gets
-        # its own verify buffer (its graphs capture that address); the slot-indexed feature
-        # stash is shared, since catch_up reads it for whichever lazy worker runs.
-        verify_aux = torch.zeros(max(max_spec_bs, 1) * W, self.aux_width, dtype=self.dtype, device=dev)
-        if continuity is Continuity.LAZY_CATCH_UP and self._stash is None:
-            self._stash = torch.zeros(self.limits.num_slots, self.aux_width, dtype=self.dtype, device=dev)
-        st = self.state
-        offsets = torch.arange(W, device=dev)
-        row_starts = torch.arange(max(max_spec_bs, 1), device=dev) * W   # first row of each request
-        forced = None
-        if self.forced_accept_len is not None:
-            # Benchmarks on dummy weights (acceptance ~0) force an accepted length, like
-            # SGLANG_SIMULATE_ACC_LEN: tokens are then meaningless, timings are not.
-            forced = torch.full((bufs.sizes.max_bs,), self.forced_accept_len - 1, dtype=torch.int64, device=dev)
+        return GraphStages(self, bufs, continuity, max_spec_bs).by_stage()
 
-        def decode(P: int) -> None:
-            rows, L, loc = bufs.req_pool_indices[:P], bufs.seq_lens[:P], bufs.out_cache_loc[:P]
-            ids, pos = bufs.input_ids[:P], bufs.positions[:P]
-            ids.copy_(st.last_token[rows])
-            pos.copy_(L)
-            self.table.write(rows, pos, loc)
-            batch = self._batch(rows, L, 1)
-            out = self.target.forward(ids, pos, loc, batch)
-            y = self.target.greedy(out.hidden)
-            bufs.out_tokens[:P, 0].copy_(y)
-            bufs.accept_lens[:P].fill_(1)
-            st.last_token.index_copy_(0, rows, y)
-            if continuity is Continuity.KEEP_CURRENT:
-                d = self.draft.forward(y, out.aux, pos, loc, batch)
-                st.draft_token.index_copy_(0, rows, self.draft.greedy(d.hidden))
-                st.draft_hidden.index_copy_(0, rows, d.prenorm)
-            elif continuity is Continuity.LAZY_CATCH_UP:
-                self._stash.index_copy_(0, loc, out.aux)
+    def ensure_stash(self) -> None:
+        """The slot-indexed feature stash, made once: shared by every worker bound to this
+        engine, since catch_up reads it for whichever lazy worker runs."""
+        if self._stash is None:
+            self._stash = torch.zeros(self.limits.num_slots, self.aux_width, dtype=self.dtype,
+                                      device=self.device)
 
-        def draft_chain(P: int) -> None:
-            rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
-            loc = bufs.out_cache_loc[: P * W].view(P, W)
-            ids = bufs.input_ids[: P * W].view(P, W)
-            tok, hid = st.draft_token[rows], st.draft_hidden[rows]
-            for j in range(1, K):
-                pos = L + (j - 1)
-                # Map position pos to the slot this chain step writes, so the attention below
-                # reads the K/V just written (and the chain's earlier steps), not a stale slot
-                # left in the table by a previous step's rejected drafts.
-                self.table.write(rows, pos, loc[:, j - 1])
-                d = self.draft.forward(tok, hid, pos, loc[:, j - 1], self._batch(rows, pos, 1))
-                tok, hid = self.draft.greedy(d.hidden), d.prenorm
-                ids[:, j + 1].copy_(tok)
+    def draft_decoded(self, out: DecodeOutput) -> None:
+        d = self.draft.forward(out.tokens, out.features, out.positions, out.slots, out.batch)
+        self.state.draft_token.index_copy_(0, out.rows, self.draft.greedy(d.hidden))
+        self.state.draft_hidden.index_copy_(0, out.rows, d.prenorm)
 
-        def verify(P: int) -> None:
-            rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
-            loc = bufs.out_cache_loc[: P * W]
-            ids = bufs.input_ids[: P * W].view(P, W)
-            pos = bufs.positions[: P * W].view(P, W)
-            ids[:, 0].copy_(st.last_token[rows])
-            ids[:, 1].copy_(st.draft_token[rows])
-            pos.copy_(L[:, None] + offsets)
-            self.table.write(rows.repeat_interleave(W), pos.view(-1), loc)
-            out = self.target.forward(ids.view(-1), pos.view(-1), loc, self._batch(rows, L, W))
-            y = self.target.greedy(out.hidden).view(P, W)
-            if forced is None:
-                accepted = (ids[:, 1:] == y[:, :-1]).long().cumprod(1).sum(1)  # drafts accepted
-            else:
-                accepted = forced[:P]
-            bufs.out_tokens[:P].copy_(y)
-            bufs.accept_lens[:P].copy_(accepted + 1)
-            st.last_token.index_copy_(0, rows, y.gather(1, accepted[:, None]).squeeze(1))
-            verify_aux[: P * W].copy_(out.aux)
-
-        def draft_extend(P: int) -> None:
-            rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
-            loc, pos = bufs.out_cache_loc[: P * W], bufs.positions[: P * W]
-            ids = bufs.out_tokens[:P].reshape(-1)
-            d = self.draft.forward(ids, verify_aux[: P * W], pos, loc, self._batch(rows, L, W))
-            last = row_starts[:P] + bufs.accept_lens[:P] - 1
-            st.draft_token.index_copy_(0, rows, self.draft.greedy(d.hidden[last]))
-            st.draft_hidden.index_copy_(0, rows, d.prenorm[last])
-
-        stages: dict[Stage, StageFn] = {Stage.DECODE: decode, Stage.VERIFY: verify,
-                                        Stage.DRAFT_EXTEND: draft_extend}
-        if K > 1:
-            stages[Stage.DRAFT] = draft_chain
-        return stages
+    def stash_features(self, out: DecodeOutput) -> None:
+        self._stash.index_copy_(0, out.slots, out.features)
 
     def fill_synthetic_context(self, rows: np.ndarray, context_len: int, slots: np.ndarray) -> None:
         """Point rows' first `context_len` positions at distinct slots, so calibration timings
@@ -248,7 +159,7 @@ class ReferenceEngine:
         valid = pos < lens[:, None]
         self.table.write(rows_t[:, None].expand(B, W)[valid], pos[valid], loc[valid])
         zero = torch.zeros(B, dtype=torch.int64, device=self.device)
-        batch = self._batch(rows_t, zero, W)
+        batch = self.attn_batch(rows_t, zero, W)
         out = self.target.forward(ids.view(-1), pos.reshape(-1), loc.view(-1), batch)
         last = torch.arange(B, device=self.device) * W + lens - 1
         first = self.target.greedy(out.hidden[last])
@@ -287,7 +198,108 @@ class ReferenceEngine:
         start_t = torch.from_numpy(np.asarray(starts, dtype=np.int64)).to(self.device)
         pos = torch.where(valid, pos, start_t[:, None])
         d = self.draft.forward(ids.view(-1), hidden, pos.view(-1), loc.view(-1),
-                               self._batch(rows_t, start_t, W))
+                               self.attn_batch(rows_t, start_t, W))
         last = torch.arange(B, device=self.device) * W + n - 1
         self.state.draft_token.index_copy_(0, rows_t, self.draft.greedy(d.hidden[last]))
         self.state.draft_hidden.index_copy_(0, rows_t, d.prenorm[last])
+
+
+class GraphStages:
+    """One worker's graph stages over its static inputs (device ops on static storage only, so
+    each can be captured). Several workers may bind one engine (the bench compares them side by
+    side): each gets its own verify buffer, since its graphs capture that address."""
+
+    def __init__(self, engine: ReferenceEngine, bufs: StaticInputs, continuity: StageContinuity,
+                 max_spec_bs: int) -> None:
+        self.engine, self.bufs, self.continuity = engine, bufs, continuity
+        self.K = engine.limits.num_draft_tokens
+        self.W = W = self.K + 1
+        dev, spec_rows = engine.device, max(max_spec_bs, 1)
+        self.verify_aux = torch.zeros(spec_rows * W, engine.aux_width, dtype=engine.dtype,
+                                      device=dev)
+        if continuity.needs_stash:
+            engine.ensure_stash()
+        self.offsets = torch.arange(W, device=dev)
+        self.row_starts = torch.arange(spec_rows, device=dev) * W   # first row of each request
+        self.forced = self._forced_accepts()
+
+    def _forced_accepts(self) -> Optional[torch.Tensor]:
+        """Benchmarks on dummy weights (acceptance ~0) force an accepted length, like
+        SGLANG_SIMULATE_ACC_LEN: tokens are then meaningless, timings are not."""
+        n = self.engine.forced_accept_len
+        if n is None:
+            return None
+        return torch.full((self.bufs.sizes.max_bs,), n - 1, dtype=torch.int64,
+                          device=self.engine.device)
+
+    def by_stage(self) -> dict[Stage, StageFn]:
+        stages: dict[Stage, StageFn] = {Stage.DECODE: self.decode, Stage.VERIFY: self.verify,
+                                        Stage.DRAFT_EXTEND: self.draft_extend}
+        if self.K > 1:
+            stages[Stage.DRAFT] = self.draft_chain
+        return stages
+
+    def decode(self, P: int) -> None:
+        eng, bufs, st = self.engine, self.bufs, self.engine.state
+        rows, L, loc = bufs.req_pool_indices[:P], bufs.seq_lens[:P], bufs.out_cache_loc[:P]
+        ids, pos = bufs.input_ids[:P], bufs.positions[:P]
+        ids.copy_(st.last_token[rows])
+        pos.copy_(L)
+        eng.table.write(rows, pos, loc)
+        batch = eng.attn_batch(rows, L, 1)
+        out = eng.target.forward(ids, pos, loc, batch)
+        y = eng.target.greedy(out.hidden)
+        bufs.out_tokens[:P, 0].copy_(y)
+        bufs.accept_lens[:P].fill_(1)
+        st.last_token.index_copy_(0, rows, y)
+        self.continuity.in_decode_graph(eng, DecodeOutput(rows, y, out.aux, pos, loc, batch))
+
+    def draft_chain(self, P: int) -> None:
+        eng, bufs, st, W = self.engine, self.bufs, self.engine.state, self.W
+        rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
+        loc = bufs.out_cache_loc[: P * W].view(P, W)
+        ids = bufs.input_ids[: P * W].view(P, W)
+        tok, hid = st.draft_token[rows], st.draft_hidden[rows]
+        for j in range(1, self.K):
+            pos = L + (j - 1)
+            # Map position pos to the slot this chain step writes, so the attention below
+            # reads the K/V just written (and the chain's earlier steps), not a stale slot
+            # left in the table by a previous step's rejected drafts.
+            eng.table.write(rows, pos, loc[:, j - 1])
+            d = eng.draft.forward(tok, hid, pos, loc[:, j - 1], eng.attn_batch(rows, pos, 1))
+            tok, hid = eng.draft.greedy(d.hidden), d.prenorm
+            ids[:, j + 1].copy_(tok)
+
+    def verify(self, P: int) -> None:
+        eng, bufs, st, W = self.engine, self.bufs, self.engine.state, self.W
+        rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
+        loc = bufs.out_cache_loc[: P * W]
+        ids = bufs.input_ids[: P * W].view(P, W)
+        pos = bufs.positions[: P * W].view(P, W)
+        ids[:, 0].copy_(st.last_token[rows])
+        ids[:, 1].copy_(st.draft_token[rows])
+        pos.copy_(L[:, None] + self.offsets)
+        eng.table.write(rows.repeat_interleave(W), pos.view(-1), loc)
+        out = eng.target.forward(ids.view(-1), pos.view(-1), loc, eng.attn_batch(rows, L, W))
+        y = eng.target.greedy(out.hidden).view(P, W)
+        accepted = self._accepted(ids, y, P)
+        bufs.out_tokens[:P].copy_(y)
+        bufs.accept_lens[:P].copy_(accepted + 1)
+        st.last_token.index_copy_(0, rows, y.gather(1, accepted[:, None]).squeeze(1))
+        self.verify_aux[: P * W].copy_(out.aux)
+
+    def _accepted(self, ids: torch.Tensor, y: torch.Tensor, P: int) -> torch.Tensor:
+        """Drafts accepted per request: the leading drafts the target agrees with (or forced)."""
+        if self.forced is None:
+            return (ids[:, 1:] == y[:, :-1]).long().cumprod(1).sum(1)
+        return self.forced[:P]
+
+    def draft_extend(self, P: int) -> None:
+        eng, bufs, st, W = self.engine, self.bufs, self.engine.state, self.W
+        rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
+        loc, pos = bufs.out_cache_loc[: P * W], bufs.positions[: P * W]
+        ids = bufs.out_tokens[:P].reshape(-1)
+        d = eng.draft.forward(ids, self.verify_aux[: P * W], pos, loc, eng.attn_batch(rows, L, W))
+        last = self.row_starts[:P] + bufs.accept_lens[:P] - 1
+        st.draft_token.index_copy_(0, rows, eng.draft.greedy(d.hidden[last]))
+        st.draft_hidden.index_copy_(0, rows, d.prenorm[last])

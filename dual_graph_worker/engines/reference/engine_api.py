@@ -9,8 +9,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 import torch
 
+from dual_graph_worker.engines.reference.attention import AttnBatch
 from dual_graph_worker.engines.reference.buffers import StaticInputs
-from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.modes import Stage
 
 # One stage at a padded batch size: reads the static inputs, writes static outputs and the
@@ -46,14 +46,42 @@ class EngineDescription:
     model: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class DecodeOutput:
+    """What a decode stage hands its continuity strategy: the emitted tokens and the target's
+    features at their positions. Device tensors only: the strategy's share is captured too."""
+
+    rows: torch.Tensor        # [P] request-table rows
+    tokens: torch.Tensor      # [P] the token each row emitted
+    features: torch.Tensor    # [P, aux] the target's captured-layer features
+    positions: torch.Tensor   # [P]
+    slots: torch.Tensor       # [P] the KV slots the target wrote
+    batch: AttnBatch
+
+
+class StageContinuity(Protocol):
+    """A continuity strategy's part in the engine's graph stages (bound once, before capture)."""
+
+    needs_stash: bool       # decode steps keep the target's features for a later catch-up
+
+    def in_decode_graph(self, engine: Engine, out: DecodeOutput) -> None:
+        """The draft work a decode step carries, inside its graph."""
+
+
 class Engine(Protocol):
     limits: EngineLimits
     device: torch.device
     vocab_size: int         # the target's: token ids a request may hold lie below it
 
-    def bind(self, bufs: StaticInputs, continuity: Continuity,
+    def bind(self, bufs: StaticInputs, continuity: StageContinuity,
              max_spec_bs: int) -> Mapping[Stage, StageFn]:
         """Build the stage functions over `bufs` (called once, before capture)."""
+
+    def draft_decoded(self, out: DecodeOutput) -> None:
+        """Keep-current: the draft's one-token extend over a decode step's tokens."""
+
+    def stash_features(self, out: DecodeOutput) -> None:
+        """Lazy: keep a decode step's target features by KV slot, for catch_up."""
 
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
                 slots: Sequence[np.ndarray],

@@ -96,7 +96,7 @@ class DualGraphWorker:
         self.table = RequestTable(lim.max_requests, lim.max_context, self.k)
         self.continuity = make_continuity(config.continuity, engine, self.table,
                                           config.defer_prefill)
-        stage_fns = engine.bind(self.bufs, config.continuity, self.dispatch.max_spec_bs)
+        stage_fns = engine.bind(self.bufs, self.continuity, self.dispatch.max_spec_bs)
         self.runner: StageRunner
         if config.use_cuda_graphs:
             self.runner = CudaGraphRunner(stage_fns, self.k, self.nvtx, self.dispatch)

@@ -25,11 +25,11 @@ from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_l
                                              positive_int)
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.jsonio import write_json
-from dual_graph_worker.engines.reference.runs.loadgen import Phase, run_phase
+from bench.reference.loadgen import Phase, run_phase
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.provenance import command_line
 from dual_graph_worker.core.simple_policies import CyclePolicy, PinnedPolicy
-from dual_graph_worker.engines.reference.runs.variants import VARIANTS, PoolSizes, build_variant
+from bench.reference.variants import VARIANTS, PoolSizes, build_variant
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.settings import PolicyKind, Settings

@@ -29,13 +29,12 @@ from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, positive_int
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
-from dual_graph_worker.engines.reference.runs.loadgen import Phase, PhaseRun, run_side_by_side
+from bench.reference.loadgen import Phase, PhaseRun, run_side_by_side
 from dual_graph_worker.engines.reference.toy import write_two_cycle_checkpoints
-from dual_graph_worker.engines.reference.runs.variants import (TRIO, PoolSizes, build_trio,
-                                                          check_toy_settings, toy_engine_spec)
+from bench.reference.variants import (TRIO, PoolSizes, build_trio, check_toy_settings,
+                                      toy_engine_spec)
 from dual_graph_worker.core.provenance import checkout_commit, command_line
-from dual_graph_worker.engines.reference.runs.toy_args import (add_toy_run_args, needed_context,
-                                                          toy_context)
+from bench.reference.toy_args import add_toy_run_args, needed_context, toy_context
 
 KINDS = ("easy", "hard")
 # Requests finish at different steps, so the batch's mix turns gradually.

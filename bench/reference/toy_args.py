@@ -7,7 +7,7 @@ import argparse
 from dual_graph_worker.core.argtypes import int_range, output_dir, positive_int, torch_device
 from dual_graph_worker.core.errors import DualGraphError
 from dual_graph_worker.engines.reference.build import default_device
-from dual_graph_worker.engines.reference.runs.loadgen import output_range
+from bench.reference.loadgen import output_range
 from dual_graph_worker.engines.reference.toy import TOY_MAX_HIDDEN, toy_configs
 
 

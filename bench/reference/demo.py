@@ -26,11 +26,11 @@ from dual_graph_worker.core.settings import Settings
 from dual_graph_worker.engines.reference.build import engine_from_checkpoints
 from dual_graph_worker.engines.reference.toy import (AGREEMENT_LEVELS, expected_accept_len,
                                                      toy_permutations, write_toy_checkpoints)
-from dual_graph_worker.engines.reference.runs.loadgen import Phase, PhaseRun, run_side_by_side
-from dual_graph_worker.engines.reference.runs.variants import (TRIO, PoolSizes, build_trio,
-                                                          check_toy_settings, toy_engine_spec)
+from bench.reference.loadgen import Phase, PhaseRun, run_side_by_side
+from bench.reference.variants import (TRIO, PoolSizes, build_trio, check_toy_settings,
+                                      toy_engine_spec)
 from dual_graph_worker.core.provenance import checkout_commit, command_line
-from dual_graph_worker.engines.reference.runs.toy_args import add_toy_run_args, toy_context
+from bench.reference.toy_args import add_toy_run_args, toy_context
 
 
 def _plot(result: dict, path: Path) -> None:

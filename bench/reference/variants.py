@@ -34,7 +34,6 @@ from dual_graph_worker.engines.reference.runners import CaptureReport
 from dual_graph_worker.engines.reference.weights import named_sizes
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
-VARIANTS = ("plain", "static-spec", "dynamic", "dual-off", "verify-off")
 # The three `dgw demo` and `dgw accept-shift` run side by side on a toy model.
 TRIO = ("plain", "static-spec", "dynamic")
 
@@ -55,11 +54,63 @@ class PoolSizes:
 
 
 @dataclass(frozen=True)
+class VariantInputs:
+    """What a variant's WorkerConfig is made from: the pools, graphs or eager, and the
+    dual-pool workers' continuity and deferred draft prefills."""
+
+    sizes: PoolSizes
+    use_cuda_graphs: bool
+    dual_continuity: Continuity
+    defer_prefill: bool
+
+    def plain(self) -> WorkerConfig:
+        return WorkerConfig((), self.sizes.decode, self.use_cuda_graphs, continuity=None)
+
+    def static_spec(self) -> WorkerConfig:
+        return WorkerConfig(self.sizes.static_spec, (), self.use_cuda_graphs,
+                            continuity=Continuity.KEEP_CURRENT)
+
+    def dual_pools(self) -> WorkerConfig:
+        return WorkerConfig(self.sizes.spec, self.sizes.decode, self.use_cuda_graphs,
+                            continuity=self.dual_continuity, defer_prefill=self.defer_prefill)
+
+    def keep_current_decode(self) -> WorkerConfig:
+        return WorkerConfig((), self.sizes.decode, self.use_cuda_graphs,
+                            continuity=Continuity.KEEP_CURRENT)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    config: Callable[[VariantInputs], WorkerConfig]
+    pinned: Mode                      # the mode its policy holds
+    # Once captured, the policy Settings name replaces the pin (a calibration as its prior).
+    settings_policy: bool = False
+
+
+VARIANT_TABLE = (
+    Variant("plain", VariantInputs.plain, Mode.DECODE),
+    Variant("static-spec", VariantInputs.static_spec, Mode.SPEC),
+    Variant("dynamic", VariantInputs.dual_pools, Mode.SPEC, settings_policy=True),
+    Variant("dual-off", VariantInputs.dual_pools, Mode.DECODE),
+    Variant("verify-off", VariantInputs.keep_current_decode, Mode.DECODE),
+)
+VARIANTS = tuple(v.name for v in VARIANT_TABLE)
+
+
+@dataclass(frozen=True)
 class BuiltWorker:
     name: str
     worker: DualGraphWorker
     capture: Optional[CaptureReport]         # on CUDA
     calibration: Optional[CalibrationTable]  # the dynamic worker's prior
+
+
+def variant_named(name: str) -> Variant:
+    for variant in VARIANT_TABLE:
+        if variant.name == name:
+            return variant
+    raise ValueError(f"unknown variant '{name}'; choose from {', '.join(VARIANTS)}")
 
 
 def build_variant(name: str, engine: ReferenceEngine, sizes: PoolSizes, *,
@@ -70,39 +121,40 @@ def build_variant(name: str, engine: ReferenceEngine, sizes: PoolSizes, *,
     """`settings` chooses the dynamic worker's policy exactly as DGW_* variables do on a server;
     `tuned` (capture_config.TunedPools) replaces the dual-pool variants' batch sizes and the
     start-up calibration with a tuned capture config's."""
+    variant = variant_named(name)
     k = engine.limits.num_draft_tokens
     if tuned is not None:
         sizes = PoolSizes(tuned.spec_bs, tuned.decode_bs, sizes.static_spec)
-    spec, decode = (PinnedPolicy(mode=m, num_draft_tokens=k) for m in (Mode.SPEC, Mode.DECODE))
-    defer = settings.defer_draft_prefill
-    cfgs = {
-        "plain": (WorkerConfig((), sizes.decode, use_cuda_graphs, continuity=None), decode),
-        "static-spec": (WorkerConfig(sizes.static_spec, (), use_cuda_graphs,
-                                     continuity=Continuity.KEEP_CURRENT), spec),
-        "dynamic": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
-                                 continuity=dynamic_continuity, defer_prefill=defer), spec),
-        "dual-off": (WorkerConfig(sizes.spec, sizes.decode, use_cuda_graphs,
-                                  continuity=dynamic_continuity, defer_prefill=defer), decode),
-        "verify-off": (WorkerConfig((), sizes.decode, use_cuda_graphs,
-                                    continuity=Continuity.KEEP_CURRENT), decode),
-    }
-    if name not in cfgs:
-        raise ValueError(f"unknown variant '{name}'; choose from {', '.join(VARIANTS)}")
-    config, policy = cfgs[name]
-    worker = DualGraphWorker(engine, config, policy, Annotator.switched(settings.nvtx))
+    config = variant.config(VariantInputs(sizes, use_cuda_graphs, dynamic_continuity,
+                                          settings.defer_draft_prefill))
+    worker = DualGraphWorker(engine, config, PinnedPolicy(mode=variant.pinned, num_draft_tokens=k),
+                             Annotator.switched(settings.nvtx))
     report = worker.capture(progress=progress)
     table = None
-    if name == "dynamic":
-        if needs_prior(settings):
-            table = tuned.calibration if tuned is not None else calibrate(worker, calib_context,
-                                                                          calib_repeats)
-            log(f"  calibration ({table.source}): " + ", ".join(
-                f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
-        worker.policy = build_policy(settings, PolicyContext(
-            k, {Mode.SPEC: sizes.spec, Mode.DECODE: sizes.decode}, table,
-            defers_prefill=worker.continuity.defers_prefill, max_rows=engine.limits.max_requests,
-            draft_share=draft_share(named_sizes(engine.target.w), named_sizes(engine.draft.w))))
+    if variant.settings_policy:
+        table = _apply_settings_policy(worker, engine, sizes, settings, tuned, log,
+                                       calib_context, calib_repeats)
     return BuiltWorker(name, worker, report, table)
+
+
+def _apply_settings_policy(worker: DualGraphWorker, engine: ReferenceEngine, sizes: PoolSizes,
+                           settings: Settings, tuned: Optional[TunedPools],
+                           log: Callable[[str], None], calib_context: int,
+                           calib_repeats: int) -> Optional[CalibrationTable]:
+    """Give `worker` the policy `settings` name; returns its prior (a calibration) where it
+    needs one: the tuned config's, else measured on `worker` now."""
+    k = engine.limits.num_draft_tokens
+    table = None
+    if needs_prior(settings):
+        table = tuned.calibration if tuned is not None else calibrate(worker, calib_context,
+                                                                      calib_repeats)
+        log(f"  calibration ({table.source}): " + ", ".join(
+            f"{key.label()}={sec * 1e3:.2f}ms" for key, sec in sorted(table.latency_s.items())))
+    worker.policy = build_policy(settings, PolicyContext(
+        k, {Mode.SPEC: sizes.spec, Mode.DECODE: sizes.decode}, table,
+        defers_prefill=worker.continuity.defers_prefill, max_rows=engine.limits.max_requests,
+        draft_share=draft_share(named_sizes(engine.target.w), named_sizes(engine.draft.w))))
+    return table
 
 
 def toy_engine_spec(device: str, num_draft_tokens: int, max_requests: int,
