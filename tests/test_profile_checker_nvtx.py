@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from torch.profiler import ProfilerActivity, profile
 
 from dual_graph_worker.core.modes import Mode, Stage
 from dual_graph_worker.core import nvtx as nvtx_ranges, nvtx_names as names
 from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator, Backend
+from dual_graph_worker.core.settings import nsys_injected, read_setting
 
-attached = bool(os.environ.get("NVTX_INJECTION64_PATH"))
+attached = nsys_injected()
 
 
 class Recorder:
@@ -36,7 +35,7 @@ class Recorder:
 
 @pytest.mark.skipif(attached, reason="an NVTX tool is attached to this process")
 def test_without_a_profiler_everything_is_a_no_op():
-    nvtx = Annotator.from_environment()
+    nvtx = Annotator.switched(read_setting("nvtx"))
     assert not nvtx.nvtx_listening and not nvtx.listening()
     assert nvtx.step_range("spec", 8, graph=True) is NULL_CONTEXT
     assert nvtx.stage_range("verify") is NULL_CONTEXT
@@ -59,7 +58,7 @@ def test_no_name_is_built_when_nothing_listens():
         def value(self):
             raise AssertionError("the name was formatted")
 
-    nvtx = Annotator.from_environment()
+    nvtx = Annotator.switched(read_setting("nvtx"))
     with nvtx.step_range(Unprintable(), 8, graph=True):
         pass
     nvtx.mark_switch(Unprintable(), Unprintable())
@@ -103,7 +102,7 @@ def test_a_range_ends_even_when_its_body_raises():
 
 def test_unknown_stage_is_rejected():
     with pytest.raises(ValueError, match="unknown stage"):
-        Annotator.from_environment().stage_range("prefill")
+        Annotator.switched(read_setting("nvtx")).stage_range("prefill")
 
 
 def test_nvtx_package_calls_are_valid_without_a_tool():
@@ -128,7 +127,7 @@ def test_a_workers_settings_switch_its_ranges_on_or_off():
 
 def test_dgw_nvtx_0_switches_everything_off(monkeypatch):
     monkeypatch.setenv("DGW_NVTX", "0")
-    a = Annotator.from_environment()
+    a = Annotator.switched(read_setting("nvtx"))
     with profile(activities=[ProfilerActivity.CPU]):
         assert not a.listening()
         assert a.step_range("spec", 4, graph=True) is NULL_CONTEXT

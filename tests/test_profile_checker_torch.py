@@ -12,6 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dual_graph_worker.core.nvtx import Annotator
+from dual_graph_worker.core.settings import read_setting
 from profiling import checks
 from profiling.check import check_report, check_trace, main
 from profiling.checks import CheckConfig
@@ -83,7 +84,7 @@ def test_not_a_trace_is_an_input_error(body, tmp_path, capsys):
 
 def test_real_torch_profiler_run_with_the_emitter(tmp_path):
     """The emitter under a live torch.profiler, read back by the fallback (CPU: no CUDA calls)."""
-    nvtx = Annotator.from_environment()
+    nvtx = Annotator.switched(read_setting("nvtx"))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         nvtx.mark_config("engine", "reference")
         nvtx.mark_config("num_draft_tokens", 1)

@@ -13,7 +13,8 @@ from dual_graph_worker.cli import main as dgw_main
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import (BY_ENV, BY_KEY, REGISTRY, PolicyKind, Settings,
-                                             assignments, docs_table, explicit_keys)
+                                             assignments, docs_table, explicit_keys,
+                                             settings_env)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,6 +119,19 @@ def test_settings_check_validates_the_environment(monkeypatch, capsys):
     assert err.count("\n") == 1 and "DGW_THRESHOLD" in err and "Traceback" not in err
 
 
+def test_settings_check_reports_a_profile_window_with_no_start_in_one_line(monkeypatch,
+                                                                           capsys):
+    """DGW_PROFILE_STEPS alone is refused by the settings themselves, so the launch check and
+    `dgw settings --check` name it before any server starts."""
+    monkeypatch.setenv("DGW_PROFILE_STEPS", "10")
+    assert dgw_main(["settings", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "DGW_PROFILE_STEPS=10 needs DGW_PROFILE_STEADY_AFTER_STEPS" in err
+    monkeypatch.setenv("DGW_PROFILE_STEADY_AFTER_STEPS", "4")
+    assert dgw_main(["settings", "--check"]) == 0
+
+
 def test_assignments_are_checked_as_the_worker_checks_its_environment():
     assert assignments(["DGW_SPEC_MAX_BS=256", "DGW_POLICY=threshold"]) == {
         "DGW_SPEC_MAX_BS": "256", "DGW_POLICY": "threshold"}
@@ -131,6 +145,19 @@ def test_assignments_are_checked_as_the_worker_checks_its_environment():
         assignments(["DGW_SPEC_MAX_B=256"])             # the closest name is offered
     with pytest.raises(ConfigError, match="DGW_SPEC_MAX_BS"):
         assignments(["DGW_SPEC_MAX_BS=0"])
+
+
+def test_settings_env_names_each_key_by_its_variable(tmp_path):
+    """A benchmark passes registry keys; the worker reads back what it was given."""
+    env = settings_env(min_dwell_steps=4, policy=PolicyKind.CYCLE, step_log=tmp_path / "s",
+                       draft_extend_graphs=0, continuity="keep-current")
+    assert env == {"DGW_MIN_DWELL": "4", "DGW_POLICY": "cycle", "DGW_DRAFT_EXTEND_GRAPHS": "0",
+                   "DGW_STEP_LOG": str(tmp_path / "s"), "DGW_CONTINUITY": "keep-current"}
+    got = Settings.from_env(env)
+    assert (got.min_dwell_steps, got.policy, got.draft_extend_graphs) == (4, PolicyKind.CYCLE,
+                                                                          False)
+    with pytest.raises(ConfigError, match="'min_dwell'.*did you mean min_dwell_steps"):
+        settings_env(min_dwell=4)
 
 
 def test_a_variable_may_fix_what_the_settings_file_alone_gets_wrong(tmp_path):

@@ -24,7 +24,7 @@ import torch
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.sglang import stash_room
-from dual_graph_worker.engines.sglang.continuity import NO_ROOM_NEEDED, RoomMade
+from dual_graph_worker.engines.sglang.continuity_contract import NO_ROOM_NEEDED, RoomMade
 from dual_graph_worker.engines.sglang.backlog import (
     LazyBacklog,
     RoomAction,
@@ -1108,25 +1108,21 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
 
 
 def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
-    from dual_graph_worker.engines.sglang.spec_algo import check_lazy_catch_up_server_args
-
-    check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null"))
+    check = sgl.LazyCatchUp.check_server_args
+    check(SimpleNamespace(disaggregation_mode="null"))
     with pytest.raises(ConfigError, match="disaggregation"):
-        check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="decode"))
+        check(SimpleNamespace(disaggregation_mode="decode"))
     with pytest.raises(ConfigError, match="unified-memory"):
-        check_lazy_catch_up_server_args(SimpleNamespace(disaggregation_mode="null",
-                                                        enable_unified_memory=True))
+        check(SimpleNamespace(disaggregation_mode="null", enable_unified_memory=True))
     # Any backend but triton, flashinfer and fa3 (Hopper's default): refused before the
     # weights load, naming the flag to add; those three, or the draft's default, pass.
     for name in ("attention_backend", "decode_attention_backend",
                  "speculative_draft_attention_backend"):
         with pytest.raises(ConfigError, match="--attention-backend triton"):
-            check_lazy_catch_up_server_args(SimpleNamespace(**{name: "trtllm_mha"}))
-    check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="fa3"))
-    check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="triton",
-                                                    prefill_attention_backend=None))
-    check_lazy_catch_up_server_args(SimpleNamespace(attention_backend="flashinfer",
-                                                    decode_attention_backend="triton"))
+            check(SimpleNamespace(**{name: "trtllm_mha"}))
+    check(SimpleNamespace(attention_backend="fa3"))
+    check(SimpleNamespace(attention_backend="triton", prefill_attention_backend=None))
+    check(SimpleNamespace(attention_backend="flashinfer", decode_attention_backend="triton"))
 
 
 
@@ -1555,9 +1551,40 @@ def test_keep_current_draws_its_stage_ranges_from_the_workers_spans(lazy_worker)
     """Its draft extend's range is the worker's (gated by the step's own listener check)."""
     from types import SimpleNamespace
 
+    from dual_graph_worker.engines.sglang.continuity import KeepCurrent
+
     w = lazy_worker(None)
     w._draft_worker, w._draft_sync, w._accept_ones = "dw", SimpleNamespace(runner=None), None
-    assert w._keep_current(None)._stage == w._spans.stage
+    w._target_worker = None
+    assert KeepCurrent.build(w._continuity_context())._stage == w._spans.stage
+
+
+def test_lazy_catch_up_builds_itself_from_the_workers_context(sgl, lazy_worker, monkeypatch):
+    """Its settings reach the stash, its events the worker's step log with the running totals,
+    and the radix cache's hooks the target worker (where the cache's factory finds them)."""
+    from dual_graph_worker.engines.sglang.backlog import BacklogStats
+    from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
+
+    made = {}
+
+    def init(self, draft_worker, target_runner, req_to_token_pool, **kw):
+        made.update(kw, dw=draft_worker, runner=target_runner, pool=req_to_token_pool)
+        self.backlog = SimpleNamespace(stats=BacklogStats(catch_ups=2))
+
+    monkeypatch.setattr(sgl.LazyCatchUp, "__init__", init)
+    w = lazy_worker(None)
+    w.settings = Settings(lazy_stash_mb=64, defer_draft_prefill=False, catch_up_kv_only=True)
+    w._draft_worker, w._draft_sync, w._accept_ones = "dw", SimpleNamespace(runner=None), None
+    w._target_worker = SimpleNamespace(model_runner="target-runner")
+    logged = []
+    monkeypatch.setattr(w, "_log_lazy_event", lambda event, totals: logged.append((event, totals)))
+    lazy = sgl.LazyCatchUp.build(w._continuity_context())
+    assert made == dict(dw="dw", runner="target-runner", pool=w.req_to_token_pool, stash_mb=64,
+                        defer_prefill=False, kv_only=True, kv_check=False)
+    lazy.on_event("an-event")
+    assert logged == [("an-event", BacklogStats(catch_ups=2))]
+    assert getattr(w._target_worker, BEHIND_ATTR) == lazy.behind
+    assert getattr(w._target_worker, UNCLAMPED_ATTR) == w._tree_unclamped
 
 
 @pytest.mark.parametrize("host_lens", [True, False])
@@ -1761,17 +1788,16 @@ def test_a_prompt_aborted_between_its_chunks_leaves_nothing_behind():
 def test_every_continuity_has_its_launch_needs_and_its_strategy(sgl):
     """Launch checks, the radix cache and the draft-sync graphs follow the strategy a setting
     names, from one table each (no flag for the worker to branch on)."""
+    from dual_graph_worker.engines.sglang.continuity import STRATEGIES
     from dual_graph_worker.engines.sglang.radix import BACKEND
-    from dual_graph_worker.engines.sglang.spec_algo import LAUNCH
-    from dual_graph_worker.engines.sglang.worker import _STRATEGIES
 
-    assert set(LAUNCH) == set(_STRATEGIES) == set(Continuity)
-    assert all(cls.kind is kind for kind, cls in _STRATEGIES.items())
-    lazy, keep = LAUNCH[Continuity.LAZY_CATCH_UP], LAUNCH[Continuity.KEEP_CURRENT]
+    assert set(STRATEGIES) == set(Continuity)
+    assert all(cls.kind is kind for kind, cls in STRATEGIES.items())
+    lazy, keep = STRATEGIES[Continuity.LAZY_CATCH_UP], STRATEGIES[Continuity.KEEP_CURRENT]
     assert (lazy.radix_backend, keep.radix_backend) == (BACKEND, None)
     refused = SimpleNamespace(attention_backend="trtllm_mha")
     with pytest.raises(ConfigError, match="--attention-backend triton"):
         lazy.check_server_args(refused)
     keep.check_server_args(refused)
-    assert [_STRATEGIES[k].draft_sync_graphs for k in Continuity] == \
+    assert [STRATEGIES[k].draft_sync_graphs for k in Continuity] == \
         [k is Continuity.KEEP_CURRENT for k in Continuity]

@@ -105,7 +105,7 @@ def test_profile_window_from_settings():
     with pytest.raises(ConfigError, match="DGW_PROFILE_STEADY_AFTER_STEPS"):
         _window({"DGW_PROFILE_STEADY_AFTER_STEPS": "ten"})
     with pytest.raises(ConfigError, match=">= 1"):
-        ProfileWindow(3, 0)
+        Settings(profile_steady_after_steps=3, profile_steps=0)
 
 
 def _plan(mode: Mode, bs: int = 8) -> StepPlan:

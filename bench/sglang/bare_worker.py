@@ -26,7 +26,7 @@ class NoDraftWork:
         return []
 
     def before_decode_step(self, batch, rows):
-        from dual_graph_worker.engines.sglang.continuity import NO_ROOM_NEEDED
+        from dual_graph_worker.engines.sglang.continuity_contract import NO_ROOM_NEEDED
 
         return NO_ROOM_NEEDED
 

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from bench.sglang.engine_child import Child
 from dual_graph_worker.core.jsonio import write_json
-from dual_graph_worker.core.settings import BY_KEY
+from dual_graph_worker.core.settings import settings_env
 
 # Every engine the same KV pool, fitting a 256x512, 64x2112 or 128x1088-token cell with room;
 # each keeps 20% of the memory free at its start as SGLang's runtime slack
@@ -30,7 +30,8 @@ ENGINE_KWARGS = {"max_total_tokens": 160_000, "mem_fraction_static": 0.8, "sleep
 MIN_GPU_MIB = 120_000
 # The worker sizes its lazy catch-up stash to a share of the memory free at its start: up first
 # beside the others it would take tens of GB, so it is pinned to what it takes alone on an H200.
-DUAL_ENV = {BY_KEY["lazy_stash_mb"].env: "3700"}
+STASH_MB = 3700
+DUAL_ENV = settings_env(lazy_stash_mb=STASH_MB)
 POLL_S = 0.005
 
 

@@ -62,7 +62,7 @@ from dual_graph_worker.core.argtypes import OneLineParser, float_list
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object, write_json
 from dual_graph_worker.core.jsonl import json_lines
-from dual_graph_worker.core.settings import assignments
+from dual_graph_worker.core.settings import assignments, settings_env
 
 ENGINES = ("plain", "eagle3", "dual")
 HOST_SPEED_FILE = "host-speed.jsonl"
@@ -249,7 +249,7 @@ def engine_spec(run: Run, kind: str, process: int, extra_kwargs: Optional[dict] 
             for stale in ("dual.steps.jsonl", "step-costs.md"):
                 (run.out / stale).unlink(missing_ok=True)
             if run.step_log:
-                env["DGW_STEP_LOG"] = str(run.out / "dual.steps.jsonl")
+                env |= settings_env(step_log=run.out / "dual.steps.jsonl")
         env |= (dual_env or {}) | run.dual_env
     kwargs = engine_kwargs(kind, run.target, run.draft, run.radix, run.log_level, run.backend)
     optional = {"cpus": run.cpus, "freeze_gc": run.freeze_gc}
@@ -523,7 +523,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                + (f" in {args.rounds} rounds (tok/s: the median round)" if args.rounds > 1
                   else "") + ", KV pool "
                f"{interleave.ENGINE_KWARGS['max_total_tokens']} tokens each, worker stash "
-               f"{interleave.DUAL_ENV['DGW_LAZY_STASH_MB']} MiB" if args.interleave else ""))
+               f"{interleave.STASH_MB} MiB" if args.interleave else ""))
     columns = merged_workloads(previous.get("workloads", []), workloads)
     accepts_seen = sorted(set(previous.get("accepts", [])) | set(accepts))
     run = Run(out=out, accepts=accepts, workloads=workloads, repeats=repeats,

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core import nvtx_names as names
+from dual_graph_worker.core.settings import settings_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPORT_STEM = "sglang"
@@ -95,13 +96,11 @@ class WorkloadSpec:
         return self.output_len or (NUM_STEPS + 1) * (self.needed_steps + 8)
 
     def worker_env(self, step_log: Path) -> dict[str, str]:
-        return {
-            "DGW_POLICY": "cycle",
-            "DGW_MIN_DWELL": str(self.hold),
-            "DGW_PROFILE_STEADY_AFTER_STEPS": str(self.warmup_steps),
-            "DGW_PROFILE_STEPS": str(self.steps),
-            "DGW_DECODE_MAX_BS": str(self.max_graph_bs),
-            "DGW_STEP_LOG": str(step_log),
+        return settings_env(
+            policy="cycle", min_dwell_steps=self.hold,
+            profile_steady_after_steps=self.warmup_steps, profile_steps=self.steps,
+            decode_max_bs=self.max_graph_bs, step_log=step_log,
+        ) | {
             # Read when spec_utils is imported: set before SGLang is.
             "SGLANG_SIMULATE_ACC_LEN": str(self.acc_len),
         }

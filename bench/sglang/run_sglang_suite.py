@@ -94,6 +94,7 @@ from bench.sglang.workload import (  # noqa: E402
     summarize_steps,
 )
 from dual_graph_worker.core.argtypes import OneLineParser  # noqa: E402
+from dual_graph_worker.core.settings import settings_env  # noqa: E402
 from dual_graph_worker.core.step_log import (  # noqa: E402
     read_step_events,
     read_step_log,
@@ -179,19 +180,20 @@ class Suite:
                                  self.args.attention_backend))
 
     def dual_env(self, name: str, **dgw: object) -> tuple[dict, Optional[str]]:
-        env = {f"DGW_{k.upper()}": str(v) for k, v in dgw.items()}
+        """The dual worker's environment: `dgw` (registry keys, e.g. min_dwell_steps=0) and
+        the diagnostic outputs this run asks for."""
+        env = settings_env(**dgw)
         if self.args.stall_trace_s:
             # Diagnostic: the scheduler thread's stack whenever no step starts for that long.
             trace = self.out / f"stall-{name}.jsonl"
             trace.unlink(missing_ok=True)       # the worker appends
-            env |= {"DGW_STALL_TRACE": str(trace),
-                    "DGW_STALL_TRACE_S": str(self.args.stall_trace_s)}
+            env |= settings_env(stall_trace=trace, stall_trace_s=self.args.stall_trace_s)
         if name.endswith("-bench") and not self.args.bench_step_log:
             # What a user runs: no per-step JSON line (the log costs host time every step).
             return env, None
         log = self.out / f"steps-{name}.jsonl"
         log.unlink(missing_ok=True)             # the worker appends
-        return {"DGW_STEP_LOG": str(log)} | env, str(log)
+        return settings_env(step_log=log) | env, str(log)
 
     # ----------------------------------------------------------------------- phases
 
@@ -255,7 +257,7 @@ class Suite:
         task = {"name": "multiturn", "kind": "multiturn", "prompts": prompts,
                 "user_messages": users, "output_len": a.multiturn_output_len}
         name = "dual-toy-multiturn" + RADIX
-        env, log = self.dual_env(name, policy="cycle", min_dwell=a.multiturn_hold)
+        env, log = self.dual_env(name, policy="cycle", min_dwell_steps=a.multiturn_hold)
         er = EngineRun(name, "multiturn",
                        self.common(toy / "target", "auto", 32, radix_cache=True)
                        | {"dtype": a.toy_dtype} | spec_kwargs("dual", toy / "draft-f100"),
@@ -287,7 +289,7 @@ class Suite:
         """A correctness engine's worker env: the threshold policy at --toy-threshold with no
         band and no dwell, so the running batch crosses it many times."""
         return self.dual_env(name, policy="threshold", threshold=self.args.toy_threshold,
-                             band=0, min_dwell=0, **self.continuity_env(continuity))
+                             band=0, min_dwell_steps=0, **self.continuity_env(continuity))
 
     def judge(self, check: dict, want: list, got: list, log: Optional[str],
               continuity: str) -> None:

@@ -46,7 +46,7 @@ from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.jsonl import json_lines
-from dual_graph_worker.core.settings import assignments
+from dual_graph_worker.core.settings import assignments, settings_env
 
 ENGINES = ("plain", "eagle3", "dual")
 # bench_serving's result keys the table keeps, in its order.
@@ -302,7 +302,7 @@ def engine_env(kind: str, cfg: ServeBenchConfig) -> dict:
     if kind == "dual":
         env |= dict(cfg.dual_env)
         if cfg.step_log:
-            env["DGW_STEP_LOG"] = str(step_log_path(cfg))
+            env |= settings_env(step_log=step_log_path(cfg))
     return env
 
 
@@ -354,7 +354,7 @@ def run_engine(kind: str, cfg: ServeBenchConfig, target: str, draft: str,
     return points
 
 
-SOAK_ENV = {"DGW_POLICY": "cycle", "DGW_MIN_DWELL": "4"}
+SOAK_ENV = settings_env(policy="cycle", min_dwell_steps=4)
 # Small KV pool so SGLang retracts; chunked prefill so long prompts span several chunks.
 SOAK_ARGS = ("--chunked-prefill-size", "512", "--max-total-tokens", "16384")
 

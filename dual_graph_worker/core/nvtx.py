@@ -1,6 +1,6 @@
 """NVTX ranges and marks for the worker's hot path (domain "dgw"), free when nothing listens.
 
-    nvtx = Annotator.from_environment()          # one per worker
+    nvtx = Annotator.switched(settings.nvtx)     # one per worker
     with nvtx.step_range("spec", padded_bs=8, graph=True):
         with nvtx.stage_range("draft"): ...
     nvtx.mark_switch("spec", "decode")
@@ -13,12 +13,11 @@ docs/design.md, "Seeing what the worker does", says how listening is decided.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional
 
 from dual_graph_worker.core import nvtx_names as names
-from dual_graph_worker.core.settings import BY_KEY, NSYS_NVTX_INJECTION_ENV
+from dual_graph_worker.core.settings import nsys_injected
 
 NULL_CONTEXT: ContextManager[None] = contextlib.nullcontext()
 _STAGES = frozenset(names.STAGES)
@@ -60,7 +59,7 @@ def _torch_nvtx_backend() -> Optional[tuple[Backend, bool]]:
     except Exception:
         return None
     backend = Backend("torch.cuda.nvtx", tnvtx.range_start, tnvtx.range_end, tnvtx.mark)
-    return backend, bool(os.environ.get(NSYS_NVTX_INJECTION_ENV))
+    return backend, nsys_injected()
 
 
 def torch_profiler_running() -> bool:
@@ -106,9 +105,8 @@ class _Range:
 class Annotator:
     """Emits the dgw convention to the listeners given at construction.
 
-    Immutable: each worker builds one from its settings (`switched(settings.nvtx)`, or
-    `from_environment`) and hands it to what emits for it; tests build their own with a
-    recording backend.
+    Immutable: each worker builds one from its settings (`switched(settings.nvtx)`) and hands
+    it to what emits for it; tests build their own with a recording backend.
     """
 
     __slots__ = ("_backend", "_torch_probe")
@@ -117,11 +115,6 @@ class Annotator:
                  torch_probe: Optional[Callable[[], bool]] = None) -> None:
         self._backend = backend  # None: no NVTX listener
         self._torch_probe = torch_probe
-
-    @classmethod
-    def from_environment(cls) -> "Annotator":
-        """As DGW_NVTX (the variable or its DGW_CONFIG key) says, the other settings unread."""
-        return cls.switched(BY_KEY["nvtx"].read(os.environ))
 
     @classmethod
     def switched(cls, on: bool) -> "Annotator":

@@ -249,6 +249,10 @@ class Settings:
             raise ConfigError(f"DGW_DECODE_MAX_BS={self.decode_max_bs} is below "
                               f"DGW_SPEC_MAX_BS={self.spec_max_bs}: the decode pool must cover "
                               "every batch the spec pool does; raise the first or lower the second")
+        if self.profile_steps is not None and self.profile_steady_after_steps is None:
+            raise ConfigError(f"DGW_PROFILE_STEPS={self.profile_steps} needs "
+                              "DGW_PROFILE_STEADY_AFTER_STEPS, the step the profiling window "
+                              "starts after; set it, or unset DGW_PROFILE_STEPS")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
@@ -295,6 +299,18 @@ class UserSettings:
         return frozenset(set(self.file or ()) | {BY_ENV[e].key for e in self.env})
 
 
+def read_setting(key: str) -> Any:
+    """Setting `key` as this process's environment resolves it (Setting.read), the others
+    unread: for a caller that needs one setting and no Settings."""
+    return BY_KEY[key].read(os.environ)
+
+
+def nsys_injected() -> bool:
+    """Whether nsys injected its NVTX listener into this process (a profiler's variable, read
+    as-is: no setting)."""
+    return bool(os.environ.get(NSYS_NVTX_INJECTION_ENV))
+
+
 def user_settings(environ: Mapping[str, str]) -> UserSettings:
     """Refuses an unknown DGW_* variable (naming the closest known one), so a misspelt setting
     never leaves the default in place silently."""
@@ -319,6 +335,16 @@ def assignments(items: Sequence[str]) -> dict[str, str]:
         env[name] = value
     Settings.from_env(env)
     return env
+
+
+def settings_env(**values: Any) -> dict[str, str]:
+    """Registry keys and values (`min_dwell_steps=4`) as the DGW_* environment that sets them,
+    for a benchmark launching a worker; an unknown key is a ConfigError naming it."""
+    unknown = sorted(set(values) - set(BY_KEY))
+    if unknown:
+        raise ConfigError(f"unknown setting key {unknown[0]!r}{_closest(unknown[0], BY_KEY)}; "
+                          "`dgw settings` lists every key")
+    return {BY_KEY[key].env: str(_plain(value)) for key, value in values.items()}
 
 
 def explicit_keys(environ: Mapping[str, str]) -> frozenset[str]:

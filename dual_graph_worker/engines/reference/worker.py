@@ -28,6 +28,7 @@ from dual_graph_worker.core.planner import StepPlan, StepPlanner
 from dual_graph_worker.core.policy import (Admitted, ModePolicy, PrefillTime, Reason, StepTime,
                                            accepted)
 from dual_graph_worker.core.results import StepRecord
+from dual_graph_worker.core.settings import read_setting
 from dual_graph_worker.engines.reference.buffers import BufferSizes, StaticInputs
 from dual_graph_worker.engines.reference.continuity import make_continuity
 from dual_graph_worker.engines.reference.engine_api import Engine, PrefillMode
@@ -75,7 +76,7 @@ class DualGraphWorker:
                  nvtx: Optional[Annotator] = None) -> None:
         """`nvtx`: where its ranges go (default: as the environment says, DGW_NVTX)."""
         lim = engine.limits
-        self.nvtx = nvtx if nvtx is not None else Annotator.from_environment()
+        self.nvtx = nvtx if nvtx is not None else Annotator.switched(read_setting("nvtx"))
         self.engine, self.config = engine, config
         self.k = lim.num_draft_tokens
         self.dispatch = DispatchTable.build(config.spec_bs, config.decode_bs, config.allow_eager)

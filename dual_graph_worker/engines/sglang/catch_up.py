@@ -318,8 +318,8 @@ def build_catch_up_indices(segments: Sequence[Segment], *, counts: Sequence[int]
 def _host_indices(seg_req: np.ndarray, begin: np.ndarray, lens: np.ndarray, counts: np.ndarray,
                   req_to_token: torch.Tensor, rows: np.ndarray, ends: np.ndarray) -> dict:
     """The device fields of CatchUpIndices and their host mirrors, computed on the host: the
-    arithmetic of _segment_tokens in numpy, since on CPU tensors torch's per-op cost made a pass
-    70-100 us slower (1x1 to 64x32 tokens, this project's CI CPU)."""
+    arithmetic of _segment_tokens in numpy, since on CPU tensors torch's per-op cost dominates
+    arithmetic this small."""
     s, t = len(seg_req), int(lens.sum())
     prefix = ends[seg_req] - counts[seg_req] + begin
     cum = np.cumsum(lens)

@@ -1,62 +1,23 @@
-"""The SGLang worker's continuity strategies behind one protocol (core.continuity): the worker
-calls them at fixed points of a prefill, a speculative step and a decode step.
+"""The SGLang worker's continuity strategies, one table: Continuity -> the class that builds
+itself from the worker's context (continuity_contract.py) and carries its launch needs.
 
 `KeepCurrent` is here; `LazyCatchUp` is lazy_sync.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import numpy as np
 import torch
 
-from dual_graph_worker.core.batch_costs import CatchUpWork
-from dual_graph_worker.core.continuity import Continuity, ContinuityStrategy
+from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.nvtx import NULL_CONTEXT
+from dual_graph_worker.engines.sglang.continuity_contract import (NO_ROOM_NEEDED,
+                                                                  ContinuityContext, DecodeDraft,
+                                                                  RoomMade, SGLangContinuity)
 from dual_graph_worker.engines.sglang.draft_sync import run_one_token_draft_extend
-
-
-class DecodeDraft(NamedTuple):
-    next_draft_input: Any        # the EagleDraftInput the result hands the scheduler
-    keep_alive: list             # tensors / batches the scheduler keeps two iterations
-
-
-class RoomMade(NamedTuple):
-    """What a decode step's preparation did: tensors to keep alive until its kernels ran, and
-    the draft tokens a forced catch-up brought up to date first (0: none)."""
-
-    keep_alive: Sequence[Any]
-    caught_up_tokens: int = 0
-
-
-NO_ROOM_NEEDED = RoomMade(())
-
-
-class SGLangContinuity(ContinuityStrategy, Protocol):
-    draft_sync_graphs: bool        # wants its one-token draft extend captured as graphs
-    catch_up_work: Optional[CatchUpWork]     # catch-ups that fill the draft's K/V alone
-
-    def defers_prefill_of(self, batch: Any, next_step_decodes: Callable[[], bool]) -> bool:
-        """Whether this prefill batch runs the target alone (the draft's prefill deferred)."""
-
-    def on_prefill(self, batch: Any) -> None:
-        """EAGLE's own prefill, draft included, runs for `batch`."""
-
-    def deferred_prefill(self, batch: Any, *, aux: Optional[torch.Tensor],
-                         next_token_ids: torch.Tensor) -> Any:
-        """After a target-only prefill: the result's next_draft_input."""
-
-    def before_spec_step(self, batch: Any, rows: np.ndarray) -> list:
-        """Bring every row of `batch` (request-pool `rows`) up to date; returns keep-alive
-        references."""
-
-    def before_decode_step(self, batch: Any, rows: np.ndarray) -> RoomMade: ...
-
-    def after_decode_step(self, batch: Any, rows: np.ndarray, *, target: Any,
-                          out_cache_loc: torch.Tensor) -> DecodeDraft: ...
-
-    def describe(self) -> dict: ...
+from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp
 
 
 class KeepCurrent:
@@ -66,6 +27,7 @@ class KeepCurrent:
     kind = Continuity.KEEP_CURRENT
     defers_prefill = False
     draft_sync_graphs = True       # its one-token draft extend, captured beside the decode pool
+    radix_backend = None           # SGLang's own: the draft's KV is always current
     catch_up_work = None           # no catch-ups
 
     def __init__(self, draft_worker: Any, graph_runner: Optional[Any],
@@ -76,6 +38,14 @@ class KeepCurrent:
         self.dw, self.graph_runner, self._stage = draft_worker, graph_runner, stage
         # Each step's accept counts (0 drafts, 1 token), sliced from tensors made once.
         self._counts = None if ones is None else (torch.zeros_like(ones), ones)
+
+    @classmethod
+    def build(cls, ctx: ContinuityContext) -> "KeepCurrent":
+        return cls(ctx.draft_worker, ctx.draft_sync_runner, ctx.accept_ones, ctx.stage)
+
+    @staticmethod
+    def check_server_args(server_args: Any) -> None:
+        pass
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return 0
@@ -109,3 +79,9 @@ class KeepCurrent:
 
     def describe(self) -> dict:
         return {"continuity": self.kind.value, "draft_sync_graphs": self.graph_runner is not None}
+
+
+STRATEGIES: Mapping[Continuity, type[SGLangContinuity]] = {
+    Continuity.KEEP_CURRENT: KeepCurrent,
+    Continuity.LAZY_CATCH_UP: LazyCatchUp,
+}

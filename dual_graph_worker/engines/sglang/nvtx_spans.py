@@ -14,28 +14,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Optional
 
 from dual_graph_worker.core.planner import StepPlan
-from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.nvtx import NULL_CONTEXT, Annotator
-from dual_graph_worker.core.settings import BY_KEY, Settings
+from dual_graph_worker.core.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-STEADY_AFTER_ENV = BY_KEY["profile_steady_after_steps"].env
-STEPS_ENV = BY_KEY["profile_steps"].env
-
-
 @dataclass(frozen=True)
 class ProfileWindow:
+    """DGW_PROFILE_STEADY_AFTER_STEPS and DGW_PROFILE_STEPS, bounded and paired by Settings."""
+
     steady_after: int              # decode-family steps before the steady_state_begin mark
     steps: Optional[int] = None    # steady steps inside the capture range; None: no range
-
-    def __post_init__(self) -> None:
-        if self.steady_after < 0:
-            raise ConfigError(f"{STEADY_AFTER_ENV} must be >= 0, got {self.steady_after}")
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"{STEPS_ENV} must be >= 1, got {self.steps}")
 
     @property
     def capture_start(self) -> Optional[int]:
@@ -49,13 +40,8 @@ class ProfileWindow:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Optional["ProfileWindow"]:
-        after, steps = settings.profile_steady_after_steps, settings.profile_steps
-        if after is None:
-            if steps is not None:
-                raise ConfigError(f"{STEPS_ENV} needs {STEADY_AFTER_ENV} (where the window "
-                                  "starts)")
-            return None
-        return cls(after, steps)
+        after = settings.profile_steady_after_steps
+        return None if after is None else cls(after, settings.profile_steps)
 
 
 class CudaProfilerRange(NamedTuple):

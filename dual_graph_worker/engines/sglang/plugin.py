@@ -10,9 +10,8 @@ records whether the name is taken (no module-level flag).
 from __future__ import annotations
 
 import logging
-import os
 
-from dual_graph_worker.core.settings import BY_KEY
+from dual_graph_worker.core.settings import read_setting
 
 from dual_graph_worker.engines.sglang.version import (
     check_sglang_version,
@@ -33,7 +32,7 @@ def register() -> None:
 def _register() -> None:
     check_sglang_version(installed_sglang_version())
     # Parsed as the worker parses it ("none" or blank: unset), so the two agree.
-    probe = BY_KEY["capture_probe"].read(os.environ)
+    probe = read_setting("capture_probe")
     if probe:
         # Before any model runner exists: the target's graphs are captured before the worker.
         # Idempotent, as registration is.

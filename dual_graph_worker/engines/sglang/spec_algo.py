@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
-from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
-                                                              apply_dual_graph_server_args)
+from dual_graph_worker.engines.sglang.continuity_contract import SGLangContinuity
+from dual_graph_worker.engines.sglang.server_args_hook import apply_dual_graph_server_args
 
 logger = logging.getLogger(__name__)
 
@@ -60,43 +57,19 @@ def validate_server_args(server_args: Any) -> None:
     # Parse the worker settings here too, so a typo in DGW_* fails at launch, not in a
     # scheduler process after the weights are loaded.
     config = Settings.from_env(os.environ)
-    LAUNCH[config.continuity].check_server_args(server_args)
+    _strategy(config).check_server_args(server_args)
     # The files only: a capture config's GPU and model shape are checked in each scheduler.
     from dual_graph_worker.engines.sglang.capture_config import check_setting_files
 
     check_setting_files(config)
 
 
-# The server arguments that choose an attention backend the catch-up's draft extend may run on.
-_BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
-                 "speculative_draft_attention_backend")
+def _strategy(config: Settings) -> type[SGLangContinuity]:
+    """The continuity strategy's class, for its launch needs; imported here, not when the
+    plugin registers, so registering does not import the strategies' SGLang stack."""
+    from dual_graph_worker.engines.sglang.continuity import STRATEGIES
 
-
-def check_lazy_catch_up_server_args(server_args: Any) -> None:
-    """What DGW_CONTINUITY=lazy-catch-up cannot run with (lazy_sync.py says why). Checked in the
-    main process before any weight loads, on the backends SGLang resolved (its defaults are
-    declared, not yet written to the fields, when the validator runs)."""
-    from sglang.srt.arg_groups.overrides import resolved_view
-
-    resolved = resolved_view(server_args)
-    other = {name: getattr(resolved, name, None) for name in _BACKEND_ARGS
-             if getattr(resolved, name, None) not in (None, *CATCH_UP_BACKENDS)}
-    if other:
-        name, value = next(iter(other.items()))
-        chosen = ("SGLang's default for this GPU" if getattr(server_args, name, None) is None
-                  else "set by the launch command")
-        raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend over "
-                          f"per-request ranges) on the {' or '.join(CATCH_UP_BACKENDS)} "
-                          f"attention backend, but this server's {name} is {value!r} ({chosen}):"
-                          f" add {CATCH_UP_FLAG}, or set "
-                          "DGW_CONTINUITY=keep-current")
-    if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
-        raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
-                          "(prebuilt decode batches bypass the worker, so a reused request row "
-                          "would keep a stale backlog); use DGW_CONTINUITY=keep-current")
-    if getattr(server_args, "enable_unified_memory", False):
-        raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support --enable-unified-memory "
-                          "(the stash is indexed by KV slot id); use DGW_CONTINUITY=keep-current")
+    return STRATEGIES[config.continuity]
 
 
 def worker_factory(server_args: Any) -> type:
@@ -105,21 +78,6 @@ def worker_factory(server_args: Any) -> type:
     from dual_graph_worker.engines.sglang.worker import DualGraphEagleWorker
 
     return DualGraphEagleWorker
-
-
-@dataclass(frozen=True)
-class ContinuityLaunch:
-    """What a continuity strategy asks of the server at launch, in the main process, before any
-    worker exists (the strategies themselves load with the GPU stack, in the schedulers)."""
-
-    check_server_args: Callable[[Any], None]     # raises ConfigError naming the fix
-    radix_backend: Optional[str]                 # the radix cache it needs; None: SGLang's own
-
-
-LAUNCH: Mapping[Continuity, ContinuityLaunch] = {
-    Continuity.KEEP_CURRENT: ContinuityLaunch(lambda server_args: None, None),
-    Continuity.LAZY_CATCH_UP: ContinuityLaunch(check_lazy_catch_up_server_args, RADIX_BACKEND),
-}
 
 
 class DualGraphEagle3Spec(CustomSpecAlgo):
@@ -168,5 +126,5 @@ class DualGraphEagle3Spec(CustomSpecAlgo):
         adjustment = apply_dual_graph_server_args(
             server_args, spec_max_bs=config.spec_max_bs,
             max_running_requests_was_unset=was_unset,
-            draft_valid_backend=LAUNCH[config.continuity].radix_backend, spec_bs=spec_bs)
+            draft_valid_backend=_strategy(config).radix_backend, spec_bs=spec_bs)
         logger.info("%s: %s", ALGORITHM_NAME, adjustment.describe())

@@ -37,7 +37,6 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from dual_graph_worker.core import nvtx_names as names
 from dual_graph_worker.core.calibration import (CalibrationTable, measure_calibration,
                                                 wall_clock_timer)
-from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.counters import WorkerCounters
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.errors import ConfigError
@@ -54,7 +53,9 @@ from dual_graph_worker.core.gc_pauses import GcPauses
 from dual_graph_worker.core.step_log import StepLogWriter
 from dual_graph_worker.core.timing import ResultClock
 from dual_graph_worker.engines.sglang import nvtx_spans
-from dual_graph_worker.engines.sglang.continuity import KeepCurrent, SGLangContinuity
+from dual_graph_worker.engines.sglang.continuity import STRATEGIES
+from dual_graph_worker.engines.sglang.continuity_contract import (ContinuityContext,
+                                                                  SGLangContinuity)
 from dual_graph_worker.engines.sglang.decode_pool import (
     DecodePool,
     build_decode_pool,
@@ -77,14 +78,12 @@ from dual_graph_worker.engines.sglang.layout import (
     decode_step_layout,
     per_request_logprobs,
 )
-from dual_graph_worker.engines.sglang.lazy_sync import LazyCatchUp, LazyEvent
+from dual_graph_worker.engines.sglang.lazy_sync import LazyEvent
 from dual_graph_worker.engines.sglang.row_context import RowContext, prefill_lengths, rows_of
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
-from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 
 logger = logging.getLogger(__name__)
 
-_STRATEGIES = {Continuity.KEEP_CURRENT: KeepCurrent, Continuity.LAZY_CATCH_UP: LazyCatchUp}
 # Completed steps between the step log's lines of the controller's cost terms.
 ESTIMATES_EVERY = 64
 
@@ -233,8 +232,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             self._decode_pool = build_decode_pool(mr, self._decode_bs)
             self._additional_graph_memory_usage["decode_pool"] = self._decode_pool.memory_gb
             self._additional_graph_time_usage["decode_pool"] = self._decode_pool.capture_time_s
-            if self.settings.draft_extend_graphs and \
-                    _STRATEGIES[self.settings.continuity].draft_sync_graphs:
+            if self.settings.draft_extend_graphs and self._strategy.draft_sync_graphs:
                 self._draft_sync = self._capture_draft_sync_graphs()
         spec_bs = tuple(getattr(mr.decode_cuda_graph_runner, "capture_bs", None) or ())
         table = DispatchTable.build(spec_bs if self._graphs_enabled else (),
@@ -243,7 +241,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._accept_ones = torch.ones(r2t.shape[0], dtype=torch.int32, device=r2t.device)
         self._context = RowContext(r2t.shape[0])
         # After every capture, so the graphs (and their pool) are those of keep-current.
-        self.continuity = self._build_continuity(mr)
+        self.continuity = self._strategy.build(self._continuity_context())
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
         reduce = _tp_mean(mr.tp_group)
         share = self._draft_share(mr, reduce)
@@ -307,26 +305,19 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             logger.info("dual-graph: capture probe: %d graphs -> %s", len(probe.records),
                         probe.path)
 
-    def _build_continuity(self, mr) -> SGLangContinuity:
-        build = {Continuity.KEEP_CURRENT: self._keep_current,
-                 Continuity.LAZY_CATCH_UP: self._lazy_catch_up}
-        return build[self.settings.continuity](mr)
+    @property
+    def _strategy(self) -> type[SGLangContinuity]:
+        """The continuity strategy's class, as DGW_CONTINUITY names it."""
+        return STRATEGIES[self.settings.continuity]
 
-    def _keep_current(self, mr) -> KeepCurrent:
-        return KeepCurrent(self._draft_worker, self._draft_sync.runner, self._accept_ones,
-                           self._spans.stage)
-
-    def _lazy_catch_up(self, mr) -> LazyCatchUp:
-        lazy = LazyCatchUp(self._draft_worker, mr, self.req_to_token_pool,
-                           stash_mb=self.settings.lazy_stash_mb,
-                           defer_prefill=self.settings.defer_draft_prefill,
-                           kv_only=self.settings.catch_up_kv_only,
-                           kv_check=self.settings.catch_up_kv_check)
-        lazy.on_event = lambda event: self._log_lazy_event(event, lazy.backlog.stats)
-        # The radix cache is built after the workers; its factory finds these here.
-        setattr(self._target_worker, BEHIND_ATTR, lazy.behind)
-        setattr(self._target_worker, UNCLAMPED_ATTR, self._tree_unclamped)
-        return lazy
+    def _continuity_context(self) -> ContinuityContext:
+        """What the continuity strategy builds itself from, once every graph is captured."""
+        return ContinuityContext(
+            settings=self.settings, draft_worker=self._draft_worker,
+            target_worker=self._target_worker, req_to_token_pool=self.req_to_token_pool,
+            draft_sync_runner=self._draft_sync.runner, accept_ones=self._accept_ones,
+            stage=self._spans.stage, log_event=self._log_lazy_event,
+            tree_unclamped=self._tree_unclamped)
 
     def _tree_unclamped(self, cache_name: str) -> None:
         """SGLang built a radix cache lazy catch-up cannot keep draft-valid (after the policy):
