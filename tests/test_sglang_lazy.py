@@ -1108,7 +1108,9 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
 
 
 def test_validator_refuses_lazy_with_pd_and_unified_memory(sgl):
-    check = sgl.LazyCatchUp.check_server_args
+    from dual_graph_worker.engines.sglang.continuity_launch import LazyCatchUpLaunch
+
+    check = LazyCatchUpLaunch.check_server_args
     check(SimpleNamespace(disaggregation_mode="null"))
     with pytest.raises(ConfigError, match="disaggregation"):
         check(SimpleNamespace(disaggregation_mode="decode"))
@@ -1789,11 +1791,12 @@ def test_every_continuity_has_its_launch_needs_and_its_strategy(sgl):
     """Launch checks, the radix cache and the draft-sync graphs follow the strategy a setting
     names, from one table each (no flag for the worker to branch on)."""
     from dual_graph_worker.engines.sglang.continuity import STRATEGIES
+    from dual_graph_worker.engines.sglang.continuity_launch import LAUNCH
     from dual_graph_worker.engines.sglang.radix import BACKEND
 
-    assert set(STRATEGIES) == set(Continuity)
+    assert set(LAUNCH) == set(STRATEGIES) == set(Continuity)
     assert all(cls.kind is kind for kind, cls in STRATEGIES.items())
-    lazy, keep = STRATEGIES[Continuity.LAZY_CATCH_UP], STRATEGIES[Continuity.KEEP_CURRENT]
+    lazy, keep = LAUNCH[Continuity.LAZY_CATCH_UP], LAUNCH[Continuity.KEEP_CURRENT]
     assert (lazy.radix_backend, keep.radix_backend) == (BACKEND, None)
     refused = SimpleNamespace(attention_backend="trtllm_mha")
     with pytest.raises(ConfigError, match="--attention-backend triton"):

@@ -108,6 +108,22 @@ def test_engine_agnostic_modules_do_not_import_sglang():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+
+def test_the_launch_checks_do_not_import_the_strategies():
+    """The validator and the server-args handling run in the main process, before any worker:
+    they read each continuity's launch needs without importing its GPU stack."""
+    code = textwrap.dedent("""
+        import sys
+        from types import SimpleNamespace
+        from dual_graph_worker.engines.sglang import spec_algo
+        spec_algo.validate_server_args(SimpleNamespace(attention_backend="triton"))
+        heavy = [m for m in ("dual_graph_worker.engines.sglang.lazy_sync",
+                             "dual_graph_worker.engines.sglang.continuity",
+                             "dual_graph_worker.engines.sglang.worker") if m in sys.modules]
+        assert not heavy, heavy
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
 # --------------------------------------------------------------------------- policy, planner
 
 def _table(k=3):

@@ -27,7 +27,6 @@ class KeepCurrent:
     kind = Continuity.KEEP_CURRENT
     defers_prefill = False
     draft_sync_graphs = True       # its one-token draft extend, captured beside the decode pool
-    radix_backend = None           # SGLang's own: the draft's KV is always current
     catch_up_work = None           # no catch-ups
 
     def __init__(self, draft_worker: Any, graph_runner: Optional[Any],
@@ -42,10 +41,6 @@ class KeepCurrent:
     @classmethod
     def build(cls, ctx: ContinuityContext) -> "KeepCurrent":
         return cls(ctx.draft_worker, ctx.draft_sync_runner, ctx.accept_ones, ctx.stage)
-
-    @staticmethod
-    def check_server_args(server_args: Any) -> None:
-        pass
 
     def pending_tokens(self, rows: np.ndarray) -> int:
         return 0

@@ -50,13 +50,7 @@ class ContinuityContext:
 
 class SGLangContinuity(ContinuityStrategy, Protocol):
     draft_sync_graphs: ClassVar[bool]    # wants its one-token draft extend captured as graphs
-    radix_backend: ClassVar[Optional[str]]   # the radix cache it needs; None: SGLang's own
     catch_up_work: Optional[CatchUpWork]     # catch-ups that fill the draft's K/V alone
-
-    @staticmethod
-    def check_server_args(server_args: Any) -> None:
-        """In the main process, before any weight loads: ConfigError naming the fix where this
-        strategy cannot run with these server arguments."""
 
     @classmethod
     def build(cls, ctx: ContinuityContext) -> "SGLangContinuity":

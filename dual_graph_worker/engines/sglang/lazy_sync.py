@@ -72,9 +72,6 @@ DEFAULT_MAX_PASS_TOKENS = 8192
 # DGW_LAZY_STASH_MB=0 (auto): this share of the GPU memory free after every capture. The rest
 # stays for SGLang's activations (a prefill chunk's MLP and the FULL aux capture of its tokens).
 AUTO_STASH_SHARE = 0.4
-# The server arguments that choose an attention backend the catch-up's draft extend may run on.
-_BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
-                 "speculative_draft_attention_backend")
 
 
 class CatchUpEvent(NamedTuple):
@@ -198,7 +195,6 @@ class LazyCatchUp:
 
     kind = Continuity.LAZY_CATCH_UP
     draft_sync_graphs = False      # the draft catches up when speculation resumes
-    radix_backend = RADIX_BACKEND  # keeps the radix cache draft-valid (radix.py)
 
     @classmethod
     def build(cls, ctx: ContinuityContext) -> "LazyCatchUp":
@@ -212,34 +208,6 @@ class LazyCatchUp:
         setattr(ctx.target_worker, BEHIND_ATTR, lazy.behind)
         setattr(ctx.target_worker, UNCLAMPED_ATTR, ctx.tree_unclamped)
         return lazy
-
-    @staticmethod
-    def check_server_args(server_args: Any) -> None:
-        """What DGW_CONTINUITY=lazy-catch-up cannot run with. Checked in the main process before
-        any weight loads, on the backends SGLang resolved (its defaults are declared, not yet
-        written to the fields, when the validator runs)."""
-        from sglang.srt.arg_groups.overrides import resolved_view
-
-        resolved = resolved_view(server_args)
-        other = {name: getattr(resolved, name, None) for name in _BACKEND_ARGS
-                 if getattr(resolved, name, None) not in (None, *CATCH_UP_BACKENDS)}
-        if other:
-            name, value = next(iter(other.items()))
-            chosen = ("SGLang's default for this GPU" if getattr(server_args, name, None) is None
-                      else "set by the launch command")
-            raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend "
-                              f"over per-request ranges) on the {' or '.join(CATCH_UP_BACKENDS)}"
-                              f" attention backend, but this server's {name} is {value!r} "
-                              f"({chosen}): add {CATCH_UP_FLAG}, or set "
-                              "DGW_CONTINUITY=keep-current")
-        if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
-            raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
-                              "(prebuilt decode batches bypass the worker, so a reused request "
-                              "row would keep a stale backlog); use DGW_CONTINUITY=keep-current")
-        if getattr(server_args, "enable_unified_memory", False):
-            raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support "
-                              "--enable-unified-memory (the stash is indexed by KV slot id); "
-                              "use DGW_CONTINUITY=keep-current")
 
     @property
     def defers_prefill(self) -> bool:

@@ -17,7 +17,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import Settings
-from dual_graph_worker.engines.sglang.continuity_contract import SGLangContinuity
+from dual_graph_worker.engines.sglang.continuity_launch import LAUNCH
 from dual_graph_worker.engines.sglang.server_args_hook import apply_dual_graph_server_args
 
 logger = logging.getLogger(__name__)
@@ -57,19 +57,11 @@ def validate_server_args(server_args: Any) -> None:
     # Parse the worker settings here too, so a typo in DGW_* fails at launch, not in a
     # scheduler process after the weights are loaded.
     config = Settings.from_env(os.environ)
-    _strategy(config).check_server_args(server_args)
+    LAUNCH[config.continuity].check_server_args(server_args)
     # The files only: a capture config's GPU and model shape are checked in each scheduler.
     from dual_graph_worker.engines.sglang.capture_config import check_setting_files
 
     check_setting_files(config)
-
-
-def _strategy(config: Settings) -> type[SGLangContinuity]:
-    """The continuity strategy's class, for its launch needs; imported here, not when the
-    plugin registers, so registering does not import the strategies' SGLang stack."""
-    from dual_graph_worker.engines.sglang.continuity import STRATEGIES
-
-    return STRATEGIES[config.continuity]
 
 
 def worker_factory(server_args: Any) -> type:
@@ -126,5 +118,5 @@ class DualGraphEagle3Spec(CustomSpecAlgo):
         adjustment = apply_dual_graph_server_args(
             server_args, spec_max_bs=config.spec_max_bs,
             max_running_requests_was_unset=was_unset,
-            draft_valid_backend=_strategy(config).radix_backend, spec_bs=spec_bs)
+            draft_valid_backend=LAUNCH[config.continuity].radix_backend, spec_bs=spec_bs)
         logger.info("%s: %s", ALGORITHM_NAME, adjustment.describe())
