@@ -1663,9 +1663,9 @@ def test_explore_cap_rules_out_the_dearest_re_measurements():
     dearer than cap x the bank is never made; cheaper costly ones still run into debt."""
     p = controller(explore_budget=0.01, explore_steps=4, explore_cap=3.0)
     p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
-    bank = 4.0
-    assert p._budget.affordable(3 * bank) and not p._budget.affordable(3 * bank + 0.1)
-    assert controller(explore_cap=0.0)._budget.affordable(100 * bank)       # 0: no cap
+    bank, budget = 4.0, p._explorer.budget
+    assert budget.affordable(3 * bank) and not budget.affordable(3 * bank + 0.1)
+    assert controller(explore_cap=0.0)._explorer.budget.affordable(100 * bank)      # 0: no cap
     # Where rising acceptance needs a dear re-measurement (bs 48 from accept 2: a catch-up of
     # the draft's backlog, which grows while decoding), it goes unseen.
     rise = 1400
@@ -1681,26 +1681,26 @@ def test_explore_cap_rules_out_the_dearest_re_measurements():
 
 def test_a_costly_re_measurement_runs_into_debt_without_starving_the_cheap_ones():
     p = controller(explore_budget=0.01, explore_steps=4)
-    bank = 4.0
+    bank, budget = 4.0, p._explorer.budget
     p.commit(Decision(Mode.DECODE, Reason.GOODPUT))              # decoding
-    assert p._budget.affordable(bank) and p._budget.affordable(3 * bank)      # a full bank, no debt
+    assert budget.affordable(bank) and budget.affordable(3 * bank)      # a full bank, no debt
     for _ in range(4):                                           # one costly re-measurement
         p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3 * bank))
     # Its price went into debt; the bank is untouched: a cheap one is still affordable, the
     # next costly one only once the debt is repaid by what the full bank cannot hold.
-    assert p._budget.allowance == pytest.approx(bank) and p._budget.debt == pytest.approx(3 * bank - 0.03)
+    assert budget.allowance == pytest.approx(bank) and budget.debt == pytest.approx(3 * bank - 0.03)
     shown = p.estimates().to_json()                              # /get_server_info
-    assert (shown["explore_allowance_steps"], shown["explore_debt_steps"]) == (p._budget.allowance,
-                                                                                p._budget.debt)
-    assert p._budget.affordable(bank) and not p._budget.affordable(bank + 0.1)
+    assert (shown["explore_allowance_steps"], shown["explore_debt_steps"]) == (budget.allowance,
+                                                                                budget.debt)
+    assert budget.affordable(bank) and not budget.affordable(bank + 0.1)
     steps = 0
-    while not p._budget.affordable(bank + 0.1):
+    while not budget.affordable(bank + 0.1):
         p.commit(Decision(Mode.DECODE, Reason.GOODPUT))
         steps += 1
     assert steps == pytest.approx(1197, abs=1)                   # 11.97 at 0.01 a step
     # A cheap one is paid from the bank, which refills at the budget's rate.
     p.commit(Decision(Mode.SPEC, Reason.EXPLORE, 3.0))
-    assert p._budget.allowance == pytest.approx(1.0) and not p._budget.affordable(2.0)
+    assert budget.allowance == pytest.approx(1.0) and not budget.affordable(2.0)
 
 
 def test_a_dearer_re_measurement_is_never_more_affordable():
@@ -2062,10 +2062,11 @@ def _run_probe(history: tuple, draws,
     inputs = PolicyInputs(bs, bs, bs, rows=np.arange(bs))
     p, _ = _probing(bs, history, decode_steps=20)
     if priced is not None:
-        p._probe.priced = priced
+        p._explorer.probe.priced = priced
     charges, incomes = [], []
-    budget, charge, earn = p._budget, p._budget.charge, p._budget.earn
-    budget.charge = lambda price: (charges.append((p._probe.ran, price)), charge(price))
+    budget = p._explorer.budget
+    charge, earn = budget.charge, budget.earn
+    budget.charge = lambda price: (charges.append((p._explorer.probe.ran, price)), charge(price))
     budget.earn = lambda amount: (incomes.append(amount), earn(amount))
     steps = 1
     for i in range(20):
@@ -2142,7 +2143,7 @@ def test_a_re_measurement_priced_as_ending_early_pays_for_the_steps_it_runs_on()
     """Priced as one step (all requests drew 1), it sees acceptance 4 and runs whole: each step
     beyond the one priced is charged as it runs, so the budget still bounds what it costs."""
     p, _ = _probing(16, (1.0,) * 4, decode_steps=20)
-    step_price, balance = p._probe.step_price, _balance(p)
+    step_price, balance = p._explorer.probe.step_price, _balance(p)
     inputs = PolicyInputs(16, 16, 16, rows=np.arange(16))
     for _ in range(p.config.explore_steps - 1):
         p.observe(accepted(Mode.SPEC, np.full(16, 4.0), inputs.rows))
@@ -2164,7 +2165,7 @@ def test_the_steps_before_a_re_measurements_acceptance_is_seen_are_learnt():
     _commit(p, Mode.DECODE, 300)                                 # the bank refills
     again = p.decide(inputs)
     assert again.reason is Reason.EXPLORE
-    assert again.price == pytest.approx(d.price + p._offer[1].step_price, rel=0.05)
+    assert again.price == pytest.approx(d.price + p._explorer.offer[1].step_price, rel=0.05)
 
 
 def test_a_stale_step_time_is_judged_as_far_faster_as_it_may_have_drifted():

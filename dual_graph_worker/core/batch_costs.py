@@ -11,6 +11,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from dual_graph_worker.core.estimates import BatchCostEstimates
+from dual_graph_worker.core.exchange import BatchSums
 from dual_graph_worker.core.regressions import (CATCH_UP_MIN_SPREAD, MIN_EVENTS,
                                                 PREFILL_MIN_SPREAD, Slope)
 
@@ -25,23 +26,18 @@ _RATIO_MIN_TOKENS = 512
 # and at most _SHARE_CAP times the draft's share of one where known (docs/design.md, catch-ups).
 _RATE_CAP = 3.0
 _SHARE_CAP = 2.0
-# Local slots: regressions (n, sum x, sum y, sum xx, sum xy with x = tokens, y = seconds) of
-# prefills with and without the draft, of catch-ups at a switch back from decode, and of
-# catch-ups inside a speculative run (after deferred prefills); switches without a catch-up
-# (count, sum of seconds); catch-ups at a switch that fill the draft's K/V alone (CatchUpWork).
-_PF = (5, 0)                  # [draft]: with the draft at 0, without at 5
-_CU = (15, 10)                # [at_switch]
-_SW = 20
-_KV = 22
-_SLOTS = 27
-
-
 _NOT_PER_TOKEN = ("lm_head", "wte", "shared_head")
 
 
 def _line_sums(x: float, y: float) -> tuple[float, ...]:
-    """One (x, y) point's share of a regression's sums (the local slots' layout)."""
+    """One (x, y) point's share of a regression's sums (exchange.LINE's layout)."""
     return 1.0, x, y, x * x, x * y
+
+
+def _add(sums: list[float], values: tuple) -> None:
+    """`values` added to `sums`, place by place."""
+    for at, v in enumerate(values):
+        sums[at] += v
 
 
 def draft_share(target: Iterable[tuple[str, int]], draft: Iterable[tuple[str, int]]) -> float:
@@ -149,20 +145,23 @@ class BatchCosts:
         self._members: Optional[np.ndarray] = None
         self._mark = np.zeros(max_rows, dtype=bool)
         # Rank-local sums since the last exchange: never read by a decision.
-        self._local = [0.0] * _SLOTS
+        self._local = BatchSums.zeros()
 
     # ------------------------------------------------------------------------------ write
 
     def add_prefill(self, draft: bool, tokens: float, seconds: float) -> None:
-        self._add(_PF[draft], _line_sums(tokens, seconds))
+        local = self._local
+        _add(local.prefill_draft if draft else local.prefill_plain, _line_sums(tokens, seconds))
 
     def add_catch_up(self, at_switch: bool, tokens: float, seconds: float) -> None:
+        local = self._local
         if not self.fills_kv(tokens):
-            self._add(_CU[at_switch], _line_sums(tokens, seconds))
+            _add(local.catch_up_switch if at_switch else local.catch_up_run,
+                 _line_sums(tokens, seconds))
         elif at_switch:
             # Inside a speculative run nothing is priced from them: the draft's prefill of a
             # prompt there runs the whole layer.
-            self._add(_KV, _line_sums(tokens, seconds))
+            _add(local.kv_catch_up, _line_sums(tokens, seconds))
 
     def fills_kv(self, tokens: float) -> bool:
         """Whether a catch-up of `tokens` fills the draft's K/V alone in some pass."""
@@ -180,12 +179,7 @@ class BatchCosts:
         return None if cap is None else self.catch_up_fit[0] + tokens * cap
 
     def add_switch(self, seconds: float) -> None:
-        self._add(_SW, (1.0, seconds))
-
-    def _add(self, slot: int, values: tuple) -> None:
-        local = self._local
-        for at, v in enumerate(values, slot):
-            local[at] += v
+        _add(self._local.switches, (1.0, seconds))
 
     def admitted(self, tokens: int, rows: Optional[list[int]]) -> None:
         """A prefill of `tokens` prompt tokens; new requests hold `rows` (None: not known)."""
@@ -198,21 +192,23 @@ class BatchCosts:
         self.batch_rows = rows
         self.output_window += tokens
 
-    def take_local(self) -> list[float]:
+    def take_local(self) -> BatchSums:
         """This rank's sums since the last exchange, and cleared."""
-        local, self._local = self._local, [0.0] * _SLOTS
+        local, self._local = self._local, BatchSums.zeros()
         return local
 
-    def fold(self, tail: list[float]) -> None:
-        """Every rank's sums (take_local's layout, reduced), and the workload's prompt share;
-        then the terms derived from them."""
+    def fold(self, sums: BatchSums) -> None:
+        """Every rank's sums (take_local's, reduced), and the workload's prompt share; then the
+        terms derived from them."""
         # Nothing new: every fit, a ratio of sums decayed alike, is unchanged.
-        new = any(tail)
-        for kind in (True, False):
-            self._prefill[kind].fold(tail[_PF[kind]:_PF[kind] + 5] if new else None)
-            self.catch_up[kind].fold(tail[_CU[kind]:_CU[kind] + 5] if new else None)
-        self.kv_catch_up.fold(tail[_KV:_KV + 5] if new else None)
-        switches, seconds = tail[_SW:_SW + 2]
+        new = not sums.empty()
+        for fit, window in ((self._prefill[True], sums.prefill_draft),
+                            (self._prefill[False], sums.prefill_plain),
+                            (self.catch_up[True], sums.catch_up_switch),
+                            (self.catch_up[False], sums.catch_up_run),
+                            (self.kv_catch_up, sums.kv_catch_up)):
+            fit.fold(window if new else None)
+        switches, seconds = sums.switches
         self._switches = _CATCH_UP_DECAY * self._switches + switches
         self._switch_sum = _CATCH_UP_DECAY * self._switch_sum + seconds
         self.switch_s = max(self._switch_sum / self._switches, 0.0) if self._switches > 0 \

@@ -4,14 +4,14 @@ Per step it compares the expected seconds per output token of each mode at this 
 step times measured while serving (step_times.py; the start-up calibration is only the prior),
 each request's expected accept length (acceptance.py), the prompt share and the draft's prefill
 and catch-up costs (batch_costs.py); it re-measures the mode not chosen where that could change
-the answer, within a step-time budget (exploration.py keeps the accounts). Timings are
-rank-local (intake.py routes them) and reach the estimates only through `exchange`, so
-decisions read only rank-common values. docs/design.md, "The controller", derives the cost model.
+the answer, within a step-time budget (exploration.py: when, at what price, and the accounts).
+Timings are rank-local (intake.py routes them) and reach the estimates only through `exchange`,
+so decisions read only rank-common values. docs/design.md, "The controller", derives the cost
+model.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Sequence
 
@@ -22,7 +22,8 @@ from dual_graph_worker.core.batch_costs import BatchCosts, CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.exploration import ExploreBudget, Probe
+from dual_graph_worker.core.exchange import ExchangeSums
+from dual_graph_worker.core.exploration import ExploreConfig, Explorer
 from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DraftPrefills,
@@ -32,20 +33,8 @@ from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.step_times import StepTimeTable
 
 _RUN_ALPHA = 0.3
-# An exploration step costs at least this share of a step: nothing is free.
-_MIN_LOSS = 0.05
-# A re-measurement of speculation ends once its acceptance so far, this many standard errors
-# above its mean, still leaves speculation behind: its acceptance was what it was checking.
-_PROBE_ERRORS = 2.0
-# One whose acceptance leaves the answer open runs on, explore_steps at a time, up to this many
-# times explore_steps in all, where each of its steps is priced at most _EXTEND_PRICE of a
-# current step: near break-even its steps cost little, a wrong answer a lot.
-_PROBE_MAX_ROUNDS = 3
-_EXTEND_PRICE = 0.25
-# How far a step time may have drifted since it was measured: a stale speculative one is judged
-# this much faster; decode, whose steps hold steadier, is re-measured only where a step
-# _DECODE_DRIFT faster would win.
-_STEP_DRIFT = 0.3
+# Decode's steps hold steadier than speculation's (exploration._STEP_DRIFT): it is re-measured
+# only where a step this much faster than estimated would win.
 _DECODE_DRIFT = 0.15
 # Dwell damps flapping near a tie; a batch the current mode serves at this multiple of the
 # other's cost a token (the other 20% cheaper) is no tie.
@@ -117,22 +106,14 @@ class GoodputController:
         self._batch_costs = BatchCosts(config.draft_floor, config.draft_share, config.max_rows,
                                        config.catch_up_work)
         self._intake = SampleIntake(self._times, self._batch_costs)
-        self._budget = ExploreBudget(float(config.explore_steps), config.explore_cap)
+        knobs = ExploreConfig(**{f.name: getattr(config, f.name) for f in fields(ExploreConfig)})
+        self._explorer = Explorer(knobs, self._times, self._acceptance, self._batch_costs,
+                                  self._spec_wins)
         self._dwell = DwellState()
         self._step = 0
-        self._explore_left = 0
-        # The running re-measurement of speculation that may end early; the decision that would
-        # start one and its state, until the next commit; the steps the last one ran before its
-        # acceptance was seen (2 where results are read after the next step's launch), and the
-        # step it started at until then.
-        self._probe: Optional[Probe] = None
-        self._offer: Optional[tuple[Decision, Probe]] = None
-        self._sight = 1
-        self._sight_from: Optional[int] = None
         # A re-measurement's acceptance is seen at once, its step times at the next exchange:
         # until then the current mode stays unless the other is far cheaper (as dwell yields).
         self._unfolded = False
-        self._explored_at = {Mode.SPEC: -np.inf, Mode.DECODE: -np.inf}
         # Steps a mode has recently run between switches: a switch's catch-up is spread over
         # this, not over a fixed horizon, so flipping near a tie pays what it really costs.
         self._run_len = float(config.switch_horizon)
@@ -143,10 +124,6 @@ class GoodputController:
                          for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
                                    Reason.NO_SPEC_GRAPH)}
         self._goodput = {m: self._decided[m, Reason.GOODPUT] for m in Mode}
-        # A host-cost early-out: below this allowance no re-measurement is priced (infinite:
-        # exploration is off). Most cost more; one into a much shorter step may wait a little.
-        self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
-            else math.inf
 
     # ------------------------------------------------------------------------------ decide
 
@@ -156,8 +133,10 @@ class GoodputController:
         if spec_bs is None:
             return decided[Mode.DECODE, Reason.NO_SPEC_GRAPH]
         cur = self._dwell.mode
-        if self._explore_left:
-            if self._probe is not None and self._probe_lost(inputs):
+        explorer = self._explorer
+        if explorer.left:
+            if explorer.judging() and \
+                    explorer.probe_lost(self._times_here(inputs), inputs.bs, self._step):
                 return self._goodput[cur]
             return decided[OTHER[cur], Reason.EXPLORE]
         from_decode = cur is Mode.DECODE
@@ -184,7 +163,8 @@ class GoodputController:
             # Nothing known of the current mode: measure it by staying.
             return decided[cur, Reason.EXPLORE]
         if there is None:
-            return self._explore(other, there_key, 1.0, there_t, here_t, inputs, accept) or stay
+            return explorer.explore(other, there_key, 1.0, there_t, here_t, inputs, accept,
+                                    self._step) or stay
         if there * (1 + self.config.margin) < here:
             if (unfolded or self._dwell.must_dwell(self.config.min_dwell_steps)) and \
                     here < _DWELL_BREAK * there:
@@ -194,8 +174,7 @@ class GoodputController:
             return decided[cur, Reason.DWELL]
         # Re-measure the other mode once this one is measured at this size (it is the
         # reference), when the other's estimate here is stale and could change the answer.
-        if self._budget.allowance >= self._min_price and times.measured(here_key) and \
-                self._stale(there_key, other, inputs.rows):
+        if times.measured(here_key) and explorer.due(there_key, other, inputs.rows, self._step):
             if chosen_at != measured:
                 # A re-measurement is judged and priced as measured: speculation only ever
                 # re-measured stays warming up, and its warm-up price would re-measure it on
@@ -203,40 +182,19 @@ class GoodputController:
                 spec, decode = self._mode_costs(spec_t, decode_t, accept, inputs, from_decode)
                 here, there = (decode, spec) if from_decode else (spec, decode)
             if self._plausible(other, there_t, here_t, inputs, (spec, decode)):
-                return self._explore(other, there_key, 1.0 - here / there, there_t, here_t,
-                                     inputs, accept) or stay
+                return explorer.explore(other, there_key, 1.0 - here / there, there_t, here_t,
+                                        inputs, accept, self._step) or stay
         return stay
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
         if not self._times.warmed:
             self._times.ran(decision.mode)
-        self._budget.earn(self.config.explore_budget)
-        offer, self._offer = self._offer, None
         if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
-            if not self._explore_left:
-                self._explore_left = self.config.explore_steps
-                self._budget.charge(decision.price)
-                self._explored_at[decision.mode] = self._step
-                if decision.mode is Mode.SPEC:
-                    self._sight_from = self._step
-                    if offer is not None and offer[0] is decision:
-                        self._probe = offer[1]
-            self._explore_left -= 1
-            probe = self._probe
-            if probe is not None:
-                probe.ran += 1
-                if probe.ran > probe.priced:                    # priced as ending early
-                    self._budget.charge(probe.step_price)
-                if not self._explore_left and probe.open_price is not None:
-                    self._extend_probe(probe)
-                if not self._explore_left:
-                    self._probe = None
-            self._unfolded = not self._explore_left
+            self._explorer.ran(decision, self._step)
+            self._unfolded = not self._explorer.left
             return
-        if self._probe is not None:
-            self._end_probe()
-        self._explore_left = 0
+        self._explorer.stayed()
         if decision.mode is not self._dwell.mode and not self._dwell.dwell_waived:
             self._run_len += _RUN_ALPHA * (self._dwell.steps_in_mode - self._run_len)
         self._dwell.commit(decision.mode)
@@ -275,8 +233,8 @@ class GoodputController:
     def estimates(self) -> Estimates:
         """For /get_server_info and the step log, not per step."""
         return Estimates(self._times.estimates(), self._batch_costs.estimates(),
-                         self._acceptance.estimates(), self._run_len, self._budget.allowance,
-                         self._budget.debt)
+                         self._acceptance.estimates(), self._run_len,
+                         self._explorer.budget.allowance, self._explorer.budget.debt)
 
     # ------------------------------------------------------------------------------ observe
 
@@ -305,11 +263,7 @@ class GoodputController:
         self._batch_costs.served(event.rows, total)
         if event.mode is not Mode.SPEC:
             return
-        if self._sight_from is not None:
-            self._sight = max(self._step - self._sight_from + 1, 1)
-            self._sight_from = None
-        if self._probe is not None:
-            self._probe.add(total / n)
+        self._explorer.accepted(total, n, self._step)
         self._acceptance.add(accepts, total, event.rows, self._step)
 
     # ------------------------------------------------------------------------------ exchange
@@ -323,13 +277,11 @@ class GoodputController:
         at the same step with the same `reduce` (the mean over ranks)."""
         # A re-measurement that ended waits for this exchange: it folds all it measured.
         self._intake.exchanging(hold=not self._unfolded)
-        local = self._times.take_local()
-        split = len(local)
-        local += self._batch_costs.take_local()
-        vec = reduce(local)
+        local = ExchangeSums(self._times.take_local(), self._batch_costs.take_local())
+        every = ExchangeSums.from_vector(reduce(local.to_vector()))
         self._unfolded = False
-        self._times.fold(vec[:split], self._step)
-        self._batch_costs.fold(vec[split:])
+        self._times.fold(every.step_times, self._step)
+        self._batch_costs.fold(every.batch_costs)
         self._acceptance.fold()
 
     # ------------------------------------------------------------------------------ model
@@ -364,40 +316,6 @@ class GoodputController:
             cost += entering / (horizon * tokens)
         return cost
 
-    # ------------------------------------------------------------------------------ explore
-
-    def _times_here(self, inputs: PolicyInputs) -> tuple:
-        """Each mode's key here and step seconds (spec, decode): as measured, and as the choice
-        of mode prices them (spec_warm_time while speculation warms up)."""
-        times = self._times
-        spec_key = times.spec_at.get(inputs.spec_padded_bs)
-        decode_key = times.decode_at.get(inputs.decode_padded_bs)
-        kv = inputs.kv_tokens
-        measured = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
-        chosen = measured if not times.spec_cold else \
-            (times.spec_warm_time(spec_key, measured[0], kv), measured[1])
-        return spec_key, decode_key, measured, chosen
-
-    def _stale(self, i: Optional[int], mode: Mode, rows: Optional[np.ndarray] = None) -> bool:
-        """Key i (of `mode`) not measured lately; for spec, or no acceptance seen lately."""
-        if i is None:
-            return False
-        window = self.config.stale_after
-        if self._explored_at[mode] >= self._step - window // 4:
-            return False             # re-measured lately; its samples may still be on the way
-        if self._time_stale(i):
-            return True
-        if mode is not Mode.SPEC:
-            return False
-        # Acceptance: stale after the window over the requests it was seen on (they drift
-        # slowly), after a quarter of it once a request admitted since has joined.
-        seen = self._step - self._acceptance.seen_at
-        return seen > window or (seen > window // 4 and self._acceptance.newcomers(rows))
-
-    def _time_stale(self, i: int) -> bool:
-        """Key i's step time not measured within the last stale_after steps."""
-        return self._times.measured_at(i) < self._step - self.config.stale_after
-
     def _plausible(self, mode: Mode, t: Optional[float], current_t: float,
                    inputs: PolicyInputs, costs: tuple) -> bool:
         """Worth re-measuring: decode if it would win with its steps _DECODE_DRIFT faster than
@@ -423,108 +341,16 @@ class GoodputController:
             return None
         return spec * (1 + self.config.margin) < decode
 
-    def _steps_high(self, mean: float, variance: float, steps: int) -> float:
-        """The mean acceptance of `steps` steps, _PROBE_ERRORS standard errors up. A step counts
-        as one draw (its requests' draws may share a cause: SGLang's forced lengths give a whole
-        batch one), of variance no less than a request's draws are seen to vary (before that
-        is learnt, the widest a draw in 1..K+1 can)."""
-        draw_var = self._acceptance.draw_var
-        floor = draw_var if draw_var is not None else (self.config.num_draft_tokens / 2.0) ** 2
-        return mean + _PROBE_ERRORS * math.sqrt(max(variance, floor) / steps)
+    # ------------------------------------------------------------------------------ times
 
-    def _probe_lost(self, inputs: PolicyInputs) -> bool:
-        """The running re-measurement of speculation has seen acceptance too low for it to win
-        here even at the top of its error; on a round's last step, also what running on would
-        cost a step where the answer is still open (Probe.open_price)."""
-        p = self._probe
-        if not p.seen:
-            return False
-        mean = p.total / p.seen
-        variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
-        # At the prices the choice uses (warm-up's included), not those it was priced at: it
-        # ends where the choice would not take speculation, so speculation warming up gets its
-        # steps.
-        spec_key, _, measured, chosen = self._times_here(inputs)
-        spec_t, decode_t = chosen
-        high = self._steps_high(mean, variance, p.seen)
-        if self._spec_wins(high, spec_t and spec_t * p.drift, decode_t, inputs.bs) is False:
-            return True
-        if self._explore_left == 1:
-            p.open_price = self._open_price(mean, high, spec_key, measured, inputs.bs)
-        return False
-
-    def _open_price(self, mean: float, high: float, spec_key: Optional[int],
-                    measured: tuple, bs: int) -> Optional[float]:
-        """A re-measurement's price a step to run on where its acceptance (`mean`, `high` two
-        errors up) leaves the answer open, at this batch's step times as measured lately (the
-        batch may have grown since it began, and a size priced from its neighbours or warming
-        up is optimistic); None where the answer is not open."""
-        spec_t, decode_t = measured
-        if not self._times.measured(spec_key) or self._time_stale(spec_key) or \
-                self._spec_wins(high, spec_t, decode_t, bs) is not True or \
-                self._spec_wins(max(2.0 * mean - high, 1.0), spec_t, decode_t, bs) is not False:
-            return None
-        return max(1.0 - decode_t * mean / spec_t, _MIN_LOSS) * spec_t / decode_t
-
-    def _extend_probe(self, p: Probe) -> None:
-        """An open re-measurement near break-even (its open_price at most _EXTEND_PRICE) runs
-        explore_steps more where the budget allows them at that price and it has run fewer than
-        _PROBE_MAX_ROUNDS rounds."""
-        steps = self.config.explore_steps
-        price = steps * p.open_price
-        if p.open_price > _EXTEND_PRICE or p.ran + steps > _PROBE_MAX_ROUNDS * steps or \
-                not self._budget.affordable(price):
-            return
-        self._budget.charge(price)
-        p.step_price, p.open_price = p.open_price, None     # its steps from here on
-        p.priced = p.ran + steps
-        self._explore_left = steps
-
-    def _end_probe(self) -> None:
-        """A re-measurement of speculation ended early: the steps it was priced for and did not
-        run go back (to the bank, or to the debt it went into)."""
-        p, self._probe = self._probe, None
-        self._budget.earn(p.step_price * max(p.priced - p.ran, 0))
-
-    def _explore(self, mode: Mode, key: Optional[int], loss: float, explored: Optional[float],
-                 t: float, inputs: PolicyInputs, accept: float) -> Optional[Decision]:
-        """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
-        current mode (so the budget is a share of step time, whichever mode is explored): the
-        share of each of its steps the estimates expect to lose (`loss`, at least 5%: nothing is
-        free) times that step's length, plus the round trip's switches (into spec: a catch-up of
-        the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
-        the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely.
-        One of speculation that ends early gets back the steps it did not run (_end_probe).
-        `key`, `explored`, `t`: the key and step time here of `mode`, the current mode's time;
-        `accept`: the batch's expected acceptance, as decide read it."""
-        if self.config.explore_budget <= 0:
-            return None
-        step_price = max(min(loss, 1.0), _MIN_LOSS)
-        if t and explored:
-            step_price *= explored / t
-        steps = self.config.explore_steps
-        entering = 0.0
-        if t:
-            missed = inputs.bs * steps if mode is Mode.DECODE else inputs.catch_up_tokens
-            entering = (self._batch_costs.catch_up_seconds(missed) + self._batch_costs.switch_s) / t
-        probe = None
-        if mode is Mode.SPEC and self._times.measured(key) and explored:
-            # Priced at its fewest steps first (a dearer one is no more affordable): a loaded
-            # server that decodes finds most long shots unaffordable, so most stop here.
-            fewest = min(self._sight, steps)
-            if not self._budget.affordable(fewest * step_price + entering):
-                return None
-            # The first steps whose acceptance is too low end it (_probe_lost), as they will if
-            # the estimate is right; a step time not measured lately is judged as far faster as
-            # it may have drifted (a stale one may be what keeps speculation out).
-            drift = 1.0 - _STEP_DRIFT if self._time_stale(key) else 1.0
-            high = self._steps_high(accept, 0.0, 1)
-            if self._spec_wins(high, explored * drift, t, inputs.bs) is False:
-                steps = fewest
-            probe = Probe(step_price, steps, drift)
-        price = steps * step_price + entering
-        if not self._budget.affordable(price):
-            return None
-        decision = Decision(mode, Reason.EXPLORE, price)
-        self._offer = None if probe is None else (decision, probe)
-        return decision
+    def _times_here(self, inputs: PolicyInputs) -> tuple:
+        """Each mode's key here and step seconds (spec, decode): as measured, and as the choice
+        of mode prices them (spec_warm_time while speculation warms up)."""
+        times = self._times
+        spec_key = times.spec_at.get(inputs.spec_padded_bs)
+        decode_key = times.decode_at.get(inputs.decode_padded_bs)
+        kv = inputs.kv_tokens
+        measured = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
+        chosen = measured if not times.spec_cold else \
+            (times.spec_warm_time(spec_key, measured[0], kv), measured[1])
+        return spec_key, decode_key, measured, chosen

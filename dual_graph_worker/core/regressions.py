@@ -31,7 +31,8 @@ FAR_ERRORS = 2.0
 # A line needs this many batches (and so does a prefill ratio read in its place: a process's
 # first prefills are slow whatever their size).
 MIN_EVENTS = 3
-# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy.
+# Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy
+# (a key's window: exchange.KeyWindow).
 KEY_SLOTS = 6
 _LINE_SLOTS = 5         # the ones a line is fitted from
 _YY = 5

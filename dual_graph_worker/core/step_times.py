@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from itertools import compress
 from typing import Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.estimates import KeyEstimate, StepTimeEstimates
+from dual_graph_worker.core.exchange import KeyWindow, StepSums
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.regressions import FAR_ERRORS, KEY_SLOTS, ContextSums
 
@@ -119,11 +119,12 @@ class StepTimeTable:
         # Per key, until the next fold: its line, and the line it may lean on (_lean_line).
         self._lines: list = [_UNFIT] * n
         # Rank-local sums per key since the last exchange, in Python floats (a numpy slice
-        # update costs ~1 us a step): never read by a decision.
+        # update costs ~1 us a step), a window in KeyWindow's field order: never read by a
+        # decision.
         self._step_sums: dict[int, list[float]] = {}
         # Per key, a lone sample that with company would replace the estimate (_replaces): its
         # window waits one exchange for the next (a re-measurement split by an exchange).
-        self._held: dict[int, list[float]] = {}
+        self._held: dict[int, KeyWindow] = {}
 
     # ------------------------------------------------------------------------------ read
 
@@ -310,17 +311,14 @@ class StepTimeTable:
         if acc[1] < 0.5:
             del self._step_sums[i]
 
-    def take_local(self) -> list[float]:
-        """This rank's sums since the last exchange, slot-major (KEY_SLOTS x keys), and cleared."""
-        n = self.size
-        local = [0.0] * (KEY_SLOTS * n)
-        for i, acc in self._step_sums.items():
-            local[i::n] = acc
+    def take_local(self) -> StepSums:
+        """This rank's sums since the last exchange, and cleared."""
+        local = StepSums(self.size, {i: KeyWindow(*acc) for i, acc in self._step_sums.items()})
         self._step_sums.clear()
         return local
 
-    def fold(self, local: list[float], step: int) -> None:
-        """Every rank's sums (take_local's layout, reduced) at `step`: each key's EMA of step
+    def fold(self, sums: StepSums, step: int) -> None:
+        """Every rank's sums (take_local's, reduced) at `step`: each key's EMA of step
         seconds and of context tokens, and the context regressions; the keys not measured since
         the last exchange relax down toward their typical level. A window holds samples of a
         few sizes: those are folded one by one. A window of two samples or more replaces the
@@ -332,20 +330,17 @@ class StepTimeTable:
         self._ctx.decay()
         held, self._held = self._held, {}
         if held:
-            local = list(local)
-            for i, window in held.items():
-                local[i::n] = [a + b for a, b in zip(local[i::n], window)]
-        got = list(compress(range(n), local[n:2 * n]))
+            sums = sums.plus(held)
+        got = list(sums.windows)
         self._relax_idle(set(got), step)
         if not got:                 # every sum decayed alike: the same slopes
             return
         keep = self._keep
         # Judged as the window is folded: samples taken cold and folded after count as warm.
         spec_cold = not self.warmed
-        for i in got:
-            window = local[i::n]
-            sums, count, kv = window[:3]
-            mean, mean_kv = sums / count, kv / count
+        for i, window in sums.windows.items():
+            count = window.steps
+            mean, mean_kv = window.seconds / count, window.tokens / count
             cold = spec_cold and self._mode_of[i] is Mode.SPEC
             measured = self.samples[i] > 0
             if count < 2 and i not in held and measured:
