@@ -752,7 +752,7 @@ def test_worker_tells_the_policy_each_steps_context_from_its_own_row_lengths(
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    from dual_graph_worker.engines.sglang.worker import StepTag
+    from dual_graph_worker.engines.sglang.step_tags import StepTag
 
     seen = []
 
@@ -910,7 +910,7 @@ def test_worker_feeds_results_and_timings_to_the_policy(registered, tmp_path,
     assert after_spec < before and policy.state().accept_len == after_spec
     assert [type(e).__name__ for e in seen] == ["Accepted", "Accepted"]
     assert seen[0].rows.tolist() == [3, 4] and seen[1].mode is Mode.DECODE
-    from dual_graph_worker.engines.sglang.worker import PrefillTag, StepTag
+    from dual_graph_worker.engines.sglang.step_tags import PrefillTag, StepTag
 
     w._clock.launched(PrefillTag(64, draft=False))
     w._clock.launched(StepTag(Mode.DECODE, 8, 0))

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -43,10 +43,8 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.ledger import StepLedger
 from dual_graph_worker.core.planner import StepPlanner
-from dual_graph_worker.core.batch_costs import draft_share
 from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
-from dual_graph_worker.core.policy import (Admitted, DraftPrefills, PrefillTime, Reducer,
-                                           StepTime, accepted, same_rank)
+from dual_graph_worker.core.policy import Admitted, DraftPrefills, accepted
 from dual_graph_worker.core.settings import MEASURE, Settings, open_output
 from dual_graph_worker.core.stall_watch import StallWatch
 from dual_graph_worker.core.gc_pauses import GcPauses
@@ -81,56 +79,17 @@ from dual_graph_worker.engines.sglang.layout import (
 from dual_graph_worker.engines.sglang.lazy_sync import LazyEvent
 from dual_graph_worker.engines.sglang.row_context import RowContext, prefill_lengths, rows_of
 from dual_graph_worker.engines.sglang.metrics import PUSH_EVERY, PrometheusSeries
+from dual_graph_worker.engines.sglang.step_tags import PrefillPreview, PrefillTag, StepTag
+from dual_graph_worker.engines.sglang.worker_startup import (allocator_stats,
+                                                             apply_capture_config,
+                                                             close_capture_probe,
+                                                             common_draft_share, model_shape,
+                                                             start_stall_watch, tp_mean)
 
 logger = logging.getLogger(__name__)
 
 # Completed steps between the step log's lines of the controller's cost terms.
 ESTIMATES_EVERY = 64
-
-
-class StepTag(NamedTuple):
-    """A launched decode step, as the timing of its result needs it."""
-
-    mode: Mode
-    padded_bs: int
-    catch_up_tokens: int
-    kv_tokens: int = 0
-    bs: int = 0
-
-    def observation(self, seconds: float, carries_next: bool) -> StepTime:
-        return StepTime(self.mode, self.padded_bs, seconds, self.catch_up_tokens, carries_next,
-                        self.kv_tokens, self.bs)
-
-    def continued_by(self, nxt: Any) -> bool:
-        """`nxt` is a plain step of this mode: launching it costs what launching this one did."""
-        return isinstance(nxt, StepTag) and nxt.mode is self.mode and not nxt.catch_up_tokens
-
-
-class PrefillTag(NamedTuple):
-    tokens: int
-    draft: bool          # EAGLE's draft prefill ran (False: deferred)
-
-    def observation(self, seconds: float, carries_next: bool) -> PrefillTime:
-        return PrefillTime(self.tokens, seconds, self.draft)
-
-    def continued_by(self, nxt: Any) -> bool:
-        return True          # a prefill's cost is taken whole: never marked as carrying
-
-
-class PrefillPreview(NamedTuple):
-    """What a prefill's preview of the batch it grows saw and priced: the step log's
-    prefill_choice line (goodputs: the latest full decision's, tok/s)."""
-
-    bs: int
-    requests: int
-    queued: int
-    tokens: int
-    priced_tokens: int
-    kv_tokens: int
-    catch_up_tokens: int
-    preview_draft: bool
-    goodput_spec: Optional[float]
-    goodput_decode: Optional[float]
 
 
 class DualGraphEagleWorker(EAGLEWorkerV2):
@@ -173,7 +132,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         self._step_log: Optional[StepLogWriter] = (
             StepLogWriter(self.settings.step_log, open_output("step_log", self.settings.step_log))
             if self.settings.step_log and self._is_rank0 else None)
-        self._stall_watch = _stall_watch(self.settings) if self._is_rank0 else None
+        self._stall_watch = start_stall_watch(self.settings) if self._is_rank0 else None
         self._gc = GcPauses().start() if self._step_log is not None else None
         if self._draft_worker.seed_dsa_topk_from_draft_extend:
             raise ConfigError("DUAL_GRAPH_EAGLE3 does not support drafts with DSA index "
@@ -194,32 +153,13 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                         "holds %d rows", list(self._decode_bs), rows)
 
     def _apply_capture_config(self, mr) -> Optional[tuple[int, ...]]:
-        """DGW_CAPTURE_CONFIG (capture_config.py): refuse a config tuned for another GPU or model
-        shape, take its decode list, warn when SGLang's spec list is not the tuned one."""
-        path = self.settings.capture_config
-        if path is None:
+        """DGW_CAPTURE_CONFIG applied (worker_startup.apply_capture_config): its settings taken,
+        its decode list returned (None without a config)."""
+        plan = apply_capture_config(self.settings, mr, lambda: self._model_shape(mr),
+                                    is_rank0=self._is_rank0, graphs_enabled=self._graphs_enabled)
+        if plan is None:
             return None
-        from dual_graph_worker.core.capture_schema import GpuInfo
-        from dual_graph_worker.core.settings import explicit_keys
-        from dual_graph_worker.engines.sglang.capture_config import (
-            load_server_capture_config,
-            plan_capture,
-            spec_list_warning,
-        )
-        from dual_graph_worker.engines.sglang.decode_pool import fit_to_server_request_pool
-
-        sa = mr.server_args
-        capture = load_server_capture_config(
-            path, gpu=GpuInfo.from_torch(torch.cuda.current_device()), shape=self._model_shape(mr))
-        plan = plan_capture(self.settings, capture, explicit_keys(os.environ), path)
         self.settings = plan.config
-        if self._is_rank0:
-            logger.info("dual-graph: %s", plan.describe())
-        if self._is_rank0 and self._graphs_enabled:
-            warning = spec_list_warning(sa.cuda_graph_config.decode.bs, plan,
-                                        fit=lambda sizes: fit_to_server_request_pool(mr, sizes))
-            if warning is not None:
-                logger.warning(warning)
         return plan.decode_bs
 
     def init_cuda_graphs(self) -> None:
@@ -243,8 +183,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         # After every capture, so the graphs (and their pool) are those of keep-current.
         self.continuity = self._strategy.build(self._continuity_context())
         prior = self._calibration(spec_bs) if needs_prior(self.settings) else None
-        reduce = _tp_mean(mr.tp_group)
-        share = self._draft_share(mr, reduce)
+        reduce = tp_mean(mr.tp_group)
+        share = common_draft_share(mr.model, self._draft_worker.draft_runner.model, reduce)
         work = self.continuity.catch_up_work
         if work is not None:            # made common as the draft's share is
             work = dataclasses.replace(work, kv_share=float(reduce([work.kv_share])[0]))
@@ -263,47 +203,15 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
                        continuity=self.continuity.describe())
         logger.info("dual-graph: ready: %s", summary)
         if self.settings.capture_probe:
-            self._finish_capture_probe(mr, spec_bs)
+            close_capture_probe(lambda: self._model_shape(mr), spec_bs,
+                                self._decode_pool.capture_bs, is_rank0=self._is_rank0)
         if self._step_log is not None:
             self._step_log.write_event("ready", time.time(), **summary)
 
-    def _draft_share(self, mr, reduce: Reducer) -> float:
-        """batch_costs.draft_share of this rank's shards, made common: the mean over TP ranks; 0
-        (no floor) where either model holds integer weights, whose elements pack several."""
-        models = (mr.model, self._draft_worker.draft_runner.model)
-        params = [list(m.named_parameters()) for m in models]
-        if any(not p.is_floating_point() for ps in params for _, p in ps):
-            logger.info("dual-graph: quantized weights: no floor on the draft's prefill rate")
-            local = 0.0
-        else:
-            target, draft = ([(name, p.numel()) for name, p in ps] for ps in params)
-            local = draft_share(target, draft)
-        return float(reduce([local])[0])
-
     def _model_shape(self, mr) -> dict:
-        """This server's capture fingerprint shape (capture_config.sglang_model_shape)."""
-        from dual_graph_worker.engines.sglang.capture_config import sglang_model_shape
-
-        return sglang_model_shape(mr.model_config, self._draft_worker.draft_runner.model_config,
-                                  num_steps=self.speculative_num_steps,
-                                  attention_backend=mr.decode_attention_backend_str,
-                                  tp_size=mr.server_args.tp_size, topk=self.topk)
-
-    def _finish_capture_probe(self, mr, spec_bs: tuple[int, ...]) -> None:
-        """DGW_CAPTURE_PROBE (capture_probe.py): every graph's replay time, then the file."""
-        from dual_graph_worker.engines.sglang.capture_probe import (finish_capture_probe,
-                                                                    installed_capture_probe)
-
-        probe = installed_capture_probe()
-        if probe is None:
-            raise ConfigError("DGW_CAPTURE_PROBE is set but no capture was probed: the plugin "
-                              "installs the probe when it registers, so set it in the "
-                              "environment that launches the server")
-        finish_capture_probe(probe, write=self._is_rank0, model_shape=self._model_shape(mr),
-                             spec_bs=list(spec_bs), decode_bs=list(self._decode_pool.capture_bs))
-        if self._is_rank0:
-            logger.info("dual-graph: capture probe: %d graphs -> %s", len(probe.records),
-                        probe.path)
+        """This server's capture fingerprint shape (worker_startup.model_shape)."""
+        return model_shape(mr, self._draft_worker.draft_runner.model_config,
+                           num_steps=self.speculative_num_steps, topk=self.topk)
 
     @property
     def _strategy(self) -> type[SGLangContinuity]:
@@ -622,7 +530,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         estimates = policy.estimates()
         if estimates is not None:
             gc = self._gc.take() if self._gc is not None else None
-            self._step_log.write_event("estimates", time.time(), gc=gc, **_allocator(),
+            self._step_log.write_event("estimates", time.time(), gc=gc, **allocator_stats(),
                                        **{k: v for k, v in estimates.to_json().items()
                                           if k != "step_s"})
 
@@ -641,38 +549,3 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             if (estimates := self.planner.policy.estimates()) is not None:
                 state["estimates"] = estimates.to_json()
         return state
-
-
-def _allocator() -> dict:
-    """The caching allocator's cudaMalloc retries so far (each frees cached blocks, syncing the
-    device: steps that meet one run slow) and GiB reserved, for the step log; none without CUDA."""
-    if not torch.cuda.is_available():
-        return {}
-    stats = torch.cuda.memory_stats()
-    return {"alloc_retries": stats.get("num_alloc_retries", 0),
-            "reserved_gib": round(stats.get("reserved_bytes.all.current", 0) / 2**30, 2)}
-
-
-def _tp_mean(tp_group) -> Reducer:
-    """The mean over TP ranks of a vector of local measurements, on the CPU group (gloo)."""
-    world = int(getattr(tp_group, "world_size", 1) or 1)
-    if world <= 1:
-        return same_rank
-    import torch.distributed as dist
-
-    def reduce(vec: list[float]) -> list[float]:
-        t = torch.tensor(vec, dtype=torch.float64)
-        dist.all_reduce(t, group=tp_group.cpu_group)
-        return (t / world).tolist()
-
-    return reduce
-
-
-def _stall_watch(settings: Settings) -> Optional[StallWatch]:
-    """The diagnostic stall sampler DGW_STALL_TRACE asks for (rank 0 only), else None."""
-    if not settings.stall_trace:
-        return None
-    out = open_output("stall_trace", settings.stall_trace)
-    logger.info("dual-graph: stall watch on (>= %.2f s without a step) -> %s",
-                settings.stall_trace_s, settings.stall_trace)
-    return StallWatch(out, threshold_s=settings.stall_trace_s).start()
