@@ -814,8 +814,9 @@ def test_stash_and_make_room(sgl):
 
 
 class _FakeDraftRunner:
-    """What _run_pass touches on the draft ModelRunner; forward returns per-row logits whose
-    argmax is the position of the row (so proposals are checkable) and hidden = position."""
+    """What catch_up_pass.run_pass touches on the draft ModelRunner; forward returns per-row
+    logits whose argmax is the position of the row (so proposals are checkable) and hidden =
+    position."""
 
     def __init__(self, vocab=512, hidden=6):
         self.vocab, self.hidden = vocab, hidden
@@ -850,8 +851,15 @@ def _fake_init_new(view, runner, *, capture_hidden_mode, return_hidden_states_be
 
 
 @pytest.fixture
-def fake_sglang_forward(sgl, monkeypatch):
-    monkeypatch.setattr(sgl.ForwardBatch, "init_new", staticmethod(_fake_init_new))
+def catch_up_pass(supported_sglang):
+    from dual_graph_worker.engines.sglang import catch_up_pass
+
+    return catch_up_pass
+
+
+@pytest.fixture
+def fake_sglang_forward(sgl, catch_up_pass, monkeypatch):
+    monkeypatch.setattr(catch_up_pass.ForwardBatch, "init_new", staticmethod(_fake_init_new))
     for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context",
                  "spec_stage_span"):
         monkeypatch.setattr(sgl, name, lambda *a, **k: contextlib.nullcontext())
@@ -959,7 +967,7 @@ class _KVRunner(_FakeDraftRunner):
 @pytest.mark.parametrize("filled, error, layer_writes", [(1.0, 0.0, True), (0.9, 0.1, True),
                                                          (1.0, 1e30, False)])
 def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
-        fake_sglang_forward, monkeypatch, filled, error, layer_writes):
+        fake_sglang_forward, catch_up_pass, monkeypatch, filled, error, layer_writes):
     """DGW_CATCH_UP_KV_CHECK: the whole layer runs over the split pass after the fill, its K/V
     replace the fill's, and the event carries their largest relative difference. The fill's
     slots are zeroed first, so a layer that wrote nothing there reads as far off, not exact."""
@@ -969,7 +977,7 @@ def test_a_checked_kv_only_catch_up_logs_how_far_the_fill_was_from_the_layer(
     def fill(runner_, aux, tokens, positions, slots):
         runner.k[slots] = runner.v[slots] = filled
 
-    monkeypatch.setattr(sgl, "fill_draft_kv", fill)
+    monkeypatch.setattr(catch_up_pass, "fill_draft_kv", fill)
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
     lz.kv_check = True
     events, gathered = [], []
@@ -991,6 +999,7 @@ def test_the_controller_learns_of_kv_only_catch_ups_from_the_continuity(sgl, mon
     draft's share; off, or checked (each split pass then also runs the whole layer), none.
     Passes too short to split turn it off, saying why."""
     from dual_graph_worker.core.batch_costs import CatchUpWork
+    from dual_graph_worker.engines.sglang.stash_plan import _passes_too_short
 
     monkeypatch.setattr(sgl, "kv_share", lambda runner: 0.25)
     draft = _draft(_FakeDraftRunner(), topk=1)
@@ -999,15 +1008,15 @@ def test_the_controller_learns_of_kv_only_catch_ups_from_the_continuity(sgl, mon
     lz.kv_check = True
     assert lz.catch_up_work is None
     assert _bare_lazy(sgl, draft=draft).catch_up_work is None
-    assert "chunked_prefill_size" in sgl._passes_too_short(1024, 2048)
-    assert "twice" in sgl._passes_too_short(3000, 2048)
-    assert sgl._passes_too_short(4096, 2048) is None
+    assert "chunked_prefill_size" in _passes_too_short(1024, 2048)
+    assert "twice" in _passes_too_short(3000, 2048)
+    assert _passes_too_short(4096, 2048) is None
 
 
 def test_a_forced_kv_only_catch_up_runs_no_forward(fake_sglang_forward, monkeypatch):
     """A catch-up forced before a decode step wants no proposals: K/V-only, the fill is all."""
     sgl = fake_sglang_forward
-    fills = _recorded_fills(sgl, monkeypatch)
+    fills = _recorded_fills(monkeypatch)
     runner = _FakeDraftRunner()
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
     _, batch = _rows_5_7_2_behind(lz)
@@ -1025,7 +1034,7 @@ def test_catch_up_in_several_passes_installs_the_last_one(fake_sglang_forward, m
     sgl = fake_sglang_forward
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-    fills = _recorded_fills(sgl, monkeypatch)
+    fills = _recorded_fills(monkeypatch)
     runner = _FakeDraftRunner()
     lz = _bare_lazy(sgl, rows=4, cells=64, draft=_draft(runner, topk=2), kv_only=kv_only)
     lz.max_pass_tokens = 2
@@ -1055,7 +1064,7 @@ def test_a_catch_up_mixing_filled_and_whole_passes_installs_every_proposal(
     token is too short to split and runs the whole layer in between: both proposals land in
     their batch positions, in the order the forwards gave them."""
     sgl = fake_sglang_forward
-    fills = _recorded_fills(sgl, monkeypatch)
+    fills = _recorded_fills(monkeypatch)
     runner = _FakeDraftRunner()
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
     lz.max_pass_tokens = lz.kv_only_min_tokens = 3
@@ -1068,11 +1077,15 @@ def test_a_catch_up_mixing_filled_and_whole_passes_installs_every_proposal(
     assert not lz.backlog.count.any()
 
 
-def _recorded_fills(sgl, monkeypatch) -> list:
+def _recorded_fills(monkeypatch) -> list:
+    from dual_graph_worker.engines.sglang import catch_up_pass
+
     fills = []
-    monkeypatch.setattr(sgl, "fill_draft_kv", lambda runner, aux, tokens, positions, slots:
-                        fills.append((aux[:, 0].tolist(), tokens.tolist(), positions.tolist(),
-                                      slots.tolist())))
+
+    def fill(runner, aux, tokens, positions, slots):
+        fills.append((aux[:, 0].tolist(), tokens.tolist(), positions.tolist(), slots.tolist()))
+
+    monkeypatch.setattr(catch_up_pass, "fill_draft_kv", fill)
     return fills
 
 
@@ -1084,7 +1097,7 @@ def test_a_kv_only_catch_up_fills_every_row_and_runs_the_layer_at_the_last(
     proposals installed are those of the whole-layer catch-up. A pass under
     kv_only_min_tokens (here 4 tokens against 5) runs the whole layer."""
     sgl = fake_sglang_forward
-    fills = _recorded_fills(sgl, monkeypatch)
+    fills = _recorded_fills(monkeypatch)
     runner = _FakeDraftRunner()
     lz = _bare_lazy(sgl, rows=8, cells=32, draft=_draft(runner, topk=1), kv_only=True)
     lz.kv_only_min_tokens = min_tokens
@@ -1590,11 +1603,11 @@ def test_lazy_catch_up_builds_itself_from_the_workers_context(sgl, lazy_worker, 
 
 
 @pytest.mark.parametrize("host_lens", [True, False])
-def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeypatch,
-                                                                      host_lens):
+def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, catch_up_pass,
+                                                                      monkeypatch, host_lens):
     """SGLang's own ForwardBatch.init_new on the pass's view (of a real ScheduleBatch), and the
     logits processor's DRAFT_EXTEND_V2 pruning on the result: LM head rows = each request's
-    last row, FULL hidden states unpruned (what _proposals gathers from)."""
+    last row, FULL hidden states unpruned (what catch_up_pass.proposals gathers from)."""
     import sglang.srt.model_executor.forward_batch_info as fbi
     from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -1627,7 +1640,7 @@ def test_catch_up_pass_through_the_real_init_new_and_logits_pruning(sgl, monkeyp
                                  req_to_token=lz.req_to_token,
                                  rows_cpu=[5, 2] if host_lens else None,
                                  ends_cpu=[10, 6] if host_lens else None)
-    fb, _ = lz._run_pass(batch, idx, sgl._Laps())
+    fb, _ = catch_up_pass.run_pass(runner, lz.arena, batch, idx, catch_up_pass.Laps())
     assert isinstance(fb, fbi.ForwardBatch) and runner.planned == [fb]
     assert fb.forward_mode == ForwardMode.DRAFT_EXTEND_V2 and fb.batch_size == 2
     assert fb.capture_hidden_mode == CaptureHiddenMode.FULL and fb.forward_metadata_ready
@@ -1671,41 +1684,6 @@ def test_worker_deferred_prefill_runs_the_target_alone_and_publishes_first(sgl, 
     assert res.next_draft_input == "placeholders"
     assert order == [("target", CaptureHiddenMode.FULL), ("publish", "lengths"),
                      ("stash", "aux", "sampled")]
-
-
-def test_why_prefills_are_not_deferred_and_the_auto_stash_budget(sgl):
-    why = sgl._why_not_defer_prefills
-    radix_off = SimpleNamespace(disable_radix_cache=True)
-    kw = dict(cells=10_000, rows=100, reserve=8192, draft_hidden=(4096, torch.bfloat16))
-    assert why(True, radix_off, **kw) is None
-    assert "DGW_DEFER_DRAFT_PREFILL=0" in why(False, radix_off, **kw)
-    # The radix cache on: deferral needs the draft-valid tree (radix.py), not another backend.
-    draft_valid = SimpleNamespace(disable_radix_cache=False, radix_cache_backend="dual_graph")
-    assert why(True, draft_valid, **kw) is None
-    other = SimpleNamespace(disable_radix_cache=False, radix_cache_backend="lmcache")
-    assert "--radix-cache-backend" in why(True, other, **kw)
-    assert "STANDALONE" in why(True, radix_off, **{**kw, "draft_hidden": (None, None)})
-    assert "DGW_LAZY_STASH_MB" in why(True, radix_off, **{**kw, "cells": 8000})
-    mib = 1 << 20
-    assert sgl._stash_budget(64, 10 << 30, slot_map_bytes=0) == 64 * mib       # explicit
-    assert sgl._stash_budget(0, 10 << 30, slot_map_bytes=mib) == int((10 << 30) * 0.4) - mib
-    assert sgl._stash_budget(0, None, slot_map_bytes=0) == 1024 * mib          # no GPU
-
-
-def test_stash_size_is_the_smallest_ranks_on_every_rank(sgl, monkeypatch):
-    import torch.distributed as dist
-
-    assert sgl._same_on_every_rank(1234, None) == 1234
-    assert sgl._same_on_every_rank(1234, SimpleNamespace(world_size=1)) == 1234
-    seen = []
-
-    def fake_all_reduce(t, op, group):               # another rank had less memory free
-        seen.append((op, group))
-        t.copy_(torch.minimum(t, torch.tensor([1000])))
-
-    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
-    assert sgl._same_on_every_rank(1234, SimpleNamespace(world_size=2, cpu_group="cpu")) == 1000
-    assert seen == [(dist.ReduceOp.MIN, "cpu")]
 
 
 def test_deferred_chunked_prompt_then_decode_then_catch_up(fake_sglang_forward):

@@ -1,7 +1,7 @@
 """Lazy catch-up, device side but engine-agnostic: the stash and the catch-up batch's indices.
 
 Plain torch (no SGLang), so every index computed here is unit-tested on CPU against a direct
-loop; lazy_sync.py runs these tensors through SGLang's draft model. ``StashArena`` holds the
+loop; catch_up_pass.py runs these tensors through SGLang's draft model. ``StashArena`` holds the
 (target aux at p, token at p+1) draft inputs filed under position p's KV slot; ``plan_passes``
 splits the backlogs into draft forwards; ``build_catch_up_indices`` computes one pass's indices
 from the batch's lengths, on the host when it has them, else on the device. docs/sglang-0.5.17.md

@@ -10,9 +10,7 @@ the SGLang contracts relied on: docs/sglang-0.5.17.md §6 and §8.
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
@@ -21,12 +19,8 @@ from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,
 )
-from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
-from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import (
     _eagle_prefill_tail_tokens,
     get_draft_input_from_target_hidden_dim,
@@ -34,13 +28,8 @@ from sglang.srt.speculative.eagle_utils import (
 )
 from sglang.srt.speculative.spec_utils import spec_stage_span
 
-from dual_graph_worker.core.batch_costs import CatchUpWork, passes_too_short
-from dual_graph_worker.engines.sglang.backlog import (
-    Behind,
-    LazyBacklog,
-    RoomAction,
-    arena_cells_for_budget,
-)
+from dual_graph_worker.core.batch_costs import CatchUpWork
+from dual_graph_worker.engines.sglang.backlog import Behind, LazyBacklog, RoomAction
 from dual_graph_worker.engines.sglang.catch_up import (
     CatchUpIndices,
     StashArena,
@@ -53,25 +42,19 @@ from dual_graph_worker.engines.sglang.catch_up import (
 from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.engines.sglang import stash_room
+from dual_graph_worker.engines.sglang import catch_up_pass, stash_room
+from dual_graph_worker.engines.sglang.catch_up_pass import Laps
 from dual_graph_worker.engines.sglang.continuity_contract import (ContinuityContext, DecodeDraft,
                                                                   RoomMade)
-from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
-from dual_graph_worker.engines.sglang.kv_fill import (KV_ONLY_MIN_TOKENS, fill_draft_kv,
-                                                       kv_fill_unavailable, kv_share)
+from dual_graph_worker.engines.sglang.kv_fill import kv_fill_unavailable, kv_share
 from dual_graph_worker.engines.sglang.row_context import rows_of
-from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
 from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
                                                                catch_up_backend_classes)
+from dual_graph_worker.engines.sglang.stash_plan import MiB as _MiB
+from dual_graph_worker.engines.sglang.stash_plan import plan_stash
 
 logger = logging.getLogger(__name__)
-
-_MiB = 1 << 20
-DEFAULT_MAX_PASS_TOKENS = 8192
-# DGW_LAZY_STASH_MB=0 (auto): this share of the GPU memory free after every capture. The rest
-# stays for SGLang's activations (a prefill chunk's MLP and the FULL aux capture of its tokens).
-AUTO_STASH_SHARE = 0.4
 
 
 class CatchUpEvent(NamedTuple):
@@ -129,12 +112,7 @@ class LazyCatchUp:
                  kv_check: bool = False,
                  on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
         dr = draft_worker.draft_runner
-        if not isinstance(dr.attn_backend, catch_up_backend_classes()):
-            raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
-                              f"{' and '.join(CATCH_UP_BACKENDS)} attention backend (draft "
-                              "extend with per-request lengths); the draft-extend backend here "
-                              f"is {type(dr.attn_backend).__name__}. Use {CATCH_UP_FLAG} or "
-                              "DGW_CONTINUITY=keep-current")
+        _check_draft_backend(dr)
         self.dw = draft_worker
         self.req_to_token = req_to_token_pool.req_to_token
         device = self.req_to_token.device
@@ -143,43 +121,24 @@ class LazyCatchUp:
         num_slots = int(kv.size) + int(getattr(kv, "page_size", 1) or 1)
         aux_width = int(get_draft_input_from_target_hidden_dim(dr))
         aux_dtype = dr.model_config.dtype
-        elem = torch.empty((), dtype=aux_dtype).element_size()
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-        budget = _stash_budget(stash_mb, free, slot_map_bytes=num_slots * 8)
-        # Per cell: the feature row, its int64 token id and its int64 cell id (the arange a
-        # step slices): StashArena.allocate's tensors.
-        bookkeeping = 8 + 8
-        per_cell = aux_width * elem + bookkeeping
-        cells = arena_cells_for_budget(budget, aux_width=aux_width,
-                                       aux_elem_bytes=elem, token_bytes=bookkeeping)
-        cells = min(cells, num_slots)           # more cells than KV slots are never in use
-        cells = _same_on_every_rank(cells, getattr(target_runner, "tp_group", None))
-        if cells < num_rows:
-            need = -(-num_rows * per_cell // _MiB)
-            raise ConfigError(f"DGW_LAZY_STASH_MB={stash_mb} holds {cells} stashed tokens of "
-                              f"{aux_width} x {aux_dtype} features, fewer than the "
-                              f"{num_rows} request-pool rows one decode step may need; set "
-                              f"DGW_LAZY_STASH_MB >= {need}")
-        need_bytes = cells * per_cell + num_slots * 8
-        if free is not None and need_bytes > free // 2:
-            raise ConfigError(f"the lazy-catch-up stash needs {need_bytes / _MiB:.0f} MiB "
-                              f"but only {free / _MiB:.0f} MiB are free after start-up; "
-                              "lower DGW_LAZY_STASH_MB or --mem-fraction-static, or use "
-                              "DGW_CONTINUITY=keep-current")
-        self.arena = StashArena.allocate(cells, aux_width, aux_dtype, num_slots, device)
-        self.backlog = LazyBacklog(num_rows, cells)
-        chunk = getattr(dr.server_args, "chunked_prefill_size", None)
-        self.max_pass_tokens = int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_PASS_TOKENS
         self.draft_hidden = get_draft_recurrent_hidden_state_spec(dr)
-        self.defer_prefill_off = _why_not_defer_prefills(
-            defer_prefill, dr.server_args, cells=cells, rows=num_rows,
-            reserve=self.max_pass_tokens, draft_hidden=self.draft_hidden)
+        plan = plan_stash(
+            stash_mb=stash_mb,
+            free_bytes=torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None,
+            rows=num_rows, slots=num_slots, aux_width=aux_width, aux_dtype=aux_dtype,
+            server_args=dr.server_args, draft_hidden=self.draft_hidden,
+            defer_prefill=defer_prefill, kv_only=kv_only,
+            kv_fill_blocker=kv_fill_unavailable(dr) if kv_only else None,
+            tp_group=getattr(target_runner, "tp_group", None))
+        self.arena = StashArena.allocate(plan.cells, aux_width, aux_dtype, num_slots, device)
+        self.backlog = LazyBacklog(num_rows, plan.cells)
+        self.max_pass_tokens = plan.max_pass_tokens
+        self.defer_prefill_off = plan.defer_prefill_off
         # Kept free for the next deferred prefill when a compaction can provide it.
-        self.prefill_reserve = 0 if self.defer_prefill_off else self.max_pass_tokens
+        self.prefill_reserve = plan.prefill_reserve
         # Why the draft's K/V cannot be filled alone (DGW_CATCH_UP_KV_ONLY); None: they are.
-        self.kv_only_min_tokens = KV_ONLY_MIN_TOKENS
-        self.kv_only_off = (kv_fill_unavailable(dr) or _passes_too_short(
-            self.max_pass_tokens, self.kv_only_min_tokens)) if kv_only else "off"
+        self.kv_only_min_tokens = plan.kv_only_min_tokens
+        self.kv_only_off = plan.kv_only_off
         self.kv_check = kv_check
         if kv_only and self.kv_only_off:
             logger.warning("dual-graph: DGW_CATCH_UP_KV_ONLY ignored: %s; catch-ups run the "
@@ -188,7 +147,7 @@ class LazyCatchUp:
         self.on_event = on_event
         logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
                     "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s; "
-                    "K/V-only catch-up: %s", cells, aux_width, aux_dtype,
+                    "K/V-only catch-up: %s", plan.cells, aux_width, aux_dtype,
                     self.arena.nbytes / _MiB, num_slots, self.max_pass_tokens,
                     self.defer_prefill_off or "on",
                     self.kv_only_off or f"passes of >= {self.kv_only_min_tokens} tokens")
@@ -392,76 +351,77 @@ class LazyCatchUp:
     def _catch_up(self, batch: Any, rows: np.ndarray, behind: Behind, *, forced: bool,
                   want_proposals: bool) -> CatchUpResult:
         device = batch.seq_lens.device
-        rpi = ends = ends_cpu = None
-        if getattr(batch, "seq_lens_cpu", None) is not None:
-            ends_cpu = np.asarray(batch.seq_lens_cpu, dtype=np.int64)[behind.positions]
-        elif behind.positions.size == rows.shape[0]:
-            rpi, ends = batch.req_pool_indices, batch.seq_lens
-        else:
-            sel = _to_device(behind.positions, device)
-            rpi, ends = batch.req_pool_indices[sel], batch.seq_lens[sel]
+        at = _rows_behind(batch, rows, behind, device)
         passes = plan_passes(behind.counts, self.max_pass_tokens)
-        positions: list[int] = []
-        props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        keep: list = []
-        dw = self.dw
-        rows_behind = rows[behind.positions]
-        with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
-              speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
-            laps = _Laps()
-            kv_error: Optional[float] = None
-            last_rows: list[CatchUpIndices] = []
-            for segments in passes:
-                idx = build_catch_up_indices(
-                    segments, counts=behind.counts, batch_positions=behind.positions,
-                    req_to_token=self.req_to_token, req_pool_indices=rpi, ends=ends,
-                    rows_cpu=None if ends_cpu is None else rows_behind, ends_cpu=ends_cpu)
-                laps.lap("indices")
-                filled = inputs = None
-                if self._fills(idx):
-                    inputs = self._fill_kv(idx)
-                    keep.append(inputs)
-                    laps.lap("kv")
-                    if not self.kv_check:
-                        last = final_rows(idx) if want_proposals else None
-                        if last is not None:
-                            last_rows.append(last)
-                        continue
-                    filled = self._draft_kv(idx.slots, clear=True)
-                forward_batch, logits_output = self._run_pass(batch, idx, laps, inputs)
-                keep.append(forward_batch)
-                if filled is not None:
-                    err = _relative_error(filled, self._draft_kv(idx.slots))
-                    kv_error = err if kv_error is None else max(kv_error, err)
-                self._take_proposals(batch, idx, logits_output, want_proposals, props, positions)
-                laps.lap("proposals")
-            if last_rows:             # one forward over every filled pass's last rows
-                idx = join_passes(last_rows)
-                forward_batch, logits_output = self._run_pass(batch, idx, laps)
-                keep.append(forward_batch)
-                self._take_proposals(batch, idx, logits_output, want_proposals, props, positions)
-                laps.lap("proposals")
-        done = self.backlog.caught_up(rows_behind, forced=forced)
+        out = _Collected(want_proposals)
+        laps = self._run_passes(batch, behind, at, passes, out)
+        done = self.backlog.caught_up(at.rows, forced=forced)
         # Cells of chunked prompts between their chunks move to the front.
-        keep += stash_room.front_pending(self.arena, self.backlog, self.req_to_token, rows,
-                                         device)
+        out.keep += stash_room.front_pending(self.arena, self.backlog, self.req_to_token, rows,
+                                             device)
         laps.lap("bookkeeping")
         event = CatchUpEvent(forced, int(behind.positions.size), done.tokens, len(passes),
-                             int(behind.counts.max()), done.orphans, ends_cpu is not None,
-                             laps.us(), kv_error)
+                             int(behind.counts.max()), done.orphans, at.ends_cpu is not None,
+                             laps.us(), out.kv_error)
         if done.orphans:
             # Expected for every request that finished, was aborted or retracted while behind;
             # counted in the step log's catch_up events ("orphans").
             logger.debug("dual-graph lazy catch-up: dropped the backlog of %d request rows "
                          "not in the running batch", done.orphans)
         self._emit(event)
-        if not want_proposals:
-            return CatchUpResult([], None, None, None, keep, event)
-        if len(props) == 1:
-            topk_p, topk_index, hidden = props[0]
-        else:
-            topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*props))
-        return CatchUpResult(positions, topk_p, topk_index, hidden, keep, event)
+        return out.result(event)
+
+    def _run_passes(self, batch: Any, behind: Behind, at: "_RowsBehind", passes: list,
+                    out: "_Collected") -> Laps:
+        """Every pass, in the draft's TP and MoE contexts; their host time by phase."""
+        dw = self.dw
+        with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
+              speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
+            laps = Laps()
+            for segments in passes:
+                idx = build_catch_up_indices(
+                    segments, counts=behind.counts, batch_positions=behind.positions,
+                    req_to_token=self.req_to_token, req_pool_indices=at.req_pool_indices,
+                    ends=at.ends, rows_cpu=None if at.ends_cpu is None else at.rows,
+                    ends_cpu=at.ends_cpu)
+                laps.lap("indices")
+                self._one_pass(batch, idx, laps, out)
+            if out.last_rows:             # one forward over every filled pass's last rows
+                self._forward(batch, join_passes(out.last_rows), laps, out)
+        return laps
+
+    def _one_pass(self, batch: Any, idx: CatchUpIndices, laps: Laps, out: "_Collected") -> None:
+        """One pass: its K/V filled from the stash alone (its rows that end a backlog then wait
+        for the joined forward), or the draft's whole layer, after the fill under
+        DGW_CATCH_UP_KV_CHECK, which compares the two."""
+        if not self._fills(idx):
+            self._forward(batch, idx, laps, out)
+            return
+        dr = self.dw.draft_runner
+        inputs = catch_up_pass.fill_kv(dr, self.arena, idx)
+        out.keep.append(inputs)
+        laps.lap("kv")
+        if self.kv_check:
+            filled = catch_up_pass.draft_kv(dr, idx.slots, clear=True)
+            self._forward(batch, idx, laps, out, inputs, filled)
+        elif out.want_proposals:
+            last = final_rows(idx)
+            if last is not None:
+                out.last_rows.append(last)
+
+    def _forward(self, batch: Any, idx: CatchUpIndices, laps: Laps, out: "_Collected",
+                 inputs: Optional[tuple] = None, filled: Optional[tuple] = None) -> None:
+        """The draft's whole layer over `idx` (on the fill's `inputs` if given), its K/V
+        compared with the fill's (`filled`, if given), and the proposals it makes."""
+        dr = self.dw.draft_runner
+        forward_batch, logits_output = catch_up_pass.run_pass(dr, self.arena, batch, idx, laps,
+                                                              inputs)
+        out.keep.append(forward_batch)
+        if filled is not None:
+            out.checked(catch_up_pass.relative_error(filled,
+                                                     catch_up_pass.draft_kv(dr, idx.slots)))
+        self._take_proposals(batch, idx, logits_output, out)
+        laps.lap("proposals")
 
     def _fills(self, idx: CatchUpIndices) -> bool:
         """Whether this pass's K/V are filled alone (DGW_CATCH_UP_KV_ONLY, a pass of
@@ -469,163 +429,71 @@ class LazyCatchUp:
         return not self.kv_only_off and idx.num_tokens >= self.kv_only_min_tokens
 
     def _take_proposals(self, batch: Any, idx: CatchUpIndices, logits_output: Any,
-                        want_proposals: bool, props: list, positions: list) -> None:
+                        out: "_Collected") -> None:
         """The proposals of a pass's rows that end a backlog, and their batch positions."""
-        final = [j for j, f in enumerate(idx.final) if f] if want_proposals else []
+        final = [j for j, f in enumerate(idx.final) if f] if out.want_proposals else []
         if final:
-            props.append(self._proposals(batch, idx, logits_output, final))
-            positions.extend(idx.batch_positions[j] for j in final)
+            out.props.append(catch_up_pass.proposals(batch, idx, logits_output, final,
+                                                     self.dw.topk))
+            out.positions.extend(idx.batch_positions[j] for j in final)
 
-    def _fill_kv(self, idx: CatchUpIndices) -> tuple:
-        """The draft's K/V at every position of a pass, from the stash; its inputs, kept
-        alive as the forward batches are."""
-        aux, token_ids = self.arena.gather(idx.slots)
-        fill_draft_kv(self.dw.draft_runner, aux, token_ids, idx.positions, idx.slots)
-        return aux, token_ids
 
-    def _draft_kv(self, slots: torch.Tensor, clear: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of the draft layer's K and V at `slots` (DGW_CATCH_UP_KV_CHECK), zeroed
-        there if `clear`: a layer that then failed to write them cannot pass the check."""
-        dr = self.dw.draft_runner
-        layer_id = dr.model.model.layers[0].self_attn.attn.layer_id
-        pool = dr.token_to_kv_pool
-        copies = []
-        for buffer in (pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)):
-            copies.append(buffer[slots].clone())
-            if clear:
-                buffer[slots] = 0
-        return copies[0], copies[1]
+def _check_draft_backend(dr: Any) -> None:
+    if not isinstance(dr.attn_backend, catch_up_backend_classes()):
+        raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
+                          f"{' and '.join(CATCH_UP_BACKENDS)} attention backend (draft "
+                          "extend with per-request lengths); the draft-extend backend here "
+                          f"is {type(dr.attn_backend).__name__}. Use {CATCH_UP_FLAG} or "
+                          "DGW_CONTINUITY=keep-current")
 
-    def _run_pass(self, batch: Any, idx: CatchUpIndices, laps: "_Laps",
-                  inputs: Optional[tuple] = None):
-        """The draft's layer over `idx`, its stashed inputs gathered unless given (a checked
-        pass reuses the fill's, so they are held once)."""
-        dr = self.dw.draft_runner
-        aux, token_ids = self.arena.gather(idx.slots) if inputs is None else inputs
-        view = copy.copy(batch)             # EAGLE's step still needs the batch as it is
-        view.forward_mode = ForwardMode.DRAFT_EXTEND_V2
-        view.spec_info = EagleDraftExtendInput(
-            hidden_states=aux,
-            # Only read by DP padding and the draft-extend graph runner, neither of which runs
-            # here; an upper bound of the per-request width.
-            num_tokens_per_req=max(idx.extend_lens_cpu),
-            num_tokens_for_logprob_per_req=1,
-            select_index=idx.last_rows,
-        )
-        view.input_ids = token_ids
-        view.out_cache_loc = idx.slots
-        view.req_pool_indices = idx.req_pool_indices
-        view.seq_lens = idx.seq_lens            # post-write lengths, as the draft extend uses
-        view.seq_lens_cpu = idx.seq_lens_cpu
-        view.seq_lens_sum = (None if idx.seq_lens_cpu is None
-                             else int(idx.seq_lens_cpu.sum()))
-        view.orig_seq_lens = None
-        if idx.prefix_lens_cpu is not None:
-            view.prefix_lens, view.extend_lens = idx.prefix_lens_cpu, idx.extend_lens_cpu
+
+class _RowsBehind(NamedTuple):
+    """The request-pool rows behind, in batch order, and their committed lengths: on the host
+    when the batch has host lengths (the passes' indices are then built there), else on the
+    device with their rows."""
+
+    rows: np.ndarray
+    req_pool_indices: Optional[torch.Tensor]
+    ends: Optional[torch.Tensor]
+    ends_cpu: Optional[np.ndarray]
+
+
+def _rows_behind(batch: Any, rows: np.ndarray, behind: Behind, device) -> _RowsBehind:
+    rpi = ends = ends_cpu = None
+    if getattr(batch, "seq_lens_cpu", None) is not None:
+        ends_cpu = np.asarray(batch.seq_lens_cpu, dtype=np.int64)[behind.positions]
+    elif behind.positions.size == rows.shape[0]:
+        rpi, ends = batch.req_pool_indices, batch.seq_lens
+    else:
+        sel = _to_device(behind.positions, device)
+        rpi, ends = batch.req_pool_indices[sel], batch.seq_lens[sel]
+    return _RowsBehind(rows[behind.positions], rpi, ends, ends_cpu)
+
+
+class _Collected:
+    """What a catch-up's passes leave: the proposals and their batch positions, the tensors to
+    keep alive, the K/V check's largest error, and the filled passes' rows that end a backlog
+    (one forward over them all comes last)."""
+
+    def __init__(self, want_proposals: bool) -> None:
+        self.want_proposals = want_proposals
+        self.positions: list[int] = []
+        self.props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.keep: list = []
+        self.kv_error: Optional[float] = None
+        self.last_rows: list[CatchUpIndices] = []
+
+    def checked(self, err: float) -> None:
+        self.kv_error = err if self.kv_error is None else max(self.kv_error, err)
+
+    def result(self, event: CatchUpEvent) -> CatchUpResult:
+        if not self.want_proposals:
+            return CatchUpResult([], None, None, None, self.keep, event)
+        if len(self.props) == 1:
+            topk_p, topk_index, hidden = self.props[0]
         else:
-            view.prefix_lens, view.extend_lens = idx.prefix_lens, idx.extend_lens
-        view.extend_num_tokens = idx.num_tokens
-        view.extend_logprob_start_lens = None
-        view.return_logprob = False
-        forward_batch = ForwardBatch.init_new(view, dr,
-                                              capture_hidden_mode=CaptureHiddenMode.FULL,
-                                              return_hidden_states_before_norm=False)
-        forward_batch.return_logprob = False
-        if idx.prefix_lens_cpu is None:
-            forward_batch.extend_seq_lens_cpu = idx.extend_lens_cpu
-        laps.lap("batch")
-        dr.attn_backend.init_forward_metadata(forward_batch)
-        forward_batch.mark_forward_metadata_ready()
-        laps.lap("metadata")
-        logits_output = dr.forward(forward_batch).logits_output
-        laps.lap("forward")
-        return forward_batch, logits_output
-
-    def _proposals(self, batch: Any, idx: CatchUpIndices, logits_output: Any,
-                   final: list[int]):
-        logits = logits_output.next_token_logits          # one row per segment (select_index)
-        hidden = logits_output.hidden_states
-        if hidden.shape[0] == idx.num_tokens:
-            hidden = hidden[idx.last_rows]
-        elif hidden.shape[0] != len(idx.final):
-            raise RuntimeError(f"draft extend returned {hidden.shape[0]} hidden rows for "
-                               f"{idx.num_tokens} tokens / {len(idx.final)} requests")
-        if len(final) != len(idx.final):
-            keep = _to_device(final, logits.device)
-            logits, hidden = logits[keep], hidden[keep]
-        topk_p, topk_index = draft_proposals(logits, batch.sampling_info, self.dw.topk)
-        return topk_p, topk_index, hidden
-
-
-class _Laps:
-    """Host time of a catch-up's passes by phase, summed over them, and of the bookkeeping after
-    (the step log's ``host_us``): a phase that waits on the device shows as milliseconds where
-    launching takes tens of us."""
-
-    def __init__(self) -> None:
-        self._t = time.perf_counter()
-        self._us: dict[str, float] = {}
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self._us[phase] = self._us.get(phase, 0.0) + (now - self._t) * 1e6
-        self._t = now
-
-    def us(self) -> dict[str, float]:
-        return {k: round(v, 1) for k, v in self._us.items()}
-
-
-def _passes_too_short(max_pass_tokens: int, split_from: int) -> Optional[str]:
-    why = passes_too_short(max_pass_tokens, split_from)
-    return None if why is None else f"{why} (SGLang's chunked_prefill_size)"
-
-
-def _relative_error(got: tuple, want: tuple) -> float:
-    """The largest |got - want| over the largest |want|, of K and V alike."""
-    return max(float((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-30))
-               for g, w in zip(got, want))
-
-
-def _stash_budget(stash_mb: int, free_bytes: Optional[int], *, slot_map_bytes: int) -> int:
-    """Bytes for the stash's cells: DGW_LAZY_STASH_MB, or (0) AUTO_STASH_SHARE of the memory
-    free now, less the KV-slot map; 1 GiB where there is no GPU to ask."""
-    if stash_mb > 0:
-        return int(stash_mb) * _MiB
-    if free_bytes is None:
-        return 1024 * _MiB
-    return max(int(free_bytes * AUTO_STASH_SHARE) - int(slot_map_bytes), 0)
-
-
-def _same_on_every_rank(cells: int, tp_group: Any) -> int:
-    """The smallest TP rank's stash size, on every rank. The auto size follows each rank's free
-    memory, but every rank must make the same room / deferral / catch-up decisions: a catch-up
-    is a draft forward with collectives, and a rank that skipped it would hang the others."""
-    if tp_group is None or int(getattr(tp_group, "world_size", 1)) <= 1:
-        return cells
-    import torch.distributed as dist
-
-    t = torch.tensor([int(cells)], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp_group.cpu_group)
-    return int(t.item())
-
-
-def _why_not_defer_prefills(enabled: bool, server_args: Any, *, cells: int, rows: int,
-                            reserve: int, draft_hidden) -> Optional[str]:
-    """None when prefills may be deferred, else why not (logged at start-up)."""
-    if not enabled:
-        return "off (DGW_DEFER_DRAFT_PREFILL=0)"
-    if not getattr(server_args, "disable_radix_cache", False) and \
-            getattr(server_args, "radix_cache_backend", None) != RADIX_BACKEND:
-        return (f"off: the radix cache backend {server_args.radix_cache_backend!r} may cache "
-                "prefixes without draft KV; leave --radix-cache-backend unset (the worker then "
-                f"uses {RADIX_BACKEND!r}) or pass --disable-radix-cache")
-    if draft_hidden[0] is None:
-        return "off: the draft carries no hidden state (STANDALONE)"
-    if cells < rows + reserve:
-        return (f"off: the stash ({cells} tokens) cannot hold a decode step of {rows} rows "
-                f"plus one prefill chunk of {reserve}; raise DGW_LAZY_STASH_MB")
-    return None
+            topk_p, topk_index, hidden = (torch.cat(x) for x in zip(*self.props))
+        return CatchUpResult(self.positions, topk_p, topk_index, hidden, self.keep, event)
 
 
 def _merge(old: Optional[torch.Tensor], where: Optional[torch.Tensor],
