@@ -108,7 +108,6 @@ def test_engine_agnostic_modules_do_not_import_sglang():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-
 def test_the_launch_checks_do_not_import_the_strategies():
     """The validator and the server-args handling run in the main process, before any worker:
     they read each continuity's launch needs without importing its GPU stack."""

@@ -23,7 +23,7 @@ from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.exchange import ExchangeSums
-from dual_graph_worker.core.exploration import ExploreConfig, Explorer
+from dual_graph_worker.core.exploration import ExploreConfig, Explorer, TimesHere
 from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DraftPrefills,
@@ -343,7 +343,7 @@ class GoodputController:
 
     # ------------------------------------------------------------------------------ times
 
-    def _times_here(self, inputs: PolicyInputs) -> tuple:
+    def _times_here(self, inputs: PolicyInputs) -> TimesHere:
         """Each mode's key here and step seconds (spec, decode): as measured, and as the choice
         of mode prices them (spec_warm_time while speculation warms up)."""
         times = self._times

@@ -35,6 +35,11 @@ _STEP_DRIFT = 0.3
 # Whether spec steps of the given seconds at an acceptance beat decode steps by the margin, the
 # prompt cost left out (accept, spec_t, decode_t, bs; None: a step time is unknown).
 SpecWins = Callable[[float, Optional[float], Optional[float], int], Optional[bool]]
+# Each mode's step seconds at a batch, (spec, decode); None where unknown.
+StepPair = tuple[Optional[float], Optional[float]]
+# The controller's step times at a batch: the spec key, the decode key, each mode's seconds as
+# measured, and as the choice prices them (spec warming up). A plain tuple: made every step.
+TimesHere = tuple[Optional[int], Optional[int], StepPair, StepPair]
 
 
 @dataclass
@@ -208,12 +213,11 @@ class Explorer:
         """A re-measurement of speculation runs and has seen acceptance (probe_lost reads it)."""
         return self.probe is not None and self.probe.seen > 0
 
-    def probe_lost(self, here: tuple, bs: int, step: int) -> bool:
+    def probe_lost(self, here: TimesHere, bs: int, step: int) -> bool:
         """The running re-measurement of speculation (judging) has seen acceptance too low for
         it to win here even at the top of its error; on a round's last step, also what running
         on would cost a step where the answer is still open (Probe.open_price). `here`: the
-        controller's step times at this batch of `bs` (spec key, decode key, as measured, as
-        the choice prices them)."""
+        controller's step times at this batch of `bs`."""
         p = self.probe
         mean = p.total / p.seen
         variance = (p.squares - p.seen * mean * mean) / (p.seen - 1) if p.seen > 1 else 0.0
@@ -239,7 +243,7 @@ class Explorer:
         return mean + _PROBE_ERRORS * math.sqrt(max(variance, floor) / steps)
 
     def _open_price(self, mean: float, high: float, spec_key: Optional[int],
-                    measured: tuple, bs: int, step: int) -> Optional[float]:
+                    measured: StepPair, bs: int, step: int) -> Optional[float]:
         """A re-measurement's price a step to run on where its acceptance (`mean`, `high` two
         errors up) leaves the answer open, at this batch's step times as measured lately (the
         batch may have grown since it began, and a size priced from its neighbours or warming

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import (
@@ -24,6 +24,28 @@ from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
 from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
 from dual_graph_worker.engines.sglang.kv_fill import fill_draft_kv
 
+
+
+class StashedInputs(NamedTuple):
+    """A pass's draft inputs gathered from the stash: the target's hidden states and tokens."""
+
+    aux: torch.Tensor
+    token_ids: torch.Tensor
+
+
+class KV(NamedTuple):
+    """Copies of the draft layer's K and V at a pass's slots."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class Proposals(NamedTuple):
+    """The draft's proposals for a pass's final rows."""
+
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden: torch.Tensor
 
 class Laps:
     """Host time of a catch-up's passes by phase, summed over them, and of the bookkeeping after
@@ -43,16 +65,15 @@ class Laps:
         return {k: round(v, 1) for k, v in self._us.items()}
 
 
-def fill_kv(runner: Any, arena: StashArena, idx: CatchUpIndices) -> tuple:
+def fill_kv(runner: Any, arena: StashArena, idx: CatchUpIndices) -> StashedInputs:
     """The draft's K/V at every position of a pass, from the stash; its inputs, kept
     alive as the forward batches are."""
     aux, token_ids = arena.gather(idx.slots)
     fill_draft_kv(runner, aux, token_ids, idx.positions, idx.slots)
-    return aux, token_ids
+    return StashedInputs(aux, token_ids)
 
 
-def draft_kv(runner: Any, slots: torch.Tensor, clear: bool = False
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_kv(runner: Any, slots: torch.Tensor, clear: bool = False) -> KV:
     """Copies of the draft layer's K and V at `slots` (DGW_CATCH_UP_KV_CHECK), zeroed
     there if `clear`: a layer that then failed to write them cannot pass the check."""
     layer_id = runner.model.model.layers[0].self_attn.attn.layer_id
@@ -62,11 +83,11 @@ def draft_kv(runner: Any, slots: torch.Tensor, clear: bool = False
         copies.append(buffer[slots].clone())
         if clear:
             buffer[slots] = 0
-    return copies[0], copies[1]
+    return KV(copies[0], copies[1])
 
 
 def run_pass(runner: Any, arena: StashArena, batch: Any, idx: CatchUpIndices, laps: Laps,
-             inputs: Optional[tuple] = None):
+             inputs: Optional[StashedInputs] = None):
     """The layer of the draft ModelRunner `runner` over `idx`, its stashed inputs gathered
     unless given (a checked pass reuses the fill's, so they are held once)."""
     aux, token_ids = arena.gather(idx.slots) if inputs is None else inputs
@@ -118,7 +139,7 @@ def _draft_extend_view(batch: Any, idx: CatchUpIndices, aux: torch.Tensor,
 
 
 def proposals(batch: Any, idx: CatchUpIndices, logits_output: Any, final: list[int],
-              topk: int):
+              topk: int) -> Proposals:
     """The proposals of a pass's rows `final` (positions in `idx.final`): top-k p, index and
     the draft's hidden state."""
     logits = logits_output.next_token_logits          # one row per segment (select_index)
@@ -132,10 +153,10 @@ def proposals(batch: Any, idx: CatchUpIndices, logits_output: Any, final: list[i
         keep = _to_device(final, logits.device)
         logits, hidden = logits[keep], hidden[keep]
     topk_p, topk_index = draft_proposals(logits, batch.sampling_info, topk)
-    return topk_p, topk_index, hidden
+    return Proposals(topk_p, topk_index, hidden)
 
 
-def relative_error(got: tuple, want: tuple) -> float:
+def relative_error(got: KV, want: KV) -> float:
     """The largest |got - want| over the largest |want|, of K and V alike."""
     return max(float((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-30))
                for g, w in zip(got, want))

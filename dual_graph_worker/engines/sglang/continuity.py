@@ -6,6 +6,7 @@ itself from the worker's context (continuity_contract.py) and carries its launch
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import numpy as np
@@ -76,7 +77,7 @@ class KeepCurrent:
         return {"continuity": self.kind.value, "draft_sync_graphs": self.graph_runner is not None}
 
 
-STRATEGIES: Mapping[Continuity, type[SGLangContinuity]] = {
+STRATEGIES: Mapping[Continuity, type[SGLangContinuity]] = MappingProxyType({
     Continuity.KEEP_CURRENT: KeepCurrent,
     Continuity.LAZY_CATCH_UP: LazyCatchUp,
-}
+})

@@ -4,7 +4,8 @@ launch path never imports their GPU stack."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping, Optional, Protocol
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
@@ -14,6 +15,14 @@ from dual_graph_worker.engines.sglang.server_args_hook import CATCH_UP_BACKENDS,
 # The server arguments that choose an attention backend the catch-up's draft extend may run on.
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
                  "speculative_draft_attention_backend")
+
+
+class ContinuityLaunch(Protocol):
+    radix_backend: ClassVar[Optional[str]]     # the radix cache it needs; None: SGLang's own
+
+    @staticmethod
+    def check_server_args(server_args: Any) -> None:
+        """ConfigError naming the fix where the strategy cannot run with these arguments."""
 
 
 class KeepCurrentLaunch:
@@ -56,7 +65,7 @@ class LazyCatchUpLaunch:
                               "use DGW_CONTINUITY=keep-current")
 
 
-LAUNCH: Mapping[Continuity, type] = {
+LAUNCH: Mapping[Continuity, type[ContinuityLaunch]] = MappingProxyType({
     Continuity.KEEP_CURRENT: KeepCurrentLaunch,
     Continuity.LAZY_CATCH_UP: LazyCatchUpLaunch,
-}
+})

@@ -410,7 +410,8 @@ class LazyCatchUp:
                 out.last_rows.append(last)
 
     def _forward(self, batch: Any, idx: CatchUpIndices, laps: Laps, out: "_Collected",
-                 inputs: Optional[tuple] = None, filled: Optional[tuple] = None) -> None:
+                 inputs: Optional[catch_up_pass.StashedInputs] = None,
+                 filled: Optional[catch_up_pass.KV] = None) -> None:
         """The draft's whole layer over `idx` (on the fill's `inputs` if given), its K/V
         compared with the fill's (`filled`, if given), and the proposals it makes."""
         dr = self.dw.draft_runner
@@ -478,7 +479,7 @@ class _Collected:
     def __init__(self, want_proposals: bool) -> None:
         self.want_proposals = want_proposals
         self.positions: list[int] = []
-        self.props: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.props: list[catch_up_pass.Proposals] = []
         self.keep: list = []
         self.kv_error: Optional[float] = None
         self.last_rows: list[CatchUpIndices] = []

@@ -21,6 +21,7 @@ from dual_graph_worker.core.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class ProfileWindow:
     """DGW_PROFILE_STEADY_AFTER_STEPS and DGW_PROFILE_STEPS, bounded and paired by Settings."""
