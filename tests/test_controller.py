@@ -2502,3 +2502,35 @@ def test_a_kv_filling_catch_up_is_a_spike_only_beyond_the_whole_layers_bound():
     assert p.catch_up_seconds(60_000) == pytest.approx(0.062, rel=0.01)
     catch_up(60_000, 0.3)
     assert p.catch_up_seconds(60_000) > 0.08
+
+
+def test_a_single_rank_skips_the_wire_and_decides_as_through_it():
+    """The planner's default reducer (same_rank) folds a rank's records as they are; a
+    reducer that hands back a copy sends them through the flat vector. Over switches,
+    catch-ups and prefills both make every decision and every estimate alike."""
+    def run(reduce) -> tuple[list, object]:
+        policy = controller(replay_prior())
+        planner = StepPlanner(DispatchTable.build(SPEC, DECODE), policy,
+                              **({} if reduce is None else {"reduce": reduce}))
+        noise, load = random.Random(3), random.Random(5)
+        bs, backlog, plans = 8, 0, []
+        for step in range(1200):
+            bs = min(max(1, bs + load.randint(-3, 3)), 64)
+            rows = np.arange(bs)
+            if step % 97 == 0:
+                policy.observe(PrefillTime(512 * (1 + step % 3), 0.01 * (1 + step % 3),
+                                           draft=step % 2 == 0))
+            plan = planner.plan(bs, rows=rows, catch_up_tokens=backlog, kv_tokens=300 * bs)
+            plans.append(plan)
+            t = (t_spec if plan.mode is Mode.SPEC else t_decode)(plan.padded_bs)
+            caught = backlog if plan.mode is Mode.SPEC else 0
+            policy.observe(StepTime(plan.mode, plan.padded_bs, t * (1 + 0.2 * noise.random())
+                                    + 2e-6 * caught, caught, kv_tokens=300 * bs))
+            a = (3.0 if step < 600 else 1.3) if plan.mode is Mode.SPEC else 1.0
+            policy.observe(accepted(plan.mode, np.full(bs, a), rows))
+            backlog = 0 if plan.mode is Mode.SPEC else backlog + bs
+        return plans, policy.estimates()
+
+    direct, wire = run(None), run(lambda vec: list(vec))
+    assert direct == wire
+    assert {p.mode for p in direct[0]} == {Mode.SPEC, Mode.DECODE}

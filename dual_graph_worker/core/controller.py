@@ -28,7 +28,7 @@ from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DraftPrefills,
                                            DwellState, Observation, PolicyInputs, PolicyState,
-                                           PrefillTime, Reason, Reducer, StepTime)
+                                           PrefillTime, Reason, Reducer, StepTime, same_rank)
 from dual_graph_worker.core.settings import BY_KEY, Settings
 from dual_graph_worker.core.step_times import StepTimeTable
 
@@ -278,7 +278,9 @@ class GoodputController:
         # A re-measurement that ended waits for this exchange: it folds all it measured.
         self._intake.exchanging(hold=not self._unfolded)
         local = ExchangeSums(self._times.take_local(), self._batch_costs.take_local())
-        every = ExchangeSums.from_vector(reduce(local.to_vector()))
+        # One rank's sums are every rank's: the wire's round trip would rebuild the same records.
+        every = local if reduce is same_rank else \
+            ExchangeSums.from_vector(reduce(local.to_vector()))
         self._unfolded = False
         self._times.fold(every.step_times, self._step)
         self._batch_costs.fold(every.batch_costs)

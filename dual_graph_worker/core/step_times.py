@@ -312,8 +312,10 @@ class StepTimeTable:
             del self._step_sums[i]
 
     def take_local(self) -> StepSums:
-        """This rank's sums since the last exchange, and cleared."""
-        local = StepSums(self.size, {i: KeyWindow(*acc) for i, acc in self._step_sums.items()})
+        """This rank's sums since the last exchange (keys ascending, as on the wire), and
+        cleared."""
+        local = StepSums(self.size, {i: KeyWindow(*acc)
+                                     for i, acc in sorted(self._step_sums.items())})
         self._step_sums.clear()
         return local
 
