@@ -448,9 +448,9 @@ def test_kv_only_catch_ups_leave_the_draft_prefill_rate_to_the_whole_layers():
     whole layer. Fitted on one line with the K/V-only ones (their tokens at the layer's share of
     multiply-adds), it read over 2 us a token, twice and more the layer's ~0.9, at 15% of the
     run's steps; on lines of their own, 4%."""
-    from bench.sglang.estimate_error import replay
+    from bench.sglang.estimate_error import read_trace, replay
 
-    t = json.loads(gzip.open(ROOT / M107, "rt").read())
+    t = read_trace(str(ROOT / M107))
     rates = [p.draft_prefill_s_per_token() for p, _, _ in replay(t)]
     rates = [r for r in rates if r > 0]
     assert sum(r > 2e-6 for r in rates) < 0.08 * len(rates)

@@ -400,6 +400,9 @@ def test_swap_of_a_pass_over_some_cells_rates_those_alone(tmp_path):
     assert merged["accepts"] == [1.5] and "only the 2 cells m2 measured" in merged["note"]
     assert {r["accept_len"] for r in merged["records"] if r["engine"] != "plain"} == {1.5}
     assert mm.main(["--out", str(tmp_path / "bad"), "--some-cells", part]) == 2
+    # A baseline's pass of some cells would leave the others unrated: refused in one line.
+    assert mm.main(["--out", str(tmp_path / "bad"), "--some-cells", "--swap",
+                    f"plain={one_accept}", part]) == 2
     assert not (tmp_path / "bad").exists()
 
 

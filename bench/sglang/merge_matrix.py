@@ -306,9 +306,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="with --swap: a pass of some of the part's cells, the matrix rates those")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
-    if args.some_cells and not args.swap:
-        print("error: --some-cells rates a --swap pass's cells: name the pass with --swap "
-              "ENGINE=DIR", file=sys.stderr)
+    if args.some_cells and (not args.swap or
+                            any(not swap.startswith("dual=") for swap in args.swap)):
+        print("error: --some-cells rates a worker pass's cells: name it with --swap dual=DIR "
+              "(alone: a baseline's pass of some cells would leave the others unrated)",
+              file=sys.stderr)
         return 2
     if args.processes and args.latest:
         print("error: --processes reads a cell's median over calls, --latest its last call: "

@@ -30,7 +30,7 @@ _NOT_PER_TOKEN = ("lm_head", "wte", "shared_head")
 
 
 def _line_sums(x: float, y: float) -> tuple[float, ...]:
-    """One (x, y) point's share of a regression's sums (exchange.LINE's layout)."""
+    """One (x, y) point's share of a Slope's sums (regressions.LINE's layout)."""
     return 1.0, x, y, x * x, x * y
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from itertools import compress
 from typing import Mapping, NamedTuple, Optional, Sequence
 
-# A regression's sums over its (x, y) points: n, sum x, sum y, sum xx, sum xy.
-LINE = 5
+from dual_graph_worker.core.regressions import KEY_SLOTS, LINE
 
 
 class KeyWindow(NamedTuple):
@@ -25,7 +24,8 @@ class KeyWindow(NamedTuple):
     seconds_sq: float
 
 
-_SLOTS = len(KeyWindow._fields)
+_SLOTS = KEY_SLOTS
+assert len(KeyWindow._fields) == _SLOTS      # one field a regressions.ContextSums slot
 _STEPS_AT = KeyWindow._fields.index("steps")
 _NO_WINDOW = KeyWindow(*[0.0] * _SLOTS)
 

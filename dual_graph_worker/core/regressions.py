@@ -36,6 +36,8 @@ MIN_EVENTS = 3
 KEY_SLOTS = 6
 _LINE_SLOTS = 5         # the ones a line is fitted from
 _YY = 5
+# A Slope's sums over its (x, y) points: n, sum x, sum y, sum xx, sum xy.
+LINE = 5
 
 
 class Slope:
@@ -46,7 +48,7 @@ class Slope:
     __slots__ = ("sums", "events", "decay", "min_spread", "idle")
 
     def __init__(self, min_spread: float, decay: float) -> None:
-        self.sums = np.zeros(5)
+        self.sums = np.zeros(LINE)
         self.events = 0.0
         self.decay = decay
         self.min_spread = min_spread

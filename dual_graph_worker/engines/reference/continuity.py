@@ -41,7 +41,6 @@ class NoDraft:
 
     kind = None
     defers_prefill = False
-    needs_stash = False
 
     def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
         return PrefillMode.TARGET_ONLY
@@ -86,12 +85,12 @@ class LazyCatchUp:
     batch leaves the draft behind from position 0 (its prefill is the first catch-up)."""
 
     kind = Continuity.LAZY_CATCH_UP
-    needs_stash = True
 
     def __init__(self, engine: Engine, table: RequestTable, defers_prefill: bool) -> None:
         self.engine, self.table = engine, table
         self.defers_prefill = defers_prefill
         self.start = np.full(engine.limits.max_requests, NO_BACKLOG, dtype=np.int64)
+        engine.ensure_stash()           # its decode steps keep the target's features
 
     def prefill_mode(self, next_step_decodes: Callable[[], bool]) -> PrefillMode:
         return PrefillMode.DEFERRED if self.defers_prefill and next_step_decodes() \

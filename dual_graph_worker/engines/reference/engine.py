@@ -212,13 +212,12 @@ class GraphStages:
     def __init__(self, engine: ReferenceEngine, bufs: StaticInputs, continuity: StageContinuity,
                  max_spec_bs: int) -> None:
         self.engine, self.bufs, self.continuity = engine, bufs, continuity
+        self.st = engine.state
         self.K = engine.limits.num_draft_tokens
         self.W = W = self.K + 1
         dev, spec_rows = engine.device, max(max_spec_bs, 1)
         self.verify_aux = torch.zeros(spec_rows * W, engine.aux_width, dtype=engine.dtype,
                                       device=dev)
-        if continuity.needs_stash:
-            engine.ensure_stash()
         self.offsets = torch.arange(W, device=dev)
         self.row_starts = torch.arange(spec_rows, device=dev) * W   # first row of each request
         self.forced = self._forced_accepts()
@@ -240,7 +239,7 @@ class GraphStages:
         return stages
 
     def decode(self, P: int) -> None:
-        eng, bufs, st = self.engine, self.bufs, self.engine.state
+        eng, bufs, st = self.engine, self.bufs, self.st
         rows, L, loc = bufs.req_pool_indices[:P], bufs.seq_lens[:P], bufs.out_cache_loc[:P]
         ids, pos = bufs.input_ids[:P], bufs.positions[:P]
         ids.copy_(st.last_token[rows])
@@ -255,7 +254,7 @@ class GraphStages:
         self.continuity.in_decode_graph(eng, DecodeOutput(rows, y, out.aux, pos, loc, batch))
 
     def draft_chain(self, P: int) -> None:
-        eng, bufs, st, W = self.engine, self.bufs, self.engine.state, self.W
+        eng, bufs, st, W = self.engine, self.bufs, self.st, self.W
         rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
         loc = bufs.out_cache_loc[: P * W].view(P, W)
         ids = bufs.input_ids[: P * W].view(P, W)
@@ -271,7 +270,7 @@ class GraphStages:
             ids[:, j + 1].copy_(tok)
 
     def verify(self, P: int) -> None:
-        eng, bufs, st, W = self.engine, self.bufs, self.engine.state, self.W
+        eng, bufs, st, W = self.engine, self.bufs, self.st, self.W
         rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
         loc = bufs.out_cache_loc[: P * W]
         ids = bufs.input_ids[: P * W].view(P, W)
@@ -295,7 +294,7 @@ class GraphStages:
         return self.forced[:P]
 
     def draft_extend(self, P: int) -> None:
-        eng, bufs, st, W = self.engine, self.bufs, self.engine.state, self.W
+        eng, bufs, st, W = self.engine, self.bufs, self.st, self.W
         rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
         loc, pos = bufs.out_cache_loc[: P * W], bufs.positions[: P * W]
         ids = bufs.out_tokens[:P].reshape(-1)

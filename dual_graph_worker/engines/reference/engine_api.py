@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -46,8 +46,7 @@ class EngineDescription:
     model: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class DecodeOutput:
+class DecodeOutput(NamedTuple):
     """What a decode stage hands its continuity strategy: the emitted tokens and the target's
     features at their positions. Device tensors only: the strategy's share is captured too."""
 
@@ -61,8 +60,6 @@ class DecodeOutput:
 
 class StageContinuity(Protocol):
     """A continuity strategy's part in the engine's graph stages (bound once, before capture)."""
-
-    needs_stash: bool       # decode steps keep the target's features for a later catch-up
 
     def in_decode_graph(self, engine: Engine, out: DecodeOutput) -> None:
         """The draft work a decode step carries, inside its graph."""
@@ -79,6 +76,9 @@ class Engine(Protocol):
 
     def draft_decoded(self, out: DecodeOutput) -> None:
         """Keep-current: the draft's one-token extend over a decode step's tokens."""
+
+    def ensure_stash(self) -> None:
+        """Lazy: the slot-indexed feature stash stash_features fills, made once."""
 
     def stash_features(self, out: DecodeOutput) -> None:
         """Lazy: keep a decode step's target features by KV slot, for catch_up."""

@@ -1,5 +1,6 @@
 """The SGLang worker's continuity strategies, one table: Continuity -> the class that builds
-itself from the worker's context (continuity_contract.py) and carries its launch needs.
+itself from the worker's context (continuity_contract.py). Their launch needs, read before any
+worker exists, are continuity_launch.py's.
 
 `KeepCurrent` is here; `LazyCatchUp` is lazy_sync.py.
 """

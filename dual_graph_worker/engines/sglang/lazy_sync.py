@@ -43,7 +43,6 @@ from dual_graph_worker.engines.sglang.catch_up import to_device as _to_device
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import catch_up_pass, stash_room
-from dual_graph_worker.engines.sglang.catch_up_pass import Laps
 from dual_graph_worker.engines.sglang.continuity_contract import (ContinuityContext, DecodeDraft,
                                                                   RoomMade)
 from dual_graph_worker.engines.sglang.kv_fill import kv_fill_unavailable, kv_share
@@ -109,8 +108,7 @@ class LazyCatchUp:
 
     def __init__(self, draft_worker: Any, target_runner: Any, req_to_token_pool: Any, *,
                  stash_mb: int, defer_prefill: bool = True, kv_only: bool = False,
-                 kv_check: bool = False,
-                 on_event: Optional[Callable[[LazyEvent], None]] = None) -> None:
+                 kv_check: bool = False) -> None:
         dr = draft_worker.draft_runner
         _check_draft_backend(dr)
         self.dw = draft_worker
@@ -144,7 +142,7 @@ class LazyCatchUp:
             logger.warning("dual-graph: DGW_CATCH_UP_KV_ONLY ignored: %s; catch-ups run the "
                            "draft's whole layer", self.kv_only_off)
         # Each event for the step log, named by its kind.
-        self.on_event = on_event
+        self.on_event: Optional[Callable[[LazyEvent], None]] = None     # build wires it
         logger.info("dual-graph: lazy catch-up stash: %d tokens x %d %s features (%.0f MiB), "
                     "%d KV slots, catch-up passes of <= %d tokens; deferred draft prefill: %s; "
                     "K/V-only catch-up: %s", plan.cells, aux_width, aux_dtype,
@@ -372,12 +370,12 @@ class LazyCatchUp:
         return out.result(event)
 
     def _run_passes(self, batch: Any, behind: Behind, at: "_RowsBehind", passes: list,
-                    out: "_Collected") -> Laps:
+                    out: "_Collected") -> catch_up_pass.Laps:
         """Every pass, in the draft's TP and MoE contexts; their host time by phase."""
         dw = self.dw
         with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
               speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
-            laps = Laps()
+            laps = catch_up_pass.Laps()
             for segments in passes:
                 idx = build_catch_up_indices(
                     segments, counts=behind.counts, batch_positions=behind.positions,
@@ -390,7 +388,8 @@ class LazyCatchUp:
                 self._forward(batch, join_passes(out.last_rows), laps, out)
         return laps
 
-    def _one_pass(self, batch: Any, idx: CatchUpIndices, laps: Laps, out: "_Collected") -> None:
+    def _one_pass(self, batch: Any, idx: CatchUpIndices, laps: catch_up_pass.Laps,
+                  out: "_Collected") -> None:
         """One pass: its K/V filled from the stash alone (its rows that end a backlog then wait
         for the joined forward), or the draft's whole layer, after the fill under
         DGW_CATCH_UP_KV_CHECK, which compares the two."""
@@ -409,7 +408,8 @@ class LazyCatchUp:
             if last is not None:
                 out.last_rows.append(last)
 
-    def _forward(self, batch: Any, idx: CatchUpIndices, laps: Laps, out: "_Collected",
+    def _forward(self, batch: Any, idx: CatchUpIndices, laps: catch_up_pass.Laps,
+                 out: "_Collected",
                  inputs: Optional[catch_up_pass.StashedInputs] = None,
                  filled: Optional[catch_up_pass.KV] = None) -> None:
         """The draft's whole layer over `idx` (on the fill's `inputs` if given), its K/V
