@@ -10,7 +10,8 @@ from typing import Any, ClassVar, Mapping, Optional, Protocol
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
-from dual_graph_worker.engines.sglang.server_args_hook import CATCH_UP_BACKENDS, CATCH_UP_FLAG
+from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS,
+                                                              catch_up_backend_refusal)
 
 # The server arguments that choose an attention backend the catch-up's draft extend may run on.
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
@@ -50,11 +51,8 @@ class LazyCatchUpLaunch:
             name, value = next(iter(other.items()))
             chosen = ("SGLang's default for this GPU" if getattr(server_args, name, None) is None
                       else "set by the launch command")
-            raise ConfigError(f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend "
-                              f"over per-request ranges) on the {' or '.join(CATCH_UP_BACKENDS)}"
-                              f" attention backend, but this server's {name} is {value!r} "
-                              f"({chosen}): add {CATCH_UP_FLAG}, or set "
-                              "DGW_CONTINUITY=keep-current")
+            raise ConfigError(catch_up_backend_refusal(f"this server's {name}",
+                                                       f"{value!r} ({chosen})"))
         if str(getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
             raise ConfigError("DGW_CONTINUITY=lazy-catch-up does not support PD disaggregation "
                               "(prebuilt decode batches bypass the worker, so a reused request "

@@ -48,8 +48,8 @@ from dual_graph_worker.engines.sglang.continuity_contract import (ContinuityCont
 from dual_graph_worker.engines.sglang.kv_fill import kv_fill_unavailable, kv_share
 from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
-from dual_graph_worker.engines.sglang.server_args_hook import (CATCH_UP_BACKENDS, CATCH_UP_FLAG,
-                                                               catch_up_backend_classes)
+from dual_graph_worker.engines.sglang.server_args_hook import (catch_up_backend_classes,
+                                                               catch_up_backend_refusal)
 from dual_graph_worker.engines.sglang.stash_plan import MiB as _MiB
 from dual_graph_worker.engines.sglang.stash_plan import plan_stash
 
@@ -441,11 +441,8 @@ class LazyCatchUp:
 
 def _check_draft_backend(dr: Any) -> None:
     if not isinstance(dr.attn_backend, catch_up_backend_classes()):
-        raise ConfigError("DGW_CONTINUITY=lazy-catch-up has only been checked against the "
-                          f"{' and '.join(CATCH_UP_BACKENDS)} attention backend (draft "
-                          "extend with per-request lengths); the draft-extend backend here "
-                          f"is {type(dr.attn_backend).__name__}. Use {CATCH_UP_FLAG} or "
-                          "DGW_CONTINUITY=keep-current")
+        raise ConfigError(catch_up_backend_refusal("the draft's extend backend",
+                                                   type(dr.attn_backend).__name__))
 
 
 class _RowsBehind(NamedTuple):

@@ -25,6 +25,14 @@ CATCH_UP_BACKENDS = {"triton": ("sglang.srt.layers.attention.triton_backend", "T
 CATCH_UP_FLAG = f"--attention-backend {next(iter(CATCH_UP_BACKENDS))}"
 
 
+def catch_up_backend_refusal(where: str, backend: str) -> str:
+    """The one line that refuses lazy catch-up on an attention backend it has not been checked
+    on: `where` names the setting or stage, `backend` what it holds."""
+    return (f"DGW_CONTINUITY=lazy-catch-up runs its catch-up (a draft extend over per-request "
+            f"ranges) on the {' or '.join(CATCH_UP_BACKENDS)} attention backend, but {where} is "
+            f"{backend}: add {CATCH_UP_FLAG}, or set DGW_CONTINUITY=keep-current")
+
+
 def catch_up_backend_classes() -> tuple[type, ...]:
     """The draft attention backend classes of CATCH_UP_BACKENDS (imports SGLang). A backend
     whose kernels are not installed (fa3 without sgl_kernel's FA3 library) is no draft's."""
