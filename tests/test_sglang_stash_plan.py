@@ -156,6 +156,15 @@ def test_plan_of_an_explicit_stash(stash_plan):
     assert _plan(stash_plan, kv_fill_blocker="no fill").kv_only_off == "no fill"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_plans_bytes_are_what_the_arena_allocates(stash_plan, dtype):
+    from dual_graph_worker.engines.sglang.catch_up import StashArena
+
+    plan = _plan(stash_plan, slots=5_000, aux_dtype=dtype)
+    arena = StashArena.allocate(plan.cells, 12, dtype, 5_000, "cpu")
+    assert plan.cells == 5_000 and arena.nbytes == plan.need_bytes
+
+
 def test_plan_of_an_auto_stash_leaves_the_slot_map_its_room(stash_plan):
     """40% of 1 GiB free, less 20M slots' 8-byte map, in 40-byte cells; the default pass."""
     plan = _plan(stash_plan, stash_mb=0, free_bytes=1 << 30, slots=20_000_000,

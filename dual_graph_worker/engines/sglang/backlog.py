@@ -278,13 +278,3 @@ class LazyBacklog:
         self.stats.compacted_cells += self.cursor
         self.stats.orphans_dropped += orphans
         return self.cursor
-
-
-def arena_cells_for_budget(budget_bytes: int, *, aux_width: int, aux_elem_bytes: int,
-                           token_bytes: int = 8) -> int:
-    """How many stash cells fit `budget_bytes`: a target feature row each, plus `token_bytes`
-    of per-cell bookkeeping (the token id, and the cell id the arena keeps)."""
-    per_cell = int(aux_width) * int(aux_elem_bytes) + int(token_bytes)
-    if per_cell <= 0:
-        raise ValueError(f"bad stash cell size {per_cell}")
-    return int(budget_bytes) // per_cell

@@ -83,6 +83,13 @@ class StashArena:
                    cell_of_slot=torch.zeros(num_slots, dtype=torch.int64, device=dev),
                    cell_ids=torch.arange(cells, dtype=torch.int64, device=dev))
 
+    SLOT_BYTES = 8              # cell_of_slot's int64 a KV slot
+
+    @staticmethod
+    def cell_bytes(aux_width: int, aux_dtype: torch.dtype) -> int:
+        """A cell's bytes: its feature row, its token id and its cell id (allocate's tensors)."""
+        return aux_width * aux_dtype.itemsize + 8 + 8
+
     @property
     def cells(self) -> int:
         return self.aux.shape[0]

@@ -14,7 +14,7 @@ import torch
 
 from dual_graph_worker.core.batch_costs import passes_too_short
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.engines.sglang.backlog import arena_cells_for_budget
+from dual_graph_worker.engines.sglang.catch_up import StashArena
 from dual_graph_worker.engines.sglang.kv_fill import KV_ONLY_MIN_TOKENS
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
 
@@ -23,9 +23,6 @@ DEFAULT_MAX_PASS_TOKENS = 8192
 # DGW_LAZY_STASH_MB=0 (auto): this share of the GPU memory free after every capture. The rest
 # stays for SGLang's activations (a prefill chunk's MLP and the FULL aux capture of its tokens).
 AUTO_STASH_SHARE = 0.4
-# Per cell besides its feature row: its int64 token id and its int64 cell id (the arange a step
-# slices): StashArena.allocate's tensors.
-_BOOKKEEPING = 8 + 8
 
 
 @dataclass(frozen=True)
@@ -62,11 +59,9 @@ def _cells(stash_mb: int, free: Optional[int], *, rows: int, slots: int, aux_wid
            aux_dtype: torch.dtype, tp_group: Any) -> tuple[int, int]:
     """The stash's cells and the bytes they and the slot map take; ConfigError if too few
     for one decode step or too many for the memory free."""
-    elem = torch.empty((), dtype=aux_dtype).element_size()
-    budget = _stash_budget(stash_mb, free, slot_map_bytes=slots * 8)
-    per_cell = aux_width * elem + _BOOKKEEPING
-    cells = arena_cells_for_budget(budget, aux_width=aux_width,
-                                   aux_elem_bytes=elem, token_bytes=_BOOKKEEPING)
+    per_cell = StashArena.cell_bytes(aux_width, aux_dtype)
+    slot_map_bytes = slots * StashArena.SLOT_BYTES
+    cells = _stash_budget(stash_mb, free, slot_map_bytes=slot_map_bytes) // per_cell
     cells = min(cells, slots)           # more cells than KV slots are never in use
     cells = _same_on_every_rank(cells, tp_group)
     if cells < rows:
@@ -75,7 +70,7 @@ def _cells(stash_mb: int, free: Optional[int], *, rows: int, slots: int, aux_wid
                           f"{aux_width} x {aux_dtype} features, fewer than the "
                           f"{rows} request-pool rows one decode step may need; set "
                           f"DGW_LAZY_STASH_MB >= {need}")
-    need_bytes = cells * per_cell + slots * 8
+    need_bytes = cells * per_cell + slot_map_bytes
     if free is not None and need_bytes > free // 2:
         raise ConfigError(f"the lazy-catch-up stash needs {need_bytes / MiB:.0f} MiB "
                           f"but only {free / MiB:.0f} MiB are free after start-up; "
