@@ -143,3 +143,31 @@ def test_first_estimates_fold_at_most_every_few_speculative_steps_and_at_once_wh
     asked = serve_until_pending()
     asked.fold()
     assert asked.fresh == est.fresh
+
+
+@pytest.mark.parametrize("size", [20, 64, 200])
+def test_a_batch_that_never_changes_gives_what_a_new_array_a_step_gives(size):
+    """A batch handed over as one read-only array skips work (host cost only): add reuses what
+    expected read of it, and once its adds settled its rows' noise (_SETTLED_AFTER) leaves that
+    alone. Every read and estimate is the same as with a new writeable array each step, through
+    an admission into the batch that unsettles it."""
+    rng = np.random.default_rng(size)
+    frozen, fresh = AcceptanceEstimate(K, ROWS), AcceptanceEstimate(K, ROWS)
+    rows = np.arange(size)
+    rows.flags.writeable = False
+    settled = 0
+    for step in range(1, 2 * acceptance._SETTLED_AFTER + 40):
+        if step == acceptance._SETTLED_AFTER + 30:
+            for est in (frozen, fresh):
+                est.admit([size // 2], step)
+        draws = rng.integers(1, K + 2, size).astype(float).tolist()
+        reads = [est.expected(batch) for est, batch in ((frozen, rows), (fresh, np.arange(size)))]
+        assert reads[0] == reads[1], step
+        frozen.add(draws, sum(draws), rows, step)
+        fresh.add(draws, sum(draws), np.arange(size), step)
+        settled += frozen._run_rows is rows and frozen._run_adds >= acceptance._SETTLED_AFTER
+    assert 0 < settled < acceptance._SETTLED_AFTER and fresh._run_rows is None
+    for name in acceptance._ARRAY_FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(frozen, name)),
+                                      np.asarray(getattr(fresh, name)), err_msg=name)
+    assert frozen.estimates() == fresh.estimates()
