@@ -28,7 +28,6 @@ from dual_graph_worker.engines.sglang.continuity_contract import NO_ROOM_NEEDED,
 from dual_graph_worker.engines.sglang.backlog import (
     LazyBacklog,
     RoomAction,
-    arena_cells_for_budget,
 )
 from dual_graph_worker.engines.sglang.catch_up import (
     Segment,
@@ -111,15 +110,13 @@ def test_backlog_counts_cells_and_stats():
 
 
 def test_arena_budget_and_why_not_a_row_per_kv_slot():
-    # Llama-3-8B-shaped target: aux = 3 x 4096 bf16 per token.
-    assert arena_cells_for_budget(1024 << 20, aux_width=12288, aux_elem_bytes=2,
-                                  token_bytes=16) == 43662
-    assert arena_cells_for_budget(100, aux_width=10, aux_elem_bytes=2) == 3
+    # Llama-3-8B-shaped target: aux = 3 x 4096 bf16 per token, and the int64 token and cell ids.
+    cell = StashArena.cell_bytes(12288, torch.bfloat16)
+    assert cell == 12288 * 2 + 16 and (1024 << 20) // cell == 43662
     # One feature row per KV slot at the H200 bench's 855,835-token pool: ~21 GB, about twice
     # the ~10 GB left free after start-up (results/sglang/bench/report.md): that budget holds
     # fewer than half as many stash cells as the pool has slots.
-    assert arena_cells_for_budget(10 * 10**9, aux_width=12288, aux_elem_bytes=2,
-                                  token_bytes=16) < 855835 // 2
+    assert 10 * 10**9 // cell < 855835 // 2
 
 
 def test_deferred_prefill_counts_chunks_and_keeps_pending_rows():
