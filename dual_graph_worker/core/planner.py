@@ -8,7 +8,6 @@ the ranks' measurements common (`policy.exchange`), at the same step on every ra
 
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -36,12 +35,6 @@ class StepPlan(NamedTuple):
     reason: Reason
 
 
-# Built every step from all their fields: tuple.__new__ skips a NamedTuple's Python-level
-# __new__ (~0.15 us each).
-_new_inputs = partial(tuple.__new__, PolicyInputs)
-_new_plan = partial(tuple.__new__, StepPlan)
-
-
 class StepPlanner:
     """Owns the dispatch table and the policy; one `plan` per decode step."""
 
@@ -65,9 +58,9 @@ class StepPlanner:
         if bs < 1:
             raise ValueError(f"batch size must be >= 1, got {bs}")
         if not self.graphs_enabled:
-            return _new_inputs((bs, bs, bs, catch_up_tokens, rows, kv_tokens, prefill_tokens))
+            return PolicyInputs(bs, bs, bs, catch_up_tokens, rows, kv_tokens, prefill_tokens)
         spec, decode, _ = self._pads.get(bs) or self._pad(bs)
-        return _new_inputs((bs, spec, decode, catch_up_tokens, rows, kv_tokens, prefill_tokens))
+        return PolicyInputs(bs, spec, decode, catch_up_tokens, rows, kv_tokens, prefill_tokens)
 
     def _pad(self, bs: int) -> tuple[Optional[int], int, bool]:
         """The table's answers for a batch of `bs`, kept (_pads)."""
@@ -78,9 +71,7 @@ class StepPlanner:
 
     def plan(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
              kv_tokens: int = 0, spec_fits_kv: bool = True) -> StepPlan:
-        steps, sync_every = self.steps, self.sync_every
-        # exchanges_before, inline: a call costs more than the test, every step.
-        if sync_every and steps and not steps % sync_every:
+        if self.sync_every and exchanges_before(self.steps, self.sync_every):
             self.policy.exchange(self.reduce)
         inputs = self.inputs(bs, rows, catch_up_tokens, kv_tokens)
         decision = self.policy.decide(inputs)
@@ -91,12 +82,12 @@ class StepPlanner:
         elif spec and not spec_fits_kv:
             decision, spec = Decision(Mode.DECODE, Reason.KV_PRESSURE), False
         self.policy.commit(decision)
-        self.steps = steps + 1
+        self.steps += 1
         padded = (inputs.spec_padded_bs if spec else inputs.decode_padded_bs) or bs
         # A spec step runs only where a spec graph covers the batch.
         graph = self.graphs_enabled and (spec or self._pads[bs][2])
         self.last_mode = decision.mode
-        return _new_plan((decision.mode, bs, padded, graph, decision.reason))
+        return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 
     def preview(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
                 kv_tokens: int = 0, prefill_tokens: int = 0) -> Mode:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
 
 import numpy as np
@@ -67,11 +66,6 @@ class Accepted(NamedTuple):
     accept_lens: list                     # [bs] tokens each request received, bonus included
     total: float                          # their sum
     rows: Optional[np.ndarray] = None     # [bs] request rows, when the engine knows them
-
-
-# Built every step from all its fields (accepted): tuple.__new__ skips the NamedTuple's
-# Python-level __new__ (~0.15 us).
-_new_accepted = partial(tuple.__new__, Accepted)
 
 
 class Admitted(NamedTuple):
@@ -176,5 +170,5 @@ def accepted(mode: Mode, accept_lens: Sequence[float] | np.ndarray,
     it already (the ledger counts a step's tokens)."""
     lens = accept_lens if type(accept_lens) is list else \
         np.asarray(accept_lens, dtype=np.float64).tolist()
-    return _new_accepted((mode, lens, float(sum(lens)) if total is None else float(total),
-                          rows if rows is None or type(rows) is np.ndarray else np.asarray(rows)))
+    return Accepted(mode, lens, float(sum(lens)) if total is None else float(total),
+                    rows if rows is None or type(rows) is np.ndarray else np.asarray(rows))
