@@ -188,16 +188,17 @@ class GoodputController:
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
+        mode, dwell = decision.mode, self._dwell
         if not self._times.warmed:
-            self._times.ran(decision.mode)
-        if decision.reason is Reason.EXPLORE and decision.mode is not self._dwell.mode:
+            self._times.ran(mode)
+        if decision.reason is Reason.EXPLORE and mode is not dwell.mode:
             self._explorer.ran(decision, self._step)
             self._unfolded = not self._explorer.left
             return
         self._explorer.stayed()
-        if decision.mode is not self._dwell.mode and not self._dwell.dwell_waived:
-            self._run_len += _RUN_ALPHA * (self._dwell.steps_in_mode - self._run_len)
-        self._dwell.commit(decision.mode)
+        if mode is not dwell.mode and not dwell.dwell_waived:
+            self._run_len += _RUN_ALPHA * (dwell.steps_in_mode - self._run_len)
+        dwell.commit(mode)
 
     # ------------------------------------------------------------------------------ read
 

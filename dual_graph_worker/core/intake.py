@@ -175,8 +175,8 @@ class SampleIntake:
             return
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
-        if self._hold_lone(i, not outlier and expected is not None
-                           and event.seconds > _SPIKE * expected):
+        stall = not outlier and expected is not None and event.seconds > _SPIKE * expected
+        if (stall or self._held) and self._hold_lone(i, stall):
             return
         x, y = float(event.kv_tokens), event.seconds
         if last is not None and last[4] and last[0] == i and last[2] < _EARLY_SHORT * y:

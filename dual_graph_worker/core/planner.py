@@ -47,8 +47,9 @@ class StepPlanner:
         self.sync_every = policy.sync_every
         self.steps = 0
         self.last_mode: Optional[Mode] = None    # the mode of the latest plan (None: no step yet)
-        # Per batch size, the table's (spec padded bs or None, decode padded bs): read per step.
-        self._pads: dict[int, tuple[Optional[int], int]] = {}
+        # Per batch size, the table's spec padded bs (None: no spec graph), decode padded bs and
+        # whether a decode graph covers it: read per step.
+        self._pads: dict[int, tuple[Optional[int], int, bool]] = {}
 
     def inputs(self, bs: int, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
                kv_tokens: int = 0, prefill_tokens: int = 0) -> PolicyInputs:
@@ -58,14 +59,15 @@ class StepPlanner:
             raise ValueError(f"batch size must be >= 1, got {bs}")
         if not self.graphs_enabled:
             return PolicyInputs(bs, bs, bs, catch_up_tokens, rows, kv_tokens, prefill_tokens)
-        try:
-            spec, decode = self._pads[bs]
-        except KeyError:
-            t = self.table
-            spec = t.padded_bs(Mode.SPEC, bs) if t.has_graph(Mode.SPEC, bs) else None
-            decode = t.padded_bs(Mode.DECODE, bs)
-            self._pads[bs] = spec, decode
+        spec, decode, _ = self._pads.get(bs) or self._pad(bs)
         return PolicyInputs(bs, spec, decode, catch_up_tokens, rows, kv_tokens, prefill_tokens)
+
+    def _pad(self, bs: int) -> tuple[Optional[int], int, bool]:
+        """The table's answers for a batch of `bs`, kept (_pads)."""
+        t = self.table
+        spec = t.padded_bs(Mode.SPEC, bs) if t.has_graph(Mode.SPEC, bs) else None
+        pads = self._pads[bs] = spec, t.padded_bs(Mode.DECODE, bs), t.has_graph(Mode.DECODE, bs)
+        return pads
 
     def plan(self, bs: int, *, rows: Optional[np.ndarray] = None, catch_up_tokens: int = 0,
              kv_tokens: int = 0, spec_fits_kv: bool = True) -> StepPlan:
@@ -82,7 +84,8 @@ class StepPlanner:
         self.policy.commit(decision)
         self.steps += 1
         padded = (inputs.spec_padded_bs if spec else inputs.decode_padded_bs) or bs
-        graph = self.graphs_enabled and self.table.has_graph(decision.mode, bs)
+        # A spec step runs only where a spec graph covers the batch.
+        graph = self.graphs_enabled and (spec or self._pads[bs][2])
         self.last_mode = decision.mode
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 

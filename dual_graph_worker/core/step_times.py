@@ -118,6 +118,10 @@ class StepTimeTable:
         self._exchanged_at = 0
         # Per key, until the next fold: its line, and the line it may lean on (_lean_line).
         self._lines: list = [_UNFIT] * n
+        # Per key, until the next fold: the context it was last read at and line_times' answer
+        # there (a step reads its key twice at one context: the choice, then its sample).
+        self._read_kv: list = [None] * n
+        self._read_times: list = [None] * n
         # Rank-local sums per key since the last exchange, in Python floats (a numpy slice
         # update costs ~1 us a step), a window in KeyWindow's field order: never read by a
         # decision.
@@ -147,6 +151,8 @@ class StepTimeTable:
         against) and as priced."""
         if i is None:
             return None, None
+        if self._read_kv[i] == kv_tokens:
+            return self._read_times[i]
         # Estimates change only at an exchange, so each key's lines are kept until the next one.
         lines = self._lines[i]
         if lines is _UNFIT:
@@ -154,9 +160,12 @@ class StepTimeTable:
             lines = self._lines[i] = (line, self._lean_line(i, line))
         line, lean = lines
         if line is None:
-            return None, None
-        t = _time_on(line, kv_tokens)
-        return t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
+            times = None, None
+        else:
+            t = _time_on(line, kv_tokens)
+            times = t, (t if lean is None else min(t, _time_on(lean, kv_tokens)))
+        self._read_kv[i], self._read_times[i] = kv_tokens, times
+        return times
 
     def spec_warm_time(self, spec_key: Optional[int], spec_t: Optional[float],
                        kv_tokens: int) -> Optional[float]:
@@ -329,6 +338,7 @@ class StepTimeTable:
         exchange for the next window (whose samples it joins) rather than be smoothed away."""
         n = self.size
         self._lines = [_UNFIT] * n
+        self._read_kv = [None] * n
         self._ctx.decay()
         held, self._held = self._held, {}
         if held:
