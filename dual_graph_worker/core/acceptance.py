@@ -51,15 +51,10 @@ _SIDE_MIN_REQUESTS = 4
 # _FOLD_EVERY speculative steps, and at each exchange: a fold costs ~6 us whatever it holds, and
 # a loaded server measures a few new requests every step.
 _FOLD_EVERY = 4
-# A batch whose estimates `expected` read from arrays and found all measured, kept for the `add`
-# of the same step: its rows (an array nobody can write) and their estimates as read. Any write
-# to the estimates drops it. A plain tuple: one is made every step.
-_Read = tuple[np.ndarray, np.ndarray]
-
-
 def _settling_updates() -> int:
-    """EMA updates after which a row's noise no longer moves: each one's keep_sq * noise +
-    alpha^2, as add computes it, reaches its fixed point in floats from a first estimate's."""
+    """EMA updates after which a row's noise no longer moves. A row's noise starts at exactly
+    1 / _FIRST_DRAWS (_add_first_draws) and only ever takes add's keep_sq * noise + alpha^2, so
+    after this many updates it sits at that recurrence's fixed point in floats."""
     noise, updates = 1.0 / _FIRST_DRAWS, 0
     while _KEEP_SQ * noise + _ROW_ALPHA * _ROW_ALPHA != noise:
         noise, updates = _KEEP_SQ * noise + _ROW_ALPHA * _ROW_ALPHA, updates + 1
@@ -67,9 +62,15 @@ def _settling_updates() -> int:
 
 
 # A batch that this many adds in a row updated whole (every request measured) holds only rows
-# whose noise is settled (81): add then leaves it, and looks for no unmeasured row. Only a batch
-# that never changes gets there; one that does pays the update (~1.5 us over 256 rows).
+# whose noise is settled: add then leaves it. Only a batch that never changes gets there; one
+# that does pays the update (~1.5 us over 256 rows).
 _SETTLED_AFTER = _settling_updates()
+
+
+def _frozen(rows: np.ndarray) -> bool:
+    """Whether nobody can write `rows`: read-only and owning its memory (a read-only view may
+    see its base written)."""
+    return rows.base is None and not rows.flags.writeable
 
 
 def _sure_spread(variance: float, effective: float) -> float:
@@ -128,14 +129,10 @@ class AcceptanceEstimate:
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
         self._rows_of: Optional[np.ndarray] = None
         self._ids: list[int] = []
-        # The latest rows array found nobody can write (_frozen), and the measured batch
-        # `expected` read from arrays last (_Read): `add` then neither reads its estimates again
-        # nor looks for unmeasured rows.
-        self._frozen_rows: Optional[np.ndarray] = None
-        self._read: Optional[_Read] = None
         # The batch (an array nobody can write) the latest adds updated whole, and how many adds
-        # in a row did; None from an add that found a row not measured, or an admission. From
-        # _SETTLED_AFTER on, add leaves its rows' noise as it is.
+        # in a row did; None from an add that found a row not measured, or an admission. Its
+        # rows are all measured (only admit unmeasures a row), so add looks for none; from
+        # _SETTLED_AFTER on it leaves their noise as it is.
         self._run_rows: Optional[np.ndarray] = None
         self._run_adds = 0
         self._arrays = False                      # the rows' state in numpy arrays
@@ -195,8 +192,6 @@ class AcceptanceEstimate:
         if not self._unmeasured_in_batch:
             total = float(np.add.reduce(est))
             if total == total:                           # every request measured (no NaN)
-                self._read = (rows, est) if rows is self._frozen_rows or self._frozen(rows) \
-                    else None
                 return self._pooled(every, total, n, n)
         known = est[est == est]
         self._unmeasured_in_batch = len(known) < n
@@ -215,7 +210,7 @@ class AcceptanceEstimate:
         it is in arrays."""
         arrays = n >= (_LIST_ROWS if self._arrays else _ARRAY_ROWS)
         if arrays != self._arrays:
-            self._arrays, self._read = arrays, None
+            self._arrays = arrays
             for name in _ARRAY_FIELDS:
                 v = getattr(self, name)
                 setattr(self, name, np.array(v) if arrays else v.tolist())
@@ -227,17 +222,9 @@ class AcceptanceEstimate:
         if rows is self._rows_of:
             return self._ids
         ids = rows.tolist()
-        if rows.base is None and not rows.flags.writeable:
+        if _frozen(rows):
             self._rows_of, self._ids = rows, ids
         return ids
-
-    def _frozen(self, rows: np.ndarray) -> bool:
-        """Whether nobody can write `rows`, as _ids_of judges it; the latest such array is kept,
-        so a batch's array is judged once (a flags read costs ~0.2 us)."""
-        if rows.base is None and not rows.flags.writeable:
-            self._frozen_rows = rows
-            return True
-        return False
 
     def own_weight(self, noise: float, below: Optional[bool] = None) -> float:
         """The weight of a request's own estimate, of variance `noise` draws', over all
@@ -256,7 +243,7 @@ class AcceptanceEstimate:
         """A new request holds each of `rows` from `step` on: nothing is known of it."""
         if self._rows is None:
             return
-        self._read = self._run_rows = None
+        self._run_rows = None
         first_draws = self._first_draws
         if self._arrays and len(rows) > _FEW_ROWS:
             idx = np.asarray(rows)
@@ -296,10 +283,7 @@ class AcceptanceEstimate:
         settled = run and self._run_adds >= _SETTLED_AFTER
         drawn: Iterable[tuple[int, float]]
         if (self._arrays or len(accepts) >= _ARRAY_ROWS) and self._store_for(len(accepts)):
-            read, self._read = self._read, None
-            drawn = self._add_to_arrays(accepts, rows,
-                                        read if read is not None and read[0] is rows else None,
-                                        settled)
+            drawn = self._add_to_arrays(accepts, rows, run, settled)
         elif settled:
             drawn = self._add_settled(accepts, rows)
         else:
@@ -313,13 +297,9 @@ class AcceptanceEstimate:
                     noise[row] = keep_sq * noise[row] + alpha_sq
                 else:
                     drawn.append((row, accept))
+        self._count_run(rows, run, whole=not drawn)
         if drawn:
-            self._run_rows = None
             self._add_first_draws(drawn)
-        elif run:
-            self._run_adds += 1
-        elif rows is self._rows_of or rows is self._frozen_rows:
-            self._run_rows, self._run_adds = rows, 1
         self._adds += 1
         if self._to_fold[0] and (self._differ is None
                                   or self._adds - self._folded_at >= _FOLD_EVERY):
@@ -333,6 +313,15 @@ class AcceptanceEstimate:
             self._learn_spread(firsts, within)
             self._to_fold, self._folded_at = ([], []), self._adds
 
+    def _count_run(self, rows: np.ndarray, run: bool, whole: bool) -> None:
+        """Counts an add that updated every row of `rows` into their run, or ends it."""
+        if not whole:
+            self._run_rows = None
+        elif run:
+            self._run_adds += 1
+        elif rows is self._rows_of or _frozen(rows):
+            self._run_rows, self._run_adds = rows, 1
+
     def _add_settled(self, accepts: list[float], rows: np.ndarray) -> tuple:
         """add's loop over a settled batch (_SETTLED_AFTER) in lists: every row measured, its
         noise where it stays."""
@@ -342,14 +331,13 @@ class AcceptanceEstimate:
             est[row] = r + alpha * (accept - r)
         return ()
 
-    def _add_to_arrays(self, accepts: list[float], rows: np.ndarray, read: Optional[_Read],
+    def _add_to_arrays(self, accepts: list[float], rows: np.ndarray, measured: bool,
                        settled: bool) -> Iterable[tuple[int, float]]:
         """add's estimate updates at once, element by element the arithmetic of its loop (a NaN
         row, not measured yet, stays NaN); the (row, accept) of each row not measured yet.
-        `read`: what expected read of these rows, all measured, if no estimate was written
-        since; `settled`: a settled batch (_SETTLED_AFTER)."""
+        `measured`: every row is (a run's batch); `settled`: their noise too (_SETTLED_AFTER)."""
         est, noise = self._rows, self._noise
-        r = est[rows] if read is None else read[1]
+        r = est[rows]
         moved = self._accept_array(accepts) - r            # in place from here: no temporaries
         moved *= _ROW_ALPHA
         moved += r
@@ -360,7 +348,7 @@ class AcceptanceEstimate:
         var *= _KEEP_SQ
         var += _ROW_ALPHA * _ROW_ALPHA
         noise[rows] = var
-        if read is not None:
+        if measured:
             return ()
         new = (r != r).nonzero()[0]
         if not len(new):

@@ -45,6 +45,7 @@ _Part = tuple[float, float, float, float]
 _Line = tuple[float, tuple[tuple[float, float, _Part], ...]]
 # A line not fitted since the last exchange.
 _UNFIT: Any = object()
+_UNREAD: Any = object()         # a key's context, not read since the fold
 
 
 def _moved(slope: float, t: float, x: float, kv: float) -> float:
@@ -120,7 +121,7 @@ class StepTimeTable:
         self._lines: list = [_UNFIT] * n
         # Per key, until the next fold: the context it was last read at and line_times' answer
         # there (a step reads its key twice at one context: the choice, then its sample).
-        self._read_kv: list = [None] * n
+        self._read_kv: list = [_UNREAD] * n
         self._read_times: list = [None] * n
         # Rank-local sums per key since the last exchange, in Python floats (a numpy slice
         # update costs ~1 us a step), a window in KeyWindow's field order: never read by a
@@ -338,7 +339,7 @@ class StepTimeTable:
         exchange for the next window (whose samples it joins) rather than be smoothed away."""
         n = self.size
         self._lines = [_UNFIT] * n
-        self._read_kv = [None] * n
+        self._read_kv = [_UNREAD] * n
         self._ctx.decay()
         held, self._held = self._held, {}
         if held:

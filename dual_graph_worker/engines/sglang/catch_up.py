@@ -11,7 +11,7 @@ from the batch's lengths, on the host when it has them, else on the device. docs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from typing import ClassVar, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -83,12 +83,12 @@ class StashArena:
                    cell_of_slot=torch.zeros(num_slots, dtype=torch.int64, device=dev),
                    cell_ids=torch.arange(cells, dtype=torch.int64, device=dev))
 
-    SLOT_BYTES = 8              # cell_of_slot's int64 a KV slot
+    SLOT_BYTES: ClassVar[int] = torch.int64.itemsize     # cell_of_slot's entry a KV slot
 
     @staticmethod
     def cell_bytes(aux_width: int, aux_dtype: torch.dtype) -> int:
         """A cell's bytes: its feature row, its token id and its cell id (allocate's tensors)."""
-        return aux_width * aux_dtype.itemsize + 8 + 8
+        return aux_width * aux_dtype.itemsize + 2 * torch.int64.itemsize
 
     @property
     def cells(self) -> int:
