@@ -10,6 +10,7 @@ from typing import Iterable, Optional, Union
 
 import numpy as np
 
+from dual_graph_worker.core.acceptance_spread import RequestSpread
 from dual_graph_worker.core.estimates import AcceptanceEstimates
 
 # Each observation's weight halves every ~22 steps, whatever mode ran meanwhile, so the first
@@ -39,14 +40,6 @@ _ARRAY_FIELDS = ("_rows", "_noise", "_admitted_at")
 # A request's estimate starts as the mean of its first draws: one draw is too noisy to speak for
 # a request (or, as a new request's expectation, for the next ones).
 _FIRST_DRAWS = 4
-# Requests' spread of acceptance is learnt over the latest ~40 of them, and trusted from 8 on
-# (until then each request's own estimate counts whole).
-_SPREAD_ALPHA = 0.05
-_SPREAD_MIN_REQUESTS = 8
-# Each side of the centre is weighed on its own from this many requests on (until then, as both
-# sides together): a population of alike requests with a few far above them (the CPU demo's
-# toy) has first estimates below the centre that are the draws' noise alone, above it not.
-_SIDE_MIN_REQUESTS = 4
 # Once the spreads are trusted, requests' first estimates fold into them at most once every
 # _FOLD_EVERY speculative steps, and at each exchange: a fold costs ~6 us whatever it holds, and
 # a loaded server measures a few new requests every step.
@@ -73,19 +66,6 @@ def _frozen(rows: np.ndarray) -> bool:
     return rows.base is None and not rows.flags.writeable
 
 
-def _sure_spread(variance: float, effective: float) -> float:
-    """A variance over `effective` requests, unbiased, less one standard error of it (~22% over
-    ~40 requests): where requests accept alike, its noise alone read as a spread gave their own
-    noisy estimates a third of the weight or more."""
-    return variance * effective / (effective - 1.0) * (1.0 - math.sqrt(2.0 / (effective - 1.0)))
-
-
-def _first_weight(requests: int) -> float:
-    """The weight of `requests` first estimates in what a new request is expected to accept
-    (each moves it as one request's EMA step does)."""
-    return 1.0 - (1.0 - _ROW_ALPHA) ** requests
-
-
 class AcceptanceEstimate:
     """All requests' recent acceptance (decayed sums, an optimistic prior of K+1 of weight 1)
     and, per request-pool row, its request's own: NaN until _FIRST_DRAWS draws are in, then an
@@ -109,23 +89,16 @@ class AcceptanceEstimate:
         # one admitted since acceptance was last seen has an acceptance nobody measured.
         self._admitted_at: Rows = [-1] * max_rows
         self._last_admitted = -1
-        # What a request not measured yet is expected to accept: the first estimates of the
-        # latest requests (per request, so one long phase of many steps does not outweigh the
-        # requests that came after it). Optimistic until a request is measured.
-        self.fresh = k1
-        # What weighs a request's own estimate against all requests' (own_weight). Requests'
-        # first estimates below and above their centre, decayed: count, sum, sum of squares,
-        # squared weights (both sides together are their sums).
-        self._sides = {below: [0.0] * 4 for below in (True, False)}
-        self._within = 0.0                        # decayed sum of each one's draws' variance
-        self._differ: Optional[float] = None      # how far requests surely differ; None: untrusted
-        self._centre = 0.0                        # the mean of the first estimates
-        self._sides_cache: Optional[tuple[float, float]] = None   # _sides_differ's, until a fold
-        self.draw_var: Optional[float] = None     # one draw's variance within a request
+        # What requests' first estimates say: what a new one is expected to accept (per
+        # request, so one long phase of many steps does not outweigh the requests that came
+        # after it), how far requests surely differ (own_weight), one draw's variance.
+        self._spread = RequestSpread(k1, _ROW_ALPHA, _FIRST_DRAWS, 1.0 / _ROW_DRAWS)
+        # Its fresh and full_weight (own_weight of a full EMA's noise) as of the last fold:
+        # read every step, so held here.
+        self.fresh, self.full_weight = self._spread.fresh, self._spread.full_weight
         # Requests' first estimates and their draws' variances, until the next fold.
         self._to_fold: tuple[list[float], list[float]] = ([], [])
         self._adds = self._folded_at = 0          # speculative steps seen; at the last fold
-        self.full_weight = 1.0                    # own_weight of a full EMA's noise
         # The latest rows array nobody can write and its list (one per batch, SGLang worker).
         self._rows_of: Optional[np.ndarray] = None
         self._ids: list[int] = []
@@ -147,6 +120,15 @@ class AcceptanceEstimate:
         """Every request's recent acceptance."""
         return self._sum / self._weight
 
+    @property
+    def draw_var(self) -> Optional[float]:
+        """One draw's variance within a request; None until the spread is trusted."""
+        return self._spread.draw_var
+
+    @draw_var.setter
+    def draw_var(self, value: Optional[float]) -> None:
+        self._spread.draw_var = value
+
     def expected(self, rows: Optional[np.ndarray] = None) -> float:
         """Accept length expected of a batch: each measured request's own estimate, pulled
         toward all requests' recent acceptance as far as requests are seen to differ against
@@ -160,14 +142,15 @@ class AcceptanceEstimate:
         est = self._rows
         ids = self._ids_of(rows)
         n, fresh = len(ids), self.fresh
-        differ, draw, noise = self._differ, self.draw_var, self._noise
+        spread = self._spread
+        differ, draw, noise = spread.differ, spread.draw_var, self._noise
         # Where every differ or draw is 0 every row weighs alike (0 or 1): the pooled path's
         # answer. Otherwise each row's weight is own_weight(noise, side), inline: this runs
         # every step.
         if n < _POOLED_ROWS and draw and differ is not None:
-            below, above = self._sides_differ()
+            below, above = spread.sides_differ()
             if differ or below or above:
-                centre, total = self._centre, 0.0
+                centre, total = spread.centre, 0.0
                 for i in ids:
                     e = est[i]
                     if e != e:
@@ -228,16 +211,8 @@ class AcceptanceEstimate:
 
     def own_weight(self, noise: float, below: Optional[bool] = None) -> float:
         """The weight of a request's own estimate, of variance `noise` draws', over all
-        requests': how far requests surely differ against that noise, on the side of the
-        requests' centre the estimate lies (`below` it or not; None: both sides together)."""
-        if self._differ is None:
-            return 1.0
-        differ, draw = self._differ, self.draw_var
-        if below is not None:
-            differ = self._sides_differ()[0 if below else 1]
-        if differ > 0:
-            return differ / (differ + draw * noise)
-        return 0.0 if draw > 0 else 1.0
+        requests' (RequestSpread.own_weight)."""
+        return self._spread.own_weight(noise, below)
 
     def admit(self, rows: list[int], step: int) -> None:
         """A new request holds each of `rows` from `step` on: nothing is known of it."""
@@ -301,7 +276,7 @@ class AcceptanceEstimate:
         if drawn:
             self._add_first_draws(drawn)
         self._adds += 1
-        if self._to_fold[0] and (self._differ is None
+        if self._to_fold[0] and (self._spread.differ is None
                                   or self._adds - self._folded_at >= _FOLD_EVERY):
             self.fold()
 
@@ -310,7 +285,9 @@ class AcceptanceEstimate:
         once every _FOLD_EVERY speculative steps; the exchange, whatever the mode, what waits."""
         firsts, within = self._to_fold
         if firsts:
-            self._learn_spread(firsts, within)
+            spread = self._spread
+            spread.learn(firsts, within)
+            self.fresh, self.full_weight = spread.fresh, spread.full_weight
             self._to_fold, self._folded_at = ([], []), self._adds
 
     def _count_run(self, rows: np.ndarray, run: bool, whole: bool) -> None:
@@ -366,7 +343,7 @@ class AcceptanceEstimate:
 
     def _add_first_draws(self, drawn: Iterable[tuple[int, float]]) -> None:
         """Each (row, accept) of a row not measured yet: into its first draws, and into its
-        first estimate once _FIRST_DRAWS are in (kept for _learn_spread's next fold)."""
+        first estimate once _FIRST_DRAWS are in (kept for the next fold)."""
         est, noise, first_draws = self._rows, self._noise, self._first_draws
         firsts, within = self._to_fold
         for row, accept in drawn:
@@ -382,60 +359,7 @@ class AcceptanceEstimate:
                 firsts.append(mean)
                 within.append((squares - _FIRST_DRAWS * mean * mean) / (_FIRST_DRAWS - 1))
 
-    def _learn_spread(self, firsts: list[float], within: list[float]) -> None:
-        """Fold requests' first estimates into the new-request expectation and the spreads:
-        how far requests surely differ (the first estimates' variance, less its standard error
-        and their four draws' noise), and one draw's variance."""
-        n, added = len(firsts), sum(firsts)
-        self.fresh += _first_weight(n) * (added / n - self.fresh)
-        keep = (1.0 - _SPREAD_ALPHA) ** n
-        keep_sq = keep * keep
-        sides = self._sides
-        below, above = sides[True], sides[False]
-        # Each request weighs 1 when folded: the squared weights decay twice as fast.
-        for side in (below, above):
-            side[:] = [keep * side[0], keep * side[1], keep * side[2], keep_sq * side[3]]
-        self._within = keep * self._within + sum(within)
-        centre = self._centre = (below[1] + above[1] + added) / (below[0] + above[0] + n)
-        for m in firsts:
-            side = sides[m < centre]
-            side[0] += 1.0
-            side[1] += m
-            side[2] += m * m
-            side[3] += 1.0
-        count, s2, squares = below[0] + above[0], below[2] + above[2], below[3] + above[3]
-        effective = count * count / squares
-        if effective < _SPREAD_MIN_REQUESTS:
-            return
-        draw = self.draw_var = self._within / count
-        noise = draw / _FIRST_DRAWS
-        self._differ = max(_sure_spread(max(s2 / count - centre * centre, 0.0), effective)
-                           - noise, 0.0)
-        self._sides_cache = None
-        self.full_weight = self.own_weight(1.0 / _ROW_DRAWS)
-
-    def _sides_differ(self) -> tuple[float, float]:
-        """How far requests surely differ below the centre and above it (_side_spread). Read only
-        where a batch is small, so made at the first read after a fold."""
-        if self._sides_cache is None:
-            noise = self.draw_var / _FIRST_DRAWS
-            below, above = (self._side_spread(self._sides[b], noise) for b in (True, False))
-            self._sides_cache = (below, above)
-        return self._sides_cache
-
-    def _side_spread(self, side: list[float], noise: float) -> float:
-        """A side's requests' mean squared distance from the centre of all, less its standard
-        error and the draws' `noise`; both sides together's while it holds fewer than
-        _SIDE_MIN_REQUESTS."""
-        k, t1, t2, k2 = side
-        effective = k * k / k2 if k2 > 0 else 0.0
-        if effective < _SIDE_MIN_REQUESTS:
-            return self._differ
-        c = self._centre
-        return max(_sure_spread(max(t2 - 2.0 * c * t1 + c * c * k, 0.0) / k, effective) - noise,
-                   0.0)
-
     def estimates(self) -> AcceptanceEstimates:
-        first = 1.0 / _FIRST_DRAWS
-        return AcceptanceEstimates(self.fresh, self.full_weight, self.own_weight(first),
-                                   self.own_weight(first, True), self.own_weight(first, False))
+        first, weight = 1.0 / _FIRST_DRAWS, self._spread.own_weight
+        return AcceptanceEstimates(self.fresh, self.full_weight, weight(first),
+                                   weight(first, True), weight(first, False))
