@@ -2098,7 +2098,7 @@ def test_a_re_measurement_that_leaves_the_answer_open_runs_on_a_round_at_a_time(
     # One step of 3 with the draws' spread not yet learnt: two standard errors down is below
     # any acceptance (1 is the floor), not a free speculative token.
     p, _ = _probing(24, history, decode_steps=20)
-    p._acceptance.draw_var = None
+    p._acceptance._spread.draw_var = None
     p.observe(accepted(Mode.SPEC, np.full(24, 3.0), np.arange(24)))
     assert p.decide(PolicyInputs(24, 24, 24, rows=np.arange(24))).reason is Reason.EXPLORE
     # Ended by its acceptance inside a round, the round's steps it did not run go back.

@@ -44,6 +44,8 @@ _FIRST_DRAWS = 4
 # _FOLD_EVERY speculative steps, and at each exchange: a fold costs ~6 us whatever it holds, and
 # a loaded server measures a few new requests every step.
 _FOLD_EVERY = 4
+
+
 def _settling_updates() -> int:
     """EMA updates after which a row's noise no longer moves. A row's noise starts at exactly
     1 / _FIRST_DRAWS (_add_first_draws) and only ever takes add's keep_sq * noise + alpha^2, so
@@ -93,9 +95,6 @@ class AcceptanceEstimate:
         # request, so one long phase of many steps does not outweigh the requests that came
         # after it), how far requests surely differ (own_weight), one draw's variance.
         self._spread = RequestSpread(k1, _ROW_ALPHA, _FIRST_DRAWS, 1.0 / _ROW_DRAWS)
-        # Its fresh and full_weight (own_weight of a full EMA's noise) as of the last fold:
-        # read every step, so held here.
-        self.fresh, self.full_weight = self._spread.fresh, self._spread.full_weight
         # Requests' first estimates and their draws' variances, until the next fold.
         self._to_fold: tuple[list[float], list[float]] = ([], [])
         self._adds = self._folded_at = 0          # speculative steps seen; at the last fold
@@ -121,13 +120,14 @@ class AcceptanceEstimate:
         return self._sum / self._weight
 
     @property
+    def fresh(self) -> float:
+        """What a new request is expected to accept."""
+        return self._spread.fresh
+
+    @property
     def draw_var(self) -> Optional[float]:
         """One draw's variance within a request; None until the spread is trusted."""
         return self._spread.draw_var
-
-    @draw_var.setter
-    def draw_var(self, value: Optional[float]) -> None:
-        self._spread.draw_var = value
 
     def expected(self, rows: Optional[np.ndarray] = None) -> float:
         """Accept length expected of a batch: each measured request's own estimate, pulled
@@ -141,8 +141,8 @@ class AcceptanceEstimate:
             return self._expected_of_arrays(rows, every)
         est = self._rows
         ids = self._ids_of(rows)
-        n, fresh = len(ids), self.fresh
         spread = self._spread
+        n, fresh = len(ids), spread.fresh
         differ, draw, noise = spread.differ, spread.draw_var, self._noise
         # Where every differ or draw is 0 every row weighs alike (0 or 1): the pooled path's
         # answer. Otherwise each row's weight is own_weight(noise, side), inline: this runs
@@ -183,10 +183,11 @@ class AcceptanceEstimate:
     def _pooled(self, every: float, total: float, known: int, n: int) -> float:
         """A batch of `n` rows where each of the `known` measured ones (their estimates' sum
         `total`) weighs alike, pulled toward `every`; the rest at what a new request accepts."""
-        w = self.full_weight
+        spread = self._spread
+        w = spread.full_weight
         if known == n:
             return every + w * (total / n - every)
-        return ((1.0 - w) * every * known + w * total + (n - known) * self.fresh) / n
+        return ((1.0 - w) * every * known + w * total + (n - known) * spread.fresh) / n
 
     def _store_for(self, n: int) -> bool:
         """Moves the rows' state to arrays or back for a batch of `n` rows (_ARRAY_ROWS); whether
@@ -208,11 +209,6 @@ class AcceptanceEstimate:
         if _frozen(rows):
             self._rows_of, self._ids = rows, ids
         return ids
-
-    def own_weight(self, noise: float, below: Optional[bool] = None) -> float:
-        """The weight of a request's own estimate, of variance `noise` draws', over all
-        requests' (RequestSpread.own_weight)."""
-        return self._spread.own_weight(noise, below)
 
     def admit(self, rows: list[int], step: int) -> None:
         """A new request holds each of `rows` from `step` on: nothing is known of it."""
@@ -285,9 +281,7 @@ class AcceptanceEstimate:
         once every _FOLD_EVERY speculative steps; the exchange, whatever the mode, what waits."""
         firsts, within = self._to_fold
         if firsts:
-            spread = self._spread
-            spread.learn(firsts, within)
-            self.fresh, self.full_weight = spread.fresh, spread.full_weight
+            self._spread.learn(firsts, within)
             self._to_fold, self._folded_at = ([], []), self._adds
 
     def _count_run(self, rows: np.ndarray, run: bool, whole: bool) -> None:
@@ -360,6 +354,7 @@ class AcceptanceEstimate:
                 within.append((squares - _FIRST_DRAWS * mean * mean) / (_FIRST_DRAWS - 1))
 
     def estimates(self) -> AcceptanceEstimates:
-        first, weight = 1.0 / _FIRST_DRAWS, self._spread.own_weight
-        return AcceptanceEstimates(self.fresh, self.full_weight, weight(first),
+        spread, first = self._spread, 1.0 / _FIRST_DRAWS
+        weight = spread.own_weight
+        return AcceptanceEstimates(spread.fresh, spread.full_weight, weight(first),
                                    weight(first, True), weight(first, False))

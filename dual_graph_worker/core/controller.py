@@ -353,8 +353,7 @@ class GoodputController:
         spec_key = times.spec_at.get(inputs.spec_padded_bs)
         decode_key = times.decode_at.get(inputs.decode_padded_bs)
         kv = inputs.kv_tokens
-        # line_time's, without its call: the step times as priced.
-        measured = times.line_times(spec_key, kv)[1], times.line_times(decode_key, kv)[1]
+        measured = times.line_time(spec_key, kv), times.line_time(decode_key, kv)
         chosen = measured if not times.spec_cold else \
             (times.spec_warm_time(spec_key, measured[0], kv), measured[1])
         return spec_key, decode_key, measured, chosen

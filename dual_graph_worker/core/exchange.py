@@ -5,8 +5,8 @@ Records are NamedTuples, as the per-step records are: cheaper to build than data
 
 from __future__ import annotations
 
-from itertools import compress
-from typing import Mapping, NamedTuple, Optional, Sequence
+from itertools import chain, compress
+from typing import Mapping, NamedTuple, Sequence
 
 from dual_graph_worker.core.regressions import KEY_SLOTS, LINE
 
@@ -24,10 +24,9 @@ class KeyWindow(NamedTuple):
     seconds_sq: float
 
 
-_SLOTS = KEY_SLOTS
-assert len(KeyWindow._fields) == _SLOTS      # one field a regressions.ContextSums slot
+assert len(KeyWindow._fields) == KEY_SLOTS      # one field a regressions.ContextSums slot
 _STEPS_AT = KeyWindow._fields.index("steps")
-_NO_WINDOW = KeyWindow(*[0.0] * _SLOTS)
+_NO_WINDOW = KeyWindow(*[0.0] * KEY_SLOTS)
 
 
 class StepSums(NamedTuple):
@@ -39,19 +38,17 @@ class StepSums(NamedTuple):
     windows: dict[int, KeyWindow]
 
     @classmethod
-    def from_vector(cls, vector: list[float], width: Optional[int] = None) -> StepSums:
-        """The sums in `vector`'s first `width` floats (None: all of it)."""
-        width = len(vector) if width is None else width
-        keys, rest = divmod(width, _SLOTS)
+    def from_vector(cls, vector: list[float]) -> StepSums:
+        keys, rest = divmod(len(vector), KEY_SLOTS)
         if rest:
-            raise ValueError(f"{width} floats are no whole number of step-time windows")
+            raise ValueError(f"{len(vector)} floats are no whole number of step-time windows")
         steps = vector[_STEPS_AT * keys:(_STEPS_AT + 1) * keys]
-        return cls(keys, {i: KeyWindow(*vector[i:width:keys])
+        return cls(keys, {i: KeyWindow(*vector[i::keys])
                           for i in compress(range(keys), steps)})
 
     def to_vector(self) -> list[float]:
         keys = self.keys
-        vector = [0.0] * (_SLOTS * keys)
+        vector = [0.0] * (KEY_SLOTS * keys)
         for i, window in self.windows.items():
             vector[i::keys] = window
         return vector
@@ -62,14 +59,6 @@ class StepSums(NamedTuple):
         for i, window in windows.items():
             merged[i] = KeyWindow(*[a + b for a, b in zip(merged.get(i, _NO_WINDOW), window)])
         return StepSums(self.keys, dict(sorted(merged.items())))
-
-
-def _joined(record: Sequence[list[float]]) -> list[float]:
-    """A record's fields' floats, one field after another."""
-    out: list[float] = []
-    for field in record:
-        out += field
-    return out
 
 
 class BatchSums(NamedTuple):
@@ -99,7 +88,7 @@ class BatchSums(NamedTuple):
         return cls(*[vector[start:stop] for start, stop in _BATCH_SLICES])
 
     def to_vector(self) -> list[float]:
-        return _joined(self)
+        return list(chain.from_iterable(self))
 
     def empty(self) -> bool:
         """Nothing measured: every sum zero."""
@@ -132,7 +121,7 @@ class ExchangeSums(NamedTuple):
         if split < 0:
             raise ValueError(f"an exchange vector of {len(vector)} floats, too short for its "
                              "batch sums")
-        return cls(StepSums.from_vector(vector, split), BatchSums.from_vector(vector[split:]))
+        return cls(StepSums.from_vector(vector[:split]), BatchSums.from_vector(vector[split:]))
 
     def to_vector(self) -> list[float]:
         vector = self.step_times.to_vector()

@@ -34,10 +34,10 @@ MIN_EVENTS = 3
 # Per-key local slots: sum of seconds, count, and over context tokens x: sum x, xx, xy; sum yy
 # (a key's window: exchange.KeyWindow).
 KEY_SLOTS = 6
-_LINE_SLOTS = 5         # the ones a line is fitted from
-_YY = 5
 # A Slope's sums over its (x, y) points: n, sum x, sum y, sum xx, sum xy.
 LINE = 5
+_LINE_SLOTS = LINE      # the key slots a line is fitted from
+_YY = 5
 
 
 class Slope:
