@@ -124,11 +124,22 @@ class ReferenceEngine:
 
     def draft_decoded(self, out: DecodeOutput) -> None:
         d = self.draft.forward(out.tokens, out.features, out.positions, out.slots, out.batch)
-        self.state.draft_token.index_copy_(0, out.rows, self.draft.greedy(d.hidden))
-        self.state.draft_hidden.index_copy_(0, out.rows, d.prenorm)
+        self.keep_draft(out.rows, d.hidden, d.prenorm)
+
+    def keep_draft(self, rows: torch.Tensor, hidden: torch.Tensor, prenorm: torch.Tensor) -> None:
+        """Rows' next draft token (greedy over the draft's `hidden`) and the hidden state it
+        continues from."""
+        self.state.draft_token.index_copy_(0, rows, self.draft.greedy(hidden))
+        self.state.draft_hidden.index_copy_(0, rows, prenorm)
 
     def stash_features(self, out: DecodeOutput) -> None:
-        self._stash.index_copy_(0, out.slots, out.features)
+        self._stash_at(out.slots, out.features)
+
+    def _stash_at(self, slots: torch.Tensor, features: torch.Tensor) -> None:
+        if self._stash is None:
+            raise RuntimeError("the feature stash is made by the lazy catch-up strategy "
+                               "(LazyCatchUp asks the engine for it)")
+        self._stash.index_copy_(0, slots, features)
 
     def fill_synthetic_context(self, rows: np.ndarray, context_len: int, slots: np.ndarray) -> None:
         """Point rows' first `context_len` positions at distinct slots, so calibration timings
@@ -165,26 +176,23 @@ class ReferenceEngine:
         first = self.target.greedy(out.hidden[last])
         self.state.last_token.index_copy_(0, rows_t, first)
         if mode is PrefillMode.DEFERRED:
-            if self._stash is None:
-                raise RuntimeError("a deferred prefill needs the lazy continuity strategy "
-                                   "(bind with LAZY_CATCH_UP)")
             flat = valid.view(-1)
-            self._stash.index_copy_(0, loc.view(-1)[flat], out.aux[flat])
+            self._stash_at(loc.view(-1)[flat], out.aux[flat])
         if mode is not PrefillMode.WITH_DRAFT:
             return first.cpu().numpy()
         # Draft extend over the prompt: position p reads (token p+1, target feature at p).
         shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
         shifted[torch.arange(B, device=self.device), lens - 1] = first
         d = self.draft.forward(shifted.view(-1), out.aux, pos.reshape(-1), loc.view(-1), batch)
-        self.state.draft_token.index_copy_(0, rows_t, self.draft.greedy(d.hidden[last]))
-        self.state.draft_hidden.index_copy_(0, rows_t, d.prenorm[last])
+        self.keep_draft(rows_t, d.hidden[last], d.prenorm[last])
         return first.cpu().numpy()
 
     @torch.inference_mode()
     def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  tokens: np.ndarray, slots: np.ndarray) -> None:
         if self._stash is None:
-            raise RuntimeError("catch_up needs the lazy continuity strategy (bind with LAZY_CATCH_UP)")
+            raise RuntimeError("catch_up reads the feature stash, which the lazy catch-up "
+                               "strategy makes (LazyCatchUp asks the engine for it)")
         B = len(rows)
         spans = [np.arange(s, e) for s, e in zip(starts, ends)]
         pos = self._padded(spans)
@@ -200,8 +208,7 @@ class ReferenceEngine:
         d = self.draft.forward(ids.view(-1), hidden, pos.view(-1), loc.view(-1),
                                self.attn_batch(rows_t, start_t, W))
         last = torch.arange(B, device=self.device) * W + n - 1
-        self.state.draft_token.index_copy_(0, rows_t, self.draft.greedy(d.hidden[last]))
-        self.state.draft_hidden.index_copy_(0, rows_t, d.prenorm[last])
+        self.keep_draft(rows_t, d.hidden[last], d.prenorm[last])
 
 
 class GraphStages:
@@ -242,7 +249,7 @@ class GraphStages:
         eng, bufs, st = self.engine, self.bufs, self.st
         rows, L, loc = bufs.req_pool_indices[:P], bufs.seq_lens[:P], bufs.out_cache_loc[:P]
         ids, pos = bufs.input_ids[:P], bufs.positions[:P]
-        ids.copy_(st.last_token[rows])
+        torch.index_select(st.last_token, 0, rows, out=ids)
         pos.copy_(L)
         eng.table.write(rows, pos, loc)
         batch = eng.attn_batch(rows, L, 1)
@@ -278,7 +285,7 @@ class GraphStages:
         ids[:, 0].copy_(st.last_token[rows])
         ids[:, 1].copy_(st.draft_token[rows])
         pos.copy_(L[:, None] + self.offsets)
-        eng.table.write(rows.repeat_interleave(W), pos.view(-1), loc)
+        eng.table.write(rows[:, None], pos, loc.view(P, W))
         out = eng.target.forward(ids.view(-1), pos.view(-1), loc, eng.attn_batch(rows, L, W))
         y = eng.target.greedy(out.hidden).view(P, W)
         accepted = self._accepted(ids, y, P)
@@ -294,11 +301,10 @@ class GraphStages:
         return self.forced[:P]
 
     def draft_extend(self, P: int) -> None:
-        eng, bufs, st, W = self.engine, self.bufs, self.st, self.W
+        eng, bufs, W = self.engine, self.bufs, self.W
         rows, L = bufs.req_pool_indices[:P], bufs.seq_lens[:P]
         loc, pos = bufs.out_cache_loc[: P * W], bufs.positions[: P * W]
         ids = bufs.out_tokens[:P].reshape(-1)
         d = eng.draft.forward(ids, self.verify_aux[: P * W], pos, loc, eng.attn_batch(rows, L, W))
         last = self.row_starts[:P] + bufs.accept_lens[:P] - 1
-        st.draft_token.index_copy_(0, rows, eng.draft.greedy(d.hidden[last]))
-        st.draft_hidden.index_copy_(0, rows, d.prenorm[last])
+        eng.keep_draft(rows, d.hidden[last], d.prenorm[last])

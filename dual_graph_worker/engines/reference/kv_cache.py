@@ -35,5 +35,6 @@ class ReqToTokenTable:
         self.table = torch.zeros(max_requests, max_context, dtype=torch.int64, device=device)
 
     def write(self, req_rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Scatter `slots` [N] at (req_rows [N], positions [N]); capturable (no host sync)."""
+        """Scatter `slots` at (req_rows, positions), the three broadcast together (rows [P, 1]
+        against positions [P, W]); capturable (no host sync)."""
         self.table.index_put_((req_rows, positions), slots)
