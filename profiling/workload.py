@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from dual_graph_worker.core.continuity import Continuity
+from dual_graph_worker.engines.reference.attention_choice import default_attention
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import (OneLineParser, int_range, non_negative_int,
@@ -64,7 +65,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=k, max_requests=max(bs, 32),
                                                 max_context=ctx, device="cuda" if cuda else "cpu",
                                                 dtype="bfloat16" if cuda else "float32",
-                                                attention="triton" if cuda else "torch",
+                                                attention=default_attention("cuda" if cuda else "cpu"),
                                                 forced_accept_len=2))
     d = engine.describe()
     spec_bs, decode_bs = pools(bs)

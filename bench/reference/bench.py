@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dual_graph_worker.engines.reference.attention_choice import default_attention
 from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_list_up_to,
@@ -204,13 +205,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
     cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
     conc = args.concurrency
     max_bs = max(conc)
     pair = named_shape(args.model)
     ctx = args.input_len + args.output_len + args.num_draft_tokens + 8
     spec = EngineSpec(num_draft_tokens=args.num_draft_tokens, max_requests=max_bs, max_context=ctx,
-                      device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-                      attention="triton" if cuda else "torch", forced_accept_len=args.accept_len)
+                      device=device, dtype="bfloat16" if cuda else "float32",
+                      attention=default_attention(device), forced_accept_len=args.accept_len)
     t0 = time.perf_counter()
     engine = engine_from_dummy(pair, spec)
     sizes = PoolSizes.up_to(max_bs, args.spec_max_bs)

@@ -15,7 +15,8 @@ same way everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from types import MappingProxyType
+from typing import Callable, Iterator, Mapping, Optional
 
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.continuity import Continuity
@@ -26,6 +27,7 @@ from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_p
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings
+from dual_graph_worker.engines.reference.attention_choice import default_attention
 from dual_graph_worker.engines.reference.build import EngineSpec
 from dual_graph_worker.engines.reference.calibration import calibrate
 from dual_graph_worker.engines.reference.capture_config import TunedPools
@@ -95,7 +97,8 @@ VARIANT_TABLE = (
     Variant("dual-off", VariantInputs.dual_pools, Mode.DECODE),
     Variant("verify-off", VariantInputs.keep_current_decode, Mode.DECODE),
 )
-VARIANTS = tuple(v.name for v in VARIANT_TABLE)
+VARIANT_BY_NAME: Mapping[str, Variant] = MappingProxyType({v.name: v for v in VARIANT_TABLE})
+VARIANTS = tuple(VARIANT_BY_NAME)
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,8 @@ class BuiltWorker:
 
 
 def variant_named(name: str) -> Variant:
-    for variant in VARIANT_TABLE:
-        if variant.name == name:
-            return variant
+    if name in VARIANT_BY_NAME:
+        return VARIANT_BY_NAME[name]
     raise ValueError(f"unknown variant '{name}'; choose from {', '.join(VARIANTS)}")
 
 
@@ -132,17 +134,18 @@ def build_variant(name: str, engine: ReferenceEngine, sizes: PoolSizes, *,
     report = worker.capture(progress=progress)
     table = None
     if variant.settings_policy:
-        table = _apply_settings_policy(worker, engine, sizes, settings, tuned, log,
-                                       calib_context, calib_repeats)
+        table = _apply_settings_policy(worker, sizes, settings, tuned, log, calib_context,
+                                       calib_repeats)
     return BuiltWorker(name, worker, report, table)
 
 
-def _apply_settings_policy(worker: DualGraphWorker, engine: ReferenceEngine, sizes: PoolSizes,
+def _apply_settings_policy(worker: DualGraphWorker, sizes: PoolSizes,
                            settings: Settings, tuned: Optional[TunedPools],
                            log: Callable[[str], None], calib_context: int,
                            calib_repeats: int) -> Optional[CalibrationTable]:
     """Give `worker` the policy `settings` name; returns its prior (a calibration) where it
     needs one: the tuned config's, else measured on `worker` now."""
+    engine = worker.engine
     k = engine.limits.num_draft_tokens
     table = None
     if needs_prior(settings):
@@ -162,7 +165,7 @@ def toy_engine_spec(device: str, num_draft_tokens: int, max_requests: int,
     """The engine a toy checkpoint runs on: float32, Triton attention on CUDA, torch on the CPU."""
     return EngineSpec(num_draft_tokens=num_draft_tokens, max_requests=max_requests,
                       max_context=max_context, device=device, dtype="float32",
-                      attention="triton" if device.startswith("cuda") else "torch")
+                      attention=default_attention(device))
 
 
 def check_toy_settings(settings: Settings) -> None:

@@ -273,8 +273,9 @@ def swapped(part: tuple[str, dict], swaps: list[tuple[str, str]],
     return base, matrix | {"records": records, "note": note, "settings": settings}
 
 
-def parsed_swaps(given: list[str], parts: int) -> list[tuple[str, str]]:
-    """--swap's ENGINE=DIR values as (engine, folder), each engine once, over one part."""
+def parsed_swaps(given: list[str], parts: int, some_cells: bool) -> list[tuple[str, str]]:
+    """--swap's ENGINE=DIR values as (engine, folder), each engine once, over one part; with
+    `some_cells`, the worker's pass alone."""
     if given and parts > 1:
         raise ConfigError("--swap takes one part: a pass's cells would be rated against "
                           "several calls' baselines")
@@ -287,6 +288,10 @@ def parsed_swaps(given: list[str], parts: int) -> list[tuple[str, str]]:
         swaps.append((engine, folder))
     if len({engine for engine, _ in swaps}) < len(swaps):
         raise ConfigError("--swap names one engine twice: swap each engine once")
+    if some_cells and (not swaps or any(engine != "dual" for engine, _ in swaps)):
+        raise ConfigError("--some-cells rates a worker pass's cells: name it with --swap dual=DIR "
+                          "(alone: a baseline's pass of some cells would leave the others "
+                          "unrated)")
     return swaps
 
 
@@ -306,19 +311,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="with --swap: a pass of some of the part's cells, the matrix rates those")
     ap.add_argument("parts", nargs="+", help="folders holding a policy-matrix.json each")
     args = ap.parse_args(argv)
-    if args.some_cells and (not args.swap or
-                            any(not swap.startswith("dual=") for swap in args.swap)):
-        print("error: --some-cells rates a worker pass's cells: name it with --swap dual=DIR "
-              "(alone: a baseline's pass of some cells would leave the others unrated)",
-              file=sys.stderr)
-        return 2
     if args.processes and args.latest:
         print("error: --processes reads a cell's median over calls, --latest its last call: "
               "pick one", file=sys.stderr)
         return 2
     try:
+        swaps = parsed_swaps(args.swap, len(args.parts), args.some_cells)
         parts = [read_part(p) for p in args.parts]
-        if swaps := parsed_swaps(args.swap, len(parts)):
+        if swaps:
             parts = [swapped(parts[0], swaps, args.some_cells)]
         matrix = merge(parts, args.processes, args.latest)
     except ValueError as err:          # ConfigError is one

@@ -5,7 +5,8 @@ a machine without Triton (or without a GPU) can still name and refuse it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from types import MappingProxyType
+from typing import Mapping, Protocol, Sequence
 
 import torch
 
@@ -37,3 +38,13 @@ class TritonAttention:
                               "(head width hidden / 4), or run on --device cpu")
         from dual_graph_worker.engines.reference.attention_triton import TritonPagedAttention
         return TritonPagedAttention()
+
+
+# The attention backends EngineSpec.attention may name.
+ATTENTION_BACKENDS: Mapping[str, AttentionChoice] = MappingProxyType(
+    {"torch": TorchAttention(), "triton": TritonAttention()})
+
+
+def default_attention(device: str) -> str:
+    """The backend a device runs best: Triton on CUDA, torch elsewhere."""
+    return "triton" if device.startswith("cuda") else "torch"

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
 
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.engines.reference.attention_choice import (AttentionChoice, TorchAttention,
-                                                                  TritonAttention)
+from dual_graph_worker.engines.reference.attention_choice import (ATTENTION_BACKENDS,
+                                                                  AttentionChoice)
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.engine import ReferenceEngine
 from dual_graph_worker.engines.reference.weights import dummy_weights, load_draft, load_target
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
-# The attention backends EngineSpec.attention may name.
-ATTENTION_BACKENDS: Mapping[str, AttentionChoice] = MappingProxyType(
-    {"torch": TorchAttention(), "triton": TritonAttention()})
-
-
 @dataclass(frozen=True)
 class EngineSpec:
     """Where weights come from and how big the caches are."""
