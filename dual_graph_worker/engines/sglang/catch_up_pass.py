@@ -25,7 +25,6 @@ from dual_graph_worker.engines.sglang.draft_sync import draft_proposals
 from dual_graph_worker.engines.sglang.kv_fill import fill_draft_kv
 
 
-
 class StashedInputs(NamedTuple):
     """A pass's draft inputs gathered from the stash: the target's hidden states and tokens."""
 
@@ -46,6 +45,7 @@ class Proposals(NamedTuple):
     topk_p: torch.Tensor
     topk_index: torch.Tensor
     hidden: torch.Tensor
+
 
 class Laps:
     """Host time of a catch-up's passes by phase, summed over them, and of the bookkeeping after
@@ -87,7 +87,7 @@ def draft_kv(runner: Any, slots: torch.Tensor, clear: bool = False) -> KV:
 
 
 def run_pass(runner: Any, arena: StashArena, batch: Any, idx: CatchUpIndices, laps: Laps,
-             inputs: Optional[StashedInputs] = None):
+             inputs: Optional[StashedInputs] = None) -> tuple[ForwardBatch, Any]:
     """The layer of the draft ModelRunner `runner` over `idx`, its stashed inputs gathered
     unless given (a checked pass reuses the fill's, so they are held once)."""
     aux, token_ids = arena.gather(idx.slots) if inputs is None else inputs

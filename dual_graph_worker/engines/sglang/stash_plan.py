@@ -17,6 +17,7 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang.catch_up import StashArena
 from dual_graph_worker.engines.sglang.kv_fill import KV_ONLY_MIN_TOKENS
 from dual_graph_worker.engines.sglang.radix import BACKEND as RADIX_BACKEND
+from dual_graph_worker.engines.sglang.worker_startup import tp_min
 
 MiB = 1 << 20
 DEFAULT_MAX_PASS_TOKENS = 8192
@@ -93,13 +94,7 @@ def _same_on_every_rank(cells: int, tp_group: Any) -> int:
     """The smallest TP rank's stash size, on every rank. The auto size follows each rank's free
     memory, but every rank must make the same room / deferral / catch-up decisions: a catch-up
     is a draft forward with collectives, and a rank that skipped it would hang the others."""
-    if tp_group is None or int(getattr(tp_group, "world_size", 1)) <= 1:
-        return cells
-    import torch.distributed as dist
-
-    t = torch.tensor([int(cells)], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp_group.cpu_group)
-    return int(t.item())
+    return tp_min(tp_group, cells)
 
 
 def _why_not_defer_prefills(enabled: bool, server_args: Any, *, cells: int, rows: int,

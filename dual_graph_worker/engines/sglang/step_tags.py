@@ -52,4 +52,3 @@ class PrefillPreview(NamedTuple):
     preview_draft: bool
     goodput_spec: Optional[float]
     goodput_decode: Optional[float]
-

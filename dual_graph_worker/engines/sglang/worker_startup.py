@@ -106,9 +106,25 @@ def allocator_stats() -> dict:
             "reserved_gib": round(stats.get("reserved_bytes.all.current", 0) / 2**30, 2)}
 
 
+def tp_world(tp_group: Any) -> int:
+    """How many TP ranks `tp_group` holds: 1 without one."""
+    return int(getattr(tp_group, "world_size", 1) or 1)
+
+
+def tp_min(tp_group: Any, value: int) -> int:
+    """The smallest of `value` over TP ranks, on the CPU group (gloo)."""
+    if tp_world(tp_group) <= 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp_group.cpu_group)
+    return int(t.item())
+
+
 def tp_mean(tp_group: Any) -> Reducer:
     """The mean over TP ranks of a vector of local measurements, on the CPU group (gloo)."""
-    world = int(getattr(tp_group, "world_size", 1) or 1)
+    world = tp_world(tp_group)
     if world <= 1:
         return same_rank
     import torch.distributed as dist
