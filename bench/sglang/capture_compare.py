@@ -37,7 +37,7 @@ from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError, DualGraphError
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.settings import BY_KEY, Settings
+from dual_graph_worker.core.settings import BY_KEY, Settings, settings_env
 
 SERVED = "served"
 
@@ -235,7 +235,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return summary(name, res)
 
     steps.unlink(missing_ok=True)                   # the step log appends
-    rows = [run("default", {BY_KEY["step_log"].env: str(steps)} if served else {})]
+    rows = [run("default", settings_env(step_log=steps) if served else {})]
     if not rows[0]["ok"]:
         print(f"error: the default server failed ({rows[0]['error'] or 'see default.log'}); "
               "nothing to tune against", file=sys.stderr)
@@ -253,7 +253,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     save_capture_config(build_capture_config(m, result), config_path)
     (work / "tune.txt").write_text(result.table() + "\n")
     print(result.table())
-    rows.append(run("tuned", {BY_KEY["capture_config"].env: str(config_path)}))
+    rows.append(run("tuned", settings_env(capture_config=config_path)))
     ratios = compare(*rows) if all(r["ok"] for r in rows) else None
     lowered = [name for name, cap, given in (("memory", mem_cap, memory),
                                               ("capture time", time_cap, args.time_budget))

@@ -24,7 +24,7 @@ from capture.measure import CANDIDATES, save_dummy_measured
 from capture.sglang_probe import measurements_from_probe
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int
 from dual_graph_worker.core.errors import ConfigError
-from dual_graph_worker.core.settings import BY_KEY
+from dual_graph_worker.core.settings import settings_env
 
 # SGLang's per-runner graph memory (GB) that belongs to the two pools; prefill graphs do not.
 POOL_RUNNERS = ("target_verify", "draft_decode", "draft_extend", "decode_pool", "draft_sync")
@@ -48,8 +48,7 @@ def engine_spec(name: str, target: Path, draft: Path, sizes: list[int], env: dic
     kwargs = engine_kwargs("dual", target, draft, radix=True, log_level="warning") | {
         "cuda_graph_bs_decode": sizes, "cuda_graph_max_bs_decode": max(sizes),
         "mem_fraction_static": mem_fraction}
-    env = {BY_KEY["spec_max_bs"].env: str(max(sizes)),
-           BY_KEY["decode_max_bs"].env: str(max(sizes))} | env
+    env = settings_env(spec_max_bs=max(sizes), decode_max_bs=max(sizes)) | env
     return {"name": name, "engine_kwargs": kwargs, "env": env, "tasks": []}
 
 
@@ -79,7 +78,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     probe_path = work / "capture-probe.json"
     probe_path.unlink(missing_ok=True)
     res = run_child(work, engine_spec("probe", target, draft, sizes,
-                                      {BY_KEY["capture_probe"].env: str(probe_path)},
+                                      settings_env(capture_probe=probe_path),
                                       args.mem_fraction_static),
                     shim_dir=work / "shim", timeout=args.timeout_s)
     if not probe_path.exists():
