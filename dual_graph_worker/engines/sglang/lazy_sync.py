@@ -401,25 +401,23 @@ class LazyCatchUp:
         out.keep.append(inputs)
         laps.lap("kv")
         if self.kv_check:
-            filled = catch_up_pass.draft_kv(dr, idx.slots, clear=True)
-            self._forward(batch, idx, laps, out, inputs, filled)
+            kv = catch_up_pass.draft_kv(dr, idx.slots, clear=True)
+            self._forward(batch, idx, laps, out, _Filled(inputs, kv))
         elif out.want_proposals:
             last = final_rows(idx)
             if last is not None:
                 out.last_rows.append(last)
 
     def _forward(self, batch: Any, idx: CatchUpIndices, laps: catch_up_pass.Laps,
-                 out: "_Collected",
-                 inputs: Optional[catch_up_pass.StashedInputs] = None,
-                 filled: Optional[catch_up_pass.KV] = None) -> None:
-        """The draft's whole layer over `idx` (on the fill's `inputs` if given), its K/V
-        compared with the fill's (`filled`, if given), and the proposals it makes."""
+                 out: "_Collected", filled: Optional["_Filled"] = None) -> None:
+        """The draft's whole layer over `idx` (on the stash's inputs where it `filled` the
+        pass, its K/V then compared with the fill's), and the proposals it makes."""
         dr = self.dw.draft_runner
-        forward_batch, logits_output = catch_up_pass.run_pass(dr, self.arena, batch, idx, laps,
-                                                              inputs)
+        forward_batch, logits_output = catch_up_pass.run_pass(
+            dr, self.arena, batch, idx, laps, None if filled is None else filled.inputs)
         out.keep.append(forward_batch)
         if filled is not None:
-            out.checked(catch_up_pass.relative_error(filled,
+            out.checked(catch_up_pass.relative_error(filled.kv,
                                                      catch_up_pass.draft_kv(dr, idx.slots)))
         self._take_proposals(batch, idx, logits_output, out)
         laps.lap("proposals")
@@ -443,6 +441,14 @@ def _check_draft_backend(dr: Any) -> None:
     if not isinstance(dr.attn_backend, catch_up_backend_classes()):
         raise ConfigError(catch_up_backend_refusal("the draft's extend backend",
                                                    type(dr.attn_backend).__name__))
+
+
+class _Filled(NamedTuple):
+    """A pass the stash filled under DGW_CATCH_UP_KV_CHECK: the inputs it gathered and the
+    K/V it wrote, which the draft's whole layer then writes again."""
+
+    inputs: catch_up_pass.StashedInputs
+    kv: catch_up_pass.KV
 
 
 class _RowsBehind(NamedTuple):
