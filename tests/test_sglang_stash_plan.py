@@ -151,7 +151,8 @@ def test_plan_of_an_explicit_stash(stash_plan):
     plan = _plan(stash_plan)
     assert plan == stash_plan.StashPlan(
         cells=CELLS_PER_MIB, need_bytes=CELLS_PER_MIB * 40 + 100_000 * 8, max_pass_tokens=4096,
-        defer_prefill_off=None, prefill_reserve=4096, kv_only_min_tokens=2048, kv_only_off=None)
+        defer_prefill_off=None, kv_only_off=None)
+    assert (plan.prefill_reserve, plan.kv_only_min_tokens) == (4096, 2048)
     assert _plan(stash_plan, kv_only=False, kv_fill_blocker="ignored").kv_only_off == "off"
     assert _plan(stash_plan, kv_fill_blocker="no fill").kv_only_off == "no fill"
 

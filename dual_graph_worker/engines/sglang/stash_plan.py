@@ -32,9 +32,17 @@ class StashPlan:
     need_bytes: int                     # the cells and the KV-slot -> cell map
     max_pass_tokens: int                # a catch-up pass's tokens (chunked_prefill_size)
     defer_prefill_off: Optional[str]    # why prefills are not deferred; None: they are
-    prefill_reserve: int                # cells kept free for the next deferred prefill
-    kv_only_min_tokens: int             # a pass is split (K/V filled alone) from this many
     kv_only_off: Optional[str]          # why K/V-only catch-ups are off; None: on
+
+    @property
+    def prefill_reserve(self) -> int:
+        """Cells kept free for the next deferred prefill: one pass's worth while deferring."""
+        return 0 if self.defer_prefill_off else self.max_pass_tokens
+
+    @property
+    def kv_only_min_tokens(self) -> int:
+        """A pass is split (its K/V filled alone) from this many tokens."""
+        return KV_ONLY_MIN_TOKENS
 
 
 def plan_stash(*, stash_mb: int, free_bytes: Optional[int], rows: int, slots: int,
@@ -52,8 +60,7 @@ def plan_stash(*, stash_mb: int, free_bytes: Optional[int], rows: int, slots: in
                                         reserve=max_pass_tokens, draft_hidden=draft_hidden)
     kv_only_off = (kv_fill_blocker or _passes_too_short(
         max_pass_tokens, KV_ONLY_MIN_TOKENS)) if kv_only else "off"
-    return StashPlan(cells, need_bytes, max_pass_tokens, defer_off,
-                     0 if defer_off else max_pass_tokens, KV_ONLY_MIN_TOKENS, kv_only_off)
+    return StashPlan(cells, need_bytes, max_pass_tokens, defer_off, kv_only_off)
 
 
 def _cells(stash_mb: int, free: Optional[int], *, rows: int, slots: int, aux_width: int,
