@@ -683,6 +683,11 @@ def test_step_costs_write_the_replay_trace_of_a_workers_log(tmp_path, capsys):
                           ["d", 1, 0.005, 0, 1, 66, 1]]
     assert (t["source"], t["spec_bs"], t["num_steps"], t["draft_share"]) == \
         ("a test", [1, 2], 3, 0.04)
+    # With --out as well, the report is written too (not dropped for the trace).
+    report = tmp_path / "costs.md"
+    assert step_costs.main([str(tmp_path / "steps.jsonl"), "--trace", str(out),
+                            "--out", str(report)]) == 0
+    assert report.is_file() and report.with_suffix(".json").is_file()
     (tmp_path / "bare.jsonl").write_text((tmp_path / "steps.jsonl").read_text().split("\n", 1)[1])
     with pytest.raises(SystemExit):
         step_costs.main([str(tmp_path / "bare.jsonl"), "--trace", str(out)])

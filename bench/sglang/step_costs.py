@@ -597,7 +597,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         with gzip.open(args.trace, "wt") as f:
             json.dump(costs, f, separators=(",", ":"))
         print(f"wrote {args.trace}: {len(costs['costs'])} costs")
-        return 0
+        if not args.out:
+            return 0
     if args.host_speed and not Path(args.host_speed).is_file():
         ap.error(f"--host-speed {args.host_speed}: no such file")
     text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
