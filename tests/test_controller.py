@@ -1814,8 +1814,9 @@ def test_an_estimate_long_unmeasured_yields_to_its_re_measurement():
 def test_a_modes_slow_first_steps_do_not_price_it_out_where_it_wins():
     """As on the H200: speculation's first ~100 steps in the process ran 1.25x, so at bs 2 and
     accept 2 (spec 10% ahead once warm) the worker that judged it by them decoded. While a
-    mode has run fewer than 128 steps and the other more, it is priced no higher than measured
-    / 1.3: the worker speculates through the warm-up and stays where speculation wins."""
+    mode has run fewer than 128 steps and the other more, it is priced down toward its prior, to
+    no less than measured / 1.3: the worker speculates through the warm-up and stays where
+    speculation wins."""
     assert best_mode(2, 2.0) is Mode.SPEC
     sim = SimServer(controller(replay_prior()), accept=lambda s: 2.0, noise=0.03,
                     warm_spec_steps=100, warm_spec_factor=1.25)

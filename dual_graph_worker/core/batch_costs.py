@@ -34,7 +34,7 @@ def _line_sums(x: float, y: float) -> tuple[float, ...]:
     return 1.0, x, y, x * x, x * y
 
 
-def _add(sums: list[float], values: tuple) -> None:
+def _add(sums: list[float], values: tuple[float, ...]) -> None:
     """`values` added to `sums`, place by place."""
     for at, v in enumerate(values):
         sums[at] += v
@@ -130,8 +130,8 @@ class BatchCosts:
         self.batch_rows: Optional[np.ndarray] = None
         # Derived from the above at each exchange (they change nowhere else), read every step:
         # prompt tokens per output token, the draft's seconds per prompt token, a switch's
-        # seconds, a catch-up's (fixed s, s per token), the tokens that rate holds out to and
-        # the seconds per token beyond them.
+        # seconds, a catch-up's (fixed s, s per token), a K/V-only catch-up's (None: no line
+        # yet), the tokens that rate holds out to and the seconds per token beyond them.
         self.prompt_per_output = 0.0
         self.delta = 0.0
         self.switch_s = 0.0

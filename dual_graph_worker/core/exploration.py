@@ -138,7 +138,8 @@ class Explorer:
         self._sight_from: Optional[int] = None      # the step the last one started, until seen
         self.explored_at = {Mode.SPEC: -math.inf, Mode.DECODE: -math.inf}
         # A host-cost early-out: below this allowance no re-measurement is priced (infinite:
-        # exploration is off). Most cost more; one into a much shorter step may wait a little.
+        # exploration is off). Most cost more; one cut to its fewest steps, or into a much
+        # shorter step, may wait a little.
         self._min_price = config.explore_steps * _MIN_LOSS if config.explore_budget > 0 \
             else math.inf
 
@@ -146,8 +147,9 @@ class Explorer:
 
     def due(self, i: Optional[int], mode: Mode, rows: Optional[np.ndarray], step: int) -> bool:
         """Whether a re-measurement of `mode` at key i is worth pricing at `step`: the
-        allowance could pay for the cheapest one, and the key is stale (not measured lately;
-        for spec, or no acceptance seen lately)."""
+        allowance could pay for the cheapest one, `mode` was not re-measured within the last
+        stale_after // 4 steps (its samples may be on the way), and the key is stale (not
+        measured lately; for spec, or no acceptance seen lately)."""
         if i is None or not self.budget.allowance >= self._min_price:
             return False
         window = self.config.stale_after
@@ -170,8 +172,8 @@ class Explorer:
                 t: float, inputs: PolicyInputs, accept: float, step: int) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
         current mode (so the budget is a share of step time, whichever mode is explored): the
-        share of each of its steps the estimates expect to lose (`loss`, at least 5%: nothing is
-        free) times that step's length, plus the round trip's switches (into spec: a catch-up of
+        share of each of its steps the estimates expect to lose (`loss`, held between _MIN_LOSS
+        and 1: nothing is free) times that step's length, plus the round trip's switches (into spec: a catch-up of
         the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
         the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely.
         One of speculation that ends early gets back the steps it did not run (_end_probe).
@@ -244,8 +246,8 @@ class Explorer:
 
     def _open_price(self, mean: float, high: float, spec_key: Optional[int],
                     measured: StepPair, bs: int, step: int) -> Optional[float]:
-        """A re-measurement's price a step to run on where its acceptance (`mean`, `high` two
-        errors up) leaves the answer open, at this batch's step times as measured lately (the
+        """A re-measurement's price a step to run on where its acceptance (`mean`, `high`
+        _PROBE_ERRORS errors up) leaves the answer open, at this batch's step times as measured lately (the
         batch may have grown since it began, and a size priced from its neighbours or warming
         up is optimistic); None where the answer is not open."""
         spec_t, decode_t = measured

@@ -31,9 +31,9 @@ _SETTLED = 0.002
 # A process's first steps run slow: a key measured only then takes its next window whole.
 _WARM_STEPS = 64
 # Speculation's first steps in a process can all run slow (decode's do not): until it has run
-# this many, the choice prices its keys no higher than measured over the factor (at most that
-# many wrong steps, once), and a key measured only then takes its next window whole where that
-# comes lower.
+# this many, the choice prices its keys down toward the prior, by at most the factor (at most
+# that many wrong steps, once), and a key measured only then takes its next window whole where
+# that comes lower.
 _MODE_WARM_STEPS = 128
 _MODE_WARM_FACTOR = 1.3
 # A key's own samples weigh in proportion to their count up to this many; short of it, where
@@ -43,6 +43,9 @@ _TRUSTED_SAMPLES = 8
 # reaches, the rate beyond. A key's step time is a weighted sum of such lines, held to a floor.
 _Part = tuple[float, float, float, float]
 _Line = tuple[float, tuple[tuple[float, float, _Part], ...]]
+# A key's step seconds on its own line and as priced (None: unknown); a plain tuple, read every
+# step.
+KeyTimes = tuple[Optional[float], Optional[float]]
 # A line not fitted since the last exchange.
 _UNFIT: Any = object()
 _UNREAD: Any = object()         # a key's context, not read since the fold
@@ -63,6 +66,11 @@ def _time_on(line: _Line, kv_tokens: float) -> float:
         if kv_tokens > reach:       # beyond the contexts its own rate has seen
             t += rate * (b_far - b) * (kv_tokens - reach)
     return max(t, floor)
+
+
+def _single(t: float, part: _Part) -> _Line:
+    """A line of one part, held to _CONTEXT_FLOOR of `t`."""
+    return _CONTEXT_FLOOR * t, ((1.0, 1.0, part),)
 
 
 def _blend(a: _Line, b: _Line, w: float) -> _Line:
@@ -134,11 +142,12 @@ class StepTimeTable:
     # ------------------------------------------------------------------------------ read
 
     def step_time(self, mode: Mode, padded_bs: int, kv_tokens: int = 0) -> Optional[float]:
-        """Expected seconds of a step over `kv_tokens` context tokens: this size's line where it
-        is measured, else the nearest measured sizes' times at that context, interpolated by
-        size, their fixed parts scaled by the prior's ratio between the sizes; beyond the
-        contexts a line has seen, its own rate only where it is surely steeper than its mode's
-        pooled one."""
+        """Expected seconds of a step over `kv_tokens` context tokens, as priced (line_time):
+        this size's line where it is measured (or the lower line it leans on while its samples
+        are few), else the nearest measured sizes' times at that context, interpolated by size,
+        their fixed parts scaled by the prior's ratio between the sizes, else its prior; None
+        where nothing prices it. Beyond the contexts a line has seen, its own rate counts only
+        where it is surely steeper than its mode's pooled one."""
         return self.line_time(self.at[mode].get(padded_bs), kv_tokens)
 
     def line_time(self, i: Optional[int], kv_tokens: int) -> Optional[float]:
@@ -146,8 +155,7 @@ class StepTimeTable:
         leans on."""
         return self.line_times(i, kv_tokens)[1]
 
-    def line_times(self, i: Optional[int],
-                   kv_tokens: int) -> tuple[Optional[float], Optional[float]]:
+    def line_times(self, i: Optional[int], kv_tokens: int) -> KeyTimes:
         """Key i's step seconds at `kv_tokens` on its own line (what its samples are judged
         against) and as priced."""
         if i is None:
@@ -171,8 +179,8 @@ class StepTimeTable:
     def spec_warm_time(self, spec_key: Optional[int], spec_t: Optional[float],
                        kv_tokens: int) -> Optional[float]:
         """Spec key `spec_key`'s step seconds `spec_t` as the choice of mode prices them while
-        speculation warms up (spec_cold): no higher than measured over _MODE_WARM_FACTOR where
-        its prior is lower still."""
+        speculation warms up (spec_cold): its prior, moved along the pooled slope, where that is
+        lower, but never below spec_t / _MODE_WARM_FACTOR."""
         if spec_t is None or math.isnan(self._prior[spec_key]):
             return spec_t
         warm = self._prior[spec_key] + self._beta[Mode.SPEC] * kv_tokens
@@ -188,7 +196,7 @@ class StepTimeTable:
     def _lean_line(self, i: int, own: Optional[_Line]) -> Optional[_Line]:
         """A key measured fewer than _TRUSTED_SAMPLES times: its line at count/_TRUSTED_SAMPLES,
         the rest the line of trusted sizes on both sides of it. The mode not in use keeps its
-        estimates until re-measured, so only a price that comes down counts (line_time takes
+        estimates until re-measured, so only a price that comes down counts (line_times takes
         the lower); one priced too low is measured as soon as its mode runs."""
         trust = self.samples[i] / _TRUSTED_SAMPLES
         if own is None or not 0.0 < trust < 1.0:
@@ -204,7 +212,7 @@ class StepTimeTable:
 
     def _fit_line(self, i: int) -> Optional[_Line]:
         if self.samples[i]:
-            return _CONTEXT_FLOOR * self._est[i], ((1.0, 1.0, self._own_part(i)),)
+            return _single(self._est[i], self._own_part(i))
         return self._others_line(i)
 
     def _others_line(self, i: int) -> Optional[_Line]:
@@ -213,7 +221,7 @@ class StepTimeTable:
         near = self._neighbours_line(i)
         if near is None and not math.isnan(prior):
             beta = self._beta[self._mode_of[i]]
-            return _CONTEXT_FLOOR * prior, ((1.0, 1.0, (prior, 0.0, 0.0, beta)),)
+            return _single(prior, (prior, 0.0, 0.0, beta))
         return near
 
     def _own_part(self, i: int) -> _Part:
@@ -332,8 +340,8 @@ class StepTimeTable:
     def fold(self, sums: StepSums, step: int) -> None:
         """Every rank's sums (take_local's, reduced) at `step`: each key's EMA of step
         seconds and of context tokens, and the context regressions; the keys not measured since
-        the last exchange relax down toward their typical level. A window holds samples of a
-        few sizes: those are folded one by one. A window of two samples or more replaces the
+        the last exchange relax down toward their typical level. The sums hold windows of a
+        few keys: those are folded one by one. A window of two samples or more replaces the
         estimate whole where the one before it is known to be off: the process's first steps,
         speculation's warm-up, or a spell it is back from; a lone sample that would, waits one
         exchange for the next window (whose samples it joins) rather than be smoothed away."""
@@ -419,7 +427,7 @@ class StepTimeTable:
             return None
         return (1.0 + _HIGH) * _moved(slope, level[0], level[1], kv)
 
-    def _relax_idle(self, measured: set, step: int) -> None:
+    def _relax_idle(self, measured: set[int], step: int) -> None:
         """Move each unmeasured key's estimate down toward its typical level, for the steps
         since the last exchange; a key that reached it is left alone until measured again."""
         steps = step - self._exchanged_at
