@@ -2,8 +2,9 @@
 
 Engine-agnostic: the worker hands in, per captured batch size, the replay callables of one step
 in each mode (decode: the target decode graph; spec: draft chain + verify + draft extend) and a
-timer. The table is measured on TP rank 0 and broadcast, so every rank decides from the same
-numbers (policy decisions must never depend on a rank's own clock).
+timer. Every TP rank replays (the graphs hold collectives) and rank 0's table is broadcast, so
+every rank decides from the same numbers (policy decisions must never depend on a rank's own
+clock).
 
 Replays run with capture-time inputs and leave out host work, so both latencies are lower
 bounds: the goodput controller takes them only as its prior.

@@ -17,7 +17,7 @@ _LABELS = {(m, r): (m.value, r.value) for m in Mode for r in Reason}
 
 @dataclass
 class WorkerCounters:
-    steps: Counter = field(default_factory=Counter)          # (mode, reason) -> steps
+    steps: Counter = field(default_factory=Counter)    # (mode.value, reason.value) -> steps
     switches: int = 0
     catch_ups: int = 0
     catch_up_tokens: int = 0

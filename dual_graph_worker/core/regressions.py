@@ -36,8 +36,7 @@ MIN_EVENTS = 3
 KEY_SLOTS = 6
 # A Slope's sums over its (x, y) points: n, sum x, sum y, sum xx, sum xy.
 LINE = 5
-_LINE_SLOTS = LINE      # the key slots a line is fitted from
-_YY = 5
+_YY = 5     # the last key slot (sum yy): a line is fitted from the slots before it
 
 
 class Slope:
@@ -68,8 +67,9 @@ class Slope:
         return self.decay ** self.idle * self.sums
 
     def fit(self) -> Optional[tuple[float, float]]:
-        """(intercept, slope), or None while the sizes seen are too close to separate the two.
-        A negative intercept (no fixed cost can be) refits the line through the origin."""
+        """(intercept, slope); None before MIN_EVENTS batches or while the sizes seen are too
+        close to separate the two. A negative slope gives the flat line (mean, 0); a negative
+        intercept (no fixed cost can be) refits the line through the origin."""
         n, sx, sy, sxx, sxy = self.sums
         if self.events < MIN_EVENTS or n <= 0:
             return None
@@ -147,7 +147,7 @@ class ContextSums:
         for slot, v in zip(sums, window):
             slot[i] += v / g
         self.squares[i] += window[1] / (g * g)
-        sy, n, sx, sxx, sxy = (slot[i] for slot in sums[:_LINE_SLOTS])
+        sy, n, sx, sxx, sxy = (slot[i] for slot in sums[:_YY])
         var, cov = sxx - sx * (sx / n), sxy - sx * (sy / n)
         pool = self.pools[mode]
         pool[0] += var - self.var[i]
@@ -176,7 +176,8 @@ class ContextSums:
 
     def own_error(self, i: int) -> float:
         """The standard error of key i's own slope, over its steps' effective count (a decay
-        that weighs every step alike leaves it as it is); inf below three steps."""
+        that weighs every step alike leaves it as it is); inf at an effective count of two or
+        fewer, or with no spread."""
         n, var, squares = self.sums[1][i], self.var[i], self.squares[i]
         # Long unmeasured, the squared weights underflow before the weights do.
         count = n * n / squares if n > 0 and squares > 0 else 0.0

@@ -24,3 +24,11 @@ class StepRecord(NamedTuple):
         return {"step": self.step, "mode": self.mode.value, "bs": self.bs,
                 "padded_bs": self.padded_bs, "reason": self.reason.value, "graph": self.graph,
                 "tokens": self.tokens, "mean_accept_len": self.mean_accept_len}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StepRecord":
+        """A record from to_json's fields (other keys of `d` ignored)."""
+        return cls(step=int(d["step"]), mode=Mode(d["mode"]), bs=int(d["bs"]),
+                   padded_bs=int(d["padded_bs"]), reason=Reason(d["reason"]),
+                   graph=bool(d["graph"]), tokens=int(d["tokens"]),
+                   mean_accept_len=float(d["mean_accept_len"]))

@@ -16,6 +16,7 @@ import os
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import IO, Any, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.continuity import Continuity
@@ -141,7 +142,8 @@ def _enum(s: Setting, raw: Any) -> enum.Enum:
     return s.kind(raw.strip().lower())
 
 
-_PARSERS = {int: _int, float: _float, bool: _bool, str: _str, enum.Enum: _enum}
+_PARSERS: Mapping[type, Any] = MappingProxyType(
+    {int: _int, float: _float, bool: _bool, str: _str, enum.Enum: _enum})
 
 def _setting(env: str, default: Any, help: str, *, minimum: Optional[float] = None,
              maximum: Optional[float] = None) -> Any:
@@ -283,8 +285,8 @@ def _registry() -> tuple[Setting, ...]:
 
 
 REGISTRY: tuple[Setting, ...] = _registry()
-BY_KEY: Mapping[str, Setting] = {s.key: s for s in REGISTRY}
-BY_ENV: Mapping[str, Setting] = {s.env: s for s in REGISTRY}
+BY_KEY: Mapping[str, Setting] = MappingProxyType({s.key: s for s in REGISTRY})
+BY_ENV: Mapping[str, Setting] = MappingProxyType({s.env: s for s in REGISTRY})
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class StallSample:
 
 
 def thread_stack(thread_id: int, depth: int) -> tuple[str, ...]:
-    """The `depth` innermost frames of a live thread, innermost first ("" if it has none)."""
+    """The `depth` innermost frames of a live thread, innermost first (() once it has ended)."""
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return ()

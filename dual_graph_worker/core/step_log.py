@@ -2,7 +2,8 @@
 
 One line per completed decode step: ``StepRecord.to_json()`` plus ``"t"`` (wall-clock seconds
 at launch, comparable with a client's ``time.time()``); between them event lines (``"event"``:
-ready, each measured cost, lazy catch-up's events, the controller's cost terms every few steps).
+ready, each measured cost, prefill choices, lazy catch-up's events, the controller's cost terms
+every few steps).
 Written by TP rank 0 only, off the serving thread (StepLogWriter).
 """
 
@@ -14,12 +15,11 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Iterator, NamedTuple, Optional
 
 from dual_graph_worker.core.jsonl import json_lines
-from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.ledger import CompletedStep
-from dual_graph_worker.core.policy import Observation, PolicyState, Reason
+from dual_graph_worker.core.policy import Observation, PolicyState
 from dual_graph_worker.core.results import StepRecord
 
 
@@ -38,10 +38,10 @@ class StepLogWriter:
 
     def __init__(self, path: str | Path, fh: Optional[IO[str]] = None) -> None:
         """`fh`: the file at `path`, opened to append (opened here where not given)."""
-        self.path = Path(path)
         if fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(self.path, "a")
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "a")
         self._fh: Optional[IO[str]] = fh
         self._lines: deque = deque()
         self._handed = self._done = 0       # lines handed over / taken by the writer
@@ -65,7 +65,8 @@ class StepLogWriter:
                    hook_s))
 
     def write_event(self, event: str, wall_time: float, **fields: object) -> None:
-        """A non-step line (start-up summary, config): readers skip lines without "step"."""
+        """A non-step line (ready, prefill_choice, lazy catch-up's, estimates): readers skip lines
+        without "step"."""
         self._put((_event_line, wall_time, event, fields))
 
     def write_cost(self, observation: Observation, wall_time: float) -> None:
@@ -73,7 +74,8 @@ class StepLogWriter:
         self._put((_cost_line, wall_time, observation))
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Return once every line handed over before this call is in the file."""
+        """Return once every line handed over before this call is in the file, after `timeout`
+        seconds, or once the writer has stopped."""
         target, deadline = self._handed, time.monotonic() + timeout
         while self._done < target and self._thread.is_alive() and time.monotonic() < deadline:
             self._drained.clear()
@@ -171,15 +173,18 @@ def _cost_line(wall_time: float, observation: Observation) -> dict:
             **observation._asdict()}
 
 
-def read_step_log(path: str | Path) -> Iterator[tuple[StepRecord, float]]:
-    """(record, launch wall time) for every step line; event lines and torn tails are skipped."""
+class LoggedStep(NamedTuple):
+    """A step line read back: its record and its launch's wall-clock time."""
+
+    record: StepRecord
+    wall_time: float
+
+
+def read_step_log(path: str | Path) -> Iterator[LoggedStep]:
+    """Every step line; event lines and torn tails are skipped."""
     for d in json_lines(path):
-        if "step" not in d:
-            continue
-        yield StepRecord(step=int(d["step"]), mode=Mode(d["mode"]), bs=int(d["bs"]),
-                         padded_bs=int(d["padded_bs"]), reason=Reason(d["reason"]),
-                         graph=bool(d["graph"]), tokens=int(d["tokens"]),
-                         mean_accept_len=float(d["mean_accept_len"])), float(d["t"])
+        if "step" in d:
+            yield LoggedStep(StepRecord.from_json(d), float(d["t"]))
 
 
 def read_step_events(path: str | Path) -> list[dict]:

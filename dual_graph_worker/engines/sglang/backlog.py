@@ -90,8 +90,8 @@ class LazyBacklog:
         self.stats = BacklogStats()
 
     @staticmethod
-    def _rows(rows) -> np.ndarray:
-        return np.asarray(rows, dtype=np.int64).reshape(-1)
+    def _int64s(values) -> np.ndarray:
+        return np.asarray(values, dtype=np.int64).reshape(-1)
 
     def reset(self, rows, prefix_lens=None) -> None:
         """These rows were prefilled on EAGLE's path (its draft extend ran): their draft is
@@ -99,10 +99,10 @@ class LazyBacklog:
         in ``chunk_restarts``: EAGLE's extend of this chunk attended to draft KV the deferred
         chunks never wrote, so that request drafts from a partly stale state (acceptance only;
         the target verifies every token). The worker avoids it by deferring such batches."""
-        r = self._rows(rows)
+        r = self._int64s(rows)
         if prefix_lens is not None:
             self.stats.chunk_restarts += int(np.count_nonzero(
-                self._continues(r, np.asarray(prefix_lens, dtype=np.int64).reshape(-1))))
+                self._continues(r, self._int64s(prefix_lens))))
         self.count[r] = 0
         self.pending_end[r] = -1
 
@@ -111,16 +111,16 @@ class LazyBacklog:
         return (self.pending_end[rows] >= 0) & (self.pending_end[rows] == prefix_lens)
 
     def continues_deferred_chunk(self, rows, prefix_lens) -> bool:
-        return bool(self._continues(self._rows(rows),
-                                    np.asarray(prefix_lens, dtype=np.int64).reshape(-1)).any())
+        return bool(self._continues(self._int64s(rows),
+                                    self._int64s(prefix_lens)).any())
 
     def note_prefill(self, rows, prefix_lens, extend_lens, chunked: int = -1) -> int:
         """Record a deferred prefill of `rows` (batch order) and return the first arena cell of
         its ``sum(extend_lens)`` consecutive cells (batch token order). `chunked` is the batch
         position of the request whose prompt continues in a later batch (-1: none)."""
-        r = self._rows(rows)
-        prefix = np.asarray(prefix_lens, dtype=np.int64).reshape(-1)
-        ext = np.asarray(extend_lens, dtype=np.int64).reshape(-1)
+        r = self._int64s(rows)
+        prefix = self._int64s(prefix_lens)
+        ext = self._int64s(extend_lens)
         if not (r.size == prefix.size == ext.size) or (ext < 1).any():
             raise ValueError(f"deferred prefill: {r.size} rows, {prefix.size} prefix lengths, "
                              f"{ext.size} extend lengths (each >= 1)")
@@ -143,7 +143,7 @@ class LazyBacklog:
     def pending(self, exclude=()) -> PendingRows:
         """Rows between the chunks of a deferred prompt, except `exclude` (a batch's rows)."""
         mask = (self.pending_end >= 0) & (self.count > 0)
-        ex = self._rows(exclude)
+        ex = self._int64s(exclude)
         if ex.size:
             mask[ex] = False
         rows = np.flatnonzero(mask).astype(np.int64)
@@ -158,7 +158,7 @@ class LazyBacklog:
         next prefill batch, so a pending row absent from `batch_rows` was aborted (or retracted)
         between its chunks. Forget it; its cells go at the next compaction. Returns how many."""
         gone = self.pending_end >= 0
-        gone[self._rows(batch_rows)] = False
+        gone[self._int64s(batch_rows)] = False
         n = int(np.count_nonzero(gone))
         if n:
             self.count[gone] = 0
@@ -187,7 +187,7 @@ class LazyBacklog:
     def note_decode_step(self, rows) -> int:
         """Record a lazy decode step over `rows` (unique request-pool rows, batch order) and
         return the first arena cell of its ``len(rows)`` consecutive cells."""
-        r = self._rows(rows)
+        r = self._int64s(rows)
         if not self.room_for(r.size):
             raise RuntimeError(f"stash arena full ({self.cursor} + {r.size} > "
                                f"{self.arena_cells} cells): catch up before stashing")
@@ -202,12 +202,12 @@ class LazyBacklog:
         """Draft tokens a catch-up of `rows` would run."""
         if not self.cursor:          # every token behind holds a cell: none is (a spec run)
             return 0
-        return int(self.count[self._rows(rows)].sum())
+        return int(self.count[self._int64s(rows)].sum())
 
     def behind(self, rows) -> Behind:
         if not self.cursor:
             return _NONE_BEHIND
-        r = self._rows(rows)
+        r = self._int64s(rows)
         counts = self.count[r]
         pos = np.flatnonzero(counts > 0).astype(np.int64)
         return Behind(pos, counts[pos])
@@ -217,7 +217,7 @@ class LazyBacklog:
         drops every other backlog (orphans: requests gone while behind) but the pending rows',
         and restarts the arena after the pending cells (the caller moves those to the front).
         With no rows it only drops orphans (an arena filled by requests that are gone)."""
-        r = self._rows(rows)
+        r = self._int64s(rows)
         tokens = int(self.count[r].sum())
         longest = int(self.count[r].max()) if r.size else 0
         self.count[r] = 0
@@ -244,7 +244,7 @@ class LazyBacklog:
 
     def live_after_reclaim(self, batch_rows) -> int:
         """Cells still needed once orphans go: the backlogs of `batch_rows` and pending rows."""
-        r = self._rows(batch_rows)
+        r = self._int64s(batch_rows)
         mask = self.pending_end >= 0
         mask[r] = True
         return int(self.count[mask].sum())
@@ -271,7 +271,7 @@ class LazyBacklog:
     def compacted(self, batch_rows) -> int:
         """The live cells (`batch_rows`' backlogs, then pending rows') were moved to the front;
         drop every other backlog. Returns the new cursor (= live cells)."""
-        r = self._rows(batch_rows)
+        r = self._int64s(batch_rows)
         orphans = self._drop_orphans(keep=r)
         self.cursor = self.live_after_reclaim(r)
         self.stats.compactions += 1

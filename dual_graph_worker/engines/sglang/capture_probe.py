@@ -15,7 +15,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dual_graph_worker.core.jsonio import write_json
 
@@ -152,8 +152,8 @@ def installed_capture_probe() -> Optional[CaptureProbe]:
     return getattr(FullCudaGraphBackend, _ATTR, None)
 
 
-def finish_capture_probe(probe: CaptureProbe, *, write: bool, model_shape: dict, spec_bs: list,
-                         decode_bs: list) -> None:
+def finish_capture_probe(probe: CaptureProbe, *, write: bool, model_shape: dict,
+                         spec_bs: Sequence[int], decode_bs: Sequence[int]) -> None:
     """Replay every graph (on every rank: a graph may hold collectives) and, on `write`, write
     the file stamped with what a measurements file needs: GPU, model shape, SGLang version."""
     import torch

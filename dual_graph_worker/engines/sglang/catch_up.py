@@ -38,6 +38,9 @@ class Segment(NamedTuple):
 
 
 def plan_passes(counts: Sequence[int], max_tokens: int) -> list[list[Segment]]:
+    """Each request's backlog (`counts`, batch order) cut into segments of at most `max_tokens`,
+    packed into passes of at most `max_tokens` tokens round by round (round r: every request's
+    r-th segment, in request order), so a request's segments run in order, one a pass."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     rounds: list[list[Segment]] = []
@@ -83,7 +86,7 @@ class StashArena:
                    cell_of_slot=torch.zeros(num_slots, dtype=torch.int64, device=dev),
                    cell_ids=torch.arange(cells, dtype=torch.int64, device=dev))
 
-    SLOT_BYTES: ClassVar[int] = torch.int64.itemsize     # cell_of_slot's entry a KV slot
+    SLOT_BYTES: ClassVar[int] = torch.int64.itemsize     # a KV slot's cell_of_slot entry
 
     @staticmethod
     def cell_bytes(aux_width: int, aux_dtype: torch.dtype) -> int:

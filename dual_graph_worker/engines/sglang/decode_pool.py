@@ -168,7 +168,7 @@ def eager_decode_pool() -> DecodePool:
     return DecodePool(runner=None, attn_backend=None, capture_bs=())
 
 
-def graph_replay(runner: Any, bs: int, **key_kwargs: Any):
+def graph_replay(runner: Any, bs: int) -> Optional[Callable[[], None]]:
     """A zero-argument replay of `runner`'s captured graph for `bs` (for calibration), or None.
 
     FullCudaGraphBackend.replay ignores the forward batch and replays with whatever the static
@@ -182,7 +182,7 @@ def graph_replay(runner: Any, bs: int, **key_kwargs: Any):
     backend = getattr(runner, "backend", None)
     if not isinstance(backend, FullCudaGraphBackend):
         return None
-    key = runner._make_graph_key(bs, **key_kwargs)
+    key = runner._make_graph_key(bs)
     if not backend.can_run(None, key):
         return None
     return lambda: backend.replay(key, None)

@@ -1,9 +1,10 @@
-"""Server-argument adjustments that make one server hold both pools.
+"""Server arguments for one server holding both pools, and the capture-list and catch-up-backend
+rules both the main and the scheduler process read.
 
-Runs in the main process only, right after EAGLE3's own handling: lifts the 48-request default,
-caps the spec capture list at ``spec_max_bs`` where set (leaving ``decode.max_bs``, the decode
-pool's top, alone) and, under lazy catch-up with the radix cache on, names the ``dual_graph``
-radix backend.
+apply_dual_graph_server_args runs in the main process, right after EAGLE3's own handling: lifts
+the 48-request default, sets the spec capture list (a tuned config's, else SGLang's capped at
+``spec_max_bs`` where set; ``decode.max_bs``, the decode pool's top, left alone) and, under lazy
+catch-up with the radix cache on, names the ``dual_graph`` radix backend.
 docs/sglang-0.5.17.md §2 gives the SGLang contracts and the reasons.
 """
 
@@ -84,8 +85,8 @@ def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: Optional[int]
                                  draft_valid_backend: Optional[str] = None,
                                  spec_bs: Optional[Sequence[int]] = None
                                  ) -> ServerArgsAdjustment:
-    """The module's three adjustments (the request cap lifted, the spec capture list capped,
-    the radix backend named) applied to `server_args` in place; returns what changed."""
+    """The module's three adjustments (the request cap lifted, the spec capture list set to a
+    tuned config's or capped, the radix backend named) applied to `server_args` in place; returns what changed."""
     restored = False
     if max_running_requests_was_unset and server_args.max_running_requests is not None:
         server_args.max_running_requests = None

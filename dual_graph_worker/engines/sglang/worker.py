@@ -44,13 +44,14 @@ from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.ledger import StepLedger
 from dual_graph_worker.core.planner import StepPlanner
 from dual_graph_worker.core.policies import PolicyContext, build_policy, needs_prior
-from dual_graph_worker.core.policy import Admitted, DraftPrefills, accepted
+from dual_graph_worker.core.policy import Admitted, DraftPrefills, ModePolicy, accepted
 from dual_graph_worker.core.settings import MEASURE, Settings, open_output
 from dual_graph_worker.core.stall_watch import StallWatch
 from dual_graph_worker.core.gc_pauses import GcPauses
 from dual_graph_worker.core.step_log import StepLogWriter
 from dual_graph_worker.core.timing import ResultClock
 from dual_graph_worker.engines.sglang import nvtx_spans
+from dual_graph_worker.engines.sglang.backlog import BacklogStats
 from dual_graph_worker.engines.sglang.continuity import STRATEGIES
 from dual_graph_worker.engines.sglang.continuity_contract import (ContinuityContext,
                                                                   SGLangContinuity)
@@ -186,7 +187,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         reduce = tp_mean(mr.tp_group)
         share = common_draft_share(mr.model, self._draft_worker.draft_runner.model, reduce)
         work = self.continuity.catch_up_work
-        if work is not None:            # made common as the draft's share is
+        if work is not None:            # averaged over TP ranks, as the draft's share: ranks price alike
             work = dataclasses.replace(work, kv_share=float(reduce([work.kv_share])[0]))
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps, table.step_sizes(int(r2t.shape[0]) - 1), prior,
@@ -245,7 +246,8 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         return graphs
 
     def _calibration(self, spec_bs: tuple[int, ...]) -> Optional[CalibrationTable]:
-        """The controller's prior: replays of each pool's graphs (or a table from a file)."""
+        """The controller's prior: replays of each pool's graphs, a table from a file, or None
+        with CUDA graphs off."""
         cfg = self.settings
         if cfg.calibration != MEASURE:
             return CalibrationTable.load(cfg.calibration, self.speculative_num_steps)
@@ -254,12 +256,10 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         mr = self._target_worker.model_runner
         dw = self._draft_worker
         decode_steps = {bs: [f] for bs in self._decode_pool.capture_bs
-                        if (f := graph_replay(self._decode_pool.runner, bs, stream_idx=None,
-                                              variant_label=None)) is not None}
+                        if (f := graph_replay(self._decode_pool.runner, bs)) is not None}
         spec_steps = {}
         for bs in spec_bs:
-            verify = graph_replay(mr.decode_cuda_graph_runner, bs, stream_idx=None,
-                                  variant_label=None)
+            verify = graph_replay(mr.decode_cuda_graph_runner, bs)
             if verify is None:
                 continue
             stages = [graph_replay(dw.cuda_graph_runner, bs), verify,
@@ -369,12 +369,12 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     def _preview_prefill(self, batch, lengths: np.ndarray, tokens: int,
                          joins: np.ndarray) -> Optional[PrefillPreview]:
-        """The policy's choice for the running batch this prefill joins (`joins`: its rows),
-        previewed and not committed, at the size that batch grows to, the rows in use plus the
-        requests still queued behind it (hooks.py), capped at the request pool; with what the
-        draft owes that batch, and the draft's prefill speculation would run over this prefill's
-        `tokens` and over the queued requests that fit (a wave of long prompts arrives in
-        chunks: each alone looks cheap). None for a pool that cannot say its size."""
+        """The policy's choice, previewed and not committed, for the running batch this prefill
+        joins (`joins`: its rows), grown to the rows in use plus the requests still queued
+        behind it (hooks.py), capped at the request pool. Priced with what the draft owes that
+        batch and a draft prefill of this prefill's `tokens` and of the queued requests that
+        fit (a wave of long prompts arrives in chunks: each alone looks cheap). None for a pool
+        that cannot say its size."""
         pool = self.req_to_token_pool
         bs = expected_batch_size(pool, queued_requests(batch))
         if bs is None:
@@ -495,7 +495,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             # Each batch's measured cost, as the controller saw it: what its estimates came from.
             self._step_log.write_cost(event, time.time())
 
-    def _log_lazy_event(self, event: LazyEvent, totals) -> None:
+    def _log_lazy_event(self, event: LazyEvent, totals: BacklogStats) -> None:
         """Lazy catch-up's catch_up / compaction / deferred_prefill events, with the running
         totals (backlog.BacklogStats), into the step log."""
         logger.debug("dual-graph lazy %s: %s", event.kind, event)
@@ -523,7 +523,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
             if self._completed % ESTIMATES_EVERY == 0:
                 self._log_estimates(policy)
 
-    def _log_estimates(self, policy) -> None:
+    def _log_estimates(self, policy: ModePolicy) -> None:
         """The controller's cost terms but its per-size step table (prompt share, draft prefill,
         catch-up, switch, a new request's acceptance, exploration accounts): what a run's
         decisions are read from, beside each step's expected goodputs."""

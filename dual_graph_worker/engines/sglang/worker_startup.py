@@ -76,7 +76,7 @@ def close_capture_probe(shape: Callable[[], dict], spec_bs: Sequence[int],
                           "installs the probe when it registers, so set it in the "
                           "environment that launches the server")
     finish_capture_probe(probe, write=is_rank0, model_shape=shape(),
-                         spec_bs=list(spec_bs), decode_bs=list(decode_bs))
+                         spec_bs=spec_bs, decode_bs=decode_bs)
     if is_rank0:
         logger.info("dual-graph: capture probe: %d graphs -> %s", len(probe.records),
                     probe.path)
