@@ -1,7 +1,7 @@
 """Paged attention over the request->slot table, in plain torch (CPU and GPU reference).
 
-Every forward here has a uniform query width W per request (1 for decode, K+1 for verify and
-draft extend, the padded prompt length for prefill); query j of request i sits at position
+Every forward here has a uniform query width W per request (1 for decode and each draft-chain
+step, K+1 for verify and draft extend, the padded span for prefill and lazy catch-up); query j of request i sits at position
 prefix_lens[i] + j and attends causally to positions [0, prefix_lens[i] + j]. The K/V of the new
 tokens are written to the pool before attention reads it (write-then-read, as in SGLang).
 """

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 import torch
 
@@ -15,11 +16,14 @@ from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.engine import ReferenceEngine
 from dual_graph_worker.engines.reference.weights import dummy_weights, load_draft, load_target
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
+DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
+    {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+     "float16": torch.float16})
+
+
 @dataclass(frozen=True)
 class EngineSpec:
-    """Where weights come from and how big the caches are."""
+    """Cache sizes, device, dtype, attention backend and dummy-weight seed of one engine."""
 
     num_draft_tokens: int = 3
     max_requests: int = 64

@@ -8,18 +8,21 @@ server rank 0's table is broadcast, so every rank decides from the same numbers.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dual_graph_worker.core.calibration import CalibrationTable, wall_clock_timer
 from dual_graph_worker.core.errors import DualGraphError
-from dual_graph_worker.core.modes import GraphKey, Mode
+from dual_graph_worker.core.modes import GraphKey
+
+if TYPE_CHECKING:
+    from dual_graph_worker.engines.reference.worker import DualGraphWorker
 
 
-def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int = 5,
-                         use_graph: Optional[bool] = None) -> float:
+def measure_step_latency(worker: DualGraphWorker, key: GraphKey, context_len: int,
+                         repeats: int = 5) -> float:
     """Median seconds of one step of `key` over synthetic requests of `context_len` tokens."""
     if worker.num_running:
         raise DualGraphError("calibrate before admitting requests: it borrows request rows and slots")
@@ -32,7 +35,7 @@ def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int =
         engine.fill_synthetic_context(rows, context_len, ctx_slots)
         worker.bufs.stage(rows, np.full(P, context_len, dtype=np.int64), step_slots, P)
         worker.bufs.upload()
-        graph = worker.dispatch.has_graph(key.mode, P) if use_graph is None else use_graph
+        graph = worker.dispatch.has_graph(key.mode, P)
         run = lambda: worker.runner.run(key.mode, P, graph and worker.config.use_cuda_graphs)
         sync = (lambda: torch.cuda.synchronize(engine.device)) if engine.device.type == "cuda" \
             else (lambda: None)
@@ -42,8 +45,8 @@ def measure_step_latency(worker, key: GraphKey, context_len: int, repeats: int =
         alloc.free(step_slots.reshape(-1))
 
 
-def calibrate(worker, context_len: int, repeats: int = 5, modes=(Mode.SPEC, Mode.DECODE)) -> CalibrationTable:
-    keys = [k for k in worker.dispatch.keys() if k.mode in modes]
-    lat = {k: measure_step_latency(worker, k, context_len, repeats) for k in keys}
+def calibrate(worker: DualGraphWorker, context_len: int, repeats: int = 5) -> CalibrationTable:
+    lat = {k: measure_step_latency(worker, k, context_len, repeats)
+           for k in worker.dispatch.keys()}
     return CalibrationTable(lat, worker.k, source=f"measured at start-up, context {context_len}, "
                                                   f"median of {repeats} on {worker.engine.device}")

@@ -7,7 +7,8 @@ the toy checkpoints this project writes load in SGLang unchanged.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 from dual_graph_worker.core.errors import CheckpointError, ConfigError
 
@@ -191,7 +192,8 @@ def tiny_shape(vocab: int = 128, hidden: int = 64, layers: int = 8, heads: int =
 
 
 # Named shapes for the command-line tools (bench, capture measurement, profiling workload).
-MODEL_SHAPES = {"llama3-8b": llama3_8b_shape, "tiny": tiny_shape}
+MODEL_SHAPES: Mapping[str, Callable[[], ModelPair]] = MappingProxyType(
+    {"llama3-8b": llama3_8b_shape, "tiny": tiny_shape})
 
 
 def named_shape(name: str) -> ModelPair:

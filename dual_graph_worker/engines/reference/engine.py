@@ -26,6 +26,7 @@ from dual_graph_worker.engines.reference.attention import AttnBatch
 from dual_graph_worker.engines.reference.attention_choice import AttentionChoice, TorchAttention
 from dual_graph_worker.engines.reference.config import ModelPair
 from dual_graph_worker.engines.reference.kv_cache import KVPool, ReqToTokenTable
+from dual_graph_worker.engines.reference.kv_slots import DUMMY_SLOT
 from dual_graph_worker.engines.reference.model import DraftModel, Rope, TargetModel
 from dual_graph_worker.engines.reference.weights import DraftWeights, TargetWeights
 from dual_graph_worker.core.errors import ConfigError
@@ -136,10 +137,13 @@ class ReferenceEngine:
         self._stash_at(out.slots, out.features)
 
     def _stash_at(self, slots: torch.Tensor, features: torch.Tensor) -> None:
+        self._stash_made().index_copy_(0, slots, features)
+
+    def _stash_made(self) -> torch.Tensor:
         if self._stash is None:
             raise RuntimeError("the feature stash is made by the lazy catch-up strategy "
                                "(LazyCatchUp asks the engine for it)")
-        self._stash.index_copy_(0, slots, features)
+        return self._stash
 
     def fill_synthetic_context(self, rows: np.ndarray, context_len: int, slots: np.ndarray) -> None:
         """Point rows' first `context_len` positions at distinct slots, so calibration timings
@@ -158,13 +162,12 @@ class ReferenceEngine:
 
     @torch.inference_mode()
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
-                slots: Sequence[np.ndarray],
-                mode: PrefillMode = PrefillMode.WITH_DRAFT) -> np.ndarray:
+                slots: Sequence[np.ndarray], mode: PrefillMode) -> np.ndarray:
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], device=self.device)
         ids = self._padded(prompts)
         W = ids.shape[1]
-        loc = self._padded(slots)                          # padding queries write the dummy slot
+        loc = self._padded(slots, fill=DUMMY_SLOT)         # padding queries write the dummy slot
         rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
         pos = torch.arange(W, device=self.device).expand(B, W)
         valid = pos < lens[:, None]
@@ -190,18 +193,16 @@ class ReferenceEngine:
     @torch.inference_mode()
     def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  tokens: np.ndarray, slots: np.ndarray) -> None:
-        if self._stash is None:
-            raise RuntimeError("catch_up reads the feature stash, which the lazy catch-up "
-                               "strategy makes (LazyCatchUp asks the engine for it)")
+        stash = self._stash_made()
         B = len(rows)
         spans = [np.arange(s, e) for s, e in zip(starts, ends)]
         pos = self._padded(spans)
         W = pos.shape[1]
         n = torch.from_numpy(ends - starts).to(self.device)
         valid = torch.arange(W, device=self.device)[None, :] < n[:, None]
-        loc = self._padded([slots[i, sp] for i, sp in enumerate(spans)])      # pad: dummy slot
+        loc = self._padded([slots[i, sp] for i, sp in enumerate(spans)], fill=DUMMY_SLOT)
         ids = self._padded([tokens[i, sp + 1] for i, sp in enumerate(spans)])  # token at p+1
-        hidden = self._stash[loc.view(-1)] * valid.view(-1, 1).to(self.dtype)
+        hidden = stash[loc.view(-1)] * valid.view(-1, 1).to(self.dtype)
         rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
         start_t = torch.from_numpy(np.asarray(starts, dtype=np.int64)).to(self.device)
         pos = torch.where(valid, pos, start_t[:, None])

@@ -84,8 +84,7 @@ class Engine(Protocol):
         """Lazy: keep a decode step's target features by KV slot, for catch_up."""
 
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
-                slots: Sequence[np.ndarray],
-                mode: PrefillMode = PrefillMode.WITH_DRAFT) -> np.ndarray:
+                slots: Sequence[np.ndarray], mode: PrefillMode) -> np.ndarray:
         """Eager extend of whole prompts; returns the first token of each."""
 
     def catch_up(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,

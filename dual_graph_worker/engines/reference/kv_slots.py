@@ -59,8 +59,9 @@ class SlotAllocator:
         slots = np.asarray(slots, dtype=np.int64).ravel()
         if slots.size == 0:
             return
-        if (slots <= DUMMY_SLOT).any() or (slots >= self.num_slots).any():
-            raise SlotAccountingError(f"freeing out-of-range slots {slots[(slots <= 0) | (slots >= self.num_slots)][:8]}")
+        bad = (slots <= DUMMY_SLOT) | (slots >= self.num_slots)
+        if bad.any():
+            raise SlotAccountingError(f"freeing out-of-range slots {slots[bad][:8]}")
         if not self._allocated[slots].all() or np.unique(slots).size != slots.size:
             raise SlotAccountingError(f"double free of KV slots {slots[~self._allocated[slots]][:8]}")
         self._allocated[slots] = False

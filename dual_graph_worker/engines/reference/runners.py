@@ -20,6 +20,8 @@ from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 from dual_graph_worker.core.nvtx import Annotator
 from dual_graph_worker.engines.reference.engine_api import StageFn
 
+# Warm-up calls of a key's stages before its capture: lazy inits and autotuning stay off the graph.
+_WARMUP_ITERS = 2
 
 class StageRunner(Protocol):
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None: ...
@@ -34,6 +36,13 @@ def _stages_by_mode(stage_fns: Mapping[Stage, StageFn], k: int) -> dict[Mode, tu
     return {mode: _stages(stage_fns, mode, k) for mode in Mode}
 
 
+def _run_eagerly(stage_fns: Mapping[Stage, StageFn], stages: tuple[Stage, ...],
+                 nvtx: Annotator, bs: int) -> None:
+    for stage in stages:
+        with nvtx.stage_range(stage.value):
+            stage_fns[stage](bs)
+
+
 @dataclass
 class EagerRunner:
     stage_fns: Mapping[Stage, StageFn]
@@ -44,9 +53,7 @@ class EagerRunner:
         self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
-        for stage in self._stages[mode]:
-            with self.nvtx.stage_range(stage.value):
-                self.stage_fns[stage](padded_bs)
+        _run_eagerly(self.stage_fns, self._stages[mode], self.nvtx, padded_bs)
 
 
 @dataclass(frozen=True)
@@ -78,15 +85,15 @@ class CudaGraphRunner:
     num_draft_tokens: int
     nvtx: Annotator
     dispatch: DispatchTable
-    graphs: dict[tuple[GraphKey, Stage], torch.cuda.CUDAGraph] = field(default_factory=dict)
-    pool: Optional[tuple] = None
-    report: Optional[CaptureReport] = None
+    graphs: dict[tuple[GraphKey, Stage], torch.cuda.CUDAGraph] = field(default_factory=dict,
+                                                                       init=False)
+    pool: Optional[tuple] = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
 
-    def capture(self, keys: Optional[tuple[GraphKey, ...]] = None, progress: bool = True,
-                warmup_iters: int = 2) -> CaptureReport:
+    def capture(self, keys: Optional[tuple[GraphKey, ...]] = None,
+                progress: bool = True) -> CaptureReport:
         from tqdm import tqdm
 
         keys = keys if keys is not None else self.dispatch.keys()
@@ -107,7 +114,7 @@ class CudaGraphRunner:
                 # Warm up on a side stream (lazy inits, autotuning) before capturing.
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    for _ in range(warmup_iters):
+                    for _ in range(_WARMUP_ITERS):
                         for s in stages:
                             self.stage_fns[s](key.bs)
                 torch.cuda.current_stream().wait_stream(stream)
@@ -125,15 +132,12 @@ class CudaGraphRunner:
                 grew = torch.cuda.memory_reserved() - r0
                 total_bytes += grew
                 captured.append(KeyCapture(key, time.perf_counter() - t0, grew))
-        self.report = CaptureReport(tuple(captured), time.perf_counter() - t_all, total_bytes)
-        return self.report
+        return CaptureReport(tuple(captured), time.perf_counter() - t_all, total_bytes)
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
         stages = self._stages[mode]
         if not use_graph:
-            for stage in stages:
-                with self.nvtx.stage_range(stage.value):
-                    self.stage_fns[stage](padded_bs)
+            _run_eagerly(self.stage_fns, stages, self.nvtx, padded_bs)
             return
         key = GraphKey(mode, padded_bs)
         for stage in stages:

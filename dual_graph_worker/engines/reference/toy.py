@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
 
 import torch
 
@@ -27,7 +29,7 @@ from dual_graph_worker.engines.reference.weights import (DraftWeights, LayerWeig
 from dual_graph_worker.core.errors import ConfigError
 
 GATE_GAIN = 8.0                       # k: silu(k) ~ k, so the MLP is close to linear on one-hots
-AGREEMENT_LEVELS = {"f100": 1.0, "f50": 0.5, "f0": 0.0}
+AGREEMENT_LEVELS: Mapping[str, float] = MappingProxyType({"f100": 1.0, "f50": 0.5, "f0": 0.0})
 
 
 @dataclass(frozen=True)
@@ -163,11 +165,17 @@ def write_toy_checkpoints(root: str | Path, hidden: int = 64, layers: int = 8, h
     return ToyCheckpoints(root, target, drafts)
 
 
+class TwoCycleToy(NamedTuple):
+    """The two-cycle toy's checkpoints, its permutations and its easy-token mask."""
+
+    checkpoints: ToyCheckpoints
+    perms: ToyPermutations
+    easy: torch.Tensor
+
+
 def write_two_cycle_checkpoints(root: str | Path, hidden: int = 64, layers: int = 8,
-                                seed: int = 0) -> tuple[ToyCheckpoints, ToyPermutations,
-                                                        torch.Tensor]:
-    """DIR/target and DIR/draft-two-cycle of `two_cycle_permutations`; returns the folders, the
-    permutations and the easy-token mask."""
+                                seed: int = 0) -> TwoCycleToy:
+    """DIR/target and DIR/draft-two-cycle of `two_cycle_permutations`."""
     root = Path(root)
     tcfg, dcfg = toy_configs(hidden, layers)
     perms, easy = two_cycle_permutations(hidden, seed)
@@ -176,4 +184,4 @@ def write_two_cycle_checkpoints(root: str | Path, hidden: int = 64, layers: int 
                        target_state_dict(tcfg, toy_target_weights(tcfg, perms)), meta)
     draft = _save_toy(root / "draft-two-cycle", dcfg,
                       draft_state_dict(dcfg, toy_draft_weights(dcfg, perms)), meta)
-    return ToyCheckpoints(root, target, {"two-cycle": draft}), perms, easy
+    return TwoCycleToy(ToyCheckpoints(root, target, {"two-cycle": draft}), perms, easy)

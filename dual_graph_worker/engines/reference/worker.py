@@ -35,7 +35,8 @@ from dual_graph_worker.engines.reference.engine_api import Engine, PrefillMode
 from dual_graph_worker.engines.reference.kv_slots import KVSlotPlanner, SlotAllocator, SlotPlan
 from dual_graph_worker.engines.reference.requests import FinishedRequest, RequestTable
 from dual_graph_worker.engines.reference.results import PrefillResult, StepResult
-from dual_graph_worker.engines.reference.runners import CudaGraphRunner, EagerRunner, StageRunner
+from dual_graph_worker.engines.reference.runners import (CaptureReport, CudaGraphRunner, EagerRunner,
+                                                         StageRunner)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ MAX_STEP_RECORDS = 100_000
 
 @dataclass
 class WorkerStats:
-    records: deque = field(default_factory=lambda: deque(maxlen=MAX_STEP_RECORDS))
+    records: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=MAX_STEP_RECORDS))
     switches: int = 0
     catch_up_tokens: int = 0
 
@@ -111,8 +112,9 @@ class DualGraphWorker:
         self._rids = itertools.count()
 
     # ------------------------------------------------------------------ lifecycle
-    def capture(self, progress: bool = True):
-        """Capture both pools (CUDA only); returns the CaptureReport. Call once at start-up."""
+    def capture(self, progress: bool = True) -> Optional[CaptureReport]:
+        """Mark the engine config in NVTX, then capture both pools: the CaptureReport, or None
+        under the eager runner. Call once at start-up."""
         d = self.engine.describe()
         self.nvtx.mark_config(names.CONFIG_ENGINE, d.engine)
         self.nvtx.mark_config(names.CONFIG_ATTENTION_BACKEND, d.attention_backend)

@@ -86,8 +86,15 @@ def draft_kv(runner: Any, slots: torch.Tensor, clear: bool = False) -> KV:
     return KV(copies[0], copies[1])
 
 
+class PassOutput(NamedTuple):
+    """A catch-up pass's forward batch (kept alive while the step runs) and its logits."""
+
+    forward_batch: ForwardBatch
+    logits_output: Any                  # SGLang's LogitsProcessorOutput
+
+
 def run_pass(runner: Any, arena: StashArena, batch: Any, idx: CatchUpIndices, laps: Laps,
-             inputs: Optional[StashedInputs] = None) -> tuple[ForwardBatch, Any]:
+             inputs: Optional[StashedInputs] = None) -> PassOutput:
     """The layer of the draft ModelRunner `runner` over `idx`, its stashed inputs gathered
     unless given (a checked pass reuses the fill's, so they are held once)."""
     aux, token_ids = arena.gather(idx.slots) if inputs is None else inputs
@@ -104,7 +111,7 @@ def run_pass(runner: Any, arena: StashArena, batch: Any, idx: CatchUpIndices, la
     laps.lap("metadata")
     logits_output = runner.forward(forward_batch).logits_output
     laps.lap("forward")
-    return forward_batch, logits_output
+    return PassOutput(forward_batch, logits_output)
 
 
 def _draft_extend_view(batch: Any, idx: CatchUpIndices, aux: torch.Tensor,

@@ -39,7 +39,7 @@ class ContinuityContext:
 
     settings: Settings
     draft_worker: Any
-    target_worker: Any                    # its model runner; lazy catch-up's radix hooks
+    target_worker: Any                    # read for .model_runner (lazy catch-up's radix hooks)
     req_to_token_pool: Any
     draft_sync_runner: Optional[Any]      # keep-current's width-1 graphs (None: eager)
     accept_ones: Optional[torch.Tensor]   # read-only int32 ones, one per request-pool row

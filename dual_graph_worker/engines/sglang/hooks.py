@@ -2,8 +2,10 @@
 
 AFTER hooks on the scheduler: the waiting queue's length at a prefill (the deferral preview),
 when each batch's result has been processed (a batch's cost, core/timing.py), and the worker's
-counters in ``/get_server_info``. Each acts only for a worker with the matching ``dgw_*`` method
-and swallows no error, so a failure is loud on every TP rank. docs/sglang-0.5.17.md §1.
+counters in ``/get_server_info``. Each acts only for a worker with the matching ``dgw_*`` attribute
+and swallows no error, so a failure is loud on every TP rank. docs/sglang-0.5.17.md §1. Beside
+them, the request-pool readings the preview combines with the queue's length (expected_batch_size,
+held_rows).
 """
 
 from __future__ import annotations
@@ -19,20 +21,20 @@ STATE_KEY = "dual_graph"
 QUEUED_ATTR = "dgw_queued_requests"
 
 
-def _worker_method(scheduler: Any, name: str):
+def _worker_attr(scheduler: Any, name: str) -> Any:
     return getattr(getattr(scheduler, "model_worker", None), name, None)
 
 
 def annotate_queued_requests(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER hook: returns None, so SGLang keeps `result`."""
     batch = getattr(result, "batch_to_run", None)
-    if batch is not None and _worker_method(scheduler, "dgw_wants_queue_hint"):
+    if batch is not None and _worker_attr(scheduler, "dgw_wants_queue_hint"):
         setattr(batch, QUEUED_ATTR, len(scheduler.waiting_queue))
     return None
 
 
 def note_result_processed(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    notify = _worker_method(scheduler, "dgw_result_processed")
+    notify = _worker_attr(scheduler, "dgw_result_processed")
     if notify is not None:
         notify()
     return None
@@ -40,7 +42,7 @@ def note_result_processed(result: Any, scheduler: Any, *args: Any, **kwargs: Any
 
 def add_internal_state(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER hook: the worker's counters and controller state in /get_server_info."""
-    state = _worker_method(scheduler, "dgw_internal_state")
+    state = _worker_attr(scheduler, "dgw_internal_state")
     if state is not None and isinstance(getattr(result, "internal_state", None), dict):
         result.internal_state[STATE_KEY] = state()
     return None

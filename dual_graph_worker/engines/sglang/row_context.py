@@ -52,14 +52,14 @@ class RowContext:
         self._src: object = None
         self._rows = np.zeros(0, dtype=np.int64)
         self._total = 0
-        self._pending: list[list[float]] = []     # steps of self._rows not in _len yet
+        self._pending: list[Sequence[float]] = []     # steps of self._rows not in _len yet
 
     def of(self, batch) -> tuple[np.ndarray, int]:
         """The batch's request-pool rows (read-only) and their context tokens."""
         src = getattr(batch, "req_pool_indices_cpu", None)
         if src is None or src is not self._src:
             self._flush()
-            rows = rows_of(batch).copy()       # its own: nobody can write it (acceptance.py)
+            rows = rows_of(batch).copy()       # owned and read-only: acceptance trusts it unchanged
             rows.flags.writeable = False
             self._src, self._rows, self._total = src, rows, int(self._len[rows].sum())
         return self._rows, self._total
