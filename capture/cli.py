@@ -149,9 +149,8 @@ def _run_report(args: argparse.Namespace) -> int:
     accept_len = args.accept_len if args.accept_len is not None else (
         config.accept_len if config is not None else None)
     if accept_len is None:
-        print("error: report needs --accept-len (or --config, whose tuning accept length is "
-              "used) to place the crossover", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise ConfigError("report needs --accept-len (or --config, whose tuning accept length "
+                          "is used) to place the crossover")
     chosen = Chosen(config.spec_bs, config.decode_bs) if config is not None else None
     # Capture times as the config was tuned (configs from before the option: the default).
     exclude = (config.exclude_compile_outlier if config is not None

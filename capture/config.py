@@ -36,10 +36,10 @@ class CaptureConfig(ServingCapture):
     distribution: BatchDistribution
     chosen: Totals
     all_candidates: Totals
-    exact: bool = True
-    memory_model: Optional[MemoryModel] = None      # None: written before the shared-pool model
-    exclude_compile_outlier: Optional[bool] = None  # None: written before the option existed
-    capture_outliers: tuple[CaptureOutlier, ...] = ()
+    exact: bool
+    memory_model: Optional[MemoryModel]             # None: written before the shared-pool model
+    exclude_compile_outlier: Optional[bool]         # None: written before the option existed
+    capture_outliers: tuple[CaptureOutlier, ...]
 
     def to_json(self) -> dict:
         return {

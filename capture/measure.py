@@ -5,9 +5,8 @@ representative context, and the pool growth of capturing all candidates together
 Before the measured loop, a throwaway warm-up captures and replays the smallest key of each mode
 once, then drops its pool: the one-time costs of the first capture (Triton JIT compilation,
 library initialisation: seconds, where a later key's capture takes a tenth of one) land there,
-not in any key's capture_s. Its wall time
-(the compilation plus two ordinary captures and replays, ~0.2 s) is recorded as
-meta.one_time_compile_s.
+not in any key's capture_s. Its wall time (the compilation, plus ~0.2 s for two ordinary
+captures and replays) is recorded as meta.one_time_compile_s.
 
     python -m capture.measure --out results/capture/measurements_h200.json
 

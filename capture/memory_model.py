@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Optional, Protocol
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Protocol
 
 from capture.measurements import GraphMeasurement, Measurements
 from capture.padding import PoolMemory
@@ -147,9 +148,10 @@ class PoolPerMode:
 
 
 # By MemoryModel.pools; the order is the one error messages list.
-LAYOUTS: dict[str, PoolLayout] = {layout.name: layout for layout in (SharedPool(), PoolPerMode())}
+LAYOUTS: Mapping[str, PoolLayout] = MappingProxyType(
+    {layout.name: layout for layout in (SharedPool(), PoolPerMode())})
 # SGLang keeps a graph pool per runner; the reference engine (and any other) one for every graph.
-_LAYOUT_OF_ENGINE = {"sglang": LAYOUTS["per-mode"]}
+_LAYOUT_OF_ENGINE: Mapping[str, PoolLayout] = MappingProxyType({"sglang": LAYOUTS["per-mode"]})
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,7 @@ def _with_pool_memory(problems: Sequence[PoolProblem], sol: Solution,
 
 def _solve_additive(problems: Sequence[PoolProblem], probs: Mapping[int, float],
                     memory_budget: int, time_budget: float,
-                    work_limit: int, work: Optional[list[int]] = None) -> Optional[Solution]:
+                    work_limit: int, work: list[int]) -> Optional[Solution]:
     """Min total waste with sum(memory) <= memory_budget and sum(capture time) <= time_budget,
     each pool keeping its top (memory additive per graph). None when the tops do not fit."""
     budget = _Budget(memory_budget, time_budget)
@@ -260,7 +260,7 @@ def _solve_additive(problems: Sequence[PoolProblem], probs: Mapping[int, float],
         return _solution(problems, segs, stage1.choice, exact=True)
     incumbent = _greedy_fill(problems, segs, budget, stage1.choice)
     proven = _branch_and_bound(problems, segs, budget, incumbent, stage1.prices, work_limit,
-                               [0] if work is None else work)
+                               work)
     chosen, exact = (proven, True) if proven is not None else (incumbent, False)
     return _solution(problems, segs, chosen, exact)
 

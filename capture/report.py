@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional
 
 from matplotlib.axes import Axes
@@ -36,7 +37,7 @@ from capture.units import format_bytes
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.modes import GraphKey, Mode
 
-_COLORS = {Mode.SPEC: "tab:orange", Mode.DECODE: "tab:blue"}
+_COLORS: Mapping[Mode, str] = MappingProxyType({Mode.SPEC: "tab:orange", Mode.DECODE: "tab:blue"})
 MiB = float(1 << 20)
 
 

@@ -10,6 +10,7 @@ up); graphs of other runners go to meta.
 from __future__ import annotations
 
 from collections import defaultdict
+from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from capture.measurements import GraphMeasurement, Measurements
@@ -17,16 +18,16 @@ from dual_graph_worker.core.capture_schema import GpuInfo, ModelInfo
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import check_schema, need_field, need_mapping, need_number
 from dual_graph_worker.core.modes import GraphKey, Mode, Stage
-
 from dual_graph_worker.engines.sglang.capture_probe import SCHEMA
+
 # (runner class, captured by the draft) -> the (mode, stage) its graphs serve.
-STAGES: Mapping[tuple[str, bool], tuple[Mode, Stage]] = {
+STAGES: Mapping[tuple[str, bool], tuple[Mode, Stage]] = MappingProxyType({
     ("DecodeCudaGraphRunner", False): (Mode.SPEC, Stage.VERIFY),
     ("EAGLEDraftCudaGraphRunner", True): (Mode.SPEC, Stage.DRAFT),
     ("EAGLEDraftExtendCudaGraphRunner", True): (Mode.SPEC, Stage.DRAFT_EXTEND),
     ("DecodeModeCudaGraphRunner", False): (Mode.DECODE, Stage.DECODE),
     ("OneTokenDraftExtendRunner", True): (Mode.DECODE, Stage.DECODE),
-}
+})
 
 
 def measurements_from_probe(probe: Any, total_pool_bytes: Optional[int] = None,

@@ -17,6 +17,7 @@ A seeded +-1% jitter keeps them from looking too clean; the same seed gives the 
 from __future__ import annotations
 
 import random
+from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
 from capture.measurements import GraphMeasurement, Measurements
@@ -26,11 +27,11 @@ from dual_graph_worker.core.modes import GraphKey, Mode, Stage
 # SGLang's default CUDA-graph batch sizes (1, 2, 4, 8, 12, 16, 24, then every 8 up to 256).
 SGLANG_DEFAULT_BS = (1, 2, 4, 8, 12, 16) + tuple(range(24, 257, 8))
 
-LLAMA3_8B_EAGLE3_SHAPE = {
+LLAMA3_8B_EAGLE3_SHAPE: Mapping[str, object] = MappingProxyType({
     "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
     "intermediate_size": 14336, "vocab_size": 128256, "dtype": "bfloat16",
     "draft_hidden_size": 4096, "num_draft_tokens": 3, "attention_backend": "triton",
-}
+})
 MiB = 1 << 20
 KiB = 1 << 10
 SHARED_RESIDUE_BYTES = 128 * KiB

@@ -174,7 +174,7 @@ def tune(measurements: Measurements, memory_budget_bytes: int, time_budget_s: fl
 
 
 def _as_tuned(m: Measurements, exclude_compile_outlier: bool
-              ) -> tuple[Measurements, list[CaptureOutlier], MemoryModel]:
+              ) -> tuple[Measurements, tuple[CaptureOutlier, ...], MemoryModel]:
     """The measurements as tune() prices them (one-time compilation out), and its model."""
     outliers = find_compile_outliers(m)
     if exclude_compile_outlier:

@@ -6,8 +6,8 @@ import re
 
 from dual_graph_worker.core.errors import ConfigError
 
-# Binary and decimal multipliers; a bare number is bytes. Kept as an immutable mapping of
-# lower-case suffix -> factor so parsing is case-insensitive ('4gib' and '4GiB' agree).
+# Lower-case suffix -> factor (_parse lower-cases the unit: '4gib' and '4GiB' agree); a bare
+# number is bytes.
 _SIZE_FACTORS = (
     ("", 1), ("b", 1),
     ("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("tib", 1 << 40),
@@ -42,7 +42,7 @@ def parse_duration(text: str) -> float:
 
 
 def format_bytes(n: float) -> str:
-    """Binary units, 3 significant-ish digits: 1536 -> '1.50 KiB'."""
+    """Binary units, two decimals: 1536 -> '1.50 KiB'."""
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= factor:
             return f"{n / factor:.2f} {unit}"

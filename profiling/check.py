@@ -134,10 +134,9 @@ def check_report(path: Path | str, out_dir: Path | str, config: Optional[CheckCo
 
 
 # ---------------------------------------------------------------- argument types
-# argparse `type=` functions for the profiling command lines (this one, stall_report, and
-# `dgw profile`), torch-free like the checker. Only the profiling-specific ones are here; the
-# shared ones, which every CLI uses, live in dual_graph_worker/core/argtypes.py (torch-free
-# too; profiling may not import the `dgw` entry point).
+# sm_name: --expect-sm for this command and `dgw profile`, torch-free like the checker; the
+# shared argparse types live in dual_graph_worker/core/argtypes.py (torch-free too; profiling
+# may not import the `dgw` entry point).
 
 
 def sm_name(text: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Mapping, Optional
 
 from dual_graph_worker.core.continuity import Continuity
@@ -185,7 +186,7 @@ SGLANG = EngineProfile(
                     "flashinfer, TRT-LLM and the MLA backends (eagle_worker_v2.py:407-440) "
                     "and runs it eagerly otherwise, EAGLE-3 included")
 
-PROFILES: Mapping[str, EngineProfile] = {p.name: p for p in (REFERENCE, SGLANG)}
+PROFILES: Mapping[str, EngineProfile] = MappingProxyType({p.name: p for p in (REFERENCE, SGLANG)})
 CHOICES = (AUTO,) + tuple(PROFILES)
 
 

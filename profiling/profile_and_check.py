@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dual_graph_worker.core.argtypes import OneLineParser, int_range, output_dir
+from dual_graph_worker.engines.reference.config import MODEL_SHAPES
+from profiling.check import SOURCES, sm_name
 from profiling.check import main as check_main
-from profiling.check import sm_name
 
 
 def _parser() -> OneLineParser:
@@ -23,10 +24,10 @@ def _parser() -> OneLineParser:
         prog="dgw profile",
         description="Profile the scripted workload (warm-up, hold spec, hold decode, alternate) "
                     "under nsys when it is on PATH, else torch.profiler; then check the profile.")
-    ap.add_argument("--model", choices=["tiny", "llama3-8b"], default="tiny")
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="tiny")
     ap.add_argument("--bs", type=int_range(1, 512), default=8)
     ap.add_argument("--out", type=output_dir, default="out/profile")
-    ap.add_argument("--backend", choices=["auto", "nsys", "torch"], default="auto")
+    ap.add_argument("--backend", choices=SOURCES, default="auto")
     ap.add_argument("--expect-sm", type=sm_name,
                     help="fail unless the GPU is this one, e.g. SM90 or SM120")
     return ap

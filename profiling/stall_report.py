@@ -141,10 +141,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if missing:
         p.error(f"missing {', '.join(missing)}: run the suite with --stall-trace-s (dual "
                 "engines then write both), or pass --name for another engine")
-    ready, lines = read_log(steps_path)
+    try:
+        ready, lines = read_log(steps_path)
+        samples = read_stall_samples(str(stall_path))
+    except (KeyError, TypeError, ValueError) as exc:
+        p.error(f"a malformed line in {steps_path} or {stall_path} ({type(exc).__name__}: {exc});"
+                " pass the logs the worker wrote (DGW_STEP_LOG, DGW_STALL_TRACE)")
     t0 = ready if ready is not None else min((x.t for x in lines), default=0.0)
     gaps = longest_gaps(lines, a.top)
-    eps = episodes(read_stall_samples(str(stall_path)))
+    eps = episodes(samples)
     print(f"{len(lines)} step-log lines after ready; longest gaps between consecutive lines:")
     for g in gaps:
         print(f"  {g.gap_s:7.3f} s  at {g.t_from - t0:8.2f} s  ({g.before} -> {g.after})")

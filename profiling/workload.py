@@ -60,7 +60,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
     cuda = torch.cuda.is_available()
     pair = named_shape(model)
     k = 3
-    steps = warmup + 2 * hold + alternate
+    steps = 2 * warmup + 2 * hold + alternate      # the warm-up alternates spec and decode
     ctx = 64 + steps * (k + 1) + k + 8
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=k, max_requests=max(bs, 32),
                                                 max_context=ctx, device="cuda" if cuda else "cpu",

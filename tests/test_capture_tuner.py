@@ -429,6 +429,12 @@ def test_bad_distributions(text: str, message: str) -> None:
         parse_distribution(text, 256)
 
 
+def test_a_malformed_step_log_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "steps.jsonl").write_text('{"step": 1, "t": 0}\n')
+    with pytest.raises(ConfigError, match=r"malformed step line \(KeyError: 'mode'\)"):
+        parse_distribution(f"steplog:{tmp_path / 'steps.jsonl'}", 256)
+
+
 @pytest.mark.parametrize("text", ["uniform:1-99999999", "uniform:99999999",
                                   "geometric:0.5,max=99999999", "uniform:1-" + "9" * 5000])
 def test_a_huge_preset_top_is_refused_before_listing_every_size(text: str) -> None:

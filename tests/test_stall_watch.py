@@ -124,3 +124,14 @@ def test_stall_report_names_missing_inputs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
     assert "--stall-trace-s" in capsys.readouterr().err
+
+
+def test_stall_report_names_a_malformed_line(tmp_path, capsys):
+    from profiling.stall_report import main
+
+    (tmp_path / "steps-dual-bench.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "stall-dual-bench.jsonl").write_text("")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "malformed line" in err and "KeyError" in err and "Traceback" not in err
