@@ -72,6 +72,22 @@ def test_a_misspelt_worker_setting_is_one_clear_error_before_any_work(tmp_path, 
     assert "DGW_SPEC_MAX_BS" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("engines, said", [("dual,dual", "a name repeats"), (",", "no name"),
+                                            ("dual,vllm", "unknown 'vllm'")])
+def test_a_bad_engine_list_is_one_clear_error_before_any_work(tmp_path, capsys, engines, said):
+    with pytest.raises(SystemExit) as exit_:
+        pm.main(["--out", str(tmp_path / "o"), "--engines", engines])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err and not (tmp_path / "o").exists()
+
+
+def test_rounds_name_themselves_where_they_cannot_draw_fresh_prompts(tmp_path, capsys):
+    assert pm.main(["--out", str(tmp_path / "o"), "--interleave", "--rounds", "3",
+                    "--workload", "256x256@512"]) == 2
+    err = capsys.readouterr().err
+    assert "--rounds draws fresh prompts" in err and "--short-cell-runs" not in err
+
+
 def test_records_of_other_servers_are_never_mixed_into_a_matrix(tmp_path, capsys):
     """A matrix measured on triton (or before settings were recorded) keeps its records only
     beside runs on triton; the worker's settings matter only where its records are kept."""

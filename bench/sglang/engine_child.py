@@ -1,18 +1,20 @@
 """One engine, one process: start sglang.Engine once, run every task on it, write JSON as it goes.
 
-Run by run_sglang_suite.py and policy_matrix.py (`run_child`) as ``python -m
-bench.sglang.engine_child SPEC.json``. A process per engine because (1) SGLANG_SIMULATE_ACC_LEN
+Run by run_sglang_suite.py, policy_matrix.py and capture_compare.py (`run_child`), and by
+interleave.py (`Child`, then `serve`), as ``python -m bench.sglang.engine_child SPEC.json``. A process per engine because (1) SGLANG_SIMULATE_ACC_LEN
 is read when spec_utils is imported, so engines with and without it must not share an
-interpreter, and exiting frees every GPU byte before the next engine starts; (2) a crash (the
-adaptive mode's illegal memory access) then costs one phase, not the suite. The env in the spec
+interpreter, and exiting frees every GPU byte before the next engine starts; (2) a crash (an
+illegal memory access, say) then costs one phase, not the suite. The env in the spec
 is applied before SGLang is imported; SGLang's scheduler processes (spawn) inherit it.
 
-Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root, freeze_gc (each
-sweep freezes the engine's collectors once warm: SGLang's Engine.freeze_gc).
+Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root; optionally cpus
+(this process and SGLang's pinned), inbox (tasks served one at a time after `tasks`: serve),
+freeze_gc (each sweep freezes the engine's collectors once warm: SGLang's Engine.freeze_gc).
 Task kinds: "sweep" (batch of c requests at once per concurrency; with "prefill_probe" the same
 batch shape is also timed generating one token, so the report can split off the decode steps),
 "exact" (staggered async
-requests, outputs returned), "ramp" (closed-loop clients following a concurrency profile).
+requests, outputs returned), "ramp" (closed-loop clients following a concurrency profile),
+"multiturn" (conversations resending their history), "set_accept" (acc_control.py).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from dual_graph_worker.core.provenance import command_line
 
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
 # The draft's share of the weights in traces made before they recorded it: every GPU run served
-# one model pair, whose worker computed this (run 26's step log).
+# the matrix's one Llama-3-8B-shaped pair (model_configs), whose worker computed this.
 MATRIX_DRAFT_SHARE = 0.0404
 T = TypeVar("T")
 AHEAD = 400

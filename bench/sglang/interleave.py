@@ -43,10 +43,10 @@ class Phase:
 
     setup: dict[str, list[dict]]
     cells: list[dict[str, dict]]
-    turns: tuple[int, ...] = ()         # per cell, how far its engine order rotates (default: i)
+    turns: tuple[int, ...]              # per cell, how far its engine order rotates
 
     def __post_init__(self) -> None:
-        if self.turns and len(self.turns) != len(self.cells):
+        if len(self.turns) != len(self.cells):
             raise ValueError(f"a phase of {len(self.cells)} cells has {len(self.turns)} turns")
 
 
@@ -157,7 +157,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 _each(engines, failed, kind, phase.setup.get(kind, []), deadline)
             for i, cell in enumerate(phase.cells):
                 kinds = [k for k in engines if k in cell]
-                turn = (phase.turns[i] if phase.turns else i) % max(len(kinds), 1)
+                turn = phase.turns[i] % max(len(kinds), 1)
                 for kind in kinds[turn:] + kinds[:turn]:
                     _each(engines, failed, kind, [cell[kind]], deadline)
             # An engine no later phase needs (plain after the first) stops now: idle, its

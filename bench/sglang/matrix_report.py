@@ -14,6 +14,8 @@ from bench.sglang import host_speed
 from bench.sglang.matrix_records import READINGS, Workload
 
 
+# A cell under this ratio is a miss: bold in the grid and the heatmap, counted under "Lowest".
+MISS = 0.98
 # A run whose host probe read this much above the matrix's median ran on a slow host.
 SLOW_HOST = 1.25
 # A run under this share of its cell's fastest run of the same engine is a slow run.
@@ -71,7 +73,7 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload],
         row = []
         for w, c in cols:
             r = index.get((a, w.input_len, w.output_len, c))
-            text = "-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < 0.98
+            text = "-" if r is None else (f"**{r['ratio']:.3f}**" if r["ratio"] < MISS
                                           else f"{r['ratio']:.3f}")
             row.append(text + ("" if r is None else _marks(r)))
         lines.append(f"| {a:g} | " + " | ".join(row) + " |")
@@ -85,8 +87,8 @@ def _grid(cells: list[dict], accepts: list[float], workloads: list[Workload],
         worst = min(cells, key=lambda r: r["ratio"])
         lines.append(f"\nLowest: {worst['ratio']:.3f} at accept {worst['accept_len']:g}, "
                      f"{worst['input_len']} in / {worst['output_len']} out, "
-                     f"C={worst['concurrency']}; cells below 0.98: "
-                     f"{sum(r['ratio'] < 0.98 for r in cells)} of {len(cells)}.")
+                     f"C={worst['concurrency']}; cells below {MISS}: "
+                     f"{sum(r['ratio'] < MISS for r in cells)} of {len(cells)}.")
     return lines
 
 
@@ -205,7 +207,7 @@ def heatmap(cells: list[dict], accepts: list[float], workloads: list[Workload],
         for j in range(grid.shape[1]):
             if not np.isnan(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.2f}{_marks(at[i][j])}", ha="center", va="center",
-                        fontsize=8, fontweight="bold" if grid[i, j] < 0.98 else "normal")
+                        fontsize=8, fontweight="bold" if grid[i, j] < MISS else "normal")
     ax.set_xticks(range(len(cols)), [f"{w.name}\nC={c}" for w, c in cols], fontsize=7)
     ax.set_yticks(range(len(accepts)), [f"accept {a:g}" for a in accepts])
     wrap = max(int(14 * fig.get_size_inches()[0]), 60)     # characters that fit at 8 pt

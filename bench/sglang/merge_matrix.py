@@ -112,8 +112,8 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
         here = own + [r for k in wanted for r in filled.get(k, [])]
         cells += ratios(per_cell_median(here))
         if any_repeats:
-            for key, read in readings(here).items():
-                other[key] += read
+            for reading, read in readings(here).items():
+                other[reading] += read
     merged_calls = sorted({r["call"] for r in records})
     records += [r for rs in filled.values() for r in rs]
     how = " (each one process of every engine; a cell several measured reads their median)" \

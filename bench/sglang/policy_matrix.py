@@ -9,9 +9,9 @@ phases inside the running engine (acc_control.py; SGLANG_SIMULATE_ACC_LEN FORCES
 dummy weights accept nothing). A cell is one batch of C requests sent at once (T=0, ignore_eos);
 tok/s = output tokens / wall time, prefill included; a cell shorter than --short-cell-s (2 s) runs
 --short-cell-runs (3) times in all, fresh prompts each, and reads the median (every run kept in
-`runs_tok_s`): one slow spell of the host moves a cell of a few hundred steps by percents. Each engine's first phase runs every batch
-shape once with short answers before timing it (one-time costs a server pays once). The worker keeps what it learned from one
-phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
+`runs_tok_s`): one slow spell of the host moves a cell of a few hundred steps by percents. Each
+engine's first phase runs every batch shape once with short answers before timing it (one-time
+costs a server pays once). The worker keeps what it learned from one phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
 (one record per cell, the worker's with its controller's cost model), DIR/heatmap.png (worker /
 max(plain, EAGLE-3)), DIR/report.md; with --step-log also the worker's step log and its
 per-step costs by place in a run (DIR/step-costs.md). With --processes N every engine runs in N
@@ -58,7 +58,7 @@ from bench.sglang.model_configs import (
     llama3_8b_shapes,
     write_dummy_pair,
 )
-from dual_graph_worker.core.argtypes import OneLineParser, float_list
+from dual_graph_worker.core.argtypes import OneLineParser, float_list, name_list
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object, write_json
 from dual_graph_worker.core.jsonl import json_lines
@@ -146,7 +146,7 @@ def interleave_plan(run: "Run", kinds: list[str]) -> interleave.Plan:
         cells = [{k: sweep_task(Workload(w.input_len, w.output_len, (c,)),
                                 _round_name(_task_name(k, a, w), r, run.rounds), run.vocab,
                                 warm_shapes=False, seed=_seed(phase, i),
-                                repeats=run.repeats if run.rounds == 1 else Repeats(0.0, 1),
+                                repeats=run.repeats,
                                 host_load=run.host_load) | {"warmup": False, "first_run": r}
                   for k in kinds if k != "plain" or phase == 0}
                  for r in range(run.rounds) for i, w, c in sizes]
@@ -333,7 +333,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--accept", type=float_list, default="1.5,2.0,3.0,3.5")
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--engines", type=name_list(ENGINES), default=list(ENGINES),
+                    help="comma-separated, of plain, eagle3, dual (default all three)")
     ap.add_argument("--workload", action="append", help="IN x OUT @ C,...; repeatable")
     ap.add_argument("--budget-s", type=float, default=560.0)
     ap.add_argument("--processes", type=int, default=1,
@@ -344,7 +345,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="every engine freezes Python's collectors once warm, before its "
                          "timed cells (SGLang's Engine.freeze_gc), as a tuned server does: a "
                          "full collection of start-up's objects then cannot stall a cell")
-    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--log-level", default="warning",
+                    help="SGLang's log level in each engine's log (DIR/NAME.log)")
     ap.add_argument("--step-log", action="store_true",
                     help="the worker writes DIR/dual.steps.jsonl (modes and measured step "
                          "costs; a little host time a step) and DIR/step-costs.md")
@@ -402,16 +404,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not 1 <= args.processes <= 9:
         print(f"error: --processes must be 1-9, got {args.processes}", file=sys.stderr)
         return 2
-    engines = [e for e in args.engines.split(",") if e]
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown:
-        print(f"error: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}",
-              file=sys.stderr)
-        return 2
+    engines = args.engines
     workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
-    if repeats.runs > 1 and max(c for w in workloads for c in w.concurrency) >= REPEAT_SEED_STRIDE:
-        print(f"error: short-cell repeats draw fresh prompts for C < {REPEAT_SEED_STRIDE} only; "
-              "pass --short-cell-runs 1 for larger C", file=sys.stderr)
+    if args.rounds != 1 and not (args.interleave and 1 <= args.rounds <= MAX_RUNS):
+        print(f"error: --rounds takes 1-{MAX_RUNS} and needs --interleave", file=sys.stderr)
+        return 2
+    # Several rounds read each cell that many times, so a cell's own repeats go.
+    if args.rounds > 1:
+        repeats = Repeats(0.0, 1)
+    runs, flag = (args.rounds, "--rounds") if args.rounds > 1 else \
+        (repeats.runs, "--short-cell-runs")
+    if runs > 1 and max(c for w in workloads for c in w.concurrency) >= REPEAT_SEED_STRIDE:
+        print(f"error: {flag} draws fresh prompts for C < {REPEAT_SEED_STRIDE} only; pass "
+              f"{flag} 1 for larger C", file=sys.stderr)
         return 2
     try:
         dual_env = assignments(args.dual_env)
@@ -440,8 +445,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     backend = engine_attention_backend(args.attention_backend)
     gpu = gpu_name()
     settings = {"attention_backend": args.attention_backend, "dual_env": dual_env,
-                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs}
-                if args.rounds == 1 else {"below_s": 0.0, "runs": 1},
+                "short_cells": {"below_s": repeats.short_s, "runs": repeats.runs},
                 "host_load": args.host_load, "interleave": args.interleave,
                 "rounds": args.rounds, "pin_cpus": args.pin_cpus and _spans(cpus),
                 "radix_cache": args.radix_cache, "acc_sampling": args.acc_sampling, "gpu": gpu,
@@ -464,13 +468,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                     "freeze_gc")):
             print(f"error: --fill-from {args.fill_from} {err}", file=sys.stderr)
             return 2
-    if args.rounds != 1 and not (args.interleave and 1 <= args.rounds <= MAX_RUNS):
-        print(f"error: --rounds takes 1-{MAX_RUNS} and needs --interleave", file=sys.stderr)
-        return 2
-    if args.rounds > 1 and max(c for w in workloads for c in w.concurrency) >= REPEAT_SEED_STRIDE:
-        print(f"error: rounds draw fresh prompts for C < {REPEAT_SEED_STRIDE} only; pass "
-              "--rounds 1 for larger C", file=sys.stderr)
-        return 2
     if args.start_together and not args.interleave:
         print("error: --start-together needs --interleave", file=sys.stderr)
         return 2
@@ -567,8 +564,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     failed[kind] = why
             recs = filed(results, each)
             writer.write(recs)
-        for process, kind in ((p, k) for p in range(args.processes) for k in engines
-                              if not args.interleave):
+        for process, kind in ((p, k) for p in range(0 if args.interleave else args.processes)
+                              for k in engines):
             name = kind if not process else f"{kind}.p{process + 1}"
             res = run_engine(name, engine_spec(run, kind, process), out, deadline)
             got = records(kind, res, workloads)
