@@ -27,7 +27,9 @@ from typing import Optional
 from bench.sglang.capture_measure import POOL_RUNNERS, pool_sum, together_bytes
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
-from bench.sglang.policy_matrix import Workload, engine_kwargs, sweep_task
+from bench.sglang.matrix_records import Workload
+from bench.sglang.model_configs import engine_kwargs
+from bench.sglang.policy_matrix import sweep_task
 from capture.config import build_capture_config, save_capture_config
 from capture.distribution import parse_distribution
 from capture.measurements import Measurements, load_measurements
@@ -118,7 +120,7 @@ def report(rows: list[dict], ratios: Optional[dict], note: str,
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], ratios: dict, path: Path, note: str) -> None:
+def plot(ratios: dict, path: Path, note: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -274,7 +276,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     text = report(rows, ratios, note, result.chosen.memory_bytes)
     (work / "report.md").write_text(text)
     if ratios:
-        plot(rows, ratios, work / "compare.png", note)
+        plot(ratios, work / "compare.png", note)
     print(text)
     return 0 if ratios else 1
 

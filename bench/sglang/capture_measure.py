@@ -19,7 +19,7 @@ from typing import Optional
 
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
-from bench.sglang.policy_matrix import engine_kwargs
+from bench.sglang.model_configs import engine_kwargs
 from capture.measure import CANDIDATES, save_dummy_measured
 from capture.sglang_probe import measurements_from_probe
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int

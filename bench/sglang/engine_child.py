@@ -184,7 +184,7 @@ def median_run(runs: list[T], speed: Callable[[T], float]) -> T:
     return sorted(runs, key=speed)[(len(runs) - 1) // 2]
 
 
-def _sampling(max_new_tokens: int) -> dict:
+def sampling(max_new_tokens: int) -> dict:
     return {"max_new_tokens": int(max_new_tokens), "temperature": 0.0, "ignore_eos": True}
 
 
@@ -203,7 +203,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
                          f"{max(task['concurrency'], default=0)} and run {last_run}")
     if task.get("warmup", True):
         engine.generate(input_ids=random_prompts(2, 16, task["vocab"], seed=99),
-                        sampling_params=_sampling(WARMUP_TOKENS))
+                        sampling_params=sampling(WARMUP_TOKENS))
     if task.get("warm_shapes"):
         # Every batch shape once, short answers, before any is timed: an engine's first batch
         # of a shape pays one-time costs (kernel builds, allocator growth) a server pays once.
@@ -211,7 +211,7 @@ def run_sweep(engine, task: dict, emit) -> dict:
         for c in task["concurrency"]:
             engine.generate(input_ids=random_prompts(c, task["input_len"], task["vocab"],
                                                      seed=task.get("seed", 1000) + 7000 + c),
-                            sampling_params=_sampling(min(16, task["output_len"])))
+                            sampling_params=sampling(min(16, task["output_len"])))
         res["warm_shapes_seconds"] = time.perf_counter() - t1
     if task.get("freeze_gc"):
         # Once warm, as SGLang's Engine.freeze_gc asks: what start-up and the warm-up built
@@ -243,7 +243,7 @@ def _sweep_point(engine, task: dict, c: int, pauses: GcPauses) -> dict:
         probe = random_prompts(c, task["input_len"], task["vocab"],
                                seed=task.get("seed", 1000) + 4000 + c)
         t1 = time.perf_counter()
-        engine.generate(input_ids=probe, sampling_params=_sampling(1))
+        engine.generate(input_ids=probe, sampling_params=sampling(1))
         probe_s = time.perf_counter() - t1
     before = _dual_state(engine)
     host_ms, cpu0 = probe_ms(), _tree_cpu_s()
@@ -289,14 +289,14 @@ def _timed_batch(engine, task: dict, c: int, run: int) -> tuple[float, int]:
                              seed=task.get("seed", 1000) + c + REPEAT_SEED_STRIDE * run)
     t0 = time.perf_counter()
     outs = _as_list(engine.generate(input_ids=prompts,
-                                    sampling_params=_sampling(task["output_len"])))
+                                    sampling_params=sampling(task["output_len"])))
     return time.perf_counter() - t0, sum(len(o["output_ids"]) for o in outs)
 
 
 async def _staggered(engine, requests) -> list[list[int]]:
     async def one(delay, prompt, n):
         await asyncio.sleep(delay)
-        out = await engine.async_generate(input_ids=prompt, sampling_params=_sampling(n))
+        out = await engine.async_generate(input_ids=prompt, sampling_params=sampling(n))
         return list(out["output_ids"])
     return await asyncio.gather(*(one(d, p, n) for d, p, n in requests))
 
@@ -318,7 +318,7 @@ async def _ramp(engine, profile, prompt_len, out_lens, vocab) -> list[dict]:
             n = out_lens[seed[0] % len(out_lens)]
             prompt = random_prompts(1, prompt_len, vocab, seed=5000 + seed[0])[0]
             t0 = time.time()
-            out = await engine.async_generate(input_ids=prompt, sampling_params=_sampling(n))
+            out = await engine.async_generate(input_ids=prompt, sampling_params=sampling(n))
             done.append({"t_start": t0, "t_end": time.time(),
                          "tokens": len(out["output_ids"])})
 
@@ -344,7 +344,7 @@ def run_multiturn(engine, task: dict, emit) -> dict:
     for k, user in enumerate(task["user_messages"]):
         prompts = [h + list(user[i]) for i, h in enumerate(histories)] if k else histories
         outs = _as_list(engine.generate(input_ids=prompts,
-                                        sampling_params=_sampling(task["output_len"])))
+                                        sampling_params=sampling(task["output_len"])))
         turns.append({"prompts": prompts, "outputs": [list(o["output_ids"]) for o in outs],
                       "cached_tokens": [int((o.get("meta_info") or {}).get("cached_tokens", 0))
                                         for o in outs]})

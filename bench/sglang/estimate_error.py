@@ -81,7 +81,7 @@ def read_trace(path: str) -> dict:
 
 
 # What reading a file that is no replay trace raises (read_trace and a reader of its rows).
-TRACE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError)
+TRACE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, AttributeError)
 
 
 def clean_step(row: list) -> bool:

@@ -30,9 +30,8 @@ from dual_graph_worker.core.argtypes import (OneLineParser, float_list, int_rang
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object
 
-# The turn a run costs beyond its own seconds (H200 run 26: each call's span over its records'
-# seconds, 19-21 s over ~100 runs), and the engines' start-up together in a call that finds the
-# machine cold (m70: 169-196 s; a warm one's, m71: 69-91 s).
+# The turn a run costs beyond its own seconds, and the engines' start-up together in a call that
+# finds the machine cold: read from the matrix calls in results/README.md.
 PER_RUN_S = 0.2
 COLD_STARTUP_S = 195.0
 RECORD_FIELDS = ("engine", "accept_len", "input_len", "output_len", "concurrency", "seconds")
@@ -59,7 +58,10 @@ def run_seconds(records: Sequence) -> dict[tuple, float]:
     mean over its rounds); ConfigError naming the first record that is no record."""
     out = {}
     for i, r in enumerate(records):
-        if not isinstance(r, dict) or any(f not in r for f in RECORD_FIELDS):
+        if not isinstance(r, dict) or any(f not in r for f in RECORD_FIELDS) or \
+                not isinstance(r["seconds"], (int, float)) or \
+                not isinstance(r.get("runs_tok_s") or [], list) or \
+                not isinstance(r.get("seconds_total") or 0, (int, float)):
             raise ConfigError(f"record {i} is no policy-matrix record (it needs "
                               f"{', '.join(RECORD_FIELDS)})")
         runs = len(r.get("runs_tok_s") or ()) or 1

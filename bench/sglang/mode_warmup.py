@@ -67,7 +67,8 @@ def by_window(per_trace: dict[str, list[Optional[float]]]) -> list[dict]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = trace_parser("mode_warmup", __doc__, "out/mode-warmup.json")
     args = ap.parse_args(argv)
-    traces = read_each(args.traces, lambda t: t["costs"])
+    traces = read_each(args.traces,
+                       lambda t: {m: window_ratios(t["costs"], m) for m in MODES})
     if traces is None:
         return 2
     result = {"command": command_line("python -m bench.sglang.mode_warmup", argv),
@@ -75,7 +76,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "settled_from": SETTLED, "slow": SLOW, "modes": {}}
     series = []
     for m, mode in MODES.items():
-        per = {p: window_ratios(c, m) for p, c in traces.items()}
+        per = {p: w[m] for p, w in traces.items()}
         per = {p: w for p, w in per.items() if any(v is not None for v in w)}
         rows = by_window(per)
         result["modes"][mode.value] = {"traces": per, "by_window": rows}

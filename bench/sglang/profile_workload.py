@@ -146,7 +146,7 @@ def run_workload(spec: WorkloadSpec, out: Path) -> dict:
     target, draft = write_dummy_pair(out / "models", shapes, "llama3-8b-shape",
                                      "llama3-8b-shape-eagle3")
     os.environ.update(spec.worker_env(step_log))
-    from bench.sglang.engine_child import _sampling
+    from bench.sglang.engine_child import sampling
     from bench.sglang.plugin_shim import ensure_plugin_discoverable
 
     plugin = ensure_plugin_discoverable(out / "plugin_shim", REPO_ROOT)
@@ -159,10 +159,10 @@ def run_workload(spec: WorkloadSpec, out: Path) -> dict:
     try:
         # Warm-up: the profiled prompt shape once, short; then the profiled batch (one prefill).
         engine.generate(input_ids=random_prompts(spec.bs, spec.input_len, shapes.vocab_size, 1),
-                        sampling_params=_sampling(spec.warmup_tokens))
+                        sampling_params=sampling(spec.warmup_tokens))
         t1 = time.perf_counter()
         engine.generate(input_ids=random_prompts(spec.bs, spec.input_len, shapes.vocab_size, 2),
-                        sampling_params=_sampling(spec.profiled_tokens))
+                        sampling_params=sampling(spec.profiled_tokens))
         run_s = time.perf_counter() - t1
         for seed in range(3, 3 + MAX_TOP_UPS):
             short = spec.needed_steps - len(_steps_logged(step_log))
@@ -172,7 +172,7 @@ def run_workload(spec: WorkloadSpec, out: Path) -> dict:
             notes.append(f"top-up generate: {short} steps short of closing the capture range")
             engine.generate(input_ids=random_prompts(spec.bs, spec.input_len,
                                                      shapes.vocab_size, seed),
-                            sampling_params=_sampling((NUM_STEPS + 1) * short + 8))
+                            sampling_params=sampling((NUM_STEPS + 1) * short + 8))
     finally:
         engine.shutdown()
     records = _steps_logged(step_log)

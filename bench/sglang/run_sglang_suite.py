@@ -93,7 +93,7 @@ from bench.sglang.workload import (  # noqa: E402
     summarize_catch_ups,
     summarize_steps,
 )
-from dual_graph_worker.core.argtypes import OneLineParser  # noqa: E402
+from dual_graph_worker.core.argtypes import OneLineParser, int_list  # noqa: E402
 from dual_graph_worker.core.settings import settings_env  # noqa: E402
 from dual_graph_worker.core.step_log import (  # noqa: E402
     read_step_events,
@@ -622,10 +622,6 @@ def worker_default_continuity() -> str:
     return Settings().continuity.value
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -633,10 +629,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma list of {PHASES}")
     p.add_argument("--budget-s", type=float, default=510.0,
                    help="skip engines that would not finish within this many seconds")
-    p.add_argument("--cold-start-s", type=float, default=110.0)
-    p.add_argument("--start-s", type=float, default=55.0)
-    p.add_argument("--python", default=sys.executable)
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--cold-start-s", type=float, default=110.0,
+                   help="start-up the --budget-s guard reserves for the first engine (kernels "
+                        "compile)")
+    p.add_argument("--start-s", type=float, default=55.0,
+                   help="start-up the --budget-s guard reserves for each later engine")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python that runs each engine process (default: this one)")
+    p.add_argument("--log-level", default="warning",
+                   help="SGLang's log level in each engine's log")
     p.add_argument("--attention-backend", default="triton",
                    help="every engine's; lazy catch-up runs only on the backends in "
                         "server_args_hook.CATCH_UP_BACKENDS (a correctness run checks another)")
@@ -648,18 +649,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="engine dtype for the constructed pair (checkpoints are float32)")
     p.add_argument("--toy-threshold", type=int, default=4)
     p.add_argument("--exact-requests", type=int, default=24)
-    p.add_argument("--exact-lengths", type=_ints, default=[24, 48, 96, 160])
+    p.add_argument("--exact-lengths", type=int_list, default=[24, 48, 96, 160])
     p.add_argument("--exact-gap-s", type=float, default=0.01)
     p.add_argument("--exact-waves", type=int, default=1,
                    help="correctness requests arrive in this many bursts (more switches)")
     p.add_argument("--wave-gap-s", type=float, default=2.0)
-    p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 32, 64, 128, 256])
+    p.add_argument("--concurrency", type=int_list, default=[1, 4, 16, 32, 64, 128, 256])
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--simulate-acc-len", type=float, default=3.0)
     p.add_argument("--dual-policy", default="threshold",
                    choices=["threshold", "goodput", "spec", "decode"])
-    p.add_argument("--ramp-levels", type=_ints, default=[1, 8, 32, 128])
+    p.add_argument("--ramp-levels", type=int_list, default=[1, 8, 32, 128])
     p.add_argument("--ramp-hold-s", type=float, default=4.0)
     p.add_argument("--no-adaptive", dest="try_adaptive", action="store_false")
     p.add_argument("--decode-step-time", action="store_true",

@@ -560,6 +560,8 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
 
 def main(argv: Optional[list[str]] = None) -> int:
     cfg = parse_args(argv)
+    if cfg.soak is not None:
+        cfg.vocab           # a checkpoint without vocab_size is refused before any server starts
     cfg.out.mkdir(parents=True, exist_ok=True)
     ensure_plugin_discoverable(cfg.out / "shim", REPO_ROOT)
     target, draft = ((cfg.model, cfg.draft) if not cfg.dummy
@@ -594,8 +596,9 @@ def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:
         return []
     try:
         earlier = json.loads(path.read_text())
-        points, config = earlier["points"], earlier["config"]
-    except (ValueError, KeyError, TypeError) as exc:
+        config = earlier["config"]
+        kept = [ServePoint(**p) for p in earlier["points"] if p["engine"] not in cfg.engines]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SystemExit(f"error: --resume: {path} is not a serve-bench result ({exc}); use "
                          "another --out") from None
     now = _config_json(cfg)
@@ -605,7 +608,7 @@ def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:
         raise SystemExit(f"error: --resume: {path} was measured with other settings "
                          f"({', '.join(f'{k}={config.get(k)!r}' for k in diff)}); resume with "
                          "the same ones or use another --out")
-    return [ServePoint(**p) for p in points if p["engine"] not in cfg.engines]
+    return kept
 
 
 def _config_json(cfg: ServeBenchConfig) -> dict:

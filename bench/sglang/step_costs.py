@@ -28,14 +28,15 @@ import statistics
 from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
 from bench.plots import Panel, Series, line_chart
 from bench.sglang import host_speed
 from dual_graph_worker.core.argtypes import OneLineParser, output_file
-from dual_graph_worker.core.jsonio import write_json
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.jsonio import read_json_object, write_json
 from dual_graph_worker.core.jsonl import json_lines
 
 PLACES = ("1st", "2nd-4th", "5th+", "carries next")
@@ -584,23 +585,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     engine = None
     if args.cells:
         try:
-            engine = json.loads(Path(args.cells).read_text())
-        except (OSError, ValueError) as e:
-            ap.error(f"--cells {args.cells}: not an engine JSON ({e})")
+            engine = read_json_object(args.cells, "--cells",
+                                      "pass the policy matrix's DIR/dual.json of the same run")
+        except ConfigError as e:
+            ap.error(str(e))
+    if args.host_speed and not Path(args.host_speed).is_file():
+        ap.error(f"--host-speed {args.host_speed}: no such file")
+    try:
+        return _write(args, engine)
+    except UnicodeDecodeError as e:
+        ap.error(f"{args.step_log}: not a text step log ({e.reason}); pass a DGW_STEP_LOG file")
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        ap.error(f"{args.step_log}: not a worker step log from its start ({type(e).__name__}: "
+                 f"{e}); pass a DGW_STEP_LOG file (and --cells, --host-speed of the same run)")
+
+
+def _write(args: argparse.Namespace, engine: Optional[Mapping]) -> int:
+    """main's work once its inputs are found: the trace and / or the report."""
     log = list(json_lines(args.step_log))                        # step records and events
     if args.trace:
-        try:
-            costs = trace(log, args.source)
-        except ValueError as e:
-            ap.error(f"{args.step_log}: {e}")
+        costs = trace(log, args.source)
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(args.trace, "wt") as f:
             json.dump(costs, f, separators=(",", ":"))
         print(f"wrote {args.trace}: {len(costs['costs'])} costs")
         if not args.out:
             return 0
-    if args.host_speed and not Path(args.host_speed).is_file():
-        ap.error(f"--host-speed {args.host_speed}: no such file")
     text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
     if args.out:
         out = Path(args.out)
