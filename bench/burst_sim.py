@@ -22,7 +22,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.errors import report_user_errors
+from dual_graph_worker.core.argtypes import OneLineParser, output_file
 from dual_graph_worker.core.batch_costs import CatchUpWork
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
@@ -106,8 +107,10 @@ def planner(rows: int, pin: Optional[Mode], steady_share: Optional[float] = None
 
 
 def simulate(w: Workload, pin: Optional[Mode] = None, steady_share: bool = False) -> Trace:
-    """The draft prefills every prompt (as the H200 server did: no prefill deferred); a step into
-    speculation first catches the draft up over what each row decoded meanwhile."""
+    """The draft prefills every prompt (no prefill deferred); the controller is still built as
+    deferring it (sim_planner's defers_prefill), so it prices the prompt share into speculation
+    alone. A step into speculation first catches the draft up over what each row decoded
+    meanwhile."""
     p = planner(w.concurrency, pin, w.input_len / w.output_len if steady_share else None)
     trace, waiting = Trace(), w.requests
     live = np.zeros(w.concurrency, bool)
@@ -177,7 +180,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt-share", choices=("measured", "steady"), default="measured",
                     help="steady: the controller's prompt share held at input / output length")
-    ap.add_argument("--out", default="out/burst-sim.json")
+    ap.add_argument("--out", type=output_file, default="out/burst-sim.json")
     args = ap.parse_args(argv)
     try:
         accepts = [int(a) for a in args.accept.split(",")]
@@ -207,15 +210,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"  modes (s/d per step): {modes[:120]}")
         print(f"  prompt tokens per output token, per exchange: {dual.prompt_per_output[:16]}")
     out = Path(args.out)
-    try:
-        write_json({"simulated": True, "prompt_share": args.prompt_share, "rows": rows}, out)
-        plot(rows, out.with_suffix(".png"), "SIMULATED burst, C=%d, %d requests, prompt share "
-             "%s" % (args.concurrency, args.requests, args.prompt_share))
-    except OSError as e:
-        ap.error(f"--out {args.out}: cannot write there ({e.strerror})")
+    write_json({"simulated": True, "prompt_share": args.prompt_share, "rows": rows}, out)
+    plot(rows, out.with_suffix(".png"), "SIMULATED burst, C=%d, %d requests, prompt share "
+         "%s" % (args.concurrency, args.requests, args.prompt_share))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report_user_errors(main))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.argtypes import OneLineParser, output_dir, positive_int, torch_device
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.engines.sglang.catch_up import build_catch_up_indices, plan_passes
@@ -115,4 +115,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(report_user_errors(main))

@@ -28,6 +28,7 @@ import numpy as np
 
 from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.plots import Panel, Series, line_chart
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.argtypes import OneLineParser, float_range, int_range, output_file
 from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.dispatch import DispatchTable
@@ -46,7 +47,7 @@ BATCHES = (1, 16, 64, 256)
 
 def step_seconds(mode: Mode, bs: int) -> float:
     """The bench's SYNTHETIC step time: speculation wins at accept 3 at every batch, at 1.5
-    only below bs ~16 (so a loaded server decodes)."""
+    only below bs ~28 (of BATCHES, at 1 and 16: so a loaded server decodes)."""
     return 0.01 + 1e-4 * bs if mode is Mode.SPEC else 0.008 + 2e-5 * bs
 
 
@@ -211,4 +212,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report_user_errors(main))

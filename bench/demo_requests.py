@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from bench.plots import Panel, Series, line_chart
+from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.argtypes import int_range, positive_float
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import command_line
@@ -143,7 +144,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec_s, decode_s = args.spec_ms / 1e3, args.decode_ms / 1e3
     requests = phase_requests(args, args.phase)
     print(f"phase {args.phase} (c={args.ramp[args.phase]}) of `dgw demo`: toy chain draws, every "
-          f"step speculative; spec {args.spec_ms:g} ms, decode {args.decode_ms:g} ms a step")
+          f"step speculative; spec {args.spec_ms:g} ms, decode {args.decode_ms:g} ms a step (GIVEN, "
+          "not measured)")
     print("  req  tokens  spec steps  first 4  the rest  spec/decode time")
     rows = []
     for i, r in enumerate(requests):
@@ -204,4 +206,4 @@ def _nan(value: Optional[float]) -> float:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report_user_errors(main))

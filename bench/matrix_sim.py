@@ -32,9 +32,9 @@ from bench.burst_sim import K, sim_planner
 from bench.capture_lists import DECODE_BS, SPEC_BS
 from bench.sglang.matrix_records import Workload
 from bench.sglang.matrix_report import cell_of, heatmap
-from dual_graph_worker.core.argtypes import OneLineParser, output_file
+from dual_graph_worker.core.argtypes import OneLineParser, float_range, output_file
 from dual_graph_worker.core.batch_costs import CatchUpWork
-from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.errors import ConfigError, report_user_errors
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import StepPlanner
@@ -42,7 +42,8 @@ from dual_graph_worker.core.policy import Admitted, PrefillTime, StepTime, accep
 from dual_graph_worker.core.settings import Settings, assignments
 from dual_graph_worker.engines.sglang.kv_fill import KV_ONLY_MIN_TOKENS
 
-# H100 run 8's median step ms per padded batch size at 256x256's mean context (384 a request).
+# Median step ms per padded batch size at 256x256's mean context (384 a request), measured on an
+# H100: results/sglang/policy-matrix-h100-run8/step-costs.md.
 STEP_MS = {Mode.SPEC: {1: 8.37, 4: 8.57, 8: 8.76, 16: 9.07, 32: 10.06, 48: 11.30, 64: 12.23,
                        128: 20.50, 256: 35.17},
            Mode.DECODE: {1: 6.22, 4: 6.39, 8: 6.51, 16: 6.98, 32: 7.18, 48: 7.47, 64: 8.03,
@@ -228,7 +229,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--accept", default="1.5,2,3,3.5", help="forced accept lengths in 1..4")
     ap.add_argument("--seed", default="0", help="a seed or a list of seeds, e.g. 0,7,14")
-    ap.add_argument("--noise", type=float, default=0.02, help="step times' lognormal sigma")
+    ap.add_argument("--noise", type=float_range(0.0, 0.5), default=0.02,
+                    help="step times' lognormal sigma")
     ap.add_argument("--dual-env", action="append", default=[],
                     help="DGW_NAME=VALUE for the simulated worker (default: its defaults)")
     ap.add_argument("--out", type=output_file, default="out/matrix-sim.json")
@@ -241,8 +243,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         seeds = [int(s) for s in args.seed.split(",")]
     except ValueError:
         ap.error(f"--seed wants integers like 0 or 0,7,14, got {args.seed!r}")
-    if not all(1.0 <= a <= K + 1 for a in accepts) or not 0.0 <= args.noise <= 0.5:
-        ap.error(f"--accept in 1..{K + 1}, --noise in 0..0.5")
+    if min(seeds) < 0:
+        ap.error(f"--seed wants integers >= 0 like 0 or 0,7,14, got {args.seed!r}")
+    if not all(1.0 <= a <= K + 1 for a in accepts):
+        ap.error(f"--accept wants accept lengths in 1..{K + 1}, got {args.accept!r}")
     try:
         dual_env = assignments(args.dual_env)
     except ConfigError as exc:
@@ -265,4 +269,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report_user_errors(main))

@@ -19,7 +19,8 @@ naming the problem and the fix, and exit status 2.
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Sequence
 
 from dual_graph_worker import __version__
 from dual_graph_worker.core.argtypes import OneLineParser, int_range
@@ -67,30 +68,29 @@ def _settings(argv: Sequence[str]) -> int:
     return 0
 
 
-def _forward(module: str, fn: str = "main", prefix: Sequence[str] = ()) -> Callable[[Sequence[str]], int]:
+def _forward(module: str, prefix: Sequence[str] = ()) -> Callable[[Sequence[str]], int]:
     """A command run by a tool's `main`, found by module name only when the command runs:
     `dgw` imports no tool package (bench, capture, profiling) itself."""
     def run(argv: Sequence[str]) -> int:
         import importlib
-        return getattr(importlib.import_module(module), fn)(list(prefix) + list(argv))
+        return importlib.import_module(module).main(list(prefix) + list(argv))
     return run
 
 
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "demo": (_forward("bench.reference.demo"), "load ramp on a toy model with real acceptance"),
-    "accept-shift": (_forward("bench.reference.accept_shift"),
-                     "acceptance that changes while serving, on a toy model"),
-    "bench": (_forward("bench.reference.bench"), "concurrency sweep of every worker variant"),
-    "make-toy-checkpoints": (_make_toy, "write toy HF checkpoints with known acceptance"),
-    "profile": (_forward("profiling.profile_and_check"), "profile the scripted workload and check it"),
-    "check-profile": (_forward("profiling.check"), "check an nsys report / torch trace"),
-    "capture-measure": (_forward("capture.measure"), "GPU: measure every candidate graph"),
-    "capture-tune": (_forward("capture.cli", prefix=("tune",)), "choose pool batch sizes"),
-    "capture-report": (_forward("capture.cli", prefix=("report",)), "tables and plots of measurements"),
-    "capture-flags": (_forward("capture.sglang_flags"),
-                      "SGLang flags and env for a tuned capture config"),
-    "settings": (_settings, "every DGW_* setting, or --check this environment"),
-}
+# What each command does is in the module docstring (`dgw --help`).
+COMMANDS: Mapping[str, Callable[[Sequence[str]], int]] = MappingProxyType({
+    "demo": _forward("bench.reference.demo"),
+    "accept-shift": _forward("bench.reference.accept_shift"),
+    "bench": _forward("bench.reference.bench"),
+    "make-toy-checkpoints": _make_toy,
+    "profile": _forward("profiling.profile_and_check"),
+    "check-profile": _forward("profiling.check"),
+    "capture-measure": _forward("capture.measure"),
+    "capture-tune": _forward("capture.cli", prefix=("tune",)),
+    "capture-report": _forward("capture.cli", prefix=("report",)),
+    "capture-flags": _forward("capture.sglang_flags"),
+    "settings": _settings,
+})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -107,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: unknown {what} '{name}'; commands: {', '.join(COMMANDS)} "
               "(or --help, --version)", file=sys.stderr)
         return 2
-    return report_user_errors(COMMANDS[name][0], rest) or 0
+    return report_user_errors(COMMANDS[name], rest) or 0
 
 
 if __name__ == "__main__":

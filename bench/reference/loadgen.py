@@ -1,6 +1,7 @@
 """Closed-loop load for a worker: keep `concurrency` requests running, measure tokens/s.
 
-Used by `dgw demo` (a load ramp on CPU or GPU) and `dgw bench` (a concurrency sweep on GPU).
+Used by `dgw demo` (a load ramp on CPU or GPU), `dgw accept-shift`, `dgw bench` (a concurrency
+sweep on GPU) and bench.demo_requests.
 Timing covers the whole phase (prefills included) and, separately, the decode steps alone.
 """
 

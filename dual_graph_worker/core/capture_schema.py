@@ -179,8 +179,8 @@ class ServingCapture:
     def keys(self) -> tuple[GraphKey, ...]:
         return self.dispatch_table().keys()
 
-    def dispatch_table(self, allow_eager: bool = True) -> DispatchTable:
-        return DispatchTable.build(self.spec_bs, self.decode_bs, allow_eager)
+    def dispatch_table(self) -> DispatchTable:
+        return DispatchTable.build(self.spec_bs, self.decode_bs)
 
     def check_matches(self, expected_gpu: Optional[GpuInfo] = None,
                       expected_shape: Optional[Mapping[str, Any]] = None,

@@ -26,7 +26,7 @@ from dual_graph_worker.core.exchange import ExchangeSums
 from dual_graph_worker.core.exploration import ExploreConfig, Explorer, TimesHere
 from dual_graph_worker.core.intake import SampleIntake
 from dual_graph_worker.core.modes import OTHER, Mode
-from dual_graph_worker.core.policy import (Accepted, Admitted, Decision, DraftPrefills,
+from dual_graph_worker.core.policy import (DECIDED, Accepted, Admitted, Decision, DraftPrefills,
                                            DwellState, Observation, PolicyInputs, PolicyState,
                                            PrefillTime, Reason, Reducer, StepTime, same_rank)
 from dual_graph_worker.core.settings import BY_KEY, Settings
@@ -119,10 +119,7 @@ class GoodputController:
         self._run_len = float(config.switch_horizon)
         self._costs: tuple[Optional[float], Optional[float]] = (None, None)   # spec, decode
         self._defers_prefill = config.defers_prefill
-        # Decisions are frozen values: the common ones are made once.
-        self._decided = {(m, r): Decision(m, r) for m in Mode
-                         for r in (Reason.GOODPUT, Reason.DWELL, Reason.EXPLORE,
-                                   Reason.NO_SPEC_GRAPH)}
+        self._decided = dict(DECIDED)       # a plain dict: read every step
         self._goodput = {m: self._decided[m, Reason.GOODPUT] for m in Mode}
 
     # ------------------------------------------------------------------------------ decide

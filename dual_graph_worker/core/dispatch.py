@@ -40,8 +40,8 @@ def check_decode_covers_spec(spec_top: int, decode_top: int, fix: str, where: st
 def _validated_sizes(name: str, sizes: Iterable[int]) -> tuple[int, ...]:
     out = tuple(sorted(set(int(s) for s in sizes)))
     if any(s < 1 for s in out):
-        raise ConfigError(f"{name} batch sizes must be >= 1, got {sorted(set(sizes))}; "
-                          "remove the zero or negative entries from the capture config")
+        raise ConfigError(f"{name} batch sizes must be >= 1, got {list(out)}; remove the zero "
+                          "or negative entries")
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from dual_graph_worker.core.dispatch import DispatchTable
 from dual_graph_worker.core.modes import OTHER, Mode
-from dual_graph_worker.core.policy import (Decision, ModePolicy, PolicyInputs, Reason, Reducer,
+from dual_graph_worker.core.policy import (DECIDED, ModePolicy, PolicyInputs, Reason, Reducer,
                                            same_rank)
 
 
@@ -78,12 +78,12 @@ class StepPlanner:
         spec = decision.mode is Mode.SPEC
         if spec and inputs.spec_padded_bs is None:
             # The spec pool's buffers cannot hold this batch, whatever a policy asks for.
-            decision, spec = Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH), False
+            decision, spec = DECIDED[Mode.DECODE, Reason.NO_SPEC_GRAPH], False
         elif spec and not spec_fits_kv:
-            decision, spec = Decision(Mode.DECODE, Reason.KV_PRESSURE), False
+            decision, spec = DECIDED[Mode.DECODE, Reason.KV_PRESSURE], False
         self.policy.commit(decision)
         self.steps += 1
-        padded = (inputs.spec_padded_bs if spec else inputs.decode_padded_bs) or bs
+        padded = inputs.spec_padded_bs if spec else inputs.decode_padded_bs
         # A spec step runs only where a spec graph covers the batch.
         graph = self.graphs_enabled and (spec or self._pads[bs][2])
         self.last_mode = decision.mode

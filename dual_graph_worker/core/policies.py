@@ -6,6 +6,7 @@ A new policy is a class that satisfies `policy.ModePolicy` plus one `PolicyBuild
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, Mapping, Optional, Sequence
 
 from dual_graph_worker.core.batch_costs import CatchUpWork
@@ -44,7 +45,7 @@ class PolicyBuilder:
     uses_prior: bool = False    # reads PolicyContext.prior: the engine calibrates at start-up
 
 
-BUILDERS: Mapping[PolicyKind, PolicyBuilder] = {
+BUILDERS: Mapping[PolicyKind, PolicyBuilder] = MappingProxyType({
     PolicyKind.GOODPUT: PolicyBuilder(_goodput, uses_prior=True),
     PolicyKind.THRESHOLD: PolicyBuilder(lambda s, ctx: ThresholdPolicy(
         threshold=s.threshold, band=s.band, min_dwell_steps=s.min_dwell_steps,
@@ -55,7 +56,7 @@ BUILDERS: Mapping[PolicyKind, PolicyBuilder] = {
         mode=Mode.DECODE, num_draft_tokens=ctx.num_draft_tokens)),
     PolicyKind.CYCLE: PolicyBuilder(lambda s, ctx: CyclePolicy(
         hold=s.min_dwell_steps, num_draft_tokens=ctx.num_draft_tokens)),
-}
+})
 
 
 def build_policy(settings: Settings, ctx: PolicyContext) -> ModePolicy:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -54,6 +55,11 @@ class Decision:
     mode: Mode
     reason: Reason
     price: float = 0.0      # EXPLORE: the re-measurement's cost in steps, charged at commit
+
+
+# Decisions are frozen values: each unpriced one is made once, not once a step (~0.6 us).
+DECIDED: Mapping[tuple[Mode, Reason], Decision] = MappingProxyType(
+    {(m, r): Decision(m, r) for m in Mode for r in Reason})
 
 
 # ----------------------------------------------------------------------------- observations

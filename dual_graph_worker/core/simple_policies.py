@@ -9,7 +9,7 @@ from typing import ClassVar, Optional
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.estimates import Estimates
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import (Accepted, Decision, DwellState, Observation,
+from dual_graph_worker.core.policy import (DECIDED, Accepted, Decision, DwellState, Observation,
                                            PolicyInputs, PolicyState, Reason, Reducer)
 
 
@@ -19,14 +19,13 @@ class AcceptLengthEMA:
 
     num_draft_tokens: int
     alpha: float = 0.1
-    value: float = 0.0
+    value: float = field(init=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha <= 1.0:
             raise ConfigError(f"EMA alpha must be in (0, 1], got {self.alpha}")
-        if self.value == 0.0:
-            # Optimistic prior: assume speculation works until observed otherwise.
-            self.value = float(self.num_draft_tokens + 1)
+        # Optimistic prior: assume speculation works until observed otherwise.
+        self.value = float(self.num_draft_tokens + 1)
 
     def update(self, mean_accept_len: float) -> None:
         x = min(max(mean_accept_len, 1.0), self.num_draft_tokens + 1.0)
@@ -66,8 +65,8 @@ class PinnedPolicy(_Observing):
 
     def decide(self, inputs: PolicyInputs) -> Decision:
         if self.mode is Mode.SPEC and inputs.spec_padded_bs is None:
-            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
-        return Decision(self.mode, Reason.PINNED)
+            return DECIDED[Mode.DECODE, Reason.NO_SPEC_GRAPH]
+        return DECIDED[self.mode, Reason.PINNED]
 
     def commit(self, decision: Decision) -> None:
         pass
@@ -91,16 +90,16 @@ class ThresholdPolicy(_Observing):
 
     def decide(self, inputs: PolicyInputs) -> Decision:
         if inputs.spec_padded_bs is None:
-            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
+            return DECIDED[Mode.DECODE, Reason.NO_SPEC_GRAPH]
         cur = self._dwell.mode
         if cur is Mode.SPEC:
             want = Mode.DECODE if inputs.bs > self.threshold + self.band else Mode.SPEC
         else:
             want = Mode.SPEC if inputs.bs <= self.threshold - self.band else Mode.DECODE
         if want is not cur and self._dwell.must_dwell(self.min_dwell_steps):
-            return Decision(cur, Reason.DWELL)
+            return DECIDED[cur, Reason.DWELL]
         in_band = abs(inputs.bs - self.threshold) <= self.band and want is cur
-        return Decision(want, Reason.HYSTERESIS if in_band else Reason.THRESHOLD)
+        return DECIDED[want, Reason.HYSTERESIS if in_band else Reason.THRESHOLD]
 
     def commit(self, decision: Decision) -> None:
         self._dwell.commit(decision.mode)
@@ -137,8 +136,8 @@ class CyclePolicy(_Observing):
     def decide(self, inputs: PolicyInputs) -> Decision:
         mode = self.mode_at(self._step)
         if mode is Mode.SPEC and inputs.spec_padded_bs is None:
-            return Decision(Mode.DECODE, Reason.NO_SPEC_GRAPH)
-        return Decision(mode, Reason.PINNED)
+            return DECIDED[Mode.DECODE, Reason.NO_SPEC_GRAPH]
+        return DECIDED[mode, Reason.PINNED]
 
     def commit(self, decision: Decision) -> None:
         self._step += 1
