@@ -198,7 +198,7 @@ def test_a_switchs_settling_is_read_within_each_run_against_its_own_steady_steps
     assert "| spec | 3 | 1.000 |" in md and step_costs.settling_report([]) == ""
 
 
-def test_the_spells_table_sets_the_workers_spec_steps_beside_the_hosts_speed(tmp_path):
+def test_the_spells_table_sets_the_workers_spec_steps_beside_the_hosts_speed(tmp_path, capsys):
     from bench.sglang import step_costs
 
     log = [_cost(t * 0.125, "spec", 4, 0.010 if t < 40 else 0.013) for t in range(80)]
@@ -214,6 +214,7 @@ def test_the_spells_table_sets_the_workers_spec_steps_beside_the_hosts_speed(tmp
     path.write_text("\n".join(json.dumps(e) for e in log) + "\n")
     with pytest.raises(SystemExit):
         step_costs.main([str(path), "--host-speed", str(tmp_path / "none.jsonl")])
+    assert f"--host-speed {tmp_path / 'none.jsonl'}: no such file" in capsys.readouterr().err
 
 
 def test_placement_finds_a_scheduler_process_its_parent_and_its_cpu(tmp_path):
