@@ -29,7 +29,7 @@ from dual_graph_worker.core.errors import report_user_errors
 
 def _make_toy(argv: Sequence[str]) -> int:
     from dual_graph_worker.core.argtypes import output_dir, seed_int
-    from dual_graph_worker.engines.reference.toy import TOY_MAX_HIDDEN
+    from dual_graph_worker.engines.reference.config import TOY_MAX_HIDDEN
     ap = OneLineParser(prog="dgw make-toy-checkpoints",
                        description="Write DIR/target and DIR/draft-f100|f50|f0 (HF format).")
     ap.add_argument("dir", type=output_dir, help="folder to write (created if missing)")

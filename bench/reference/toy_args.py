@@ -8,7 +8,8 @@ from dual_graph_worker.core.argtypes import int_range, output_dir, positive_int,
 from dual_graph_worker.core.errors import DualGraphError
 from dual_graph_worker.engines.reference.build import default_device
 from bench.reference.loadgen import output_range
-from dual_graph_worker.engines.reference.toy import TOY_MAX_HIDDEN, toy_configs
+from dual_graph_worker.engines.reference.config import TOY_MAX_HIDDEN
+from dual_graph_worker.engines.reference.toy import toy_configs
 
 
 def add_toy_run_args(ap: argparse.ArgumentParser, out: str) -> None:

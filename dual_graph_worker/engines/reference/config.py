@@ -191,6 +191,10 @@ def tiny_shape(vocab: int = 128, hidden: int = 64, layers: int = 8, heads: int =
     return ModelPair(t, d)
 
 
+# A toy's width (= vocab) stays a toy's: a CPU builds and runs it in seconds. Here, torch-free,
+# so a command's --help reads it without importing torch.
+TOY_MAX_HIDDEN = 4096
+
 # Named shapes for the command-line tools (bench, capture measurement, profiling workload).
 MODEL_SHAPES: Mapping[str, Callable[[], ModelPair]] = MappingProxyType(
     {"llama3-8b": llama3_8b_shape, "tiny": tiny_shape})

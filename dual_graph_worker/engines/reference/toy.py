@@ -94,10 +94,6 @@ def _zero_layer(h_in: int, hidden: int, heads: int, kvh: int, hd: int, inter: in
                         torch.zeros(2 * inter, hidden), torch.zeros(hidden, inter))
 
 
-# A toy's width (= vocab) stays a toy's: a CPU builds and runs it in seconds.
-TOY_MAX_HIDDEN = 4096
-
-
 def toy_configs(hidden: int = 64, layers: int = 8, heads: int = 4, kv_heads: int = 2,
                 max_pos: int = 2048) -> tuple[TargetConfig, DraftConfig]:
     # hidden = vocab, split into `heads` heads of an even width (rotary embedding pairs).
