@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from bench.sglang.placement import Placement
 from dual_graph_worker.core.jsonl import json_lines
@@ -97,14 +97,21 @@ _SPIN = ("import os, sys\np = int(sys.argv[1])\nsys.stdout.write('r')\nsys.stdou
          "while os.getppid() == p:\n    pass\n")
 
 
-def read(path: Path) -> list[tuple[float, float]]:
-    """(wall time, probe ms) samples of a sampler's file, in order ([] without one)."""
+class HostSample(NamedTuple):
+    """One probe of the host's speed."""
+
+    t: float        # wall time
+    ms: float       # the probe's milliseconds
+
+
+def read(path: Path) -> list[HostSample]:
+    """A sampler's file's samples, in order ([] without one)."""
     if not Path(path).exists():
         return []
-    return [(d["t"], d["ms"]) for d in json_lines(path) if "t" in d and "ms" in d]
+    return [HostSample(d["t"], d["ms"]) for d in json_lines(path) if "t" in d and "ms" in d]
 
 
-def during(samples: Sequence[tuple[float, float]], t0: float, t1: float,
+def during(samples: Sequence[HostSample], t0: float, t1: float,
            within_s: float = 4 * PERIOD_S) -> Optional[float]:
     """The median probe ms taken in ``[t0, t1]``; for a span between two samples the nearest
     one's within `within_s` of it; else None (no sampler, or it had stopped)."""

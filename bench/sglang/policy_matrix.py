@@ -177,7 +177,7 @@ def failure(res: dict, measured: bool) -> Optional[str]:
     return None if measured else "measured no cell"
 
 
-def with_host_speed(rec: dict, samples: list[tuple[float, float]],
+def with_host_speed(rec: dict, samples: Sequence[host_speed.HostSample],
                     placed: Sequence[dict] = (), engine_pid: Optional[int] = None) -> dict:
     """`rec` with the host's speed while it ran (host_speed.during): the cell's in its machine
     record (`host_ms`), each run's in `runs_host_ms`; and with the sampler's placement samples

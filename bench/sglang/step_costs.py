@@ -28,7 +28,7 @@ import statistics
 from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -398,7 +398,7 @@ def settling_report(events: Iterable[dict]) -> str:
 SPELL_BIN_S = 5.0
 
 
-def spells_report(log: list[dict], host: list[tuple[float, float]]) -> str:
+def spells_report(log: list[dict], host: Sequence[host_speed.HostSample]) -> str:
     """Over time (SPELL_BIN_S bins from the log's first cost): the worker's spec steps at sizes
     up to 16 over their size's median in the whole log, its planning us, SGLang's launch us (nan
     in logs without it) and the side sampler's host probe ms (host_speed.py): a slow spell of
@@ -528,7 +528,7 @@ def stretches_report(log: list[dict], engine: Optional[dict] = None) -> str:
 
 
 def full_report(log: list[dict], engine: Optional[dict] = None,
-                host: Optional[list[tuple[float, float]]] = None) -> str:
+                host: Optional[Sequence[host_speed.HostSample]] = None) -> str:
     """The per-place table of a step log's lines, with the engine's JSON the per-cell one, the
     worker's host time per step, and the controller's cost terms over time where the log has
     them."""
