@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 from bench.plots import Panel, Series, line_chart
 
@@ -19,15 +19,22 @@ def _table_head(first: str, levels: Sequence[int]) -> list[str]:
             "|---|" + "---|" * len(levels)]
 
 
-def throughput_rows(engines: Mapping[str, Mapping]) -> tuple[list[int], dict[str, dict[int, float]]]:
-    """concurrency levels and {engine: {concurrency: tok/s}} from the sweep results."""
+class Throughput(NamedTuple):
+    """Sweep results as a table: every concurrency level, and per engine its tok/s at each."""
+
+    levels: list[int]
+    table: dict[str, dict[int, float]]
+
+
+def throughput_rows(engines: Mapping[str, Mapping]) -> Throughput:
+    """The sweep results' Throughput."""
     table: dict[str, dict[int, float]] = {}
     levels: set[int] = set()
     for name, res in engines.items():
         pts = _sweep(res).get("points", [])
         table[name] = {int(p["concurrency"]): float(p["tok_s"]) for p in pts}
         levels.update(table[name])
-    return sorted(levels), table
+    return Throughput(sorted(levels), table)
 
 
 def markdown_throughput(levels: Sequence[int], table: Mapping[str, Mapping[int, float]],

@@ -559,7 +559,7 @@ class Suite:
             res = r.result
             if res.get("error") or res.get("skipped"):      # run() names a non-zero exit
                 out[name] = str(res.get("error") or res.get("skipped"))
-            elif not report.throughput_rows({name: res})[1][name]:
+            elif not report.throughput_rows({name: res}).table[name]:
                 out[name] = "measured no point"
         return out
 
