@@ -91,20 +91,20 @@ class Engine:
         return reply
 
 
-def launch(kind: str, spec: dict, out: Path) -> tuple[str, Child, Path]:
-    """One engine process serving its inbox, just launched."""
+def launch(kind: str, spec: dict, out: Path) -> Engine:
+    """One engine process serving its inbox, just launched (wait_up: once it is up)."""
     inbox = out / f"{kind}.inbox"
     inbox.mkdir(parents=True, exist_ok=True)
     for stale in inbox.glob("*.json"):
         stale.unlink()
     # Each its own entry-point shim: children launched together would write one file at once.
-    return kind, Child(out, spec | {"name": kind, "tasks": [], "inbox": str(inbox)},
-                       shim_dir=out / "shim" / kind), inbox
+    return Engine(kind, Child(out, spec | {"name": kind, "tasks": [], "inbox": str(inbox)},
+                              shim_dir=out / "shim" / kind), inbox)
 
 
-def wait_up(launched: tuple[str, Child, Path], deadline: float) -> Engine:
+def wait_up(launched: Engine, deadline: float) -> Engine:
     """The launched engine once it is up (EngineGone if it failed or the budget ran out)."""
-    kind, child, inbox = launched
+    kind, child = launched.kind, launched.child
     try:
         while "startup_s" not in (written := child.result()) and child.proc.poll() is None \
                 and time.time() < deadline:
@@ -116,7 +116,7 @@ def wait_up(launched: tuple[str, Child, Path], deadline: float) -> Engine:
         if child.proc.poll() is None:
             child.stop()
         raise EngineGone(f"{kind} did not start: {child.wait(1.0).get('error', 'no result')}")
-    return Engine(kind, child, inbox)
+    return launched
 
 
 def kv_tokens(result: dict) -> Optional[int]:
@@ -140,7 +140,7 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
     done: dict[str, dict] = {}          # engines no later phase needed, stopped early
     # Otherwise each launched alone once the last is up, so each measures the memory the ones
     # before it left.
-    pending: dict[str, tuple[str, Child, Path]] = {}
+    pending: dict[str, Engine] = {}
     try:
         for kind, spec in specs.items() if together else ():
             pending[kind] = launch(kind, spec, out)
@@ -167,8 +167,8 @@ def run_all(specs: dict[str, dict], plan: Plan, out: Path, deadline: float,
                 done[kind] = _stop(engines.pop(kind), deadline)
             on_phase({k: e.child.result() for k, e in engines.items()} | done | failed)
     finally:
-        for _, child, _ in pending.values():    # never waited on (the run was interrupted)
-            child.stop()
+        for engine in pending.values():    # never waited on (the run was interrupted)
+            engine.child.stop()
         results = {}
         for kind, engine in engines.items():
             try:
