@@ -21,7 +21,7 @@ from dual_graph_worker.core.controller import ControllerConfig, GoodputControlle
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.policy import PrefillTime, StepTime, same_rank
 
-from bench.sglang.estimate_error import controller_for, exchanged_after
+from bench.sglang.traces import controller_for, exchanged_after
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = {"s": Mode.SPEC, "d": Mode.DECODE}
@@ -346,7 +346,7 @@ def _step_rows(path: str):
     """A filed trace's step rows fed to the controller in order, open loop: (the controller
     before it takes the row, the steps so far this one included, the row, whether a prefill
     came just before)."""
-    from bench.sglang.estimate_error import read_trace, replay
+    from bench.sglang.traces import read_trace, replay
 
     steps, after_prefill = 0, False
     for p, _, row in replay(read_trace(str(ROOT / "results/sglang" / path))):
@@ -383,7 +383,7 @@ def test_a_large_catch_up_is_not_priced_on_small_ones_scatter():
     than twice the draft's share of a prefill token's (the matrix's model pair: 4%): 34 and
     31 ms (40 and 88 at a third of a prefill token's, with the process's first prefill, 2 s for
     32 tokens, in the prefill line)."""
-    from bench.sglang.estimate_error import read_trace, replay
+    from bench.sglang.traces import read_trace, replay
 
     for call, most in (("m33", 0.036), ("m35", 0.036)):
         t = read_trace(str(ROOT / f"results/sglang/policy-matrix-fa3-run14/{call}/"
@@ -431,7 +431,7 @@ def test_a_re_measurement_whose_first_step_read_short_does_not_buy_a_switch():
     read 10.4 ms where it then ran 11.7, and the worker speculated 41 steps of a near-tie that
     decoding won (0.975 of plain). Held through the exchange and taken back, it reads no
     cheaper than speculation ran."""
-    from bench.sglang.estimate_error import read_trace
+    from bench.sglang.traces import read_trace
     from bench.sglang.re_measure_error import ratios
 
     trace = read_trace(str(ROOT / "results/sglang/policy-matrix-h100-run13/costs-m99.json.gz"))
@@ -448,7 +448,7 @@ def test_kv_only_catch_ups_leave_the_draft_prefill_rate_to_the_whole_layers():
     whole layer. Fitted on one line with the K/V-only ones (their tokens at the layer's share of
     multiply-adds), it read over 2 us a token, twice and more the layer's ~0.9, at 15% of the
     run's steps; on lines of their own, 4%."""
-    from bench.sglang.estimate_error import read_trace, replay
+    from bench.sglang.traces import read_trace, replay
 
     t = read_trace(str(ROOT / M107))
     rates = [p.draft_prefill_s_per_token() for p, _, _ in replay(t)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sglang import catch_up_fit, estimate_error
+from bench.sglang import catch_up_fit, traces
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
 
@@ -23,7 +23,7 @@ def _every(monkeypatch, sync_every: int) -> list[GoodputController]:
         built.append(p)
         return p
 
-    monkeypatch.setattr(estimate_error, "controller_for", controller_for)
+    monkeypatch.setattr(traces, "controller_for", controller_for)
     return built
 
 
@@ -35,7 +35,7 @@ TRACE = {"num_steps": 3, "costs": [["p", 16, 0.01, 1]]
 def test_the_replay_exchanges_every_sync_every_steps(monkeypatch):
     built = _every(monkeypatch, 3)
     exchanged, rows = [], []
-    for p, at, row in estimate_error.replay(TRACE):
+    for p, at, row in traces.replay(TRACE):
         if at == 0:
             p.exchange = lambda reduce: exchanged.append(len(rows))
         rows.append(row)
@@ -81,10 +81,10 @@ def test_each_catch_up_is_priced_against_what_it_took(monkeypatch):
 def test_the_replay_prices_the_draft_at_the_traced_workers_share():
     """Traces record the worker's draft share; older ones read the matrix's model pair's."""
     trace = {"num_steps": 3, "spec_bs": SIZES, "decode_bs": SIZES, "calibration": None}
-    assert estimate_error.controller_for(trace, prior=False).config.draft_share == \
-        estimate_error.MATRIX_DRAFT_SHARE
+    assert traces.controller_for(trace, prior=False).config.draft_share == \
+        traces.MATRIX_DRAFT_SHARE
     trace["draft_share"] = 0.02
-    assert estimate_error.controller_for(trace, prior=False).config.draft_share == 0.02
+    assert traces.controller_for(trace, prior=False).config.draft_share == 0.02
 
 
 def test_a_re_measurement_is_read_against_the_steps_it_led_to(tmp_path, capsys):

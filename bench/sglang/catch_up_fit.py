@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import (clean_step, exchanged_after, read_each, replay,
-                                         trace_parser, trace_work)
+from bench.sglang.traces import (clean_step, exchanged_after, read_each, replay, trace_parser,
+                                 trace_work)
 from dual_graph_worker.core.argtypes import int_range
 from dual_graph_worker.core.controller import GoodputController
 from dual_graph_worker.core.jsonio import write_json

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import MODES, clean_step, read_each, trace_parser
+from bench.sglang.traces import MODES, clean_step, read_each, trace_parser
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.provenance import checkout_commit, command_line
 

@@ -1,7 +1,7 @@
 """How far the controller's spec step time reads after each re-measurement of speculation in a
 GPU run, against what speculation then measured there once chosen. A re-measurement is a run of
 at most MAX_STEPS spec steps at one size between decode steps; the controller replays the trace
-open loop (estimate_error.replay) and its spec step time at that size is read SETTLE step rows
+open loop (traces.replay) and its spec step time at that size is read SETTLE step rows
 after the re-measurement (an exchange has folded it by then), or before the first spec step at
 that size if one comes sooner (the estimate that chose it), at the context of the steps it is set
 against: the median of clean spec steps 3-10 at that size in the next MIN_STEPS clean ones
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.plots import Panel, Series, line_chart
-from bench.sglang.estimate_error import clean_step, read_each, replay, trace_parser
+from bench.sglang.traces import clean_step, read_each, replay, trace_parser
 from bench.sglang.switch_steps import percentiles
 from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.modes import Mode
