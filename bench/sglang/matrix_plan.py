@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 from bench.sglang.engine_child import MAX_RUNS
 from bench.sglang.matrix_records import Workload
-from bench.sglang.policy_matrix import ENGINES, Repeats
+from bench.sglang.matrix_records import ENGINES
+from bench.sglang.policy_matrix import Repeats
 from dual_graph_worker.core.argtypes import (OneLineParser, float_list, int_range, name_list,
                                              non_negative_float, positive_float)
 from dual_graph_worker.core.errors import ConfigError

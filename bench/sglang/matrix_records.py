@@ -12,6 +12,8 @@ from typing import Optional
 
 from bench.sglang.engine_child import median_run, summed_deltas
 
+# The matrix's engines: plain SGLang, its EAGLE-3, the dual-graph worker.
+ENGINES = ("plain", "eagle3", "dual")
 
 @dataclass(frozen=True)
 class Workload:

@@ -29,12 +29,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from bench.sglang.matrix_records import (LAUNCHED_TOGETHER, READINGS, cell_key,
+from bench.sglang.matrix_records import (ENGINES, LAUNCHED_TOGETHER, READINGS, cell_key,
                                          merged_workloads, per_cell_median, ratios, readings,
                                          repeated, short_pools, stored_settings,
                                          with_rounds_asked)
 from bench.sglang.matrix_report import heatmap, matrix_report
-from bench.sglang.policy_matrix import ENGINES
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object, write_json

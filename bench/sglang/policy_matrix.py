@@ -11,9 +11,10 @@ tok/s = output tokens / wall time, prefill included; a cell shorter than --short
 --short-cell-runs (3) times in all, fresh prompts each, and reads the median (every run kept in
 `runs_tok_s`): one slow spell of the host moves a cell of a few hundred steps by percents. Each
 engine's first phase runs every batch shape once with short answers before timing it (one-time
-costs a server pays once). The worker keeps what it learned from one phase to the next, as a server whose acceptance changes would. Writes DIR/policy-matrix.json
-(one record per cell, the worker's with its controller's cost model), DIR/heatmap.png (worker /
-max(plain, EAGLE-3)), DIR/report.md; with --step-log also the worker's step log and its
+costs a server pays once). The worker keeps what it learned from one phase to the next, as a
+server whose acceptance changes would. Writes DIR/policy-matrix.json (one record per cell, the
+worker's with its controller's cost model), DIR/heatmap.png (worker / max(plain, EAGLE-3)),
+DIR/report.md; with --step-log also the worker's step log and its
 per-step costs by place in a run (DIR/step-costs.md). With --processes N every engine runs in N
 processes, taken in turn (plain, EAGLE-3, worker, plain, ...): a cell's tok/s is the median of
 its processes (each process's record kept, with its `process`), since one process's
@@ -46,7 +47,7 @@ from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, gpu_total_mib,
                                        run_child)
-from bench.sglang.matrix_records import (LAUNCHED_TOGETHER, Workload, fill_from,
+from bench.sglang.matrix_records import (ENGINES, LAUNCHED_TOGETHER, Workload, fill_from,
                                          merged_workloads, other_readings, other_settings,
                                          per_cell_median, ratios, records, short_pools,
                                          stored_settings, with_rounds_asked)
@@ -64,7 +65,6 @@ from dual_graph_worker.core.jsonio import read_json_object, write_json
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments, settings_env
 
-ENGINES = ("plain", "eagle3", "dual")
 HOST_SPEED_FILE = "host-speed.jsonl"
 
 DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",

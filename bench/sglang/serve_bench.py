@@ -41,6 +41,7 @@ from bench.sglang.model_configs import (
 )
 from bench.sglang import soak, step_costs
 from bench.sglang.engine_child import gpu_name
+from bench.sglang.matrix_records import ENGINES
 from bench.sglang.plugin_shim import ensure_plugin_discoverable
 from dual_graph_worker.core.argtypes import OneLineParser
 from dual_graph_worker.core.errors import ConfigError
@@ -48,7 +49,6 @@ from dual_graph_worker.core.jsonio import write_json
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.settings import assignments, settings_env
 
-ENGINES = ("plain", "eagle3", "dual")
 # bench_serving's result keys the table keeps, in its order.
 FIELDS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
           "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "p99_tpot_ms", "accept_length",
