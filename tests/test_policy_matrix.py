@@ -81,6 +81,14 @@ def test_a_bad_engine_list_is_one_clear_error_before_any_work(tmp_path, capsys, 
     assert exit_.value.code == 2 and said in err and not (tmp_path / "o").exists()
 
 
+def test_a_bad_workload_is_one_clear_error_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        pm.main(["--out", str(tmp_path / "o"), "--workload", "256x256@0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "bad workload '256x256@0'" in err and "256x256@1,4,8" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_rounds_name_themselves_where_they_cannot_draw_fresh_prompts(tmp_path, capsys):
     assert pm.main(["--out", str(tmp_path / "o"), "--interleave", "--rounds", "3",
                     "--workload", "256x256@512"]) == 2

@@ -27,7 +27,7 @@ from typing import Optional
 from bench.sglang.capture_measure import POOL_RUNNERS, pool_sum, together_bytes
 from bench.sglang.engine_child import run_child
 from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
-from bench.sglang.matrix_records import Workload
+from bench.sglang.matrix_records import Workload, workload_arg
 from bench.sglang.model_configs import engine_kwargs
 from bench.sglang.policy_matrix import sweep_task
 from capture.config import build_capture_config, save_capture_config
@@ -190,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
                     default=Settings.from_env(os.environ).spec_max_bs,
                     help="the tuned spec pool's cap (default: the worker's DGW_SPEC_MAX_BS; "
                          "unset: the replays' crossover)")
-    ap.add_argument("--workload", default="256x256@1,16,64,256")
+    ap.add_argument("--workload", type=workload_arg, default="256x256@1,16,64,256")
     ap.add_argument("--repeats", type=positive_int, default=2)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per engine")
     return ap
@@ -207,7 +207,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.environ.pop(BY_KEY["capture_config"].env, None)
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    w = Workload.parse(args.workload)
+    w = args.workload
     steps = work / "default.steps.jsonl"
     served = args.distribution == SERVED
     try:

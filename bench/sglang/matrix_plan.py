@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from bench.sglang.engine_child import MAX_RUNS
 from bench.sglang.matrix_records import Workload
-from bench.sglang.matrix_records import ENGINES
+from bench.sglang.matrix_records import ENGINES, workload_arg
 from bench.sglang.policy_matrix import Repeats
 from dual_graph_worker.core.argtypes import (OneLineParser, float_list, int_range, name_list,
                                              non_negative_float, positive_float)
@@ -105,7 +105,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("matrix", help="a policy-matrix.json (a call's or a composite)")
     ap.add_argument("--accept", type=float_list, required=True, help="accept lengths, e.g. 1.5,2")
-    ap.add_argument("--workload", action="append", required=True,
+    ap.add_argument("--workload", type=workload_arg, action="append", required=True,
                     help="IN x OUT @ C,...; repeatable")
     ap.add_argument("--engines", type=name_list(ENGINES), default=list(ENGINES),
                     help="comma-separated, of " + ", ".join(ENGINES))
@@ -127,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   "pass a policy-matrix.json that policy_matrix wrote")
         records = matrix.get("records")
         p = plan(run_seconds(records if isinstance(records, list) else [records]),
-                 args.accept, [Workload.parse(w) for w in args.workload], args.engines,
+                 args.accept, args.workload, args.engines,
                  args.rounds, Repeats(args.short_cell_s, args.short_cell_runs),
                  args.startup_s, args.per_run_s)
     except ConfigError as err:

@@ -7,10 +7,12 @@ policy_matrix.py files them as it runs; merge_matrix.py merges several calls' fi
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Optional
 
 from bench.sglang.engine_child import median_run, summed_deltas
+from dual_graph_worker.core.errors import ConfigError
 
 # The matrix's engines: plain SGLang, its EAGLE-3, the dual-graph worker.
 ENGINES = ("plain", "eagle3", "dual")
@@ -36,8 +38,16 @@ class Workload:
                 raise ValueError
             return cls(int(i), int(o), conc)
         except ValueError:
-            raise SystemExit(f"error: bad workload {text!r}; write IN x OUT @ C,C,... as "
-                             "256x256@1,4,8") from None
+            raise ConfigError(f"bad workload {text!r}; write IN x OUT @ C,C,... as "
+                              "256x256@1,4,8") from None
+
+
+def workload_arg(text: str) -> Workload:
+    """argparse type of a --workload: Workload.parse, its refusal as argparse's one line."""
+    try:
+        return Workload.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def merged_workloads(earlier: list[dict], workloads: list[Workload]) -> list[Workload]:

@@ -48,6 +48,7 @@ from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, gpu_total_mib,
                                        run_child)
 from bench.sglang.matrix_records import (ENGINES, LAUNCHED_TOGETHER, Workload, fill_from,
+                                         workload_arg,
                                          merged_workloads, other_readings, other_settings,
                                          per_cell_median, ratios, records, short_pools,
                                          stored_settings, with_rounds_asked)
@@ -335,7 +336,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--accept", type=float_list, default="1.5,2.0,3.0,3.5")
     ap.add_argument("--engines", type=name_list(ENGINES), default=list(ENGINES),
                     help="comma-separated, of plain, eagle3, dual (default all three)")
-    ap.add_argument("--workload", action="append", help="IN x OUT @ C,...; repeatable")
+    ap.add_argument("--workload", type=workload_arg, action="append",
+                    help="IN x OUT @ C,...; repeatable")
     ap.add_argument("--budget-s", type=float, default=560.0)
     ap.add_argument("--processes", type=int, default=1,
                     help="processes per engine, taken in turn; a cell's tok/s is their median")
@@ -405,7 +407,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --processes must be 1-9, got {args.processes}", file=sys.stderr)
         return 2
     engines = args.engines
-    workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    workloads = args.workload or [Workload.parse(w) for w in DEFAULT_WORKLOADS]
     if args.rounds != 1 and not (args.interleave and 1 <= args.rounds <= MAX_RUNS):
         print(f"error: --rounds takes 1-{MAX_RUNS} and needs --interleave", file=sys.stderr)
         return 2
