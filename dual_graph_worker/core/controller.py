@@ -119,13 +119,12 @@ class GoodputController:
         self._run_len = float(config.switch_horizon)
         self._costs: tuple[Optional[float], Optional[float]] = (None, None)   # spec, decode
         self._defers_prefill = config.defers_prefill
-        self._decided = dict(DECIDED)       # a plain dict: read every step
-        self._goodput = {m: self._decided[m, Reason.GOODPUT] for m in Mode}
+        self._goodput = {m: DECIDED[m, Reason.GOODPUT] for m in Mode}
 
     # ------------------------------------------------------------------------------ decide
 
     def decide(self, inputs: PolicyInputs) -> Decision:
-        decided = self._decided
+        decided = DECIDED
         spec_bs = inputs.spec_padded_bs
         if spec_bs is None:
             return decided[Mode.DECODE, Reason.NO_SPEC_GRAPH]

@@ -171,12 +171,12 @@ class Explorer:
     def explore(self, mode: Mode, key: Optional[int], loss: float, explored: Optional[float],
                 t: float, inputs: PolicyInputs, accept: float, step: int) -> Optional[Decision]:
         """A re-measurement of `mode` if the budget allows one now. Its price, in steps of the
-        current mode (so the budget is a share of step time, whichever mode is explored): the
-        share of each of its steps the estimates expect to lose (`loss`, held between _MIN_LOSS
-        and 1: nothing is free) times that step's length, plus the round trip's switches (into spec: a catch-up of
-        the backlog, back to decode: a switch; into decode: a switch, back: a catch-up of what
-        the draft missed meanwhile). So cheap re-measurements come often and costly ones rarely.
-        One of speculation that ends early gets back the steps it did not run (_end_probe).
+        current mode (so the budget is a share of step time, whichever mode is explored): the share
+        of each of its steps the estimates expect to lose (`loss`, held between _MIN_LOSS and 1:
+        nothing is free) times that step's length, plus the round trip's switches (into spec: a
+        catch-up of the backlog, back to decode: a switch; into decode: a switch, back: a catch-up
+        of what the draft missed meanwhile). So cheap re-measurements come often and costly ones
+        rarely. One of speculation that ends early gets back the steps it did not run (_end_probe).
         `key`, `explored`, `t`: the key and step time here of `mode`, the current mode's time;
         `accept`: the batch's expected acceptance, as the controller read it at `step`."""
         if self.config.explore_budget <= 0:
@@ -247,9 +247,9 @@ class Explorer:
     def _open_price(self, mean: float, high: float, spec_key: Optional[int],
                     measured: StepPair, bs: int, step: int) -> Optional[float]:
         """A re-measurement's price a step to run on where its acceptance (`mean`, `high`
-        _PROBE_ERRORS errors up) leaves the answer open, at this batch's step times as measured lately (the
-        batch may have grown since it began, and a size priced from its neighbours or warming
-        up is optimistic); None where the answer is not open."""
+        _PROBE_ERRORS errors up) leaves the answer open, at this batch's step times as measured
+        lately (the batch may have grown since it began, and a size priced from its neighbours or
+        warming up is optimistic); None where the answer is not open."""
         spec_t, decode_t = measured
         if not self._times.measured(spec_key) or self._time_stale(spec_key, step) or \
                 self._spec_wins(high, spec_t, decode_t, bs) is not True or \

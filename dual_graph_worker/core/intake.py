@@ -176,7 +176,7 @@ class SampleIntake:
         # A lone stall is no step either: as a size's first sample it would price its mode out
         # until the size is re-measured. Two in a row are the key's cost.
         stall = not outlier and expected is not None and event.seconds > _SPIKE * expected
-        if (stall or self._held) and self._hold_lone(i, stall):
+        if self._hold_lone(i, stall):
             return
         x, y = float(event.kv_tokens), event.seconds
         if last is not None and last[4] and last[0] == i and last[2] < _EARLY_SHORT * y:
@@ -205,6 +205,8 @@ class SampleIntake:
     def _hold_lone(self, key: object, outlier: bool) -> bool:
         """Whether to hold back a sample of `key`: an outlier unless the last one of that key
         was too (two in a row are its cost)."""
+        if not outlier and not self._held:          # the common case: nothing to hold or end
+            return False
         if outlier and key not in self._held:
             self._held.add(key)
             return True

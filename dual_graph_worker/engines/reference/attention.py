@@ -1,9 +1,10 @@
 """Paged attention over the request->slot table, in plain torch (CPU and GPU reference).
 
-Every forward here has a uniform query width W per request (1 for decode and each draft-chain
-step, K+1 for verify and draft extend, the padded span for prefill and lazy catch-up); query j of request i sits at position
-prefix_lens[i] + j and attends causally to positions [0, prefix_lens[i] + j]. The K/V of the new
-tokens are written to the pool before attention reads it (write-then-read, as in SGLang).
+Every forward here has a uniform query width W per request (1 for decode and each draft-chain step,
+K+1 for verify and draft extend, the padded span for prefill and lazy catch-up); query j of request
+i sits at position prefix_lens[i] + j and attends causally to positions [0, prefix_lens[i] + j]. The
+K/V of the new tokens are written to the pool before attention reads it (write-then-read, as in
+SGLang).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ One program handles BLOCK_M query rows of one request and one KV head: with GQA 
 of a KV head are folded into the row dimension (row m -> query w = m // G, head g = m % G), so a
 KV block is loaded once for all of them. Query w of request b sits at position prefix[b] + w and
 attends causally to positions [0, prefix[b] + w], reading slots through the request->token table.
-W is a runtime argument (not a compile-time constant), so variable-width extends (prefill,
-lazy catch-up) do not compile a kernel per width. The loop bound comes from prefix_lens on the
-device: nothing host-side changes per step, so the same kernel serves decode (W=1), verify and draft extend (W=K+1) and prefill (W=prompt length).
+W is a runtime argument (not a compile-time constant), so variable-width extends (prefill, lazy
+catch-up) do not compile a kernel per width. The loop bound comes from prefix_lens on the device:
+nothing host-side changes per step, so the same kernel serves decode (W=1), verify and draft extend
+(W=K+1) and prefill (W=prompt length).
 """
 
 from __future__ import annotations

@@ -134,10 +134,7 @@ class ReferenceEngine:
         self.state.draft_hidden.index_copy_(0, rows, prenorm)
 
     def stash_features(self, out: DecodeOutput) -> None:
-        self._stash_at(out.slots, out.features)
-
-    def _stash_at(self, slots: torch.Tensor, features: torch.Tensor) -> None:
-        self._stash_made().index_copy_(0, slots, features)
+        self._stash_made().index_copy_(0, out.slots, out.features)
 
     def _stash_made(self) -> torch.Tensor:
         if self._stash is None:
@@ -180,7 +177,7 @@ class ReferenceEngine:
         self.state.last_token.index_copy_(0, rows_t, first)
         if mode is PrefillMode.DEFERRED:
             flat = valid.view(-1)
-            self._stash_at(loc.view(-1)[flat], out.aux[flat])
+            self._stash_made().index_copy_(0, loc.view(-1)[flat], out.aux[flat])
         if mode is not PrefillMode.WITH_DRAFT:
             return first.cpu().numpy()
         # Draft extend over the prompt: position p reads (token p+1, target feature at p).

@@ -23,6 +23,7 @@ from dual_graph_worker.engines.reference.engine_api import StageFn
 # Warm-up calls of a key's stages before its capture: lazy inits and autotuning stay off the graph.
 _WARMUP_ITERS = 2
 
+
 class StageRunner(Protocol):
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None: ...
 

@@ -108,8 +108,9 @@ def spec_list_warning(server_bs: Sequence[int], plan: CapturePlan,
     """A warning when the spec pool SGLang captures is not the config's, or None.
 
     `server_bs` is SGLang's list (``cuda_graph_config.decode.bs``, which the plugin set from the
-    config when it handled the server arguments: spec_algo.DualGraphEagle3Spec.handle_server_args); `fit` clamps a list to the request pool as SGLang's runners
-    do, and is applied to both, so a small request pool alone never triggers the warning.
+    config when it handled the server arguments: spec_algo.DualGraphEagle3Spec.handle_server_args);
+    `fit` clamps a list to the request pool as SGLang's runners do, and is applied to both, so a
+    small request pool alone never triggers the warning.
     """
     have, want = sorted(set(fit(server_bs))), sorted(set(fit(plan.spec_bs)))
     if have == want:

@@ -31,11 +31,11 @@ class DecodeLengths(NamedTuple):
 
 def decode_step_layout(lengths: DecodeLengths,
                        ones: Optional[torch.Tensor] = None) -> DecodeStepLayout:
-    """The step's result layout over the forward's own `lengths` (decode_lengths): its
-    seq_lens are the new ones, handed on as they are (SGLang copies or rebinds them, never
-    writes them in place), so no kernel computes them twice. `ones`: a preallocated int32
-    ones buffer of at least bs rows, sliced for accept_lens (the scheduler only copies
-    accept_lens to the host), so the per-step path launches no fill kernel; None, or a buffer shorter than bs, allocates."""
+    """The step's result layout over the forward's own `lengths` (decode_lengths): its seq_lens are
+    the new ones, handed on as they are (SGLang copies or rebinds them, never writes them in place),
+    so no kernel computes them twice. `ones`: a preallocated int32 ones buffer of at least bs rows,
+    sliced for accept_lens (the scheduler only copies accept_lens to the host), so the per-step path
+    launches no fill kernel; None, or a buffer shorter than bs, allocates."""
     seq_lens = lengths.seq_lens
     bs = seq_lens.shape[0]
     return DecodeStepLayout(

@@ -85,8 +85,9 @@ def apply_dual_graph_server_args(server_args: Any, *, spec_max_bs: Optional[int]
                                  draft_valid_backend: Optional[str] = None,
                                  spec_bs: Optional[Sequence[int]] = None
                                  ) -> ServerArgsAdjustment:
-    """The module's three adjustments (the request cap lifted, the spec capture list set to a
-    tuned config's or capped, the radix backend named) applied to `server_args` in place; returns what changed."""
+    """The module's three adjustments (the request cap lifted, the spec capture list set to a tuned
+    config's or capped, the radix backend named) applied to `server_args` in place; returns what
+    changed."""
     restored = False
     if max_running_requests_was_unset and server_args.max_running_requests is not None:
         server_args.max_running_requests = None

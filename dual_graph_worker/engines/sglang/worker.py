@@ -187,7 +187,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
         reduce = tp_mean(mr.tp_group)
         share = common_draft_share(mr.model, self._draft_worker.draft_runner.model, reduce)
         work = self.continuity.catch_up_work
-        if work is not None:            # averaged over TP ranks, as the draft's share: ranks price alike
+        if work is not None:            # averaged over TP ranks like the draft share
             work = dataclasses.replace(work, kv_share=float(reduce([work.kv_share])[0]))
         policy = build_policy(self.settings, PolicyContext(
             self.speculative_num_steps, table.step_sizes(int(r2t.shape[0]) - 1), prior,
