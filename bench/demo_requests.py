@@ -144,8 +144,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec_s, decode_s = args.spec_ms / 1e3, args.decode_ms / 1e3
     requests = phase_requests(args, args.phase)
     print(f"phase {args.phase} (c={args.ramp[args.phase]}) of `dgw demo`: toy chain draws, every "
-          f"step speculative; spec {args.spec_ms:g} ms, decode {args.decode_ms:g} ms a step (GIVEN, "
-          "not measured)")
+          f"step speculative; spec {args.spec_ms:g} ms, decode {args.decode_ms:g} ms a step "
+          "(GIVEN, not measured)")
     print("  req  tokens  spec steps  first 4  the rest  spec/decode time")
     rows = []
     for i, r in enumerate(requests):

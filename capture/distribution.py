@@ -144,9 +144,6 @@ def _from_step_log(path: Path, description: str) -> BatchDistribution:
     except OSError as exc:
         raise ConfigError(f"cannot read step log {path}: {exc.strerror or exc}; write one with "
                           "DGW_STEP_LOG=PATH on the server") from exc
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"step log {path} holds a malformed step line ({type(exc).__name__}: "
-                          f"{exc}); pass a log the worker wrote (DGW_STEP_LOG=PATH)") from None
     if not counts:
         raise ConfigError(f"step log {path} holds no steps; write one with DGW_STEP_LOG=PATH on "
                           "a server under its usual load")

@@ -17,7 +17,7 @@ import torch
 
 from dual_graph_worker.core.continuity import Continuity
 from dual_graph_worker.engines.reference.attention_choice import default_attention
-from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+from dual_graph_worker.engines.reference.build import EngineSpec, default_device, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import (OneLineParser, int_range, non_negative_int,
                                              output_file, positive_int)
@@ -57,15 +57,16 @@ def script(hold: int, alternate: int) -> list[Mode]:
 
 def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
         continuity: Continuity, torch_profile: Optional[str] = None) -> None:
-    cuda = torch.cuda.is_available()
+    device = default_device()
+    cuda = device == "cuda"
     pair = named_shape(model)
     k = 3
     steps = 2 * warmup + 2 * hold + alternate      # the warm-up alternates spec and decode
     ctx = 64 + steps * (k + 1) + k + 8
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=k, max_requests=max(bs, 32),
-                                                max_context=ctx, device="cuda" if cuda else "cpu",
+                                                max_context=ctx, device=device,
                                                 dtype="bfloat16" if cuda else "float32",
-                                                attention=default_attention("cuda" if cuda else "cpu"),
+                                                attention=default_attention(device),
                                                 forced_accept_len=2))
     d = engine.describe()
     spec_bs, decode_bs = pools(bs)

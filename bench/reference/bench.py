@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dual_graph_worker.engines.reference.attention_choice import default_attention
-from dual_graph_worker.engines.reference.build import EngineSpec, engine_from_dummy
+from dual_graph_worker.engines.reference.build import EngineSpec, default_device, engine_from_dummy
 from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_list_up_to,
                                              int_range, name_list, output_dir, positive_float,
@@ -204,8 +204,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
+    device = default_device()
+    cuda = device == "cuda"
     conc = args.concurrency
     max_bs = max(conc)
     pair = named_shape(args.model)

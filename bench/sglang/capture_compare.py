@@ -26,9 +26,8 @@ from typing import Optional
 
 from bench.sglang.capture_measure import POOL_RUNNERS, pool_sum, together_bytes
 from bench.sglang.engine_child import run_child
-from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
 from bench.sglang.matrix_records import Workload, workload_arg
-from bench.sglang.model_configs import engine_kwargs
+from bench.sglang.model_configs import engine_kwargs, llama3_8b_shapes, write_dummy_pair
 from bench.sglang.policy_matrix import sweep_task
 from capture.config import build_capture_config, save_capture_config
 from capture.distribution import parse_distribution

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.sglang.engine_child import run_child
-from bench.sglang.model_configs import llama3_8b_shapes, write_dummy_pair
-from bench.sglang.model_configs import engine_kwargs
+from bench.sglang.model_configs import engine_kwargs, llama3_8b_shapes, write_dummy_pair
 from capture.measure import CANDIDATES, save_dummy_measured
 from capture.sglang_probe import measurements_from_probe
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int

@@ -1,11 +1,12 @@
 """One engine, one process: start sglang.Engine once, run every task on it, write JSON as it goes.
 
 Run by run_sglang_suite.py, policy_matrix.py and capture_compare.py (`run_child`), and by
-interleave.py (`Child`, then `serve`), as ``python -m bench.sglang.engine_child SPEC.json``. A process per engine because (1) SGLANG_SIMULATE_ACC_LEN
-is read when spec_utils is imported, so engines with and without it must not share an
-interpreter, and exiting frees every GPU byte before the next engine starts; (2) a crash (an
-illegal memory access, say) then costs one phase, not the suite. The env in the spec
-is applied before SGLang is imported; SGLang's scheduler processes (spawn) inherit it.
+interleave.py (`Child`, then `serve`), as ``python -m bench.sglang.engine_child SPEC.json``. A
+process per engine because (1) SGLANG_SIMULATE_ACC_LEN is read when spec_utils is imported, so
+engines with and without it must not share an interpreter, and exiting frees every GPU byte before
+the next engine starts; (2) a crash (an illegal memory access, say) then costs one phase, not the
+suite. The env in the spec is applied before SGLang is imported; SGLang's scheduler processes
+(spawn) inherit it.
 
 Spec keys: name, engine_kwargs, env, tasks, result_path, shim_dir, repo_root; optionally cpus
 (this process and SGLang's pinned), inbox (tasks served one at a time after `tasks`: serve),

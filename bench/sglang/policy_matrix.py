@@ -33,6 +33,7 @@ cores.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -566,8 +567,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     failed[kind] = why
             recs = filed(results, each)
             writer.write(recs)
-        for process, kind in ((p, k) for p in range(0 if args.interleave else args.processes)
-                              for k in engines):
+        for process, kind in itertools.product(
+                range(0 if args.interleave else args.processes), engines):
             name = kind if not process else f"{kind}.p{process + 1}"
             res = run_engine(name, engine_spec(run, kind, process), out, deadline)
             got = records(kind, res, workloads)

@@ -17,6 +17,7 @@ nothing); the report says so. Writes DIR/serve-bench.json, DIR/report.md and DIR
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -94,8 +95,9 @@ class ServeBenchConfig:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
+    @functools.cached_property
     def vocab(self) -> int:
+        """The target's vocabulary size (read once): the soak draws prompt ids below it."""
         if self.dummy:
             return llama3_8b_shapes().vocab_size
         config = json.loads((Path(self.model) / "config.json").read_text())
@@ -561,7 +563,7 @@ def parse_args(argv: Optional[list[str]] = None) -> ServeBenchConfig:
 def main(argv: Optional[list[str]] = None) -> int:
     cfg = parse_args(argv)
     if cfg.soak is not None:
-        cfg.vocab           # a checkpoint without vocab_size is refused before any server starts
+        _ = cfg.vocab       # a checkpoint without vocab_size is refused before any server starts
     cfg.out.mkdir(parents=True, exist_ok=True)
     ensure_plugin_discoverable(cfg.out / "shim", REPO_ROOT)
     target, draft = ((cfg.model, cfg.draft) if not cfg.dummy

@@ -17,6 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple, Optional
 
+from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonl import json_lines
 from dual_graph_worker.core.ledger import CompletedStep
 from dual_graph_worker.core.policy import Observation, PolicyState
@@ -181,10 +182,17 @@ class LoggedStep(NamedTuple):
 
 
 def read_step_log(path: str | Path) -> Iterator[LoggedStep]:
-    """Every step line; event lines and torn tails are skipped."""
+    """Every step line; event lines and torn tails are skipped; a step line missing its fields is
+    a ConfigError."""
     for d in json_lines(path):
-        if "step" in d:
-            yield LoggedStep(StepRecord.from_json(d), float(d["t"]))
+        if "step" not in d:
+            continue
+        try:
+            step = LoggedStep(StepRecord.from_json(d), float(d["t"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"step log {path} holds a malformed step line ({type(exc).__name__}"
+                              f": {exc}); pass a log the worker wrote (DGW_STEP_LOG=PATH)") from None
+        yield step
 
 
 def read_step_events(path: str | Path) -> list[dict]:
