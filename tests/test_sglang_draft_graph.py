@@ -87,8 +87,10 @@ def _drive(sgl, monkeypatch, graph_runner):
         return SimpleNamespace(batch_size=bs)
 
     monkeypatch.setattr(sgl.sync, "prepare_for_draft_extend", prepare)
+    from dual_graph_worker.engines.sglang import draft_context
+
     for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-        monkeypatch.setattr(sgl.sync, name, contextlib.nullcontext)
+        monkeypatch.setattr(draft_context, name, contextlib.nullcontext)
     monkeypatch.setattr(sgl.sync, "spec_stage_span", lambda stage: contextlib.nullcontext())
     draft = SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=forward, tp_group=None),
                             draft_tp_context=lambda group: contextlib.nullcontext())

@@ -857,9 +857,11 @@ def catch_up_pass(supported_sglang):
 @pytest.fixture
 def fake_sglang_forward(sgl, catch_up_pass, monkeypatch):
     monkeypatch.setattr(catch_up_pass.ForwardBatch, "init_new", staticmethod(_fake_init_new))
-    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context",
-                 "spec_stage_span"):
-        monkeypatch.setattr(sgl, name, lambda *a, **k: contextlib.nullcontext())
+    from dual_graph_worker.engines.sglang import draft_context
+
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        monkeypatch.setattr(draft_context, name, contextlib.nullcontext)
+    monkeypatch.setattr(sgl, "spec_stage_span", lambda *a, **k: contextlib.nullcontext())
     return sgl
 
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from bench.sglang.engine_child import MAX_RUNS
-from bench.sglang.matrix_records import ENGINES, Workload, workload_arg
-from bench.sglang.policy_matrix import Repeats
+from bench.sglang.matrix_records import ENGINES, Repeats, Workload, workload_arg
 from dual_graph_worker.core.argtypes import (OneLineParser, float_list, int_range, name_list,
                                              non_negative_float, positive_float)
 from dual_graph_worker.core.errors import ConfigError

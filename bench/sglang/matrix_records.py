@@ -27,6 +27,14 @@ class Workload:
     def name(self) -> str:
         return f"{self.input_len}x{self.output_len}"
 
+    def to_json(self) -> dict:
+        return {"input_len": self.input_len, "output_len": self.output_len,
+                "concurrency": list(self.concurrency)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Workload":
+        return cls(d["input_len"], d["output_len"], tuple(d["concurrency"]))
+
     @classmethod
     def parse(cls, text: str) -> "Workload":
         """'256x256@1,4,8' -> Workload(256, 256, (1, 4, 8))."""
@@ -42,6 +50,15 @@ class Workload:
                               "256x256@1,4,8") from None
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """A cell whose first run is shorter than `short_s` runs `runs` times in all (fresh
+    prompts each time); its tok/s is their median."""
+
+    short_s: float = 2.0
+    runs: int = 3
+
+
 def workload_arg(text: str) -> Workload:
     """argparse type of a --workload: Workload.parse, its refusal as argparse's one line."""
     try:
@@ -54,8 +71,7 @@ def merged_workloads(earlier: list[dict], workloads: list[Workload]) -> list[Wor
     """The columns of a matrix built over several runs into one DIR: each workload's levels,
     those of earlier runs included, in the order first seen."""
     merged: dict[str, Workload] = {}
-    for w in [Workload(d["input_len"], d["output_len"], tuple(d["concurrency"]))
-              for d in earlier] + workloads:
+    for w in [Workload.from_json(d) for d in earlier] + workloads:
         old = merged.get(w.name)
         levels = sorted(set(w.concurrency) | set(old.concurrency if old else ()))
         merged[w.name] = Workload(w.input_len, w.output_len, tuple(levels))

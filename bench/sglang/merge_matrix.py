@@ -126,7 +126,7 @@ def merge(parts: list[tuple[str, dict]], processes: bool = False, latest: bool =
                  f"them ({len(superseded)} earlier records dropped)")
     workloads = merged_workloads(workload_lists, [])
     return {"note": note, "accepts": sorted({a for _, m in parts for a in m["accepts"]}),
-            "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)} for w in workloads],
+            "workloads": [w.to_json() for w in workloads],
             "records": records, "cells": cells,
             **{key: c for key, c in other.items() if c},
             # How short cells were repeated is each call's own (without --processes every ratio

@@ -48,11 +48,11 @@ from bench.sglang.acc_control import ENV as ACC_ENV
 from bench.sglang.acc_control import SAMPLING_ENV, SAMPLINGS
 from bench.sglang.engine_child import (MAX_RUNS, REPEAT_SEED_STRIDE, gpu_name, gpu_total_mib,
                                        run_child)
-from bench.sglang.matrix_records import (ENGINES, LAUNCHED_TOGETHER, Workload, fill_from,
-                                         workload_arg,
-                                         merged_workloads, other_readings, other_settings,
-                                         per_cell_median, ratios, records, short_pools,
-                                         stored_settings, with_rounds_asked)
+from bench.sglang.matrix_records import (ENGINES, LAUNCHED_TOGETHER, Repeats, Workload,
+                                         fill_from, merged_workloads, other_readings,
+                                         other_settings, per_cell_median, ratios, records,
+                                         short_pools, stored_settings, with_rounds_asked,
+                                         workload_arg)
 from bench.sglang.matrix_report import heatmap, matrix_report
 from bench.sglang.model_configs import (
     accept_problem,
@@ -71,15 +71,6 @@ HOST_SPEED_FILE = "host-speed.jsonl"
 
 DEFAULT_WORKLOADS = ("256x256@1,4,8,16,32,48,64,128,256", "64x1024@1,32,128",
                      "2048x64@1,16,64")
-
-
-@dataclass(frozen=True)
-class Repeats:
-    """A cell whose first run is shorter than `short_s` runs `runs` times in all (fresh
-    prompts each time); its tok/s is their median."""
-
-    short_s: float = 2.0
-    runs: int = 3
 
 
 def sweep_task(w: Workload, name: str, vocab: int, *, warm_shapes: bool, seed: int,
@@ -307,8 +298,7 @@ class MatrixWriter:
         short = self.short_pools()
         note = f"{short}. {self.note}" if short else self.note
         matrix = {"note": note, "accepts": self.accepts,
-                  "workloads": [w.__dict__ | {"concurrency": list(w.concurrency)}
-                                for w in self.columns],
+                  "workloads": [w.to_json() for w in self.columns],
                   "records": filled, "cells": cells, **other,
                   "settings": self.settings, "startup_s": self.startup_s,
                   "kv_pools": self.kv_pools, "kv_asked": self.kv_asked}

@@ -12,14 +12,12 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 import torch
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_utils import renorm_draft_probs, spec_stage_span
 from sglang.srt.utils.common import fast_topk, is_hip
+
+from dual_graph_worker.engines.sglang.draft_context import in_draft
 
 _is_hip = is_hip()
 
@@ -61,8 +59,7 @@ def run_one_token_draft_extend(draft_worker: Any, batch: Any, *, target_hidden: 
     # separate draft pool), exactly as the speculative draft extend reuses the verify slots.
     batch.out_cache_loc = out_cache_loc
     dw = draft_worker
-    with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
-          speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
+    with in_draft(dw), spec_stage_span("draft_extend"):
         forward_batch = prepare_for_draft_extend(
             extend_input, batch, sampled.to(torch.int64), 1, dw.draft_runner, graph_runner,
             return_hidden_states_before_norm=False)

@@ -15,10 +15,6 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import (
@@ -45,6 +41,7 @@ from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.engines.sglang import catch_up_pass, stash_room
 from dual_graph_worker.engines.sglang.continuity_contract import (ContinuityContext, DecodeDraft,
                                                                   RoomMade)
+from dual_graph_worker.engines.sglang.draft_context import in_draft
 from dual_graph_worker.engines.sglang.kv_fill import kv_fill_unavailable, kv_share
 from dual_graph_worker.engines.sglang.row_context import rows_of
 from dual_graph_worker.engines.sglang.radix import BEHIND_ATTR, UNCLAMPED_ATTR
@@ -373,8 +370,7 @@ class LazyCatchUp:
                     out: "_Collected") -> catch_up_pass.Laps:
         """Every pass, in the draft's TP and MoE contexts; their host time by phase."""
         dw = self.dw
-        with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
-              speculative_moe_a2a_backend_context(), spec_stage_span("draft_extend")):
+        with in_draft(dw), spec_stage_span("draft_extend"):
             laps = catch_up_pass.Laps()
             for segments in passes:
                 idx = build_catch_up_indices(

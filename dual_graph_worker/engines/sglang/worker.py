@@ -19,10 +19,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 from sglang.srt.model_executor.forward_batch_info import (
@@ -64,6 +60,7 @@ from dual_graph_worker.engines.sglang.decode_pool import (
     plan_decode_batch_sizes,
 )
 from dual_graph_worker.engines.sglang.decode_warmup import warm_decode_positions
+from dual_graph_worker.engines.sglang.draft_context import in_draft
 from dual_graph_worker.engines.sglang.draft_extend_graph import (
     DraftSyncGraphs,
     build_draft_sync_graphs,
@@ -238,8 +235,7 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
     def _capture_draft_sync_graphs(self) -> DraftSyncGraphs:
         """Keep-current's one-token draft extend as width-1 graphs, last into the shared pool."""
         dw = self._draft_worker
-        with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
-              speculative_moe_a2a_backend_context()):
+        with in_draft(dw):
             graphs = build_draft_sync_graphs(dw, dw.server_args, self._decode_pool.capture_bs)
         self._additional_graph_memory_usage["draft_sync"] = graphs.memory_gb
         self._additional_graph_time_usage["draft_sync"] = graphs.capture_time_s
