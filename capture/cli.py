@@ -26,10 +26,8 @@ from capture.result import COMPILE_OUTLIER_FACTOR
 from capture.tuner import tune
 from capture.units import parse_duration, parse_size
 from dual_graph_worker.core.argtypes import OneLineParser, positive_int
-from dual_graph_worker.core.errors import ConfigError, DualGraphError
+from dual_graph_worker.core.errors import ConfigError, report_user_errors
 from dual_graph_worker.core.modes import Mode
-
-EXIT_BAD_INPUT = 2
 
 
 def _accept_len(text: str) -> float:
@@ -103,13 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)   # usage errors: argparse prints and exits 2
-    try:
-        return args.run(args)
-    except DualGraphError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-    except OSError as exc:  # e.g. an output folder that cannot be created
-        print(f"error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return report_user_errors(args.run, args)
 
 
 def _run_tune(args: argparse.Namespace) -> int:

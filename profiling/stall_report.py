@@ -141,12 +141,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if missing:
         p.error(f"missing {', '.join(missing)}: run the suite with --stall-trace-s (dual "
                 "engines then write both), or pass --name for another engine")
-    try:
-        ready, lines = read_log(steps_path)
-        samples = read_stall_samples(str(stall_path))
-    except (KeyError, TypeError, ValueError) as exc:
-        p.error(f"a malformed line in {steps_path} or {stall_path} ({type(exc).__name__}: {exc});"
-                " pass the logs the worker wrote (DGW_STEP_LOG, DGW_STALL_TRACE)")
+    def read(reader, path: Path):
+        try:
+            return reader(path)
+        except (KeyError, TypeError, ValueError) as exc:
+            p.error(f"a malformed line in {path} ({type(exc).__name__}: {exc}); pass the logs "
+                    "the worker wrote (DGW_STEP_LOG, DGW_STALL_TRACE)")
+
+    ready, lines = read(read_log, steps_path)
+    samples = read(lambda path: read_stall_samples(str(path)), stall_path)
     t0 = ready if ready is not None else min((x.t for x in lines), default=0.0)
     gaps = longest_gaps(lines, a.top)
     eps = episodes(samples)

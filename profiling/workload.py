@@ -22,7 +22,7 @@ from dual_graph_worker.engines.reference.config import MODEL_SHAPES, named_shape
 from dual_graph_worker.core.argtypes import (OneLineParser, int_range, non_negative_int,
                                              output_file, positive_int)
 from dual_graph_worker.core.modes import Mode
-from dual_graph_worker.core.policy import Decision, Reason
+from dual_graph_worker.core.policy import DECIDED, Reason
 from dual_graph_worker.core.simple_policies import PinnedPolicy
 from dual_graph_worker.engines.reference.worker import DualGraphWorker, WorkerConfig
 
@@ -36,7 +36,7 @@ class ScriptedPolicy(PinnedPolicy):
 
     def decide(self, inputs):
         mode = self.script.pop(0) if self.script else Mode.DECODE
-        return Decision(mode, Reason.PINNED)
+        return DECIDED[mode, Reason.PINNED]
 
 
 SPEC_POOL = (1, 2, 4, 8, 16)
@@ -61,7 +61,8 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
     cuda = device == "cuda"
     pair = named_shape(model)
     k = 3
-    steps = 2 * warmup + 2 * hold + alternate      # the warm-up alternates spec and decode
+    profiled = 2 * hold + alternate
+    steps = 2 * warmup + profiled      # the warm-up alternates spec and decode
     ctx = 64 + steps * (k + 1) + k + 8
     engine = engine_from_dummy(pair, EngineSpec(num_draft_tokens=k, max_requests=max(bs, 32),
                                                 max_context=ctx, device=device,
@@ -84,7 +85,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
 
     def measured() -> None:
         worker.nvtx.mark_steady_state()     # after capture, prefill and warm-up steps
-        for _ in range(2 * hold + alternate):
+        for _ in range(profiled):
             worker.step()
         if cuda:
             torch.cuda.synchronize()
@@ -97,7 +98,7 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
         prof.export_chrome_trace(torch_profile)
     else:
         measured()
-    print(f"profiled {2 * hold + alternate} steps at bs={bs} ({model}, {d.attention_backend}, "
+    print(f"profiled {profiled} steps at bs={bs} ({model}, {d.attention_backend}, "
           f"graphs={cuda}); switches: {worker.stats.switches}")
 
 

@@ -1,5 +1,5 @@
-"""bench.sglang.estimate_error's replay (and catch_up_fit's, which reads it): exchanges as often
-as the controller's own sync_every says, not a copy of its default."""
+"""bench.sglang.traces' replay (estimate_error's and catch_up_fit's): exchanges as often as the
+controller's own sync_every says, not a copy of its default."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ SIZES = [1, 2, 4]
 
 
 def _every(monkeypatch, sync_every: int) -> list[GoodputController]:
-    """estimate_error's controllers exchange every `sync_every` steps; the ones it built."""
+    """The replay's controllers exchange every `sync_every` steps; the ones it built."""
     built = []
 
     def controller_for(trace, prior=True):

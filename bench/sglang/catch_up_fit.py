@@ -1,12 +1,11 @@
 """The controller's catch-up cost over a GPU run's own batch costs: a replay trace (`step_costs
---trace`) fed to a controller as `estimate_error` does (open loop: every step in the mode it
-ran), the catch-up line (fixed seconds and seconds per draft token) read after every exchange.
-A rate far above the draft's own (~0.6 us a token on the H200) prices re-measurements of
-speculation that many times too dear. Each catch-up's price (`catch_up_seconds` just before it)
-is also set against what it took: its step's seconds over its size's median clean step in the
-trace, plus the excess of the step before it where that one held its launch. A trace whose
-worker filled the draft's K/V alone (`catch_up_work`) has those catch-ups, and their own line,
-apart.
+--trace`) fed to a controller by `traces.replay`, as estimate_error's is (open loop: every step in
+the mode it ran), the catch-up line (fixed seconds and seconds per draft token) read after every
+exchange. A rate far above the draft's own (~0.6 us a token on the H200) prices re-measurements of
+speculation that many times too dear. Each catch-up's price (`catch_up_seconds` just before it) is
+also set against what it took: its step's seconds over its size's median clean step in the trace,
+plus the excess of the step before it where that one held its launch. A trace whose worker filled
+the draft's K/V alone (`catch_up_work`) has those catch-ups, and their own line, apart.
 
     python -m bench.sglang.catch_up_fit TRACE.json.gz ... [--top 3] [--out FILE.json]
 

@@ -557,17 +557,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                     failed[kind] = why
             recs = filed(results, each)
             writer.write(recs)
-        for process, kind in itertools.product(
-                range(0 if args.interleave else args.processes), engines):
-            name = kind if not process else f"{kind}.p{process + 1}"
-            res = run_engine(name, engine_spec(run, kind, process), out, deadline)
-            got = records(kind, res, workloads)
-            if why := failure(res, bool(got)):
-                failed[name] = why
-            recs += [r | ({"process": process + 1} if args.processes > 1 else {})
-                     for r in with_host_record(got, {kind: res}, out)]
-            writer.started(name, res)
-            writer.write(recs)
+        else:
+            for process, kind in itertools.product(range(args.processes), engines):
+                name = kind if not process else f"{kind}.p{process + 1}"
+                res = run_engine(name, engine_spec(run, kind, process), out, deadline)
+                got = records(kind, res, workloads)
+                if why := failure(res, bool(got)):
+                    failed[name] = why
+                recs += [r | ({"process": process + 1} if args.processes > 1 else {})
+                         for r in with_host_record(got, {kind: res}, out)]
+                writer.started(name, res)
+                writer.write(recs)
     print((out / "report.md").read_text() if (out / "report.md").exists() else "no cells")
     if (out / "dual.steps.jsonl").exists():
         dual = json.loads((out / "dual.json").read_text()) if (out / "dual.json").exists() \

@@ -592,33 +592,44 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.host_speed and not Path(args.host_speed).is_file():
         ap.error(f"--host-speed {args.host_speed}: no such file")
     try:
-        return _write(args, engine)
+        costs, text, rows = _analyse(args, engine)
     except UnicodeDecodeError as e:
         ap.error(f"{args.step_log}: not a text step log ({e.reason}); pass a DGW_STEP_LOG file")
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
         ap.error(f"{args.step_log}: not a worker step log from its start ({type(e).__name__}: "
                  f"{e}); pass a DGW_STEP_LOG file (and --cells, --host-speed of the same run)")
+    return _write(args, costs, text, rows)
 
 
-def _write(args: argparse.Namespace, engine: Optional[Mapping]) -> int:
-    """main's work once its inputs are found: the trace and / or the report."""
+def _analyse(args: argparse.Namespace, engine: Optional[Mapping]
+             ) -> tuple[Optional[dict], Optional[str], Optional[list[dict]]]:
+    """main's reading of the step log: the trace (--trace), the report and its rows (--out, or
+    without --trace); None for what was not asked."""
     log = list(json_lines(args.step_log))                        # step records and events
-    if args.trace:
-        costs = trace(log, args.source)
+    costs = trace(log, args.source) if args.trace else None
+    if args.trace and not args.out:
+        return costs, None, None
+    text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
+    rows = [{"mode": m, "padded_bs": b, "place": p, "steps": len(xs),
+             "median_ms": 1e3 * statistics.median(xs)}
+            for (m, b, p), xs in sorted(group_costs(log).items())] if args.out else None
+    return costs, text, rows
+
+
+def _write(args: argparse.Namespace, costs: Optional[dict], text: Optional[str],
+           rows: Optional[list[dict]]) -> int:
+    """main's writing of what _analyse made."""
+    if costs is not None:
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(args.trace, "wt") as f:
             json.dump(costs, f, separators=(",", ":"))
         print(f"wrote {args.trace}: {len(costs['costs'])} costs")
-        if not args.out:
-            return 0
-    text = full_report(log, engine, host_speed.read(args.host_speed) if args.host_speed else None)
+    if text is None:
+        return 0
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        rows = [{"mode": m, "padded_bs": b, "place": p, "steps": len(xs),
-                 "median_ms": 1e3 * statistics.median(xs)}
-                for (m, b, p), xs in sorted(group_costs(log).items())]
         write_json(rows, out.with_suffix(".json"))
         _plot(rows, out.with_suffix(".png"))
     print(text, end="")

@@ -16,7 +16,7 @@ from dual_graph_worker.core.calibration import CalibrationTable
 from dual_graph_worker.core.controller import ControllerConfig, GoodputController
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.planner import exchanges_before
-from dual_graph_worker.core.policy import Decision, PrefillTime, Reason, StepTime
+from dual_graph_worker.core.policy import DECIDED, PrefillTime, Reason, StepTime
 
 MODES = {"s": Mode.SPEC, "d": Mode.DECODE}
 # The draft's share of the weights in traces made before they recorded it: every GPU run served
@@ -104,7 +104,7 @@ def replay(trace: dict) -> Iterator[tuple[GoodputController, int, list]]:
             p.observe(PrefillTime(row[1], row[2], bool(row[3])))
             continue
         mode, pb, seconds, caught, carries, kv, bs = row
-        p.commit(Decision(MODES[mode], Reason.GOODPUT))
+        p.commit(DECIDED[MODES[mode], Reason.GOODPUT])
         p.observe(StepTime(MODES[mode], pb, seconds, caught, bool(carries), kv, bs))
         steps += 1
         if exchanged_after(steps, p.sync_every):

@@ -192,17 +192,22 @@ class ReferenceEngine:
                  tokens: np.ndarray, slots: np.ndarray) -> None:
         stash = self._stash_made()
         B = len(rows)
-        spans = [np.arange(s, e) for s, e in zip(starts, ends)]
-        pos = self._padded(spans)
-        W = pos.shape[1]
-        n = torch.from_numpy(ends - starts).to(self.device)
-        valid = torch.arange(W, device=self.device)[None, :] < n[:, None]
-        loc = self._padded([slots[i, sp] for i, sp in enumerate(spans)], fill=DUMMY_SLOT)
-        ids = self._padded([tokens[i, sp + 1] for i, sp in enumerate(spans)])  # token at p+1
+        starts = np.asarray(starts, dtype=np.int64)
+        lens = np.asarray(ends, dtype=np.int64) - starts
+        W = int(lens.max())
+        j = np.arange(W)
+        valid_np = j < lens[:, None]
+        # Each row's positions start..end-1, padding repeating its last (masked out below).
+        at = starts[:, None] + np.minimum(j, lens[:, None] - 1)
+        r = np.arange(B)[:, None]
+        upload = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        loc = upload(np.where(valid_np, slots[r, at], DUMMY_SLOT))
+        ids = upload(np.where(valid_np, tokens[r, at + 1], 0))              # token at p+1
+        pos = upload(starts[:, None] + np.where(valid_np, j, 0))           # padding: start
+        valid, n = upload(valid_np), upload(lens)
         hidden = stash[loc.view(-1)] * valid.view(-1, 1).to(self.dtype)
-        rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        start_t = torch.from_numpy(np.asarray(starts, dtype=np.int64)).to(self.device)
-        pos = torch.where(valid, pos, start_t[:, None])
+        rows_t = upload(np.asarray(rows, dtype=np.int64))
+        start_t = upload(starts)
         d = self.draft.forward(ids.view(-1), hidden, pos.view(-1), loc.view(-1),
                                self.attn_batch(rows_t, start_t, W))
         last = torch.arange(B, device=self.device) * W + n - 1

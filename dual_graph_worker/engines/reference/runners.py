@@ -37,13 +37,6 @@ def _stages_by_mode(stage_fns: Mapping[Stage, StageFn], k: int) -> dict[Mode, tu
     return {mode: _stages(stage_fns, mode, k) for mode in Mode}
 
 
-def _run_eagerly(stage_fns: Mapping[Stage, StageFn], stages: tuple[Stage, ...],
-                 nvtx: Annotator, bs: int) -> None:
-    for stage in stages:
-        with nvtx.stage_range(stage.value):
-            stage_fns[stage](bs)
-
-
 @dataclass
 class EagerRunner:
     stage_fns: Mapping[Stage, StageFn]
@@ -54,7 +47,9 @@ class EagerRunner:
         self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
-        _run_eagerly(self.stage_fns, self._stages[mode], self.nvtx, padded_bs)
+        for stage in self._stages[mode]:
+            with self.nvtx.stage_range(stage.value):
+                self.stage_fns[stage](padded_bs)
 
 
 @dataclass(frozen=True)
@@ -81,17 +76,13 @@ class CaptureReport:
 
 
 @dataclass
-class CudaGraphRunner:
-    stage_fns: Mapping[Stage, StageFn]
-    num_draft_tokens: int
-    nvtx: Annotator
+class CudaGraphRunner(EagerRunner):
+    """Replays each key's captured stages; a step asked to run eagerly runs as EagerRunner's."""
+
     dispatch: DispatchTable
     graphs: dict[tuple[GraphKey, Stage], torch.cuda.CUDAGraph] = field(default_factory=dict,
                                                                        init=False)
     pool: Optional[tuple] = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        self._stages = _stages_by_mode(self.stage_fns, self.num_draft_tokens)
 
     def capture(self, keys: Optional[tuple[GraphKey, ...]] = None,
                 progress: bool = True) -> CaptureReport:
@@ -136,11 +127,9 @@ class CudaGraphRunner:
         return CaptureReport(tuple(captured), time.perf_counter() - t_all, total_bytes)
 
     def run(self, mode: Mode, padded_bs: int, use_graph: bool) -> None:
-        stages = self._stages[mode]
         if not use_graph:
-            _run_eagerly(self.stage_fns, stages, self.nvtx, padded_bs)
-            return
+            return super().run(mode, padded_bs, use_graph)
         key = GraphKey(mode, padded_bs)
-        for stage in stages:
+        for stage in self._stages[mode]:
             with self.nvtx.stage_range(stage.value):
                 self.graphs[(key, stage)].replay()

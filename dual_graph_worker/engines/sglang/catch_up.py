@@ -55,7 +55,7 @@ def plan_passes(counts: Sequence[int], max_tokens: int) -> list[list[Segment]]:
                 rounds.append([])
             rounds[r].append(Segment(i, b, e, e == n))
     passes: list[list[Segment]] = []
-    for rnd in rounds:                      # round r: every request's r-th segment
+    for rnd in rounds:
         cur: list[Segment] = []
         used = 0
         for seg in rnd:

@@ -13,9 +13,8 @@ from sglang.srt.layers.moe.utils import (
 
 
 @contextmanager
-def in_draft(draft_worker: Any) -> Iterator[None]:
-    """Runs the block as `draft_worker`'s forward: its TP group, the speculative MoE backends."""
-    dw = draft_worker
+def in_draft(dw: Any) -> Iterator[None]:
+    """Runs the block as draft worker `dw`'s forward: its TP group, the speculative MoE backends."""
     with (dw.draft_tp_context(dw.draft_runner.tp_group), speculative_moe_backend_context(),
           speculative_moe_a2a_backend_context()):
         yield

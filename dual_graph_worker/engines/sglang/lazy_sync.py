@@ -369,8 +369,7 @@ class LazyCatchUp:
     def _run_passes(self, batch: Any, behind: Behind, at: "_RowsBehind", passes: list,
                     out: "_Collected") -> catch_up_pass.Laps:
         """Every pass, in the draft's TP and MoE contexts; their host time by phase."""
-        dw = self.dw
-        with in_draft(dw), spec_stage_span("draft_extend"):
+        with in_draft(self.dw), spec_stage_span("draft_extend"):
             laps = catch_up_pass.Laps()
             for segments in passes:
                 idx = build_catch_up_indices(
