@@ -1015,6 +1015,24 @@ def test_a_carry_across_a_change_of_batch_is_no_catch_ups_cost():
     assert catch_ups(batch_changes=True).catch_up_s_per_token() < 1e-6
 
 
+def test_a_catch_up_that_held_the_next_launch_is_still_the_catch_ups_cost():
+    """Under overlap a catch-up step may hold the next batch's launch (a prefill, a switch). Its
+    excess is the catch-up: carried on, it priced the prefill at the catch-up's seconds and left
+    the catch-up's line without a sample."""
+    p = _first_prefills(_learned(controller(), 16))
+    for tokens in (1024, 4096, 16384):
+        p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.002 + tokens * 2e-6,
+                           catch_up_tokens=tokens, carries_next=True, bs=16))
+        p.observe(PrefillTime(tokens, tokens * 30e-6, draft=True))
+        p.observe(PrefillTime(tokens, tokens * 24e-6, draft=False))
+        p.exchange(lambda v: v)
+    costs = p.estimates().batch_costs
+    assert costs.catch_up_s_per_token == pytest.approx(2e-6, rel=0.05)
+    assert costs.catch_up_fixed_s == pytest.approx(0.002, rel=0.05)
+    assert costs.draft_prefill_s_per_token == pytest.approx(2e-6, rel=0.05)
+    assert costs.switch_s == 0.0
+
+
 def test_a_switch_without_a_catch_up_is_measured_and_priced():
     """Spec -> decode has no catch-up, but its launch (held by the last spec step) costs: the
     controller learns it and charges it when it would enter decode, amortised."""
@@ -1666,6 +1684,9 @@ def test_explore_cap_rules_out_the_dearest_re_measurements():
     bank, budget = 4.0, p._explorer.budget
     assert budget.affordable(3 * bank) and not budget.affordable(3 * bank + 0.1)
     assert controller(explore_cap=0.0)._explorer.budget.affordable(100 * bank)      # 0: no cap
+    # A cap under one bank bounds the cheap ones too.
+    below = controller(explore_cap=0.5)._explorer.budget
+    assert below.affordable(0.5 * bank) and not below.affordable(0.5 * bank + 0.1)
     # Where rising acceptance needs a dear re-measurement (bs 48 from accept 2: a catch-up of
     # the draft's backlog, which grows while decoding), it goes unseen.
     rise = 1400
@@ -1708,7 +1729,7 @@ def test_a_dearer_re_measurement_is_never_more_affordable():
     where that is unaffordable: sound only if affordability falls with price, in every state
     of the budget (bank filling or full, in debt or not, capped or not)."""
     prices = np.linspace(0.0, 20.0, 81)
-    for cap, allowance, debt in itertools.product((0.0, 2.0), np.linspace(0.0, 4.0, 17),
+    for cap, allowance, debt in itertools.product((0.0, 0.5, 2.0), np.linspace(0.0, 4.0, 17),
                                                   (0.0, 1.0)):
         budget = ExploreBudget(4.0, cap)
         budget.allowance, budget.debt = float(allowance), debt

@@ -95,12 +95,12 @@ class ExploreBudget:
     def affordable(self, price: float) -> bool:
         """One costing more than the bank waits for a full bank and no debt, then goes into
         debt: rare, never ruled out (else acceptance rising where speculation looked hopeless
-        goes unseen for good) unless the cap caps its price (each costs 2-5% of a short
-        workload; docs/design.md weighs the two)."""
+        goes unseen for good) unless it costs more than the cap, which bounds every price
+        (each costs 2-5% of a short workload; docs/design.md weighs the two)."""
+        if self.cap and price > self.cap * self.bank:
+            return False
         if price > self.bank:
-            cap = self.cap
-            return (not cap or price <= cap * self.bank) and self.allowance >= self.bank \
-                and self.debt < 1e-9
+            return self.allowance >= self.bank and self.debt < 1e-9
         return self.allowance >= price
 
 

@@ -117,13 +117,14 @@ class SampleIntake:
             # switch costs the two steps' excess (as a catch-up does).
             excess = None if event.carries_next else self._excess(i, event.seconds, priced)
             self._costs.add_switch(carry + (excess or 0.0))
-        if event.carries_next:
+        if event.catch_up_tokens > 0:
+            # Its excess is the catch-up's even where it held the next launch (a prefill's, a
+            # switch's): carried on, it would price that batch with the catch-up.
+            self._catch_up_sample(i, event, priced, carry, at_switch)
+        elif event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
             self._carry = self._excess(i, event.seconds, priced)
             self._carry_bs = event.bs
-            return
-        if event.catch_up_tokens > 0:
-            self._catch_up_sample(i, event, priced, carry, at_switch)
         elif not after_carry:         # one whose launch the previous step held starts late
             self._step_sample(i, event, expected, last, short, gap, after_prefill,
                               after_catch_up)
