@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from dual_graph_worker import __version__
 from dual_graph_worker.core.argtypes import OneLineParser, int_range
 from dual_graph_worker.core.errors import report_user_errors
+from dual_graph_worker.engines.reference.config import MIN_LAYERS
 
 
 def _make_toy(argv: Sequence[str]) -> int:
@@ -35,7 +36,8 @@ def _make_toy(argv: Sequence[str]) -> int:
     ap.add_argument("dir", type=output_dir, help="folder to write (created if missing)")
     ap.add_argument("--hidden", type=int_range(8, TOY_MAX_HIDDEN), default=64,
                     help="hidden size = vocab size, a multiple of 8")
-    ap.add_argument("--layers", type=int_range(4, 64), default=8, help="target layers, 4 to 64")
+    ap.add_argument("--layers", type=int_range(MIN_LAYERS, 64), default=8,
+                    help=f"target layers, {MIN_LAYERS} to 64")
     ap.add_argument("--seed", type=seed_int, default=0)
     args = ap.parse_args(argv)
     from dual_graph_worker.engines.reference.toy import write_toy_checkpoints

@@ -280,6 +280,9 @@ def test_model_pair_mismatch_is_a_config_error():
     (dict(target_hidden_size=32), CheckpointError, ["fc.weight", "config.json implies"]),
     (dict(vocab_size=96, draft_vocab_size=96), CheckpointError, ["lm_head.weight", "shape"]),
     (dict(draft_vocab_size=32), ConfigError, ["draft_vocab_size=32", "d2t"]),
+    # a draft with its own RoPE could not reach the context's last positions
+    (dict(max_position_embeddings=8, rope_theta=5e5), ConfigError,
+     ["draft's max_position_embeddings=8", "lower max_context"]),
 ])
 def test_edited_draft_config_json_is_reported(edit, err, words, toy_ckpts, tmp_path):
     draft = shutil.copytree(toy_ckpts.drafts["f100"], tmp_path / "draft")
@@ -291,10 +294,15 @@ def test_edited_draft_config_json_is_reported(edit, err, words, toy_ckpts, tmp_p
         assert w in str(exc.value)
 
 
-def test_target_with_too_few_layers_is_a_config_error():
-    with pytest.raises(ConfigError, match=">= 4 layers"):
-        TargetConfig(vocab_size=64, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
-                     intermediate_size=64)
+@pytest.mark.parametrize("layers,aux", [(3, None), (6, None), (8, (1, 3, 7)), (8, (0, 0, 4))])
+def test_target_whose_aux_layers_collapse_or_fall_outside_is_a_config_error(layers, aux):
+    """At 4-6 layers SGLang's default aux layers (2, L/2, L-3) repeat one (its draft's fc then
+    sees two or one hidden states); an aux id past the last layer is never captured."""
+    with pytest.raises(ConfigError, match="distinct and within"):
+        TargetConfig(vocab_size=64, hidden_size=64, num_layers=layers, num_heads=4,
+                     num_kv_heads=2, intermediate_size=64, aux_layer_ids=aux)
+    TargetConfig(vocab_size=64, hidden_size=64, num_layers=7, num_heads=4, num_kv_heads=2,
+                 intermediate_size=64)
 
 
 def test_heads_not_multiple_of_kv_heads_is_a_config_error():

@@ -125,8 +125,8 @@ CASES: list = [
     (["make-toy-checkpoints", "{out}/toy", "--hidden", "-1"], "expected an integer in [8, 4096]"),
     (["make-toy-checkpoints", "{out}/toy", "--hidden", "100000"], "in [8, 4096], got 100000"),
     (["make-toy-checkpoints", "{out}/toy", "--hidden", "12"], "multiple of 8"),
-    (["make-toy-checkpoints", "{out}/toy", "--layers", "0"], "expected an integer in [4, 64]"),
-    (["make-toy-checkpoints", "{out}/toy", "--layers", "2"], "expected an integer in [4, 64]"),
+    (["make-toy-checkpoints", "{out}/toy", "--layers", "0"], "expected an integer in [7, 64]"),
+    (["make-toy-checkpoints", "{out}/toy", "--layers", "6"], "expected an integer in [7, 64]"),
     (["make-toy-checkpoints", "{out}/toy", "--seed", "1e99"], "expected an integer in [0, "),
     (["make-toy-checkpoints", "{file}"], "is a file, not a folder"),
     # dgw profile

@@ -775,6 +775,37 @@ def test_worker_tells_the_policy_each_steps_context_from_its_own_row_lengths(
     assert seen == [400, 406]
 
 
+def test_a_prebuilt_batchs_result_is_no_launchs_and_its_rows_hold_new_requests(
+        registered, monkeypatch, bare_sglang_worker):
+    """A PD-disaggregation decode server processes prebuilt batches that never ran on the
+    worker: taken for the oldest launch's result, every later cost went to the wrong batch, and
+    the rows kept their previous requests' lengths and acceptance."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from dual_graph_worker.engines.sglang import hooks
+    from dual_graph_worker.engines.sglang.step_tags import StepTag
+
+    events = []
+
+    class Recording(ThresholdPolicy):
+        def observe(self, event):
+            events.append(event)
+            super().observe(event)
+
+    w = bare_sglang_worker(Recording(threshold=4, num_draft_tokens=3))
+    scheduler = SimpleNamespace(model_worker=w)
+    w._clock.launched(StepTag(Mode.DECODE, 2, 0))
+    prebuilt = _batch(2, ForwardMode.PREBUILT)
+    prebuilt.seq_lens_cpu = torch.tensor([70, 90])
+    hooks.note_result_processed(None, scheduler, prebuilt, None)
+    assert w._clock.in_flight == 1                     # the decode step's result is still to come
+    assert [(type(e).__name__, e.tokens, e.rows.tolist()) for e in events] == [
+        ("Admitted", 0, [1, 2])]
+    assert w._context.total(np.array([1, 2])) == 160
+    hooks.note_result_processed(None, scheduler, _batch(2), None)
+    assert w._clock.in_flight == 0 and type(events[-1]).__name__ == "StepTime"
+
+
 def test_worker_logs_the_controllers_cost_terms_every_few_steps(registered, tmp_path,
                                                                monkeypatch, bare_sglang_worker):
     """With a step log, every ESTIMATES_EVERY completed steps one line of the controller's cost

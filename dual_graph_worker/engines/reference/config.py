@@ -21,6 +21,10 @@ def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
+# The fewest target layers whose default aux layers (2, L/2, L-3) are three distinct ones.
+MIN_LAYERS = 7
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     vocab_size: int
@@ -41,9 +45,12 @@ class TargetConfig:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads={self.num_heads} is not a multiple of "
                               f"num_key_value_heads={self.num_kv_heads}")
-        if self.num_layers < 4:
-            raise ConfigError(f"the target needs >= 4 layers for EAGLE-3's three aux hidden "
-                              f"states (layers 2, L/2, L-3), got {self.num_layers}")
+        layers = self.capture_layers
+        if len(set(layers)) != len(layers) or not all(0 < i < self.num_layers for i in layers):
+            raise ConfigError(f"EAGLE-3 reads aux hidden states at the inputs of layers "
+                              f"{list(layers)} of a {self.num_layers}-layer target: they must "
+                              f"be distinct and within 1..{self.num_layers - 1} (SGLang's "
+                              f"default 2, L/2, L-3 needs >= {MIN_LAYERS} layers)")
 
     @property
     def capture_layers(self) -> tuple[int, ...]:

@@ -53,9 +53,11 @@ class ReferenceEngine:
         if num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens (K) must be >= 1, got {num_draft_tokens}; "
                               "for no speculation use the plain decode worker (mode pinned to decode)")
-        if max_context > pair.target.max_position_embeddings:
-            raise ConfigError(f"max_context={max_context} exceeds the model's "
-                              f"max_position_embeddings={pair.target.max_position_embeddings}")
+        for name, model in (("target", pair.target), ("draft", pair.draft)):
+            if max_context > model.max_position_embeddings:
+                raise ConfigError(f"max_context={max_context} exceeds the {name}'s "
+                                  f"max_position_embeddings={model.max_position_embeddings}; "
+                                  "lower max_context")
         if forced_accept_len is not None and not 1 <= forced_accept_len <= num_draft_tokens + 1:
             raise ConfigError(f"forced accept length must be an integer in [1, K+1="
                               f"{num_draft_tokens + 1}], got {forced_accept_len}")

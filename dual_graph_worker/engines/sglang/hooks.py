@@ -34,6 +34,15 @@ def annotate_queued_requests(result: Any, scheduler: Any, *args: Any, **kwargs: 
 
 
 def note_result_processed(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook: a batch's result was processed. A PD-disaggregation decode server's prebuilt
+    batch never ran on the worker: it is no launch's result, only new requests."""
+    batch = args[0] if args else kwargs.get("batch")
+    mode = getattr(batch, "forward_mode", None)
+    if mode is not None and mode.is_prebuilt():
+        joined = _worker_attr(scheduler, "dgw_prebuilt_joined")
+        if joined is not None:
+            joined(batch)
+        return None
     notify = _worker_attr(scheduler, "dgw_result_processed")
     if notify is not None:
         notify()

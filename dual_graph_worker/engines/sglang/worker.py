@@ -476,6 +476,15 @@ class DualGraphEagleWorker(EAGLEWorkerV2):
 
     # ------------------------------------------------------------------------- accounting
 
+    def dgw_prebuilt_joined(self, batch) -> None:
+        """hooks.py: a PD-disaggregation decode server's prebuilt batch joined; its requests
+        were prefilled on another server, so they hold their rows with no prompt cost here."""
+        if self.planner is None or self._context is None:
+            return
+        rows = rows_of(batch)
+        self.planner.policy.observe(Admitted(0, rows))
+        self._context.admitted(rows, prefill_lengths(batch, len(rows)))
+
     def dgw_result_processed(self) -> None:
         """hooks.py: the scheduler processed the oldest launched batch's result."""
         done = self._clock.processed()
