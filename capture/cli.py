@@ -25,7 +25,7 @@ from capture.report import Chosen, graph_table, write_report
 from capture.result import COMPILE_OUTLIER_FACTOR
 from capture.tuner import tune
 from capture.units import parse_duration, parse_size
-from dual_graph_worker.core.argtypes import OneLineParser, positive_int
+from dual_graph_worker.core.argtypes import OneLineParser, output_file, positive_int
 from dual_graph_worker.core.errors import ConfigError, report_user_errors
 from dual_graph_worker.core.modes import Mode
 
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "spec step pays host work and draft prefills its replay does not "
                         "(the SGLang worker's DGW_SPEC_MAX_BS; default: the crossover)")
     # out/, as the Makefile's CAPTURE_CONFIG: a run's output stays out of the source package.
-    t.add_argument("--out", default="out/capture/config.json",
+    t.add_argument("--out", type=output_file, default="out/capture/config.json",
                    help="capture config to write (default: %(default)s)")
     t.add_argument("--exclude-compile-outlier", action=argparse.BooleanOptionalAction,
                    default=True,
@@ -105,9 +105,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run_tune(args: argparse.Namespace) -> int:
-    if Path(args.out).is_dir():
-        raise ConfigError(f"--out {args.out} is a folder; pass the config file's path, e.g. "
-                          f"{Path(args.out) / 'config.json'}")
     _need_measurements(args.measurements)
     memory = parse_size(args.memory_budget)
     seconds = parse_duration(args.time_budget)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from dual_graph_worker.core.errors import ConfigError
@@ -24,8 +25,8 @@ def _parse(text: str, factors: tuple[tuple[str, float], ...], what: str, example
     if not m or m.group(2).lower() not in table:
         raise ConfigError(f"cannot read {what} {text!r}; write {examples}")
     value = float(m.group(1)) * table[m.group(2).lower()]
-    if value <= 0:
-        raise ConfigError(f"{what} {text!r} must be > 0")
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{what} {text!r} must be > 0 and finite")
     return value
 
 

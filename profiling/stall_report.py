@@ -137,18 +137,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = p.parse_args(argv)
     steps_path = _log(a.run_dir, f"steps-{a.name}.jsonl")
     stall_path = _log(a.run_dir, f"stall-{a.name}.jsonl")
-    missing = [str(x) for x in (steps_path, stall_path) if not x.exists()]
+    missing = [str(x) for x in (steps_path, stall_path) if not x.is_file()]
     if missing:
-        p.error(f"missing {', '.join(missing)}: run the suite with --stall-trace-s (dual "
-                "engines then write both), or pass --name for another engine")
+        p.error(f"missing {', '.join(missing)} (or not a file): run the suite with "
+                "--stall-trace-s (dual engines then write both), or pass --name for another "
+                "engine")
+
     def read(reader, path: Path):
         try:
             return reader(path)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:      # ConfigError is one
             p.error(f"a malformed line in {path} ({type(exc).__name__}: {exc}); pass the logs "
                     "the worker wrote (DGW_STEP_LOG, DGW_STALL_TRACE)")
 
     ready, lines = read(read_log, steps_path)
+    if not lines:
+        p.error(f"{steps_path} holds no step after the worker was ready: pass the log of a run "
+                "that served")
     samples = read(lambda path: read_stall_samples(str(path)), stall_path)
     t0 = ready if ready is not None else min((x.t for x in lines), default=0.0)
     gaps = longest_gaps(lines, a.top)

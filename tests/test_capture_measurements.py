@@ -104,6 +104,9 @@ def test_units() -> None:
             parse_size(bad)
     with pytest.raises(ConfigError):
         parse_duration("soon")
+    for parse in (parse_size, parse_duration):      # past a float: an infinite budget
+        with pytest.raises(ConfigError, match="finite"):
+            parse("1e400")
     assert format_bytes(1536) == "1.50 KiB" and format_bytes(3 << 30) == "3.00 GiB"
 
 

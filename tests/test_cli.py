@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
@@ -55,8 +56,14 @@ def paths(tmp_path_factory) -> dict[str, str]:
     (root / "bad_ts.json").write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": "soon", '
                                       '"dur": 1}]}')
     (root / "junk.nsys-rep").write_bytes(b"\x00" * 16)
+    for run, steps_is_folder in (("stall-folder", True), ("stall-empty", False)):
+        (root / run).mkdir()
+        (root / run / "stall-dual-bench.jsonl").write_text("")
+        steps = root / run / "steps-dual-bench.jsonl"
+        steps.mkdir() if steps_is_folder else steps.write_text("")
     return {"dir": str(root), "out": str(root / "out"), "missing": str(root / "missing.json"),
             "folder": str(root / "folder"), "file": str(root / "file.txt"),
+            "stall_folder": str(root / "stall-folder"), "stall_empty": str(root / "stall-empty"),
             **{p.stem.replace("-", "_") + "_" + p.suffix.lstrip(".").replace("-", "_"): str(p)
                for p in root.iterdir() if p.is_file()}}
 
@@ -74,9 +81,9 @@ CASES: list = [
     (["accept-shift", "--input-len", "100000"], "over the toy model's context of 2048"),
     (["accept-shift", "--hidden", "12"], "--hidden: toy hidden size"),
     # dgw demo
-    (["demo", "--output-len", "0"], "expected an integer >= 1, got 0"),
-    (["demo", "--output-len", "-5"], "expected an integer >= 1, got -5"),
-    (["demo", "--output-len", "abc"], "expected an integer >= 1, got 'abc'"),
+    (["demo", "--output-len", "1"], "expected an integer >= 2, got 1"),
+    (["demo", "--output-len", "-5"], "expected an integer >= 2, got -5"),
+    (["demo", "--output-len", "abc"], "expected an integer >= 2, got 'abc'"),
     (["demo", "--input-len", "0"], "--input-len: expected an integer >= 1"),
     (["demo", "--ramp", "abc"], "comma-separated integers >= 1"),
     (["demo", "--ramp", "1,-4"], "comma-separated integers >= 1"),
@@ -108,7 +115,7 @@ CASES: list = [
     (["bench", "--model", "tiny", "--num-draft-tokens", "1000"], "an integer in [1, 8]"),
     (["bench", "--model", "tiny", "--concurrency", "0"], "comma-separated integers >= 1"),
     (["bench", "--model", "tiny", "--input-len", "0"], "expected an integer >= 1"),
-    (["bench", "--model", "tiny", "--output-len", "0"], "expected an integer >= 1"),
+    (["bench", "--model", "tiny", "--output-len", "1"], "expected an integer >= 2"),
     (["bench", "--model", "tiny", "--requests-per-level", "nan"], "finite number > 0"),
     (["bench", "--model", "tiny", "--accept-len", "0"], "--accept-len: expected an integer >= 1"),
     (["bench", "--model", "tiny", "--accept-len", "9"], "lower it or raise --num-draft-tokens"),
@@ -175,7 +182,7 @@ CASES: list = [
     (_tune(accept_len="9"), "accept length must be in 1..K+1 = 1..4"),
     (_tune(measurements="{folder}"), "it is a folder; pass the JSON that `dgw capture-measure`"),
     (TUNE + ["--distribution", "bogus"], "use uniform:LO-HI"),
-    (_tune(out="{folder}"), "is a folder; pass the config file's path"),
+    (_tune(out="{folder}"), "is a folder; pass a file path"),
     (["capture-tune"], "the following arguments are required: --measurements"),
     (REPORT, "report needs --accept-len"),
     (REPORT + ["--accept-len", "-1"], "a number in 1..K+1"),
@@ -267,10 +274,13 @@ def _capture_main(argv):
     (_workload_main, ["--torch-profile", "{folder}"], "is a folder; pass a file path"),
     (_stall_main, ["{missing}"], "does not exist; pass the suite's run folder"),
     (_stall_main, ["{folder}", "--top", "0"], "--top: expected an integer >= 1"),
+    (_stall_main, ["{stall_folder}"], "(or not a file): run the suite with --stall-trace-s"),
+    (_stall_main, ["{stall_empty}"], "holds no step after the worker was ready"),
     (_check_main, ["{damaged_sqlite}", "--out", "{out}/p2"], "damaged SQLite file"),
     (_capture_main, ["tune"], "the following arguments are required"),
 ], ids=["workload-bs", "workload-hold", "workload-warmup", "workload-trace-folder",
-        "stall-missing", "stall-top", "check-damaged", "capture-cli-tune"])
+        "stall-missing", "stall-top", "stall-log-folder", "stall-empty", "check-damaged",
+        "capture-cli-tune"])
 def test_module_entry_points_reject_bad_arguments(entry, argv, want, paths, capsys):
     rc, out, err = _call(entry, [a.format(**paths) for a in argv], capsys)
     assert want in _error_line(rc, out, err, None)
@@ -358,6 +368,20 @@ def test_a_broken_pipe_is_quiet_only_when_it_is_stdouts(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdout", Gone())
     assert report_user_errors(socket_gone) == 141
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_reader_that_closed_stdout_first_is_a_quiet_141(unbuffered):
+    """`dgw settings | true`: the reader is gone before the first write. Unbuffered, that
+    write's error came with a flush that succeeds (a traceback); buffered, at exit (status 120)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONUNBUFFERED=unbuffered)
+    proc = subprocess.Popen([sys.executable, "-m", "dual_graph_worker.cli", "settings"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
 
 
 def test_a_settings_file_that_is_not_text_is_one_line(tmp_path, monkeypatch, capsys):

@@ -32,6 +32,9 @@ def test_the_phase_holds_the_requests_the_demo_admits():
         class Recorder:
             num_running = 0
 
+            def take_finished(self):
+                return []
+
             def add_requests(self, prompts, lens):
                 seen.extend(zip((int(p[-1]) for p in prompts), lens))
                 return SimpleNamespace(rids=list(range(len(seen) - len(lens), len(seen))),
@@ -81,20 +84,12 @@ def test_on_the_half_agreeing_chain_first_estimates_spread_beyond_noise_only_abo
     assert above["later_mean"] > below["later_mean"] + 0.1
 
 
-def test_one_token_outputs_have_no_draws_and_no_traceback(tmp_path, capsys):
-    """--output-len 1: every output is the prefill's token, no step to draw an accept length;
-    with --regression, no request long enough to regress (no NaN in the JSON)."""
-    assert main(["--out", str(tmp_path), "--output-len", "1", "--output-spread", "0",
-                 "--regression", "20"]) == 0
-    text = (tmp_path / "requests.json").read_text()
-    assert "NaN" not in text
-    saved = json.loads(text)
-    assert saved["first_estimate_slope"] is None
-    assert saved["first_estimates_by_side"]["below"]["requests"] == 0
-    assert saved["speculation_speedup"] is None
-    assert all(r["draws"] == [] and r["first_mean"] is None and r["spec_over_decode"] is None
-               for r in saved["requests"])
-    assert "every output is one token" in capsys.readouterr().out
+def test_one_token_outputs_are_refused_in_one_line(tmp_path, capsys):
+    """--output-len 1: every output would be the prefill's token, no step to measure."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path), "--output-len", "1", "--output-spread", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "an integer >= 2" in err
 
 
 def test_lengths_the_toy_model_cannot_hold_are_one_line(tmp_path, capsys):

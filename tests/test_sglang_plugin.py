@@ -443,6 +443,21 @@ def test_step_log_round_trip(tmp_path):
     assert read_step_events(path)[0]["spec_bs"] == [1, 2]
 
 
+def test_a_logs_lines_that_hold_no_object_are_skipped_and_counted_unless_last(tmp_path, capsys):
+    """A torn last line is a live writer's: skipped quietly. Bad lines before a good one are
+    named (a restart's torn line, or a log cut about): one warning. A binary file: one error."""
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"a": 1}\n5\n{"b": 2\n\n{"c": 3}\n{"torn')
+    assert list(json_lines(path)) == [{"a": 1}, {"c": 3}]
+    assert capsys.readouterr().err == f"warning: {path}: skipped 2 line(s) that hold no JSON " \
+                                      "object\n"
+    path.write_text('{"a": 1}\n{"torn')
+    assert list(json_lines(path)) == [{"a": 1}] and capsys.readouterr().err == ""
+    path.write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(ConfigError, match="is not a JSONL log"):
+        list(json_lines(path))
+
+
 # -------------------------------------------------------------------- server-arg adjustments
 
 def _server_args(mrr=48, bs=(1, 2, 4, 8, 16, 32, 48, 64, 128, 256), max_bs=256):

@@ -26,7 +26,7 @@ from dual_graph_worker.core.argtypes import (OneLineParser, existing_file, int_l
                                              positive_int)
 from dual_graph_worker.core.errors import report_user_errors
 from dual_graph_worker.core.jsonio import write_json
-from bench.reference.loadgen import Phase, run_phase
+from bench.reference.loadgen import MIN_OUTPUT_LEN, Phase, run_phase
 from dual_graph_worker.core.modes import Mode
 from dual_graph_worker.core.provenance import command_line
 from dual_graph_worker.core.simple_policies import CyclePolicy, PinnedPolicy
@@ -162,6 +162,9 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+SPEC_MAX_BS = 256
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="dgw bench", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,14 +172,15 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--concurrency", type=int_list_up_to(512), default="1,2,4,8,16,32,64,128,256",
                     help="comma-separated integers >= 1")
     ap.add_argument("--input-len", type=positive_int, default=256)
-    ap.add_argument("--output-len", type=positive_int, default=256)
+    ap.add_argument("--output-len", type=int_range(MIN_OUTPUT_LEN), default=256)
     ap.add_argument("--requests-per-level", type=positive_float, default=1.0,
                     help="requests per concurrency level, as a multiple of the concurrency")
     ap.add_argument("--num-draft-tokens", type=int_range(1, 8), default=3)
     ap.add_argument("--accept-len", type=positive_int, default=3,
                     help="forced accepted length (1..K+1)")
-    ap.add_argument("--spec-max-bs", type=positive_int, default=256,
-                    help="top of the dynamic worker's spec pool (the goodput policy decides within it)")
+    ap.add_argument("--spec-max-bs", type=positive_int,
+                    help="top of the dynamic worker's spec pool (the goodput policy decides "
+                         f"within it; default {SPEC_MAX_BS}); a --capture-config sets its own")
     ap.add_argument("--variants", type=name_list(VARIANTS), default=",".join(VARIANTS),
                     help="comma-separated, from " + ", ".join(VARIANTS))
     ap.add_argument("--dynamic-continuity", default="lazy-catch-up",
@@ -188,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
                          "dual-pool variants: its pools and calibration")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-switch", action="store_true")
-    ap.add_argument("--out", type=output_dir, default="results/reference")
+    ap.add_argument("--out", type=output_dir, default="out/bench")
     return ap
 
 
@@ -198,9 +202,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.accept_len > args.num_draft_tokens + 1:
         ap.error(f"--accept-len {args.accept_len} is more than K+1 = {args.num_draft_tokens + 1} "
                  "tokens a spec step can accept; lower it or raise --num-draft-tokens")
+    if args.capture_config and args.spec_max_bs is not None:
+        ap.error("--spec-max-bs and --capture-config both set the spec pool; pass one")
+    context = _context_len(args)
+    positions = named_shape(args.model).target.max_position_embeddings
+    if context > positions:
+        ap.error(f"--input-len + --output-len ({args.input_len} + {args.output_len}) need "
+                 f"{context} positions, beyond the {args.model} shape's {positions}; lower them")
     if args.model == "llama3-8b" and not torch.cuda.is_available():
         ap.error("the Llama-3-8B-shaped bench needs a CUDA GPU; use --model tiny on CPU")
     return report_user_errors(_run, args, argv)
+
+
+def _context_len(args: argparse.Namespace) -> int:
+    """Positions a request can reach: its prompt, its output, a spec step's drafts, slack."""
+    return args.input_len + args.output_len + args.num_draft_tokens + 8
 
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
@@ -209,13 +225,13 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
     conc = args.concurrency
     max_bs = max(conc)
     pair = named_shape(args.model)
-    ctx = args.input_len + args.output_len + args.num_draft_tokens + 8
+    ctx = _context_len(args)
     spec = EngineSpec(num_draft_tokens=args.num_draft_tokens, max_requests=max_bs, max_context=ctx,
                       device=device, dtype="bfloat16" if cuda else "float32",
                       attention=default_attention(device), forced_accept_len=args.accept_len)
     t0 = time.perf_counter()
     engine = engine_from_dummy(pair, spec)
-    sizes = PoolSizes.up_to(max_bs, args.spec_max_bs)
+    sizes = PoolSizes.up_to(max_bs, args.spec_max_bs or SPEC_MAX_BS)
     acceptance = f"accept length FORCED to {args.accept_len} (dummy weights), K={args.num_draft_tokens}"
     print(f"model: {args.model} dummy weights, {spec.dtype}, {spec.attention} attention; {acceptance}")
     print(f"engine ready in {time.perf_counter() - t0:.1f}s; pools: spec {sizes.spec}, decode {sizes.decode}")

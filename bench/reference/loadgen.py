@@ -32,9 +32,14 @@ class Phase:
         return rng.integers(lo, hi + 1, size=n).tolist()
 
 
+# Every request decodes at least once: one output token is the prefill's alone.
+MIN_OUTPUT_LEN = 2
+
+
 def output_range(output_len: int, spread: float) -> tuple[int, int]:
-    """Shortest and longest output of a phase: output_len x (1 -/+ spread), at least 1."""
-    lo = max(1, round(output_len * (1 - spread)))
+    """Shortest and longest output of a phase: output_len x (1 -/+ spread), at least
+    MIN_OUTPUT_LEN."""
+    lo = max(MIN_OUTPUT_LEN, round(output_len * (1 - spread)))
     return lo, max(lo, round(output_len * (1 + spread)))
 
 
@@ -123,6 +128,7 @@ class PhaseRun:
             lens = phase.output_lens(self.len_rng, room)
             res = w.add_requests(self.prompts(self.rng, room, phase.input_len), lens)
             self.requested.update(zip(res.rids, lens))
+            self.done.extend(w.take_finished())       # a prefill may finish requests too
             # add_requests returns the prefill's host tokens, so the device has finished.
             self.tokens += len(res.first_tokens)
             self.admitted += room

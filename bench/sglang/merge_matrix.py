@@ -34,7 +34,7 @@ from bench.sglang.matrix_records import (ENGINES, LAUNCHED_TOGETHER, READINGS, c
                                          repeated, short_pools, stored_settings,
                                          with_rounds_asked)
 from bench.sglang.matrix_report import heatmap, matrix_report
-from dual_graph_worker.core.argtypes import OneLineParser
+from dual_graph_worker.core.argtypes import OneLineParser, output_dir
 from dual_graph_worker.core.errors import ConfigError
 from dual_graph_worker.core.jsonio import read_json_object, write_json
 
@@ -297,7 +297,7 @@ def parsed_swaps(given: list[str], parts: int, some_cells: bool) -> list[tuple[s
 def main(argv: Optional[list[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bench.sglang.merge_matrix", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", type=output_dir, required=True, help="folder to write into")
     ap.add_argument("--processes", action="store_true",
                     help="each call is one process of every engine: cells measured by several "
                          "read each engine's median")

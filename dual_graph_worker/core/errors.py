@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import sys
 from typing import Any, Callable
 
@@ -38,7 +39,7 @@ class StaleConfig(DualGraphError):
 
 # A path's problem the user can fix; any other OSError is a bug or the system's, traceback kept.
 _PATH_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
-                          errno.EROFS, errno.ENOSPC})
+                          errno.EEXIST, errno.EROFS, errno.ENOSPC})
 
 
 def report_user_errors(fn: Callable[..., int], *args: Any, **kwargs: Any) -> int:
@@ -47,7 +48,9 @@ def report_user_errors(fn: Callable[..., int], *args: Any, **kwargs: Any) -> int
     traceback, and exit status 2; so does a path the command cannot use. An interrupt (Ctrl-C)
     is one line and status 130; a reader of stdout that went away (`| head`), a quiet 141."""
     try:
-        return fn(*args, **kwargs)
+        status = fn(*args, **kwargs)
+        sys.stdout.flush()      # a reader gone shows here, not in the interpreter's flush at exit
+        return status
     except DualGraphError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -73,9 +76,11 @@ def _stdout_gone() -> bool:
     interpreter's own flush at exit stays quiet."""
     try:
         sys.stdout.flush()
-        return False
     except BrokenPipeError:
         pass
+    else:
+        if not _reader_closed():          # unbuffered, the flush had nothing to write
+            return False
     try:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
@@ -83,3 +88,13 @@ def _stdout_gone() -> bool:
     except (OSError, ValueError):          # no file descriptor behind stdout (a capture)
         pass
     return True
+
+
+def _reader_closed() -> bool:
+    """Whether stdout is a pipe whose reader closed it (poll reports an error on its end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):     # no descriptor, or no poll on this system
+        return False
