@@ -295,3 +295,16 @@ def test_every_forward_reads_the_kv_slots_it_writes(dummy_engine, make_worker, r
     run_schedule(w, prompts, 14, [0, 0, 3, 6])
     assert w.stats.catch_up_tokens > 0 and w.stats.switches > 2
     assert not bad, f"forwards whose table does not map to the written slot: {sorted(set(bad))}"
+
+
+def test_a_step_no_mode_fits_raises_before_the_policy_commits(toy_engine, make_worker, slot_check):
+    """A full pool raises at the step, not after the policy counted it (dwell, exchange cadence,
+    a schedule's position all move with a committed step)."""
+    w = make_worker(toy_engine("f100", num_slots=12), PinnedPolicy(mode=Mode.SPEC, num_draft_tokens=K))
+    w.add_requests([[1] * 5, [2] * 5], 4)
+    assert w.kv.allocator.num_free < 2
+    steps = w.planner.steps
+    with pytest.raises(KVPoolExhausted, match="decode step for 2 requests"):
+        w.step()
+    assert w.planner.steps == steps and w.num_running == 2
+    slot_check(w)

@@ -102,13 +102,17 @@ class KVSlotPlanner:
     def can_run(self, mode: Mode, bs: int) -> bool:
         return self.allocator.num_free >= self.slots_needed(mode, bs)
 
-    def plan(self, mode: Mode, bs: int) -> SlotPlan:
-        width = mode.tokens_per_request(self.num_draft_tokens)
+    def require(self, mode: Mode, bs: int) -> None:
+        """KVPoolExhausted unless a `mode` step of `bs` requests fits the free slots."""
         if not self.can_run(mode, bs):
             raise KVPoolExhausted(
-                f"{mode.value} step for {bs} requests needs {bs * width} KV slots but "
-                f"{self.allocator.num_free} are free; admit fewer requests (max running "
-                "requests) or give the KV pool more memory")
+                f"{mode.value} step for {bs} requests needs {self.slots_needed(mode, bs)} KV "
+                f"slots but {self.allocator.num_free} are free; admit fewer requests (max "
+                "running requests) or give the KV pool more memory")
+
+    def plan(self, mode: Mode, bs: int) -> SlotPlan:
+        width = mode.tokens_per_request(self.num_draft_tokens)
+        self.require(mode, bs)
         return SlotPlan(mode, self.allocator.alloc(bs * width).reshape(bs, width), width)
 
     def commit(self, plan: SlotPlan, accept_lens: np.ndarray) -> np.ndarray:

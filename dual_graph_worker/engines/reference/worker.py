@@ -228,6 +228,7 @@ class DualGraphWorker:
         bs = len(rows)
         if bs == 0:
             raise RuntimeError("step() with no running requests: add_requests first")
+        self.kv.require(Mode.DECODE, bs)        # no mode fits: raised before the policy commits
         t0 = time.perf_counter()
         kv_tokens = int(self.table.seq_lens[rows].sum())
         step_plan = self.plan(rows, kv_tokens)
