@@ -150,18 +150,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = []
     for i, r in enumerate(requests):
         spec, decode = r.seconds(spec_s, decode_s)
-        # A one-token output is the prefill's token alone: no step, speculative or not.
-        first = statistics.fmean(r.draws[:FIRST_DRAWS]) if r.draws else None
+        first = statistics.fmean(r.draws[:FIRST_DRAWS])     # every output decodes (>= 2 tokens)
         rest = statistics.fmean(r.draws[FIRST_DRAWS:]) if len(r.draws) > FIRST_DRAWS else None
-        ratio = spec / decode if r.draws else None
+        ratio = spec / decode
         rows.append({"request": i, "tokens": r.tokens, "draws": r.draws, "first_mean": first,
                      "rest_mean": rest, "spec_over_decode": ratio})
         print(f"{i:5d} {r.tokens:7d} {len(r.draws):11d} {_num(first, 8)} {_num(rest, 9)} "
               f"{_num(ratio, 17)}")
     spec, decode = (sum(x) for x in zip(*(r.seconds(spec_s, decode_s) for r in requests)))
-    speedup = decode / spec if spec else None
-    print("the phase: " + (f"speculation {speedup:.3f}x decode's speed" if spec else
-                           "no step after the prefill (every output is one token)"))
+    speedup = decode / spec
+    print(f"the phase: speculation {speedup:.3f}x decode's speed")
     slope, by_side = None, None
     if args.regression:
         firsts, first, later = first_and_later(args, args.regression)
