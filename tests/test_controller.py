@@ -1015,10 +1015,11 @@ def test_a_carry_across_a_change_of_batch_is_no_catch_ups_cost():
     assert catch_ups(batch_changes=True).catch_up_s_per_token() < 1e-6
 
 
-def test_a_catch_up_that_held_the_next_launch_is_still_the_catch_ups_cost():
-    """Under overlap a catch-up step may hold the next batch's launch (a prefill, a switch). Its
-    excess is the catch-up: carried on, it priced the prefill at the catch-up's seconds and left
-    the catch-up's line without a sample."""
+def test_a_catch_up_that_held_the_next_launch_is_no_sample_and_carries_nothing():
+    """Under overlap a catch-up step may hold the next batch's launch (a prefill, a switch).
+    Its excess was carried on and priced that prefill with the catch-up (the draft's prompt rate
+    from 6 to 8 us a token here). Nor is it the catch-up's sample: right after a prefill its span
+    starts late (on the GPU a 2048-token one read under a clean step)."""
     p = _first_prefills(_learned(controller(), 16))
     for tokens in (1024, 4096, 16384):
         p.observe(StepTime(Mode.SPEC, 16, t_spec(16) + 0.002 + tokens * 2e-6,
@@ -1027,10 +1028,9 @@ def test_a_catch_up_that_held_the_next_launch_is_still_the_catch_ups_cost():
         p.observe(PrefillTime(tokens, tokens * 24e-6, draft=False))
         p.exchange(lambda v: v)
     costs = p.estimates().batch_costs
-    assert costs.catch_up_s_per_token == pytest.approx(2e-6, rel=0.05)
-    assert costs.catch_up_fixed_s == pytest.approx(0.002, rel=0.05)
-    assert costs.draft_prefill_s_per_token == pytest.approx(2e-6, rel=0.05)
-    assert costs.switch_s == 0.0
+    assert costs.draft_prefill_s_per_token == pytest.approx(6e-6, rel=0.01)
+    assert costs.catch_up_s_per_token == costs.draft_prefill_s_per_token     # no line of its own
+    assert costs.catch_up_fixed_s == 0.0 and costs.switch_s == 0.0
 
 
 def test_a_switch_without_a_catch_up_is_measured_and_priced():

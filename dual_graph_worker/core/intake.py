@@ -118,9 +118,10 @@ class SampleIntake:
             excess = None if event.carries_next else self._excess(i, event.seconds, priced)
             self._costs.add_switch(carry + (excess or 0.0))
         if event.catch_up_tokens > 0:
-            # Its excess is the catch-up's even where it held the next launch (a prefill's, a
-            # switch's): carried on, it would price that batch with the catch-up.
-            self._catch_up_sample(i, event, priced, carry, at_switch)
+            # One that held the next launch (a switch's, a prefill's) is no sample of either:
+            # its span mixes the two, and right after a prefill it starts late.
+            if not event.carries_next:
+                self._catch_up_sample(i, event, priced, carry, at_switch)
         elif event.carries_next:
             # Not a plain step's cost: its excess goes to the batch whose launch it holds.
             self._carry = self._excess(i, event.seconds, priced)
