@@ -593,8 +593,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--host-speed {args.host_speed}: no such file")
     try:
         costs, text, rows = _analyse(args, engine)
-    except UnicodeDecodeError as e:
-        ap.error(f"{args.step_log}: not a text step log ({e.reason}); pass a DGW_STEP_LOG file")
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
         ap.error(f"{args.step_log}: not a worker step log from its start ({type(e).__name__}: "
                  f"{e}); pass a DGW_STEP_LOG file (and --cells, --host-speed of the same run)")
