@@ -252,6 +252,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
         tuned = tuned_pools(args.capture_config, engine)
         results["capture_config"] = {"path": args.capture_config, "spec": tuned.spec_bs,
                                      "decode": tuned.decode_bs}
+        print(f"dual-pool variants' pools from {args.capture_config}: spec {list(tuned.spec_bs)}, "
+              f"decode {list(tuned.decode_bs)}")
     built = {}
     for name in names:
         b = build_variant(name, engine, sizes, use_cuda_graphs=cuda,

@@ -596,21 +596,26 @@ def kept_points(path: Path, cfg: ServeBenchConfig) -> list[ServePoint]:
     measure; a previous run with other settings is refused (its ratios would mean nothing)."""
     if not path.exists():
         return []
+    def refused(exc: Exception) -> SystemExit:
+        return SystemExit(f"error: --resume: {path} is not a serve-bench result ({exc}); use "
+                          "another --out")
+
     try:
         earlier = json.loads(path.read_text())
         config = earlier["config"]
-        kept = [ServePoint(**p) for p in earlier["points"] if p["engine"] not in cfg.engines]
+        now = _config_json(cfg)
+        # A setting added since that run was at its default there.
+        config = _config_json(ServeBenchConfig(out=cfg.out)) | config
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise SystemExit(f"error: --resume: {path} is not a serve-bench result ({exc}); use "
-                         "another --out") from None
-    now = _config_json(cfg)
-    # A setting added since that run was at its default there.
-    config = _config_json(ServeBenchConfig(out=cfg.out)) | config
+        raise refused(exc) from None
     if diff := [k for k in now if k not in _RESUME_FREE and config.get(k) != now[k]]:
         raise SystemExit(f"error: --resume: {path} was measured with other settings "
                          f"({', '.join(f'{k}={config.get(k)!r}' for k in diff)}); resume with "
                          "the same ones or use another --out")
-    return kept
+    try:
+        return [ServePoint(**p) for p in earlier["points"] if p["engine"] not in cfg.engines]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise refused(exc) from None
 
 
 def _config_json(cfg: ServeBenchConfig) -> dict:
