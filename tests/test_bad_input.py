@@ -80,8 +80,10 @@ def test_no_graph_for_batch_loses_nothing_and_leaks_nothing(toy_engine, toy_perm
     good = w.dispatch
     w.dispatch = DispatchTable.build((1, 2), (1, 2), allow_eager=False)
     w.policy = w.policy                      # the planner plans over the worker's table
+    steps = w.planner.steps
     with pytest.raises(NoGraphForBatch, match="capture larger batch sizes"):
         w.step()
+    assert w.planner.steps == steps          # raised before the policy committed the step
     assert w.num_running == 4
     assert (w.table.seq_lens == before_lens).all()
     assert (w.table.tokens == before_tokens).all()

@@ -81,11 +81,13 @@ class StepPlanner:
             decision, spec = DECIDED[Mode.DECODE, Reason.NO_SPEC_GRAPH], False
         elif spec and not spec_fits_kv:
             decision, spec = DECIDED[Mode.DECODE, Reason.KV_PRESSURE], False
-        self.policy.commit(decision)
-        self.steps += 1
         padded = inputs.spec_padded_bs if spec else inputs.decode_padded_bs
         # A spec step runs only where a spec graph covers the batch.
         graph = self.graphs_enabled and (spec or self._pads[bs][2])
+        if self.graphs_enabled and not graph and not self.table.allow_eager:
+            self.table.lookup(decision.mode, bs)     # NoGraphForBatch before the policy commits
+        self.policy.commit(decision)
+        self.steps += 1
         self.last_mode = decision.mode
         return StepPlan(decision.mode, bs, padded, graph, decision.reason)
 

@@ -233,8 +233,6 @@ class DualGraphWorker:
         kv_tokens = int(self.table.seq_lens[rows].sum())
         step_plan = self.plan(rows, kv_tokens)
         mode, reason, padded = step_plan.mode, step_plan.reason, step_plan.padded_bs
-        if not step_plan.graph:
-            self.dispatch.lookup(mode, bs)               # NoGraphForBatch where eager is off
         use_graph = step_plan.graph and self.config.use_cuda_graphs
         if self._last_mode is not None and mode is not self._last_mode:
             self.nvtx.mark_switch(self._last_mode.value, mode.value)
