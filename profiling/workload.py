@@ -83,6 +83,8 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
     if cuda:
         torch.cuda.synchronize()
 
+    warm_switches = worker.stats.switches
+
     def measured() -> None:
         worker.nvtx.mark_steady_state()     # after capture, prefill and warm-up steps
         for _ in range(profiled):
@@ -99,7 +101,8 @@ def run(model: str, bs: int, hold: int, alternate: int, warmup: int,
     else:
         measured()
     print(f"profiled {profiled} steps at bs={bs} ({model}, {d.attention_backend}, "
-          f"graphs={cuda}); switches: {worker.stats.switches}")
+          f"graphs={cuda}); switches: {worker.stats.switches - warm_switches} (warm-up's "
+          f"{warm_switches} apart)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
