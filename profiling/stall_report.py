@@ -154,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not lines:
         p.error(f"{steps_path} holds no step after the worker was ready: pass the log of a run "
                 "that served")
-    samples = read(lambda path: read_stall_samples(str(path)), stall_path)
+    samples = read(read_stall_samples, stall_path)
     t0 = ready if ready is not None else min((x.t for x in lines), default=0.0)
     gaps = longest_gaps(lines, a.top)
     eps = episodes(samples)

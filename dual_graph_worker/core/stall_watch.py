@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from dual_graph_worker.core.jsonl import json_lines
@@ -105,7 +106,7 @@ class StallWatch:
             self.check()
 
 
-def read_stall_samples(path: str) -> list[StallSample]:
+def read_stall_samples(path: str | Path) -> list[StallSample]:
     """The samples a StallWatch wrote (a torn last line is skipped)."""
     return [StallSample(d["t"], d["gap_s"], d["steps"], tuple(d["stack"]))
             for d in json_lines(path)]

@@ -147,17 +147,20 @@ class ReferenceEngine:
     def fill_synthetic_context(self, rows: np.ndarray, context_len: int, slots: np.ndarray) -> None:
         """Point rows' first `context_len` positions at distinct slots, so calibration timings
         read as much KV as real requests of that length (the slots' contents do not matter)."""
-        r = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        s = torch.from_numpy(np.asarray(slots, dtype=np.int64).reshape(len(rows), context_len)).to(self.device)
+        r = self._to_device(np.asarray(rows, dtype=np.int64))
+        s = self._to_device(np.asarray(slots, dtype=np.int64).reshape(len(rows), context_len))
         self.table.table[r[:, None], torch.arange(context_len, device=self.device)[None, :]] = s
 
     # ------------------------------------------------------------------ eager extends
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
     def _padded(self, seqs: Sequence[np.ndarray], fill: int = 0) -> torch.Tensor:
         width = max(len(s) for s in seqs)
         out = np.full((len(seqs), width), fill, dtype=np.int64)
         for i, s in enumerate(seqs):
             out[i, : len(s)] = s
-        return torch.from_numpy(out).to(self.device)
+        return self._to_device(out)
 
     @torch.inference_mode()
     def prefill(self, rows: np.ndarray, prompts: Sequence[np.ndarray],
@@ -167,7 +170,7 @@ class ReferenceEngine:
         ids = self._padded(prompts)
         W = ids.shape[1]
         loc = self._padded(slots, fill=DUMMY_SLOT)         # padding queries write the dummy slot
-        rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        rows_t = self._to_device(np.asarray(rows, dtype=np.int64))
         pos = torch.arange(W, device=self.device).expand(B, W)
         valid = pos < lens[:, None]
         self.table.write(rows_t[:, None].expand(B, W)[valid], pos[valid], loc[valid])
@@ -202,7 +205,7 @@ class ReferenceEngine:
         # Each row's positions start..end-1, padding repeating its last (masked out below).
         at = starts[:, None] + np.minimum(j, lens[:, None] - 1)
         r = np.arange(B)[:, None]
-        upload = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        upload = self._to_device
         loc = upload(np.where(valid_np, slots[r, at], DUMMY_SLOT))
         ids = upload(np.where(valid_np, tokens[r, at + 1], 0))              # token at p+1
         pos = upload(starts[:, None] + np.where(valid_np, j, 0))           # padding: start
