@@ -1,30 +1,46 @@
-"""AcceptanceEstimate keeps its rows in lists for small batches and in numpy arrays for large ones
-(a host-cost choice): whichever holds them, every estimate it gives is the same."""
+"""AcceptanceEstimate's per-request state and the loops over a batch's rows run in C where a
+compiler builds them and in Python otherwise (row_state.py): both give the same floats, whatever
+form the rows and accept lengths are handed over in."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
 
-from dual_graph_worker.core import acceptance
+from dual_graph_worker.core import acceptance, native, row_state
 from dual_graph_worker.core.acceptance import AcceptanceEstimate
+from dual_graph_worker.core.errors import ConfigError
+from dual_graph_worker.core.settings import RowLoops
 
 K = 3
 ROWS = 512
 
 
-def serve(steps: int = 400, seed: int = 5) -> tuple[list[tuple], AcceptanceEstimate, list[bool]]:
+@pytest.fixture(scope="module")
+def c_loops() -> RowLoops:
+    try:
+        row_state.row_state(RowLoops.C, 1, 4, 0.2, 0.64, 0.04)
+    except ConfigError as e:
+        pytest.skip(f"the C loops cannot be built here: {e}")
+    return RowLoops.C
+
+
+def serve(loops: RowLoops, steps: int = 400, seed: int = 5, ints: bool = False,
+          rows_as=np.array) -> tuple[list[tuple], AcceptanceEstimate]:
     """A batch that grows past the arrays' bound, shrinks below the lists' and back, with
     requests finishing and new ones (one at a time and in waves) taking free rows; each step
     reads the batch's expected acceptance and whether it holds newcomers, then adds one
     speculative step whose requests accept alike within their kind (easy or hard rows).
-    Returns what was read, the estimate, and whether its rows were in arrays at each step."""
+    `ints`: accept lengths handed over as ints; `rows_as`: how a batch's rows are handed over.
+    Returns what was read and the estimate."""
     rng = np.random.default_rng(seed)
-    est = AcceptanceEstimate(K, ROWS)
+    est = AcceptanceEstimate(K, ROWS, loops)
     easy = rng.random(ROWS) < 0.4
     free = list(range(ROWS))
     batch: list[int] = []
-    reads, arrays = [], []
+    reads = []
     # (rows, share of requests finishing each step): 150 rows hold steady, every request measured.
     phases = [(24, 0.02)] * 60 + [(160, 0.02)] * 100 + [(70, 0.02)] * 40 + [(150, 0.0)] * 30 \
         + [(30, 0.02)] * 50 + [(120, 0.02)] * 120
@@ -39,82 +55,85 @@ def serve(steps: int = 400, seed: int = 5) -> tuple[list[tuple], AcceptanceEstim
             est.admit(joining, step)
             batch += joining
         rows = np.array(batch)
-        reads.append((est.expected(rows), est.newcomers(rows), est.mean, est.fresh))
+        handed = rows_as(batch)
+        reads.append((est.expected(handed), est.newcomers(handed), est.mean, est.fresh))
         draws = np.where(easy[rows], rng.choice([3.0, 4.0], len(rows)),
                          rng.choice([1.0, 2.0], len(rows)))
-        est.add(draws.tolist(), float(draws.sum()), rows, step)
-        arrays.append(est._arrays)
-    return reads, est, arrays
+        accepts = draws.astype(int).tolist() if ints else draws.tolist()
+        est.add(accepts, float(draws.sum()), handed, step)
+    return reads, est
 
 
-def test_large_batches_keep_their_rows_in_arrays_and_every_estimate_is_the_lists(monkeypatch):
-    reads, est, arrays = serve()
-    # The run moved its rows to arrays (160 rows; a wave of 80 joins them there at 150), back
-    # to lists (30), and to arrays again.
-    assert arrays[100] and not arrays[250] and arrays[-1]
-    monkeypatch.setattr(acceptance, "_ARRAY_ROWS", ROWS + 1)
-    lists_reads, lists_est, lists_arrays = serve()
-    assert not any(lists_arrays)
-    for step, (got, want) in enumerate(zip(reads, lists_reads)):
-        assert got[0] == pytest.approx(want[0], rel=1e-12), step
-        assert got[1:] == want[1:], step
-    assert est.estimates() == lists_est.estimates()
-    assert est.draw_var == lists_est.draw_var
-    for name in acceptance._ARRAY_FIELDS:
-        kept, listed = np.asarray(getattr(est, name)), np.asarray(getattr(lists_est, name))
-        np.testing.assert_array_equal(kept, listed, err_msg=name)
-    assert est._first_draws == lists_est._first_draws
+
+def test_the_c_loops_give_the_python_loops_floats(c_loops):
+    """A batch growing, shrinking and turning over (small batches weighed row by row, large ones
+    pooled), requests measured and not: every read and every row's state is the same float."""
+    reads, est = serve(c_loops)
+    want_reads, want = serve(RowLoops.PYTHON)
+    assert type(est._rows).__name__ == "RowState" and type(want._rows).__name__ == "PyRowState"
+    assert reads == want_reads
+    got_rows, want_rows = est.rows_snapshot(), want.rows_snapshot()
+    for got_field, want_field in zip(got_rows[:3], want_rows[:3]):
+        np.testing.assert_array_equal(np.array(got_field), np.array(want_field))
+    assert got_rows[3] == want_rows[3]                      # first draws
+    assert est.estimates() == want.estimates() and est.draw_var == want.draw_var
+    assert sum(e == e for e in got_rows[0]) > 100           # most rows measured by then
 
 
-def test_a_batch_near_a_bound_does_not_move_the_rows_every_step():
-    est = AcceptanceEstimate(K, ROWS)
-    est.admit(list(range(128)), 0)
-    moves = 0
-    for step, size in enumerate([100, 60, 90, 50, 95, 48] * 4):
-        before = est._arrays
-        rows = np.arange(size)
-        est.add([2.0] * size, 2.0 * size, rows, step)
-        moves += est._arrays != before
-    assert moves == 1                           # into arrays at 100; 48-95 keep them there
-    est.add([2.0] * 47, 94.0, np.arange(47), 99)
-    assert not est._arrays
+@pytest.mark.parametrize("loops", [RowLoops.PYTHON, "c"])
+@pytest.mark.parametrize("rows_as", [list, lambda b: np.array(b, dtype=np.int32),
+                                     lambda b: np.repeat(np.array(b), 2)[::2]],
+                         ids=["list", "int32", "strided"])
+def test_rows_and_accept_lengths_in_any_form_read_the_same(loops, rows_as, request):
+    """A worker may hand its rows over as a list, int32, or a strided view, and its accept
+    lengths as ints: the same reads as an int64 array of floats' rows."""
+    if loops == "c":
+        loops = request.getfixturevalue("c_loops")
+    reads, est = serve(loops, steps=250, ints=True, rows_as=rows_as)
+    want_reads, want = serve(loops, steps=250)
+    assert reads == want_reads and est.estimates() == want.estimates()
 
 
-def test_accept_lengths_as_ints_or_floats_give_the_same_estimates_in_arrays():
-    """A worker may hand its accept lengths over as ints: the arrays read them as the floats."""
-    rng = np.random.default_rng(3)
-    ints, floats = AcceptanceEstimate(K, ROWS), AcceptanceEstimate(K, ROWS)
-    rows = np.arange(200)
-    for est in (ints, floats):
-        est.admit(rows.tolist(), 0)
-    for step in range(1, 12):
-        draws = rng.integers(1, K + 2, len(rows))
-        ints.add(draws.tolist(), float(draws.sum()), rows, step)
-        floats.add(draws.astype(float).tolist(), float(draws.sum()), rows, step)
-    assert ints._arrays and floats._arrays
-    assert ints.expected(rows) == floats.expected(rows)
-    assert ints.estimates() == floats.estimates()
-    np.testing.assert_array_equal(ints._rows, floats._rows)
+@pytest.mark.parametrize("loops", [RowLoops.PYTHON, "c"])
+def test_a_row_outside_the_pool_is_refused(loops, request):
+    if loops == "c":
+        loops = request.getfixturevalue("c_loops")
+    est = AcceptanceEstimate(K, 8, loops)
+    with pytest.raises(IndexError):
+        est.add([2.0], 2.0, np.array([8]), 1)
+    with pytest.raises((IndexError, TypeError)):
+        est.expected(np.array([0.5]))
 
 
-@pytest.mark.parametrize("size", [40, 70, 150])
-def test_a_pooled_batch_reads_the_same_whichever_pass_it_takes_first(size):
-    """A pooled batch that held unmeasured rows is read next in one pass that drops them; a
-    host-cost hint only: with or without unmeasured rows, in lists or arrays, the same float."""
-    _, est, _ = serve()
-    est._store_for(size)
-    measured = [r for r in range(ROWS) if est._rows[r] == est._rows[r]]
-    fresh = sorted(set(range(ROWS)) - set(measured))[:5]
-    assert len(measured) >= size and len(fresh) == 5
-    est.admit(fresh, 500)
-    for batch in (measured[:size], measured[:size - 5] + fresh):
-        rows = np.array(batch)
-        reads = []
-        for hint in (False, True, False):
-            est._unmeasured_in_batch = hint
-            reads.append(est.expected(rows))
-        assert reads[0] == reads[1] == reads[2]
-        assert est._unmeasured_in_batch is (batch[-1] in fresh)
+def test_where_the_c_loops_cannot_build_auto_runs_python_and_c_names_why(monkeypatch, tmp_path,
+                                                                        caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native.sysconfig, "get_config_var",
+                        lambda name: "/nonexistent/cc" if name == "CC" else None)
+    row_state._c_loops.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            est = AcceptanceEstimate(K, ROWS, RowLoops.AUTO)
+        assert type(est._rows) is row_state.PyRowState
+        assert "no C compiler" in caplog.text and "DGW_ROW_LOOPS=python" in caplog.text
+        with pytest.raises(ConfigError, match="DGW_ROW_LOOPS=c: no C compiler"):
+            AcceptanceEstimate(K, ROWS, RowLoops.C)
+    finally:
+        row_state._c_loops.cache_clear()
+
+
+def test_a_built_extension_is_taken_from_the_cache(monkeypatch, tmp_path, c_loops):
+    """The first load builds into the cache; a later one (another process, another rank) only
+    imports it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    builds = []
+    build = native._build
+    monkeypatch.setattr(native, "_build", lambda *a: builds.append(a) or build(*a))
+    first = native.load(row_state._SOURCE, "dgw_row_state")
+    second = native.load(row_state._SOURCE, "dgw_row_state")
+    assert len(builds) == 1 and list((tmp_path / "dual-graph-worker" / "native").iterdir())
+    assert first.RowState(4, 4, 0.2, 0.64, 0.04).newest([0, 3]) == -1
+    assert second.RowState(4, 4, 0.2, 0.64, 0.04).pooled(np.arange(4)) == (0.0, 0)
 
 
 def test_first_estimates_fold_at_most_every_few_speculative_steps_and_at_once_when_asked():
@@ -122,7 +141,7 @@ def test_first_estimates_fold_at_most_every_few_speculative_steps_and_at_once_wh
     _FOLD_EVERY speculative steps after the last (a fold costs the same whatever it holds), or
     for fold(), which the exchange calls whatever the mode; until then each folds at once."""
     def serve_until_pending() -> AcceptanceEstimate:
-        est = AcceptanceEstimate(K, ROWS)
+        est = AcceptanceEstimate(K, ROWS, RowLoops.PYTHON)
         est.admit(list(range(16)), 0)
         est.admit([16], 1)
         est.add(draws, sum(draws), old, 1)
@@ -145,29 +164,39 @@ def test_first_estimates_fold_at_most_every_few_speculative_steps_and_at_once_wh
     assert asked.fresh == est.fresh
 
 
-@pytest.mark.parametrize("size", [20, 64, 200])
-def test_a_batch_that_never_changes_gives_what_a_new_array_a_step_gives(size):
-    """A batch handed over as one read-only array skips work (host cost only): add reuses what
-    expected read of it, and once its adds settled its rows' noise (_SETTLED_AFTER) leaves that
-    alone. Every read and estimate is the same as with a new writeable array each step, through
-    an admission into the batch that unsettles it."""
-    rng = np.random.default_rng(size)
-    frozen, fresh = AcceptanceEstimate(K, ROWS), AcceptanceEstimate(K, ROWS)
-    rows = np.arange(size)
-    rows.flags.writeable = False
-    settled = 0
-    for step in range(1, 2 * acceptance._SETTLED_AFTER + 40):
-        if step == acceptance._SETTLED_AFTER + 30:
-            for est in (frozen, fresh):
-                est.admit([size // 2], step)
-        draws = rng.integers(1, K + 2, size).astype(float).tolist()
-        reads = [est.expected(batch) for est, batch in ((frozen, rows), (fresh, np.arange(size)))]
-        assert reads[0] == reads[1], step
-        frozen.add(draws, sum(draws), rows, step)
-        fresh.add(draws, sum(draws), np.arange(size), step)
-        settled += frozen._run_rows is rows and frozen._run_adds >= acceptance._SETTLED_AFTER
-    assert 0 < settled < acceptance._SETTLED_AFTER and fresh._run_rows is None
-    for name in acceptance._ARRAY_FIELDS:
-        np.testing.assert_array_equal(np.asarray(getattr(frozen, name)),
-                                      np.asarray(getattr(fresh, name)), err_msg=name)
-    assert frozen.estimates() == fresh.estimates()
+@pytest.mark.parametrize("loops", [RowLoops.PYTHON, "c"])
+def test_a_nan_accept_length_unmeasures_a_row_and_its_draws_start_over(loops, request):
+    """Never from an engine, but no write past a row's first draws: the row collects four more
+    and is measured again, in C as in Python."""
+    if loops == "c":
+        loops = request.getfixturevalue("c_loops")
+    est, row = AcceptanceEstimate(K, 4, loops), np.array([2])
+    for step, accept in enumerate([2.0, 2.0, 3.0, 3.0, float("nan")] + [4.0] * 9, start=1):
+        est.add([accept], accept, row, step)
+    assert est.rows_snapshot()[0][2] == 4.0 and est.rows_snapshot()[3][2] == []
+
+
+def test_a_corrupt_cached_build_is_named_and_auto_runs_python(monkeypatch, tmp_path, caplog,
+                                                              c_loops):
+    """A cached file that is no extension (a disk fault, a copied cache): named, not a crash."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = native.cached_path(row_state._SOURCE, "dgw_row_state")
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"not an ELF file")
+    with pytest.raises(native.NativeBuildError, match="delete it to rebuild"):
+        native.load(row_state._SOURCE, "dgw_row_state")
+    row_state._c_loops.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            est = AcceptanceEstimate(K, ROWS, RowLoops.AUTO)
+        assert type(est._rows) is row_state.PyRowState and "delete it" in caplog.text
+    finally:
+        row_state._c_loops.cache_clear()
+
+
+def test_a_row_state_never_initialised_refuses_every_row(c_loops):
+    kind = type(AcceptanceEstimate(K, 4, c_loops)._rows)
+    bare = kind.__new__(kind)
+    with pytest.raises(IndexError):
+        bare.add(np.array([0]), [2.0], [], [])
+    assert bare.snapshot() == ([], [], [], [])

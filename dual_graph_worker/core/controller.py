@@ -29,7 +29,7 @@ from dual_graph_worker.core.modes import OTHER, Mode
 from dual_graph_worker.core.policy import (DECIDED, Accepted, Admitted, Decision, DraftPrefills,
                                            DwellState, Observation, PolicyInputs, PolicyState,
                                            PrefillTime, Reason, Reducer, StepTime, same_rank)
-from dual_graph_worker.core.settings import BY_KEY, Settings
+from dual_graph_worker.core.settings import BY_KEY, RowLoops, Settings
 from dual_graph_worker.core.step_times import StepTimeTable
 
 _RUN_ALPHA = 0.3
@@ -60,6 +60,7 @@ class ControllerConfig:
     sync_every: int = _default("sync_every")
     ema_alpha: float = _default("ema_alpha")
     switch_horizon: int = _default("switch_horizon")
+    row_loops: RowLoops = _default("row_loops")
     # Decode-mode prefills skip the draft's prefill (lazy catch-up's deferral): only spec mode
     # pays the draft per prompt token.
     defers_prefill: bool = False
@@ -102,7 +103,8 @@ class GoodputController:
                  prior: Optional[CalibrationTable] = None) -> None:
         self.config = config
         self._times = StepTimeTable(sizes, prior, config.ema_alpha)
-        self._acceptance = AcceptanceEstimate(config.num_draft_tokens, config.max_rows)
+        self._acceptance = AcceptanceEstimate(config.num_draft_tokens, config.max_rows,
+                                              config.row_loops)
         self._batch_costs = BatchCosts(config.draft_floor, config.draft_share, config.max_rows,
                                        config.catch_up_work)
         self._intake = SampleIntake(self._times, self._batch_costs)

@@ -26,8 +26,16 @@ from dual_graph_worker.core.jsonio import read_json_object
 CONFIG_FILE_ENV = "DGW_CONFIG"
 # Set by nsys when it injects its NVTX listener; read as-is (a profiler's, not a setting).
 NSYS_NVTX_INJECTION_ENV = "NVTX_INJECTION64_PATH"
+# Where built C loops are kept (the XDG base-directory rule's, read as-is: no setting).
+CACHE_HOME_ENV = "XDG_CACHE_HOME"
 ENV_PREFIX = "DGW_"
 MEASURE = "measure"
+
+
+class RowLoops(str, enum.Enum):
+    AUTO = "auto"            # the C loops where they build, else Python's (one warning)
+    C = "c"                  # the C loops, or a ConfigError naming why they cannot build
+    PYTHON = "python"        # the same loops in Python: slower, nothing to build
 
 
 class PolicyKind(str, enum.Enum):
@@ -185,6 +193,9 @@ class Settings:
     draft_floor: bool = _setting("DGW_DRAFT_FLOOR", True, "goodput: a draft token costs no "
                                  "less than the draft's share of the weights of a prefill "
                                  "token (0: as measured, whatever small catch-ups fit)")
+    row_loops: RowLoops = _setting("DGW_ROW_LOOPS", RowLoops.AUTO, "goodput: the loops over "
+                                   "a batch's requests: auto (C where a compiler builds them), "
+                                   "c, or python (slower)")
     calibration: str = _setting("DGW_CALIBRATION", MEASURE, "goodput prior: 'measure' (graph "
                                 "replays at start-up) or a calibration JSON path")
     calibrate_iters: int = _setting("DGW_CALIBRATE_ITERS", 5, "timed replays per graph when "
@@ -305,6 +316,12 @@ def read_setting(key: str) -> Any:
     """Setting `key` as this process's environment resolves it (Setting.read), the others
     unread: for a caller that needs one setting and no Settings."""
     return BY_KEY[key].read(os.environ)
+
+
+def cache_home() -> Path:
+    """This package's cache folder: $XDG_CACHE_HOME/dual-graph-worker, else ~/.cache/..."""
+    base = os.environ.get(CACHE_HOME_ENV) or str(Path.home() / ".cache")
+    return Path(base) / "dual-graph-worker"
 
 
 def nsys_injected() -> bool:
