@@ -17,61 +17,63 @@ typedef struct {
     double *draws;        /* n x first_draws */
     long long *admitted_at;
     Py_ssize_t *drawn;    /* first draws in so far */
+    Py_ssize_t *rows;     /* scratch: the batch's rows, checked (take_rows) */
+    Py_ssize_t rows_cap;
 } RowState;
 
-/* A batch's rows: a 1-d buffer of 4- or 8-byte ints (numpy's int32 / int64), or a list. */
-typedef struct {
+/* `obj`'s rows (a list of ints, or a 1-d buffer of 4- or 8-byte ints: numpy's int32 / int64),
+   each checked against the pool, into the object's scratch `rows`; their count, or -1 with an
+   exception set. */
+static Py_ssize_t take_rows(RowState *self, PyObject *obj) {
     Py_buffer view;
-    PyObject *list;
-    Py_ssize_t len;
-} Rows;
-
-static int rows_open(PyObject *obj, Rows *r) {
-    r->list = NULL;
-    if (PyList_Check(obj)) {
-        r->list = obj;
-        r->len = PyList_GET_SIZE(obj);
-        return 0;
-    }
-    if (PyObject_GetBuffer(obj, &r->view, PyBUF_RECORDS_RO) < 0)
-        return -1;
-    const char *f = r->view.format ? r->view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    int ok = r->view.ndim == 1 && f[1] == '\0'
-             && ((r->view.itemsize == 8 && (*f == 'l' || *f == 'q'))
-                 || (r->view.itemsize == 4 && (*f == 'i' || *f == 'l')));
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError, "rows must be a list or a 1-d int32/int64 array, got "
-                     "format '%s' of %zd dimensions", f, (Py_ssize_t)r->view.ndim);
-        PyBuffer_Release(&r->view);
-        return -1;
-    }
-    r->len = r->view.shape[0];
-    return 0;
-}
-
-static void rows_close(Rows *r) {
-    if (!r->list)
-        PyBuffer_Release(&r->view);
-}
-
-/* Row i of the batch, checked against the pool; -1 with an exception set where it is not. */
-static Py_ssize_t rows_at(const Rows *r, Py_ssize_t i, Py_ssize_t n) {
-    long long row;
-    if (r->list) {
-        row = PyLong_AsLongLong(PyList_GET_ITEM(r->list, i));
-        if (row == -1 && PyErr_Occurred())
+    int listed = PyList_Check(obj);
+    if (!listed) {
+        if (PyObject_GetBuffer(obj, &view, PyBUF_RECORDS_RO) < 0)
             return -1;
-    } else {
-        const char *p = (const char *)r->view.buf + i * r->view.strides[0];
-        row = r->view.itemsize == 8 ? *(const int64_t *)p : *(const int32_t *)p;
+        const char *f = view.format ? view.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@')
+            f++;
+        if (view.ndim != 1 || f[0] == '\0' || f[1] != '\0'
+                || !((view.itemsize == 8 && (*f == 'l' || *f == 'q'))
+                     || (view.itemsize == 4 && (*f == 'i' || *f == 'l')))) {
+            PyErr_Format(PyExc_TypeError, "rows must be a list or a 1-d int32/int64 array, "
+                         "got format '%s' of %d dimensions", f, view.ndim);
+            PyBuffer_Release(&view);
+            return -1;
+        }
     }
-    if (row < 0 || row >= n) {
-        PyErr_Format(PyExc_IndexError, "row %lld outside the pool's %zd rows", row, n);
-        return -1;
+    Py_ssize_t len = listed ? PyList_GET_SIZE(obj) : view.shape[0];
+    if (len > self->rows_cap) {
+        Py_ssize_t *grown = PyMem_Realloc(self->rows, len * sizeof(Py_ssize_t));
+        if (!grown) {
+            if (!listed)
+                PyBuffer_Release(&view);
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->rows = grown;
+        self->rows_cap = len;
     }
-    return (Py_ssize_t)row;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        long long row;
+        if (listed) {
+            row = PyLong_AsLongLong(PyList_GET_ITEM(obj, i));
+            if (row == -1 && PyErr_Occurred())
+                return -1;
+        } else {
+            const char *at = (const char *)view.buf + i * view.strides[0];
+            row = view.itemsize == 8 ? *(const int64_t *)at : *(const int32_t *)at;
+        }
+        if (row < 0 || row >= self->n) {
+            PyErr_Format(PyExc_IndexError, "row %lld outside the pool's %zd rows", row, self->n);
+            len = -1;
+            break;
+        }
+        self->rows[i] = (Py_ssize_t)row;
+    }
+    if (!listed)
+        PyBuffer_Release(&view);
+    return len;
 }
 
 static int RowState_init(RowState *self, PyObject *args, PyObject *kwds) {
@@ -113,75 +115,58 @@ static void RowState_dealloc(RowState *self) {
     PyMem_Free(self->draws);
     PyMem_Free(self->admitted_at);
     PyMem_Free(self->drawn);
+    PyMem_Free(self->rows);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *RowState_admit(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
-    Rows r;
-    long long step;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "admit(rows, step)");
         return NULL;
     }
-    step = PyLong_AsLongLong(args[1]);
-    if ((step == -1 && PyErr_Occurred()) || rows_open(args[0], &r) < 0)
+    long long step = PyLong_AsLongLong(args[1]);
+    if (step == -1 && PyErr_Occurred())
         return NULL;
-    for (Py_ssize_t i = 0; i < r.len; i++) {
-        Py_ssize_t row = rows_at(&r, i, self->n);
-        if (row < 0) {
-            rows_close(&r);
-            return NULL;
-        }
+    Py_ssize_t len = take_rows(self, args[0]);
+    if (len < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_ssize_t row = self->rows[i];
         self->est[row] = self->noise[row] = NAN;
         self->admitted_at[row] = step;
         self->drawn[row] = 0;
     }
-    rows_close(&r);
     Py_RETURN_NONE;
 }
 
 static PyObject *RowState_newest(RowState *self, PyObject *rows) {
-    Rows r;
     long long newest = -1;
-    if (rows_open(rows, &r) < 0)
+    Py_ssize_t len = take_rows(self, rows);
+    if (len < 0)
         return NULL;
-    for (Py_ssize_t i = 0; i < r.len; i++) {
-        Py_ssize_t row = rows_at(&r, i, self->n);
-        if (row < 0) {
-            rows_close(&r);
-            return NULL;
-        }
-        if (self->admitted_at[row] > newest)
-            newest = self->admitted_at[row];
-    }
-    rows_close(&r);
+    for (Py_ssize_t i = 0; i < len; i++)
+        if (self->admitted_at[self->rows[i]] > newest)
+            newest = self->admitted_at[self->rows[i]];
     return PyLong_FromLongLong(newest);
 }
 
 static PyObject *RowState_pooled(RowState *self, PyObject *rows) {
-    Rows r;
     double total = 0.0;
     Py_ssize_t known = 0;
-    if (rows_open(rows, &r) < 0)
+    Py_ssize_t len = take_rows(self, rows);
+    if (len < 0)
         return NULL;
-    for (Py_ssize_t i = 0; i < r.len; i++) {
-        Py_ssize_t row = rows_at(&r, i, self->n);
-        if (row < 0) {
-            rows_close(&r);
-            return NULL;
-        }
-        double e = self->est[row];
+    for (Py_ssize_t i = 0; i < len; i++) {
+        double e = self->est[self->rows[i]];
         if (e == e) {
             total += e;
             known++;
         }
     }
-    rows_close(&r);
     return Py_BuildValue("(dn)", total, known);
 }
 
 static PyObject *RowState_weighted(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
-    Rows r;
     double v[6];
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
@@ -195,14 +180,11 @@ static PyObject *RowState_weighted(RowState *self, PyObject *const *args, Py_ssi
     }
     double every = v[0], fresh = v[1], centre = v[2], below = v[3], above = v[4], draw = v[5];
     double total = 0.0;
-    if (rows_open(args[0], &r) < 0)
+    Py_ssize_t len = take_rows(self, args[0]);
+    if (len < 0)
         return NULL;
-    for (Py_ssize_t i = 0; i < r.len; i++) {
-        Py_ssize_t row = rows_at(&r, i, self->n);
-        if (row < 0) {
-            rows_close(&r);
-            return NULL;
-        }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_ssize_t row = self->rows[i];
         double e = self->est[row];
         if (e != e) {
             total += fresh;
@@ -211,7 +193,6 @@ static PyObject *RowState_weighted(RowState *self, PyObject *const *args, Py_ssi
         double d = e < centre ? below : above;
         total += every + d * (e - every) / (d + draw * self->noise[row]);
     }
-    rows_close(&r);
     return PyFloat_FromDouble(total);
 }
 
@@ -243,38 +224,34 @@ static int first_draw(RowState *self, Py_ssize_t row, double accept, PyObject *f
 }
 
 static PyObject *RowState_add(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
-    Rows r;
     if (nargs != 4 || !PyList_Check(args[1]) || !PyList_Check(args[2])
             || !PyList_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "add(rows, accepts: list, firsts: list, within: list)");
         return NULL;
     }
     PyObject *accepts = args[1];
-    if (rows_open(args[0], &r) < 0)
+    Py_ssize_t len = take_rows(self, args[0]);
+    if (len < 0)
         return NULL;
-    Py_ssize_t len = r.len < PyList_GET_SIZE(accepts) ? r.len : PyList_GET_SIZE(accepts);
+    if (PyList_GET_SIZE(accepts) < len)               /* as zip: the shorter */
+        len = PyList_GET_SIZE(accepts);
     int whole = 1;
     double alpha = self->alpha, keep_sq = self->keep_sq, alpha_sq = self->alpha_sq;
     for (Py_ssize_t i = 0; i < len; i++) {
-        Py_ssize_t row = rows_at(&r, i, self->n);
+        Py_ssize_t row = self->rows[i];
         double a = PyFloat_AsDouble(PyList_GET_ITEM(accepts, i));
-        if (row < 0 || (a == -1.0 && PyErr_Occurred())) {
-            rows_close(&r);
+        if (a == -1.0 && PyErr_Occurred())
             return NULL;
-        }
         double e = self->est[row];
         if (e == e) {
             self->est[row] = e + alpha * (a - e);
             self->noise[row] = keep_sq * self->noise[row] + alpha_sq;
         } else {
             whole = 0;
-            if (first_draw(self, row, a, args[2], args[3]) < 0) {
-                rows_close(&r);
+            if (first_draw(self, row, a, args[2], args[3]) < 0)
                 return NULL;
-            }
         }
     }
-    rows_close(&r);
     return PyBool_FromLong(whole);
 }
 
