@@ -108,6 +108,7 @@ def test_a_row_outside_the_pool_is_refused(loops, request):
 def test_where_the_c_loops_cannot_build_auto_runs_python_and_c_names_why(monkeypatch, tmp_path,
                                                                         caplog):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))               # no `cc` either
     monkeypatch.setattr(native.sysconfig, "get_config_var",
                         lambda name: "/nonexistent/cc" if name == "CC" else None)
     row_state._c_loops.cache_clear()
@@ -200,3 +201,54 @@ def test_a_row_state_never_initialised_refuses_every_row(c_loops):
     with pytest.raises(IndexError):
         bare.add(np.array([0]), [2.0], [], [])
     assert bare.snapshot() == ([], [], [], [])
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_the_two_row_states_agree_on_random_calls(c_loops, k):
+    """Below AcceptanceEstimate: fractional accept lengths, an odd number of first draws,
+    a row twice in one batch, random weights: every answer and every row the same float."""
+    rng = np.random.default_rng(k)
+    args = (64, k, 0.2, 0.64, 0.04)
+    both = [row_state.row_state(c_loops, *args), row_state.PyRowState(*args)]
+    for step in range(300):
+        rows = rng.integers(0, 64, rng.integers(1, 40))
+        if step % 7 == 0:
+            for state in both:
+                state.admit(rows[:3].tolist(), step)
+        accepts = (rng.random(len(rows)) * 4.0 + 1.0).tolist()
+        weights = rng.random(6).tolist()
+        outs = []
+        for state in both:
+            firsts, within = [], []
+            outs.append((state.add(rows, accepts, firsts, within), firsts, within,
+                         state.pooled(rows), state.newest(rows), state.weighted(rows, *weights)))
+        assert outs[0] == outs[1], step
+    snaps = [state.snapshot() for state in both]
+    for got, want in zip(snaps[0][:3], snaps[1][:3]):
+        np.testing.assert_array_equal(np.array(got), np.array(want))
+    assert snaps[0][3] == snaps[1][3]
+
+
+def test_a_conversion_that_calls_back_is_refused_not_a_crash(c_loops):
+    """An accept length whose __float__ shrinks the list, or calls the object again: no read
+    past the list, no scratch overwritten under the loop."""
+    state = row_state.row_state(c_loops, 8, 4, 0.2, 0.64, 0.04)
+    accepts: list = []
+
+    class Shrinks:
+        def __float__(self):
+            accepts.clear()
+            return 2.0
+
+    accepts += [Shrinks()] + [2.0] * 7
+    state.add(np.arange(8), accepts, [], [])
+    assert state.snapshot()[3][:2] == [[2.0], []]           # row 0 drew; the loop stopped
+
+    class CallsBack:
+        def __float__(self):
+            state.pooled(np.arange(8))
+            return 2.0
+
+    with pytest.raises(RuntimeError, match="from within one of its methods"):
+        state.add(np.arange(8), [CallsBack()] * 8, [], [])
+    assert state.pooled(np.arange(8)) == (0.0, 0)           # usable after

@@ -32,8 +32,13 @@ def load(source: Path, name: str) -> ModuleType:
     """The extension module `name` (its PyInit_<name>) built from `source`, from the cache when
     built before; NativeBuildError where it cannot be built."""
     built = cached_path(source, name)
-    if not built.exists():
-        _build(source, built)
+    try:
+        if not built.exists():
+            _build(source, built)
+    except OSError as e:
+        raise NativeBuildError(f"cannot write the C loops' cache {built.parent}: {e.strerror}; "
+                               "set XDG_CACHE_HOME to a writable folder, or DGW_ROW_LOOPS=python"
+                               ) from None
     try:
         spec = importlib.util.spec_from_file_location(name, built)
         module = importlib.util.module_from_spec(spec)
@@ -59,31 +64,34 @@ def cached_path(source: Path, name: str) -> Path:
 
 def _build(source: Path, built: Path) -> None:
     """Compiles into a temporary file beside `built`, then renames it: ranks building at once
-    each rename a whole file."""
-    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    each rename a whole file. Python's own compiler first, then `cc`."""
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
         raise NativeBuildError(f"no Python.h under {include}: install the Python development "
                                "headers (e.g. python3-dev), or set DGW_ROW_LOOPS=python")
-    try:
-        built.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=built.suffix, dir=built.parent)
-        os.close(fd)
-    except OSError as e:
-        raise NativeBuildError(f"cannot write the C loops' cache {built.parent}: {e.strerror}; "
-                               "set XDG_CACHE_HOME to a writable folder, or DGW_ROW_LOOPS=python"
-                               ) from None
+    built.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=built.suffix, dir=built.parent)
+    os.close(fd)
     extra = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
-    command = [*compiler, *_FLAGS, *extra, f"-I{include}", str(source), "-o", tmp]
+    failures = []
     try:
-        done = subprocess.run(command, capture_output=True, text=True)
-    except OSError as e:
-        os.unlink(tmp)
-        raise NativeBuildError(f"no C compiler ({compiler[0]}: {e.strerror}): install one "
-                               "(gcc), or set DGW_ROW_LOOPS=python") from None
-    if done.returncode != 0:
-        os.unlink(tmp)
-        first = (done.stderr.strip().splitlines() or ["no message"])[0]
-        raise NativeBuildError(f"{compiler[0]} could not build {source.name}: {first}; "
-                               "set DGW_ROW_LOOPS=python to run without it")
-    os.replace(tmp, built)
+        for compiler in dict.fromkeys([sysconfig.get_config_var("CC") or "cc", "cc"]):
+            command = [*shlex.split(compiler), *_FLAGS, *extra, f"-I{include}", str(source),
+                       "-o", tmp]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True)
+            except OSError as e:
+                failures.append(f"{command[0]}: {e.strerror}")
+                continue
+            if done.returncode == 0:
+                os.chmod(tmp, 0o755)                    # other users of a shared cache load it
+                os.replace(tmp, built)
+                return
+            lines = done.stderr.strip().splitlines() or ["no message"]
+            failures.append(f"{command[0]}: " + next((line for line in lines if "error" in line),
+                                                     lines[0]))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    raise NativeBuildError(f"no C compiler could build {source.name} ({'; '.join(failures)}): "
+                           "install one (gcc), or set DGW_ROW_LOOPS=python")

@@ -6,6 +6,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct {
     PyObject_HEAD
@@ -19,6 +20,7 @@ typedef struct {
     Py_ssize_t *drawn;    /* first draws in so far */
     Py_ssize_t *rows;     /* scratch: the batch's rows, checked (take_rows) */
     Py_ssize_t rows_cap;
+    int busy;             /* a method runs: Python code it calls may not re-enter */
 } RowState;
 
 /* `obj`'s rows (a list of ints, or a 1-d buffer of 4- or 8-byte ints: numpy's int32 / int64),
@@ -57,12 +59,27 @@ static Py_ssize_t take_rows(RowState *self, PyObject *obj) {
     for (Py_ssize_t i = 0; i < len; i++) {
         long long row;
         if (listed) {
-            row = PyLong_AsLongLong(PyList_GET_ITEM(obj, i));
+            if (i >= PyList_GET_SIZE(obj)) {     /* an __index__ that shrank the list */
+                len = i;
+                break;
+            }
+            PyObject *item = PyList_GET_ITEM(obj, i);
+            Py_INCREF(item);
+            row = PyLong_AsLongLong(item);
+            Py_DECREF(item);
             if (row == -1 && PyErr_Occurred())
                 return -1;
         } else {
             const char *at = (const char *)view.buf + i * view.strides[0];
-            row = view.itemsize == 8 ? *(const int64_t *)at : *(const int32_t *)at;
+            if (view.itemsize == 8) {
+                int64_t v;
+                memcpy(&v, at, sizeof v);
+                row = v;
+            } else {
+                int32_t v;
+                memcpy(&v, at, sizeof v);
+                row = v;
+            }
         }
         if (row < 0 || row >= self->n) {
             PyErr_Format(PyExc_IndexError, "row %lld outside the pool's %zd rows", row, self->n);
@@ -79,19 +96,24 @@ static Py_ssize_t take_rows(RowState *self, PyObject *obj) {
 static int RowState_init(RowState *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"max_rows", "first_draws", "alpha", "keep_sq", "alpha_sq", NULL};
     Py_ssize_t n, k;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nnddd", names, &n, &k, &self->alpha,
-                                     &self->keep_sq, &self->alpha_sq))
+    double alpha, keep_sq, alpha_sq;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nnddd", names, &n, &k, &alpha, &keep_sq,
+                                     &alpha_sq))
         return -1;
-    if (n < 0 || k < 1) {
-        PyErr_SetString(PyExc_ValueError, "max_rows must be >= 0 and first_draws >= 1");
-        return -1;
-    }
     if (self->est) {
         PyErr_SetString(PyExc_RuntimeError, "RowState is initialised once");
         return -1;
     }
-    self->first_draws = k;
     Py_ssize_t cells = n ? n : 1;
+    if (n < 0 || k < 2 || k > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / cells) {
+        PyErr_SetString(PyExc_ValueError, "max_rows must be >= 0 and first_draws >= 2, "
+                        "their product within memory");
+        return -1;
+    }
+    self->first_draws = k;
+    self->alpha = alpha;
+    self->keep_sq = keep_sq;
+    self->alpha_sq = alpha_sq;
     self->est = PyMem_Calloc(cells, sizeof(double));
     self->noise = PyMem_Calloc(cells, sizeof(double));
     self->draws = PyMem_Calloc(cells * k, sizeof(double));
@@ -119,7 +141,7 @@ static void RowState_dealloc(RowState *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *RowState_admit(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *admit_rows(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "admit(rows, step)");
         return NULL;
@@ -139,7 +161,7 @@ static PyObject *RowState_admit(RowState *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-static PyObject *RowState_newest(RowState *self, PyObject *rows) {
+static PyObject *newest_rows(RowState *self, PyObject *rows) {
     long long newest = -1;
     Py_ssize_t len = take_rows(self, rows);
     if (len < 0)
@@ -150,7 +172,7 @@ static PyObject *RowState_newest(RowState *self, PyObject *rows) {
     return PyLong_FromLongLong(newest);
 }
 
-static PyObject *RowState_pooled(RowState *self, PyObject *rows) {
+static PyObject *pooled_rows(RowState *self, PyObject *rows) {
     double total = 0.0;
     Py_ssize_t known = 0;
     Py_ssize_t len = take_rows(self, rows);
@@ -166,7 +188,7 @@ static PyObject *RowState_pooled(RowState *self, PyObject *rows) {
     return Py_BuildValue("(dn)", total, known);
 }
 
-static PyObject *RowState_weighted(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *weighted_rows(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
     double v[6];
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
@@ -223,7 +245,7 @@ static int first_draw(RowState *self, Py_ssize_t row, double accept, PyObject *f
     return failed ? -1 : 0;
 }
 
-static PyObject *RowState_add(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *add_rows(RowState *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_Check(args[1]) || !PyList_Check(args[2])
             || !PyList_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "add(rows, accepts: list, firsts: list, within: list)");
@@ -237,9 +259,12 @@ static PyObject *RowState_add(RowState *self, PyObject *const *args, Py_ssize_t 
         len = PyList_GET_SIZE(accepts);
     int whole = 1;
     double alpha = self->alpha, keep_sq = self->keep_sq, alpha_sq = self->alpha_sq;
-    for (Py_ssize_t i = 0; i < len; i++) {
+    for (Py_ssize_t i = 0; i < len && i < PyList_GET_SIZE(accepts); i++) {
         Py_ssize_t row = self->rows[i];
-        double a = PyFloat_AsDouble(PyList_GET_ITEM(accepts, i));
+        PyObject *item = PyList_GET_ITEM(accepts, i);
+        Py_INCREF(item);                             /* a __float__ may shrink the list */
+        double a = PyFloat_AsDouble(item);
+        Py_DECREF(item);
         if (a == -1.0 && PyErr_Occurred())
             return NULL;
         double e = self->est[row];
@@ -279,6 +304,39 @@ fail:
     Py_XDECREF(draws);
     return NULL;
 }
+
+/* Each method runs with `busy` set: Python code a conversion calls (an __index__, a __float__)
+   may not call back into the object and overwrite its scratch. */
+static int enter(RowState *self) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "RowState called from within one of its methods");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
+
+#define FASTCALL(name)                                                                    \
+    static PyObject *RowState_##name(RowState *self, PyObject *const *a, Py_ssize_t n) {  \
+        if (enter(self) < 0)                                                              \
+            return NULL;                                                                  \
+        PyObject *out = name##_rows(self, a, n);                                          \
+        self->busy = 0;                                                                   \
+        return out;                                                                       \
+    }
+#define ONE_ARG(name)                                                                     \
+    static PyObject *RowState_##name(RowState *self, PyObject *rows) {                    \
+        if (enter(self) < 0)                                                              \
+            return NULL;                                                                  \
+        PyObject *out = name##_rows(self, rows);                                          \
+        self->busy = 0;                                                                   \
+        return out;                                                                       \
+    }
+FASTCALL(admit)
+ONE_ARG(newest)
+ONE_ARG(pooled)
+FASTCALL(weighted)
+FASTCALL(add)
 
 static PyMethodDef RowState_methods[] = {
     {"admit", (PyCFunction)(void (*)(void))RowState_admit, METH_FASTCALL, NULL},

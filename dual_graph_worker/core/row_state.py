@@ -45,6 +45,8 @@ class PyRowState:
 
     def __init__(self, max_rows: int, first_draws: int, alpha: float, keep_sq: float,
                  alpha_sq: float) -> None:
+        if max_rows < 0 or first_draws < 2:
+            raise ValueError("max_rows must be >= 0 and first_draws >= 2")
         self._k, self._alpha, self._keep_sq, self._alpha_sq = first_draws, alpha, keep_sq, alpha_sq
         self._est = [math.nan] * max_rows
         self._noise = [math.nan] * max_rows
@@ -52,22 +54,26 @@ class PyRowState:
         self._draws: list[list[float]] = [[] for _ in range(max_rows)]
 
     def admit(self, rows: Rows, step: int) -> None:
-        for row in _ids(rows):
+        for row in self._ids(rows):
             self._est[row] = self._noise[row] = math.nan
             self._admitted_at[row] = step
             self._draws[row] = []
 
     def newest(self, rows: Rows) -> int:
-        return max(map(self._admitted_at.__getitem__, _ids(rows)), default=-1)
+        return max(map(self._admitted_at.__getitem__, self._ids(rows)), default=-1)
 
     def pooled(self, rows: Rows) -> tuple[float, int]:
-        known = [e for e in map(self._est.__getitem__, _ids(rows)) if e == e]
-        return float(sum(known)), len(known)
+        total, known = 0.0, 0
+        for e in map(self._est.__getitem__, self._ids(rows)):
+            if e == e:                  # a plain sum: sum() compensates from Python 3.12 on
+                total += e
+                known += 1
+        return total, known
 
     def weighted(self, rows: Rows, every: float, fresh: float, centre: float, below: float,
                  above: float, draw: float) -> float:
         est, noise, total = self._est, self._noise, 0.0
-        for row in _ids(rows):
+        for row in self._ids(rows):
             e = est[row]
             if e != e:
                 total += fresh
@@ -79,14 +85,14 @@ class PyRowState:
     def add(self, rows: Rows, accepts: list, firsts: list, within: list) -> bool:
         est, noise, whole = self._est, self._noise, True
         alpha, keep_sq, alpha_sq = self._alpha, self._keep_sq, self._alpha_sq
-        for row, accept in zip(_ids(rows), accepts):
+        for row, accept in zip(self._ids(rows), map(float, accepts)):
             e = est[row]
             if e == e:
                 est[row] = e + alpha * (accept - e)
                 noise[row] = keep_sq * noise[row] + alpha_sq
             else:
                 whole = False
-                self._first_draw(row, float(accept), firsts, within)
+                self._first_draw(row, accept, firsts, within)
         return whole
 
     def _first_draw(self, row: int, accept: float, firsts: list, within: list) -> None:
@@ -108,9 +114,15 @@ class PyRowState:
         return (list(self._est), list(self._noise), list(self._admitted_at),
                 [list(d) for d in self._draws])
 
+    def _ids(self, rows: Rows) -> Sequence[int]:
+        """`rows` as a list, each checked against the pool (a negative one would wrap)."""
+        ids = rows if type(rows) is list else rows.tolist()
+        if ids and (min(ids) < 0 or max(ids) >= len(self._est)):
+            bad = next(r for r in ids if not 0 <= r < len(self._est))
+            raise IndexError(f"row {bad} outside the pool's {len(self._est)} rows")
+        return ids
 
-def _ids(rows: Rows) -> Sequence[int]:
-    return rows if type(rows) is list else rows.tolist()
+
 
 
 def row_state(loops: RowLoops, max_rows: int, first_draws: int, alpha: float, keep_sq: float,
