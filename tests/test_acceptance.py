@@ -252,3 +252,24 @@ def test_a_conversion_that_calls_back_is_refused_not_a_crash(c_loops):
     with pytest.raises(RuntimeError, match="from within one of its methods"):
         state.add(np.arange(8), [CallsBack()] * 8, [], [])
     assert state.pooled(np.arange(8)) == (0.0, 0)           # usable after
+
+
+def test_settings_check_refuses_c_loops_that_cannot_build(monkeypatch, tmp_path, capsys):
+    """`dgw settings --check` (and the server at launch, before any weights load) builds the
+    loops DGW_ROW_LOOPS names: `c` without a compiler is one line, not a traceback later."""
+    from dual_graph_worker.cli import main as dgw_main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(native.sysconfig, "get_config_var",
+                        lambda name: "/nonexistent/cc" if name == "CC" else None)
+    monkeypatch.setenv("DGW_ROW_LOOPS", "c")
+    row_state._c_loops.cache_clear()
+    try:
+        assert dgw_main(["settings", "--check"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: DGW_ROW_LOOPS=c: no C compiler")
+        monkeypatch.setenv("DGW_ROW_LOOPS", "python")
+        assert dgw_main(["settings", "--check"]) == 0
+    finally:
+        row_state._c_loops.cache_clear()

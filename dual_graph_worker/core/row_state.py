@@ -128,8 +128,17 @@ class PyRowState:
 def row_state(loops: RowLoops, max_rows: int, first_draws: int, alpha: float, keep_sq: float,
               alpha_sq: float) -> RowState:
     """The RowState `loops` names (DGW_ROW_LOOPS): AUTO takes the C loops where they build."""
-    make = PyRowState if loops is RowLoops.PYTHON else _c_loops(loops is RowLoops.C)
-    return make(max_rows, first_draws, alpha, keep_sq, alpha_sq)
+    return _kind(loops)(max_rows, first_draws, alpha, keep_sq, alpha_sq)
+
+
+def loops_in_c(loops: RowLoops) -> bool:
+    """Whether a controller built now runs its loops in C: builds them if need be (at launch,
+    so DGW_ROW_LOOPS=c without a compiler is refused before any weights load)."""
+    return _kind(loops) is not PyRowState
+
+
+def _kind(loops: RowLoops) -> type:
+    return PyRowState if loops is RowLoops.PYTHON else _c_loops(loops is RowLoops.C)
 
 
 @functools.cache

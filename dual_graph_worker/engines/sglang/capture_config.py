@@ -16,7 +16,8 @@ from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Se
 from dual_graph_worker.core.capture_schema import (GpuInfo, ServingCapture, build_model_shape,
                                                    load_capture)
 from dual_graph_worker.core.calibration import CalibrationTable
-from dual_graph_worker.core.settings import BY_KEY, MEASURE, Settings, check_output
+from dual_graph_worker.core.row_state import loops_in_c
+from dual_graph_worker.core.settings import BY_KEY, MEASURE, PolicyKind, Settings, check_output
 from dual_graph_worker.engines.sglang.server_args_hook import cap_batch_sizes
 from dual_graph_worker.core.errors import ConfigError, StaleConfig
 
@@ -78,13 +79,16 @@ def load_server_capture_config(path: str, *, gpu: Optional[GpuInfo] = None,
 
 
 def check_setting_files(config: Settings) -> None:
-    """The files the settings name, read as the server will read them (ConfigError if one cannot
-    be): at launch, before any weights load, and by `dgw settings --check`."""
+    """The files the settings name, read as the server will read them, and the controller's C
+    loops, built (ConfigError if one cannot be): at launch, before any weights load, and by
+    `dgw settings --check`."""
     if config.capture_config is not None:
         load_server_capture_config(config.capture_config)
     for key in ("step_log", "stall_trace"):
         if getattr(config, key):
             check_output(key, getattr(config, key))
+    if config.policy is PolicyKind.GOODPUT:
+        loops_in_c(config.row_loops)
     if config.calibration != MEASURE:
         try:
             CalibrationTable.load(config.calibration)
