@@ -21,7 +21,7 @@ ROWS = 512
 @pytest.fixture(scope="module")
 def c_loops() -> RowLoops:
     try:
-        row_state.row_state(RowLoops.C, 1, 4, 0.2, 0.64, 0.04)
+        row_state.loops_in_c(RowLoops.C)
     except ConfigError as e:
         pytest.skip(f"the C loops cannot be built here: {e}")
     return RowLoops.C

@@ -1097,8 +1097,9 @@ def test_lazy_catch_up_checks_sglangs_default_backend_before_weights_load(
 
 
 def _c_loops_built() -> bool:
-    from dual_graph_worker.core import row_state
-    return row_state._c_loops(False) is not row_state.PyRowState
+    from dual_graph_worker.core.row_state import loops_in_c
+    from dual_graph_worker.core.settings import RowLoops
+    return loops_in_c(RowLoops.AUTO)
 
 
 def test_the_host_cost_bytecode_count_is_the_same_every_time(supported_sglang):
